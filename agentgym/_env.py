@@ -1,0 +1,160 @@
+"""`Env`: the Gymnasium contract for conversations, async-first with a sync adapter.
+
+Observation: OpenAI-format chat messages. `reset` returns the opening conversation (system,
+user); `step` returns only the messages the step appended, starting with the assistant message
+as the env understood it, so ``reset_obs + sum(step_obs)`` is always the whole conversation
+(also available as `Env.messages`). Action: the assistant turn, as raw text (parsed by the
+env's tool-call parser), an already-parsed assistant message dict, or a `Completion` from a
+policy (which also carries token counts).
+
+Subclasses implement `areset` and `astep`. The sync `reset`/`step` run them on a private event
+loop, so Gymnasium tools (`check_env`, wrappers) work unchanged; async code (the rollout
+engine) awaits `areset`/`astep` directly so that one episode's slow tool never blocks another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from ._errors import ConfigError
+
+Message = dict[str, Any]
+#: What `step` accepts: raw text, a parsed assistant message, or a policy `Completion`.
+Action = Any
+_T = TypeVar("_T")
+
+_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+_SAMPLE_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,?!{}\"':<>/_-\n"
+
+
+def json_copy(value: Any) -> Any:
+    """Copy nested dicts/lists (JSON-shaped data) without `copy.deepcopy`'s overhead."""
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_copy(v) for v in value]
+    return value
+
+
+class MessagesSpace(spaces.Space[list[Message]]):
+    """A list of chat messages, each a dict with a known ``role``."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, list) and all(
+            isinstance(m, dict) and m.get("role") in _ROLES for m in x
+        )
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        text = _random_text(self.np_random, 32)
+        return [{"role": "user", "content": text}]
+
+    def __repr__(self) -> str:
+        return "MessagesSpace()"
+
+
+class AssistantTurnSpace(spaces.Space[Any]):
+    """Raw assistant text, or an assistant message dict; samples random short text."""
+
+    def __init__(self, max_length: int = 64, seed: int | None = None) -> None:
+        self.max_length = max_length
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        if isinstance(x, str):
+            return True
+        if isinstance(x, dict):
+            return x.get("role") == "assistant"
+        return hasattr(x, "text") and hasattr(x, "completion_ids")  # a policy Completion
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        return _random_text(self.np_random, self.max_length)
+
+    def __repr__(self) -> str:
+        return f"AssistantTurnSpace(max_length={self.max_length})"
+
+
+def _random_text(rng: np.random.Generator, max_length: int) -> str:
+    length = int(rng.integers(1, max_length + 1))
+    return "".join(rng.choice(list(_SAMPLE_CHARS), size=length))
+
+
+class Env(gymnasium.Env[list[Message], Action]):
+    """Base class of agentgym environments: a multi-turn conversation as a Gymnasium env.
+
+    Rewards: ``step`` returns that step's reward; when the episode ends, the final reward
+    (e.g. a rubric's score) is added to the last step's reward and also reported apart in
+    ``info["final_reward"]`` (with per-function ``info["scores"]``), so both Gymnasium users
+    (who sum rewards) and trainers (who want the parts) are served.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+    observation_space = MessagesSpace()
+    action_space = AssistantTurnSpace()
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode; ``options["task"]`` picks a task (an index or a task dict)."""
+        raise NotImplementedError
+
+    async def astep(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Apply one assistant turn.
+
+        Returns:
+            new_messages: messages appended by this step (assistant first, then tool/user).
+            reward: this step's reward, plus the final reward if the episode ended.
+            terminated: the episode ended on its own (final answer, solved, failed).
+            truncated: the episode was cut short (max turns, token budget).
+            info: ``tool_errors``, ``turn``; when the episode ends also ``final_reward``,
+                ``scores`` and ``reward_errors``.
+        """
+        raise NotImplementedError
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Sync adapter over `areset`; inside running async code, await `areset` instead."""
+        super().reset(seed=seed)
+        return self._run_sync(self.areset(seed=seed, options=options))
+
+    def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Sync adapter over `astep`; inside running async code, await `astep` instead."""
+        return self._run_sync(self.astep(action))
+
+    async def aclose(self) -> None:
+        """Release per-episode resources (sandboxes, connections); safe to call twice."""
+
+    def close(self) -> None:
+        """Sync adapter over `aclose`; also closes the private event loop."""
+        self._run_sync(self.aclose())
+        if self._loop is not None:
+            self._loop.close()
+        self._loop = None
+
+    def _run_sync(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            coro.close()
+            raise ConfigError(
+                "Env.reset/step called from inside a running event loop; "
+                "use `await env.areset(...)` / `await env.astep(...)` there"
+            )
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coro)

@@ -1,0 +1,64 @@
+"""The exception tree, grouped by where a failure happened.
+
+::
+
+    Error                       base of everything agentgym raises on purpose
+    ├── ConfigError             bad user input: unknown env id, bad option, bad knob value
+    │   └── UnknownEnvError     `make` got an id nobody registered
+    ├── ToolError               a tool call failed; goes back to the model as a tool message
+    │   ├── ToolArgumentsError  arguments did not match the tool's JSON schema
+    │   └── ToolTimeoutError    the tool ran past its per-call timeout
+    ├── ParseError              the model's text held a tool call that could not be parsed
+    ├── ModelError              the policy/backend failed (HTTP error, server down): infra
+    └── SandboxError            the execution backend failed (daemon, container): infra
+
+Why the grouping matters: tool and parse errors are *data* (the model made a mistake, the
+episode goes on), `ModelError`/`SandboxError` are *infrastructure* (the episode is marked
+``infra_error`` and must never count as a reward of 0), and `ConfigError` is the user's to fix
+before anything runs.
+"""
+
+from __future__ import annotations
+
+
+class Error(Exception):
+    """Base class of every error agentgym raises on purpose."""
+
+
+class ConfigError(Error, ValueError):
+    """Bad user input; the message says what was wrong, the value received, and the fix."""
+
+
+class UnknownEnvError(ConfigError, KeyError):
+    """`agentgym.make` was given an id that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ToolError(Error):
+    """A tool call failed; the episode goes on and the model sees this message."""
+
+
+class ToolArgumentsError(ToolError):
+    """The arguments did not validate against the tool's JSON schema."""
+
+
+class ToolTimeoutError(ToolError):
+    """The tool ran longer than its per-call timeout."""
+
+
+class ParseError(Error):
+    """A tool call in the model's text could not be parsed."""
+
+
+class InfraError(Error):
+    """A failure of the machinery, not of the model: the episode becomes ``infra_error``."""
+
+
+class ModelError(InfraError):
+    """The policy backend failed (HTTP error, timeout, malformed response)."""
+
+
+class SandboxError(InfraError):
+    """The execution backend failed (daemon unreachable, container died)."""

@@ -1,0 +1,166 @@
+"""Policies: whatever produces the next assistant turn, token ids in and out where possible.
+
+`Policy` is a one-method protocol, so a user's own backend (an in-process engine, a remote
+service) plugs in without subclassing. Two ship here: `ScriptedPolicy` (replays given turns;
+tests and oracle runs) and `OpenAIPolicy` (any OpenAI-compatible server; with vLLM it also
+returns the exact prompt and completion token ids and per-token logprobs that training needs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+
+from ._errors import ModelError
+
+Message = dict[str, Any]
+
+
+@dataclass
+class Completion:
+    """One assistant turn as the policy produced it.
+
+    ``text`` is the raw text (tool calls unparsed) and is what the env parses; ``message`` is
+    set only when the backend already parsed tool calls into an OpenAI message. Token fields
+    are None when the backend does not report them.
+    """
+
+    text: str
+    message: Message | None = None
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Produces the next assistant turn for a conversation."""
+
+    async def generate(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        task: Any = None,
+    ) -> Completion:
+        """Return the assistant's next turn for ``messages`` given the ``tools`` schemas."""
+        ...
+
+
+class ScriptedPolicy:
+    """Replays fixed assistant turns: the k-th call of an episode returns turn k.
+
+    ``turns`` is one list for every episode, or a function of the task (e.g. an env's
+    ``reference_turns``) for per-task oracles. Past the script it answers ``""`` (a final
+    answer with no content), so a short script ends the episode rather than looping.
+    """
+
+    def __init__(self, turns: Sequence[str] | Callable[[Any], Sequence[str]]) -> None:
+        self._turns = turns
+
+    async def generate(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        task: Any = None,
+    ) -> Completion:
+        script = self._turns(task) if callable(self._turns) else self._turns
+        k = sum(1 for m in messages if m.get("role") == "assistant")
+        return Completion(text=script[k] if k < len(script) else "", finish_reason="stop")
+
+
+class OpenAIPolicy:
+    """A policy served by an OpenAI-compatible ``/v1/chat/completions`` endpoint.
+
+    Tools are sent with ``tool_choice="none"`` so the server renders them into the prompt
+    through the model's chat template but does not parse the reply: the env's own parser
+    does, so training and evaluation see the same parsing. With ``vllm_extensions`` (the
+    default) the request asks vLLM for prompt/completion token ids and keeps special tokens
+    in the text (tool-call tags are often special tokens); turn it off for servers that
+    reject unknown fields.
+
+    Args:
+        base_url: server root, e.g. ``http://127.0.0.1:8000/v1``.
+        model: the served model name.
+        api_key: sent as a bearer token when given.
+        sampling: extra request fields (``temperature``, ``top_p``, ``seed`` ...).
+        timeout: seconds per request.
+        vllm_extensions: ask for token ids (``return_token_ids``) and raw special tokens.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        timeout: float = 60.0,
+        vllm_extensions: bool = True,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model = model
+        self.sampling = dict(sampling or {})
+        self.vllm_extensions = vllm_extensions
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
+        )
+
+    def _request_body(
+        self, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int | None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "logprobs": True}
+        if tools:
+            body |= {"tools": tools, "tool_choice": "none"}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if self.vllm_extensions:
+            body |= {"return_token_ids": True, "skip_special_tokens": False}
+        return body | self.sampling
+
+    async def generate(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        task: Any = None,
+    ) -> Completion:
+        body = self._request_body(messages, tools, max_tokens)
+        try:
+            response = await self._client.post("/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise ModelError(f"request to {self._client.base_url} failed: {exc!r}") from exc
+        if response.status_code != 200:
+            raise ModelError(
+                f"{self._client.base_url}/chat/completions answered {response.status_code}: "
+                f"{response.text[:500]}"
+            )
+        return _completion_from_response(response.json())
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool."""
+        await self._client.aclose()
+
+
+def _completion_from_response(data: dict[str, Any]) -> Completion:
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ModelError(f"malformed chat completion response: {str(data)[:300]}") from exc
+    entries = (choice.get("logprobs") or {}).get("content") or []
+    return Completion(
+        text=message.get("content") or "",
+        message=message if message.get("tool_calls") else None,
+        prompt_ids=data.get("prompt_token_ids"),
+        completion_ids=choice.get("token_ids"),
+        logprobs=[e["logprob"] for e in entries] or None,
+        finish_reason=choice.get("finish_reason"),
+    )

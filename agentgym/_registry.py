@@ -1,0 +1,151 @@
+"""Registry on top of Gymnasium's: ``agentgym.register`` / ``agentgym.make``.
+
+Every env is registered in Gymnasium's own registry, so ``gymnasium.make("agentgym/...")``
+works after ``import agentgym``. `make` itself skips Gymnasium's wrappers and returns the env
+unwrapped, because the rollout engine needs the env's async methods (`areset`/`astep`), which
+Gymnasium wrappers do not forward.
+
+Third-party packages register through the entry-point group ``agentgym.envs``: each entry
+point names a zero-argument function that calls `register`. Plugins load on the first `make`,
+`registered_envs` or CLI call (or explicitly with `load_plugins`), not at import, so importing
+agentgym never imports someone else's package.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import re
+import warnings
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+import gymnasium
+
+from ._env import Env
+from ._errors import ConfigError, UnknownEnvError
+
+ENTRY_POINT_GROUP = "agentgym.envs"
+_OUR_IDS: set[str] = set()
+_plugins_loaded = False
+
+
+def register(id: str, entry_point: str | Callable[..., Env], **defaults: Any) -> None:
+    """Register an env under ``id`` (e.g. ``"myorg/Search-v0"``).
+
+    Args:
+        id: Gymnasium-style id, ``[namespace/]Name-vN``.
+        entry_point: ``"package.module:ClassOrFactory"`` (imported only on `make`) or a callable.
+        defaults: keyword arguments passed to the entry point; `make`'s kwargs override them.
+    """
+    if not re.fullmatch(r"([\w.-]+/)?[\w.:-]+-v\d+", id):
+        raise ConfigError(f"env id {id!r} must look like 'namespace/Name-v0'")
+    with warnings.catch_warnings():  # re-registering (e.g. module reload) is fine
+        warnings.simplefilter("ignore")
+        gymnasium.register(id=id, entry_point=entry_point, kwargs=defaults, disable_env_checker=True)
+    _OUR_IDS.add(id)
+
+
+def load_plugins() -> list[str]:
+    """Run every ``agentgym.envs`` entry point once; returns the names that failed to load.
+
+    A broken plugin is reported with a warning naming it; it never breaks agentgym.
+    """
+    global _plugins_loaded
+    failed: list[str] = []
+    if _plugins_loaded:
+        return failed
+    _plugins_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            hook = ep.load()
+            if callable(hook):
+                hook()
+        except Exception as exc:  # a third party's bug must not take agentgym down
+            failed.append(ep.name)
+            warnings.warn(f"agentgym plugin {ep.name!r} ({ep.value}) failed to load: {exc!r}", stacklevel=2)
+    return failed
+
+
+def registered_envs() -> list[str]:
+    """Ids registered through agentgym (built-ins and plugins), sorted."""
+    load_plugins()
+    return sorted(_OUR_IDS)
+
+
+def resolve_id(name: str) -> str:
+    """Full id for ``name``: an exact id, or a short name such as ``calculator``.
+
+    A short name matches the id's name part case-insensitively, ignoring namespace and
+    version; the highest version wins.
+    """
+    load_plugins()
+    if name in gymnasium.registry:
+        return name
+    short = name.lower()
+    matches = [i for i in _OUR_IDS if _short_name(i) == short]
+    if matches:
+        return max(matches, key=lambda i: int(i.rsplit("-v", 1)[1]))
+    close = difflib.get_close_matches(name, sorted(_OUR_IDS) + [_short_name(i) for i in _OUR_IDS], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    known = ", ".join(sorted(_OUR_IDS)) or "none"
+    raise UnknownEnvError(
+        f"unknown env {name!r}.{hint} Registered: {known}. "
+        "Register yours with agentgym.register(id, 'pkg.module:Class')"
+    )
+
+
+def _short_name(env_id: str) -> str:
+    return env_id.rsplit("/", 1)[-1].rsplit("-v", 1)[0].lower()
+
+
+def make(id: str, **kwargs: Any) -> Env:
+    """Build a registered env, unwrapped; ``kwargs`` override the registered defaults.
+
+    Raises:
+        UnknownEnvError: nothing is registered under ``id`` (the message suggests close ids).
+        ConfigError: the env does not accept one of ``kwargs``.
+    """
+    spec = gymnasium.spec(resolve_id(id))
+    factory = _load_entry_point(spec.entry_point)
+    merged = {**(spec.kwargs or {}), **kwargs}
+    _check_kwargs(spec.id, factory, merged)
+    env = factory(**merged)
+    env.spec = spec
+    return env
+
+
+def _load_entry_point(entry_point: Any) -> Callable[..., Env]:
+    if callable(entry_point):
+        return entry_point
+    module_name, _, attr = str(entry_point).partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load entry point {entry_point!r}: {exc}") from exc
+
+
+def _accepted_kwargs(factory: Callable[..., Env]) -> set[str] | None:
+    """Keyword names ``factory`` takes, following ``**kwargs`` up a class's bases; None = any."""
+    names: set[str] = set()
+    classes = inspect.getmro(factory) if inspect.isclass(factory) else (factory,)
+    for owner in classes:
+        fn = owner.__init__ if inspect.isclass(owner) else owner
+        if fn is object.__init__:
+            return None
+        params = inspect.signature(fn).parameters.values()
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names - {"self"}
+    return None
+
+
+def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
+    accepted = _accepted_kwargs(factory)
+    unknown = sorted(set(kwargs) - accepted) if accepted is not None else []
+    if unknown:
+        raise ConfigError(
+            f"{env_id} does not take option(s) {unknown}; it takes: {', '.join(sorted(accepted))}"
+        )

@@ -1,0 +1,202 @@
+"""The rollout engine: many episodes at once, each an independent asyncio task.
+
+Stage by stage, one episode is: env.areset -> policy.generate (token ids in/out) -> env.astep
+(tool calls parsed and run) -> ... -> final reward -> `Trajectory`. Episodes share nothing but
+the policy, so one waiting on a slow tool or a long generation never holds up the others, and
+a failing episode is recorded (``error`` / ``infra_error`` with its traceback) while the rest
+of the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._env import Env
+from ._errors import ConfigError, InfraError
+from ._policies import Completion, Policy
+from ._registry import make
+from ._trajectory import Trajectory, Turn
+
+EnvFactory = Callable[[], Env]
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """Which task an episode plays and with which seed."""
+
+    task: int | dict[str, Any]
+    task_index: int | None
+    group_index: int
+    seed: int
+
+
+def _env_factory(env: str | EnvFactory, env_kwargs: dict[str, Any]) -> tuple[str, EnvFactory]:
+    if isinstance(env, str):
+        return env, lambda: make(env, **env_kwargs)
+    if callable(env):
+        return getattr(env, "__name__", type(env).__name__), env
+    raise ConfigError(f"env must be a registered id or a zero-argument factory, got {env!r}")
+
+
+def plan_episodes(
+    tasks: Sequence[int | dict[str, Any]], group_size: int, seed: int
+) -> list[EpisodeSpec]:
+    """G episodes per task, task-major, each with its own deterministic seed."""
+    if group_size < 1:
+        raise ConfigError(f"group_size must be >= 1, got {group_size}")
+    return [
+        EpisodeSpec(task, task if isinstance(task, int) else None, g, seed + i * group_size + g)
+        for i, task in enumerate(tasks)
+        for g in range(group_size)
+    ]
+
+
+async def run_episode(
+    make_env: EnvFactory,
+    policy: Policy,
+    spec: EpisodeSpec,
+    *,
+    env_id: str = "",
+    max_tokens_per_turn: int | None = None,
+) -> Trajectory:
+    """Play one episode to the end; never raises for env, tool, policy or reward failures."""
+    trajectory = Trajectory(
+        env_id=env_id, task_index=spec.task_index, group_index=spec.group_index, seed=spec.seed
+    )
+    started = time.perf_counter()
+    env: Env | None = None
+    try:
+        env = make_env()
+        messages, info = await env.areset(seed=spec.seed, options={"task": spec.task})
+        trajectory.task = info.get("task")
+        trajectory.messages = messages
+        tools = getattr(env, "tool_schemas", [])
+        done = False
+        while not done:
+            t0 = time.perf_counter()
+            completion = await policy.generate(
+                messages, tools, max_tokens=max_tokens_per_turn, task=trajectory.task
+            )
+            t1 = time.perf_counter()
+            new_messages, reward, terminated, truncated, info = await env.astep(completion)
+            trajectory.turns.append(
+                _turn(completion, reward - info.get("final_reward", 0.0), info, t1 - t0, t1)
+            )
+            messages.extend(new_messages)
+            done = terminated or truncated
+        _record_outcome(trajectory, info, truncated)
+    except InfraError:
+        trajectory.status, trajectory.error = "infra_error", traceback.format_exc()
+    except Exception:
+        trajectory.status, trajectory.error = "error", traceback.format_exc()
+    finally:
+        if env is not None:
+            await _close_quietly(env, trajectory)
+    trajectory.timings = {
+        "total": time.perf_counter() - started,
+        "policy": sum(t.policy_seconds for t in trajectory.turns),
+        "env": sum(t.env_seconds for t in trajectory.turns),
+    }
+    return trajectory
+
+
+def _turn(
+    completion: Completion, reward: float, info: dict[str, Any], policy_s: float, env_start: float
+) -> Turn:
+    ids = completion.completion_ids
+    return Turn(
+        prompt_ids=completion.prompt_ids,
+        completion_ids=ids,
+        logprobs=completion.logprobs,
+        completion_mask=[1] * len(ids) if ids is not None else None,
+        text=completion.text,
+        finish_reason=completion.finish_reason,
+        reward=reward,
+        tool_errors=list(info.get("tool_errors", [])),
+        policy_seconds=policy_s,
+        env_seconds=time.perf_counter() - env_start,
+    )
+
+
+def _record_outcome(trajectory: Trajectory, info: dict[str, Any], truncated: bool) -> None:
+    trajectory.final_reward = info.get("final_reward")
+    trajectory.scores = dict(info.get("scores", {}))
+    reward_errors = info.get("reward_errors") or {}
+    if reward_errors:
+        trajectory.status = "error"
+        trajectory.error = "\n".join(f"reward function {k!r}:\n{v}" for k, v in reward_errors.items())
+    elif truncated:
+        trajectory.status = "truncated"
+
+
+async def _close_quietly(env: Env, trajectory: Trajectory) -> None:
+    try:
+        await env.aclose()
+    except Exception:
+        trajectory.info["close_error"] = traceback.format_exc()
+
+
+async def arollout(
+    env: str | EnvFactory,
+    policy: Policy,
+    *,
+    tasks: Sequence[int | dict[str, Any]] | None = None,
+    num_tasks: int | None = None,
+    group_size: int = 1,
+    max_concurrency: int = 64,
+    seed: int = 0,
+    max_tokens_per_turn: int | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Run ``group_size`` episodes for each task, up to ``max_concurrency`` at a time.
+
+    Args:
+        env: a registered env id (resolved by `agentgym.make`) or a zero-argument factory.
+        policy: produces assistant turns (`OpenAIPolicy`, `ScriptedPolicy`, your own).
+        tasks: task indices or task dicts; None plays the env's first ``num_tasks`` tasks
+            (all of them when ``num_tasks`` is None too).
+        group_size: episodes per task (GRPO's G); they differ by seed and by sampling.
+        max_concurrency: episodes in flight at once; each env instance is created per episode.
+        seed: base seed; episode i of the plan gets ``seed + i``.
+        max_tokens_per_turn: passed to the policy as ``max_tokens``.
+        env_kwargs: keyword arguments for `make` when ``env`` is an id.
+        on_episode: called with each finished trajectory (progress bars, streaming writes).
+
+    Returns:
+        Trajectories in plan order (task-major, then group index), one per episode.
+    """
+    env_id, make_env = _env_factory(env, env_kwargs or {})
+    if max_concurrency < 1:
+        raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    if tasks is None:
+        probe = make_env()  # fails fast on an unknown id or bad kwargs
+        count = len(getattr(probe, "tasks", ()))
+        await probe.aclose()
+        tasks = list(range(count if num_tasks is None else min(num_tasks, count)))
+    limit = asyncio.Semaphore(max_concurrency)
+
+    async def bounded(spec: EpisodeSpec) -> Trajectory:
+        async with limit:
+            trajectory = await run_episode(
+                make_env, policy, spec, env_id=env_id, max_tokens_per_turn=max_tokens_per_turn
+            )
+        if on_episode is not None:
+            on_episode(trajectory)
+        return trajectory
+
+    return list(await asyncio.gather(*map(bounded, plan_episodes(tasks, group_size, seed))))
+
+
+def rollout(env: str | EnvFactory, policy: Policy, **kwargs: Any) -> list[Trajectory]:
+    """Sync adapter over `arollout` (same arguments); inside async code, await `arollout`."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(arollout(env, policy, **kwargs))
+    raise ConfigError("rollout() called inside a running event loop; use `await arollout(...)`")

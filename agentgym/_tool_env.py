@@ -1,0 +1,300 @@
+"""`ToolEnv`: the multi-turn tool loop every built-in env and most user envs are made of.
+
+One step = one assistant turn: parse its tool calls, run them, append their results, check the
+stop conditions, and score the episode with the rubric when it ends. Model mistakes (a
+malformed call, an unknown tool, bad arguments, a tool that raises or times out) become tool
+messages the model can read and react to; they never end the episode. Infrastructure
+failures (`InfraError`) propagate so the rollout marks the episode ``infra_error``.
+
+Subclasses fill named hooks: `build_prompt`, `step_reward`, `reference_turns`, and, for envs
+holding resources, `setup_episode`/`teardown_episode`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium
+
+from ._env import Action, Env, Message, json_copy
+from ._errors import ConfigError, InfraError, ToolError
+from ._policies import Completion
+from ._rubric import Rubric
+from ._tools import Tool, as_tool, format_result
+from .parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant that can call tools. Call a tool when it helps; "
+    "when you know the answer, reply with it and no tool call."
+)
+
+
+@dataclass
+class EpisodeState:
+    """What the env knows about the running episode; reward functions may ask for it."""
+
+    task: Any = None
+    task_index: int | None = None
+    turn: int = 0
+    completion_tokens: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    done: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+StopCondition = Callable[[EpisodeState, list[Message]], bool]
+
+
+class ToolEnv(Env):
+    """A conversation in which the model calls tools until it answers.
+
+    Args:
+        tools: functions or `Tool`s the model may call.
+        tasks: the dataset; each task is a dict with at least ``prompt`` (the user message)
+            and usually ``answer``. Any indexable sequence works (a list, a `datasets.Dataset`).
+        rubric: scores the finished episode; None gives reward 0.
+        parser: tool-call format of the model, a name (``hermes``, ``vllm:<name>``) or parser.
+        system_prompt: shown before the task; None uses a generic tool-use prompt. The tool
+            schemas go to the policy separately (the chat template presents them).
+        max_turns: assistant turns before the episode is truncated.
+        max_tokens: total completion tokens before truncation; counted from `Completion`
+            actions (raw-text actions carry no token count). None means no budget.
+        stop_conditions: predicates ``(state, messages) -> bool`` ending the episode
+            (terminated) after a turn, besides the final answer.
+        tool_timeout: overrides every tool's own timeout (seconds) when given.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        *,
+        tasks: Sequence[dict[str, Any]] = (),
+        rubric: Rubric | None = None,
+        parser: str | ToolCallParser = "hermes",
+        system_prompt: str | None = None,
+        max_turns: int = 8,
+        max_tokens: int | None = None,
+        stop_conditions: Sequence[StopCondition] = (),
+        tool_timeout: float | None = None,
+    ) -> None:
+        super().__init__()
+        if max_turns < 1:
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
+        if max_tokens is not None and max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1 or None, got {max_tokens}")
+        self.tools: dict[str, Tool] = {}
+        for t in map(as_tool, tools):
+            if tool_timeout is not None:
+                t = Tool(t.fn, t.name, t.description, t.parameters, t.injected, tool_timeout, t.is_async)
+            if t.name in self.tools:
+                raise ConfigError(f"two tools are named {t.name!r}; tool names must be unique")
+            self.tools[t.name] = t
+        self.tasks = tasks
+        self.rubric = rubric or Rubric()
+        self.parser = get_parser(parser)
+        self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+        self.stop_conditions = list(stop_conditions)
+        self.state = EpisodeState()
+        self.state.done = True
+        self._tool_schemas = [t.schema for t in self.tools.values()]
+
+    # ---- hooks -------------------------------------------------------------------------
+    def build_prompt(self, task: dict[str, Any]) -> list[Message]:
+        """The opening messages for ``task``: the system prompt, then the task's prompt."""
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return messages + [{"role": "user", "content": task["prompt"]}]
+
+    def step_reward(self, state: EpisodeState, new_messages: list[Message]) -> float:
+        """Reward for one turn (shaping); 0 by default, the rubric scores the episode."""
+        return 0.0
+
+    def reference_turns(self, task: dict[str, Any]) -> list[str] | None:
+        """A known-good script of assistant turns for ``task`` (for oracle runs and checks)."""
+        return None
+
+    async def setup_episode(self, task: dict[str, Any]) -> None:
+        """Acquire per-episode resources (a sandbox lease ...); called by `areset`."""
+
+    async def teardown_episode(self) -> None:
+        """Release what `setup_episode` acquired; called when the episode ends or resets."""
+
+    def tool_context(self) -> dict[str, Any]:
+        """Values injected into tools and reward functions that ask for them by name."""
+        return {
+            "task": self.state.task,
+            "state": self.state,
+            "messages": self.messages,
+            "env": self,
+            "sandbox": getattr(self, "sandbox", None),
+        }
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI ``tools`` list for the policy."""
+        return json_copy(self._tool_schemas)
+
+    # ---- the loop ----------------------------------------------------------------------
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        gymnasium.Env.reset(self, seed=seed)
+        if not self.state.done:
+            await self.teardown_episode()
+        task, index = self._pick_task(options or {})
+        self.state = EpisodeState(task=task, task_index=index)
+        await self.setup_episode(task)
+        self.messages = self.build_prompt(task)
+        return json_copy(self.messages), {"task_index": index, "task": json_copy(task)}
+
+    async def astep(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        if self.state.done:
+            raise ConfigError("the episode is over (or never started); call reset() first")
+        state = self.state
+        state.turn += 1
+        parsed = self._interpret(action)
+        assistant, calls = self._assistant_message(parsed)
+        tool_messages, errors = await self._run_tools(calls, parsed.errors)
+        new_messages = [assistant, *tool_messages]
+        self.messages.extend(new_messages)
+        state.tool_calls += len(calls)
+        state.tool_errors += len(errors)
+        reward = self.step_reward(state, new_messages)
+        final_answer = not calls and not parsed.errors
+        terminated = final_answer or any(stop(state, self.messages) for stop in self.stop_conditions)
+        truncated = not terminated and self._out_of_budget()
+        info: dict[str, Any] = {"turn": state.turn, "tool_errors": errors}
+        if terminated or truncated:
+            info |= await self._finish()
+            reward += info["final_reward"]
+        return json_copy(new_messages), float(reward), terminated, truncated, info
+
+    async def aclose(self) -> None:
+        if not self.state.done:
+            self.state.done = True
+            await self.teardown_episode()
+
+    # ---- the pieces --------------------------------------------------------------------
+    def _pick_task(self, options: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        unknown = set(options) - {"task"}
+        if unknown:
+            raise ConfigError(f"unknown reset option(s) {sorted(unknown)}; the only option is 'task'")
+        choice = options.get("task")
+        if isinstance(choice, dict):
+            return choice, None
+        if not len(self.tasks):
+            raise ConfigError(f"{type(self).__name__} has no tasks; pass tasks=[...] or options={{'task': {{...}}}}")
+        if choice is None:
+            choice = int(self.np_random.integers(len(self.tasks)))
+        if not isinstance(choice, int) or not 0 <= choice < len(self.tasks):
+            raise ConfigError(
+                f"options['task'] must be a task dict or an index in [0, {len(self.tasks)}), got {choice!r}"
+            )
+        return dict(self.tasks[choice]), choice
+
+    def _interpret(self, action: Action) -> ParsedTurn:
+        if isinstance(action, Completion):
+            if action.completion_ids is not None:
+                self.state.completion_tokens += len(action.completion_ids)
+            action = action.message or action.text
+        if isinstance(action, str):
+            return self.parser.parse(action)
+        if isinstance(action, dict) and action.get("role") == "assistant":
+            return _parse_message(action)
+        raise ConfigError(
+            f"action must be assistant text, an assistant message dict or a Completion; "
+            f"got {type(action).__name__}"
+        )
+
+    def _assistant_message(self, parsed: ParsedTurn) -> tuple[Message, list[ToolCall]]:
+        calls = [
+            ToolCall(c.name, c.arguments, c.id or f"call_{self.state.turn}_{i}")
+            for i, c in enumerate(parsed.tool_calls)
+        ]
+        message: Message = {"role": "assistant", "content": parsed.content}
+        if calls:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        return message, calls
+
+    async def _run_tools(
+        self, calls: list[ToolCall], parse_errors: list[str]
+    ) -> tuple[list[Message], list[str]]:
+        results = await asyncio.gather(*(self._call_tool(c) for c in calls))
+        messages = [
+            {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": content}
+            for c, (content, _) in zip(calls, results)
+        ]
+        errors = [err for _, err in results if err]
+        for i, problem in enumerate(parse_errors):
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": f"call_{self.state.turn}_invalid_{i}",
+                    "name": "invalid_tool_call",
+                    "content": f"Error: {problem}. Emit tool calls in the documented format.",
+                }
+            )
+            errors.append(problem)
+        return messages, errors
+
+    async def _call_tool(self, call: ToolCall) -> tuple[str, str | None]:
+        """Run one call; return (tool message content, error or None)."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(self.tools) or "none"
+            error = f"unknown tool {call.name!r}; available tools: {known}"
+            return f"Error: {error}", error
+        try:
+            result = await tool.acall(call.arguments, self.tool_context())
+        except InfraError:
+            raise
+        except ToolError as exc:
+            return f"Error: {exc}", str(exc)
+        return format_result(result), None
+
+    def _out_of_budget(self) -> bool:
+        if self.state.turn >= self.max_turns:
+            return True
+        return self.max_tokens is not None and self.state.completion_tokens >= self.max_tokens
+
+    async def _finish(self) -> dict[str, Any]:
+        self.state.done = True
+        try:
+            last = next((m for m in reversed(self.messages) if m["role"] == "assistant"), {})
+            context = self.tool_context() | {
+                "completion": last.get("content") or "",
+                "answer": (self.state.task or {}).get("answer"),
+                "trajectory": None,
+            }
+            result = await self.rubric.score(context)
+        finally:
+            await self.teardown_episode()
+        return {
+            "final_reward": result.reward,
+            "scores": result.scores,
+            "reward_errors": result.errors,
+        }
+
+
+def _parse_message(message: Message) -> ParsedTurn:
+    """A `ParsedTurn` from an OpenAI assistant message (arguments may be a JSON string)."""
+    turn = ParsedTurn(content=message.get("content") or "")
+    for raw in message.get("tool_calls") or []:
+        function = raw.get("function", {})
+        arguments = function.get("arguments", {})
+        try:
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            if not isinstance(arguments, dict):
+                raise TypeError("arguments must be a JSON object")
+        except (ValueError, TypeError) as exc:
+            turn.errors.append(f"malformed arguments for {function.get('name')!r}: {exc}")
+            continue
+        turn.tool_calls.append(ToolCall(function.get("name", ""), arguments, raw.get("id", "")))
+    return turn

@@ -1,0 +1,136 @@
+"""Trajectory: everything one episode produced, at token level, in a lossless JSONL form.
+
+The trainer consumes trajectories without re-tokenizing: each `Turn` keeps the exact token
+ids the policy saw and produced, so what is trained is what was sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+#: ``ok``: ended on its own (final answer or a stop condition); ``truncated``: hit max turns or
+#: the token budget; ``error``: the env, a tool loop or a reward function raised (traceback in
+#: ``error``); ``infra_error``: the model backend or sandbox failed, so the reward says nothing
+#: about the policy and trainers must drop the episode from group statistics.
+Status = Literal["ok", "truncated", "error", "infra_error"]
+STATUSES: tuple[str, ...] = ("ok", "truncated", "error", "infra_error")
+
+
+class PrefixMismatchError(ValueError):
+    """Turn k+1's prompt does not start with turn k's prompt + completion (template rewrote history)."""
+
+
+@dataclass
+class Turn:
+    """One policy call and the env's answer to it.
+
+    ``completion_mask`` has one entry per completion token: 1 for tokens the model sampled
+    (trained on), 0 for tokens that must not be trained (e.g. forced by the env). Prompt tokens
+    are never trained. Token fields are None when the backend did not report them.
+    """
+
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    completion_mask: list[int] | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    reward: float = 0.0
+    tool_errors: list[str] = field(default_factory=list)
+    policy_seconds: float = 0.0
+    env_seconds: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """One episode: the conversation, its turns, rewards and outcome."""
+
+    env_id: str
+    task: Any = None
+    task_index: int | None = None
+    group_index: int = 0
+    seed: int | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    final_reward: float | None = None
+    scores: dict[str, float | None] = field(default_factory=dict)
+    status: Status = "ok"
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_rewards(self) -> list[float]:
+        """Per-turn rewards, in order."""
+        return [t.reward for t in self.turns]
+
+    @property
+    def total_reward(self) -> float:
+        """Sum of step rewards plus the final reward (0 if none was computed)."""
+        return sum(self.step_rewards) + (self.final_reward or 0.0)
+
+    def flatten(self) -> tuple[list[int], list[int], list[float | None]]:
+        """One training sequence: (token ids, loss mask, logprobs) over the whole episode.
+
+        Valid only when every turn's prompt extends the previous prompt + completion exactly
+        (the chat template keeps history as a token prefix; `agentgym check` tests this).
+        Env/tool tokens get mask 0 and logprob None.
+
+        Raises:
+            PrefixMismatchError: a later prompt is not an extension; train per turn instead.
+            ValueError: token ids are missing (the backend did not return them).
+        """
+        ids: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float | None] = []
+        for k, turn in enumerate(self.turns):
+            if turn.prompt_ids is None or turn.completion_ids is None:
+                raise ValueError(f"turn {k} has no token ids; use a backend that returns them")
+            if turn.prompt_ids[: len(ids)] != ids:
+                raise PrefixMismatchError(
+                    f"turn {k}'s prompt does not extend the previous turns' tokens; "
+                    "train on per-turn samples instead"
+                )
+            env_tokens = turn.prompt_ids[len(ids) :]
+            ids += env_tokens + turn.completion_ids
+            mask += [0] * len(env_tokens) + (turn.completion_mask or [1] * len(turn.completion_ids))
+            logprobs += [None] * len(env_tokens)
+            logprobs += turn.logprobs or [None] * len(turn.completion_ids)
+        return ids, mask, logprobs
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; `from_dict` inverts it exactly."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        """Rebuild a trajectory from `to_dict` output."""
+        data = dict(data)
+        data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        return cls(**data)
+
+
+def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
+    """Write one trajectory per line (atomically: a temp file renamed into place); returns the count."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    count = 0
+    with tmp.open("w", encoding="utf-8") as f:
+        for trajectory in trajectories:
+            f.write(json.dumps(trajectory.to_dict(), ensure_ascii=False, default=str) + "\n")
+            count += 1
+    tmp.replace(path)
+    return count
+
+
+def read_jsonl(path: str | Path) -> Iterator[Trajectory]:
+    """Yield the trajectories of a file written by `write_jsonl`."""
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield Trajectory.from_dict(json.loads(line))

@@ -1,0 +1,180 @@
+"""The ``agentgym`` command: ``list``, ``check ENV``, ``eval ENV`` and ``sandbox ...``.
+
+User mistakes (unknown env, bad option) print one line naming the fix and exit with code 2,
+before anything is written; results are written atomically at the end of a run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ._check import check as run_checks
+from ._errors import ConfigError
+from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
+from ._registry import make, registered_envs, resolve_id
+from ._rollout import rollout
+from ._summary import summarize
+from ._trajectory import write_jsonl
+
+app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+class PolicyKind(str, Enum):
+    """Where assistant turns come from in `agentgym eval`."""
+
+    reference = "reference"
+    openai = "openai"
+
+
+def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs; values are read as JSON when they parse, else kept as strings."""
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env-arg expects key=value, got {pair!r}")
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return kwargs
+
+
+@app.command("list")
+def list_envs() -> None:
+    """List registered environments."""
+    table = Table("id", "tools", "tasks", "description")
+    for env_id in registered_envs():
+        env = make(env_id)
+        doc = (type(env).__doc__ or "").strip().splitlines()
+        table.add_row(
+            env_id,
+            ", ".join(getattr(env, "tools", {})) or "-",
+            str(len(getattr(env, "tasks", ()))),
+            doc[0] if doc else "",
+        )
+        env.close()
+    Console().print(table)
+
+
+@app.command("check")
+def check_env(
+    env: Annotated[str, typer.Argument(help="Env id or short name, e.g. calculator.")],
+    tokenizer: Annotated[
+        str | None, typer.Option(help="Tokenizer path: also check its chat template.")
+    ] = None,
+    env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
+) -> None:
+    """Pre-flight an env: Gymnasium API, tool schemas, parser round trip, chat-template prefix."""
+    results = run_checks(resolve_id(env), tokenizer=tokenizer, **_parse_env_args(env_arg))
+    table = Table("check", "result", "detail")
+    for r in results:
+        table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]", r.detail)
+    Console().print(table)
+    if not all(r.passed for r in results):
+        raise typer.Exit(1)
+
+
+@app.command("eval")
+def evaluate(
+    env: Annotated[str, typer.Argument(help="Env id or short name, e.g. calculator.")],
+    policy: Annotated[PolicyKind, typer.Option(help="reference: the env's own solution; openai: a server.")] = PolicyKind.reference,
+    base_url: Annotated[str, typer.Option(help="OpenAI-compatible server root.")] = "http://127.0.0.1:8000/v1",
+    model: Annotated[str | None, typer.Option(help="Served model name (openai policy).")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token.")] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (openai policy).")] = 1.0,
+    num_tasks: Annotated[int | None, typer.Option("--num-tasks", "-n", help="First N tasks; all if omitted.")] = None,
+    group_size: Annotated[int, typer.Option("--group-size", "-g", help="Episodes per task.")] = 1,
+    concurrency: Annotated[int, typer.Option(help="Episodes in flight at once.")] = 32,
+    max_tokens: Annotated[int | None, typer.Option(help="Max new tokens per turn.")] = None,
+    seed: Annotated[int, typer.Option(help="Base seed of the episodes.")] = 0,
+    out: Annotated[Path, typer.Option(help="Folder for trajectories.jsonl and summary.json.")] = Path("runs/eval"),
+    env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
+) -> None:
+    """Run evaluation episodes; write one trajectory per line and a summary."""
+    env_id = resolve_id(env)
+    env_kwargs = _parse_env_args(env_arg)
+    probe = make(env_id, **env_kwargs)  # validates options before any work
+    agent = _make_policy(policy, probe, base_url, model, api_key, temperature)
+    total = min(num_tasks, len(probe.tasks)) if num_tasks is not None else len(probe.tasks)
+    probe.close()
+    started = time.perf_counter()
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        bar = progress.add_task(f"eval {env_id}", total=total * group_size)
+        trajectories = rollout(
+            env_id, agent, num_tasks=num_tasks, group_size=group_size, max_concurrency=concurrency,
+            seed=seed, max_tokens_per_turn=max_tokens, env_kwargs=env_kwargs,
+            on_episode=lambda _: progress.advance(bar),
+        )
+    summary = summarize(trajectories, wall_seconds=time.perf_counter() - started)
+    summary |= {"env": env_id, "policy": policy.value, "model": model, "group_size": group_size}
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(trajectories, out / "trajectories.jsonl")
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(out / "summary.json")
+    _print_summary(summary, out)
+
+
+def _make_policy(
+    kind: PolicyKind, env: Any, base_url: str, model: str | None, api_key: str | None, temperature: float
+) -> Policy:
+    if kind is PolicyKind.reference:
+        if getattr(env, "reference_turns", None) is None:
+            raise ConfigError("this env has no reference solution; use --policy openai --model NAME")
+        return ScriptedPolicy(env.reference_turns)
+    if not model:
+        raise ConfigError("--policy openai needs --model NAME (the served model name)")
+    return OpenAIPolicy(base_url, model, api_key=api_key, sampling={"temperature": temperature})
+
+
+def _print_summary(summary: dict[str, Any], out: Path) -> None:
+    table = Table("metric", "value", title=f"{summary['env']} ({summary['policy']})")
+    for key, value in summary.items():
+        if key in ("env", "policy", "model"):
+            continue
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        table.add_row(key, shown)
+    Console().print(table)
+    console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}")
+
+
+def _mount_sandbox_commands() -> None:
+    try:
+        from .sandboxes._cli import app as sandbox_app
+    except ImportError:  # the sandbox extra is optional
+        return
+    app.add_typer(sandbox_app, name="sandbox", help="Build, list, prune and benchmark sandboxes.")
+
+
+_mount_sandbox_commands()
+
+
+def main() -> None:
+    """Entry point: turn agentgym's user errors into one line and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (typer.Exit, SystemExit) as exc:
+        sys.exit(getattr(exc, "exit_code", getattr(exc, "code", 0)))
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        if hasattr(exc, "show"):
+            exc.show()
+            sys.exit(2)
+        raise

@@ -1,0 +1,103 @@
+"""The parser contract and its registry.
+
+A parser turns the model's raw assistant text into content + tool calls, and renders tool
+calls back into the exact text format the model was trained on (the round trip that
+`agentgym check` tests and that scripted/reference policies rely on).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ConfigError
+
+
+@dataclass
+class ToolCall:
+    """One function call the model asked for; ``arguments`` is already decoded JSON."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI ``tool_calls`` entry (arguments as a JSON string, as the API sends them)."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+
+
+@dataclass
+class ParsedTurn:
+    """What a parser found in one assistant turn.
+
+    ``errors`` lists the tool-call snippets that looked like calls but could not be parsed,
+    each with the reason; the env reports them back to the model instead of failing.
+    """
+
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class ToolCallParser(ABC):
+    """Base class of tool-call parsers; subclasses register with `register_parser`."""
+
+    #: Registry key, e.g. ``"hermes"``.
+    name: str = ""
+
+    @abstractmethod
+    def parse(self, text: str) -> ParsedTurn:
+        """Split ``text`` into content and tool calls; never raises on malformed calls."""
+
+    @abstractmethod
+    def render(self, content: str, tool_calls: list[ToolCall]) -> str:
+        """Text the model would emit for ``content`` followed by ``tool_calls``."""
+
+
+_PARSERS: dict[str, Callable[..., ToolCallParser]] = {}
+
+
+def register_parser(name: str) -> Callable[[type[ToolCallParser]], type[ToolCallParser]]:
+    """Class decorator adding a parser to the registry under ``name``."""
+
+    def decorate(cls: type[ToolCallParser]) -> type[ToolCallParser]:
+        cls.name = name
+        _PARSERS[name] = cls
+        return cls
+
+    return decorate
+
+
+def get_parser(name: str | ToolCallParser, **kwargs: Any) -> ToolCallParser:
+    """Look up a parser by name; ``vllm:<name>`` adapts one of vLLM's parsers.
+
+    Raises:
+        ConfigError: the name is unknown; the message lists the known ones.
+    """
+    if isinstance(name, ToolCallParser):
+        return name
+    if name.startswith("vllm:"):
+        from .vllm_adapter import VLLMToolParser
+
+        return VLLMToolParser(name.removeprefix("vllm:"), **kwargs)
+    if name not in _PARSERS:
+        close = difflib.get_close_matches(name, _PARSERS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"unknown tool-call parser {name!r}.{hint} Known: {', '.join(sorted(_PARSERS))}, "
+            "or 'vllm:<name>' for any of vLLM's parsers"
+        )
+    return _PARSERS[name](**kwargs)
+
+
+def available_parsers() -> list[str]:
+    """Names accepted by `get_parser` (besides the ``vllm:`` prefix)."""
+    return sorted(_PARSERS)

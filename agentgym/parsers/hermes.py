@@ -1,0 +1,45 @@
+"""Hermes format (Qwen2.5, Qwen3, Hermes): ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ._base import ParsedTurn, ToolCall, ToolCallParser, register_parser
+
+_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+
+@register_parser("hermes")
+class HermesParser(ToolCallParser):
+    """Content is everything before the first ``<tool_call>``; an unclosed last block counts."""
+
+    def parse(self, text: str) -> ParsedTurn:
+        start = text.find("<tool_call>")
+        if start < 0:
+            return ParsedTurn(content=text)
+        turn = ParsedTurn(content=text[:start].strip())
+        for raw in _BLOCK.findall(text[start:]):
+            try:
+                call = json.loads(raw.strip())
+                name, arguments = call["name"], call.get("arguments", {})
+                if not isinstance(name, str):
+                    raise TypeError("'name' must be a string")
+                if isinstance(arguments, str):
+                    arguments = json.loads(arguments)
+                if not isinstance(arguments, dict):
+                    raise TypeError("'arguments' must be a JSON object")
+            except (ValueError, KeyError, TypeError) as exc:
+                turn.errors.append(f"malformed <tool_call> {raw.strip()[:200]!r}: {exc}")
+                continue
+            turn.tool_calls.append(ToolCall(name=name, arguments=arguments))
+        return turn
+
+    def render(self, content: str, tool_calls: list[ToolCall]) -> str:
+        blocks = [
+            "<tool_call>\n"
+            + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
+            + "\n</tool_call>"
+            for c in tool_calls
+        ]
+        return "\n".join(([content] if content else []) + blocks)

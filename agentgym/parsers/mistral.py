@@ -1,0 +1,109 @@
+"""Mistral tool calls, both generations of the format, after the ``[TOOL_CALLS]`` token.
+
+- ``"json"`` style (tokenizers before v11, e.g. Mistral-7B-Instruct-v0.3):
+  ``content[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]`` (a bare object is one call).
+- ``"args"`` style (v11+ tokenizers, e.g. Mistral Small 3.2, Magistral):
+  ``content[TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[ARGS]{...}``; ``f{...}`` without ``[ARGS]``
+  is accepted too.
+
+`parse` reads both styles; `render` writes the one chosen at construction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from .._errors import ConfigError
+from ._base import ParsedTurn, ToolCall, ToolCallParser, register_parser
+
+TOOL_CALLS = "[TOOL_CALLS]"
+ARGS = "[ARGS]"
+_DECODER = json.JSONDecoder()
+_NAME = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[ARGS\])?\s*", re.ASCII)
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    """Arguments as a dict: a JSON object, a string holding one, or missing (``{}``)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        raise TypeError("'arguments' must be a JSON object")
+    return value
+
+
+def _parse_json_style(segment: str, turn: ParsedTurn) -> None:
+    """``[{"name": ..., "arguments": ...}, ...]`` or one bare object; trailing text is ignored."""
+    try:
+        value, _ = _DECODER.raw_decode(segment)
+    except json.JSONDecodeError as exc:
+        turn.errors.append(f"malformed {TOOL_CALLS} {segment[:200]!r}: {exc}")
+        return
+    for obj in value if isinstance(value, list) else [value]:
+        try:
+            if not isinstance(obj, dict):
+                raise TypeError("each call must be a JSON object")
+            name = obj.get("name")
+            if not isinstance(name, str) or not name:
+                raise TypeError("'name' must be a non-empty string")
+            turn.tool_calls.append(ToolCall(name=name, arguments=_arguments(obj.get("arguments"))))
+        except (ValueError, TypeError) as exc:
+            turn.errors.append(f"malformed tool call {json.dumps(obj)[:200]!r}: {exc}")
+
+
+def _parse_args_style(segment: str, turn: ParsedTurn) -> None:
+    """``name[ARGS]{...}`` (or ``name{...}``); text after the JSON object is ignored."""
+    match = _NAME.match(segment)
+    if not match or not segment[match.end() :].startswith("{"):
+        turn.errors.append(f"malformed {TOOL_CALLS} {segment[:200]!r}: expected name[ARGS]{{...}}")
+        return
+    try:
+        arguments, _ = _DECODER.raw_decode(segment, match.end())
+    except json.JSONDecodeError as exc:
+        turn.errors.append(f"malformed arguments of {match.group(1)!r}: {exc}")
+        return
+    turn.tool_calls.append(ToolCall(name=match.group(1), arguments=arguments))
+
+
+@register_parser("mistral")
+class MistralParser(ToolCallParser):
+    """Parse and render Mistral ``[TOOL_CALLS]`` tool calls.
+
+    Args:
+        style: what `render` writes: ``"json"`` (a JSON array of calls, pre-v11 tokenizers) or
+            ``"args"`` (``name[ARGS]{...}`` per call, v11+ tokenizers). Parsing accepts both.
+    """
+
+    def __init__(self, style: Literal["json", "args"] = "json") -> None:
+        if style not in ("json", "args"):
+            raise ConfigError(f"mistral parser style must be 'json' or 'args', got {style!r}")
+        self.style = style
+
+    def parse(self, text: str) -> ParsedTurn:
+        start = text.find(TOOL_CALLS)
+        if start < 0:
+            return ParsedTurn(content=text)
+        turn = ParsedTurn(content=text[:start].strip())
+        for segment in text[start + len(TOOL_CALLS) :].split(TOOL_CALLS):
+            segment = segment.strip()
+            if not segment:
+                continue
+            if segment[0] in "[{":
+                _parse_json_style(segment, turn)
+            else:
+                _parse_args_style(segment, turn)
+        return turn
+
+    def render(self, content: str, tool_calls: list[ToolCall]) -> str:
+        if not tool_calls:
+            return content
+        if self.style == "json":
+            calls = [{"name": c.name, "arguments": c.arguments} for c in tool_calls]
+            return f"{content}{TOOL_CALLS}{json.dumps(calls, ensure_ascii=False)}"
+        return content + "".join(
+            f"{TOOL_CALLS}{c.name}{ARGS}{json.dumps(c.arguments, ensure_ascii=False)}"
+            for c in tool_calls
+        )

@@ -1,0 +1,135 @@
+"""Any of vLLM's tool parsers behind our `ToolCallParser` contract: ``get_parser("vllm:<name>")``.
+
+Useful to parse exactly as a vLLM server started with ``--tool-call-parser <name>`` would, and
+to cross-check our own parsers (``tests/parsers/test_vs_vllm.py``). vLLM is imported only when
+such a parser is built; without it the error names the extra to install.
+
+vLLM's parsers read their marker tokens (``<|python_tag|>``, ``[TOOL_CALLS]`` ...) from a
+tokenizer. By default a tiny byte-level tokenizer from `agentgym.tiny` is built with those
+markers; pass the model's own tokenizer (object or path) to match a real model. For Mistral, the
+presence of ``[ARGS]`` in the tokenizer switches vLLM to the v11+ ``name[ARGS]{...}`` format:
+``get_parser("vllm:mistral", extra_tokens=("[ARGS]",))``.
+
+Differences from our parsers are by design and listed in ``docs/parsers.md``: vLLM returns a
+malformed call as plain content and no calls, where ours report it in ``ParsedTurn.errors``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from typing import Any
+
+from .._errors import ConfigError
+from ._base import _PARSERS, ParsedTurn, ToolCall, ToolCallParser
+
+#: Marker tokens the default tokenizer carries, so most of vLLM's parsers can be built on it.
+DEFAULT_MARKERS = ("<|python_tag|>", "[TOOL_CALLS]")
+
+
+def _import_vllm() -> Any:
+    """vLLM's ToolParserManager, or a one-line ConfigError when vLLM is missing."""
+    try:
+        from vllm.tool_parsers import ToolParserManager
+    except ImportError as exc:
+        raise ConfigError(
+            f"vLLM tool parsers need vLLM ({exc}): pip install 'agentgym[vllm]'"
+        ) from None
+    return ToolParserManager
+
+
+def _load_tokenizer(tokenizer: Any, extra_tokens: tuple[str, ...]) -> Any:
+    """A tokenizer object from an object, a path, or None (the tiny default with markers)."""
+    if tokenizer is None:
+        from ..tiny import make_tokenizer
+
+        return make_tokenizer((*DEFAULT_MARKERS, *extra_tokens))
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(os.fspath(tokenizer))
+    return tokenizer
+
+
+class VLLMToolParser(ToolCallParser):
+    """Adapts vLLM's tool parser registered as ``name`` (vLLM's ``--tool-call-parser`` value).
+
+    Args:
+        name: the vLLM parser name, e.g. ``"hermes"``, ``"llama3_json"``, ``"mistral"``.
+        tokenizer: a tokenizer object, a path to one, or None for a tiny byte-level tokenizer
+            that has the markers in `DEFAULT_MARKERS` plus ``extra_tokens``.
+        tools: OpenAI ``tools`` schemas put on the request some parsers look at (tool-name
+            checks); None sends none.
+        extra_tokens: more marker tokens for the default tokenizer (ignored with ``tokenizer``).
+
+    Raises:
+        ConfigError: vLLM is not installed, or has no parser called ``name``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        tokenizer: Any = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        extra_tokens: tuple[str, ...] = (),
+    ) -> None:
+        manager = _import_vllm()
+        try:
+            self._cls = manager.get_tool_parser(name)
+        except KeyError:
+            known = manager.list_registered()
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" Did you mean 'vllm:{close[0]}'?" if close else ""
+            raise ConfigError(
+                f"vLLM has no tool parser {name!r}.{hint} Known: {', '.join(known)}"
+            ) from None
+        self.name = f"vllm:{name}"
+        self.vllm_name = name
+        self.tokenizer = _load_tokenizer(tokenizer, extra_tokens)
+        self._request = self._make_request(tools)
+        self._cls(self.tokenizer, self._request.tools)  # fail now if the tokenizer lacks a marker
+
+    @staticmethod
+    def _make_request(tools: list[dict[str, Any]] | None) -> Any:
+        """The minimal ChatCompletionRequest the parsers read (tools and tool_choice)."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        return ChatCompletionRequest(
+            model="agentgym",
+            messages=[{"role": "user", "content": ""}],
+            tools=tools or None,
+            tool_choice="auto" if tools else None,
+        )
+
+    def parse(self, text: str) -> ParsedTurn:
+        """Run vLLM's non-streaming ``extract_tool_calls``; never raises (errors are recorded)."""
+        try:
+            parser = self._cls(self.tokenizer, self._request.tools)  # fresh: parsers keep state
+            info = parser.extract_tool_calls(text, self._request)
+        except Exception as exc:  # noqa: BLE001 - a third-party parser may raise anything
+            return ParsedTurn(content=text, errors=[f"vLLM parser {self.vllm_name!r}: {exc!r}"])
+        turn = ParsedTurn(content=info.content or "")
+        for call in info.tool_calls if info.tools_called else []:
+            try:
+                arguments = json.loads(call.function.arguments or "{}")
+                if not isinstance(arguments, dict):
+                    raise TypeError(f"arguments are a {type(arguments).__name__}, not an object")
+            except (ValueError, TypeError) as exc:
+                turn.errors.append(
+                    f"vLLM returned call {call.function.name!r} with bad arguments "
+                    f"{call.function.arguments[:200]!r}: {exc}"
+                )
+                continue
+            turn.tool_calls.append(ToolCall(name=call.function.name, arguments=arguments, id=call.id or ""))
+        return turn
+
+    def render(self, content: str, tool_calls: list[ToolCall]) -> str:
+        """Render with our parser of the same name; vLLM parsers only parse."""
+        if self.vllm_name not in _PARSERS:
+            raise NotImplementedError(
+                f"vLLM parsers only parse, and agentgym has no parser named "
+                f"{self.vllm_name!r} to render with; known: {', '.join(sorted(_PARSERS))}"
+            )
+        return _PARSERS[self.vllm_name]().render(content, tool_calls)

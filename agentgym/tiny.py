@@ -1,0 +1,243 @@
+"""Tiny local models and tokenizers, built on the spot, for tests, examples and quickstarts.
+
+Why this exists: the machines this project runs on have no model hub, so every test and the
+quickstart need a model that can be *built* offline, deterministically, in seconds. A byte-level
+tokenizer (one token per byte, so every digit is its own token: merged digits made a tiny model
+unable to learn to copy numbers) plus a randomly initialised, Qwen2-shaped model is enough for
+vLLM and transformers to load, serve and train.
+
+- `build_tokenizer(out_dir)` writes a tokenizer whose ids 0-255 are the bytes, followed by the
+  chat special tokens, with a ChatML chat template in Qwen2.5's style (tools in the system turn,
+  tool calls in hermes format, tool results as ``<tool_response>`` in a user turn).
+- `build_tiny_model()` writes model + tokenizer into a cache folder keyed by a hash of the config
+  (``~/.cache/agentgym/tiny/<hash>``, or ``$AGENTGYM_CACHE/tiny/<hash>``) and reuses it when
+  present. Same arguments, same weights.
+
+Example::
+
+    from agentgym.tiny import build_tiny_model
+    path = build_tiny_model()          # ~1 s the first time, then a cache hit
+    # python -m vllm.entrypoints.openai.api_server --model {path} ...
+
+torch and transformers are imported inside the functions, so importing this module is free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: Bump when the tokenizer, template or model layout changes, so old caches are not reused.
+FORMAT_VERSION = 2
+
+#: Special tokens (skipped by ``decode(skip_special_tokens=True)``), after the 256 byte ids.
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+#: Added tokens that stay in decoded text (as in Qwen2.5, so tool calls survive decoding).
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+
+CHAT_TEMPLATE = (
+    "{%- if messages and messages[0].role == 'system' %}"
+    "{%- set system = messages[0].content %}{%- set rest = messages[1:] %}"
+    "{%- else %}"
+    "{%- set system = 'You are a helpful assistant.' %}{%- set rest = messages %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>system\\n' + system }}"
+    "{%- if tools %}"
+    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions. "
+    "Their signatures are within <tools></tools>:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each call, return a JSON object within "
+    "<tool_call></tool_call> tags:\\n<tool_call>\\n"
+    '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>\' }}'
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- for message in rest %}"
+    "{%- if message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if message.content %}{{- message.content }}{%- endif %}"
+    "{%- for call in (message.tool_calls or []) %}"
+    "{%- set fn = call.function if call.function is defined else call %}"
+    "{%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' }}"
+    "{%- if fn.arguments is string %}{{- fn.arguments }}"
+    "{%- else %}{{- fn.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or rest[loop.index0 - 1].role != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or rest[loop.index0 + 1].role != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def _byte_alphabet() -> list[str]:
+    """The printable stand-in character of each byte 0..255 (the GPT-2 byte-level mapping)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def make_tokenizer(extra_special_tokens: tuple[str, ...] = ()) -> Any:
+    """An in-memory `transformers.PreTrainedTokenizerFast`: ids 0-255 are bytes, then specials.
+
+    Args:
+        extra_special_tokens: more added tokens kept in decoded text (e.g. ``"[TOOL_CALLS]"``,
+            ``"<|python_tag|>"`` for other tool-call formats), after `TOOL_TOKENS`.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(_byte_alphabet())}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    backend.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t in (*TOOL_TOKENS, *extra_special_tokens)
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=32768,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_tokenizer(out_dir: str | os.PathLike[str], extra_special_tokens: tuple[str, ...] = ()) -> Path:
+    """Write the byte-level tokenizer (see `make_tokenizer`) to ``out_dir``; returns the path."""
+    out = Path(out_dir)
+    make_tokenizer(extra_special_tokens).save_pretrained(out)
+    return out
+
+
+def cache_root() -> Path:
+    """``$AGENTGYM_CACHE`` if set, else ``~/.cache/agentgym``."""
+    env = os.environ.get("AGENTGYM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "agentgym"
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 4096,
+) -> Path:
+    """Build (or reuse) a random Qwen2-style model with the byte tokenizer; returns its folder.
+
+    Args:
+        out_dir: where to write it; ``None`` means ``cache_root()/tiny/<hash of the arguments>``.
+            A folder that already holds a complete build of the same arguments is reused as is.
+        seed: torch seed for the initial weights: same seed and shape, same weights.
+        hidden_size: model width; ``hidden_size / num_heads`` must be 64 or more (vLLM's CPU
+            attention rejects head_dim 16).
+        num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings:
+            the usual Qwen2 shape knobs.
+
+    Raises:
+        ConfigError: the shape is invalid (head_dim < 32 or not an integer).
+    """
+    from ._errors import ConfigError
+
+    head_dim, rem = divmod(hidden_size, num_heads)
+    if rem or head_dim < 32 or num_heads % num_kv_heads:
+        raise ConfigError(
+            f"tiny model shape hidden_size={hidden_size}, num_heads={num_heads}, "
+            f"num_kv_heads={num_kv_heads}: need hidden_size = num_heads * head_dim with "
+            "head_dim >= 32 (vLLM's CPU attention needs it; 64 is safest) and num_heads a "
+            "multiple of num_kv_heads"
+        )
+    spec = {
+        "format": FORMAT_VERSION,
+        "seed": seed,
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+    }
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    out = Path(out_dir) if out_dir is not None else cache_root() / "tiny" / digest
+    marker = out / "agentgym_tiny.json"
+    if marker.exists() and json.loads(marker.read_text()) == spec:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        _write_model(tmp, spec)
+        (tmp / marker.name).write_text(json.dumps(spec, sort_keys=True))
+        if out.exists():  # an incomplete or different build: replace it
+            shutil.rmtree(out, ignore_errors=True)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished the same build first
+            if not (marker.exists() and json.loads(marker.read_text()) == spec):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _write_model(out: Path, spec: dict[str, Any]) -> None:
+    """Save the tokenizer, config, generation config and seeded weights into ``out``."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(out)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),  # exactly: padding ids would be sampled and decode to ""
+        hidden_size=spec["hidden_size"],
+        intermediate_size=spec["intermediate_size"],
+        num_hidden_layers=spec["num_layers"],
+        num_attention_heads=spec["num_heads"],
+        num_key_value_heads=spec["num_kv_heads"],
+        head_dim=spec["hidden_size"] // spec["num_heads"],
+        max_position_embeddings=spec["max_position_embeddings"],
+        tie_word_embeddings=True,
+        bos_token_id=pad,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        dtype="float32",
+    )
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(spec["seed"])
+        model = Qwen2ForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.generation_config = GenerationConfig(
+        bos_token_id=pad, eos_token_id=eos, pad_token_id=pad
+    )
+    model.save_pretrained(out)

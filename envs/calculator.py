@@ -1,0 +1,103 @@
+"""Calculator: arithmetic word problems solved by calling a `calculate` tool.
+
+The smallest real tool env: deterministic tasks (generated from a seed, no download), one
+tool, a reward for the right final number. It is the embedded default of the quickstart and
+the workhorse of the tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import random
+import re
+from typing import Any
+
+from agentgym import Rubric, ToolCall, ToolEnv, tool
+
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _evaluate(node: ast.AST) -> float | int:
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_evaluate(node.operand))
+    raise ValueError("only numbers, + - * / // % and parentheses are allowed")
+
+
+@tool(timeout=5.0)
+def calculate(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly.
+
+    Args:
+        expression: numbers with + - * / // % and parentheses, e.g. "37 * (48 - 2)".
+    """
+    if len(expression) > 200:
+        raise ValueError("expression longer than 200 characters")
+    value = _evaluate(ast.parse(expression, mode="eval"))
+    return str(int(value) if float(value).is_integer() else round(value, 6))
+
+
+def make_tasks(num_tasks: int, seed: int) -> list[dict[str, Any]]:
+    """``num_tasks`` two-number problems; the same seed always gives the same list."""
+    rng = random.Random(seed)
+    tasks = []
+    for _ in range(num_tasks):
+        a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-*")
+        expression = f"{a} {op} {b}"
+        tasks.append({"prompt": f"What is {expression}?", "answer": calculate(expression), "expression": expression})
+    return tasks
+
+
+def correct_answer(completion: str, answer: str) -> float:
+    """1 if the last number in the final reply equals the answer."""
+    numbers = _NUMBER.findall(completion or "")
+    return float(bool(numbers) and numbers[-1] == answer)
+
+
+def used_calculator(state: Any) -> float:
+    """Metric only (weight 0): did the episode call a tool at all."""
+    return float(state.tool_calls > 0)
+
+
+class CalculatorEnv(ToolEnv):
+    """Answer ``What is a op b?``; reward 1 for the right number in the final reply.
+
+    Args:
+        num_tasks: size of the generated task list.
+        seed: seed of the task generator (not of episodes).
+        kwargs: any `ToolEnv` option (``parser``, ``max_turns``, ``max_tokens`` ...).
+    """
+
+    def __init__(self, num_tasks: int = 100, seed: int = 1234, **kwargs: Any) -> None:
+        kwargs.setdefault("max_turns", 4)
+        kwargs.setdefault(
+            "system_prompt",
+            "You are a careful assistant. Use the calculate tool for arithmetic, "
+            "then reply with the final number.",
+        )
+        super().__init__(
+            [calculate],
+            tasks=make_tasks(num_tasks, seed),
+            rubric=Rubric([correct_answer, used_calculator], weights=[1.0, 0.0]),
+            **kwargs,
+        )
+
+    def reference_turns(self, task: dict[str, Any]) -> list[str]:
+        call = ToolCall("calculate", {"expression": task["expression"]})
+        return [self.parser.render("", [call]), f"The answer is {task['answer']}."]

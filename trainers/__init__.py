@@ -1,0 +1,2 @@
+"""GRPO + LoRA trainer on vLLM rollouts (lands with its own issue; the rollout engine and
+`Trajectory.flatten` in `agentgym` are the interface it will consume)."""
