@@ -100,7 +100,8 @@ def _parser_round_trip(env: Env) -> CheckResult:
     if parser is None:
         return CheckResult("parser round trip", True, "env has no tool-call parser")
     calls = [
-        ToolCall(t.name, example_arguments(t.parameters)) for t in getattr(env, "tools", {}).values()
+        ToolCall(t.name, example_arguments(t.parameters))
+        for t in getattr(env, "tools", {}).values()
     ]
     env.close()
     parsed = parser.parse(parser.render("Let me check.", calls))
@@ -108,7 +109,9 @@ def _parser_round_trip(env: Env) -> CheckResult:
     want = [(c.name, c.arguments) for c in calls]
     ok = got == want and not parsed.errors
     return CheckResult(
-        f"parser round trip ({parser.name})", ok, "ok" if ok else f"rendered {want}, parsed {got} {parsed.errors}"
+        f"parser round trip ({parser.name})",
+        ok,
+        "ok" if ok else f"rendered {want}, parsed {got} {parsed.errors}",
     )
 
 
@@ -135,7 +138,9 @@ def _reference_episode(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:
         return CheckResult("reference episode", True, "env has no reference solution")
     ok = trajectory.status in ("ok", "truncated") and (trajectory.final_reward or 0) > 0
     detail = f"status {trajectory.status}, reward {trajectory.final_reward}"
-    return CheckResult("reference episode", ok, detail + (f"\n{trajectory.error}" if trajectory.error else ""))
+    return CheckResult(
+        "reference episode", ok, detail + (f"\n{trajectory.error}" if trajectory.error else "")
+    )
 
 
 def _template_prefix(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any) -> CheckResult:
@@ -159,14 +164,19 @@ def _template_prefix(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any) ->
                 "chat template prefix",
                 False,
                 f"turn {k + 1}'s prompt rewrites history at token {at}: "
-                f"{tok.decode(history[at:at + 12])!r} became {tok.decode(prompt[at:at + 12])!r}; "
+                f"{tok.decode(history[at : at + 12])!r} became "
+                f"{tok.decode(prompt[at : at + 12])!r}; "
                 "train on per-turn samples or fix the template",
             )
-    return CheckResult("chat template prefix", True, f"{len(ends)} assistant turns keep their tokens")
+    return CheckResult(
+        "chat template prefix", True, f"{len(ends)} assistant turns keep their tokens"
+    )
 
 
 def _ids(encoded: Any) -> list[int]:
-    return list(encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded)
+    return list(
+        encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
+    )
 
 
 def _for_template(message: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +196,7 @@ def _load_tokenizer(tokenizer: Any) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
-        raise ConfigError("checking a tokenizer needs transformers: pip install 'agentgym[train]'") from exc
+        raise ConfigError(
+            "checking a tokenizer needs transformers: pip install 'agentgym[train]'"
+        ) from exc
     return AutoTokenizer.from_pretrained(tokenizer)
-
-

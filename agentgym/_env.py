@@ -110,7 +110,9 @@ class Env(gymnasium.Env[list[Message], Action]):
         """Start an episode; ``options["task"]`` picks a task (an index or a task dict)."""
         raise NotImplementedError
 
-    async def astep(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+    async def astep(
+        self, action: Action
+    ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Apply one assistant turn.
 
         Returns:

@@ -44,7 +44,9 @@ def register(id: str, entry_point: str | Callable[..., Env], **defaults: Any) ->
         raise ConfigError(f"env id {id!r} must look like 'namespace/Name-v0'")
     with warnings.catch_warnings():  # re-registering (e.g. module reload) is fine
         warnings.simplefilter("ignore")
-        gymnasium.register(id=id, entry_point=entry_point, kwargs=defaults, disable_env_checker=True)
+        gymnasium.register(
+            id=id, entry_point=entry_point, kwargs=defaults, disable_env_checker=True
+        )
     _OUR_IDS.add(id)
 
 
@@ -65,7 +67,9 @@ def load_plugins() -> list[str]:
                 hook()
         except Exception as exc:  # a third party's bug must not take agentgym down
             failed.append(ep.name)
-            warnings.warn(f"agentgym plugin {ep.name!r} ({ep.value}) failed to load: {exc!r}", stacklevel=2)
+            warnings.warn(
+                f"agentgym plugin {ep.name!r} ({ep.value}) failed to load: {exc!r}", stacklevel=2
+            )
     return failed
 
 
@@ -88,7 +92,9 @@ def resolve_id(name: str) -> str:
     matches = [i for i in _OUR_IDS if _short_name(i) == short]
     if matches:
         return max(matches, key=lambda i: int(i.rsplit("-v", 1)[1]))
-    close = difflib.get_close_matches(name, sorted(_OUR_IDS) + [_short_name(i) for i in _OUR_IDS], n=1)
+    close = difflib.get_close_matches(
+        name, sorted(_OUR_IDS) + [_short_name(i) for i in _OUR_IDS], n=1
+    )
     hint = f" Did you mean {close[0]!r}?" if close else ""
     known = ", ".join(sorted(_OUR_IDS)) or "none"
     raise UnknownEnvError(

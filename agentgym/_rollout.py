@@ -129,7 +129,9 @@ def _record_outcome(trajectory: Trajectory, info: dict[str, Any], truncated: boo
     reward_errors = info.get("reward_errors") or {}
     if reward_errors:
         trajectory.status = "error"
-        trajectory.error = "\n".join(f"reward function {k!r}:\n{v}" for k, v in reward_errors.items())
+        trajectory.error = "\n".join(
+            f"reward function {k!r}:\n{v}" for k, v in reward_errors.items()
+        )
     elif truncated:
         trajectory.status = "truncated"
 
@@ -159,8 +161,8 @@ async def arollout(
     Args:
         env: a registered env id (resolved by `agentgym.make`) or a zero-argument factory.
         policy: produces assistant turns (`OpenAIPolicy`, `ScriptedPolicy`, your own).
-        tasks: task indices or task dicts; None plays the env's first ``num_tasks`` tasks
-            (all of them when ``num_tasks`` is None too).
+        tasks: task indices or task dicts; None plays the env's first ``num_tasks`` tasks.
+        num_tasks: how many of the env's tasks to play when ``tasks`` is None; None = all.
         group_size: episodes per task (GRPO's G); they differ by seed and by sampling.
         max_concurrency: episodes in flight at once; each env instance is created per episode.
         seed: base seed; episode i of the plan gets ``seed + i``.

@@ -35,7 +35,9 @@ def summarize(trajectories: list[Trajectory], wall_seconds: float | None = None)
         summary[f"scores/{name}"] = fmean(values) if values else None
     if wall_seconds is not None:
         summary["time/wall_seconds"] = wall_seconds
-        summary["time/episodes_per_second"] = len(trajectories) / wall_seconds if wall_seconds else None
+        summary["time/episodes_per_second"] = (
+            len(trajectories) / wall_seconds if wall_seconds else None
+        )
     for status in STATUSES:
         summary["status"].setdefault(status, 0)
     return summary

@@ -90,7 +90,9 @@ class ToolEnv(Env):
         self.tools: dict[str, Tool] = {}
         for t in map(as_tool, tools):
             if tool_timeout is not None:
-                t = Tool(t.fn, t.name, t.description, t.parameters, t.injected, tool_timeout, t.is_async)
+                t = Tool(
+                    t.fn, t.name, t.description, t.parameters, t.injected, tool_timeout, t.is_async
+                )
             if t.name in self.tools:
                 raise ConfigError(f"two tools are named {t.name!r}; tool names must be unique")
             self.tools[t.name] = t
@@ -153,7 +155,9 @@ class ToolEnv(Env):
         self.messages = self.build_prompt(task)
         return json_copy(self.messages), {"task_index": index, "task": json_copy(task)}
 
-    async def astep(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+    async def astep(
+        self, action: Action
+    ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         if self.state.done:
             raise ConfigError("the episode is over (or never started); call reset() first")
         state = self.state
@@ -167,7 +171,9 @@ class ToolEnv(Env):
         state.tool_errors += len(errors)
         reward = self.step_reward(state, new_messages)
         final_answer = not calls and not parsed.errors
-        terminated = final_answer or any(stop(state, self.messages) for stop in self.stop_conditions)
+        terminated = final_answer or any(
+            stop(state, self.messages) for stop in self.stop_conditions
+        )
         truncated = not terminated and self._out_of_budget()
         info: dict[str, Any] = {"turn": state.turn, "tool_errors": errors}
         if terminated or truncated:
@@ -184,17 +190,23 @@ class ToolEnv(Env):
     def _pick_task(self, options: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         unknown = set(options) - {"task"}
         if unknown:
-            raise ConfigError(f"unknown reset option(s) {sorted(unknown)}; the only option is 'task'")
+            raise ConfigError(
+                f"unknown reset option(s) {sorted(unknown)}; the only option is 'task'"
+            )
         choice = options.get("task")
         if isinstance(choice, dict):
             return choice, None
         if not len(self.tasks):
-            raise ConfigError(f"{type(self).__name__} has no tasks; pass tasks=[...] or options={{'task': {{...}}}}")
+            raise ConfigError(
+                f"{type(self).__name__} has no tasks; "
+                "pass tasks=[...] or options={'task': {...}}"
+            )
         if choice is None:
             choice = int(self.np_random.integers(len(self.tasks)))
         if not isinstance(choice, int) or not 0 <= choice < len(self.tasks):
             raise ConfigError(
-                f"options['task'] must be a task dict or an index in [0, {len(self.tasks)}), got {choice!r}"
+                "options['task'] must be a task dict or an index in "
+                f"[0, {len(self.tasks)}), got {choice!r}"
             )
         return dict(self.tasks[choice]), choice
 

@@ -160,7 +160,9 @@ def _build_tool(
             injected.add(pname)
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ConfigError(f"tool {fn.__name__!r}: *args/**kwargs cannot be described to a model")
+            raise ConfigError(
+                f"tool {fn.__name__!r}: *args/**kwargs cannot be described to a model"
+            )
         if pname not in hints:
             raise ConfigError(
                 f"tool {fn.__name__!r}: parameter {pname!r} needs a type hint to build its schema"

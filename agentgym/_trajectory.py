@@ -22,7 +22,7 @@ STATUSES: tuple[str, ...] = ("ok", "truncated", "error", "infra_error")
 
 
 class PrefixMismatchError(ValueError):
-    """Turn k+1's prompt does not start with turn k's prompt + completion (template rewrote history)."""
+    """Turn k+1's prompt does not extend turn k's prompt + completion (history was rewritten)."""
 
 
 @dataclass
@@ -116,7 +116,7 @@ class Trajectory:
 
 
 def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
-    """Write one trajectory per line (atomically: a temp file renamed into place); returns the count."""
+    """Write one trajectory per line, atomically (temp file, then rename); return the count."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     count = 0

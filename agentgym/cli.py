@@ -89,17 +89,27 @@ def check_env(
 @app.command("eval")
 def evaluate(
     env: Annotated[str, typer.Argument(help="Env id or short name, e.g. calculator.")],
-    policy: Annotated[PolicyKind, typer.Option(help="reference: the env's own solution; openai: a server.")] = PolicyKind.reference,
-    base_url: Annotated[str, typer.Option(help="OpenAI-compatible server root.")] = "http://127.0.0.1:8000/v1",
+    policy: Annotated[
+        PolicyKind, typer.Option(help="reference: the env's own solution; openai: a server.")
+    ] = PolicyKind.reference,
+    base_url: Annotated[
+        str, typer.Option(help="OpenAI-compatible server root.")
+    ] = "http://127.0.0.1:8000/v1",
     model: Annotated[str | None, typer.Option(help="Served model name (openai policy).")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token.")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token.")
+    ] = None,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (openai policy).")] = 1.0,
-    num_tasks: Annotated[int | None, typer.Option("--num-tasks", "-n", help="First N tasks; all if omitted.")] = None,
+    num_tasks: Annotated[
+        int | None, typer.Option("--num-tasks", "-n", help="First N tasks; all if omitted.")
+    ] = None,
     group_size: Annotated[int, typer.Option("--group-size", "-g", help="Episodes per task.")] = 1,
     concurrency: Annotated[int, typer.Option(help="Episodes in flight at once.")] = 32,
     max_tokens: Annotated[int | None, typer.Option(help="Max new tokens per turn.")] = None,
     seed: Annotated[int, typer.Option(help="Base seed of the episodes.")] = 0,
-    out: Annotated[Path, typer.Option(help="Folder for trajectories.jsonl and summary.json.")] = Path("runs/eval"),
+    out: Annotated[
+        Path, typer.Option(help="Folder for trajectories.jsonl and summary.json.")
+    ] = Path("runs/eval"),
     env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
 ) -> None:
     """Run evaluation episodes; write one trajectory per line and a summary."""
@@ -111,13 +121,22 @@ def evaluate(
     probe.close()
     started = time.perf_counter()
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
         console=console,
     ) as progress:
         bar = progress.add_task(f"eval {env_id}", total=total * group_size)
         trajectories = rollout(
-            env_id, agent, num_tasks=num_tasks, group_size=group_size, max_concurrency=concurrency,
-            seed=seed, max_tokens_per_turn=max_tokens, env_kwargs=env_kwargs,
+            env_id,
+            agent,
+            num_tasks=num_tasks,
+            group_size=group_size,
+            max_concurrency=concurrency,
+            seed=seed,
+            max_tokens_per_turn=max_tokens,
+            env_kwargs=env_kwargs,
             on_episode=lambda _: progress.advance(bar),
         )
     summary = summarize(trajectories, wall_seconds=time.perf_counter() - started)
@@ -131,11 +150,18 @@ def evaluate(
 
 
 def _make_policy(
-    kind: PolicyKind, env: Any, base_url: str, model: str | None, api_key: str | None, temperature: float
+    kind: PolicyKind,
+    env: Any,
+    base_url: str,
+    model: str | None,
+    api_key: str | None,
+    temperature: float,
 ) -> Policy:
     if kind is PolicyKind.reference:
         if getattr(env, "reference_turns", None) is None:
-            raise ConfigError("this env has no reference solution; use --policy openai --model NAME")
+            raise ConfigError(
+                "this env has no reference solution; use --policy openai --model NAME"
+            )
         return ScriptedPolicy(env.reference_turns)
     if not model:
         raise ConfigError("--policy openai needs --model NAME (the served model name)")

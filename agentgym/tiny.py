@@ -53,7 +53,7 @@ CHAT_TEMPLATE = (
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each call, return a JSON object within "
     "<tool_call></tool_call> tags:\\n<tool_call>\\n"
-    '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>\' }}'
+    '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>\' }}'
     "{%- endif %}"
     "{{- '<|im_end|>\\n' }}"
     "{%- for message in rest %}"
@@ -63,7 +63,7 @@ CHAT_TEMPLATE = (
     "{%- for call in (message.tool_calls or []) %}"
     "{%- set fn = call.function if call.function is defined else call %}"
     "{%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' }}"
+    '{{- \'<tool_call>\\n{"name": "\' + fn.name + \'", "arguments": \' }}'
     "{%- if fn.arguments is string %}{{- fn.arguments }}"
     "{%- else %}{{- fn.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}"
@@ -110,7 +110,9 @@ def make_tokenizer(extra_special_tokens: tuple[str, ...] = ()) -> Any:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    backend.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
     backend.add_tokens(
         [
             AddedToken(t, special=False, normalized=False)
@@ -127,7 +129,9 @@ def make_tokenizer(extra_special_tokens: tuple[str, ...] = ()) -> Any:
     )
 
 
-def build_tokenizer(out_dir: str | os.PathLike[str], extra_special_tokens: tuple[str, ...] = ()) -> Path:
+def build_tokenizer(
+    out_dir: str | os.PathLike[str], extra_special_tokens: tuple[str, ...] = ()
+) -> Path:
     """Write the byte-level tokenizer (see `make_tokenizer`) to ``out_dir``; returns the path."""
     out = Path(out_dir)
     make_tokenizer(extra_special_tokens).save_pretrained(out)
@@ -159,8 +163,11 @@ def build_tiny_model(
         seed: torch seed for the initial weights: same seed and shape, same weights.
         hidden_size: model width; ``hidden_size / num_heads`` must be 64 or more (vLLM's CPU
             attention rejects head_dim 16).
-        num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings:
-            the usual Qwen2 shape knobs.
+        num_layers: decoder layers.
+        num_heads: attention heads.
+        num_kv_heads: key/value heads (grouped-query attention); divides ``num_heads``.
+        intermediate_size: MLP width.
+        max_position_embeddings: longest sequence the rotary embedding is sized for.
 
     Raises:
         ConfigError: the shape is invalid (head_dim < 32 or not an integer).
@@ -237,7 +244,5 @@ def _write_model(out: Path, spec: dict[str, Any]) -> None:
         model = Qwen2ForCausalLM(config)
     finally:
         torch.random.set_rng_state(generator_state)
-    model.generation_config = GenerationConfig(
-        bos_token_id=pad, eos_token_id=eos, pad_token_id=pad
-    )
+    model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
     model.save_pretrained(out)

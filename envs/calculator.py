@@ -60,7 +60,13 @@ def make_tasks(num_tasks: int, seed: int) -> list[dict[str, Any]]:
     for _ in range(num_tasks):
         a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-*")
         expression = f"{a} {op} {b}"
-        tasks.append({"prompt": f"What is {expression}?", "answer": calculate(expression), "expression": expression})
+        tasks.append(
+            {
+                "prompt": f"What is {expression}?",
+                "answer": calculate(expression),
+                "expression": expression,
+            }
+        )
     return tasks
 
 

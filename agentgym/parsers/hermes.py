@@ -1,4 +1,7 @@
-"""Hermes format (Qwen2.5, Qwen3, Hermes): ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``."""
+"""Hermes format (Qwen2.5, Qwen3, Hermes).
+
+Each call is ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``.
+"""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def _literal(node: ast.expr) -> Any:
     if isinstance(node, ast.Dict):
         if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys):
             raise ValueError("dict keys must be string literals")
-        return {k.value: _literal(v) for k, v in zip(node.keys, node.values)}  # type: ignore[union-attr]
+        return {k.value: _literal(v) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[union-attr]
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
@@ -108,4 +108,3 @@ class PythonicParser(ToolCallParser):
             rendered.append(f"{call.name}({args})")
         calls = "[" + ", ".join(rendered) + "]"
         return f"{content}\n{calls}" if content else calls
-

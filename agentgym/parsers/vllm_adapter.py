@@ -29,7 +29,7 @@ DEFAULT_MARKERS = ("<|python_tag|>", "[TOOL_CALLS]")
 
 
 def _import_vllm() -> Any:
-    """vLLM's ToolParserManager, or a one-line ConfigError when vLLM is missing."""
+    """The ToolParserManager of vLLM, or a one-line ConfigError when vLLM is missing."""
     try:
         from vllm.tool_parsers import ToolParserManager
     except ImportError as exc:
@@ -122,7 +122,9 @@ class VLLMToolParser(ToolCallParser):
                     f"{call.function.arguments[:200]!r}: {exc}"
                 )
                 continue
-            turn.tool_calls.append(ToolCall(name=call.function.name, arguments=arguments, id=call.id or ""))
+            turn.tool_calls.append(
+                ToolCall(name=call.function.name, arguments=arguments, id=call.id or "")
+            )
         return turn
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
@@ -132,4 +134,7 @@ class VLLMToolParser(ToolCallParser):
                 f"vLLM parsers only parse, and agentgym has no parser named "
                 f"{self.vllm_name!r} to render with; known: {', '.join(sorted(_PARSERS))}"
             )
-        return _PARSERS[self.vllm_name]().render(content, tool_calls)
+        kwargs: dict[str, Any] = {}
+        if self.vllm_name == "mistral" and "[ARGS]" in self.tokenizer.get_vocab():
+            kwargs["style"] = "args"  # what vLLM parses with a v11+ tokenizer
+        return _PARSERS[self.vllm_name](**kwargs).render(content, tool_calls)

@@ -1,0 +1,122 @@
+"""`DockerSandboxConfig`: every hardening knob of a Docker sandbox, hardened by default.
+
+Each field's default is the hardened choice. Loosening one (network for a search tool, more
+memory, a writable root) is an explicit change of that field, and `DockerSandboxConfig.loosened`
+names every such change so the sandbox logs it when the container starts: never silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from dataclasses import dataclass, field
+
+from agentgym._errors import ConfigError
+
+DEFAULT_IMAGE = "agentgym-sandbox:py3"
+"""Tag of the default image that ``agentgym sandbox build`` produces (python3 + pytest)."""
+
+
+@dataclass(frozen=True)
+class DockerSandboxConfig:
+    """Hardening and resource knobs of one `DockerSandbox` container.
+
+    Example::
+
+        cfg = DockerSandboxConfig()                                 # hardened defaults
+        web = DockerSandboxConfig(network_mode="bridge")            # explicit loosening
+        assert web.loosened() == ["network_mode='bridge' (default 'none')"]
+    """
+
+    network_mode: str = "none"
+    """Docker network mode. ``"none"``: loopback only. ``"bridge"`` (or a network name) gives
+    the code network access; only for tools that need it (e.g. a search tool)."""
+    mem_limit_mb: int = 512
+    """Memory limit of the whole container in MiB; swap is set equal (no swap at all). The
+    tmpfs mounts are charged to this limit too."""
+    cpus: float = 1.0
+    """CPU quota in cores (``nano_cpus``); 1.0 = one core's worth of time."""
+    pids_limit: int = 64
+    """Maximum number of processes and threads in the container (stops fork bombs)."""
+    read_only_root: bool = True
+    """Mount the image's root filesystem read-only; only the tmpfs mounts are writable."""
+    workdir: str = "/work"
+    """Absolute path of the tmpfs work directory: the code's cwd and ``HOME``."""
+    workdir_size_mb: int = 64
+    """Size of the work-directory tmpfs in MiB."""
+    workdir_exec: bool = True
+    """Allow executing files in the work directory (``exec`` tmpfs flag; Docker's default is
+    ``noexec``). ``/tmp`` is always ``noexec``."""
+    tmp_size_mb: int = 64
+    """Size of the ``/tmp`` tmpfs in MiB."""
+    shm_size_mb: int = 16
+    """Size of ``/dev/shm`` in MiB (private IPC namespace)."""
+    code_uid: int = 1000
+    """Non-root uid (and gid) the code runs as. Must differ from `keeper_uid` so the code
+    cannot signal the keeper, and so that ``kill -9 -1`` as this uid ends every code process."""
+    keeper_uid: int = 1001
+    """Non-root uid of the container's keeper process (``docker-init`` + ``sleep infinity``)."""
+    nofile: int = 256
+    """``RLIMIT_NOFILE``: open files per process."""
+    fsize_mb: int = 64
+    """``RLIMIT_FSIZE`` in MiB: the largest file any process may write."""
+    output_limit_bytes: int = 1 << 20
+    """Cap on stdout + stderr of one call, enforced inside the container; past it the code is
+    killed and the result has status ``output_limit`` and ``truncated=True``."""
+    default_timeout: float = 10.0
+    """Seconds a call may run when the caller passes no ``timeout``."""
+    host_grace_s: float = 5.0
+    """Extra seconds the host waits past a call's timeout before it kills every code process
+    from outside (``docker exec``) and, if that fails too, replaces the container."""
+    drop_all_capabilities: bool = True
+    """``cap_drop=["ALL"]``. Set False only with a reason; `cap_add` adds single ones back."""
+    cap_add: tuple[str, ...] = ()
+    """Capabilities added back after dropping all (e.g. ``("NET_RAW",)``); empty by default."""
+    no_new_privileges: bool = True
+    """``security_opt=["no-new-privileges"]``: setuid binaries cannot raise privileges."""
+    python_session: bool = True
+    """``run(language="python")`` keeps one Python session per sandbox (per pool lease):
+    globals persist across calls like notebook cells. A cell that is killed (timeout, memory,
+    output limit) rolls the session back to its state before that cell. False: every call is
+    a fresh interpreter."""
+    runtime: str | None = None
+    """OCI runtime (e.g. ``"runsc"`` for gVisor); None = the daemon's default (runc)."""
+    environment: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables for the code (the base set is PATH, HOME, LANG)."""
+
+    def __post_init__(self) -> None:
+        """Check values and cross-field rules before any container starts."""
+        positive = ("mem_limit_mb", "pids_limit", "workdir_size_mb", "tmp_size_mb",
+                    "shm_size_mb", "nofile", "fsize_mb", "output_limit_bytes")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.cpus <= 0 or self.default_timeout <= 0 or self.host_grace_s <= 0:
+            raise ConfigError("cpus, default_timeout and host_grace_s must be > 0, got "
+                              f"{self.cpus!r}, {self.default_timeout!r}, {self.host_grace_s!r}")
+        if self.code_uid <= 0 or self.keeper_uid <= 0:
+            raise ConfigError(f"code_uid and keeper_uid must be non-root (> 0), got "
+                              f"{self.code_uid} and {self.keeper_uid}")
+        if self.code_uid == self.keeper_uid:
+            raise ConfigError(f"code_uid and keeper_uid must differ (both {self.code_uid}): "
+                              "otherwise the code can kill the keeper")
+        if not posixpath.isabs(self.workdir) or posixpath.normpath(self.workdir) in ("/", "/tmp"):
+            raise ConfigError(f"workdir must be an absolute path other than / and /tmp, "
+                              f"got {self.workdir!r}")
+
+    def loosened(self) -> list[str]:
+        """Every security-relevant field that differs from the hardened default, as text."""
+        default = DockerSandboxConfig()
+        keys = ("network_mode", "read_only_root", "drop_all_capabilities", "cap_add",
+                "no_new_privileges", "runtime", "pids_limit", "mem_limit_mb", "cpus")
+        out = []
+        for name in keys:
+            mine, base = getattr(self, name), getattr(default, name)
+            if mine != base and (name not in ("pids_limit", "mem_limit_mb", "cpus")
+                                 or mine > base):
+                out.append(f"{name}={mine!r} (default {base!r})")
+        return out
+
+    def replace(self, **changes: object) -> DockerSandboxConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)

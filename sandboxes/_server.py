@@ -1,0 +1,494 @@
+"""In-container code server: runs as the code uid, sent to the container as ``python3 -c``.
+
+Stand-alone on purpose (standard library only, Python >= 3.9): it must run in any image with a
+``python3``. The host starts it with ``docker exec`` and talks over that exec's stdin/stdout,
+one JSON object per line each way, so a warm call costs a fork, not a ``docker exec``.
+
+Requests (``op``): ``run`` (Python code, fresh or in the session), ``exec`` (an argv), ``tar``
+(the work dir as base64 tar), ``untar`` (replace the work dir), ``ping``. Every run/exec reply
+carries ``stdout, stderr, exit_code, duration, status, truncated``.
+
+Process model::
+
+    server S (this file) -- fresh child per call (fork; code in new globals)
+                         -- session kernel K (fork of S, holds the session's globals)
+                               per cell: K forks K'; K' runs the cell; if K' survives the cell
+                               it becomes the kernel and K exits; if K' is killed K stays.
+
+After every call S kills every process of its uid except itself and the current kernel
+(scanning /proc until none is left), so detached ``setsid`` children do not survive.
+Timeouts and the output cap are enforced here, inside the container.
+"""
+
+import base64
+import builtins
+import io
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import sys
+import tarfile
+import time
+import traceback
+
+WORKDIR = sys.argv[1] if len(sys.argv) > 1 else "/work"
+WIPE = ("/tmp", WORKDIR)
+KILL_WAIT_S = 2.0
+
+
+def _oom_kills():
+    """The container's kernel OOM-kill counter (cgroup v1 or v2), or -1 if unreadable."""
+    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except OSError:
+            continue
+    return -1
+
+
+def _set_subreaper():
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        pass
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _kill_strays(keep):
+    """SIGKILL every process of our uid outside ``keep`` until none is left."""
+    uid = os.getuid()
+    for _ in range(200):
+        found = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep:
+                continue
+            try:
+                with open("/proc/%s/stat" % name, "rb") as fh:
+                    state = fh.read().rsplit(b")", 1)[1].split()[0]
+                if state == b"Z" or os.stat("/proc/" + name).st_uid != uid:
+                    continue
+                os.kill(int(name), signal.SIGKILL)
+                found += 1
+            except (OSError, IndexError):
+                continue
+        _reap()
+        if not found:
+            return
+        time.sleep(0.001)
+
+
+def _wipe():
+    for root in WIPE:
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    _chmod_tree(path)
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
+def _chmod_tree(path):
+    for dirpath, dirnames, _ in os.walk(path):
+        for d in dirnames:
+            try:
+                os.chmod(os.path.join(dirpath, d), 0o700)
+            except OSError:
+                pass
+
+
+def _stdin_fd(data):
+    if data is None:
+        return os.open(os.devnull, os.O_RDONLY)
+    fd = os.memfd_create("stdin")
+    os.write(fd, base64.b64decode(data))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _become(in_fd, out_w, err_w, keep=()):
+    """In a fresh child: new session, fds 0/1/2 wired, every other fd closed, OOM-first."""
+    os.setsid()
+    for src, dst in ((in_fd, 0), (out_w, 1), (err_w, 2)):
+        os.dup2(src, dst)
+    keep = sorted(set(keep))
+    low = 3
+    for fd in keep + [1 << 16]:
+        os.closerange(low, fd)
+        low = fd + 1
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        pass
+    os.chdir(WORKDIR)
+
+
+def _exec_cell(code, g):
+    """Run ``code`` in globals ``g``; return (exit_code, memory_error)."""
+    exit_code, memory_error = 0, False
+    try:
+        exec(compile(code, "<code>", "exec"), g)
+    except SystemExit as exc:
+        c = exc.code
+        exit_code = c if isinstance(c, int) else (0 if c is None else 1)
+        if not isinstance(c, int) and c is not None:
+            print(c, file=sys.stderr)
+    except MemoryError:
+        exit_code, memory_error = 1, True
+        sys.stderr.write("MemoryError\n")
+    except BaseException:
+        exit_code = 1
+        sys.stderr.write(traceback.format_exc())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    return exit_code, memory_error
+
+
+def _fresh_globals():
+    return {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
+
+
+def _send(fd_or_sock, obj):
+    data = (json.dumps(obj) + "\n").encode()
+    if isinstance(fd_or_sock, socket.socket):
+        fd_or_sock.sendall(data)
+    else:
+        os.write(fd_or_sock, data)
+
+
+def _child_run(req, in_fd, out_w, err_w, ctl_w):
+    """Body of a fresh child: run Python code or an argv, report on ``ctl_w``, exit."""
+    try:
+        _become(in_fd, out_w, err_w, keep=(ctl_w,))
+        sys.stdin = io.TextIOWrapper(os.fdopen(0, "rb", closefd=False))
+        if req["op"] == "run":
+            code, mem = _exec_cell(req["code"], _fresh_globals())
+            _send(ctl_w, {"exit_code": code, "memory_error": mem})
+            os._exit(code & 0xFF)
+        pid = os.fork()
+        if pid == 0:
+            os.close(ctl_w)
+            try:
+                os.execvp(req["argv"][0], req["argv"])
+            except OSError as exc:
+                os.write(2, ("%s: %s\n" % (req["argv"][0], exc.strerror)).encode())
+                os._exit(127)
+        for fd in (0, 1, 2):
+            os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+        _, status = os.waitpid(pid, 0)
+        _send(ctl_w, {"exit_code": _exit_code(status), "memory_error": False})
+        os._exit(0)
+    except BaseException:
+        os._exit(125)
+
+
+def _exit_code(status):
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _kernel(sock):
+    """Session kernel loop. Each cell runs in a fork that replaces this process on success."""
+    g = _fresh_globals()
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+        except OSError:
+            os._exit(0)
+        if not msg:
+            os._exit(0)
+        req = json.loads(msg)
+        commit_r, commit_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(commit_r)
+            code, mem = _cell_in_kernel(req["code"], g, fds, sock.fileno(), commit_w)
+            _send(sock, {"exit_code": code, "memory_error": mem, "kernel": os.getpid()})
+            os.write(commit_w, b"c")
+            os.close(commit_w)
+            continue
+        for fd in fds:
+            os.close(fd)
+        os.close(commit_w)
+        committed = os.read(commit_r, 1) == b"c"
+        os.close(commit_r)
+        if committed:
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        _send(sock, {"died": True, "exit_code": _exit_code(status), "kernel": os.getpid()})
+
+
+def _cell_in_kernel(code, g, fds, sock_fd, commit_w):
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    in_fd, out_w, err_w = fds
+    os.setsid()
+    for src, dst in ((in_fd, 0), (out_w, 1), (err_w, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    result = _exec_cell(code, g)
+    for src, dst in zip(saved, (0, 1, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    return result
+
+
+class Server:
+    """The request loop. Holds the session kernel's pid and control socket."""
+
+    def __init__(self):
+        self.kernel = None  # pid of the current session kernel
+        self.ctl = None  # our end of the socket pair shared with the kernel lineage
+        self.inbox = b""
+
+    # -- session kernel ------------------------------------------------------------------
+    def _start_kernel(self):
+        mine, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                mine.close()
+                null = os.open(os.devnull, os.O_RDWR)
+                _become(null, null, null, keep=(theirs.fileno(),))
+                _kernel(theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.kernel, self.ctl = pid, mine
+
+    def _drop_kernel(self):
+        if self.ctl is not None:
+            self.ctl.close()
+        self.kernel, self.ctl = None, None
+
+    def _kernel_alive(self):
+        if self.kernel is None:
+            return False
+        _reap()
+        try:
+            with open("/proc/%d/stat" % self.kernel, "rb") as fh:
+                return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        except OSError:
+            return False
+
+    # -- one call ------------------------------------------------------------------------
+    def call(self, req):
+        note = ""
+        started = time.monotonic()
+        for path, data in (req.get("files") or {}).items():
+            _write_file(path, data)
+        limit = int(req["limit"])
+        deadline = started + float(req["timeout"])
+        oom_before = _oom_kills()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_fd = _stdin_fd(req.get("stdin"))
+        session = req["op"] == "run" and req.get("session")
+        if session:
+            if not self._kernel_alive():
+                if self.kernel is not None:
+                    note = "[sandbox] the Python session was lost; this cell ran in a new one\n"
+                self._drop_kernel()
+                self._start_kernel()
+            socket.send_fds(self.ctl, [json.dumps(req).encode()], [in_fd, out_w, err_w])
+            ctl, child = self.ctl, None
+        else:
+            ctl_r, ctl_w = os.pipe()
+            child = os.fork()
+            if child == 0:
+                _child_run(req, in_fd, out_w, err_w, ctl_w)
+            os.close(ctl_w)
+            ctl = ctl_r
+        for fd in (in_fd, out_w, err_w):
+            os.close(fd)
+        outs, msg, status = _pump(out_r, err_r, ctl, deadline, limit)
+        if status is not None or msg is None:
+            keep = {os.getpid()} | ({self.kernel} if session else set())
+            _kill_strays(keep)
+            if session and msg is None:
+                msg = _read_msg(ctl, time.monotonic() + KILL_WAIT_S)
+        if session:
+            if msg is None:
+                self._drop_kernel()
+            elif msg.get("kernel"):
+                self.kernel = msg["kernel"]
+        elif msg is None:
+            _, st = os.waitpid(child, 0)
+            msg = {"exit_code": _exit_code(st), "memory_error": False}
+        else:
+            os.close(ctl)
+            ctl = None
+        if not session and ctl is not None:
+            os.close(ctl)
+        _kill_strays({os.getpid()} | ({self.kernel} if self.kernel else set()))
+        outs = _drain(out_r, err_r, outs, limit)
+        duration = time.monotonic() - started
+        exit_code = msg.get("exit_code") if msg else None
+        if status is None:
+            oom = msg and msg.get("memory_error") or _oom_kills() > oom_before >= 0
+            status = "oom" if oom else ("ok" if exit_code == 0 else "error")
+        truncated = outs[2] or status == "output_limit"
+        return {
+            "stdout": outs[0].decode("utf-8", "replace"),
+            "stderr": note + outs[1].decode("utf-8", "replace"),
+            "exit_code": exit_code, "duration": duration, "status": status,
+            "truncated": truncated,
+        }
+
+
+def _write_file(path, data):
+    full = os.path.normpath(os.path.join(WORKDIR, path))
+    if not full.startswith(WORKDIR.rstrip("/") + "/"):
+        raise ValueError("file path %r leaves the work directory" % path)
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "wb") as fh:
+        fh.write(base64.b64decode(data))
+
+
+def _read_msg(ctl, deadline):
+    """One JSON line from the control fd/socket, or None on EOF or deadline."""
+    buf = b""
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([ctl], [], [], remaining)[0]:
+            return None
+        data = ctl.recv(65536) if isinstance(ctl, socket.socket) else os.read(ctl, 65536)
+        if not data:
+            return None
+        buf += data
+    return json.loads(buf.split(b"\n", 1)[0])
+
+
+def _pump(out_r, err_r, ctl, deadline, limit):
+    """Collect output until the control message, the deadline, or the output cap."""
+    bufs = {out_r: bytearray(), err_r: bytearray()}
+    total, ctl_buf = 0, b""
+    watch = [out_r, err_r, ctl]
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return (bytes(bufs[out_r]), bytes(bufs[err_r]), False), None, "timeout"
+        for fd in select.select(watch, [], [], remaining)[0]:
+            if fd is ctl:
+                data = ctl.recv(65536) if isinstance(ctl, socket.socket) else os.read(ctl, 65536)
+                ctl_buf += data
+                if not data or b"\n" in ctl_buf:
+                    msg = json.loads(ctl_buf.split(b"\n", 1)[0]) if data else None
+                    return (bytes(bufs[out_r]), bytes(bufs[err_r]), False), msg, None
+                continue
+            data = os.read(fd, 65536)
+            if not data:
+                watch.remove(fd)
+                continue
+            take = min(len(data), limit - total)
+            bufs[fd] += data[:take]
+            total += take
+            if take < len(data):
+                return (bytes(bufs[out_r]), bytes(bufs[err_r]), True), None, "output_limit"
+
+
+def _drain(out_r, err_r, outs, limit):
+    """Read what is left in the pipes (every writer is dead by now), within the cap."""
+    out, err, truncated = bytearray(outs[0]), bytearray(outs[1]), outs[2]
+    room = limit - len(out) - len(err)
+    deadline = time.monotonic() + KILL_WAIT_S
+    for fd, buf in ((out_r, out), (err_r, err)):
+        while time.monotonic() < deadline and select.select([fd], [], [], 0.05)[0]:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            take = min(len(data), max(room, 0))
+            buf += data[:take]
+            room -= take
+            truncated = truncated or take < len(data)
+        os.close(fd)
+    return bytes(out), bytes(err), truncated
+
+
+def _tar_workdir():
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in sorted(os.listdir(WORKDIR)):
+            tar.add(os.path.join(WORKDIR, name), arcname=name)
+    return {"data": base64.b64encode(buf.getvalue()).decode()}
+
+
+def _untar_workdir(data):
+    _kill_strays({os.getpid()})
+    for name in os.listdir(WORKDIR):
+        path = os.path.join(WORKDIR, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            _chmod_tree(path)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(data))) as tar:
+        members = [m for m in tar.getmembers() if _safe_member(m)]
+        tar.extractall(WORKDIR, members=members)
+    return {"ok": True}
+
+
+def _safe_member(member):
+    path = os.path.normpath(member.name)
+    return not (path.startswith(("/", "..")) or member.isdev() or
+                (member.issym() or member.islnk()) and os.path.isabs(member.linkname))
+
+
+def main():
+    _set_subreaper()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if "--wipe" in sys.argv:
+        _wipe()
+    server = Server()
+    out = sys.stdout.buffer
+    out.write(b'{"ready": true, "pid": %d}\n' % os.getpid())
+    out.flush()
+    for line in sys.stdin.buffer:
+        req = json.loads(line)
+        try:
+            if req["op"] in ("run", "exec"):
+                if req["op"] == "run":
+                    server._drop_kernel() if req.get("new_session") else None
+                reply = server.call(req)
+            elif req["op"] == "tar":
+                reply = _tar_workdir()
+            elif req["op"] == "untar":
+                server._drop_kernel()
+                reply = _untar_workdir(req["data"])
+            else:
+                reply = {"pong": True}
+        except Exception as exc:
+            reply = {"server_error": "%s: %s" % (type(exc).__name__, exc)}
+        reply["id"] = req.get("id")
+        out.write(json.dumps(reply).encode() + b"\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

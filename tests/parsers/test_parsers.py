@@ -1,0 +1,199 @@
+"""Our tool-call parsers: round trips, malformed input, registry; table-driven over all parsers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from agentgym._errors import ConfigError
+from agentgym.parsers import ParsedTurn, ToolCall, ToolCallParser, available_parsers, get_parser
+
+# Every parser and render style: (id, name, constructor kwargs).
+PARSERS = [
+    ("hermes", "hermes", {}),
+    ("llama3_json", "llama3_json", {}),
+    ("llama3_json-python_tag", "llama3_json", {"python_tag": True}),
+    ("mistral-json", "mistral", {}),
+    ("mistral-args", "mistral", {"style": "args"}),
+    ("pythonic", "pythonic", {}),
+]
+
+
+@pytest.fixture(params=PARSERS, ids=[p[0] for p in PARSERS])
+def parser(request: pytest.FixtureRequest) -> ToolCallParser:
+    _, name, kwargs = request.param
+    return get_parser(name, **kwargs)
+
+
+TURNS = {
+    "single": ("", [ToolCall("calculate", {"expression": "37 * 48"})]),
+    "several": ("", [ToolCall("f", {"a": 1}), ToolCall("g", {}), ToolCall("f", {"a": 2})]),
+    "content+call": ("Let me compute that.", [ToolCall("calculate", {"expression": "1+1"})]),
+    "multiline content": ("Step 1.\nStep 2.", [ToolCall("search", {"query": "x"})]),
+    "unicode": ("Voilà ✓", [ToolCall("translate", {"text": "日本語 — ½ \"quoted\" \\ \n"})]),
+    "nested + types": (
+        "",
+        [
+            ToolCall(
+                "configure",
+                {
+                    "n": -3,
+                    "x": 2.5,
+                    "flag": True,
+                    "off": False,
+                    "none": None,
+                    "items": [1, "two", [3.0], {"k": "v"}],
+                    "obj": {"deep": {"deeper": [True, None]}},
+                },
+            )
+        ],
+    ),
+    "dotted name": ("", [ToolCall("math.sqrt", {"x": 16})]),
+    "no call": ("Just an answer: 42.", []),
+}
+
+
+@pytest.mark.parametrize("case", list(TURNS), ids=list(TURNS))
+def test_round_trip(parser: ToolCallParser, case: str) -> None:
+    content, calls = TURNS[case]
+    text = parser.render(content, calls)
+    turn = parser.parse(text)
+    assert turn.errors == []
+    assert turn.content == content
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [(c.name, c.arguments) for c in calls]
+
+
+def test_plain_text_is_content(parser: ToolCallParser) -> None:
+    for text in ["", "Hello", "Use {x} here; [a, b] = f(x)", "The set {1, 2}\n[1, 2, 3]"]:
+        turn = parser.parse(text)
+        assert (turn.content, turn.tool_calls, turn.errors) == (text, [], [])
+
+
+def test_parse_never_raises_on_truncations(parser: ToolCallParser) -> None:
+    """Every prefix of a valid turn (what a model cut off by max_tokens emits) parses."""
+    text = parser.render("Thinking.", [ToolCall("f", {"a": [1, {"b": "c"}]}), ToolCall("g", {})])
+    for end in range(len(text) + 1):
+        turn = parser.parse(text[:end])
+        assert isinstance(turn, ParsedTurn)
+        for call in turn.tool_calls:
+            assert (call.name, call.arguments) in [("f", {"a": [1, {"b": "c"}]}), ("g", {})]
+    # The cut-off last call is reported, not silently dropped (cut inside the second call).
+    cut = parser.parse(text[: text.rindex("g") + 1])
+    assert len(cut.tool_calls) + len(cut.errors) >= 1
+    assert [c.name for c in cut.tool_calls] in (["f"], [])
+
+
+# (parser name, text, expected good call names, a substring every error message shares)
+MALFORMED = [
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1}', [], "malformed"),
+    ("hermes", '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', [], "JSON object"),
+    ("hermes", '<tool_call>{"name": 3}</tool_call>', [], "string"),
+    ("hermes", '<tool_call>{"arguments": {}}</tool_call>', [], "name"),
+    (
+        "hermes",
+        '<tool_call>{"name": "ok", "arguments": {}}</tool_call><tool_call>nope</tool_call>',
+        ["ok"],
+        "nope",
+    ),
+    ("llama3_json", '{"name": "f", "parameters": {"a": 1}', [], "malformed"),
+    ("llama3_json", '{"name": "f", "parameters": "not json"}', [], "malformed"),
+    ("llama3_json", '{"name": "f", "parameters": [1, 2]}', [], "JSON object"),
+    ("llama3_json", '{"name": "f", "parameters": {}}; oops', ["f"], "unexpected text"),
+    ("llama3_json", '{"name": 5, "parameters": {}}; {"name": "g", "parameters": {}}', ["g"], "name"),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}', [], "malformed"),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": 7}, {"name": "g"}]', ["g"], "JSON object"),
+    ("mistral", "[TOOL_CALLS][1, 2]", [], "JSON object"),
+    ("mistral", '[TOOL_CALLS]f[ARGS]{"a": ', [], "arguments of 'f'"),
+    ("mistral", "[TOOL_CALLS]f[ARGS]not json", [], "name[ARGS]"),
+    ("pythonic", "[f(a=1)", [], "never closed"),
+    ("pythonic", "[f(1, 2)]", [], "keyword"),
+    ("pythonic", "[f(a=b)]", [], "literals"),
+    ("pythonic", "[f(a=open('x').read())]", [], "literals"),
+    ("pythonic", "[f(**kw)]", [], "keyword"),
+    ("pythonic", "[f(a=1), 3]", [], "calls"),
+    ("pythonic", "[f(a={x: 1})]", [], "dict keys"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "good", "needle"), MALFORMED)
+def test_malformed_calls_are_reported(name: str, text: str, good: list[str], needle: str) -> None:
+    turn = get_parser(name).parse(text)
+    assert [c.name for c in turn.tool_calls] == good
+    assert turn.errors, f"{name} accepted {text!r} without an error"
+    assert all(needle in e for e in turn.errors), turn.errors
+
+
+def test_pythonic_parses_without_evaluating(tmp_path) -> None:
+    marker = tmp_path / "touched"
+    text = f"[f(a=__import__('pathlib').Path({str(marker)!r}).touch())]"
+    turn = get_parser("pythonic").parse(text)
+    assert turn.tool_calls == [] and turn.errors
+    assert not marker.exists()
+
+
+def test_pythonic_accepts_json_literals_tuples_and_negatives() -> None:
+    turn = get_parser("pythonic").parse("[f(a=true, b=null, c=false, d=(1, -2.5), e=+3)]")
+    assert turn.errors == []
+    assert turn.tool_calls[0].arguments == {"a": True, "b": None, "c": False, "d": [1, -2.5], "e": 3}
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [(ToolCall("my-tool", {}), "identifier"), (ToolCall("f", {"not valid": 1}), "identifiers")],
+)
+def test_pythonic_render_rejects_unrepresentable_calls(call: ToolCall, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        get_parser("pythonic").render("", [call])
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "calls"),
+    [
+        ("llama3_json", '<|python_tag|>{"name": "f", "parameters": {"a": 1}}', [("f", {"a": 1})]),
+        ("llama3_json", '{"name": "f", "arguments": {"a": 1}}', [("f", {"a": 1})]),
+        ("llama3_json", '{"parameters": {}, "name": "f"}', [("f", {})]),
+        ("mistral", '[TOOL_CALLS]{"name": "f", "arguments": "{\\"a\\": 1}"}', [("f", {"a": 1})]),
+        ("mistral", '[TOOL_CALLS]f{"a": 1} trailing words', [("f", {"a": 1})]),
+        ("mistral", '[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{"b": 2}', [("f", {}), ("g", {"b": 2})]),
+        ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', [("f", {"a": 1})]),
+    ],
+)
+def test_accepted_variants(name: str, text: str, calls: list[tuple]) -> None:
+    turn = get_parser(name).parse(text)
+    assert turn.errors == []
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == calls
+
+
+def test_registry_lists_all_parsers() -> None:
+    assert {"hermes", "llama3_json", "mistral", "pythonic"} <= set(available_parsers())
+    for name in available_parsers():
+        assert get_parser(name).name == name
+
+
+def test_unknown_parser_suggests_a_fix() -> None:
+    with pytest.raises(ConfigError, match="Did you mean 'pythonic'"):
+        get_parser("pythonik")
+
+
+def test_bad_mistral_style_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="'json' or 'args'"):
+        get_parser("mistral", style="xml")
+
+
+def test_importing_parsers_does_not_import_vllm_or_torch() -> None:
+    code = (
+        "import sys, agentgym.parsers, agentgym.tiny; "
+        "bad = [m for m in ('vllm', 'torch', 'transformers') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_vllm_prefix_without_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm.tool_parsers", None)  # makes the import fail
+    with pytest.raises(ConfigError, match=r"pip install 'agentgym\[vllm\]'") as info:
+        get_parser("vllm:hermes")
+    assert "\n" not in str(info.value)
