@@ -22,11 +22,11 @@ from ._errors import ConfigError
 from ._policies import ScriptedPolicy
 from ._registry import make
 from ._rollout import EpisodeSpec, run_episode
+from ._tools import example_arguments
 from ._trajectory import Trajectory
 from .parsers import ToolCall
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-_EXAMPLES = {"string": "x", "integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}
 
 
 @dataclass
@@ -84,15 +84,6 @@ def _tool_schemas(env: Env) -> CheckResult:
     env.close()
     detail = "; ".join(problems) or f"{len(schemas)} tool(s) valid"
     return CheckResult("tool schemas", not problems, detail)
-
-
-def example_arguments(parameters: dict[str, Any]) -> dict[str, Any]:
-    """Arguments that satisfy a tool's schema (required fields, first enum value)."""
-    args = {}
-    for name in parameters.get("required", []):
-        prop = parameters["properties"][name]
-        args[name] = prop["enum"][0] if "enum" in prop else _EXAMPLES.get(prop.get("type"), "x")
-    return args
 
 
 def _parser_round_trip(env: Env) -> CheckResult:

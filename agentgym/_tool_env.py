@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
 
@@ -24,7 +24,7 @@ from ._env import Action, Env, Message, json_copy
 from ._errors import ConfigError, InfraError, ToolError
 from ._policies import Completion
 from ._rubric import Rubric
-from ._tools import Tool, as_tool, format_result
+from ._tools import Tool, as_tool, example_arguments, format_result
 from .parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -59,8 +59,12 @@ class ToolEnv(Env):
             and usually ``answer``. Any indexable sequence works (a list, a `datasets.Dataset`).
         rubric: scores the finished episode; None gives reward 0.
         parser: tool-call format of the model, a name (``hermes``, ``vllm:<name>``) or parser.
-        system_prompt: shown before the task; None uses a generic tool-use prompt. The tool
-            schemas go to the policy separately (the chat template presents them).
+        system_prompt: shown before the task; None uses a generic tool-use prompt.
+        tool_prompt: how the model learns about the tools. ``"template"``: the schemas go to
+            the policy beside the messages and the model's chat template presents them (right
+            for chat models served by vLLM). ``"system"``: the system prompt also lists the
+            schemas and shows the call format rendered by the parser (for base models,
+            templates without tool support, and scripted runs that read the prompt).
         max_turns: assistant turns before the episode is truncated.
         max_tokens: total completion tokens before truncation; counted from `Completion`
             actions (raw-text actions carry no token count). None means no budget.
@@ -77,6 +81,7 @@ class ToolEnv(Env):
         rubric: Rubric | None = None,
         parser: str | ToolCallParser = "hermes",
         system_prompt: str | None = None,
+        tool_prompt: Literal["template", "system"] = "template",
         max_turns: int = 8,
         max_tokens: int | None = None,
         stop_conditions: Sequence[StopCondition] = (),
@@ -85,6 +90,8 @@ class ToolEnv(Env):
         super().__init__()
         if max_turns < 1:
             raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
+        if tool_prompt not in ("template", "system"):
+            raise ConfigError(f"tool_prompt must be 'template' or 'system', got {tool_prompt!r}")
         if max_tokens is not None and max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1 or None, got {max_tokens}")
         self.tools: dict[str, Tool] = {}
@@ -100,6 +107,8 @@ class ToolEnv(Env):
         self.rubric = rubric or Rubric()
         self.parser = get_parser(parser)
         self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
+        if tool_prompt == "system" and self.tools:
+            self.system_prompt += "\n\n" + describe_tools(self.tools.values(), self.parser)
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.stop_conditions = list(stop_conditions)
@@ -292,6 +301,14 @@ class ToolEnv(Env):
             "scores": result.scores,
             "reward_errors": result.errors,
         }
+
+
+def describe_tools(tools: Iterable[Tool], parser: ToolCallParser) -> str:
+    """System-prompt text listing the tools' schemas and an example call in the parser's format."""
+    tools = list(tools)
+    schemas = "\n".join(json.dumps(t.schema["function"], ensure_ascii=False) for t in tools)
+    example = parser.render("", [ToolCall(tools[0].name, example_arguments(tools[0].parameters))])
+    return f"Tools you can call:\n{schemas}\n\nTo call a tool, write exactly:\n{example}"
 
 
 def _parse_message(message: Message) -> ParsedTurn:

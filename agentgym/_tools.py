@@ -227,6 +227,17 @@ def as_tool(obj: Tool | Callable[..., Any]) -> Tool:
     return obj if isinstance(obj, Tool) else tool(obj)
 
 
+_EXAMPLES = {"string": "x", "integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}
+
+
+def example_arguments(parameters: dict[str, Any]) -> dict[str, Any]:
+    """Arguments that satisfy a tool's schema: its required fields, each with a simple value."""
+    return {
+        name: (prop["enum"][0] if "enum" in prop else _EXAMPLES.get(prop.get("type"), "x"))
+        for name, prop in ((n, parameters["properties"][n]) for n in parameters.get("required", []))
+    }
+
+
 def format_result(value: Any) -> str:
     """Render a tool's return value as the text of a ``tool`` message."""
     if isinstance(value, str):

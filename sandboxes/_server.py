@@ -215,44 +215,65 @@ def _exit_code(status):
 
 
 def _kernel(sock):
-    """Session kernel loop. Each cell runs in a fork that replaces this process on success."""
+    """Session kernel loop. Each cell runs in a fork that replaces this process on success.
+
+    Only the kernel talks to the server, one reply per cell: the cell's fork hands its result
+    back over a private pipe; if the fork dies before that, the kernel reports ``died``.
+    """
     g = _fresh_globals()
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+            msg, fds, _, _ = socket.recv_fds(sock, 65536, 4)
         except OSError:
             os._exit(0)
-        if not msg:
+        if not msg or len(fds) != 4:
             os._exit(0)
         req = json.loads(msg)
-        commit_r, commit_w = os.pipe()
+        result_r, result_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.close(commit_r)
-            code, mem = _cell_in_kernel(req["code"], g, fds, sock.fileno(), commit_w)
-            _send(sock, {"exit_code": code, "memory_error": mem, "kernel": os.getpid()})
-            os.write(commit_w, b"c")
-            os.close(commit_w)
+            os.close(result_r)
+            code, mem = _cell_in_kernel(fds, g)
+            _send(result_w, {"exit_code": code, "memory_error": mem, "kernel": os.getpid(),
+                             "id": req["id"]})
+            os.close(result_w)
             continue
         for fd in fds:
             os.close(fd)
-        os.close(commit_w)
-        committed = os.read(commit_r, 1) == b"c"
-        os.close(commit_r)
-        if committed:
+        os.close(result_w)
+        reply = _read_line(result_r)
+        os.close(result_r)
+        if reply is not None:
+            sock.sendall(reply)
             os._exit(0)
         _, status = os.waitpid(pid, 0)
-        _send(sock, {"died": True, "exit_code": _exit_code(status), "kernel": os.getpid()})
+        _send(sock, {"died": True, "exit_code": _exit_code(status), "kernel": os.getpid(),
+                     "id": req["id"]})
 
 
-def _cell_in_kernel(code, g, fds, sock_fd, commit_w):
+def _read_line(fd):
+    buf = b""
+    while not buf.endswith(b"\n"):
+        data = os.read(fd, 65536)
+        if not data:
+            return None
+        buf += data
+    return buf
+
+
+def _cell_in_kernel(fds, g):
     saved = [os.dup(fd) for fd in (0, 1, 2)]
-    in_fd, out_w, err_w = fds
+    in_fd, out_w, err_w, code_fd = fds
+    with os.fdopen(code_fd, "rb") as fh:
+        code = fh.read().decode("utf-8")
     os.setsid()
     for src, dst in ((in_fd, 0), (out_w, 1), (err_w, 2)):
         os.dup2(src, dst)
         os.close(src)
+    stdin = sys.stdin
+    sys.stdin = io.TextIOWrapper(os.fdopen(0, "rb", closefd=False))
     result = _exec_cell(code, g)
+    sys.stdin = stdin
     for src, dst in zip(saved, (0, 1, 2)):
         os.dup2(src, dst)
         os.close(src)
@@ -316,7 +337,12 @@ class Server:
                     note = "[sandbox] the Python session was lost; this cell ran in a new one\n"
                 self._drop_kernel()
                 self._start_kernel()
-            socket.send_fds(self.ctl, [json.dumps(req).encode()], [in_fd, out_w, err_w])
+            code_fd = os.memfd_create("code")
+            os.write(code_fd, req["code"].encode("utf-8"))
+            os.lseek(code_fd, 0, os.SEEK_SET)
+            head = json.dumps({"id": req.get("id")}).encode()
+            socket.send_fds(self.ctl, [head], [in_fd, out_w, err_w, code_fd])
+            os.close(code_fd)
             ctl, child = self.ctl, None
         else:
             ctl_r, ctl_w = os.pipe()

@@ -143,6 +143,8 @@ def vllm_server(tiny_model_dir: Path) -> Iterator[VLLMServer]:
     try:
         base_url = f"http://127.0.0.1:{port}/v1"
         _wait_until_ready(proc, f"{base_url}/models", log_path)
-        yield VLLMServer(base_url=base_url, model="tiny", model_dir=tiny_model_dir, log_path=log_path)
+        yield VLLMServer(
+            base_url=base_url, model="tiny", model_dir=tiny_model_dir, log_path=log_path
+        )
     finally:
         _stop(proc)

@@ -32,7 +32,7 @@ TURNS = {
     "several": ("", [ToolCall("f", {"a": 1}), ToolCall("g", {}), ToolCall("f", {"a": 2})]),
     "content+call": ("Let me compute that.", [ToolCall("calculate", {"expression": "1+1"})]),
     "multiline content": ("Step 1.\nStep 2.", [ToolCall("search", {"query": "x"})]),
-    "unicode": ("Voilà ✓", [ToolCall("translate", {"text": "日本語 — ½ \"quoted\" \\ \n"})]),
+    "unicode": ("Voilà ✓", [ToolCall("translate", {"text": '日本語 — ½ "quoted" \\ \n'})]),
     "nested + types": (
         "",
         [
@@ -62,7 +62,9 @@ def test_round_trip(parser: ToolCallParser, case: str) -> None:
     turn = parser.parse(text)
     assert turn.errors == []
     assert turn.content == content
-    assert [(c.name, c.arguments) for c in turn.tool_calls] == [(c.name, c.arguments) for c in calls]
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [
+        (c.name, c.arguments) for c in calls
+    ]
 
 
 def test_plain_text_is_content(parser: ToolCallParser) -> None:
@@ -101,7 +103,12 @@ MALFORMED = [
     ("llama3_json", '{"name": "f", "parameters": "not json"}', [], "malformed"),
     ("llama3_json", '{"name": "f", "parameters": [1, 2]}', [], "JSON object"),
     ("llama3_json", '{"name": "f", "parameters": {}}; oops', ["f"], "unexpected text"),
-    ("llama3_json", '{"name": 5, "parameters": {}}; {"name": "g", "parameters": {}}', ["g"], "name"),
+    (
+        "llama3_json",
+        '{"name": 5, "parameters": {}}; {"name": "g", "parameters": {}}',
+        ["g"],
+        "name",
+    ),
     ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}', [], "malformed"),
     ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": 7}, {"name": "g"}]', ["g"], "JSON object"),
     ("mistral", "[TOOL_CALLS][1, 2]", [], "JSON object"),
@@ -136,7 +143,13 @@ def test_pythonic_parses_without_evaluating(tmp_path) -> None:
 def test_pythonic_accepts_json_literals_tuples_and_negatives() -> None:
     turn = get_parser("pythonic").parse("[f(a=true, b=null, c=false, d=(1, -2.5), e=+3)]")
     assert turn.errors == []
-    assert turn.tool_calls[0].arguments == {"a": True, "b": None, "c": False, "d": [1, -2.5], "e": 3}
+    assert turn.tool_calls[0].arguments == {
+        "a": True,
+        "b": None,
+        "c": False,
+        "d": [1, -2.5],
+        "e": 3,
+    }
 
 
 @pytest.mark.parametrize(
@@ -156,8 +169,16 @@ def test_pythonic_render_rejects_unrepresentable_calls(call: ToolCall, needle: s
         ("llama3_json", '{"parameters": {}, "name": "f"}', [("f", {})]),
         ("mistral", '[TOOL_CALLS]{"name": "f", "arguments": "{\\"a\\": 1}"}', [("f", {"a": 1})]),
         ("mistral", '[TOOL_CALLS]f{"a": 1} trailing words', [("f", {"a": 1})]),
-        ("mistral", '[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{"b": 2}', [("f", {}), ("g", {"b": 2})]),
-        ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', [("f", {"a": 1})]),
+        (
+            "mistral",
+            '[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{"b": 2}',
+            [("f", {}), ("g", {"b": 2})],
+        ),
+        (
+            "hermes",
+            '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
+            [("f", {"a": 1})],
+        ),
     ],
 )
 def test_accepted_variants(name: str, text: str, calls: list[tuple]) -> None:

@@ -1,0 +1,58 @@
+"""`agentgym.check`: the pre-flight, including the chat-template prefix property."""
+
+from __future__ import annotations
+
+import agentgym
+from tests.conftest import require
+
+# A template that rewrites history the way Qwen3 drops earlier <think> blocks: every
+# assistant turn but the last loses its content once a later turn exists.
+HISTORY_REWRITING_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m.role == 'assistant' and not loop.last %}<|im_start|>assistant\n[earlier]<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_check_passes_on_calculator_without_tokenizer():
+    results = agentgym.check("calculator")
+    names = [r.name for r in results]
+    assert names[:2] == ["gymnasium check_env", "tool schemas"]
+    assert any(n.startswith("parser round trip") for n in names)
+    assert all(r.passed for r in results), results
+
+
+def test_template_prefix_passes_with_the_tiny_chatml_template(tiny_model_dir):
+    require("transformers")
+    results = {r.name: r for r in agentgym.check("calculator", tokenizer=str(tiny_model_dir))}
+    assert results["chat template prefix"].passed, results["chat template prefix"].detail
+
+
+def test_template_prefix_fails_when_history_is_rewritten(tiny_model_dir):
+    transformers = require("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    tokenizer.chat_template = HISTORY_REWRITING_TEMPLATE
+    result = next(
+        r for r in agentgym.check("calculator", tokenizer=tokenizer) if r.name == "chat template prefix"
+    )
+    assert not result.passed
+    assert "rewrites history" in result.detail
+
+
+def test_check_reports_a_broken_reference_solution():
+    class BrokenReference(agentgym.ToolEnv):
+        def __init__(self):
+            super().__init__(tasks=[{"prompt": "hi", "answer": "1"}], rubric=agentgym.Rubric([score]))
+
+        def reference_turns(self, task):
+            return ["wrong"]
+
+    def score(completion: str, answer: str) -> float:
+        return float(completion == answer)
+
+    agentgym.register("tests/BrokenReference-v0", BrokenReference)
+    result = next(r for r in agentgym.check("tests/BrokenReference-v0") if r.name == "reference episode")
+    assert not result.passed
+    assert "reward 0.0" in result.detail
