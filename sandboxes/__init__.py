@@ -1,1 +1,47 @@
-"""placeholder"""
+"""Sandboxes: where model-written code runs.
+
+Backends behind one `Sandbox` protocol:
+
+- `DockerSandbox`: a hardened container (no network, read-only root, tmpfs work dir, memory =
+  memory+swap, CPU quota, pids limit, no capabilities, no-new-privileges, code uid distinct
+  from the keeper's, nofile/fsize ulimits, output capped in the container, ownership labels)
+  with a warm in-container code server, so a warm call costs a fork, not a ``docker exec``.
+- `SandboxPool`: warm DockerSandboxes leased per episode, reset between leases, recycled after
+  N uses or a failure, bounded concurrent creation, leaked containers reaped.
+- `LocalSandbox`: a subprocess with rlimits for machines without Docker; NOT a security
+  boundary, and it says so.
+
+Plus `verify` (tests of one sample in one call, infra errors apart from code failures),
+`Snapshot` (fork a sandbox's files to many rollouts or to a verifier) and `build_image`.
+Importing this package does not import ``docker``; the first Docker call does.
+"""
+
+from ._config import DEFAULT_IMAGE, DockerSandboxConfig
+from ._docker import DockerSandbox, Snapshot
+from ._image import build_image
+from ._local import LocalSandbox, LocalSandboxConfig
+from ._pool import PoolStats, SandboxPool
+from ._protocol import Sandbox
+from ._reap import reap_leaked
+from ._result import ExecResult, ExecStatus
+from ._verify import TestResult, VerifyResult, averify, verify
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "DockerSandbox",
+    "DockerSandboxConfig",
+    "ExecResult",
+    "ExecStatus",
+    "LocalSandbox",
+    "LocalSandboxConfig",
+    "PoolStats",
+    "Sandbox",
+    "SandboxPool",
+    "Snapshot",
+    "TestResult",
+    "VerifyResult",
+    "averify",
+    "build_image",
+    "reap_leaked",
+    "verify",
+]

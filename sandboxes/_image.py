@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Literal
 
 from agentgym._errors import ConfigError, SandboxError
-from agentgym.sandboxes._client import docker_client
-from agentgym.sandboxes._config import DEFAULT_IMAGE
+
+from ._client import docker_client
+from ._config import DEFAULT_IMAGE
 
 BuildMethod = Literal["auto", "debootstrap", "dockerfile"]
 DOCKERFILE = Path(__file__).with_name("Dockerfile")

@@ -35,7 +35,7 @@ import time
 import traceback
 
 WORKDIR = sys.argv[1] if len(sys.argv) > 1 else "/work"
-WIPE = ("/tmp", WORKDIR)
+WIPE = ("/tmp", "/dev/shm", WORKDIR)
 KILL_WAIT_S = 2.0
 
 
@@ -52,11 +52,18 @@ def _oom_kills():
     return -1
 
 
-def _set_subreaper():
+def _harden_self():
+    """Reap orphans (subreaper) and become non-dumpable (forks inherit it).
+
+    Non-dumpable: the code, though it has the same uid, can neither ptrace this server nor
+    open its /proc files (fds, memory).
+    """
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
     except Exception:
         pass
 
@@ -80,9 +87,7 @@ def _kill_strays(keep):
             if not name.isdigit() or int(name) in keep:
                 continue
             try:
-                with open("/proc/%s/stat" % name, "rb") as fh:
-                    state = fh.read().rsplit(b")", 1)[1].split()[0]
-                if state == b"Z" or os.stat("/proc/" + name).st_uid != uid:
+                if _state_uid(name) != (False, uid):
                     continue
                 os.kill(int(name), signal.SIGKILL)
                 found += 1
@@ -92,6 +97,19 @@ def _kill_strays(keep):
         if not found:
             return
         time.sleep(0.001)
+
+
+def _state_uid(pid):
+    """(is_zombie, real uid) of a process, from /proc/PID/status (readable for any process)."""
+    zombie, real = False, None
+    with open(f"/proc/{pid}/status", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"State:"):
+                zombie = line.split()[1] == b"Z"
+            elif line.startswith(b"Uid:"):
+                real = int(line.split()[1])
+                break
+    return zombie, real
 
 
 def _wipe():
@@ -159,9 +177,10 @@ def _exec_cell(code, g):
     except MemoryError:
         exit_code, memory_error = 1, True
         sys.stderr.write("MemoryError\n")
-    except BaseException:
+    except BaseException as exc:
         exit_code = 1
-        sys.stderr.write(traceback.format_exc())
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+        sys.stderr.write("".join(traceback.format_exception(type(exc), exc, tb)))
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -197,7 +216,7 @@ def _child_run(req, in_fd, out_w, err_w, ctl_w):
             try:
                 os.execvp(req["argv"][0], req["argv"])
             except OSError as exc:
-                os.write(2, ("%s: %s\n" % (req["argv"][0], exc.strerror)).encode())
+                os.write(2, ("{}: {}\n".format(req["argv"][0], exc.strerror)).encode())
                 os._exit(127)
         for fd in (0, 1, 2):
             os.dup2(os.open(os.devnull, os.O_RDWR), fd)
@@ -313,8 +332,7 @@ class Server:
             return False
         _reap()
         try:
-            with open("/proc/%d/stat" % self.kernel, "rb") as fh:
-                return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+            return _state_uid(self.kernel)[0] is False
         except OSError:
             return False
 
@@ -391,7 +409,7 @@ class Server:
 def _write_file(path, data):
     full = os.path.normpath(os.path.join(WORKDIR, path))
     if not full.startswith(WORKDIR.rstrip("/") + "/"):
-        raise ValueError("file path %r leaves the work directory" % path)
+        raise ValueError(f"file path {path!r} leaves the work directory")
     os.makedirs(os.path.dirname(full), exist_ok=True)
     with open(full, "wb") as fh:
         fh.write(base64.b64decode(data))
@@ -487,7 +505,7 @@ def _safe_member(member):
 
 
 def main():
-    _set_subreaper()
+    _harden_self()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if "--wipe" in sys.argv:
         _wipe()
@@ -499,9 +517,12 @@ def main():
         req = json.loads(line)
         try:
             if req["op"] in ("run", "exec"):
-                if req["op"] == "run":
-                    server._drop_kernel() if req.get("new_session") else None
                 reply = server.call(req)
+            elif req["op"] == "reset":
+                server._drop_kernel()
+                _kill_strays({os.getpid()})
+                _wipe()
+                reply = {"ok": True}
             elif req["op"] == "tar":
                 reply = _tar_workdir()
             elif req["op"] == "untar":
@@ -510,7 +531,7 @@ def main():
             else:
                 reply = {"pong": True}
         except Exception as exc:
-            reply = {"server_error": "%s: %s" % (type(exc).__name__, exc)}
+            reply = {"server_error": f"{type(exc).__name__}: {exc}"}
         reply["id"] = req.get("id")
         out.write(json.dumps(reply).encode() + b"\n")
         out.flush()

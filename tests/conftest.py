@@ -131,7 +131,7 @@ def vllm_server(tiny_model_dir: Path) -> Iterator[VLLMServer]:
         "--model", str(tiny_model_dir),
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--max-model-len", "1024",
+        "--max-model-len", "4096",
         "--enforce-eager",
         "--served-model-name", "tiny",
     ]  # fmt: skip

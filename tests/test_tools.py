@@ -71,7 +71,6 @@ def test_schema_types_from_hints() -> None:
     assert props["weights"]["additionalProperties"] == {"type": "number"}
     assert props["mode"]["enum"] == ["fast", "slow"]
     assert props["color"]["enum"] == ["red", "blue"]
-    assert props["maybe"]["type"] == "integer"
     assert everything.parameters["additionalProperties"] is False
 
 
@@ -145,6 +144,19 @@ async def test_enum_argument_arrives_as_member() -> None:
         return repr(color)
 
     assert await paint.acall({"color": "blue"}) == repr(Color.BLUE)
+
+
+async def test_optional_validates_inner_type() -> None:
+    @tool
+    def pick(n: Optional[int] = None) -> str:  # noqa: UP045
+        """Pick."""
+        return repr(n)
+
+    assert "n" not in pick.parameters["required"]
+    assert await pick.acall({}) == "None"
+    assert await pick.acall({"n": 3}) == "3"
+    with pytest.raises(ToolArgumentsError, match="n"):
+        await pick.acall({"n": "three"})
 
 
 @pytest.mark.xfail(strict=True, reason="BUG: Optional[int] schema rejects an explicit null")

@@ -421,10 +421,10 @@ def test_ours_vs_vllm(table: str, case: Case) -> None:
 def test_every_difference_is_documented() -> None:
     from pathlib import Path
 
-    doc = (Path(__file__).parents[2] / "docs" / "parsers.md").read_text()
+    doc = " ".join((Path(__file__).parents[2] / "docs" / "parsers.md").read_text().split())
     reasons = {c.why for cases in TABLES.values() for c in cases if c.why}
     for reason in reasons:
-        assert reason in doc, f"docs/parsers.md does not explain: {reason}"
+        assert reason.lower() in doc.lower(), f"docs/parsers.md does not explain: {reason}"
 
 
 @pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral", "pythonic"])

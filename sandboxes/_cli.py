@@ -1,0 +1,109 @@
+"""``agentgym sandbox build | ls | prune | bench`` (mounted by the main CLI)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agentgym._errors import Error
+
+from . import _reap
+from ._config import DEFAULT_IMAGE
+
+app = typer.Typer(help="Build the sandbox image; list, prune and benchmark sandbox containers.",
+                  no_args_is_help=True)
+console = Console()
+
+
+class Method(str, enum.Enum):
+    """How `build` makes the image."""
+
+    auto = "auto"  # Dockerfile if a registry answers, else debootstrap
+    debootstrap = "debootstrap"  # offline: Debian root filesystem + docker import (root)
+    dockerfile = "dockerfile"  # sandboxes/Dockerfile (needs a registry)
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(1)
+
+
+@app.command()
+def build(
+    method: Annotated[Method, typer.Option(help="auto | debootstrap | dockerfile")] = Method.auto,
+    tag: Annotated[str, typer.Option(help="Image tag to build.")] = DEFAULT_IMAGE,
+    mirror: Annotated[str | None, typer.Option(
+        help="Debian mirror (default: this machine's apt sources).")] = None,
+) -> None:
+    """Build the default sandbox image (python3 + pytest)."""
+    from ._image import build_image
+
+    started = time.monotonic()
+    try:
+        with console.status(f"building {tag} ({method.value})"):
+            image_id = build_image(tag=tag, method=method.value, mirror=mirror,
+                                   log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+    except Error as exc:
+        _fail(exc)
+    console.print(f"[green]built[/green] {tag} {image_id[:19]} in "
+                  f"{time.monotonic() - started:.0f} s")
+
+
+@app.command("ls")
+def list_containers() -> None:
+    """List agentgym containers and whether their owner process is alive."""
+    from ._client import docker_client
+
+    try:
+        containers = _reap.managed_containers(docker_client())
+    except Error as exc:
+        _fail(exc)
+    table = Table("id", "image", "status", "owner pid", "owner alive", "pool", "session")
+    for c in containers:
+        labels = c.labels
+        table.add_row(c.short_id, ",".join(c.image.tags) or c.image.short_id, c.status,
+                      labels.get(_reap.OWNER, "?"), "yes" if _reap.owner_alive(labels) else "no",
+                      labels.get("agentgym.pool", ""), labels.get(_reap.SESSION, ""))
+    console.print(table)
+    console.print(f"{len(containers)} container(s)")
+
+
+@app.command()
+def prune(
+    all_: Annotated[bool, typer.Option(
+        "--all", help="Remove every agentgym container, even those of live owners.")] = False,
+) -> None:
+    """Remove agentgym containers whose owner process is gone (or all with --all)."""
+    from ._client import docker_client
+
+    try:
+        removed = _reap.reap_leaked(docker_client(), everything=all_)
+    except Error as exc:
+        _fail(exc)
+    console.print(f"removed {len(removed)} container(s)" +
+                  (f": {' '.join(removed)}" if removed else ""))
+
+
+@app.command()
+def bench(
+    image: Annotated[str, typer.Option(help="Image to benchmark.")] = DEFAULT_IMAGE,
+    pool_size: Annotated[int, typer.Option(help="Warm containers in the pool.")] = 4,
+    n: Annotated[int, typer.Option(help="Warm runs to time.")] = 300,
+    humaneval: Annotated[bool, typer.Option(
+        help="Also time verifying HumanEval's 164 canonical solutions.")] = True,
+) -> None:
+    """Measure warm vs cold latency, throughput and HumanEval verification time."""
+    from ._bench import run_bench
+
+    try:
+        result = run_bench(image=image, pool_size=pool_size, n=n, humaneval=humaneval,
+                           log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+    except Error as exc:
+        _fail(exc)
+    for line in result.lines():
+        console.print(line)

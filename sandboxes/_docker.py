@@ -1,0 +1,330 @@
+"""`DockerSandbox`: one hardened container with a warm in-container code server.
+
+Layout of a container::
+
+    PID 1  docker-init (keeper uid)  ->  sleep infinity (keeper uid)
+    code server (code uid; started by docker exec, speaks JSON lines over the exec stream)
+       -> the code of each call (code uid), forked by the server
+
+The keeper and the code have different uids, so the code cannot signal the keeper. The host
+never trusts the server to stop: each call has a host-side deadline (timeout + grace) after
+which the host runs ``kill -9 -1`` as the code uid through ``docker exec`` and restarts the
+server; if even that fails the container is replaced and the call is a ``sandbox_error``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentgym._errors import SandboxError
+
+from . import _reap
+from ._channel import ChannelClosed, ChannelDeadline, ServerChannel
+from ._client import docker_client, import_docker
+from ._config import DEFAULT_IMAGE, DockerSandboxConfig
+from ._protocol import Files, SandboxBase, language_argv, to_bytes
+from ._result import ExecResult, ExecStatus
+
+log = logging.getLogger("agentgym.sandboxes")
+KEEPER_CMD = ["sleep", "infinity"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A fork point: the files of a sandbox's work dir (a tar), not its processes.
+
+    Restore it into any number of sandboxes (``sandbox.restore(snap)`` or
+    ``pool.lease(snapshot=snap)``) so every rollout of a group starts from the same files, or
+    so a verifier checks a copy of an episode's final state with none of the agent's processes
+    alive. The Python session's variables are not part of a snapshot.
+    """
+
+    tar: bytes
+    source: str  # short id of the container it was taken from
+
+    @property
+    def size(self) -> int:
+        """Size of the tar in bytes."""
+        return len(self.tar)
+
+
+class DockerSandbox(SandboxBase):
+    r"""A hardened Docker container that runs code through a warm in-container server.
+
+    Example::
+
+        with DockerSandbox() as sb:                     # image: DEFAULT_IMAGE
+            r = sb.run("x = 6 * 7\\nprint(x)")
+            assert r.stdout == "42\\n" and r.status == "ok"
+            sb.run("print(x + 1)").stdout                # '43\\n': the session persists
+
+    ``config`` holds every hardening knob (`DockerSandboxConfig`); ``labels`` are added to the
+    ownership labels. The container starts on ``start()``, on entering the context, or on the
+    first call. Calls on one sandbox are serialised (a lock); use a `SandboxPool` for
+    parallelism.
+    """
+
+    def __init__(self, image: str = DEFAULT_IMAGE, config: DockerSandboxConfig | None = None,
+                 *, labels: Mapping[str, str] | None = None, client: Any = None) -> None:
+        self.image = image
+        self.config = config or DockerSandboxConfig()
+        self._labels = dict(labels or {})
+        self._client = client
+        self._container: Any = None
+        self._channel: ServerChannel | None = None
+        self._lock = threading.RLock()
+        self.needs_recycle = False
+        """True after a host-side intervention or a backend failure (pools replace it)."""
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def container_id(self) -> str | None:
+        """The container's id once started."""
+        return self._container.id if self._container is not None else None
+
+    def start(self) -> DockerSandbox:
+        """Create the container and start its code server (idempotent)."""
+        with self._lock:
+            if self._container is None:
+                self._create_container()
+            if self._channel is None or not self._channel.is_open:
+                self._open_server(wipe=False)
+        return self
+
+    def _create_container(self) -> None:
+        cfg = self.config
+        if self._client is None:
+            self._client = docker_client()
+        loosened = cfg.loosened()
+        if loosened:
+            log.warning("sandbox hardening loosened explicitly: %s", ", ".join(loosened))
+        try:
+            self._container = self._client.containers.run(
+                self.image, KEEPER_CMD, detach=True, **container_options(cfg, self._labels))
+        except Exception as exc:
+            hint = ""
+            if "No such image" in str(exc) or "not found" in str(exc).lower():
+                hint = " (build it: agentgym sandbox build)"
+            raise SandboxError(f"cannot start a container from {self.image!r}{hint}: "
+                               f"{exc}") from exc
+        _reap.track(self)
+
+    def _open_server(self, wipe: bool) -> None:
+        cfg = self.config
+        channel = ServerChannel(self._client.api, self._container.id,
+                                f"{cfg.code_uid}:{cfg.code_uid}", cfg.workdir, base_env(cfg))
+        try:
+            channel.open(wipe=wipe)
+        except Exception as exc:
+            channel.close()
+            raise SandboxError(f"the code server did not start in {self._container.short_id}: "
+                               f"{exc}") from exc
+        self._channel = channel
+
+    def reset(self, hard: bool = False) -> None:
+        """Kill every code process, empty the work dir, /tmp and /dev/shm, drop the session.
+
+        The default asks the server to do it (a few ms; the server is non-dumpable, so the
+        code cannot have tampered with it). ``hard=True`` (and any failure of the soft path)
+        kills every process of the code uid from outside, server included, and starts a new
+        server; if that fails too, the container is replaced.
+        """
+        with self._lock:
+            if self._container is None:
+                self.start()
+                return
+            if not hard:
+                try:
+                    if self._channel.request({"op": "reset"}, 10.0).get("ok"):
+                        return
+                except Exception as exc:
+                    log.debug("soft reset of %s failed: %s", self._container.short_id, exc)
+            try:
+                self._kill_code_processes()
+                self._open_server(wipe=True)
+            except Exception:
+                self._replace_container()
+
+    def close(self) -> None:
+        """Remove the container (idempotent)."""
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+            container, self._container = self._container, None
+            _reap.untrack(self)
+            if container is not None:
+                try:
+                    container.remove(force=True)
+                except Exception as exc:  # already gone: fine; anything else: reaped later
+                    log.debug("removing %s: %s", container.short_id, exc)
+
+    def _kill_code_processes(self) -> None:
+        """``kill -9 -1`` as the code uid, from outside the server (it dies too)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        uid = self.config.code_uid
+        self._container.exec_run(["sh", "-c", "kill -9 -1"], user=f"{uid}:{uid}")
+
+    def _replace_container(self) -> None:
+        self.needs_recycle = True
+        container, self._container = self._container, None
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except Exception:
+                pass
+        self.start()
+
+    # -- calls ------------------------------------------------------------------------------
+    def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
+            files: Files | None = None, timeout: float | None = None, *,
+            session: bool | None = None) -> ExecResult:
+        """Run ``code``; Python runs in the session unless ``session=False`` (see config)."""
+        argv = language_argv(language, code)
+        if argv is not None:
+            return self.exec(argv, stdin=stdin, files=files, timeout=timeout)
+        use_session = self.config.python_session if session is None else session
+        return self._call({"op": "run", "code": code, "session": use_session},
+                          stdin, files, timeout)
+
+    def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
+             files: Files | None = None, timeout: float | None = None) -> ExecResult:
+        """Run ``argv`` (looked up on the image's PATH) in the work dir."""
+        return self._call({"op": "exec", "argv": [str(a) for a in argv]}, stdin, files, timeout)
+
+    def _call(self, req: dict[str, Any], stdin: str | bytes | None, files: Files | None,
+              timeout: float | None) -> ExecResult:
+        timeout = self.config.default_timeout if timeout is None else float(timeout)
+        req = {**req, "timeout": timeout, "limit": self.config.output_limit_bytes,
+               "stdin": _b64(to_bytes(stdin)),
+               "files": {p: _b64(to_bytes(c)) for p, c in (files or {}).items()}}
+        started = time.monotonic()
+        with self._lock:
+            try:
+                self.start()
+                reply = self._channel.request(req, timeout + self.config.host_grace_s)
+            except ChannelDeadline:
+                return self._recover("timeout", started, timeout)
+            except ChannelClosed as exc:
+                return self._recover("closed", started, timeout, str(exc))
+            except Exception as exc:
+                self.needs_recycle = True
+                return ExecResult.sandbox_error(f"sandbox: {type(exc).__name__}: {exc}",
+                                                time.monotonic() - started)
+        if "server_error" in reply:
+            return ExecResult("", f"sandbox: {reply['server_error']}\n", None,
+                              time.monotonic() - started, ExecStatus.ERROR)
+        return ExecResult(reply["stdout"], reply["stderr"], reply["exit_code"],
+                          reply["duration"], ExecStatus(reply["status"]), reply["truncated"])
+
+    def _recover(self, what: str, started: float, timeout: float, detail: str = "") -> ExecResult:
+        """The server missed its deadline or died: kill the code from outside, restart."""
+        self.needs_recycle = True
+        try:
+            alive = self._container_running()
+            if alive:
+                self._kill_code_processes()
+                self._open_server(wipe=False)
+        except Exception as exc:
+            alive, detail = False, f"{detail}; recovery failed: {exc}"
+        elapsed = time.monotonic() - started
+        if not alive:
+            try:
+                self._replace_container()
+            except Exception as exc:
+                detail = f"{detail}; replacement failed: {exc}"
+            return ExecResult.sandbox_error(f"sandbox: container lost ({detail})", elapsed)
+        if what == "timeout":
+            return ExecResult("", f"sandbox: no reply within {timeout:g}s (+ grace); killed "
+                              "every code process from outside\n", None, elapsed,
+                              ExecStatus.TIMEOUT)
+        return ExecResult("", "sandbox: the code server died during this call (killed by the "
+                          "code?); every code process was killed and the Python session was "
+                          "lost\n", None, elapsed, ExecStatus.ERROR)
+
+    def _container_running(self) -> bool:
+        if self._container is None:
+            return False
+        self._container.reload()
+        return self._container.status == "running"
+
+    # -- state fork -------------------------------------------------------------------------
+    def snapshot(self, timeout: float = 60.0) -> Snapshot:
+        """Tar of the work dir (files only; processes and the Python session excluded)."""
+        with self._lock:
+            self.start()
+            reply = self._channel.request({"op": "tar"}, timeout)
+        if "server_error" in reply:
+            raise SandboxError(f"snapshot failed: {reply['server_error']}")
+        return Snapshot(base64.b64decode(reply["data"]), self._container.short_id)
+
+    def restore(self, snapshot: Snapshot, timeout: float = 60.0) -> None:
+        """Replace the work dir with ``snapshot``'s files; kills code processes first."""
+        with self._lock:
+            self.start()
+            reply = self._channel.request(
+                {"op": "untar", "data": base64.b64encode(snapshot.tar).decode()}, timeout)
+        if "server_error" in reply:
+            raise SandboxError(f"restore failed: {reply['server_error']}")
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def base_env(cfg: DockerSandboxConfig) -> dict[str, str]:
+    """The environment of the code: a fixed minimal set plus ``cfg.environment``."""
+    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": cfg.workdir, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+            **cfg.environment}
+
+
+def container_options(cfg: DockerSandboxConfig, labels: Mapping[str, str]) -> dict[str, Any]:
+    """``containers.run`` keyword arguments for ``cfg`` (the hardening, in one place)."""
+    docker = import_docker()
+    mib = 1024 * 1024
+    work_flags = "exec" if cfg.workdir_exec else "noexec"
+    opts: dict[str, Any] = dict(
+        user=f"{cfg.keeper_uid}:{cfg.keeper_uid}",
+        init=True,
+        network_mode=cfg.network_mode,
+        read_only=cfg.read_only_root,
+        tmpfs={
+            cfg.workdir: f"rw,{work_flags},nosuid,nodev,size={cfg.workdir_size_mb}m,"
+                         f"uid={cfg.code_uid},gid={cfg.code_uid},mode=700",
+            "/tmp": f"rw,noexec,nosuid,nodev,size={cfg.tmp_size_mb}m,mode=1777",
+        },
+        mem_limit=cfg.mem_limit_mb * mib,
+        memswap_limit=cfg.mem_limit_mb * mib,
+        nano_cpus=int(cfg.cpus * 1e9),
+        pids_limit=cfg.pids_limit,
+        cap_drop=["ALL"] if cfg.drop_all_capabilities else None,
+        cap_add=list(cfg.cap_add) or None,
+        security_opt=["no-new-privileges"] if cfg.no_new_privileges else None,
+        ulimits=[
+            docker.types.Ulimit(name="nofile", soft=cfg.nofile, hard=cfg.nofile),
+            docker.types.Ulimit(name="fsize", soft=cfg.fsize_mb * mib, hard=cfg.fsize_mb * mib),
+            docker.types.Ulimit(name="core", soft=0, hard=0),
+        ],
+        ipc_mode="private",
+        shm_size=cfg.shm_size_mb * mib,
+        working_dir=cfg.workdir,
+        environment=base_env(cfg),
+        labels=_reap.ownership_labels(dict(labels)),
+        log_config=docker.types.LogConfig(type="none"),
+        stdin_open=False,
+    )
+    if cfg.runtime:
+        opts["runtime"] = cfg.runtime
+    return {k: v for k, v in opts.items() if v is not None}

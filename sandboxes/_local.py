@@ -1,0 +1,189 @@
+"""`LocalSandbox`: a subprocess with rlimits, for machines without Docker. NOT isolation."""
+
+from __future__ import annotations
+
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentgym._errors import ConfigError
+
+from ._protocol import Files, SandboxBase, language_argv, to_bytes
+from ._result import ExecResult, ExecStatus
+
+WARNING = ("LocalSandbox is NOT a security boundary: the code runs as your user, on your "
+           "filesystem and network, limited only by rlimits. Use DockerSandbox for untrusted code.")
+_warned = threading.Event()
+
+
+@dataclass(frozen=True)
+class LocalSandboxConfig:
+    """Resource limits of a `LocalSandbox` (rlimits of each child process)."""
+
+    mem_limit_mb: int = 1024
+    """``RLIMIT_AS`` in MiB (address space, so set it well above the resident size)."""
+    fsize_mb: int = 64
+    """``RLIMIT_FSIZE`` in MiB: largest file the code may write."""
+    nofile: int = 256
+    """``RLIMIT_NOFILE``."""
+    nproc: int | None = None
+    """``RLIMIT_NPROC``; counts every process of your uid, so None (unlimited) by default."""
+    output_limit_bytes: int = 1 << 20
+    """Cap on stdout + stderr of one call; past it the process group is killed."""
+    default_timeout: float = 10.0
+    """Seconds a call may run when no ``timeout`` is given (also sets ``RLIMIT_CPU``)."""
+
+    def __post_init__(self) -> None:
+        """Check values."""
+        for name in ("mem_limit_mb", "fsize_mb", "nofile", "output_limit_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+
+
+class LocalSandbox(SandboxBase):
+    r"""Runs code in a child process on this machine. It is NOT a security boundary.
+
+    Each call is a new process in its own session (``start_new_session``) and temp work dir,
+    with a scrubbed environment and rlimits (CPU, address space, file size, open files). The
+    timeout kills the process group; a child that calls ``setsid`` itself escapes the group,
+    the filesystem and network are yours. HumanEval-style harnesses use the same approach and
+    say the same thing. Use it for trusted code or machines without Docker; it warns once.
+
+    Example::
+
+        with LocalSandbox() as sb:
+            assert sb.run("print(2 + 2)").stdout == "4\\n"
+    """
+
+    def __init__(self, config: LocalSandboxConfig | None = None) -> None:
+        if not _warned.is_set():
+            _warned.set()
+            warnings.warn(WARNING, UserWarning, stacklevel=2)
+        self.config = config or LocalSandboxConfig()
+        self.workdir = tempfile.mkdtemp(prefix="agentgym-local-")
+
+    def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
+            files: Files | None = None, timeout: float | None = None, *,
+            session: bool | None = None) -> ExecResult:
+        """Run ``code`` in a fresh process (``session`` is accepted and ignored)."""
+        argv = language_argv(language, code) or [sys.executable, "-I", "-c", code]
+        return self.exec(argv, stdin=stdin, files=files, timeout=timeout)
+
+    def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
+             files: Files | None = None, timeout: float | None = None) -> ExecResult:
+        """Run ``argv`` in the work dir."""
+        timeout = self.config.default_timeout if timeout is None else float(timeout)
+        for path, content in (files or {}).items():
+            self._write(path, to_bytes(content) or b"")
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            list(argv), cwd=self.workdir, env=self._env(), start_new_session=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=self._limits(timeout),
+        )
+        _feed(proc, to_bytes(stdin) or b"")
+        out, err, status = _collect(proc, started + timeout, self.config.output_limit_bytes)
+        _kill_group(proc.pid)
+        code = proc.wait()
+        if status is None:
+            tail = err[-200:]
+            status = (ExecStatus.OOM if b"MemoryError" in tail else
+                      ExecStatus.TIMEOUT if code == -signal.SIGXCPU else
+                      ExecStatus.OK if code == 0 else ExecStatus.ERROR)
+        return ExecResult(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), code,
+                          time.monotonic() - started, status,
+                          status is ExecStatus.OUTPUT_LIMIT)
+
+    def reset(self) -> None:
+        """Empty the work dir."""
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        os.makedirs(self.workdir, exist_ok=True)
+
+    def close(self) -> None:
+        """Delete the work dir."""
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _write(self, path: str, content: bytes) -> None:
+        full = os.path.normpath(os.path.join(self.workdir, path))
+        if not full.startswith(self.workdir + os.sep):
+            raise ConfigError(f"file path {path!r} leaves the work directory")
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as fh:
+            fh.write(content)
+
+    def _env(self) -> dict[str, str]:
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8",
+                "TMPDIR": self.workdir, "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def _limits(self, timeout: float):  # noqa: ANN202 - a preexec_fn
+        cfg, mib = self.config, 1024 * 1024
+        limits = [(resource.RLIMIT_CPU, int(timeout) + 1),
+                  (resource.RLIMIT_AS, cfg.mem_limit_mb * mib),
+                  (resource.RLIMIT_FSIZE, cfg.fsize_mb * mib),
+                  (resource.RLIMIT_NOFILE, cfg.nofile), (resource.RLIMIT_CORE, 0)]
+        if cfg.nproc is not None:
+            limits.append((resource.RLIMIT_NPROC, cfg.nproc))
+
+        def apply() -> None:
+            for which, value in limits:
+                resource.setrlimit(which, (value, value))
+
+        return apply
+
+
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    def write() -> None:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(data)
+            proc.stdin.close()
+        except OSError:
+            pass
+
+    threading.Thread(target=write, daemon=True).start()
+
+
+def _collect(proc: subprocess.Popen[bytes], deadline: float,
+             limit: int) -> tuple[bytes, bytes, ExecStatus | None]:
+    """Read stdout/stderr until exit, the deadline, or the cap."""
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    total = 0
+    with selectors.DefaultSelector() as sel:
+        for stream in bufs:
+            sel.register(stream, selectors.EVENT_READ)
+        while sel.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), ExecStatus.TIMEOUT
+            events = sel.select(min(remaining, 0.05))
+            if not events and proc.poll() is not None:
+                break  # exited; only orphans hold the pipes now
+            for key, _ in events:
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                take = min(len(data), limit - total)
+                bufs[key.fileobj] += data[:take]
+                total += take
+                if take < len(data):
+                    return (bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]),
+                            ExecStatus.OUTPUT_LIMIT)
+    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), None
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass

@@ -1,0 +1,303 @@
+"""`SandboxPool`: warm Docker sandboxes leased one episode at a time.
+
+One implementation for both worlds: the pool's state is guarded by a lock, blocking work
+(create, reset, recycle) runs on the pool's own worker threads, and a waiting lease is handed
+the next free sandbox directly, through a ``threading.Event`` (sync) or an ``asyncio`` future
+set with ``call_soon_threadsafe`` (async), so async waiters never hold a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from agentgym._errors import ConfigError, SandboxError
+
+from . import _reap
+from ._client import docker_client
+from ._config import DEFAULT_IMAGE, DockerSandboxConfig
+from ._docker import DockerSandbox, Snapshot
+
+POOL_LABEL = "agentgym.pool"
+
+
+@dataclass
+class PoolStats:
+    """Counters of one pool (log them under ``sandbox/``)."""
+
+    created: int = 0  # containers started, replacements included
+    recycled: int = 0  # containers replaced after max_uses or a failure
+    leases: int = 0  # leases handed out
+    reap_removed: int = 0  # leaked containers of dead owners removed at start
+    create_failures: int = 0  # container creations that failed
+
+
+class _Waiter:
+    """One pending lease: sync (``event``) or async (``loop`` + ``future``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[Any] | None = loop.create_future() if loop else None
+        self.event = threading.Event()
+        self.item: Any = None
+
+
+class SandboxPool:
+    """Warm, hardened sandboxes; one lease per episode.
+
+    Example::
+
+        async with SandboxPool(size=4) as pool:
+            async with pool.lease() as sb:          # files + Python session live for the lease
+                await sb.arun("x = 1")
+                print((await sb.arun("print(x)")).stdout)
+
+        with SandboxPool(size=2) as pool, pool.lease_sync() as sb:
+            sb.run("print(1)")
+
+    Between leases a sandbox is reset (every code process killed, work dir and /tmp emptied,
+    new Python session). It is replaced by a fresh container after ``max_uses`` leases, after
+    any host-side intervention or backend failure (`DockerSandbox.needs_recycle`), and when
+    the lease's body raised. At most ``max_concurrent_creates`` containers are created at once
+    (the daemon slows sharply under concurrent creates). Leaked agentgym containers whose owner
+    process is gone (even one killed with -9) are removed at `start`; this pool's own
+    containers are removed at `close` and at interpreter exit.
+    """
+
+    def __init__(self, size: int = 4, image: str = DEFAULT_IMAGE,
+                 config: DockerSandboxConfig | None = None, *, max_concurrent_creates: int = 2,
+                 max_uses: int = 100, client: Any = None) -> None:
+        if size < 1 or max_concurrent_creates < 1 or max_uses < 1:
+            raise ConfigError(f"size, max_concurrent_creates and max_uses must be >= 1, got "
+                              f"{size}, {max_concurrent_creates}, {max_uses}")
+        self.size, self.image, self.max_uses = size, image, max_uses
+        self.config = config or DockerSandboxConfig()
+        self.stats = PoolStats()
+        self.pool_id = uuid.uuid4().hex[:12]
+        self._client = client
+        self._create_sem = threading.Semaphore(max_concurrent_creates)
+        self._lock = threading.Lock()
+        self._idle: deque[DockerSandbox] = deque()
+        self._waiters: deque[_Waiter] = deque()
+        self._all: set[DockerSandbox] = set()
+        self._uses: dict[int, int] = {}
+        self._workers = ThreadPoolExecutor(max_workers=min(size, 16) + max_concurrent_creates,
+                                           thread_name_prefix="agentgym-pool")
+        self._started = self._closed = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> SandboxPool:
+        """Reap leaked containers, then create ``size`` warm sandboxes (bounded concurrency)."""
+        if self._started:
+            return self
+        if self._client is None:
+            self._client = docker_client()
+        self.stats.reap_removed = len(_reap.reap_leaked(self._client))
+        self._started = True
+        futures = [self._workers.submit(self._create) for _ in range(self.size)]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        for f in futures:
+            if f.exception() is None:
+                self._deliver(f.result())
+        if errors:
+            self.close()
+            raise SandboxError(f"{len(errors)} of {self.size} sandboxes failed to start: "
+                               f"{errors[0]}") from errors[0]
+        return self
+
+    def close(self) -> None:
+        """Remove every container of the pool; leases still out are closed on return."""
+        with self._lock:
+            self._closed = True
+            self._idle.clear()
+            waiters, self._waiters = list(self._waiters), deque()
+        for waiter in waiters:
+            self._hand(waiter, SandboxError("the sandbox pool was closed"))
+        self._workers.shutdown(wait=True, cancel_futures=True)  # in-flight resets/creates end
+        with self._lock:
+            everything, self._all = list(self._all), set()
+        for sandbox in everything:
+            sandbox.close()
+
+    def __enter__(self) -> SandboxPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SandboxPool:
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.close)
+
+    @property
+    def idle(self) -> int:
+        """Sandboxes ready to lease right now."""
+        return len(self._idle)
+
+    # -- leasing ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lease_sync(self, snapshot: Snapshot | None = None,
+                   timeout: float | None = None) -> Iterator[DockerSandbox]:
+        """Lease a sandbox for one episode (blocking); optionally restore ``snapshot`` first."""
+        sandbox = self._acquire_sync(timeout)
+        ok = False
+        try:
+            if snapshot is not None:
+                sandbox.restore(snapshot)
+            yield sandbox
+            ok = True
+        finally:
+            self._release(sandbox, failed=not ok)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, snapshot: Snapshot | None = None,
+                    timeout: float | None = None) -> AsyncIterator[DockerSandbox]:
+        """Lease a sandbox for one episode (async); optionally restore ``snapshot`` first."""
+        sandbox = await self._acquire_async(timeout)
+        ok = False
+        try:
+            if snapshot is not None:
+                await asyncio.to_thread(sandbox.restore, snapshot)
+            yield sandbox
+            ok = True
+        finally:
+            self._release(sandbox, failed=not ok)
+
+    def _take_or_wait(self, waiter: _Waiter) -> DockerSandbox | None:
+        with self._lock:
+            if self._closed or not self._started:
+                raise SandboxError("the sandbox pool is not running (use `with pool:` or "
+                                   "pool.start())")
+            if self._idle:
+                self.stats.leases += 1
+                return self._idle.popleft()
+            self._waiters.append(waiter)
+            return None
+
+    def _acquire_sync(self, timeout: float | None) -> DockerSandbox:
+        waiter = _Waiter()
+        sandbox = self._take_or_wait(waiter)
+        if sandbox is not None:
+            return sandbox
+        if not waiter.event.wait(timeout):
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                    raise SandboxError(f"no sandbox free within {timeout}s "
+                                       f"(pool size {self.size})")
+            waiter.event.wait()
+        return self._unwrap(waiter.item)
+
+    async def _acquire_async(self, timeout: float | None) -> DockerSandbox:
+        waiter = _Waiter(asyncio.get_running_loop())
+        sandbox = self._take_or_wait(waiter)
+        if sandbox is not None:
+            return sandbox
+        assert waiter.future is not None
+        try:
+            item = await asyncio.wait_for(waiter.future, timeout)
+        except (asyncio.CancelledError, asyncio.TimeoutError):
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            raise
+        return self._unwrap(item)
+
+    def _unwrap(self, item: Any) -> DockerSandbox:
+        if isinstance(item, BaseException):
+            raise SandboxError(f"sandbox creation failed: {item}") from item
+        with self._lock:
+            self.stats.leases += 1
+        return item
+
+    # -- returning, recycling ---------------------------------------------------------------
+    def _release(self, sandbox: DockerSandbox, failed: bool) -> None:
+        with self._lock:
+            closed = self._closed
+            self._uses[id(sandbox)] = self._uses.get(id(sandbox), 0) + 1
+        if closed:
+            sandbox.close()
+            return
+        self._workers.submit(self._recycle, sandbox, failed)
+
+    def _recycle(self, sandbox: DockerSandbox, failed: bool) -> None:
+        replace = failed or sandbox.needs_recycle or self._uses[id(sandbox)] >= self.max_uses
+        if not replace:
+            sandbox.reset()
+            replace = sandbox.needs_recycle
+        if replace:
+            self._forget(sandbox)
+            sandbox.close()
+            self.stats.recycled += 1
+            try:
+                sandbox = self._create()
+            except Exception as exc:
+                self._deliver(exc)
+                return
+        self._deliver(sandbox)
+
+    def _create(self) -> DockerSandbox:
+        with self._create_sem:
+            sandbox = DockerSandbox(self.image, self.config, client=self._client,
+                                    labels={POOL_LABEL: self.pool_id})
+            try:
+                sandbox.start()
+            except Exception:
+                self.stats.create_failures += 1
+                sandbox.close()
+                raise
+        with self._lock:
+            self._all.add(sandbox)
+            self.stats.created += 1
+        return sandbox
+
+    def _forget(self, sandbox: DockerSandbox) -> None:
+        with self._lock:
+            self._all.discard(sandbox)
+            self._uses.pop(id(sandbox), None)
+
+    def _deliver(self, item: DockerSandbox | BaseException) -> None:
+        """Hand ``item`` to the oldest waiter, or park a sandbox as idle."""
+        with self._lock:
+            if self._closed:
+                waiter = None
+            elif self._waiters:
+                waiter = self._waiters.popleft()
+            else:
+                if isinstance(item, DockerSandbox):
+                    self._idle.append(item)
+                return
+        if waiter is None:
+            if isinstance(item, DockerSandbox):
+                item.close()
+            return
+        self._hand(waiter, item)
+
+    def _hand(self, waiter: _Waiter, item: Any) -> None:
+        if waiter.loop is None:
+            waiter.item = item
+            waiter.event.set()
+            return
+
+        def settle() -> None:
+            assert waiter.future is not None
+            if waiter.future.done():  # cancelled or timed out meanwhile: pass it on
+                if isinstance(item, DockerSandbox):
+                    self._deliver(item)
+            else:
+                waiter.future.set_result(item)
+
+        try:
+            waiter.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the waiter's loop is closed
+            if isinstance(item, DockerSandbox):
+                self._deliver(item)

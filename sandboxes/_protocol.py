@@ -1,0 +1,107 @@
+"""The `Sandbox` contract, and `SandboxBase`: async twins and context managers written once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from agentgym._errors import ConfigError
+
+from ._result import ExecResult
+
+Files = Mapping[str, "str | bytes"]
+LANGUAGES = ("python", "bash", "sh")
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """Where model-written code runs. Every backend implements these methods.
+
+    ``run`` executes source code of ``language`` (``"python"``, ``"bash"``, ``"sh"``);
+    ``exec`` runs an argv. ``stdin`` (text or bytes) feeds the process's standard input;
+    ``files`` maps paths relative to the work directory to contents written before the call;
+    ``timeout`` is in seconds (None: the backend's default). Both return an `ExecResult` and
+    never raise for anything the code did; only the backend's own failures show up, as
+    ``status == "sandbox_error"``. ``reset`` returns the sandbox to a clean state (work dir
+    emptied, every process of the code killed); ``close`` releases it for good.
+    """
+
+    def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
+            files: Files | None = None, timeout: float | None = None) -> ExecResult:
+        """Run source code and return its result."""
+        ...
+
+    def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
+             files: Files | None = None, timeout: float | None = None) -> ExecResult:
+        """Run an argv and return its result."""
+        ...
+
+    async def arun(self, code: str, language: str = "python", stdin: str | bytes | None = None,
+                   files: Files | None = None, timeout: float | None = None) -> ExecResult:
+        """Async twin of `run`."""
+        ...
+
+    async def aexec(self, argv: Sequence[str], stdin: str | bytes | None = None,
+                    files: Files | None = None, timeout: float | None = None) -> ExecResult:
+        """Async twin of `exec`."""
+        ...
+
+    def reset(self) -> None:
+        """Return to a clean state."""
+        ...
+
+    def close(self) -> None:
+        """Release every resource; the sandbox cannot be used afterwards."""
+        ...
+
+
+class SandboxBase:
+    """Async twins, context managers and argument checks shared by the backends.
+
+    A backend writes the blocking ``run``/``exec``/``reset``/``close``; the async twins run
+    them in a worker thread (``asyncio.to_thread``), so there is one implementation.
+    """
+
+    async def arun(self, *args: Any, **kwargs: Any) -> ExecResult:
+        """Async twin of ``run``."""
+        return await asyncio.to_thread(self.run, *args, **kwargs)  # type: ignore[attr-defined]
+
+    async def aexec(self, *args: Any, **kwargs: Any) -> ExecResult:
+        """Async twin of ``exec``."""
+        return await asyncio.to_thread(self.exec, *args, **kwargs)  # type: ignore[attr-defined]
+
+    async def areset(self) -> None:
+        """Async twin of ``reset``."""
+        await asyncio.to_thread(self.reset)  # type: ignore[attr-defined]
+
+    async def aclose(self) -> None:
+        """Async twin of ``close``."""
+        await asyncio.to_thread(self.close)  # type: ignore[attr-defined]
+
+    def __enter__(self) -> Any:
+        start = getattr(self, "start", None)
+        if start is not None:
+            start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # type: ignore[attr-defined]
+
+    async def __aenter__(self) -> Any:
+        return await asyncio.to_thread(self.__enter__)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def to_bytes(data: str | bytes | None) -> bytes | None:
+    """Text as UTF-8 bytes; bytes and None unchanged."""
+    return data.encode("utf-8") if isinstance(data, str) else data
+
+
+def language_argv(language: str, code: str) -> list[str] | None:
+    """The argv that runs ``code`` for a shell language; None for Python (run in-process)."""
+    if language not in LANGUAGES:
+        raise ConfigError(f"language must be one of {LANGUAGES}, got {language!r}")
+    return None if language == "python" else [language, "-c", code]

@@ -1,0 +1,106 @@
+"""Ownership labels and reaping: no agentgym container outlives the process that made it.
+
+Every container carries ``agentgym.managed=1``, ``agentgym.owner=<pid>``,
+``agentgym.owner_start=<start time of that pid>`` (so a recycled pid is not mistaken for the
+owner), ``agentgym.host=<hostname>`` and ``agentgym.session=<id>``. Reaping removes the
+containers whose owner on this host is gone: at pool start, at interpreter exit (atexit, for
+this process's own containers) and from ``agentgym sandbox prune``. A process killed with
+``-9`` runs no atexit hook; its containers are reaped by the next start or prune.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import threading
+import uuid
+import weakref
+from typing import Any
+
+MANAGED = "agentgym.managed"
+OWNER = "agentgym.owner"
+OWNER_START = "agentgym.owner_start"
+HOST = "agentgym.host"
+SESSION = "agentgym.session"
+
+PROCESS_SESSION = uuid.uuid4().hex[:12]
+"""Identifies this interpreter's containers (one value per process)."""
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def process_start_time(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def ownership_labels(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Labels for a container owned by this process."""
+    pid = os.getpid()
+    return {
+        MANAGED: "1",
+        OWNER: str(pid),
+        OWNER_START: process_start_time(pid) or "",
+        HOST: socket.gethostname(),
+        SESSION: PROCESS_SESSION,
+        **(extra or {}),
+    }
+
+
+def owner_alive(labels: dict[str, str]) -> bool:
+    """True when the container's owner process still runs (only checkable on this host)."""
+    if labels.get(HOST) != socket.gethostname():
+        return True  # another machine's container: never ours to judge
+    try:
+        pid = int(labels.get(OWNER, ""))
+    except ValueError:
+        return False
+    started = process_start_time(pid)
+    return started is not None and started == labels.get(OWNER_START, started)
+
+
+def managed_containers(client: Any) -> list[Any]:
+    """Every agentgym container the daemon knows, running or not."""
+    return client.containers.list(all=True, filters={"label": f"{MANAGED}=1"})
+
+
+def reap_leaked(client: Any, everything: bool = False) -> list[str]:
+    """Remove containers whose owner is gone (or all of them); return their short ids."""
+    removed = []
+    for container in managed_containers(client):
+        if everything or not owner_alive(container.labels):
+            try:
+                container.remove(force=True)
+                removed.append(container.short_id)
+            except Exception:  # already gone, or being removed by someone else
+                continue
+    return removed
+
+
+def track(sandbox: Any) -> None:
+    """Remember a live sandbox so the atexit hook can close it."""
+    with _lock:
+        _live.add(sandbox)
+
+
+def untrack(sandbox: Any) -> None:
+    """Forget a closed sandbox."""
+    with _lock:
+        _live.discard(sandbox)
+
+
+@atexit.register
+def _close_all() -> None:
+    with _lock:
+        sandboxes = list(_live)
+    for sandbox in sandboxes:
+        try:
+            sandbox.close()
+        except Exception:
+            continue

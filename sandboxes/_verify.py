@@ -1,0 +1,158 @@
+"""`verify`: run a sample's tests in a sandbox, one call per sample, and score it.
+
+Infrastructure failures (the sandbox backend failed) give ``reward=None`` and
+``status="infra_error"`` so a trainer drops the sample from group statistics instead of
+scoring it 0. Everything the code itself does (crash, hang, kill its runner, flood output)
+is a failure of the code and scores as such.
+
+Trust model: the tests run in the same uid as the candidate code, so deliberately
+adversarial code could forge the runner's report. The sandbox contains the code; it does not
+make a reward unhackable (see docs/sandboxes.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from agentgym._errors import ConfigError
+
+from ._docker import DockerSandbox
+from ._pool import SandboxPool
+from ._result import ExecResult, ExecStatus
+
+VerifyMode = Literal["assert", "stdio", "pytest"]
+RewardKind = Literal["fraction", "all"]
+RUNNER_SOURCE = Path(__file__).with_name("_runner.py").read_text()
+MARKER = "\x00agentgym-verify\x00"
+RUNNER_SLACK_S = 5.0
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """One test of one sample."""
+
+    __test__ = False  # not a pytest test class
+
+    name: str
+    passed: bool
+    status: str  # passed | failed | timeout | skipped
+    message: str = ""  # the exception or mismatch, empty when passed
+    duration: float = 0.0  # seconds
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Per-test results and the sample's reward.
+
+    ``reward`` is the pass fraction (``reward="fraction"``) or 1.0/0.0 (``"all"``), and None
+    exactly when ``status == "infra_error"``; ``infra_error`` then says what failed.
+    ``runner`` is ``assert``, ``stdio``, ``pytest`` or ``builtin`` (pytest missing in image).
+    """
+
+    tests: list[TestResult]
+    reward: float | None
+    status: Literal["passed", "failed", "infra_error"]
+    infra_error: str | None = None
+    runner: str = ""
+    exec_result: ExecResult | None = field(default=None, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        """True when every test passed."""
+        return self.status == "passed"
+
+
+def _payload(code: str, tests: Any, mode: str, per_test_timeout: float,
+             total_timeout: float) -> str:
+    if mode not in ("assert", "stdio", "pytest"):
+        raise ConfigError(f"mode must be assert, stdio or pytest, got {mode!r}")
+    if mode == "pytest" and not isinstance(tests, str):
+        tests = "\n\n".join(tests)
+    elif mode == "assert" and isinstance(tests, str):
+        raise ConfigError("assert mode takes a list of test snippets, got one string: "
+                          "wrap it in a list")
+    elif mode == "stdio":
+        if isinstance(tests, str) or not all(isinstance(t, Mapping) for t in tests):
+            raise ConfigError('stdio mode takes [{"input": ..., "output": ...}, ...]')
+        tests = [dict(t) for t in tests]
+    if not tests:
+        raise ConfigError("verify needs at least one test")
+    if per_test_timeout <= 0 or total_timeout <= 0:
+        raise ConfigError(f"timeouts must be > 0, got {per_test_timeout}, {total_timeout}")
+    return json.dumps({"code": code, "tests": tests if isinstance(tests, str) else list(tests),
+                       "mode": mode, "per_test_timeout": per_test_timeout,
+                       "total_timeout": total_timeout})
+
+
+def _score(result: ExecResult, reward: str) -> VerifyResult:
+    if result.status is ExecStatus.SANDBOX_ERROR:
+        return VerifyResult([], None, "infra_error", result.stderr.strip() or "sandbox error",
+                            exec_result=result)
+    line = next((ln for ln in result.stdout.splitlines() if ln.startswith(MARKER)), None)
+    if line is None:
+        why = (f"the test runner reported nothing (status {result.status.value}, exit "
+               f"{result.exit_code}); the code killed or starved it")
+        tests = [TestResult("runner", False, "timeout" if result.status is ExecStatus.TIMEOUT
+                            else "failed", why)]
+        return VerifyResult(tests, 0.0, "failed", exec_result=result)
+    report = json.loads(line[len(MARKER):])
+    tests = [TestResult(**t) for t in report["tests"]]
+    counted = [t for t in tests if t.status != "skipped"]
+    passed = sum(t.passed for t in counted)
+    frac = passed / len(counted) if counted else 0.0
+    value = frac if reward == "fraction" else float(bool(counted) and passed == len(counted))
+    status = "passed" if counted and passed == len(counted) else "failed"
+    return VerifyResult(tests, value, status, runner=report["runner"], exec_result=result)
+
+
+def _run_kwargs(sandbox: Any, payload: str, total_timeout: float) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"stdin": payload, "timeout": total_timeout + RUNNER_SLACK_S}
+    if isinstance(sandbox, DockerSandbox) or hasattr(sandbox, "workdir"):
+        kwargs["session"] = False  # never run a verifier inside the agent's Python session
+    return kwargs
+
+
+def _check_reward(reward: str) -> None:
+    if reward not in ("fraction", "all"):
+        raise ConfigError(f"reward must be 'fraction' or 'all', got {reward!r}")
+
+
+def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *,
+           sandbox: Any, per_test_timeout: float = 5.0, total_timeout: float = 30.0,
+           reward: RewardKind = "fraction") -> VerifyResult:
+    """Run ``tests`` against ``code`` in ``sandbox`` (a `Sandbox` or a `SandboxPool`).
+
+    Modes: ``assert`` — ``tests`` is a list of Python snippets, each run after ``code`` in a
+    fresh process (e.g. ``["assert add(1, 2) == 3"]``); ``stdio`` — ``code`` is a program,
+    ``tests`` a list of ``{"input", "output"}`` (output compared line by line, trailing
+    whitespace ignored); ``pytest`` — ``tests`` is a test module that imports from
+    ``solution``. Each test has ``per_test_timeout`` seconds, the whole sample
+    ``total_timeout``. The whole batch is one sandbox call.
+    """
+    _check_reward(reward)
+    payload = _payload(code, tests, mode, per_test_timeout, total_timeout)
+    if isinstance(sandbox, SandboxPool):
+        with sandbox.lease_sync() as sb:
+            result = sb.run(RUNNER_SOURCE, **_run_kwargs(sb, payload, total_timeout))
+    else:
+        result = sandbox.run(RUNNER_SOURCE, **_run_kwargs(sandbox, payload, total_timeout))
+    return _score(result, reward)
+
+
+async def averify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *,
+                  sandbox: Any, per_test_timeout: float = 5.0, total_timeout: float = 30.0,
+                  reward: RewardKind = "fraction") -> VerifyResult:
+    """Async twin of `verify`; with a pool, many samples verify in parallel."""
+    _check_reward(reward)
+    payload = _payload(code, tests, mode, per_test_timeout, total_timeout)
+    if isinstance(sandbox, SandboxPool):
+        async with sandbox.lease() as sb:
+            result = await sb.arun(RUNNER_SOURCE, **_run_kwargs(sb, payload, total_timeout))
+    else:
+        result = await sandbox.arun(RUNNER_SOURCE,
+                                    **_run_kwargs(sandbox, payload, total_timeout))
+    return _score(result, reward)

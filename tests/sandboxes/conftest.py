@@ -1,0 +1,78 @@
+"""Fixtures for the sandbox tests: a real Docker daemon, one shared warm pool, no leftovers.
+
+`require_docker()` skips a test when the daemon (or the image) is missing, and fails it
+instead when ``AGENTGYM_STRICT_DEPS=1`` (CI), so CI cannot go green by skipping.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+from agentgym.sandboxes import DEFAULT_IMAGE, SandboxPool
+from agentgym.sandboxes import _reap
+
+
+@functools.cache
+def _docker_problem() -> str | None:
+    try:
+        from agentgym.sandboxes._client import docker_client
+
+        client = docker_client(timeout=10)
+    except Exception as exc:
+        return f"Docker daemon unreachable: {exc}"
+    try:
+        client.images.get(DEFAULT_IMAGE)
+    except Exception:
+        return f"image {DEFAULT_IMAGE} missing: run `agentgym sandbox build`"
+    return None
+
+
+def require_docker() -> None:
+    """Skip (or, with AGENTGYM_STRICT_DEPS=1, fail) unless Docker and the image are ready."""
+    problem = _docker_problem()
+    if problem is None:
+        return
+    if os.environ.get("AGENTGYM_STRICT_DEPS") == "1":
+        pytest.fail(f"{problem} (AGENTGYM_STRICT_DEPS=1 forbids skipping)")
+    pytest.skip(problem)
+
+
+def docker_client():
+    from agentgym.sandboxes._client import docker_client as make
+
+    return make()
+
+
+def own_containers() -> list:
+    """Agentgym containers owned by this test process."""
+    return [c for c in _reap.managed_containers(docker_client())
+            if c.labels.get(_reap.OWNER) == str(os.getpid())]
+
+
+@pytest.fixture(scope="session")
+def pool():
+    """A shared warm pool for the whole session (tests lease from it)."""
+    require_docker()
+    p = SandboxPool(size=3, max_concurrent_creates=2).start()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def sb(pool):
+    """A leased sandbox; checks on the way out that the pool still serves working sandboxes."""
+    with pool.lease_sync(timeout=60) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_containers():
+    """After the suite, no agentgym container of this process may remain."""
+    yield
+    if _docker_problem() is not None:
+        return
+    left = own_containers()
+    assert not left, f"leaked containers: {[c.short_id for c in left]}"

@@ -1,0 +1,127 @@
+"""DockerSandbox on the real daemon: calls, sessions, timeouts, snapshots, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentgym.sandboxes import DockerSandbox, DockerSandboxConfig, ExecStatus
+
+pytestmark = pytest.mark.docker
+
+
+PS = ("import os\nfor p in os.listdir('/proc'):\n    try:\n"
+      "        print(open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ').strip())\n"
+      "    except OSError:\n        pass")
+
+
+def process_list(sb) -> str:
+    """Command lines of every process visible in the sandbox (procps is not in the image)."""
+    return sb.run(PS, session=False).stdout
+
+
+def test_run_exec_stdin_files(sb):
+    r = sb.run("import sys; print(open('d/in.txt').read() + sys.stdin.read())",
+               stdin="!", files={"d/in.txt": "hello"})
+    assert (r.status, r.stdout, r.exit_code) == (ExecStatus.OK, "hello!\n", 0)
+    r = sb.exec(["cat", "d/in.txt"])
+    assert r.stdout == "hello" and r.ok
+    r = sb.run("echo $HOME; id -u", language="bash")
+    assert r.stdout == "/work\n1000\n"
+
+
+def test_errors_and_exit_codes(sb):
+    r = sb.run("raise ValueError('boom')")
+    assert r.status is ExecStatus.ERROR and r.exit_code == 1
+    assert "ValueError: boom" in r.stderr and "_server" not in r.stderr
+    assert sb.run("import sys; sys.exit(3)").exit_code == 3
+    assert sb.exec(["sh", "-c", "exit 7"]).exit_code == 7
+    r = sb.exec(["no-such-binary"])
+    assert r.exit_code == 127 and "no-such-binary" in r.stderr
+
+
+def test_python_session_persists_and_rolls_back(sb):
+    assert sb.run("x = 41").ok
+    assert sb.run("x += 1").ok
+    assert sb.run("print(x)").stdout == "42\n"
+    r = sb.run("x = 0\nimport time\ntime.sleep(10)", timeout=0.5)
+    assert r.status is ExecStatus.TIMEOUT
+    assert sb.run("print(x)").stdout == "42\n", "a killed cell must roll the session back"
+    assert sb.run("print('x' in globals())", session=False).stdout == "False\n"
+
+
+def test_timeout_is_enforced_in_container(sb):
+    r = sb.run("import time; time.sleep(60)", timeout=1)
+    assert r.status is ExecStatus.TIMEOUT and r.exit_code == -9
+    assert 0.9 < r.duration < 3
+    assert "sleep(60)" not in process_list(sb)
+
+
+def test_async_twins(sb):
+    async def main():
+        a = await sb.arun("print('a')")
+        b = await sb.aexec(["echo", "b"])
+        return a.stdout + b.stdout
+
+    assert asyncio.run(main()) == "a\nb\n"
+
+
+def test_reset_clears_files_processes_and_session(sb):
+    sb.run("y = 1\nopen('keep.txt', 'w').write('x')\nopen('/tmp/t', 'w').write('x')")
+    sb.reset()
+    assert sb.exec(["ls", "-A", "/work", "/tmp"]).stdout.split() == ["/tmp:", "/work:"]
+    assert "NameError" in sb.run("y").stderr
+
+
+def test_hard_reset_restarts_server(sb):
+    sb.run("open('f', 'w').write('x')")
+    sb.reset(hard=True)
+    assert sb.exec(["ls", "-A"]).stdout == "" and sb.run("print(1)").stdout == "1\n"
+
+
+def test_snapshot_forks_state(pool):
+    with pool.lease_sync() as prepared:
+        prepared.run("import os; os.makedirs('repo'); open('repo/a.py', 'w').write('A = 1')")
+        snap = prepared.snapshot()
+    assert snap.size > 0
+    with pool.lease_sync(snapshot=snap) as s1, pool.lease_sync(snapshot=snap) as s2:
+        s1.run("open('repo/a.py', 'w').write('A = 2')")
+        assert s1.exec(["cat", "repo/a.py"]).stdout == "A = 2"
+        assert s2.exec(["cat", "repo/a.py"]).stdout == "A = 1"
+
+
+def test_snapshot_for_verifier_has_no_agent_processes(pool):
+    with pool.lease_sync() as agent:
+        agent.run("import subprocess; subprocess.Popen(['sleep', '100'], start_new_session=True)"
+                  "\nopen('answer.txt', 'w').write('42')", timeout=2)
+        final = agent.snapshot()
+        with pool.lease_sync(snapshot=final) as judge:
+            assert judge.exec(["cat", "answer.txt"]).stdout == "42"
+            assert "sleep 100" not in process_list(judge)
+        assert "sleep 100" not in process_list(agent), "a setsid child outlived its call"
+
+
+def test_container_removed_externally_is_infra_error():
+    with DockerSandbox(config=DockerSandboxConfig(host_grace_s=2)) as sb:
+        sb._client.containers.get(sb.container_id).remove(force=True)
+        r = sb.run("print(1)")
+        assert r.status is ExecStatus.SANDBOX_ERROR and r.infra_error
+        assert sb.needs_recycle
+        assert sb.run("print(1)").stdout == "1\n", "the sandbox replaced its container"
+
+
+def test_server_frozen_hits_host_deadline():
+    cfg = DockerSandboxConfig(host_grace_s=1)
+    with DockerSandbox(config=cfg) as sb:
+        pid = sb._channel.server_pid
+        r = sb.run(f"import os, signal; os.kill({pid}, signal.SIGSTOP)", timeout=1)
+        assert r.status is ExecStatus.TIMEOUT and "from outside" in r.stderr
+        assert sb.run("print(2)").stdout == "2\n"
+
+
+def test_missing_image_names_the_fix():
+    from agentgym._errors import SandboxError
+
+    with pytest.raises(SandboxError, match="agentgym sandbox build"):
+        DockerSandbox(image="agentgym-sandbox:does-not-exist").start()

@@ -1,0 +1,105 @@
+"""The ``agentgym`` console script, run for real in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentgym import read_jsonl
+
+AGENTGYM = Path(sys.executable).parent / "agentgym"
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
+    return subprocess.run(
+        [str(AGENTGYM), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
+
+
+LATE_CHECK = pytest.mark.xfail(
+    strict=True,
+    reason="BUG: eval checks -g/--concurrency only after the progress bar drew on stderr",
+)
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def test_console_script_installed() -> None:
+    assert AGENTGYM.exists(), f"no console script at {AGENTGYM}"
+
+
+def test_list_shows_calculator() -> None:
+    proc = run("list")
+    assert proc.returncode == 0, proc.stderr
+    assert "agentgym/Calculator-v0" in proc.stdout
+    assert "calculate" in proc.stdout and "100" in proc.stdout
+
+
+def test_check_calculator_passes() -> None:
+    proc = run("check", "calculator")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("gymnasium check_env", "tool schemas", "parser round trip", "reference episode"):
+        assert name in proc.stdout
+    assert "FAIL" not in proc.stdout and proc.stdout.count("pass") >= 4
+
+
+@pytest.mark.slow
+def test_eval_writes_trajectories_and_summary(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run("eval", "calculator", "-n", "5", "-g", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    trajectories = list(read_jsonl(out / "trajectories.jsonl"))
+    assert len(trajectories) == 10
+    assert [t.task_index for t in trajectories] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert all(t.status == "ok" for t in trajectories)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reward/mean"] == 1.0
+    assert summary["episodes"] == 10 and summary["status"]["ok"] == 10
+    assert summary["env"] == "agentgym/Calculator-v0" and summary["policy"] == "reference"
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json", "trajectories.jsonl"]
+    assert "reward/mean" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["eval", "calculater"], "Did you mean 'calculator'", id="eval-unknown-env"),
+        pytest.param(["check", "calculater"], "Did you mean 'calculator'", id="check-unknown-env"),
+        pytest.param(["eval", "calculator", "--env-arg", "bogus=1"], "bogus", id="unknown-env-arg"),
+        pytest.param(["eval", "calculator", "--env-arg", "novalue"], "key=value",
+                     id="malformed-env-arg"),
+        pytest.param(["eval", "calculator", "--policy", "openai"], "--model",
+                     id="openai-without-model"),
+        pytest.param(["eval", "calculator", "-n", "1", "-g", "0"], "group_size",
+                     marks=LATE_CHECK, id="zero-group-size"),
+        pytest.param(["eval", "calculator", "-n", "1", "--concurrency", "0"], "max_concurrency",
+                     marks=LATE_CHECK, id="zero-concurrency"),
+    ],
+)  # fmt: skip
+def test_user_errors_exit_2_with_one_line_and_write_nothing(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    proc = run(*args, "--out", str(out)) if args[0] == "eval" else run(*args)
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert message in line and line.startswith("error:")
+    assert not out.exists()
+
+
+def test_usage_error_exit_2(tmp_path: Path) -> None:
+    proc = run("eval", "calculator", "--group-size", "many", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "--group-size" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,248 @@
+"""`rollout`: group sampling, concurrency, per-episode failure isolation, summaries."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+import agentgym
+from agentgym import (
+    Completion,
+    ConfigError,
+    ModelError,
+    Rubric,
+    ScriptedPolicy,
+    ToolCall,
+    ToolEnv,
+    Trajectory,
+    Turn,
+    arollout,
+    get_parser,
+    rollout,
+    summarize,
+    tool,
+)
+
+TASKS = [{"prompt": f"task {i}", "answer": str(i)} for i in range(4)]
+WAIT = get_parser("hermes").render("", [ToolCall("wait", {})])
+
+
+@tool
+async def async_wait() -> str:
+    """Wait one second without blocking the loop."""
+    await asyncio.sleep(1)
+    return "waited"
+
+
+@tool
+def sync_wait() -> str:
+    """Wait one second in a worker thread."""
+    time.sleep(1)
+    return "waited"
+
+
+def says_answer(completion: str, answer: str) -> float:
+    return float(completion == answer)
+
+
+class WaitEnv(ToolEnv):
+    """One slow tool named ``wait``; tasks i answer ``str(i)``."""
+
+    def __init__(self, slow_tool=async_wait) -> None:
+        wait = agentgym.Tool(slow_tool.fn, "wait", "Wait.", slow_tool.parameters,
+                             is_async=slow_tool.is_async)  # fmt: skip
+        super().__init__([wait], tasks=TASKS, rubric=Rubric([says_answer]))
+
+
+def answer_after_wait(task: dict[str, Any]) -> list[str]:
+    return [WAIT, task["answer"]]
+
+
+def test_group_sampling_order_and_seeds() -> None:
+    trajectories = rollout(WaitEnv, ScriptedPolicy(["0"]), num_tasks=3, group_size=2, seed=10)
+    assert len(trajectories) == 6
+    assert [t.task_index for t in trajectories] == [0, 0, 1, 1, 2, 2]
+    assert [t.group_index for t in trajectories] == [0, 1] * 3
+    assert [t.task["prompt"] for t in trajectories] == [f"task {i // 2}" for i in range(6)]
+    assert len({t.seed for t in trajectories}) == 6
+    assert min(t.seed for t in trajectories) == 10
+    assert [t.final_reward for t in trajectories] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert all(t.env_id == "WaitEnv" for t in trajectories)
+
+
+def test_all_tasks_by_default_and_task_dicts() -> None:
+    assert len(rollout(WaitEnv, ScriptedPolicy(["x"]))) == len(TASKS)
+    custom = {"prompt": "custom", "answer": "c"}
+    [t] = rollout(WaitEnv, ScriptedPolicy(["c"]), tasks=[custom])
+    assert t.task == custom and t.task_index is None and t.final_reward == 1.0
+
+
+def test_registered_id_and_env_kwargs() -> None:
+    env = agentgym.make("calculator", num_tasks=2)
+    trajectories = rollout(
+        "calculator", ScriptedPolicy(env.reference_turns), group_size=2,
+        env_kwargs={"num_tasks": 2},
+    )  # fmt: skip
+    assert len(trajectories) == 4
+    assert all(t.status == "ok" and t.final_reward == 1.0 for t in trajectories)
+    assert all(
+        t.env_id == "calculator" and t.scores["used_calculator"] == 1.0 for t in trajectories
+    )
+
+
+def test_scripted_policy_callable_of_task() -> None:
+    trajectories = rollout(WaitEnv, ScriptedPolicy(lambda task: [task["answer"]]), num_tasks=4)
+    assert [t.final_reward for t in trajectories] == [1.0] * 4
+    assert [t.turns[0].text for t in trajectories] == ["0", "1", "2", "3"]
+
+
+def test_async_slow_tool_runs_concurrently() -> None:
+    start = time.perf_counter()
+    trajectories = rollout(WaitEnv, ScriptedPolicy(answer_after_wait), group_size=4)
+    wall = time.perf_counter() - start
+    assert len(trajectories) == 16
+    assert all(t.status == "ok" and t.final_reward == 1.0 for t in trajectories)
+    assert all(t.messages[3]["content"] == "waited" for t in trajectories)
+    assert wall < 3.0, f"16 one-second tools took {wall:.1f} s"
+
+
+def test_sync_slow_tool_runs_in_threads() -> None:
+    start = time.perf_counter()
+    trajectories = rollout(
+        lambda: WaitEnv(sync_wait), ScriptedPolicy(answer_after_wait), num_tasks=4, group_size=2
+    )
+    wall = time.perf_counter() - start
+    assert len(trajectories) == 8 and all(t.final_reward == 1.0 for t in trajectories)
+    assert wall < 4.0, f"8 one-second sync tools took {wall:.1f} s"
+
+
+def test_max_concurrency_one_serializes() -> None:
+    start = time.perf_counter()
+    trajectories = rollout(
+        WaitEnv, ScriptedPolicy(answer_after_wait), num_tasks=3, max_concurrency=1
+    )
+    wall = time.perf_counter() - start
+    assert [t.status for t in trajectories] == ["ok"] * 3
+    assert wall >= 2.9, f"3 serialized one-second tools took only {wall:.1f} s"
+
+
+class FlakyEnv(WaitEnv):
+    """Raises in ``areset`` on task 1 and in ``astep`` on task 2."""
+
+    async def areset(self, *, seed=None, options=None):
+        if (options or {}).get("task") == 1:
+            raise RuntimeError("reset exploded")
+        return await super().areset(seed=seed, options=options)
+
+    async def astep(self, action):
+        if self.state.task_index == 2:
+            raise KeyError("step exploded")
+        return await super().astep(action)
+
+
+def test_env_failure_marks_only_that_episode() -> None:
+    trajectories = rollout(FlakyEnv, ScriptedPolicy(lambda task: [task["answer"]]))
+    assert [t.status for t in trajectories] == ["ok", "error", "error", "ok"]
+    assert (
+        "Traceback" in trajectories[1].error
+        and "RuntimeError: reset exploded" in trajectories[1].error
+    )
+    assert "KeyError: 'step exploded'" in trajectories[2].error
+    assert trajectories[0].error is None and trajectories[3].error is None
+    assert [trajectories[i].final_reward for i in (0, 3)] == [1.0, 1.0]
+
+
+class FailingPolicy:
+    """Fails for the task whose answer is "1"; answers correctly otherwise."""
+
+    async def generate(self, messages, tools, *, max_tokens=None, task=None) -> Completion:
+        if task["answer"] == "1":
+            raise ModelError("server answered 503")
+        return Completion(text=task["answer"])
+
+
+def test_model_error_is_infra_error() -> None:
+    trajectories = rollout(WaitEnv, FailingPolicy(), num_tasks=3)
+    assert [t.status for t in trajectories] == ["ok", "infra_error", "ok"]
+    assert "ModelError: server answered 503" in trajectories[1].error
+    assert trajectories[1].final_reward is None
+
+
+def test_policy_gets_tool_schemas_and_max_tokens() -> None:
+    seen: list[tuple] = []
+
+    class Recorder:
+        async def generate(self, messages, tools, *, max_tokens=None, task=None):
+            seen.append(
+                ([t["function"]["name"] for t in tools], max_tokens, messages[-1]["content"])
+            )
+            return Completion(text="0", completion_ids=[5, 6], prompt_ids=[1])
+
+    [t] = rollout(WaitEnv, Recorder(), num_tasks=1, max_tokens_per_turn=17)
+    assert seen == [(["wait"], 17, "task 0")]
+    assert t.turns[0].completion_ids == [5, 6] and t.turns[0].completion_mask == [1, 1]
+
+
+def test_truncated_status() -> None:
+    [t] = rollout(WaitEnv, ScriptedPolicy(["<tool_call>bad</tool_call>"] * 10), num_tasks=1)
+    assert t.status == "truncated" and len(t.turns) == 8 and t.final_reward == 0.0
+
+
+def test_on_episode_called_once_per_episode() -> None:
+    seen: list[Trajectory] = []
+    trajectories = rollout(
+        WaitEnv, ScriptedPolicy(["0"]), num_tasks=2, group_size=3, on_episode=seen.append
+    )
+    assert len(seen) == 6
+    assert sorted(map(id, seen)) == sorted(map(id, trajectories))
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"group_size": 0}, {"max_concurrency": 0}, {"env_kwargs": {"bogus": 1}}]
+)
+def test_bad_rollout_arguments_raise(kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        rollout("calculator", ScriptedPolicy([]), num_tasks=1, **kwargs)
+
+
+def test_unknown_env_id_raises_before_running() -> None:
+    with pytest.raises(agentgym.UnknownEnvError):
+        rollout("calculater", ScriptedPolicy([]))
+
+
+async def test_rollout_inside_event_loop_points_to_arollout() -> None:
+    with pytest.raises(ConfigError, match="arollout"):
+        rollout(WaitEnv, ScriptedPolicy(["0"]), num_tasks=1)
+    [t] = await arollout(WaitEnv, ScriptedPolicy(["0"]), num_tasks=1)
+    assert t.final_reward == 1.0
+
+
+def _traj(status: str, final: float | None, step: float = 0.0, **scores: float) -> Trajectory:
+    return Trajectory(
+        env_id="x", status=status, final_reward=final, turns=[Turn(reward=step, tool_errors=["e"])],
+        scores=dict(scores),
+    )  # fmt: skip
+
+
+def test_summarize_counts_and_excludes_failed_episodes() -> None:
+    trajectories = [
+        _traj("ok", 1.0, correct=1.0),
+        _traj("truncated", 0.0, step=0.5, correct=0.0),
+        _traj("error", 100.0, correct=1.0),
+        _traj("infra_error", None),
+    ]
+    summary = summarize(trajectories, wall_seconds=2.0)
+    assert summary["episodes"] == 4
+    assert summary["status"] == {"ok": 1, "truncated": 1, "error": 1, "infra_error": 1}
+    assert summary["reward/mean"] == pytest.approx(0.75)  # (1.0 + 0.5) / 2
+    assert summary["scores/correct"] == pytest.approx(0.5)
+    assert summary["tools/errors"] == 4
+    assert summary["time/episodes_per_second"] == 2.0
+
+
+def test_summarize_with_no_scored_episode() -> None:
+    summary = summarize([_traj("error", None)])
+    assert summary["reward/mean"] is None and summary["status"]["ok"] == 0

@@ -1,0 +1,164 @@
+"""agentgym.tiny: deterministic tiny models, the byte tokenizer and its chat template."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from conftest import require
+
+from agentgym._errors import ConfigError
+from agentgym.parsers import ToolCall, get_parser
+
+SMALL = {"hidden_size": 64, "num_heads": 1, "num_kv_heads": 1, "num_layers": 1}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculate",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+CALLS = [
+    ToolCall("calculate", {"expression": "37 * 48"}),
+    ToolCall("calculate", {"expression": "1+1"}),
+]
+CONVERSATION = [
+    {"role": "system", "content": "Solve it."},
+    {"role": "user", "content": "What is 37 * 48?"},
+    {
+        "role": "assistant",
+        "content": "Let me compute.",
+        "tool_calls": [
+            # OpenAI wire format (arguments a JSON string) and a dict: both render the same.
+            CALLS[0].to_openai(),
+            {
+                "type": "function",
+                "function": {"name": "calculate", "arguments": {"expression": "1+1"}},
+            },
+        ],
+    },
+    {"role": "tool", "content": "1776"},
+    {"role": "tool", "content": "2"},
+    {"role": "assistant", "content": "The answer is 1776."},
+]
+
+
+def _weights_hash(path) -> str:
+    from safetensors.torch import load_file
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(load_file(path / "model.safetensors").items()):
+        digest.update(name.encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    require("transformers")
+    from transformers import AutoTokenizer
+
+    from agentgym.tiny import build_tokenizer
+
+    return AutoTokenizer.from_pretrained(build_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def test_same_seed_same_weights_other_seed_other_weights(tmp_path) -> None:
+    require("torch")
+    from agentgym.tiny import build_tiny_model
+
+    a = build_tiny_model(tmp_path / "a", seed=3, **SMALL)
+    b = build_tiny_model(tmp_path / "b", seed=3, **SMALL)
+    c = build_tiny_model(tmp_path / "c", seed=4, **SMALL)
+    assert _weights_hash(a) == _weights_hash(b) != _weights_hash(c)
+
+
+def test_cache_is_keyed_by_config_and_reused(tmp_path, monkeypatch) -> None:
+    require("torch")
+    from agentgym.tiny import build_tiny_model
+
+    monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path))
+    first = build_tiny_model(**SMALL)
+    assert first.parent == tmp_path / "tiny"
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny_model(**SMALL) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert build_tiny_model(seed=1, **SMALL) != first
+    config = json.loads((first / "config.json").read_text())
+    assert config["head_dim"] == 64 and config["vocab_size"] == 261
+
+
+def test_bad_shape_is_a_config_error() -> None:
+    from agentgym.tiny import build_tiny_model
+
+    with pytest.raises(ConfigError, match="head_dim >= 32"):
+        build_tiny_model(hidden_size=64, num_heads=4)
+
+
+def test_tokenizer_round_trip_one_token_per_byte(tokenizer) -> None:
+    text = "Voilà: 37 * 48 = 1776 ✓ <tool_call>{}</tool_call>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    digits = tokenizer.encode("0123456789", add_special_tokens=False)
+    assert digits == list(b"0123456789")  # byte ids: every digit is its own token
+    assert len(tokenizer.encode("é", add_special_tokens=False)) == 2  # two UTF-8 bytes
+    for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>"):
+        assert len(tokenizer.encode(special, add_special_tokens=False)) == 1, special
+    assert tokenizer.eos_token == "<|im_end|>"
+    # Tool-call tags survive skip_special_tokens (as in Qwen2.5); chat markers do not.
+    kept = tokenizer.decode(
+        tokenizer.encode("<|im_start|>a<tool_call>b<|im_end|>"), skip_special_tokens=True
+    )
+    assert kept == "a<tool_call>b"
+
+
+def test_chat_template_renders_tools_calls_and_results(tokenizer) -> None:
+    text = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+    assert text.startswith("<|im_start|>system\nSolve it.\n\n# Tools\n")
+    assert json.dumps(TOOLS[0]) in text
+    hermes = get_parser("hermes")
+    assert (
+        "<|im_start|>assistant\n" + hermes.render("Let me compute.", CALLS) + "<|im_end|>\n" in text
+    )
+    assert (
+        "<|im_start|>user\n<tool_response>\n1776\n</tool_response>\n"
+        "<tool_response>\n2\n</tool_response><|im_end|>\n"
+    ) in text
+    assert text.endswith("<|im_start|>assistant\nThe answer is 1776.<|im_end|>\n")
+    assert "# Tools" not in tokenizer.apply_chat_template(CONVERSATION, tokenize=False)
+
+
+def test_chat_template_history_is_a_prefix(tokenizer) -> None:
+    """Prompt + the assistant's text + <|im_end|> is exactly how the next prompt starts."""
+    prompt = tokenizer.apply_chat_template(
+        CONVERSATION[:2], tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
+    assert prompt.endswith("<|im_start|>assistant\n")
+    completion = get_parser("hermes").render("Let me compute.", CALLS)
+    later = tokenizer.apply_chat_template(CONVERSATION[:4], tools=TOOLS, tokenize=False)
+    assert later.startswith(prompt + completion + "<|im_end|>\n")
+
+
+def test_transformers_loads_and_generates(tiny_model_dir, tokenizer) -> None:
+    torch = require("torch")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    prompt = tokenizer.apply_chat_template(
+        CONVERSATION[:2], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        out = model.generate(**prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        again = model.generate(**prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    n = prompt["input_ids"].shape[1]
+    assert out.shape == (1, n + 8)
+    assert torch.equal(out, again)
+    assert int(out[0, n:].max()) < len(tokenizer)  # no ids beyond the tokenizer

@@ -1,0 +1,331 @@
+"""`ToolEnv`: bad model input becomes tool messages, the loop, stop conditions, options, rubric."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from agentgym import (
+    Completion,
+    ConfigError,
+    Rubric,
+    SandboxError,
+    ScriptedPolicy,
+    ToolCall,
+    ToolEnv,
+    get_parser,
+    rollout,
+    tool,
+)
+
+HERMES = get_parser("hermes")
+TASKS = [{"prompt": "What is 2 + 3?", "answer": "5"}, {"prompt": "What is 4 + 4?", "answer": "8"}]
+
+
+def call(name: str, **arguments: Any) -> str:
+    return HERMES.render("", [ToolCall(name, arguments)])
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: first.
+        b: second.
+    """
+    return a + b
+
+
+@tool
+def boom() -> str:
+    """Always fails."""
+    raise ValueError("kaboom")
+
+
+@tool(timeout=0.1)
+async def hang() -> str:
+    """Never finishes in time."""
+    await asyncio.wait_for(asyncio.Event().wait(), 5)
+    return "late"
+
+
+@tool
+def whoami(task: dict, state: Any) -> str:
+    """Report the injected task."""
+    return f"{task['answer']}@{state.turn}"
+
+
+@tool
+def infra() -> str:
+    """The sandbox died."""
+    raise SandboxError("container died")
+
+
+def says_answer(completion: str, answer: str) -> float:
+    return float(answer in completion)
+
+
+def make_env(**kwargs: Any) -> ToolEnv:
+    kwargs.setdefault("tasks", TASKS)
+    kwargs.setdefault("rubric", Rubric([says_answer]))
+    return ToolEnv([add, boom, hang, whoami, infra], **kwargs)
+
+
+@pytest.fixture
+def env() -> ToolEnv:
+    env = make_env()
+    env.reset(seed=0, options={"task": 0})
+    yield env
+    env.close()
+
+
+BAD_INPUTS = {
+    "malformed": ("<tool_call>{not json</tool_call>", "malformed"),
+    "unknown-tool": (call("subtract", a=1, b=2), "unknown tool 'subtract'"),
+    "bad-arguments": (call("add", a="two", b=3), "invalid arguments for 'add': a:"),
+    "tool-raises": (call("boom"), "ValueError: kaboom"),
+    "tool-times-out": (call("hang"), "timed out after 0.1 s"),
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_goes_back_to_model(env: ToolEnv, text: str, expected: str) -> None:
+    obs, reward, terminated, truncated, info = env.step(text)
+    assert not terminated and not truncated
+    assert reward == 0.0
+    assert len(info["tool_errors"]) == 1 and expected in info["tool_errors"][0]
+    assert [m["role"] for m in obs] == ["assistant", "tool"]
+    assert obs[-1]["content"].startswith("Error:") and expected in obs[-1]["content"]
+    assert env.state.tool_errors == 1
+    # the episode goes on: the model can still call a tool and then answer
+    obs, _, terminated, _, info = env.step(call("add", a=2, b=3))
+    assert obs[-1]["content"] == "5" and info["tool_errors"] == [] and not terminated
+    _, reward, terminated, _, info = env.step("It is 5.")
+    assert terminated and reward == 1.0 and info["final_reward"] == 1.0
+
+
+def test_unknown_tool_message_lists_available_tools(env: ToolEnv) -> None:
+    obs, *_ = env.step(call("subtract"))
+    assert "available tools: add, boom, hang, whoami, infra" in obs[-1]["content"]
+
+
+@pytest.mark.parametrize(("text", "expected"), BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_recorded_in_trajectory(text: str, expected: str) -> None:
+    policy = ScriptedPolicy([text, "The answer is 5."])
+    [trajectory] = rollout(make_env, policy, tasks=[0])
+    assert trajectory.status == "ok", trajectory.error
+    assert len(trajectory.turns) == 2
+    assert len(trajectory.turns[0].tool_errors) == 1
+    assert expected in trajectory.turns[0].tool_errors[0]
+    assert trajectory.turns[1].tool_errors == []
+    assert trajectory.final_reward == 1.0
+    tool_messages = [m for m in trajectory.messages if m["role"] == "tool"]
+    assert len(tool_messages) == 1 and expected in tool_messages[0]["content"]
+
+
+def test_infra_error_from_tool_propagates(env: ToolEnv) -> None:
+    with pytest.raises(SandboxError, match="container died"):
+        env.step(call("infra"))
+    [trajectory] = rollout(make_env, ScriptedPolicy([call("infra")]), tasks=[0])
+    assert trajectory.status == "infra_error"
+    assert "SandboxError: container died" in trajectory.error
+
+
+def test_observations_add_up_to_messages() -> None:
+    env = make_env()
+    obs, info = env.reset(seed=1, options={"task": 1})
+    assert info["task_index"] == 1
+    for action in [call("add", a=4, b=4), "<tool_call>oops</tool_call>", "8"]:
+        new, *_ = env.step(action)
+        obs += new
+    assert obs == env.messages
+    roles = [m["role"] for m in obs]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+
+
+def test_observations_are_copies(env: ToolEnv) -> None:
+    before = json.dumps(env.messages)
+    obs, *_ = env.step(call("add", a=1, b=1))
+    obs[0]["content"] = "tampered"
+    obs[0]["tool_calls"][0]["function"]["name"] = "tampered"
+    obs.append({"role": "user", "content": "extra"})
+    assert "tampered" not in json.dumps(env.messages)
+    assert len(env.messages) == len(json.loads(before)) + 2
+
+
+def test_reset_observation_and_info_are_copies() -> None:
+    env = make_env()
+    obs, info = env.reset(options={"task": 0})
+    obs[1]["content"] = "tampered"
+    info["task"]["answer"] = "tampered"
+    assert env.messages[1]["content"] == TASKS[0]["prompt"]
+    assert env.state.task["answer"] == "5" and TASKS[0]["answer"] == "5"
+
+
+def test_injected_task_and_state_reach_tools(env: ToolEnv) -> None:
+    obs, *_ = env.step(call("whoami"))
+    assert obs[-1]["content"] == "5@1"
+
+
+def test_max_turns_truncates_with_final_reward() -> None:
+    env = make_env(max_turns=2)
+    env.reset(options={"task": 0})
+    *_, terminated, truncated, info = env.step(call("add", a=2, b=3))
+    assert not terminated and not truncated and "final_reward" not in info
+    _, reward, terminated, truncated, info = env.step(call("add", a=2, b=3))
+    assert truncated and not terminated
+    assert info["final_reward"] == 0.0 and info["scores"] == {"says_answer": 0.0}
+    with pytest.raises(ConfigError, match="reset"):
+        env.step("more")
+
+
+def test_max_tokens_budget_with_completions() -> None:
+    env = make_env(max_tokens=5)
+    env.reset(options={"task": 0})
+    turn = Completion(text=call("add", a=2, b=3), completion_ids=[1, 2, 3])
+    *_, terminated, truncated, _ = env.step(turn)
+    assert not terminated and not truncated and env.state.completion_tokens == 3
+    *_, terminated, truncated, info = env.step(turn)
+    assert truncated and not terminated and "final_reward" in info
+
+
+def test_raw_text_actions_do_not_spend_token_budget() -> None:
+    env = make_env(max_tokens=1)
+    env.reset(options={"task": 0})
+    *_, truncated, _ = env.step(call("add", a=2, b=3))
+    assert not truncated and env.state.completion_tokens == 0
+
+
+def test_custom_stop_condition_terminates() -> None:
+    env = make_env(stop_conditions=[lambda state, messages: state.tool_calls >= 2])
+    env.reset(options={"task": 0})
+    assert env.step(call("add", a=1, b=1))[2] is False
+    _, _, terminated, truncated, info = env.step(call("add", a=2, b=3))
+    assert terminated and not truncated and "final_reward" in info
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"task": 2}, {"task": -1}, {"task": "0"}, {"task": 0.0}, {"bogus": 1}],
+)
+def test_bad_reset_options_raise(options: dict) -> None:
+    with pytest.raises(ConfigError):
+        make_env().reset(options=options)
+
+
+def test_task_option_index_and_dict() -> None:
+    env = make_env()
+    _, info = env.reset(options={"task": 1})
+    assert info == {"task_index": 1, "task": TASKS[1]}
+    custom = {"prompt": "What is 1 + 1?", "answer": "2"}
+    obs, info = env.reset(options={"task": custom})
+    assert info == {"task_index": None, "task": custom}
+    assert obs[-1] == {"role": "user", "content": "What is 1 + 1?"}
+
+
+def test_env_without_tasks_needs_task_option() -> None:
+    env = ToolEnv([add])
+    with pytest.raises(ConfigError, match="no tasks"):
+        env.reset()
+    obs, _ = env.reset(options={"task": {"prompt": "hi"}})
+    assert obs[-1]["content"] == "hi"
+
+
+def test_step_before_reset_raises() -> None:
+    with pytest.raises(ConfigError, match="reset"):
+        make_env().step("hello")
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_turns": 0}, {"max_tokens": 0}, {"parser": "nope"}, {"tools": [add, add]}]
+)
+def test_bad_constructor_options_raise(kwargs: dict) -> None:
+    tools = kwargs.pop("tools", [add])
+    with pytest.raises(ConfigError):
+        ToolEnv(tools, **kwargs)
+
+
+def test_parsed_assistant_dict_with_json_string_arguments(env: ToolEnv) -> None:
+    message = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "abc", "type": "function",
+             "function": {"name": "add", "arguments": json.dumps({"a": 1, "b": 2})}},
+        ],
+    }  # fmt: skip
+    obs, _, terminated, _, info = env.step(message)
+    assert not terminated and info["tool_errors"] == []
+    assert obs[-1] == {"role": "tool", "tool_call_id": "abc", "name": "add", "content": "3"}
+
+
+def test_parsed_assistant_dict_with_malformed_arguments(env: ToolEnv) -> None:
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "x", "function": {"name": "add", "arguments": "{a: 1"}}],
+    }
+    obs, _, terminated, truncated, info = env.step(message)
+    assert not terminated and not truncated
+    assert (
+        len(info["tool_errors"]) == 1 and "malformed arguments for 'add'" in info["tool_errors"][0]
+    )
+    assert obs[-1]["role"] == "tool" and obs[-1]["content"].startswith("Error:")
+
+
+def test_unsupported_action_type_raises(env: ToolEnv) -> None:
+    with pytest.raises(ConfigError, match="action"):
+        env.step(42)
+
+
+def _ran_tool(state: Any) -> float:
+    return float(state.tool_calls > 0)
+
+
+async def _async_answer(completion: str, answer: str) -> float:
+    await asyncio.sleep(0)
+    return float(answer in completion)
+
+
+def _broken_reward(completion: str) -> float:
+    raise RuntimeError("reward bug")
+
+
+def test_rubric_weights_metrics_and_async() -> None:
+    rubric = Rubric([says_answer, _async_answer, _ran_tool], weights=[2.0, 0.5, 0.0])
+    env = make_env(rubric=rubric)
+    env.reset(options={"task": 0})
+    env.step(call("add", a=2, b=3))
+    _, reward, terminated, _, info = env.step("5")
+    assert terminated
+    assert info["scores"] == {"says_answer": 1.0, "_async_answer": 1.0, "_ran_tool": 1.0}
+    assert info["final_reward"] == reward == 2.5  # the weight-0 metric is logged, not added
+    assert info["reward_errors"] == {}
+
+
+def test_raising_reward_function_is_recorded() -> None:
+    env = make_env(rubric=Rubric([says_answer, _broken_reward]))
+    env.reset(options={"task": 0})
+    *_, info = env.step("5")
+    assert info["scores"] == {"says_answer": 1.0, "_broken_reward": None}
+    assert "RuntimeError: reward bug" in info["reward_errors"]["_broken_reward"]
+    [trajectory] = rollout(
+        lambda: make_env(rubric=Rubric([says_answer, _broken_reward])),
+        ScriptedPolicy(["5"]),
+        tasks=[0],
+    )
+    assert trajectory.status == "error"
+    assert "Traceback" in trajectory.error and "RuntimeError: reward bug" in trajectory.error
+    assert trajectory.scores["_broken_reward"] is None
+
+
+@pytest.mark.parametrize(
+    ("funcs", "weights"), [([says_answer], [1.0, 2.0]), ([lambda nope: 0.0], None)]
+)
+def test_bad_rubric_raises(funcs: list, weights: list | None) -> None:
+    with pytest.raises(ConfigError):
+        Rubric(funcs, weights)
