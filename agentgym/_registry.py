@@ -118,7 +118,12 @@ def make(id: str, **kwargs: Any) -> Env:
     factory = _load_entry_point(spec.entry_point)
     merged = {**(spec.kwargs or {}), **kwargs}
     _check_kwargs(spec.id, factory, merged)
-    env = factory(**merged)
+    try:
+        env = factory(**merged)
+    except TypeError as exc:  # e.g. an option the env already sets for its base class
+        if "keyword argument" not in str(exc):
+            raise
+        raise ConfigError(f"{spec.id}: {exc}; drop that option") from exc
     env.spec = spec
     return env
 

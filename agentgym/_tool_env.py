@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -204,7 +205,7 @@ class ToolEnv(Env):
             )
         choice = options.get("task")
         if isinstance(choice, dict):
-            return choice, None
+            return json_copy(choice), None
         if not len(self.tasks):
             raise ConfigError(
                 f"{type(self).__name__} has no tasks; "
@@ -212,7 +213,13 @@ class ToolEnv(Env):
             )
         if choice is None:
             choice = int(self.np_random.integers(len(self.tasks)))
-        if not isinstance(choice, int) or not 0 <= choice < len(self.tasks):
+        if isinstance(choice, numbers.Integral) and not isinstance(choice, bool):
+            choice = int(choice)
+        if (
+            not isinstance(choice, int)
+            or isinstance(choice, bool)
+            or not 0 <= choice < len(self.tasks)
+        ):
             raise ConfigError(
                 "options['task'] must be a task dict or an index in "
                 f"[0, {len(self.tasks)}), got {choice!r}"

@@ -50,8 +50,13 @@ def type_to_schema(annotation: Any) -> dict[str, Any]:
         return {"enum": list(args)}
     if origin in (Union, types.UnionType):
         non_null = [a for a in args if a is not type(None)]
-        if len(non_null) == 1:  # Optional[T]: nullability is carried by `required`
-            return type_to_schema(non_null[0])
+        if len(non_null) == 1:  # Optional[T]: T or an explicit null
+            inner = type_to_schema(non_null[0])
+            if isinstance(inner.get("type"), str):
+                return {**inner, "type": [inner["type"], "null"]}
+            if "enum" in inner:
+                return {**inner, "enum": [*inner["enum"], None]}
+            return {"anyOf": [inner, {"type": "null"}]}
         return {"anyOf": [type_to_schema(a) for a in args]}
     if origin in (list, tuple, set, frozenset, typing.Sequence, typing.Iterable):
         schema: dict[str, Any] = {"type": "array"}
@@ -89,6 +94,7 @@ class Tool:
     injected: frozenset[str] = frozenset()
     timeout: float | None = 30.0
     is_async: bool = False
+    converters: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     _validator: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -125,17 +131,24 @@ class Tool:
     ) -> Any:
         """Validate, inject and run; raise a `ToolError` subclass on any failure."""
         self.validate(arguments)
-        kwargs = dict(arguments)
+        kwargs = {
+            k: (self.converters[k](v) if k in self.converters and v is not None else v)
+            for k, v in arguments.items()
+        }
         for name in self.injected:
             kwargs[name] = (context or {}).get(name)
+        if self.is_async:
+            call: Awaitable[Any] = self.fn(**kwargs)
+        else:
+            call = asyncio.to_thread(self.fn, **kwargs)
+        running = asyncio.ensure_future(call)
+        # asyncio.wait (not wait_for) so a TimeoutError the tool raises itself stays its own
+        done, _ = await asyncio.wait({running}, timeout=self.timeout)
+        if not done:
+            running.cancel()
+            raise ToolTimeoutError(f"{self.name!r} timed out after {self.timeout:g} s")
         try:
-            if self.is_async:
-                call: Awaitable[Any] = self.fn(**kwargs)
-            else:
-                call = asyncio.to_thread(self.fn, **kwargs)
-            return await asyncio.wait_for(call, self.timeout)
-        except asyncio.TimeoutError as exc:
-            raise ToolTimeoutError(f"{self.name!r} timed out after {self.timeout:g} s") from exc
+            return running.result()
         except (ToolError, InfraError):
             raise
         except Exception as exc:
@@ -151,10 +164,17 @@ def _build_tool(
 ) -> Tool:
     doc = docstring_parser.parse(inspect.getdoc(fn) or "")
     param_docs = {p.arg_name: p.description for p in doc.params}
-    hints = typing.get_type_hints(fn, include_extras=True)
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except NameError as exc:
+        raise ConfigError(
+            f"tool {fn.__name__!r}: cannot resolve its type hints ({exc}); "
+            "define the types at module level"
+        ) from exc
     properties: dict[str, Any] = {}
     required: list[str] = []
     injected: set[str] = set()
+    converters: dict[str, Callable[[Any], Any]] = {}
     for pname, param in inspect.signature(fn).parameters.items():
         if pname in INJECTABLE:
             injected.add(pname)
@@ -170,9 +190,13 @@ def _build_tool(
         prop = type_to_schema(hints[pname])
         if param_docs.get(pname):
             prop["description"] = param_docs[pname]
+        enum_type = _enum_type(hints[pname])
+        if enum_type is not None:
+            converters[pname] = enum_type
         if param.default is not inspect.Parameter.empty:
             if param.default is not None:
-                prop["default"] = param.default
+                default = param.default
+                prop["default"] = default.value if isinstance(default, enum.Enum) else default
         else:
             required.append(pname)
         properties[pname] = prop
@@ -191,7 +215,14 @@ def _build_tool(
         injected=frozenset(injected),
         timeout=timeout,
         is_async=inspect.iscoroutinefunction(fn),
+        converters=converters,
     )
+
+
+def _enum_type(annotation: Any) -> type[enum.Enum] | None:
+    """The Enum class behind ``E`` or ``Optional[E]``, so arguments arrive as members."""
+    candidates = [annotation, *get_args(annotation)]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, enum.Enum)), None)
 
 
 @typing.overload

@@ -120,11 +120,14 @@ def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     count = 0
-    with tmp.open("w", encoding="utf-8") as f:
-        for trajectory in trajectories:
-            f.write(json.dumps(trajectory.to_dict(), ensure_ascii=False, default=str) + "\n")
-            count += 1
-    tmp.replace(path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            for trajectory in trajectories:
+                f.write(json.dumps(trajectory.to_dict(), ensure_ascii=False, default=str) + "\n")
+                count += 1
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return count
 
 

@@ -101,10 +101,12 @@ def evaluate(
     ] = None,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (openai policy).")] = 1.0,
     num_tasks: Annotated[
-        int | None, typer.Option("--num-tasks", "-n", help="First N tasks; all if omitted.")
+        int | None, typer.Option("--num-tasks", "-n", min=1, help="First N tasks; all if omitted.")
     ] = None,
-    group_size: Annotated[int, typer.Option("--group-size", "-g", help="Episodes per task.")] = 1,
-    concurrency: Annotated[int, typer.Option(help="Episodes in flight at once.")] = 32,
+    group_size: Annotated[
+        int, typer.Option("--group-size", "-g", min=1, help="Episodes per task.")
+    ] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes in flight at once.")] = 32,
     max_tokens: Annotated[int | None, typer.Option(help="Max new tokens per turn.")] = None,
     seed: Annotated[int, typer.Option(help="Base seed of the episodes.")] = 0,
     out: Annotated[
@@ -191,16 +193,15 @@ _mount_sandbox_commands()
 
 
 def main() -> None:
-    """Entry point: turn agentgym's user errors into one line and exit code 2."""
+    """Entry point: user errors become one line on stderr and exit code 2."""
     try:
         app(standalone_mode=False)
-    except ConfigError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except (ConfigError, typer.TyperException) as exc:  # typer's usage errors derive from it
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if message:  # empty when typer already printed the help (no arguments given)
+            console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except (typer.Exit, SystemExit) as exc:
-        sys.exit(getattr(exc, "exit_code", getattr(exc, "code", 0)))
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        if hasattr(exc, "show"):
-            exc.show()
-            sys.exit(2)
-        raise

@@ -104,16 +104,22 @@ class DockerSandbox(SandboxBase):
         loosened = cfg.loosened()
         if loosened:
             log.warning("sandbox hardening loosened explicitly: %s", ", ".join(loosened))
-        try:
-            self._container = self._client.containers.run(
-                self.image, KEEPER_CMD, detach=True, **container_options(cfg, self._labels))
+        docker = import_docker()
+        try:  # create + start, not run: run would try to pull a missing image
+            container = self._client.containers.create(
+                self.image, KEEPER_CMD, **container_options(cfg, self._labels))
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxError(f"image {self.image!r} not found: build it with "
+                               "`agentgym sandbox build`") from exc
         except Exception as exc:
-            hint = ""
-            if "No such image" in str(exc) or "not found" in str(exc).lower():
-                hint = " (build it: agentgym sandbox build)"
-            raise SandboxError(f"cannot start a container from {self.image!r}{hint}: "
-                               f"{exc}") from exc
+            raise SandboxError(f"cannot create a container from {self.image!r}: {exc}") from exc
+        self._container = container
         _reap.track(self)
+        try:
+            container.start()
+        except Exception as exc:
+            self.close()
+            raise SandboxError(f"cannot start a container from {self.image!r}: {exc}") from exc
 
     def _open_server(self, wipe: bool) -> None:
         cfg = self.config

@@ -34,9 +34,8 @@ def test_template_prefix_fails_when_history_is_rewritten(tiny_model_dir):
     transformers = require("transformers")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
     tokenizer.chat_template = HISTORY_REWRITING_TEMPLATE
-    result = next(
-        r for r in agentgym.check("calculator", tokenizer=tokenizer) if r.name == "chat template prefix"
-    )
+    results = agentgym.check("calculator", tokenizer=tokenizer)
+    result = next(r for r in results if r.name == "chat template prefix")
     assert not result.passed
     assert "rewrites history" in result.detail
 
@@ -44,7 +43,8 @@ def test_template_prefix_fails_when_history_is_rewritten(tiny_model_dir):
 def test_check_reports_a_broken_reference_solution():
     class BrokenReference(agentgym.ToolEnv):
         def __init__(self):
-            super().__init__(tasks=[{"prompt": "hi", "answer": "1"}], rubric=agentgym.Rubric([score]))
+            tasks = [{"prompt": "hi", "answer": "1"}]
+            super().__init__(tasks=tasks, rubric=agentgym.Rubric([score]))
 
         def reference_turns(self, task):
             return ["wrong"]
@@ -53,6 +53,7 @@ def test_check_reports_a_broken_reference_solution():
         return float(completion == answer)
 
     agentgym.register("tests/BrokenReference-v0", BrokenReference)
-    result = next(r for r in agentgym.check("tests/BrokenReference-v0") if r.name == "reference episode")
+    results = agentgym.check("tests/BrokenReference-v0")
+    result = next(r for r in results if r.name == "reference episode")
     assert not result.passed
     assert "reward 0.0" in result.detail

@@ -22,12 +22,6 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
     )
 
 
-LATE_CHECK = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: eval checks -g/--concurrency only after the progress bar drew on stderr",
-)
-
-
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
@@ -81,10 +75,10 @@ def test_eval_writes_trajectories_and_summary(tmp_path: Path) -> None:
                      id="malformed-env-arg"),
         pytest.param(["eval", "calculator", "--policy", "openai"], "--model",
                      id="openai-without-model"),
-        pytest.param(["eval", "calculator", "-n", "1", "-g", "0"], "group_size",
-                     marks=LATE_CHECK, id="zero-group-size"),
-        pytest.param(["eval", "calculator", "-n", "1", "--concurrency", "0"], "max_concurrency",
-                     marks=LATE_CHECK, id="zero-concurrency"),
+        pytest.param(["eval", "calculator", "-n", "1", "-g", "0"], "--group-size",
+                     id="zero-group-size"),
+        pytest.param(["eval", "calculator", "-n", "1", "--concurrency", "0"], "--concurrency",
+                     id="zero-concurrency"),
     ],
 )  # fmt: skip
 def test_user_errors_exit_2_with_one_line_and_write_nothing(

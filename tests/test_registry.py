@@ -71,7 +71,6 @@ def test_calculator_short_name_and_kwargs() -> None:
         agentgym.make("calculator", bogus=1)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: make() lets base-class kwargs the env fixes through")
 def test_make_rejects_kwargs_the_env_sets_itself() -> None:
     with pytest.raises(ConfigError):
         agentgym.make("calculator", tasks=[{"prompt": "x"}])

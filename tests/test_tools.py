@@ -126,7 +126,6 @@ def test_name_description_and_timeout_options() -> None:
     assert original(4) == 4  # still callable as a plain function
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an Enum default is put raw into the schema")
 def test_enum_default_keeps_schema_json_serializable() -> None:
     @tool
     def paint(color: Color = Color.RED) -> str:
@@ -136,7 +135,6 @@ def test_enum_default_keeps_schema_json_serializable() -> None:
     json.dumps(paint.schema)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Enum parameters receive the raw value, not a member")
 async def test_enum_argument_arrives_as_member() -> None:
     @tool
     def paint(color: Color) -> str:
@@ -159,7 +157,6 @@ async def test_optional_validates_inner_type() -> None:
         await pick.acall({"n": "three"})
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Optional[int] schema rejects an explicit null")
 async def test_optional_accepts_explicit_null() -> None:
     @tool
     def pick(n: Optional[int] = None) -> str:  # noqa: UP045
@@ -336,9 +333,6 @@ async def test_raising_tool_gives_tool_error_naming_type() -> None:
 
 
 @pytest.mark.parametrize("timeout", [30.0, None])
-@pytest.mark.xfail(
-    strict=True, reason="BUG: a tool raising builtin TimeoutError is taken for a per-call timeout"
-)
 async def test_tool_raising_timeout_error_is_not_a_timeout(timeout: float | None) -> None:
     @tool(timeout=timeout)
     def fetch() -> str:

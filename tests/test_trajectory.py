@@ -93,7 +93,6 @@ def test_write_jsonl_keeps_previous_content_on_failure(tmp_path: Path) -> None:
     assert path.read_bytes() == before
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: write_jsonl leaves its partial .tmp file behind")
 def test_write_jsonl_leaves_no_partial_file(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         write_jsonl(_explodes_after_one(), tmp_path / "t.jsonl")

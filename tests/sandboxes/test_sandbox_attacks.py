@@ -1,0 +1,146 @@
+"""Attacks on the hardened sandbox: each is contained, gets the right status, and leaves the
+sandbox, the pool and the host working."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from agentgym.sandboxes import ExecStatus
+
+pytestmark = pytest.mark.docker
+
+PS = """
+import json, os
+out = []
+for p in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        uid = int(next(l for l in open(f'/proc/{p}/status') if l.startswith('Uid:')).split()[1])
+        cmd = open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ').strip()
+    except (OSError, StopIteration):
+        continue
+    out.append({"pid": int(p), "uid": uid, "cmd": cmd[:60]})
+print(json.dumps(out))
+"""
+
+
+def processes(sb) -> list[dict]:
+    """Every process visible in the container (procps is not in the image)."""
+    return json.loads(sb.run(PS, session=False).stdout)
+
+
+def assert_still_works(sb):
+    r = sb.run("print('alive')")
+    assert (r.status, r.stdout) == (ExecStatus.OK, "alive\n"), r
+    procs = processes(sb)
+    code = [p for p in procs if p["uid"] == sb.config.code_uid]
+    # what may remain of the code uid: the server, the Python session kernel, this listing
+    assert len(code) <= 3, f"code processes survived the call: {code}"
+    assert all(p["cmd"].startswith("python3 -c") for p in code), code
+    keeper = [p for p in procs if p["uid"] == sb.config.keeper_uid]
+    assert {p["pid"] for p in keeper} >= {1}, "the keeper must be alive"
+
+
+def test_network_access_is_blocked(sb):
+    r = sb.run("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)")
+    assert r.status is ExecStatus.ERROR and "Network is unreachable" in r.stderr, r
+    assert sb.run("import os; print(sorted(os.listdir('/sys/class/net')))").stdout == "['lo']\n"
+    assert_still_works(sb)
+
+
+def test_fork_bomb_is_contained(sb):
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    r = sb.run(bomb, timeout=2)
+    assert r.status is ExecStatus.TIMEOUT
+    assert_still_works(sb)
+
+
+def test_memory_bomb_is_oom(sb):
+    r = sb.run("blocks = []\nwhile True:\n    blocks.append(b'x' * (64 * 1024 * 1024))", timeout=20)
+    assert r.status is ExecStatus.OOM, r
+    assert_still_works(sb)
+
+
+def test_infinite_loop_times_out(sb):
+    r = sb.run("while True:\n    pass", timeout=1)
+    assert r.status is ExecStatus.TIMEOUT and r.exit_code == -9 and r.duration < 3
+    assert_still_works(sb)
+
+
+def test_detached_setsid_child_dies_with_the_call(sb):
+    code = ("import subprocess, time\n"
+            "subprocess.Popen(['setsid', 'sh', '-c', 'sleep 300'])\n"
+            "subprocess.Popen(['sleep', '301'], start_new_session=True)\n"
+            "time.sleep(60)")
+    r = sb.run(code, timeout=1)
+    assert r.status is ExecStatus.TIMEOUT and r.duration < 3
+    left = [p for p in processes(sb) if "sleep 30" in p["cmd"]]
+    assert left == [], f"detached children survived: {left}"
+    assert_still_works(sb)
+
+
+def test_100mb_of_output_is_capped_at_the_source(sb):
+    r = sb.run("import sys\nsys.stdout.write('x' * 100_000_000)\nsys.stdout.flush()", timeout=20)
+    assert r.status is ExecStatus.OUTPUT_LIMIT and r.truncated
+    assert len(r.stdout) + len(r.stderr) <= sb.config.output_limit_bytes
+    r = sb.run("while True:\n    print('y' * 1000)", timeout=20)
+    assert r.status is ExecStatus.OUTPUT_LIMIT and r.duration < 5
+    assert_still_works(sb)
+
+
+@pytest.mark.parametrize("path", ["/etc/agentgym-pwned", "/usr/bin/pwned", "/pwned",
+                                  "/proc/sys/kernel/pwned"])
+def test_writing_outside_the_work_dir_fails(sb, path):
+    r = sb.run(f"open({path!r}, 'w').write('x')")
+    assert r.status is ExecStatus.ERROR
+    assert "Read-only file system" in r.stderr or "Permission denied" in r.stderr \
+        or "No such file" in r.stderr
+    assert not os.path.exists(path)
+    assert_still_works(sb)
+
+
+def test_reading_host_files_fails(sb):
+    host_file = os.path.abspath(__file__)
+    assert os.path.exists(host_file)
+    r = sb.run(f"print(open({host_file!r}).read())")
+    assert r.status is ExecStatus.ERROR and "FileNotFoundError" in r.stderr
+    for path in ("/etc/shadow", "/proc/1/environ"):
+        r = sb.run(f"print(open({path!r}).read())")
+        assert r.status is ExecStatus.ERROR and "PermissionError" in r.stderr, (path, r)
+    r = sb.run("import os; print(os.path.exists('/var/run/docker.sock'))")
+    assert r.stdout == "False\n"
+    assert_still_works(sb)
+
+
+def test_killing_the_keeper_fails(sb):
+    r = sb.run("import os, signal\nfor pid in (1, 7):\n    os.kill(pid, signal.SIGKILL)")
+    assert r.status is ExecStatus.ERROR and "PermissionError" in r.stderr
+    r = sb.run("import os, signal\nos.kill(-1, signal.SIGKILL)")  # kills everything it may
+    assert r.status is ExecStatus.ERROR
+    sb._container.reload()
+    assert sb._container.status == "running"
+    assert_still_works(sb)
+
+
+def test_filling_the_tmpfs_fails_cleanly(sb):
+    code = ("chunk = b'x' * (1 << 20)\n"
+            "with open({!r}, 'wb') as fh:\n"
+            "    for _ in range(1000):\n"
+            "        fh.write(chunk)")
+    r = sb.run(code.format("/work/fill"), timeout=20)
+    assert r.status is ExecStatus.ERROR
+    assert "No space left" in r.stderr or "File too large" in r.stderr
+    r = sb.run(code.format("/tmp/fill"), timeout=20)
+    assert r.status is ExecStatus.ERROR
+    sb.reset()
+    assert sb.run("open('/work/small', 'w').write('ok')").ok
+    assert_still_works(sb)
+
+
+def test_pool_serves_working_sandboxes_after_the_attacks(pool):
+    with pool.lease_sync() as a, pool.lease_sync() as b, pool.lease_sync() as c:
+        for sb in (a, b, c):
+            assert_still_works(sb)
+            assert sb.exec(["ls", "-A"]).stdout == "", "leftover files from an earlier lease"

@@ -1,0 +1,149 @@
+"""SandboxPool: leases, reset between leases, recycling, bounded creation, reaping."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import docker_client, require_docker
+
+from agentgym._errors import ConfigError, SandboxError
+from agentgym.sandboxes import DockerSandbox, SandboxPool, _reap
+
+pytestmark = pytest.mark.docker
+
+
+def test_lease_keeps_files_and_session_then_resets(pool):
+    with pool.lease_sync() as sb:
+        sb.run("counter = 1\nopen('notes.txt', 'w').write('turn 1')")
+        sb.run("counter += 1")
+        assert sb.run("print(counter, open('notes.txt').read())").stdout == "2 turn 1\n"
+    for _ in range(pool.size):  # whichever sandbox comes next, it is clean
+        with pool.lease_sync() as sb:
+            assert sb.exec(["ls", "-A"]).stdout == ""
+            assert "NameError" in sb.run("counter").stderr
+
+
+async def test_async_leases_run_in_parallel(pool):
+    async def episode(i: int) -> str:
+        async with pool.lease() as sb:
+            await sb.arun(f"x = {i}")
+            await sb.arun("import time; time.sleep(0.3)")
+            return (await sb.arun("print(x)")).stdout
+
+    started = time.perf_counter()
+    outs = await asyncio.gather(*(episode(i) for i in range(6)))
+    assert outs == [f"{i}\n" for i in range(6)]
+    assert time.perf_counter() - started < 6 * 0.3, "leases must overlap"
+
+
+async def test_cancelled_waiter_does_not_leak_a_sandbox(pool):
+    async with pool.lease() as a, pool.lease() as b, pool.lease() as c:
+        assert pool.idle == 0
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(pool._acquire_async(None), 0.2)
+        del a, b, c
+    for _ in range(50):
+        if pool.idle == pool.size:
+            break
+        await asyncio.sleep(0.05)
+    assert pool.idle == pool.size
+
+
+def test_lease_timeout(pool):
+    with pool.lease_sync(), pool.lease_sync(), pool.lease_sync():
+        with pytest.raises(SandboxError, match="no sandbox free"):
+            with pool.lease_sync(timeout=0.2):
+                pass
+
+
+def test_recycle_after_max_uses_and_after_failure():
+    require_docker()
+    with SandboxPool(size=1, max_uses=2) as pool:
+        ids = []
+        for _ in range(3):
+            with pool.lease_sync() as sb:
+                ids.append(sb.container_id)
+        assert ids[0] == ids[1] != ids[2]
+        with pytest.raises(RuntimeError):
+            with pool.lease_sync() as sb:
+                raise RuntimeError("episode crashed")
+        with pool.lease_sync() as sb2:
+            assert sb2.container_id != ids[2]
+            assert sb2.run("print(1)").stdout == "1\n"
+        assert pool.stats.recycled == 2 and pool.stats.created == 3
+
+
+def test_creation_concurrency_is_bounded(monkeypatch):
+    require_docker()
+    in_flight, peak, lock = 0, 0, threading.Lock()
+    real_start = DockerSandbox.start
+
+    def counting_start(self):
+        nonlocal in_flight, peak
+        with lock:
+            in_flight += 1
+            peak = max(peak, in_flight)
+        try:
+            return real_start(self)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    monkeypatch.setattr(DockerSandbox, "start", counting_start)
+    with SandboxPool(size=4, max_concurrent_creates=2) as pool:
+        assert pool.idle == 4
+    assert peak == 2
+
+
+def test_reaps_containers_of_a_process_killed_with_sigkill():
+    require_docker()
+    code = ("from agentgym.sandboxes import DockerSandbox\n"
+            "sb = DockerSandbox().start()\n"
+            "print(sb.container_id, flush=True)\n"
+            "import time; time.sleep(600)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        leaked_id = child.stdout.readline().strip()
+        assert leaked_id
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    client = docker_client()
+    leaked = client.containers.get(leaked_id)
+    assert not _reap.owner_alive(leaked.labels)
+    with SandboxPool(size=1) as pool:
+        assert pool.stats.reap_removed >= 1
+    remaining = [c.id for c in _reap.managed_containers(client)]
+    assert leaked_id not in remaining
+
+
+def test_live_owners_are_not_reaped(pool):
+    client = docker_client()
+    assert _reap.reap_leaked(client) == []
+    with pool.lease_sync() as sb:
+        assert sb.run("print(1)").ok
+
+
+def test_pool_rejects_bad_sizes():
+    with pytest.raises(ConfigError):
+        SandboxPool(size=0)
+
+
+def test_pool_close_removes_its_containers():
+    require_docker()
+    pool = SandboxPool(size=2).start()
+    with pool.lease_sync() as sb:
+        sb.run("print(1)")
+    pool.close()
+    labels = {c.labels.get("agentgym.pool") for c in _reap.managed_containers(docker_client())}
+    assert pool.pool_id not in labels
+    with pytest.raises(SandboxError, match="not running"):
+        with pool.lease_sync():
+            pass
