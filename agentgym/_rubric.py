@@ -4,7 +4,8 @@ A reward function declares parameters from `Rubric.INJECTABLE` (``task``, ``mess
 ``completion``, ``answer``, ``state``, ``sandbox``, ``env``, ``trajectory``) and gets exactly
 those. Every function's score is logged under its name; weight-0 functions are metrics only.
 A function that raises is *recorded* (its score is None and the rubric reports the error):
-silently scoring 0 would corrupt the training signal.
+silently scoring 0 would corrupt the training signal. An `InfraError` (a sandbox or backend
+failure) propagates instead, so the episode becomes ``infra_error`` and is not scored at all.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import ConfigError
+from ._errors import ConfigError, InfraError
 
 
 @dataclass
@@ -71,6 +72,8 @@ class Rubric:
                 if inspect.isawaitable(value):
                     value = await value
                 value = float(value)
+            except InfraError:
+                raise  # the sandbox/backend failed: the episode is infra_error, not scored
             except Exception:
                 scores[fn.__name__] = None
                 errors[fn.__name__] = traceback.format_exc()

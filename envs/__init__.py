@@ -6,3 +6,4 @@ from agentgym._registry import register
 def register_builtin_envs() -> None:
     """Register the built-in envs in Gymnasium's registry (entry points import lazily)."""
     register("agentgym/Calculator-v0", "agentgym.envs.calculator:CalculatorEnv")
+    register("agentgym/HumanEval-v0", "agentgym.envs.humaneval:HumanEvalEnv")

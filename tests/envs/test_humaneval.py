@@ -1,0 +1,86 @@
+"""The HumanEval code env on a real Docker daemon (and the explicit local backend)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import agentgym
+from agentgym.envs.humaneval import extract_code, load_problems
+from tests.sandboxes.conftest import require_docker
+
+pytestmark = pytest.mark.docker
+
+
+def reference(env_id: str = "humaneval", **kwargs):
+    env = agentgym.make(env_id, **kwargs)
+    return agentgym.ScriptedPolicy(env.reference_turns)
+
+
+def test_ships_all_164_problems():
+    problems = load_problems()
+    assert len(problems) == 164
+    assert problems[0]["task_id"] == "HumanEval/0"
+
+
+def test_extract_code_takes_the_last_fenced_block():
+    reply = "first:\n```python\nx = 1\n```\nfinal:\n```python\ndef f():\n    return 2\n```"
+    assert extract_code(reply) == "def f():\n    return 2\n"
+    assert extract_code("def g(): pass") == "def g(): pass"
+
+
+def test_reference_solutions_score_one_in_docker():
+    require_docker()
+    trajectories = agentgym.rollout("humaneval", reference(), num_tasks=6, group_size=2)
+    assert [t.status for t in trajectories] == ["ok"] * 12, [t.error for t in trajectories]
+    assert all(t.final_reward == 1.0 for t in trajectories)
+    first_tool_reply = trajectories[0].messages[3]
+    assert first_tool_reply["role"] == "tool" and "status: ok" in first_tool_reply["content"]
+
+
+def test_wrong_answer_scores_zero_and_session_persists_across_turns():
+    require_docker()
+    turns = [
+        '<tool_call>{"name": "run_python", "arguments": {"code": "secret = 41"}}</tool_call>',
+        '<tool_call>{"name": "run_python", "arguments": {"code": "print(secret + 1)"}}</tool_call>',
+        "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```",
+    ]
+    [trajectory] = agentgym.rollout("humaneval", agentgym.ScriptedPolicy(turns), tasks=[0])
+    assert trajectory.status == "ok"
+    assert "42" in trajectory.messages[5]["content"]  # the variable survived the turn
+    assert trajectory.final_reward == 0.0
+    assert trajectory.scores["has_code_block"] == 1.0
+
+
+def test_verification_sees_none_of_the_agents_files():
+    require_docker()
+    # the agent leaves a file behind; the answer is right only if verification cannot see it
+    plant = {"name": "run_python", "arguments": {"code": "open('planted.txt', 'w').write('x')"}}
+    answer = (
+        "```python\nimport os\nassert not os.path.exists('planted.txt')\n\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    return any(abs(a - b) < threshold\n"
+        "               for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```"
+    )
+    turns = [f"<tool_call>{json.dumps(plant)}</tool_call>", answer]
+    [trajectory] = agentgym.rollout("humaneval", agentgym.ScriptedPolicy(turns), tasks=[0])
+    assert "status: ok" in trajectory.messages[3]["content"]
+    assert trajectory.status == "ok" and trajectory.final_reward == 1.0
+
+
+def test_a_missing_image_is_infra_error_not_a_zero_reward():
+    require_docker()
+    kwargs = {"image": "agentgym-no-such-image:0", "pool_size": 1}
+    [trajectory] = agentgym.rollout("humaneval", reference(**kwargs), tasks=[0], env_kwargs=kwargs)
+    assert trajectory.status == "infra_error"
+    assert trajectory.final_reward is None
+    assert "SandboxError" in trajectory.error
+
+
+def test_local_backend_runs_and_scores(recwarn):
+    trajectories = agentgym.rollout(
+        "humaneval", reference(backend="local"), num_tasks=3, env_kwargs={"backend": "local"}
+    )
+    assert [t.final_reward for t in trajectories] == [1.0, 1.0, 1.0]
+    assert any("NOT a security boundary" in str(w.message) for w in recwarn.list)
