@@ -11,12 +11,12 @@ sandbox failure raises `SandboxError`, so the episode is ``infra_error``, never 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import re
 import threading
 from typing import Any, Literal
 
-from agentgym import ConfigError, Rubric, SandboxError, ToolCall, ToolEnv, tool
 from agentgym.sandboxes import (
     DEFAULT_IMAGE,
     ExecResult,
@@ -24,6 +24,8 @@ from agentgym.sandboxes import (
     SandboxPool,
     averify,
 )
+
+from agentgym import ConfigError, Rubric, SandboxError, ToolCall, ToolEnv, tool
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _POOLS: dict[tuple[str, int], SandboxPool] = {}
@@ -46,7 +48,17 @@ def shared_pool(image: str, size: int) -> SandboxPool:
         pool = _POOLS.get((image, size))
         if pool is None:
             pool = _POOLS[(image, size)] = SandboxPool(size=size, image=image)
+            atexit.register(pool.close)
         return pool
+
+
+def close_shared_pools() -> None:
+    """Remove the shared pools' containers now (they are also removed at interpreter exit)."""
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.close()
 
 
 def extract_code(completion: str) -> str:
@@ -73,6 +85,7 @@ async def run_python(code: str, sandbox: Any) -> str:
 
     Args:
         code: Python source; print what you want to see.
+        sandbox: injected by the env (the episode's leased sandbox); not shown to the model.
     """
     result = await sandbox.arun(code, timeout=10.0)
     if result.infra_error:

@@ -75,13 +75,19 @@ class ServerChannel:
 
     def close(self) -> None:
         """Close the exec's stream; the server exits on end of input."""
-        sock, self._sock, self._raw = self._sock, None, None
+        sock, raw, self._sock, self._raw = self._sock, self._raw, None, None
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             sock.close()
+        for closable in (raw, getattr(raw, "_response", None)):
+            if closable is not None and closable is not sock:
+                try:
+                    closable.close()
+                except Exception:
+                    pass
 
     @property
     def is_open(self) -> bool:

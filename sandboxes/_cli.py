@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from agentgym._errors import Error
 
@@ -39,10 +39,21 @@ def build(
     tag: Annotated[str, typer.Option(help="Image tag to build.")] = DEFAULT_IMAGE,
     mirror: Annotated[str | None, typer.Option(
         help="Debian mirror (default: this machine's apt sources).")] = None,
+    if_missing: Annotated[bool, typer.Option(
+        "--if-missing", help="Do nothing when the tag already exists.")] = False,
 ) -> None:
     """Build the default sandbox image (python3 + pytest)."""
+    from ._client import docker_client
     from ._image import build_image
 
+    if if_missing:
+        try:
+            docker_client().images.get(tag)
+        except Exception:  # noqa: BLE001 - docker's NotFound; any failure means "build it"
+            pass
+        else:
+            console.print(f"{tag} exists; nothing to build (drop --if-missing to rebuild)")
+            return
     started = time.monotonic()
     try:
         with console.status(f"building {tag} ({method.value})"):
@@ -63,12 +74,13 @@ def list_containers() -> None:
         containers = _reap.managed_containers(docker_client())
     except Error as exc:
         _fail(exc)
-    table = Table("id", "image", "status", "owner pid", "owner alive", "pool", "session")
+    table = Table("image", "status", "owner pid", "owner alive", "pool")
+    table.columns.insert(0, Column("id", no_wrap=True, min_width=12))
     for c in containers:
         labels = c.labels
         table.add_row(c.short_id, ",".join(c.image.tags) or c.image.short_id, c.status,
                       labels.get(_reap.OWNER, "?"), "yes" if _reap.owner_alive(labels) else "no",
-                      labels.get("agentgym.pool", ""), labels.get(_reap.SESSION, ""))
+                      labels.get("agentgym.pool", ""))
     console.print(table)
     console.print(f"{len(containers)} container(s)")
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import base64
 import logging
+import posixpath
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym._errors import SandboxError
+from agentgym._errors import ConfigError, SandboxError
 
 from . import _reap
 from ._channel import ChannelClosed, ChannelDeadline, ServerChannel
@@ -212,6 +213,8 @@ class DockerSandbox(SandboxBase):
     def _call(self, req: dict[str, Any], stdin: str | bytes | None, files: Files | None,
               timeout: float | None) -> ExecResult:
         timeout = self.config.default_timeout if timeout is None else float(timeout)
+        for path in files or {}:
+            check_relative(path)
         req = {**req, "timeout": timeout, "limit": self.config.output_limit_bytes,
                "stdin": _b64(to_bytes(stdin)),
                "files": {p: _b64(to_bytes(c)) for p, c in (files or {}).items()}}
@@ -283,6 +286,14 @@ class DockerSandbox(SandboxBase):
                 {"op": "untar", "data": base64.b64encode(snapshot.tar).decode()}, timeout)
         if "server_error" in reply:
             raise SandboxError(f"restore failed: {reply['server_error']}")
+
+
+def check_relative(path: str) -> None:
+    """Raise `ConfigError` unless ``path`` stays inside the work directory."""
+    norm = posixpath.normpath(path)
+    if posixpath.isabs(path) or norm == ".." or norm.startswith("../") or norm == ".":
+        raise ConfigError(f"file path {path!r} leaves the work directory; use a relative path "
+                          "such as 'src/main.py'")
 
 
 def _b64(data: bytes | None) -> str | None:

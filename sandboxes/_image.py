@@ -44,7 +44,7 @@ IMPORT_CHANGES = [
 def registry_reachable(timeout: float = 3.0) -> bool:
     """True when Docker Hub's registry answers HTTP at all (a 401 counts as reachable)."""
     try:
-        urllib.request.urlopen(REGISTRY_PROBE, timeout=timeout)  # noqa: S310 - fixed https URL
+        urllib.request.urlopen(REGISTRY_PROBE, timeout=timeout)
     except urllib.error.HTTPError:
         return True
     except (urllib.error.URLError, OSError):
@@ -87,9 +87,32 @@ def build_image(
         method = "dockerfile" if registry_reachable() else "debootstrap"
         log(f"registry {'reachable' if method == 'dockerfile' else 'unreachable'}: "
             f"building with {method}")
+    previous = _image_id(tag)
     if method == "dockerfile":
-        return _build_dockerfile(tag, log)
-    return _build_debootstrap(tag, mirror or apt_mirror(), log)
+        image_id = _build_dockerfile(tag, log)
+    else:
+        image_id = _build_debootstrap(tag, mirror or apt_mirror(), log)
+    if previous and previous != image_id:
+        _remove_quietly(previous, log)
+    return image_id
+
+
+def _image_id(tag: str) -> str | None:
+    try:
+        return docker_client().images.get(tag).id
+    except SandboxError:
+        raise
+    except Exception:  # not built yet
+        return None
+
+
+def _remove_quietly(image_id: str, log: Callable[[str], None]) -> None:
+    """Drop the image the new build replaced, unless a container still uses it."""
+    try:
+        docker_client().images.remove(image_id)
+        log(f"removed the previous image {image_id[:19]}")
+    except Exception as exc:
+        log(f"kept the previous image {image_id[:19]} ({type(exc).__name__})")
 
 
 def _build_dockerfile(tag: str, log: Callable[[str], None]) -> str:
@@ -136,7 +159,7 @@ def _strip_rootfs(rootfs: Path) -> None:
     (rootfs / "work").mkdir(exist_ok=True)
 
 
-def _import_rootfs(client, rootfs: Path, tag: str) -> str:  # noqa: ANN001 - docker client
+def _import_rootfs(client, rootfs: Path, tag: str) -> str:
     repository, _, version = tag.rpartition(":") if ":" in tag else (tag, "", "latest")
     tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
                            stdout=subprocess.PIPE)

@@ -95,6 +95,8 @@ class LocalSandbox(SandboxBase):
         out, err, status = _collect(proc, started + timeout, self.config.output_limit_bytes)
         _kill_group(proc.pid)
         code = proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
         if status is None:
             tail = err[-200:]
             status = (ExecStatus.OOM if b"MemoryError" in tail else
@@ -125,7 +127,7 @@ class LocalSandbox(SandboxBase):
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8",
                 "TMPDIR": self.workdir, "PYTHONDONTWRITEBYTECODE": "1"}
 
-    def _limits(self, timeout: float):  # noqa: ANN202 - a preexec_fn
+    def _limits(self, timeout: float):
         cfg, mib = self.config, 1024 * 1024
         limits = [(resource.RLIMIT_CPU, int(timeout) + 1),
                   (resource.RLIMIT_AS, cfg.mem_limit_mb * mib),

@@ -82,12 +82,14 @@ class SandboxPool:
         self.stats = PoolStats()
         self.pool_id = uuid.uuid4().hex[:12]
         self._client = client
+        self._owns_client = client is None
         self._create_sem = threading.Semaphore(max_concurrent_creates)
         self._lock = threading.Lock()
         self._idle: deque[DockerSandbox] = deque()
         self._waiters: deque[_Waiter] = deque()
         self._all: set[DockerSandbox] = set()
         self._uses: dict[int, int] = {}
+        self._creating = 0  # creations in flight (replacements and refills)
         self._workers = ThreadPoolExecutor(max_workers=min(size, 16) + max_concurrent_creates,
                                            thread_name_prefix="agentgym-pool")
         self._started = self._closed = False
@@ -125,6 +127,9 @@ class SandboxPool:
             everything, self._all = list(self._all), set()
         for sandbox in everything:
             sandbox.close()
+        if self._owns_client and self._client is not None:
+            self._client.close()  # its HTTP connections to the daemon
+            self._client = None
 
     def __enter__(self) -> SandboxPool:
         return self.start()
@@ -181,7 +186,20 @@ class SandboxPool:
                 self.stats.leases += 1
                 return self._idle.popleft()
             self._waiters.append(waiter)
-            return None
+            refill = len(self._all) + self._creating < self.size
+            if refill:  # an earlier creation failed: try again for this waiter
+                self._creating += 1
+        if refill:
+            self._workers.submit(self._refill)
+        return None
+
+    def _refill(self) -> None:
+        try:
+            sandbox = self._create(counted=True)
+        except Exception as exc:
+            self._deliver(exc)
+            return
+        self._deliver(sandbox)
 
     def _acquire_sync(self, timeout: float | None) -> DockerSandbox:
         waiter = _Waiter()
@@ -235,29 +253,37 @@ class SandboxPool:
             sandbox.reset()
             replace = sandbox.needs_recycle
         if replace:
+            with self._lock:
+                self._creating += 1
             self._forget(sandbox)
             sandbox.close()
             self.stats.recycled += 1
             try:
-                sandbox = self._create()
+                sandbox = self._create(counted=True)
             except Exception as exc:
                 self._deliver(exc)
                 return
         self._deliver(sandbox)
 
-    def _create(self) -> DockerSandbox:
-        with self._create_sem:
-            sandbox = DockerSandbox(self.image, self.config, client=self._client,
-                                    labels={POOL_LABEL: self.pool_id})
-            try:
-                sandbox.start()
-            except Exception:
-                self.stats.create_failures += 1
-                sandbox.close()
-                raise
-        with self._lock:
-            self._all.add(sandbox)
-            self.stats.created += 1
+    def _create(self, counted: bool = False) -> DockerSandbox:
+        """Start one sandbox (``counted``: it was added to ``_creating`` beforehand)."""
+        try:
+            with self._create_sem:
+                sandbox = DockerSandbox(self.image, self.config, client=self._client,
+                                        labels={POOL_LABEL: self.pool_id})
+                try:
+                    sandbox.start()
+                except Exception:
+                    self.stats.create_failures += 1
+                    sandbox.close()
+                    raise
+            with self._lock:
+                self._all.add(sandbox)
+                self.stats.created += 1
+        finally:
+            if counted:
+                with self._lock:
+                    self._creating -= 1
         return sandbox
 
     def _forget(self, sandbox: DockerSandbox) -> None:

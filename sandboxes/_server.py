@@ -338,43 +338,74 @@ class Server:
 
     # -- one call ------------------------------------------------------------------------
     def call(self, req):
-        note = ""
+        """Run one ``run``/``exec`` request; return the reply dict."""
         started = time.monotonic()
         for path, data in (req.get("files") or {}).items():
             _write_file(path, data)
         limit = int(req["limit"])
-        deadline = started + float(req["timeout"])
         oom_before = _oom_kills()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_fd = _stdin_fd(req.get("stdin"))
-        session = req["op"] == "run" and req.get("session")
+        session = bool(req["op"] == "run" and req.get("session"))
         if session:
-            if not self._kernel_alive():
-                if self.kernel is not None:
-                    note = "[sandbox] the Python session was lost; this cell ran in a new one\n"
-                self._drop_kernel()
-                self._start_kernel()
-            code_fd = os.memfd_create("code")
-            os.write(code_fd, req["code"].encode("utf-8"))
-            os.lseek(code_fd, 0, os.SEEK_SET)
-            head = json.dumps({"id": req.get("id")}).encode()
-            socket.send_fds(self.ctl, [head], [in_fd, out_w, err_w, code_fd])
-            os.close(code_fd)
+            note = self._send_cell(req, in_fd, out_w, err_w)
             ctl, child = self.ctl, None
         else:
-            ctl_r, ctl_w = os.pipe()
-            child = os.fork()
-            if child == 0:
-                _child_run(req, in_fd, out_w, err_w, ctl_w)
-            os.close(ctl_w)
-            ctl = ctl_r
+            (ctl, child), note = self._fork_fresh(req, in_fd, out_w, err_w), ""
         for fd in (in_fd, out_w, err_w):
             os.close(fd)
-        outs, msg, status = _pump(out_r, err_r, ctl, deadline, limit)
-        if status is not None or msg is None:
-            keep = {os.getpid()} | ({self.kernel} if session else set())
-            _kill_strays(keep)
+        outs, msg, status = _pump(out_r, err_r, ctl, started + float(req["timeout"]), limit)
+        msg = self._settle(session, ctl, child, msg, killed=status is not None)
+        outs = _drain(out_r, err_r, outs, limit)
+        exit_code = msg.get("exit_code") if msg else None
+        if status is None:
+            oom = msg and msg.get("memory_error") or _oom_kills() > oom_before >= 0
+            status = "oom" if oom else ("ok" if exit_code == 0 else "error")
+        return {
+            "stdout": outs[0].decode("utf-8", "replace"),
+            "stderr": note + outs[1].decode("utf-8", "replace"),
+            "exit_code": exit_code, "duration": time.monotonic() - started, "status": status,
+            "truncated": outs[2] or status == "output_limit",
+        }
+
+    def _send_cell(self, req, in_fd, out_w, err_w):
+        """Hand a cell to the session kernel (started if needed); return a note or ''."""
+        note = ""
+        if not self._kernel_alive():
+            if self.kernel is not None:
+                note = "[sandbox] the Python session was lost; this cell ran in a new one\n"
+            self._drop_kernel()
+            self._start_kernel()
+        code_fd = os.memfd_create("code")
+        os.write(code_fd, req["code"].encode("utf-8"))
+        os.lseek(code_fd, 0, os.SEEK_SET)
+        head = json.dumps({"id": req.get("id")}).encode()
+        socket.send_fds(self.ctl, [head], [in_fd, out_w, err_w, code_fd])
+        os.close(code_fd)
+        return note
+
+    def _fork_fresh(self, req, in_fd, out_w, err_w):
+        """Fork a fresh child for the request; return (control pipe, child pid)."""
+        ctl_r, ctl_w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            _child_run(req, in_fd, out_w, err_w, ctl_w)
+        os.close(ctl_w)
+        return ctl_r, child
+
+    def _settle(self, session, ctl, child, msg, killed):
+        """Kill what must not outlive the call; return the call's final control message."""
+        keep = {os.getpid()} | ({self.kernel} if self.kernel else set())
+        if not session and (killed or msg is None):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+            _, st = os.waitpid(child, 0)  # before any reaping, to keep its exit status
+            msg = msg or {"exit_code": _exit_code(st), "memory_error": False}
+        if killed or msg is None:
+            _kill_strays(keep)  # in a session: the cell's fork dies, the kernel stays
             if session and msg is None:
                 msg = _read_msg(ctl, time.monotonic() + KILL_WAIT_S)
         if session:
@@ -382,28 +413,10 @@ class Server:
                 self._drop_kernel()
             elif msg.get("kernel"):
                 self.kernel = msg["kernel"]
-        elif msg is None:
-            _, st = os.waitpid(child, 0)
-            msg = {"exit_code": _exit_code(st), "memory_error": False}
         else:
             os.close(ctl)
-            ctl = None
-        if not session and ctl is not None:
-            os.close(ctl)
         _kill_strays({os.getpid()} | ({self.kernel} if self.kernel else set()))
-        outs = _drain(out_r, err_r, outs, limit)
-        duration = time.monotonic() - started
-        exit_code = msg.get("exit_code") if msg else None
-        if status is None:
-            oom = msg and msg.get("memory_error") or _oom_kills() > oom_before >= 0
-            status = "oom" if oom else ("ok" if exit_code == 0 else "error")
-        truncated = outs[2] or status == "output_limit"
-        return {
-            "stdout": outs[0].decode("utf-8", "replace"),
-            "stderr": note + outs[1].decode("utf-8", "replace"),
-            "exit_code": exit_code, "duration": duration, "status": status,
-            "truncated": truncated,
-        }
+        return msg
 
 
 def _write_file(path, data):

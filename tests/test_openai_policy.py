@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import require
 
 import agentgym
+from tests.conftest import require
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import gymnasium
 import pytest
+from agentgym.envs.humaneval import close_shared_pools
 from gymnasium.utils.env_checker import check_env
 
 import agentgym
@@ -129,10 +130,11 @@ def test_gymnasium_make_steps_calculator() -> None:
 
 
 @pytest.mark.parametrize("env_id", agentgym.registered_envs())
-def test_check_env_passes_for_every_registered_env(env_id: str) -> None:
+def test_check_env_passes_for_every_registered_env(env_id: str, request) -> None:
     env = agentgym.make(env_id)
     if "docker" in env.metadata.get("requires", ()):
         require_docker()
+        request.addfinalizer(close_shared_pools)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -6,10 +6,10 @@ import hashlib
 import json
 
 import pytest
-from conftest import require
 
 from agentgym._errors import ConfigError
 from agentgym.parsers import ToolCall, get_parser
+from tests.conftest import require
 
 SMALL = {"hidden_size": 64, "num_heads": 1, "num_kv_heads": 1, "num_layers": 1}
 TOOLS = [

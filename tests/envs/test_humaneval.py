@@ -5,12 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from agentgym.envs.humaneval import close_shared_pools, extract_code, load_problems
 
 import agentgym
-from agentgym.envs.humaneval import extract_code, load_problems
 from tests.sandboxes.conftest import require_docker
 
 pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_pools():
+    yield
+    close_shared_pools()
 
 
 def reference(env_id: str = "humaneval", **kwargs):

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from conftest import require
 
 from agentgym.parsers import ParsedTurn, ToolCallParser, get_parser
+from tests.conftest import require
 
 pytestmark = pytest.mark.vllm
 

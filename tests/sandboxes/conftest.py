@@ -10,9 +10,7 @@ import functools
 import os
 
 import pytest
-
-from agentgym.sandboxes import DEFAULT_IMAGE, SandboxPool
-from agentgym.sandboxes import _reap
+from agentgym.sandboxes import DEFAULT_IMAGE, SandboxPool, _reap
 
 
 @functools.cache
@@ -40,7 +38,7 @@ def require_docker() -> None:
     pytest.skip(problem)
 
 
-def docker_client():
+def _client():
     from agentgym.sandboxes._client import docker_client as make
 
     return make()
@@ -48,8 +46,21 @@ def docker_client():
 
 def own_containers() -> list:
     """Agentgym containers owned by this test process."""
-    return [c for c in _reap.managed_containers(docker_client())
+    return [c for c in _reap.managed_containers(_client())
             if c.labels.get(_reap.OWNER) == str(os.getpid())]
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A docker-py client (skips, or fails under AGENTGYM_STRICT_DEPS=1, without Docker)."""
+    require_docker()
+    return _client()
+
+
+@pytest.fixture
+def docker_ready():
+    """Use when a test makes its own sandboxes: the daemon and image must be there."""
+    require_docker()
 
 
 @pytest.fixture(scope="session")

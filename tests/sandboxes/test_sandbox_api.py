@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 import agentgym.sandboxes as sandboxes
-from agentgym._errors import ConfigError, InfraError, SandboxError
+import pytest
 from agentgym.sandboxes import DockerSandboxConfig, ExecResult, ExecStatus, Sandbox
+
+from agentgym._errors import ConfigError, InfraError, SandboxError
 
 
 def test_public_names_are_pinned():

@@ -7,7 +7,6 @@ import json
 import os
 
 import pytest
-
 from agentgym.sandboxes import ExecStatus
 
 pytestmark = pytest.mark.docker
@@ -57,15 +56,32 @@ def test_fork_bomb_is_contained(sb):
     assert_still_works(sb)
 
 
-def test_memory_bomb_is_oom(sb):
-    r = sb.run("blocks = []\nwhile True:\n    blocks.append(b'x' * (64 * 1024 * 1024))", timeout=20)
+BOMB = "blocks = []\nwhile True:\n    blocks.append(b'x' * (64 * 1024 * 1024))"
+
+
+@pytest.mark.parametrize("how", ["session", "fresh", "bash", "huge"])
+def test_memory_bomb_is_oom(sb, how):
+    sb.run("survivor = 7")
+    if how == "bash":
+        r = sb.run(f"python3 -c \"{BOMB}\"", language="bash", timeout=20)
+    elif how == "huge":
+        r = sb.run("x = bytearray(10 ** 13)")
+    else:
+        r = sb.run(BOMB, timeout=20, session=how == "session")
     assert r.status is ExecStatus.OOM, r
+    assert sb.run("print(survivor)").stdout == "7\n", "the Python session must survive"
     assert_still_works(sb)
 
 
-def test_infinite_loop_times_out(sb):
-    r = sb.run("while True:\n    pass", timeout=1)
+@pytest.mark.parametrize("how", ["session", "fresh", "bash"])
+def test_infinite_loop_times_out(sb, how):
+    sb.run("survivor = 7")
+    if how == "bash":
+        r = sb.run("while :; do :; done", language="bash", timeout=1)
+    else:
+        r = sb.run("while True:\n    pass", timeout=1, session=how == "session")
     assert r.status is ExecStatus.TIMEOUT and r.exit_code == -9 and r.duration < 3
+    assert sb.run("print(survivor)").stdout == "7\n", "the Python session must survive"
     assert_still_works(sb)
 
 
@@ -115,8 +131,13 @@ def test_reading_host_files_fails(sb):
 
 
 def test_killing_the_keeper_fails(sb):
-    r = sb.run("import os, signal\nfor pid in (1, 7):\n    os.kill(pid, signal.SIGKILL)")
-    assert r.status is ExecStatus.ERROR and "PermissionError" in r.stderr
+    keepers = [p["pid"] for p in processes(sb) if p["uid"] == sb.config.keeper_uid]
+    assert 1 in keepers and len(keepers) >= 2  # docker-init and sleep infinity
+    r = sb.run("import os, signal\ndenied = 0\n"
+               f"for pid in {keepers}:\n"
+               "    try:\n        os.kill(pid, signal.SIGKILL)\n"
+               "    except PermissionError:\n        denied += 1\nprint(denied)")
+    assert r.stdout == f"{len(keepers)}\n", r
     r = sb.run("import os, signal\nos.kill(-1, signal.SIGKILL)")  # kills everything it may
     assert r.status is ExecStatus.ERROR
     sb._container.reload()

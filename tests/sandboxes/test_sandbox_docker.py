@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from agentgym.sandboxes import DockerSandbox, DockerSandboxConfig, ExecStatus
 
 pytestmark = pytest.mark.docker
@@ -102,7 +101,7 @@ def test_snapshot_for_verifier_has_no_agent_processes(pool):
         assert "sleep 100" not in process_list(agent), "a setsid child outlived its call"
 
 
-def test_container_removed_externally_is_infra_error():
+def test_container_removed_externally_is_infra_error(docker_ready):
     with DockerSandbox(config=DockerSandboxConfig(host_grace_s=2)) as sb:
         sb._client.containers.get(sb.container_id).remove(force=True)
         r = sb.run("print(1)")
@@ -111,7 +110,7 @@ def test_container_removed_externally_is_infra_error():
         assert sb.run("print(1)").stdout == "1\n", "the sandbox replaced its container"
 
 
-def test_server_frozen_hits_host_deadline():
+def test_server_frozen_hits_host_deadline(docker_ready):
     cfg = DockerSandboxConfig(host_grace_s=1)
     with DockerSandbox(config=cfg) as sb:
         pid = sb._channel.server_pid
@@ -120,8 +119,27 @@ def test_server_frozen_hits_host_deadline():
         assert sb.run("print(2)").stdout == "2\n"
 
 
-def test_missing_image_names_the_fix():
+def test_missing_image_names_the_fix(docker_ready):
     from agentgym._errors import SandboxError
 
     with pytest.raises(SandboxError, match="agentgym sandbox build"):
         DockerSandbox(image="agentgym-sandbox:does-not-exist").start()
+
+
+def test_hardening_is_visible_from_inside(sb):
+    r = sb.run("grep -E 'CapEff|NoNewPrivs' /proc/self/status; id -u; ulimit -n",
+               language="bash")
+    assert r.stdout.split() == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1", "1000", "256"]
+    r = sb.run("printf '#!/bin/sh\\necho ran\\n' > s.sh; chmod +x s.sh; ./s.sh; "
+               "cp s.sh /tmp/s.sh; /tmp/s.sh", language="bash")
+    assert r.stdout == "ran\n" and "Permission denied" in r.stderr, "work dir exec, /tmp noexec"
+    r = sb.run("import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))")
+    assert r.stdout == "0\n", "code must inherit the server's non-dumpable flag"
+
+
+@pytest.mark.parametrize("path", ["/etc/x", "../x", "a/../../x"])
+def test_files_must_stay_in_the_work_dir(sb, path):
+    from agentgym._errors import ConfigError
+
+    with pytest.raises(ConfigError, match="leaves the work directory"):
+        sb.run("pass", files={path: "x"})

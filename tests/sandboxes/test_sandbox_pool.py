@@ -11,10 +11,9 @@ import threading
 import time
 
 import pytest
-from conftest import docker_client, require_docker
+from agentgym.sandboxes import DockerSandbox, SandboxPool, _reap
 
 from agentgym._errors import ConfigError, SandboxError
-from agentgym.sandboxes import DockerSandbox, SandboxPool, _reap
 
 pytestmark = pytest.mark.docker
 
@@ -63,8 +62,7 @@ def test_lease_timeout(pool):
                 pass
 
 
-def test_recycle_after_max_uses_and_after_failure():
-    require_docker()
+def test_recycle_after_max_uses_and_after_failure(docker_ready):
     with SandboxPool(size=1, max_uses=2) as pool:
         ids = []
         for _ in range(3):
@@ -80,8 +78,7 @@ def test_recycle_after_max_uses_and_after_failure():
         assert pool.stats.recycled == 2 and pool.stats.created == 3
 
 
-def test_creation_concurrency_is_bounded(monkeypatch):
-    require_docker()
+def test_creation_concurrency_is_bounded(docker_ready, monkeypatch):
     in_flight, peak, lock = 0, 0, threading.Lock()
     real_start = DockerSandbox.start
 
@@ -102,8 +99,7 @@ def test_creation_concurrency_is_bounded(monkeypatch):
     assert peak == 2
 
 
-def test_reaps_containers_of_a_process_killed_with_sigkill():
-    require_docker()
+def test_reaps_containers_of_a_process_killed_with_sigkill(docker_client):
     code = ("from agentgym.sandboxes import DockerSandbox\n"
             "sb = DockerSandbox().start()\n"
             "print(sb.container_id, flush=True)\n"
@@ -115,7 +111,8 @@ def test_reaps_containers_of_a_process_killed_with_sigkill():
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-    client = docker_client()
+        child.stdout.close()
+    client = docker_client
     leaked = client.containers.get(leaked_id)
     assert not _reap.owner_alive(leaked.labels)
     with SandboxPool(size=1) as pool:
@@ -124,8 +121,8 @@ def test_reaps_containers_of_a_process_killed_with_sigkill():
     assert leaked_id not in remaining
 
 
-def test_live_owners_are_not_reaped(pool):
-    client = docker_client()
+def test_live_owners_are_not_reaped(pool, docker_client):
+    client = docker_client
     assert _reap.reap_leaked(client) == []
     with pool.lease_sync() as sb:
         assert sb.run("print(1)").ok
@@ -136,14 +133,28 @@ def test_pool_rejects_bad_sizes():
         SandboxPool(size=0)
 
 
-def test_pool_close_removes_its_containers():
-    require_docker()
+def test_pool_close_removes_its_containers(docker_client):
     pool = SandboxPool(size=2).start()
     with pool.lease_sync() as sb:
         sb.run("print(1)")
     pool.close()
-    labels = {c.labels.get("agentgym.pool") for c in _reap.managed_containers(docker_client())}
+    labels = {c.labels.get("agentgym.pool") for c in _reap.managed_containers(docker_client)}
     assert pool.pool_id not in labels
     with pytest.raises(SandboxError, match="not running"):
         with pool.lease_sync():
             pass
+
+
+def test_failed_creation_reaches_the_waiter_then_the_pool_refills(docker_ready):
+    with SandboxPool(size=1, max_uses=1) as pool:
+        good_image = pool.image
+        pool.image = "agentgym-sandbox:does-not-exist"  # the replacement will fail
+        with pool.lease_sync():
+            pass
+        with pytest.raises(SandboxError, match="not found"):
+            with pool.lease_sync(timeout=30):
+                pass
+        pool.image = good_image
+        with pool.lease_sync(timeout=30) as sb:  # a waiter triggers a new creation
+            assert sb.run("print(1)").stdout == "1\n"
+        assert pool.stats.create_failures == 1

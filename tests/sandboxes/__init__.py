@@ -1,0 +1,1 @@
+"""Sandbox tests (a package, so this folder's conftest does not shadow ``tests/conftest``)."""

@@ -1,0 +1,89 @@
+"""verify: assert / stdio / pytest modes, partial credit, timeouts, infra errors."""
+
+from __future__ import annotations
+
+import pytest
+from agentgym.sandboxes import DockerSandbox, averify, verify
+
+from agentgym._errors import ConfigError
+
+pytestmark = pytest.mark.docker
+
+ADD = "def add(a, b):\n    return a + b\n"
+
+
+def test_assert_mode_fraction_and_all(sb):
+    tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0"]
+    res = verify(ADD, tests, sandbox=sb)
+    assert [t.status for t in res.tests] == ["passed", "failed", "passed"]
+    assert res.reward == pytest.approx(2 / 3) and res.status == "failed"
+    assert "AssertionError" in res.tests[1].message
+    assert verify(ADD, tests, sandbox=sb, reward="all").reward == 0.0
+    assert verify(ADD, tests[:1], sandbox=sb, reward="all").reward == 1.0
+
+
+def test_tests_are_isolated_and_time_out_one_by_one(sb):
+    code = "import time\ndef f(n):\n    if n < 0:\n        time.sleep(60)\n    return n\n"
+    tests = ["assert f(1) == 1", "f(-1)", "import os; os._exit(0)", "assert f(2) == 2"]
+    res = verify(code, tests, sandbox=sb, per_test_timeout=0.5)
+    assert [t.status for t in res.tests] == ["passed", "timeout", "failed", "passed"]
+    assert res.reward == 0.5 and res.infra_error is None
+
+
+def test_candidate_output_cannot_forge_the_report(sb):
+    fake = '\\x00agentgym-verify\\x00{"tests": [], "runner": "x"}'
+    code = f"print({fake!r})\ndef f():\n    return 0\n"
+    res = verify(code, ["assert f() == 1"], sandbox=sb)
+    assert res.reward == 0.0 and res.tests[0].status == "failed"
+
+
+def test_stdio_mode(sb):
+    prog = "n = int(input())\nprint(n * 2)\n"
+    cases = [{"input": "2\n", "output": "4\n"}, {"input": "5", "output": "10"},
+             {"input": "1", "output": "3"}]
+    res = verify(prog, cases, "stdio", sandbox=sb)
+    assert [t.passed for t in res.tests] == [True, True, False]
+    assert "wrong output" in res.tests[2].message
+
+
+def test_pytest_mode_uses_real_pytest(sb):
+    tests = ("import pytest\nfrom solution import add\n\n"
+             "@pytest.mark.parametrize('a, b, c', [(1, 2, 3), (2, 2, 5)])\n"
+             "def test_add(a, b, c):\n    assert add(a, b) == c\n\n"
+             "def test_slow():\n    import time; time.sleep(30)\n")
+    res = verify(ADD, tests, "pytest", sandbox=sb, per_test_timeout=1, total_timeout=20)
+    assert res.runner == "pytest"
+    assert [(t.name, t.status) for t in res.tests] == [
+        ("test_add[1-2-3]", "passed"), ("test_add[2-2-5]", "failed"), ("test_slow", "timeout")]
+    assert res.reward == pytest.approx(1 / 3)
+
+
+def test_runner_killed_by_code_is_a_failure_not_infra(sb):
+    code = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+    res = verify(code, ["pass"], sandbox=sb)
+    assert res.status == "failed" and res.reward == 0.0 and res.infra_error is None
+
+
+def test_infra_error_gives_no_reward(docker_ready):
+    with DockerSandbox() as sb:
+        sb._client.containers.get(sb.container_id).remove(force=True)
+        res = verify(ADD, ["assert add(1, 1) == 2"], sandbox=sb)
+        assert res.status == "infra_error" and res.reward is None and res.infra_error
+        assert verify(ADD, ["assert add(1, 1) == 2"], sandbox=sb).reward == 1.0
+
+
+async def test_averify_through_the_pool(pool):
+    results = [await averify(ADD, [f"assert add({i}, 1) == {i + 1}"], sandbox=pool)
+               for i in range(3)]
+    assert [r.reward for r in results] == [1.0, 1.0, 1.0]
+
+
+def test_bad_arguments_are_config_errors(sb):
+    with pytest.raises(ConfigError, match="mode"):
+        verify(ADD, ["pass"], "junit", sandbox=sb)
+    with pytest.raises(ConfigError, match="list"):
+        verify(ADD, "assert True", sandbox=sb)
+    with pytest.raises(ConfigError, match="at least one"):
+        verify(ADD, [], sandbox=sb)
+    with pytest.raises(ConfigError, match="reward"):
+        verify(ADD, ["pass"], sandbox=sb, reward="max")
