@@ -258,11 +258,8 @@ class SandboxPool:
             self._forget(sandbox)
             sandbox.close()
             self.stats.recycled += 1
-            try:
-                sandbox = self._create(counted=True)
-            except Exception as exc:
-                self._deliver(exc)
-                return
+            self._refill()
+            return
         self._deliver(sandbox)
 
     def _create(self, counted: bool = False) -> DockerSandbox:

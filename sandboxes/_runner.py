@@ -27,7 +27,7 @@ MARKER = "\x00agentgym-verify\x00"
 OUTPUT_CAP = 1 << 20
 
 
-def _child(body, stdin_data, out_w, res_w):
+def _child(body, stdin_data, out_w, res_w, exit_ok):
     os.setsid()
     fd = os.memfd_create("stdin")
     os.write(fd, stdin_data)
@@ -40,8 +40,11 @@ def _child(body, stdin_data, out_w, res_w):
     try:
         body()
     except SystemExit as exc:
-        if exc.code not in (None, 0):
-            result = {"passed": False, "error": f"SystemExit: {exc.code}"}
+        # A program may end with exit(0) (stdio mode); a test must run to its end, or
+        # `sys.exit(0)` in the candidate would "pass" every test it skipped (a reward hack).
+        if not exit_ok or exc.code not in (None, 0):
+            result = {"passed": False,
+                      "error": f"SystemExit({exc.code!r}) before the test finished"}
     except BaseException as exc:
         result = {"passed": False, "error": (f"{type(exc).__name__}: {exc}")[:1000]}
     try:
@@ -52,7 +55,7 @@ def _child(body, stdin_data, out_w, res_w):
     os._exit(0)
 
 
-def _isolated(body, stdin_data, timeout, capture):
+def _isolated(body, stdin_data, timeout, capture, exit_ok=False):
     """Run ``body`` in a forked child; return (result dict, captured stdout, duration)."""
     res_r, res_w = os.pipe()
     out_r, out_w = os.pipe() if capture else (None, None)
@@ -62,7 +65,7 @@ def _isolated(body, stdin_data, timeout, capture):
         os.close(res_r)
         if out_r is not None:
             os.close(out_r)
-        _child(body, stdin_data, out_w, res_w)
+        _child(body, stdin_data, out_w, res_w, exit_ok)
     os.close(res_w)
     if out_w is not None:
         os.close(out_w)
@@ -147,7 +150,8 @@ def run_stdio(req, total_deadline):
         def body():
             exec(compile(req["code"], "solution.py", "exec"), {"__name__": "__main__"})
         data = case.get("input", "").encode()
-        result, got, dur = _isolated(body, data, _deadline_for(req, total_deadline), True)
+        result, got, dur = _isolated(body, data, _deadline_for(req, total_deadline), True,
+                                     exit_ok=True)
         if result.get("passed"):
             got_text = got.decode("utf-8", "replace")
             if _normalise(got_text) != _normalise(case.get("output", "")):

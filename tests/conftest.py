@@ -38,6 +38,24 @@ def require(module_name: str) -> ModuleType:
         pytest.skip(reason)
 
 
+# --- a tool schema shared by template and server tests ----------------------------------------
+
+#: With "description" omitted, vLLM's request model adds "description": null and the server's
+#: prompt differs from a local render; real tool schemas have one.
+CALCULATE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculate",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
 # --- tiny local model ------------------------------------------------------------------------
 
 

@@ -14,26 +14,11 @@ import math
 import pytest
 
 import agentgym
-from tests.conftest import require
+from tests.conftest import CALCULATE_TOOL, require
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            # With "description" omitted, vLLM's request model adds "description": null and the
-            # server's prompt differs from a local render; real tool schemas have one.
-            "name": "calculate",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
+TOOLS = [CALCULATE_TOOL]
 CALL = agentgym.ToolCall("calculate", {"expression": "37 * 48"}, id="call_0")
 HISTORY = [
     {"role": "system", "content": "Solve it."},

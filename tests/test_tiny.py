@@ -9,23 +9,10 @@ import pytest
 
 from agentgym._errors import ConfigError
 from agentgym.parsers import ToolCall, get_parser
-from tests.conftest import require
+from tests.conftest import CALCULATE_TOOL, require
 
 SMALL = {"hidden_size": 64, "num_heads": 1, "num_kv_heads": 1, "num_layers": 1}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculate",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
+TOOLS = [CALCULATE_TOOL]
 CALLS = [
     ToolCall("calculate", {"expression": "37 * 48"}),
     ToolCall("calculate", {"expression": "1+1"}),

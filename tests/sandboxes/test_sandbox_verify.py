@@ -37,6 +37,21 @@ def test_candidate_output_cannot_forge_the_report(sb):
     assert res.reward == 0.0 and res.tests[0].status == "failed"
 
 
+@pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "exit()", "raise SystemExit"])
+def test_exiting_before_the_tests_is_not_a_pass(sb, exit_call):
+    # a classic RL reward hack: leave before any assert runs
+    code = f"def f():\n    return 0\n{exit_call}\n"
+    res = verify(code, ["assert f() == 1", "assert f() == 2"], sandbox=sb)
+    assert res.reward == 0.0
+    assert all("SystemExit" in t.message for t in res.tests)
+
+
+def test_stdio_program_may_end_with_exit_zero(sb):
+    prog = "import sys\nprint(int(input()) + 1)\nsys.exit(0)\n"
+    res = verify(prog, [{"input": "1", "output": "2"}], "stdio", sandbox=sb)
+    assert res.reward == 1.0
+
+
 def test_stdio_mode(sb):
     prog = "n = int(input())\nprint(n * 2)\n"
     cases = [{"input": "2\n", "output": "4\n"}, {"input": "5", "output": "10"},
