@@ -26,7 +26,14 @@ from ._rubric import Rubric, RubricResult
 from ._summary import summarize
 from ._tool_env import EpisodeState, ToolEnv
 from ._tools import Tool, tool
-from ._trajectory import PrefixMismatchError, Trajectory, Turn, read_jsonl, write_jsonl
+from ._trajectory import (
+    PrefixMismatchError,
+    Trajectory,
+    Turn,
+    read_jsonl,
+    recover_jsonl,
+    write_jsonl,
+)
 from .parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser, register_parser
 
 __version__ = "0.1.0"
@@ -69,6 +76,7 @@ __all__ = [
     "load_plugins",
     "make",
     "read_jsonl",
+    "recover_jsonl",
     "register",
     "register_parser",
     "registered_envs",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +155,7 @@ async def arollout(
     max_tokens_per_turn: int | None = None,
     env_kwargs: dict[str, Any] | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
+    skip: Collection[tuple[int | None, int]] = (),
 ) -> list[Trajectory]:
     """Run ``group_size`` episodes for each task, up to ``max_concurrency`` at a time.
 
@@ -169,6 +170,8 @@ async def arollout(
         max_tokens_per_turn: passed to the policy as ``max_tokens``.
         env_kwargs: keyword arguments for `make` when ``env`` is an id.
         on_episode: called with each finished trajectory (progress bars, streaming writes).
+        skip: ``(task_index, group_index)`` pairs not to play (already done, when resuming);
+            the other episodes keep the seeds they have in the full plan.
 
     Returns:
         Trajectories in plan order (task-major, then group index), one per episode.
@@ -192,7 +195,12 @@ async def arollout(
             on_episode(trajectory)
         return trajectory
 
-    return list(await asyncio.gather(*map(bounded, plan_episodes(tasks, group_size, seed))))
+    plan = [
+        spec
+        for spec in plan_episodes(tasks, group_size, seed)
+        if (spec.task_index, spec.group_index) not in skip
+    ]
+    return list(await asyncio.gather(*map(bounded, plan)))
 
 
 def rollout(env: str | EnvFactory, policy: Policy, **kwargs: Any) -> list[Trajectory]:

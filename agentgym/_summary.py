@@ -9,8 +9,13 @@ from typing import Any
 from ._trajectory import STATUSES, Trajectory
 
 
-def summarize(trajectories: list[Trajectory], wall_seconds: float | None = None) -> dict[str, Any]:
+def summarize(
+    trajectories: list[Trajectory], wall_seconds: float | None = None, played: int | None = None
+) -> dict[str, Any]:
     """Counts by status, reward statistics over scored episodes, per-rubric means, turn/tool stats.
+
+    ``wall_seconds`` is how long ``played`` of the episodes took (all of them by default; fewer
+    when a resumed run only played the missing ones), for the episodes-per-second figure.
 
     Rewards are averaged over episodes that produced one (``ok`` and ``truncated``):
     ``error``/``infra_error`` episodes say nothing about the policy and are counted apart.
@@ -35,9 +40,8 @@ def summarize(trajectories: list[Trajectory], wall_seconds: float | None = None)
         summary[f"scores/{name}"] = fmean(values) if values else None
     if wall_seconds is not None:
         summary["time/wall_seconds"] = wall_seconds
-        summary["time/episodes_per_second"] = (
-            len(trajectories) / wall_seconds if wall_seconds else None
-        )
+        count = len(trajectories) if played is None else played
+        summary["time/episodes_per_second"] = count / wall_seconds if wall_seconds else None
     for status in STATUSES:
         summary["status"].setdefault(status, 0)
     return summary

@@ -115,6 +115,11 @@ class Trajectory:
         return cls(**data)
 
 
+def to_json_line(trajectory: Trajectory) -> str:
+    """One JSONL line (with its newline) for ``trajectory``."""
+    return json.dumps(trajectory.to_dict(), ensure_ascii=False, default=str) + "\n"
+
+
 def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
     """Write one trajectory per line, atomically (temp file, then rename); return the count."""
     path = Path(path)
@@ -123,7 +128,7 @@ def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
     try:
         with tmp.open("w", encoding="utf-8") as f:
             for trajectory in trajectories:
-                f.write(json.dumps(trajectory.to_dict(), ensure_ascii=False, default=str) + "\n")
+                f.write(to_json_line(trajectory))
                 count += 1
         tmp.replace(path)
     finally:
@@ -137,3 +142,19 @@ def read_jsonl(path: str | Path) -> Iterator[Trajectory]:
         for line in f:
             if line.strip():
                 yield Trajectory.from_dict(json.loads(line))
+
+
+def recover_jsonl(path: str | Path) -> list[Trajectory]:
+    """Trajectories of a streamed file whose writer may have been killed mid-line.
+
+    Complete lines are kept; a torn last line (no newline) is cut off the file, so appending
+    can continue cleanly. This is how `agentgym eval --resume` picks up a killed run.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    if len(complete) != len(data):
+        with path.open("r+b") as f:
+            f.truncate(len(complete))
+    lines = complete.decode("utf-8").splitlines()
+    return [Trajectory.from_dict(json.loads(line)) for line in lines if line.strip()]

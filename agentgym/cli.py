@@ -24,7 +24,7 @@ from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
-from ._trajectory import write_jsonl
+from ._trajectory import Trajectory, recover_jsonl, to_json_line
 
 app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -110,45 +110,84 @@ def evaluate(
     max_tokens: Annotated[int | None, typer.Option(help="Max new tokens per turn.")] = None,
     seed: Annotated[int, typer.Option(help="Base seed of the episodes.")] = 0,
     out: Annotated[
-        Path, typer.Option(help="Folder for trajectories.jsonl and summary.json.")
+        Path, typer.Option(help="Folder for trajectories.jsonl, summary.json and run.json.")
     ] = Path("runs/eval"),
+    resume: Annotated[
+        bool, typer.Option(help="Continue a killed run in --out: play only missing episodes.")
+    ] = False,
     env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
 ) -> None:
-    """Run evaluation episodes; write one trajectory per line and a summary."""
+    """Run evaluation episodes; stream one trajectory per line, then write a summary."""
     env_id = resolve_id(env)
     env_kwargs = _parse_env_args(env_arg)
     probe = make(env_id, **env_kwargs)  # validates options before any work
     agent = _make_policy(policy, probe, base_url, model, api_key, temperature)
     total = min(num_tasks, len(probe.tasks)) if num_tasks is not None else len(probe.tasks)
     probe.close()
+    run_config = {
+        "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value, "model": model,
+        "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
+        "seed": seed, "max_tokens": max_tokens,
+    }  # fmt: skip
+    done = _previous_episodes(out, run_config, resume)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "run.json", run_config)
     started = time.perf_counter()
-    with Progress(
+    with _progress() as progress, (out / "trajectories.jsonl").open("a") as sink:
+        bar = progress.add_task(f"eval {env_id}", total=total * group_size, completed=len(done))
+
+        def record(trajectory: Trajectory) -> None:
+            sink.write(to_json_line(trajectory))
+            sink.flush()  # a killed run keeps every finished episode
+            progress.advance(bar)
+
+        played = rollout(
+            env_id, agent, num_tasks=num_tasks, group_size=group_size,
+            max_concurrency=concurrency, seed=seed, max_tokens_per_turn=max_tokens,
+            env_kwargs=env_kwargs, on_episode=record,
+            skip={(t.task_index, t.group_index) for t in done},
+        )  # fmt: skip
+    wall = time.perf_counter() - started
+    summary = summarize(done + played, wall_seconds=wall, played=len(played))
+    summary |= {"env": env_id, "policy": policy.value, "model": model, "group_size": group_size}
+    _write_json(out / "summary.json", summary)
+    _print_summary(summary, out)
+
+
+def _progress() -> Progress:
+    return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
-    ) as progress:
-        bar = progress.add_task(f"eval {env_id}", total=total * group_size)
-        trajectories = rollout(
-            env_id,
-            agent,
-            num_tasks=num_tasks,
-            group_size=group_size,
-            max_concurrency=concurrency,
-            seed=seed,
-            max_tokens_per_turn=max_tokens,
-            env_kwargs=env_kwargs,
-            on_episode=lambda _: progress.advance(bar),
+    )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def _previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> list[Trajectory]:
+    """Episodes an earlier run in ``out`` finished; refuses to mix runs of other settings."""
+    results = out / "trajectories.jsonl"
+    if not results.exists():
+        return []
+    if not resume:
+        raise ConfigError(
+            f"{results} exists; pass --resume to continue that run, or choose another --out"
         )
-    summary = summarize(trajectories, wall_seconds=time.perf_counter() - started)
-    summary |= {"env": env_id, "policy": policy.value, "model": model, "group_size": group_size}
-    out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(trajectories, out / "trajectories.jsonl")
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / "summary.json")
-    _print_summary(summary, out)
+    saved_path = out / "run.json"
+    saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
+    differ = sorted(k for k in run_config if saved.get(k) != run_config[k])
+    if differ:
+        raise ConfigError(
+            f"--resume: settings {differ} differ from {saved_path}; "
+            "rerun with the same settings or choose another --out"
+        )
+    return recover_jsonl(results)
 
 
 def _make_policy(

@@ -61,7 +61,8 @@ def test_eval_writes_trajectories_and_summary(tmp_path: Path) -> None:
     assert summary["reward/mean"] == 1.0
     assert summary["episodes"] == 10 and summary["status"]["ok"] == 10
     assert summary["env"] == "agentgym/Calculator-v0" and summary["policy"] == "reference"
-    assert sorted(p.name for p in out.iterdir()) == ["summary.json", "trajectories.jsonl"]
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ["run.json", "summary.json", "trajectories.jsonl"]
     assert "reward/mean" in proc.stdout
 
 
@@ -97,3 +98,33 @@ def test_usage_error_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "--group-size" in proc.stderr and "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_refuses_to_mix_into_an_existing_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert run("eval", "calculator", "-n", "2", "--out", str(out)).returncode == 0
+    before = (out / "trajectories.jsonl").read_bytes()
+    proc = run("eval", "calculator", "-n", "2", "--out", str(out))
+    assert proc.returncode == 2 and "--resume" in one_error_line(proc)
+    proc = run("eval", "calculator", "-n", "2", "-g", "3", "--out", str(out), "--resume")
+    assert proc.returncode == 2 and "group_size" in one_error_line(proc)
+    assert (out / "trajectories.jsonl").read_bytes() == before
+
+
+def test_resume_plays_only_missing_episodes_after_a_torn_write(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert run("eval", "calculator", "-n", "4", "-g", "2", "--out", str(out)).returncode == 0
+    results = out / "trajectories.jsonl"
+    full = list(read_jsonl(results))
+    lines = results.read_bytes().splitlines(keepends=True)
+    # as if killed mid-write: 3 whole episodes, then half of the 4th line
+    results.write_bytes(b"".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    proc = run("eval", "calculator", "-n", "4", "-g", "2", "--out", str(out), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    resumed = list(read_jsonl(results))
+    assert len(resumed) == 8
+    key = lambda t: (t.task_index, t.group_index)  # noqa: E731
+    assert sorted(map(key, resumed)) == sorted(map(key, full))
+    assert {key(t): t.seed for t in resumed} == {key(t): t.seed for t in full}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["episodes"] == 8 and summary["reward/mean"] == 1.0

@@ -46,6 +46,7 @@ PUBLIC_NAMES = [
     "load_plugins",
     "make",
     "read_jsonl",
+    "recover_jsonl",
     "register",
     "register_parser",
     "registered_envs",

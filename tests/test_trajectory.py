@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym import PrefixMismatchError, Trajectory, Turn, read_jsonl, write_jsonl
+from agentgym import PrefixMismatchError, Trajectory, Turn, read_jsonl, recover_jsonl, write_jsonl
 
 
 def rich_trajectory() -> Trajectory:
@@ -157,3 +157,13 @@ def test_flatten_needs_token_ids() -> None:
     t = Trajectory(env_id="x", turns=[Turn(text="no ids")])
     with pytest.raises(ValueError, match="no token ids"):
         t.flatten()
+
+
+def test_recover_jsonl_drops_a_torn_last_line_and_truncates(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_jsonl([Trajectory(env_id="a"), Trajectory(env_id="b")], path)
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"env_id": "c", "mess')
+    recovered = recover_jsonl(path)
+    assert [t.env_id for t in recovered] == ["a", "b"]
+    assert path.read_bytes() == whole  # appending can continue on a clean line boundary
