@@ -9,6 +9,7 @@ from ._check import CheckResult, check
 from ._env import AssistantTurnSpace, Env, MessagesSpace
 from ._errors import (
     ConfigError,
+    ContextLengthError,
     Error,
     InfraError,
     ModelError,
@@ -44,6 +45,7 @@ __all__ = [
     "CheckResult",
     "Completion",
     "ConfigError",
+    "ContextLengthError",
     "Env",
     "EpisodeSpec",
     "EpisodeState",

@@ -136,6 +136,14 @@ class Env(gymnasium.Env[list[Message], Action]):
         """Sync adapter over `astep`; inside running async code, await `astep` instead."""
         return self._run_sync(self.astep(action))
 
+    async def atruncate(self) -> dict[str, Any]:
+        """End the episode from outside (its conversation outgrew the model's context).
+
+        Returns the final ``info`` (``final_reward``, ``scores`` ... as a last `astep` would);
+        the base class has no final reward and returns ``{}``.
+        """
+        return {}
+
     async def aclose(self) -> None:
         """Release per-episode resources (sandboxes, connections); safe to call twice."""
 

@@ -9,6 +9,7 @@
     │   ├── ToolArgumentsError  arguments did not match the tool's JSON schema
     │   └── ToolTimeoutError    the tool ran past its per-call timeout
     ├── ParseError              the model's text held a tool call that could not be parsed
+    ├── ContextLengthError      the conversation outgrew the model's context: episode truncated
     ├── ModelError              the policy/backend failed (HTTP error, server down): infra
     └── SandboxError            the execution backend failed (daemon, container): infra
 
@@ -50,6 +51,14 @@ class ToolTimeoutError(ToolError):
 
 class ParseError(Error):
     """A tool call in the model's text could not be parsed."""
+
+
+class ContextLengthError(Error):
+    """The conversation no longer fits the model's context window.
+
+    Not an infrastructure failure: the episode legitimately grew too long, so the rollout ends
+    it as ``truncated`` and scores it, as if it had hit ``max_turns``.
+    """
 
 
 class InfraError(Error):

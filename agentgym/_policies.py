@@ -8,15 +8,18 @@ returns the exact prompt and completion token ids and per-token logprobs that tr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from ._errors import ModelError
+from ._errors import ContextLengthError, ModelError
 
 Message = dict[str, Any]
+#: How vLLM and OpenAI say that a prompt does not fit the context window.
+_CONTEXT_OVERFLOW = re.compile(r"maximum context length|context_length_exceeded")
 
 
 @dataclass
@@ -137,6 +140,10 @@ class OpenAIPolicy:
             response = await self._client.post("/chat/completions", json=body)
         except httpx.HTTPError as exc:
             raise ModelError(f"request to {self._client.base_url} failed: {exc!r}") from exc
+        if response.status_code == 400 and _CONTEXT_OVERFLOW.search(response.text):
+            raise ContextLengthError(
+                f"the prompt outgrew the model's context: {response.text[:300]}"
+            )
         if response.status_code != 200:
             raise ModelError(
                 f"{self._client.base_url}/chat/completions answered {response.status_code}: "

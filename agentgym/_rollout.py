@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._env import Env
-from ._errors import ConfigError, InfraError
+from ._errors import ConfigError, ContextLengthError, InfraError
 from ._policies import Completion, Policy
 from ._registry import make
 from ._trajectory import Trajectory, Turn
@@ -76,12 +76,17 @@ async def run_episode(
         trajectory.task = info.get("task")
         trajectory.messages = messages
         tools = getattr(env, "tool_schemas", [])
-        done = False
+        done = truncated = False
         while not done:
             t0 = time.perf_counter()
-            completion = await policy.generate(
-                messages, tools, max_tokens=max_tokens_per_turn, task=trajectory.task
-            )
+            try:
+                completion = await policy.generate(
+                    messages, tools, max_tokens=max_tokens_per_turn, task=trajectory.task
+                )
+            except ContextLengthError as exc:  # too long to go on: truncated, and scored
+                info, truncated = await env.atruncate(), True
+                trajectory.info["truncated_by"] = str(exc)
+                break
             t1 = time.perf_counter()
             new_messages, reward, terminated, truncated, info = await env.astep(completion)
             trajectory.turns.append(

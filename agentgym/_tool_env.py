@@ -191,6 +191,11 @@ class ToolEnv(Env):
             reward += info["final_reward"]
         return json_copy(new_messages), float(reward), terminated, truncated, info
 
+    async def atruncate(self) -> dict[str, Any]:
+        if self.state.done:
+            raise ConfigError("the episode is over (or never started); call reset() first")
+        return await self._finish()
+
     async def aclose(self) -> None:
         if not self.state.done:
             self.state.done = True

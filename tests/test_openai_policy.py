@@ -9,7 +9,11 @@ logprob per completion token.
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +105,33 @@ def test_rollout_on_calculator(vllm_server) -> None:
             assert turn.prompt_ids and turn.completion_ids
             assert len(turn.completion_ids) == len(turn.logprobs) <= 48
         assert trajectory.messages[-1]["role"] in ("assistant", "tool", "user")
+        ids, mask, _ = trajectory.flatten()  # one-turn episodes always flatten
+        assert sum(mask) == sum(len(turn.completion_ids) for turn in trajectory.turns)
+        assert len(ids) == len(mask)
+
+
+def test_context_overflow_truncates_and_scores_instead_of_infra_error(vllm_server) -> None:
+    policy = agentgym.OpenAIPolicy(vllm_server.base_url, vllm_server.model)
+    huge_prompt = "Think about this. " * 400  # ~7,200 byte-level tokens > the server's 4,096
+    [trajectory] = agentgym.rollout(
+        "calculator", policy, tasks=[0], env_kwargs={"system_prompt": huge_prompt}
+    )
+    assert trajectory.status == "truncated", trajectory.error
+    assert trajectory.turns == [] and trajectory.final_reward == 0.0
+    assert "maximum context length" in trajectory.info["truncated_by"]
+
+
+def test_cli_eval_against_the_server_records_token_ids(vllm_server, tmp_path) -> None:
+    out = tmp_path / "run"
+    agentgym_cli = Path(sys.executable).parent / "agentgym"
+    proc = subprocess.run(
+        [str(agentgym_cli), "eval", "calculator", "--policy", "openai",
+         "--base-url", vllm_server.base_url, "--model", vllm_server.model,
+         "-n", "2", "--max-tokens", "32", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    trajectories = list(agentgym.read_jsonl(out / "trajectories.jsonl"))
+    assert len(trajectories) == 2
+    assert all(turn.completion_ids for t in trajectories for turn in t.turns)
+    assert json.loads((out / "summary.json").read_text())["tokens/completion"] > 0

@@ -13,6 +13,7 @@ PUBLIC_NAMES = [
     "CheckResult",
     "Completion",
     "ConfigError",
+    "ContextLengthError",
     "ENTRY_POINT_GROUP",
     "Env",
     "EpisodeSpec",
