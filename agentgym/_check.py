@@ -11,7 +11,7 @@ import asyncio
 import json
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +110,8 @@ def _play_reference(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Trajectory
     """Play task 0 with the env's reference turns; None when the env has no reference."""
     env = make(env_id, **env_kwargs)
     reference = getattr(env, "reference_turns", None)
-    task = env.tasks[0] if len(getattr(env, "tasks", ())) else None
+    tasks: Sequence[Any] = getattr(env, "tasks", ())
+    task = tasks[0] if len(tasks) else None
     tools = getattr(env, "tool_schemas", [])
     env.close()
     if reference is None or task is None or reference(task) is None:

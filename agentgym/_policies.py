@@ -8,6 +8,7 @@ returns the exact prompt and completion token ids and per-token logprobs that tr
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,10 +16,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from ._errors import ContextLengthError, ModelError
+from ._errors import ConfigError, ContextLengthError, ModelError
 
 Message = dict[str, Any]
 #: How vLLM and OpenAI say that a prompt does not fit the context window.
+_RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length|context_length_exceeded")
 
 
@@ -96,6 +98,9 @@ class OpenAIPolicy:
         sampling: extra request fields (``temperature``, ``top_p``, ``seed`` ...).
         timeout: seconds per request.
         vllm_extensions: ask for token ids (``return_token_ids``) and raw special tokens.
+        max_retries: retries of a request that failed in transit or got 429/5xx, with
+            exponential backoff; after that the episode becomes ``infra_error``.
+        retry_backoff: seconds before the first retry; doubles with each one.
     """
 
     def __init__(
@@ -106,11 +111,19 @@ class OpenAIPolicy:
         sampling: dict[str, Any] | None = None,
         timeout: float = 60.0,
         vllm_extensions: bool = True,
+        max_retries: int = 3,
+        retry_backoff: float = 0.5,
     ) -> None:
+        if max_retries < 0 or retry_backoff < 0:
+            raise ConfigError(
+                f"max_retries and retry_backoff must be >= 0, got {max_retries}, {retry_backoff}"
+            )
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
         self.sampling = dict(sampling or {})
         self.vllm_extensions = vllm_extensions
+        self.max_retries = max_retries
+        self.retry_backoff = retry_backoff
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
         )
@@ -135,11 +148,7 @@ class OpenAIPolicy:
         max_tokens: int | None = None,
         task: Any = None,
     ) -> Completion:
-        body = self._request_body(messages, tools, max_tokens)
-        try:
-            response = await self._client.post("/chat/completions", json=body)
-        except httpx.HTTPError as exc:
-            raise ModelError(f"request to {self._client.base_url} failed: {exc!r}") from exc
+        response = await self._post(self._request_body(messages, tools, max_tokens))
         if response.status_code == 400 and _CONTEXT_OVERFLOW.search(response.text):
             raise ContextLengthError(
                 f"the prompt outgrew the model's context: {response.text[:300]}"
@@ -150,6 +159,24 @@ class OpenAIPolicy:
                 f"{response.text[:500]}"
             )
         return _completion_from_response(response.json())
+
+    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+        """POST with retries on transport errors and 429/5xx; other answers return as they are."""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self.retry_backoff * 2 ** (attempt - 1))
+            try:
+                response = await self._client.post("/chat/completions", json=body)
+            except httpx.TransportError as exc:
+                failure = f"request failed: {exc!r}"
+                continue
+            if response.status_code not in _RETRYABLE:
+                return response
+            failure = f"answered {response.status_code}: {response.text[:300]}"
+        raise ModelError(
+            f"{self._client.base_url}/chat/completions {failure} "
+            f"(after {self.max_retries + 1} attempts)"
+        )
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""

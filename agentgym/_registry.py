@@ -155,7 +155,9 @@ def _accepted_kwargs(factory: Callable[..., Env]) -> set[str] | None:
 
 def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
     accepted = _accepted_kwargs(factory)
-    unknown = sorted(set(kwargs) - accepted) if accepted is not None else []
+    if accepted is None:
+        return
+    unknown = sorted(set(kwargs) - accepted)
     if unknown:
         raise ConfigError(
             f"{env_id} does not take option(s) {unknown}; it takes: {', '.join(sorted(accepted))}"

@@ -36,7 +36,7 @@ def summarize(
         "tokens/completion": tokens,
     }
     for name in score_names:
-        values = [t.scores[name] for t in scored if t.scores.get(name) is not None]
+        values = [v for t in scored if (v := t.scores.get(name)) is not None]
         summary[f"scores/{name}"] = fmean(values) if values else None
     if wall_seconds is not None:
         summary["time/wall_seconds"] = wall_seconds

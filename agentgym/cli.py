@@ -122,7 +122,8 @@ def evaluate(
     env_kwargs = _parse_env_args(env_arg)
     probe = make(env_id, **env_kwargs)  # validates options before any work
     agent = _make_policy(policy, probe, base_url, model, api_key, temperature)
-    total = min(num_tasks, len(probe.tasks)) if num_tasks is not None else len(probe.tasks)
+    available = len(getattr(probe, "tasks", ()))
+    total = available if num_tasks is None else min(num_tasks, available)
     probe.close()
     run_config = {
         "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value, "model": model,

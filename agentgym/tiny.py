@@ -223,7 +223,7 @@ def _write_model(out: Path, spec: dict[str, Any]) -> None:
     tokenizer.save_pretrained(out)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = Qwen2Config(
+    config = Qwen2Config(  # type: ignore[call-arg]  # head_dim is a Qwen2Config kwarg in 5.x
         vocab_size=len(tokenizer),  # exactly: padding ids would be sampled and decode to ""
         hidden_size=spec["hidden_size"],
         intermediate_size=spec["intermediate_size"],

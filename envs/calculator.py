@@ -11,11 +11,12 @@ import ast
 import operator
 import random
 import re
+from collections.abc import Callable
 from typing import Any
 
 from agentgym import Rubric, ToolCall, ToolEnv, tool
 
-_OPS = {
+_OPS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -31,8 +32,9 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 def _evaluate(node: ast.AST) -> float | int:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
         return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:

@@ -96,10 +96,10 @@ class VLLMToolParser(ToolCallParser):
         """The minimal ChatCompletionRequest the parsers read (tools and tool_choice)."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        return ChatCompletionRequest(
+        return ChatCompletionRequest(  # type: ignore[call-arg]  # vLLM's pydantic defaults
             model="agentgym",
             messages=[{"role": "user", "content": ""}],
-            tools=tools or None,
+            tools=tools or None,  # type: ignore[arg-type]  # pydantic validates the dicts
             tool_choice="auto" if tools else None,
         )
 

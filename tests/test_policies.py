@@ -1,0 +1,131 @@
+"""`OpenAIPolicy` against a real HTTP server on loopback that misbehaves on purpose."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import agentgym
+
+REPLY = {
+    "choices": [
+        {
+            "message": {"role": "assistant", "content": "42"},
+            "finish_reason": "stop",
+            "token_ids": [52, 50],
+            "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -0.25}]},
+        }
+    ],
+    "prompt_token_ids": [1, 2, 3],
+}
+
+
+class FlakyServer(ThreadingHTTPServer):
+    """Answers each POST with the next (status, body) of ``script``, then the last one forever."""
+
+    def __init__(self, script: list[tuple[int, dict]]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.script = script
+        self.requests: list[dict] = []
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FlakyServer
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append(body)
+        status, reply = self.server.script[
+            min(len(self.server.requests), len(self.server.script)) - 1
+        ]
+        data = json.dumps(reply).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def serve() -> Iterator:
+    servers: list[FlakyServer] = []
+
+    def start(script: list[tuple[int, dict]]) -> FlakyServer:
+        server = FlakyServer(script)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_retries_transient_errors_then_returns_tokens(serve) -> None:
+    server = serve([(503, {"error": "warming up"}), (429, {"error": "busy"}), (200, REPLY)])
+    policy = agentgym.OpenAIPolicy(server.base_url, "m", retry_backoff=0.01)
+    completion = await policy.generate([{"role": "user", "content": "hi"}], [])
+    await policy.aclose()
+    assert len(server.requests) == 3
+    assert completion.text == "42"
+    assert completion.prompt_ids == [1, 2, 3] and completion.completion_ids == [52, 50]
+    assert completion.logprobs == [-0.5, -0.25]
+    assert server.requests[0]["return_token_ids"] is True and server.requests[0]["logprobs"]
+
+
+async def test_gives_up_after_max_retries_with_a_model_error(serve) -> None:
+    server = serve([(503, {"error": "down"})])
+    policy = agentgym.OpenAIPolicy(server.base_url, "m", max_retries=2, retry_backoff=0.01)
+    with pytest.raises(agentgym.ModelError, match="503.*after 3 attempts"):
+        await policy.generate([{"role": "user", "content": "hi"}], [])
+    await policy.aclose()
+    assert len(server.requests) == 3
+
+
+async def test_bad_request_is_not_retried(serve) -> None:
+    server = serve([(400, {"error": "bad field"})])
+    policy = agentgym.OpenAIPolicy(server.base_url, "m", retry_backoff=0.01)
+    with pytest.raises(agentgym.ModelError, match="400"):
+        await policy.generate([{"role": "user", "content": "hi"}], [])
+    await policy.aclose()
+    assert len(server.requests) == 1
+
+
+async def test_connection_refused_is_a_model_error() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    policy = agentgym.OpenAIPolicy(
+        f"http://127.0.0.1:{port}/v1", "m", max_retries=1, retry_backoff=0.01
+    )
+    with pytest.raises(agentgym.ModelError, match="ConnectError"):
+        await policy.generate([{"role": "user", "content": "hi"}], [])
+    await policy.aclose()
+
+
+def test_unreachable_server_makes_infra_error_episodes_not_zero_rewards(serve) -> None:
+    server = serve([(502, {"error": "bad gateway"})])
+    policy = agentgym.OpenAIPolicy(server.base_url, "m", max_retries=0)
+    trajectories = agentgym.rollout("calculator", policy, num_tasks=2)
+    assert [t.status for t in trajectories] == ["infra_error", "infra_error"]
+    assert all(t.final_reward is None for t in trajectories)
+    summary = agentgym.summarize(trajectories)
+    assert summary["reward/mean"] is None and summary["status"]["infra_error"] == 2
+
+
+def test_negative_retries_are_a_config_error() -> None:
+    with pytest.raises(agentgym.ConfigError, match="max_retries"):
+        agentgym.OpenAIPolicy("http://127.0.0.1:1/v1", "m", max_retries=-1)
