@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentgym._errors import ConfigError
 
@@ -117,6 +118,6 @@ class DockerSandboxConfig:
                 out.append(f"{name}={mine!r} (default {base!r})")
         return out
 
-    def replace(self, **changes: object) -> DockerSandboxConfig:
+    def replace(self, **changes: Any) -> DockerSandboxConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

@@ -134,6 +134,17 @@ class DockerSandbox(SandboxBase):
                                f"{exc}") from exc
         self._channel = channel
 
+    def _open_channel(self) -> ServerChannel:
+        """The code server's channel; raises `SandboxError` when there is none.
+
+        `start` opens it, but a failed recovery (`_kill_code_processes` followed by a failed
+        `_open_server`) or `close` leaves the sandbox without one.
+        """
+        if self._channel is None:
+            raise SandboxError("the sandbox has no code server channel (not started, closed, "
+                               "or a recovery failed)")
+        return self._channel
+
     def reset(self, hard: bool = False) -> None:
         """Kill every code process, empty the work dir, /tmp and /dev/shm, drop the session.
 
@@ -148,7 +159,7 @@ class DockerSandbox(SandboxBase):
                 return
             if not hard:
                 try:
-                    if self._channel.request({"op": "reset"}, 10.0).get("ok"):
+                    if self._open_channel().request({"op": "reset"}, 10.0).get("ok"):
                         return
                 except Exception as exc:
                     log.debug("soft reset of %s failed: %s", self._container.short_id, exc)
@@ -222,7 +233,7 @@ class DockerSandbox(SandboxBase):
         with self._lock:
             try:
                 self.start()
-                reply = self._channel.request(req, timeout + self.config.host_grace_s)
+                reply = self._open_channel().request(req, timeout + self.config.host_grace_s)
             except ChannelDeadline:
                 return self._recover("timeout", started, timeout)
             except ChannelClosed as exc:
@@ -273,7 +284,7 @@ class DockerSandbox(SandboxBase):
         """Tar of the work dir (files only; processes and the Python session excluded)."""
         with self._lock:
             self.start()
-            reply = self._channel.request({"op": "tar"}, timeout)
+            reply = self._open_channel().request({"op": "tar"}, timeout)
         if "server_error" in reply:
             raise SandboxError(f"snapshot failed: {reply['server_error']}")
         return Snapshot(base64.b64decode(reply["data"]), self._container.short_id)
@@ -282,7 +293,7 @@ class DockerSandbox(SandboxBase):
         """Replace the work dir with ``snapshot``'s files; kills code processes first."""
         with self._lock:
             self.start()
-            reply = self._channel.request(
+            reply = self._open_channel().request(
                 {"op": "untar", "data": base64.b64encode(snapshot.tar).decode()}, timeout)
         if "server_error" in reply:
             raise SandboxError(f"restore failed: {reply['server_error']}")

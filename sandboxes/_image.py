@@ -163,11 +163,13 @@ def _import_rootfs(client, rootfs: Path, tag: str) -> str:
     repository, _, version = tag.rpartition(":") if ":" in tag else (tag, "", "latest")
     tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
                            stdout=subprocess.PIPE)
+    stream = tar.stdout
+    assert stream is not None  # opened with stdout=PIPE
     try:
         out = client.api.import_image_from_stream(
-            tar.stdout, repository=repository, tag=version, changes=IMPORT_CHANGES)
+            stream, repository=repository, tag=version, changes=IMPORT_CHANGES)
     finally:
-        tar.stdout.close()
+        stream.close()
         tar.wait()
     if tar.returncode != 0:
         raise SandboxError(f"tar of {rootfs} failed with exit code {tar.returncode}")

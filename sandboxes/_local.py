@@ -15,6 +15,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import IO, cast
 
 from agentgym._errors import ConfigError
 
@@ -96,6 +97,7 @@ class LocalSandbox(SandboxBase):
         _kill_group(proc.pid)
         code = proc.wait()
         for stream in (proc.stdout, proc.stderr):
+            assert stream is not None  # opened with PIPE
             stream.close()
         if status is None:
             tail = err[-200:]
@@ -158,7 +160,9 @@ def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
 def _collect(proc: subprocess.Popen[bytes], deadline: float,
              limit: int) -> tuple[bytes, bytes, ExecStatus | None]:
     """Read stdout/stderr until exit, the deadline, or the cap."""
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # opened with PIPE
+    bufs: dict[IO[bytes], bytearray] = {stdout: bytearray(), stderr: bytearray()}
     total = 0
     with selectors.DefaultSelector() as sel:
         for stream in bufs:
@@ -166,7 +170,7 @@ def _collect(proc: subprocess.Popen[bytes], deadline: float,
         while sel.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), ExecStatus.TIMEOUT
+                return bytes(bufs[stdout]), bytes(bufs[stderr]), ExecStatus.TIMEOUT
             events = sel.select(min(remaining, 0.05))
             if not events and proc.poll() is not None:
                 break  # exited; only orphans hold the pipes now
@@ -176,12 +180,12 @@ def _collect(proc: subprocess.Popen[bytes], deadline: float,
                     sel.unregister(key.fileobj)
                     continue
                 take = min(len(data), limit - total)
-                bufs[key.fileobj] += data[:take]
+                bufs[cast(IO[bytes], key.fileobj)] += data[:take]  # registered above
                 total += take
                 if take < len(data):
-                    return (bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]),
+                    return (bytes(bufs[stdout]), bytes(bufs[stderr]),
                             ExecStatus.OUTPUT_LIMIT)
-    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), None
+    return bytes(bufs[stdout]), bytes(bufs[stderr]), None
 
 
 def _kill_group(pid: int) -> None:

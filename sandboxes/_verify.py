@@ -26,6 +26,7 @@ from ._result import ExecResult, ExecStatus
 
 VerifyMode = Literal["assert", "stdio", "pytest"]
 RewardKind = Literal["fraction", "all"]
+VerifyStatus = Literal["passed", "failed", "infra_error"]
 RUNNER_SOURCE = Path(__file__).with_name("_runner.py").read_text()
 MARKER = "\x00agentgym-verify\x00"
 RUNNER_SLACK_S = 5.0
@@ -55,7 +56,7 @@ class VerifyResult:
 
     tests: list[TestResult]
     reward: float | None
-    status: Literal["passed", "failed", "infra_error"]
+    status: VerifyStatus
     infra_error: str | None = None
     runner: str = ""
     exec_result: ExecResult | None = field(default=None, repr=False)
@@ -105,7 +106,7 @@ def _score(result: ExecResult, reward: str) -> VerifyResult:
     passed = sum(t.passed for t in counted)
     frac = passed / len(counted) if counted else 0.0
     value = frac if reward == "fraction" else float(bool(counted) and passed == len(counted))
-    status = "passed" if counted and passed == len(counted) else "failed"
+    status: VerifyStatus = "passed" if counted and passed == len(counted) else "failed"
     return VerifyResult(tests, value, status, runner=report["runner"], exec_result=result)
 
 
