@@ -35,6 +35,7 @@ sandbox-image: $(VENV)/.full
 
 lint: $(VENV)/.full
 	$(VENV)/bin/ruff check agentgym envs sandboxes trainers tests bench examples
+	$(VENV)/bin/mypy agentgym envs sandboxes
 
 ## Whole test suite (CI runs this through .ci/run with AGENTGYM_STRICT_DEPS=1).
 test: $(VENV)/.full sandbox-image lint
