@@ -74,7 +74,7 @@ async def run_episode(
         env = make_env()
         messages, info = await env.areset(seed=spec.seed, options={"task": spec.task})
         trajectory.task = info.get("task")
-        trajectory.messages = messages
+        trajectory.messages = messages  # the same list: it grows with every step below
         tools = getattr(env, "tool_schemas", [])
         done = truncated = False
         while not done:
@@ -89,8 +89,9 @@ async def run_episode(
                 break
             t1 = time.perf_counter()
             new_messages, reward, terminated, truncated, info = await env.astep(completion)
+            step_reward = reward - info.get("final_reward", 0.0)
             trajectory.turns.append(
-                _turn(completion, reward - info.get("final_reward", 0.0), info, t1 - t0, t1)
+                _turn(completion, step_reward, info, t1 - t0, time.perf_counter() - t1)
             )
             messages.extend(new_messages)
             done = terminated or truncated
@@ -111,7 +112,7 @@ async def run_episode(
 
 
 def _turn(
-    completion: Completion, reward: float, info: dict[str, Any], policy_s: float, env_start: float
+    completion: Completion, reward: float, info: dict[str, Any], policy_s: float, env_s: float
 ) -> Turn:
     ids = completion.completion_ids
     return Turn(
@@ -124,7 +125,7 @@ def _turn(
         reward=reward,
         tool_errors=list(info.get("tool_errors", [])),
         policy_seconds=policy_s,
-        env_seconds=time.perf_counter() - env_start,
+        env_seconds=env_s,
     )
 
 

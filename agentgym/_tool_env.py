@@ -170,9 +170,9 @@ class ToolEnv(Env):
     ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         if self.state.done:
             raise ConfigError("the episode is over (or never started); call reset() first")
+        parsed = self._interpret(action)  # a bad action raises before the turn counts
         state = self.state
         state.turn += 1
-        parsed = self._interpret(action)
         assistant, calls = self._assistant_message(parsed)
         tool_messages, errors = await self._run_tools(calls, parsed.errors)
         new_messages = [assistant, *tool_messages]
@@ -218,18 +218,13 @@ class ToolEnv(Env):
             )
         if choice is None:
             choice = int(self.np_random.integers(len(self.tasks)))
-        if isinstance(choice, numbers.Integral) and not isinstance(choice, bool):
-            choice = int(choice)
-        if (
-            not isinstance(choice, int)
-            or isinstance(choice, bool)
-            or not 0 <= choice < len(self.tasks)
-        ):
+        is_index = isinstance(choice, numbers.Integral) and not isinstance(choice, bool)
+        if not is_index or not 0 <= int(choice) < len(self.tasks):
             raise ConfigError(
                 "options['task'] must be a task dict or an index in "
                 f"[0, {len(self.tasks)}), got {choice!r}"
             )
-        return dict(self.tasks[choice]), choice
+        return json_copy(dict(self.tasks[int(choice)])), int(choice)
 
     def _interpret(self, action: Action) -> ParsedTurn:
         if isinstance(action, Completion):
