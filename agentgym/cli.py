@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,7 +30,7 @@ app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_i
 console = Console(stderr=True)
 
 
-class PolicyKind(str, Enum):
+class PolicyKind(StrEnum):
     """Where assistant turns come from in `agentgym eval`."""
 
     reference = "reference"

@@ -35,6 +35,9 @@ from typing import Any
 #: Bump when the tokenizer, template or model layout changes, so old caches are not reused.
 FORMAT_VERSION = 2
 
+#: File written last into a model folder: the spec it was built from (marks a complete build).
+MARKER = "agentgym_tiny.json"
+
 #: Special tokens (skipped by ``decode(skip_special_tokens=True)``), after the 256 byte ids.
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 #: Added tokens that stay in decoded text (as in Qwen2.5, so tool calls survive decoding).
@@ -161,8 +164,8 @@ def build_tiny_model(
         out_dir: where to write it; ``None`` means ``cache_root()/tiny/<hash of the arguments>``.
             A folder that already holds a complete build of the same arguments is reused as is.
         seed: torch seed for the initial weights: same seed and shape, same weights.
-        hidden_size: model width; ``hidden_size / num_heads`` must be 64 or more (vLLM's CPU
-            attention rejects head_dim 16).
+        hidden_size: model width; ``hidden_size / num_heads`` (head_dim) must be an integer of
+            at least 32, and 64 is safest (vLLM's CPU attention rejects head_dim 16).
         num_layers: decoder layers.
         num_heads: attention heads.
         num_kv_heads: key/value heads (grouped-query attention); divides ``num_heads``.
@@ -170,10 +173,20 @@ def build_tiny_model(
         max_position_embeddings: longest sequence the rotary embedding is sized for.
 
     Raises:
-        ConfigError: the shape is invalid (head_dim < 32 or not an integer).
+        ConfigError: the shape is invalid (a size < 1, head_dim < 32 or not an integer, or
+            num_heads not a multiple of num_kv_heads).
     """
     from ._errors import ConfigError
 
+    sizes = (hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
+             max_position_embeddings)
+    if min(sizes) < 1:
+        raise ConfigError(
+            f"tiny model sizes must be >= 1, got hidden_size={hidden_size}, "
+            f"num_layers={num_layers}, num_heads={num_heads}, num_kv_heads={num_kv_heads}, "
+            f"intermediate_size={intermediate_size}, "
+            f"max_position_embeddings={max_position_embeddings}"
+        )
     head_dim, rem = divmod(hidden_size, num_heads)
     if rem or head_dim < 32 or num_heads % num_kv_heads:
         raise ConfigError(
@@ -194,24 +207,33 @@ def build_tiny_model(
     }
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     out = Path(out_dir) if out_dir is not None else cache_root() / "tiny" / digest
-    marker = out / "agentgym_tiny.json"
-    if marker.exists() and json.loads(marker.read_text()) == spec:
+    if _is_build_of(out, spec):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         _write_model(tmp, spec)
-        (tmp / marker.name).write_text(json.dumps(spec, sort_keys=True))
+        (tmp / MARKER).write_text(json.dumps(spec, sort_keys=True))
+        if _is_build_of(out, spec):  # another process finished the same build meanwhile
+            return out
         if out.exists():  # an incomplete or different build: replace it
             shutil.rmtree(out, ignore_errors=True)
         try:
             tmp.rename(out)
         except OSError:  # another process finished the same build first
-            if not (marker.exists() and json.loads(marker.read_text()) == spec):
+            if not _is_build_of(out, spec):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _is_build_of(out: Path, spec: dict[str, Any]) -> bool:
+    """True when ``out`` holds a complete build of ``spec`` (its marker is written last)."""
+    try:
+        return bool(json.loads((out / MARKER).read_text()) == spec)
+    except (OSError, ValueError):
+        return False
 
 
 def _write_model(out: Path, spec: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -20,7 +20,7 @@ app = typer.Typer(help="Build the sandbox image; list, prune and benchmark sandb
 console = Console()
 
 
-class Method(str, enum.Enum):
+class Method(enum.StrEnum):
     """How `build` makes the image."""
 
     auto = "auto"  # Dockerfile if a registry answers, else debootstrap
@@ -28,7 +28,7 @@ class Method(str, enum.Enum):
     dockerfile = "dockerfile"  # sandboxes/Dockerfile (needs a registry)
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception) -> NoReturn:
     console.print(f"[red]error:[/red] {exc}")
     raise typer.Exit(1)
 
@@ -80,7 +80,7 @@ def list_containers() -> None:
         labels = c.labels
         table.add_row(c.short_id, ",".join(c.image.tags) or c.image.short_id, c.status,
                       labels.get(_reap.OWNER, "?"), "yes" if _reap.owner_alive(labels) else "no",
-                      labels.get("agentgym.pool", ""))
+                      labels.get(_reap.POOL, ""))
     console.print(table)
     console.print(f"{len(containers)} container(s)")
 

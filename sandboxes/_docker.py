@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import base64
 import logging
-import posixpath
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym._errors import ConfigError, SandboxError
+from agentgym._errors import SandboxError
 
 from . import _reap
 from ._channel import ChannelClosed, ChannelDeadline, ServerChannel
 from ._client import docker_client, import_docker
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
-from ._protocol import Files, SandboxBase, language_argv, to_bytes
+from ._protocol import Files, SandboxBase, check_relative, language_argv, to_bytes
 from ._result import ExecResult, ExecStatus
 
 log = logging.getLogger("agentgym.sandboxes")
@@ -61,9 +60,9 @@ class DockerSandbox(SandboxBase):
     Example::
 
         with DockerSandbox() as sb:                     # image: DEFAULT_IMAGE
-            r = sb.run("x = 6 * 7\\nprint(x)")
-            assert r.stdout == "42\\n" and r.status == "ok"
-            sb.run("print(x + 1)").stdout                # '43\\n': the session persists
+            r = sb.run("x = 6 * 7\nprint(x)")
+            assert r.stdout == "42\n" and r.status == "ok"
+            sb.run("print(x + 1)").stdout                # '43\n': the session persists
 
     ``config`` holds every hardening knob (`DockerSandboxConfig`); ``labels`` are added to the
     ownership labels. The container starts on ``start()``, on entering the context, or on the
@@ -172,36 +171,33 @@ class DockerSandbox(SandboxBase):
     def close(self) -> None:
         """Remove the container (idempotent)."""
         with self._lock:
-            if self._channel is not None:
-                self._channel.close()
-                self._channel = None
-            container, self._container = self._container, None
+            self._remove_container()
             _reap.untrack(self)
-            if container is not None:
-                try:
-                    container.remove(force=True)
-                except Exception as exc:  # already gone: fine; anything else: reaped later
-                    log.debug("removing %s: %s", container.short_id, exc)
 
-    def _kill_code_processes(self) -> None:
-        """``kill -9 -1`` as the code uid, from outside the server (it dies too)."""
+    def _drop_channel(self) -> None:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+
+    def _remove_container(self) -> None:
+        """Close the channel and force-remove the container, if any (never raises)."""
+        self._drop_channel()
+        container, self._container = self._container, None
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except Exception as exc:  # already gone: fine; anything else: reaped later
+                log.debug("removing %s: %s", container.short_id, exc)
+
+    def _kill_code_processes(self) -> None:
+        """``kill -9 -1`` as the code uid, from outside the server (it dies too)."""
+        self._drop_channel()
         uid = self.config.code_uid
         self._container.exec_run(["sh", "-c", "kill -9 -1"], user=f"{uid}:{uid}")
 
     def _replace_container(self) -> None:
         self.needs_recycle = True
-        container, self._container = self._container, None
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-        if container is not None:
-            try:
-                container.remove(force=True)
-            except Exception:
-                pass
+        self._remove_container()
         self.start()
 
     # -- calls ------------------------------------------------------------------------------
@@ -281,30 +277,35 @@ class DockerSandbox(SandboxBase):
 
     # -- state fork -------------------------------------------------------------------------
     def snapshot(self, timeout: float = 60.0) -> Snapshot:
-        """Tar of the work dir (files only; processes and the Python session excluded)."""
+        """Tar of the work dir (files only; processes and the Python session excluded).
+
+        Raises `SandboxError` when the server fails or misses ``timeout`` (seconds).
+        """
         with self._lock:
-            self.start()
-            reply = self._open_channel().request({"op": "tar"}, timeout)
-        if "server_error" in reply:
-            raise SandboxError(f"snapshot failed: {reply['server_error']}")
-        return Snapshot(base64.b64decode(reply["data"]), self._container.short_id)
+            reply = self._state_request("snapshot", {"op": "tar"}, timeout)
+            return Snapshot(base64.b64decode(reply["data"]), self._container.short_id)
 
     def restore(self, snapshot: Snapshot, timeout: float = 60.0) -> None:
-        """Replace the work dir with ``snapshot``'s files; kills code processes first."""
+        """Replace the work dir with ``snapshot``'s files; kills code processes first.
+
+        Raises `SandboxError` when the server fails or misses ``timeout`` (seconds).
+        """
         with self._lock:
-            self.start()
-            reply = self._open_channel().request(
-                {"op": "untar", "data": base64.b64encode(snapshot.tar).decode()}, timeout)
+            self._state_request(
+                "restore", {"op": "untar", "data": base64.b64encode(snapshot.tar).decode()},
+                timeout)
+
+    def _state_request(self, what: str, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One tar/untar request; a dead or silent server is restarted, then `SandboxError`."""
+        self.start()
+        try:
+            reply = self._open_channel().request(req, timeout)
+        except (ChannelDeadline, ChannelClosed) as exc:
+            self._recover("closed", time.monotonic(), timeout, str(exc))
+            raise SandboxError(f"{what} failed: {exc}") from exc
         if "server_error" in reply:
-            raise SandboxError(f"restore failed: {reply['server_error']}")
-
-
-def check_relative(path: str) -> None:
-    """Raise `ConfigError` unless ``path`` stays inside the work directory."""
-    norm = posixpath.normpath(path)
-    if posixpath.isabs(path) or norm == ".." or norm.startswith("../") or norm == ".":
-        raise ConfigError(f"file path {path!r} leaves the work directory; use a relative path "
-                          "such as 'src/main.py'")
+            raise SandboxError(f"{what} failed: {reply['server_error']}")
+        return reply
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -319,7 +320,7 @@ def base_env(cfg: DockerSandboxConfig) -> dict[str, str]:
 
 
 def container_options(cfg: DockerSandboxConfig, labels: Mapping[str, str]) -> dict[str, Any]:
-    """``containers.run`` keyword arguments for ``cfg`` (the hardening, in one place)."""
+    """``containers.create``/``run`` keyword arguments for ``cfg`` (the hardening, in one place)."""
     docker = import_docker()
     mib = 1024 * 1024
     work_flags = "exec" if cfg.workdir_exec else "noexec"

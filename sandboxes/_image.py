@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from agentgym._errors import ConfigError, SandboxError
 
@@ -87,36 +87,37 @@ def build_image(
         method = "dockerfile" if registry_reachable() else "debootstrap"
         log(f"registry {'reachable' if method == 'dockerfile' else 'unreachable'}: "
             f"building with {method}")
-    previous = _image_id(tag)
-    if method == "dockerfile":
-        image_id = _build_dockerfile(tag, log)
-    else:
-        image_id = _build_debootstrap(tag, mirror or apt_mirror(), log)
-    if previous and previous != image_id:
-        _remove_quietly(previous, log)
+    client = docker_client(timeout=600)
+    try:
+        previous = _image_id(client, tag)
+        if method == "dockerfile":
+            image_id = _build_dockerfile(client, tag, log)
+        else:
+            image_id = _build_debootstrap(client, tag, mirror or apt_mirror(), log)
+        if previous and previous != image_id:
+            _remove_quietly(client, previous, log)
+    finally:
+        client.close()
     return image_id
 
 
-def _image_id(tag: str) -> str | None:
+def _image_id(client: Any, tag: str) -> str | None:
     try:
-        return docker_client().images.get(tag).id
-    except SandboxError:
-        raise
+        return client.images.get(tag).id
     except Exception:  # not built yet
         return None
 
 
-def _remove_quietly(image_id: str, log: Callable[[str], None]) -> None:
+def _remove_quietly(client: Any, image_id: str, log: Callable[[str], None]) -> None:
     """Drop the image the new build replaced, unless a container still uses it."""
     try:
-        docker_client().images.remove(image_id)
+        client.images.remove(image_id)
         log(f"removed the previous image {image_id[:19]}")
     except Exception as exc:
         log(f"kept the previous image {image_id[:19]} ({type(exc).__name__})")
 
 
-def _build_dockerfile(tag: str, log: Callable[[str], None]) -> str:
-    client = docker_client(timeout=600)
+def _build_dockerfile(client: Any, tag: str, log: Callable[[str], None]) -> str:
     with DOCKERFILE.open("rb") as fh:
         try:
             image, events = client.images.build(fileobj=fh, tag=tag, rm=True, pull=True)
@@ -128,13 +129,12 @@ def _build_dockerfile(tag: str, log: Callable[[str], None]) -> str:
     return image.id
 
 
-def _build_debootstrap(tag: str, mirror: str, log: Callable[[str], None]) -> str:
+def _build_debootstrap(client: Any, tag: str, mirror: str, log: Callable[[str], None]) -> str:
     for tool in ("debootstrap", "tar"):
         if shutil.which(tool) is None:
             raise SandboxError(f"`{tool}` not found: apt-get install -y {tool}")
     if os.geteuid() != 0:
         raise SandboxError("debootstrap needs root; rerun as root or use --method dockerfile")
-    client = docker_client(timeout=600)
     with tempfile.TemporaryDirectory(prefix="agentgym-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
@@ -159,7 +159,7 @@ def _strip_rootfs(rootfs: Path) -> None:
     (rootfs / "work").mkdir(exist_ok=True)
 
 
-def _import_rootfs(client, rootfs: Path, tag: str) -> str:
+def _import_rootfs(client: Any, rootfs: Path, tag: str) -> str:
     repository, _, version = tag.rpartition(":") if ":" in tag else (tag, "", "latest")
     tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
                            stdout=subprocess.PIPE)

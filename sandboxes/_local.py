@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import selectors
@@ -13,13 +14,13 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, cast
 
 from agentgym._errors import ConfigError
 
-from ._protocol import Files, SandboxBase, language_argv, to_bytes
+from ._protocol import Files, SandboxBase, check_relative, language_argv, to_bytes
 from ._result import ExecResult, ExecStatus
 
 WARNING = ("LocalSandbox is NOT a security boundary: the code runs as your user, on your "
@@ -46,7 +47,8 @@ class LocalSandboxConfig:
 
     def __post_init__(self) -> None:
         """Check values."""
-        for name in ("mem_limit_mb", "fsize_mb", "nofile", "output_limit_bytes"):
+        for name in ("mem_limit_mb", "fsize_mb", "nofile", "output_limit_bytes",
+                     "default_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
@@ -63,7 +65,7 @@ class LocalSandbox(SandboxBase):
     Example::
 
         with LocalSandbox() as sb:
-            assert sb.run("print(2 + 2)").stdout == "4\\n"
+            assert sb.run("print(2 + 2)").stdout == "4\n"
     """
 
     def __init__(self, config: LocalSandboxConfig | None = None) -> None:
@@ -100,8 +102,7 @@ class LocalSandbox(SandboxBase):
             assert stream is not None  # opened with PIPE
             stream.close()
         if status is None:
-            tail = err[-200:]
-            status = (ExecStatus.OOM if b"MemoryError" in tail else
+            status = (ExecStatus.OOM if code != 0 and b"MemoryError" in err[-200:] else
                       ExecStatus.TIMEOUT if code == -signal.SIGXCPU else
                       ExecStatus.OK if code == 0 else ExecStatus.ERROR)
         return ExecResult(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), code,
@@ -118,9 +119,8 @@ class LocalSandbox(SandboxBase):
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _write(self, path: str, content: bytes) -> None:
-        full = os.path.normpath(os.path.join(self.workdir, path))
-        if not full.startswith(self.workdir + os.sep):
-            raise ConfigError(f"file path {path!r} leaves the work directory")
+        check_relative(path)
+        full = os.path.join(self.workdir, os.path.normpath(path))
         os.makedirs(os.path.dirname(full), exist_ok=True)
         with open(full, "wb") as fh:
             fh.write(content)
@@ -129,7 +129,7 @@ class LocalSandbox(SandboxBase):
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8",
                 "TMPDIR": self.workdir, "PYTHONDONTWRITEBYTECODE": "1"}
 
-    def _limits(self, timeout: float):
+    def _limits(self, timeout: float) -> Callable[[], None]:
         cfg, mib = self.config, 1024 * 1024
         limits = [(resource.RLIMIT_CPU, int(timeout) + 1),
                   (resource.RLIMIT_AS, cfg.mem_limit_mb * mib),
@@ -146,13 +146,15 @@ class LocalSandbox(SandboxBase):
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    """Write ``data`` to the child's stdin from a daemon thread, then close it (EOF)."""
+    stdin = proc.stdin
+    assert stdin is not None  # opened with PIPE
+
     def write() -> None:
-        try:
-            assert proc.stdin is not None
-            proc.stdin.write(data)
-            proc.stdin.close()
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # the child exited or closed its stdin early
+            stdin.write(data)
+        with contextlib.suppress(OSError):
+            stdin.close()
 
     threading.Thread(target=write, daemon=True).start()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import uuid
 from collections import deque
@@ -25,7 +26,8 @@ from ._client import docker_client
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
 from ._docker import DockerSandbox, Snapshot
 
-POOL_LABEL = "agentgym.pool"
+POOL_LABEL = _reap.POOL
+log = logging.getLogger("agentgym.sandboxes")
 
 
 @dataclass
@@ -88,8 +90,8 @@ class SandboxPool:
         self._idle: deque[DockerSandbox] = deque()
         self._waiters: deque[_Waiter] = deque()
         self._all: set[DockerSandbox] = set()
-        self._uses: dict[int, int] = {}
-        self._creating = 0  # creations in flight (replacements and refills)
+        self._uses: dict[DockerSandbox, int] = {}  # leases returned, per live sandbox
+        self._creating = 0  # creations in flight (initial ones, replacements and refills)
         self._workers = ThreadPoolExecutor(max_workers=min(size, 16) + max_concurrent_creates,
                                            thread_name_prefix="agentgym-pool")
         self._started = self._closed = False
@@ -99,10 +101,14 @@ class SandboxPool:
         """Reap leaked containers, then create ``size`` warm sandboxes (bounded concurrency)."""
         if self._started:
             return self
+        if self._closed:
+            raise SandboxError("this sandbox pool was closed; create a new SandboxPool")
         if self._client is None:
             self._client = docker_client()
         self.stats.reap_removed = len(_reap.reap_leaked(self._client))
-        self._started = True
+        with self._lock:  # counted, so a lease made meanwhile does not create extra ones
+            self._started = True
+            self._creating += self.size
         futures = [self._workers.submit(self._create) for _ in range(self.size)]
         errors = [f.exception() for f in futures if f.exception() is not None]
         for f in futures:
@@ -194,8 +200,9 @@ class SandboxPool:
         return None
 
     def _refill(self) -> None:
+        """Create one sandbox (already counted in ``_creating``) and deliver it or the error."""
         try:
-            sandbox = self._create(counted=True)
+            sandbox = self._create()
         except Exception as exc:
             self._deliver(exc)
             return
@@ -223,7 +230,7 @@ class SandboxPool:
         assert waiter.future is not None
         try:
             item = await asyncio.wait_for(waiter.future, timeout)
-        except (asyncio.CancelledError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.CancelledError):
             with self._lock:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
@@ -241,29 +248,36 @@ class SandboxPool:
     def _release(self, sandbox: DockerSandbox, failed: bool) -> None:
         with self._lock:
             closed = self._closed
-            self._uses[id(sandbox)] = self._uses.get(id(sandbox), 0) + 1
-        if closed:
-            sandbox.close()
-            return
-        self._workers.submit(self._recycle, sandbox, failed)
+            self._uses[sandbox] = uses = self._uses.get(sandbox, 0) + 1
+        if not closed:
+            try:
+                self._workers.submit(self._recycle, sandbox, failed or uses >= self.max_uses)
+                return
+            except RuntimeError:  # close() shut the workers down meanwhile
+                pass
+        sandbox.close()
 
-    def _recycle(self, sandbox: DockerSandbox, failed: bool) -> None:
-        replace = failed or sandbox.needs_recycle or self._uses[id(sandbox)] >= self.max_uses
-        if not replace:
-            sandbox.reset()
-            replace = sandbox.needs_recycle
-        if replace:
+    def _recycle(self, sandbox: DockerSandbox, replace: bool) -> None:
+        """Reset ``sandbox`` and deliver it, or replace it with a fresh one."""
+        if not (replace or sandbox.needs_recycle):
+            try:
+                sandbox.reset()
+            except Exception as exc:  # the daemon failed even the replacement: drop it
+                log.warning("reset of a pooled sandbox failed, replacing it: %s", exc)
+                replace = True
+        if replace or sandbox.needs_recycle:
             with self._lock:
                 self._creating += 1
-            self._forget(sandbox)
+                self._all.discard(sandbox)
+                self._uses.pop(sandbox, None)
+                self.stats.recycled += 1
             sandbox.close()
-            self.stats.recycled += 1
             self._refill()
             return
         self._deliver(sandbox)
 
-    def _create(self, counted: bool = False) -> DockerSandbox:
-        """Start one sandbox (``counted``: it was added to ``_creating`` beforehand)."""
+    def _create(self) -> DockerSandbox:
+        """Start one sandbox; the caller added it to ``_creating`` beforehand."""
         try:
             with self._create_sem:
                 sandbox = DockerSandbox(self.image, self.config, client=self._client,
@@ -271,22 +285,17 @@ class SandboxPool:
                 try:
                     sandbox.start()
                 except Exception:
-                    self.stats.create_failures += 1
+                    with self._lock:
+                        self.stats.create_failures += 1
                     sandbox.close()
                     raise
             with self._lock:
                 self._all.add(sandbox)
                 self.stats.created += 1
         finally:
-            if counted:
-                with self._lock:
-                    self._creating -= 1
+            with self._lock:
+                self._creating -= 1
         return sandbox
-
-    def _forget(self, sandbox: DockerSandbox) -> None:
-        with self._lock:
-            self._all.discard(sandbox)
-            self._uses.pop(id(sandbox), None)
 
     def _deliver(self, item: DockerSandbox | BaseException) -> None:
         """Hand ``item`` to the oldest waiter, or park a sandbox as idle."""

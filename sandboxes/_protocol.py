@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -105,3 +106,11 @@ def language_argv(language: str, code: str) -> list[str] | None:
     if language not in LANGUAGES:
         raise ConfigError(f"language must be one of {LANGUAGES}, got {language!r}")
     return None if language == "python" else [language, "-c", code]
+
+
+def check_relative(path: str) -> None:
+    """Raise `ConfigError` unless ``path`` names a file inside the work directory."""
+    norm = posixpath.normpath(path)
+    if posixpath.isabs(path) or norm == ".." or norm.startswith("../") or norm == ".":
+        raise ConfigError(f"file path {path!r} leaves the work directory; use a relative path "
+                          "such as 'src/main.py'")

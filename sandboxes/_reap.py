@@ -23,6 +23,7 @@ OWNER = "agentgym.owner"
 OWNER_START = "agentgym.owner_start"
 HOST = "agentgym.host"
 SESSION = "agentgym.session"
+POOL = "agentgym.pool"  # set by SandboxPool: the pool_id a container belongs to
 
 PROCESS_SESSION = uuid.uuid4().hex[:12]
 """Identifies this interpreter's containers (one value per process)."""
@@ -54,15 +55,34 @@ def ownership_labels(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def owner_alive(labels: dict[str, str]) -> bool:
-    """True when the container's owner process still runs (only checkable on this host)."""
+    """True when the container's owner process still runs (only checkable on this host).
+
+    Where ``/proc`` is missing (macOS) only the pid can be checked, so a recycled pid keeps a
+    leaked container alive until ``agentgym sandbox prune --all``.
+    """
     if labels.get(HOST) != socket.gethostname():
         return True  # another machine's container: never ours to judge
     try:
         pid = int(labels.get(OWNER, ""))
     except ValueError:
         return False
+    if not os.path.exists("/proc/self/stat"):
+        return _pid_exists(pid)
     started = process_start_time(pid)
-    return started is not None and started == labels.get(OWNER_START, started)
+    recorded = labels.get(OWNER_START) or started  # "": the start time was unknown
+    return started is not None and started == recorded
+
+
+def _pid_exists(pid: int) -> bool:
+    if pid <= 0:  # os.kill would signal a process group, not one process
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def managed_containers(client: Any) -> list[Any]:

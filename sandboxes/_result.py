@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 
 
-class ExecStatus(str, enum.Enum):
+class ExecStatus(enum.StrEnum):
     """How a call ended. Only ``SANDBOX_ERROR`` is an infrastructure failure."""
 
     OK = "ok"  # exited with code 0
@@ -15,9 +15,6 @@ class ExecStatus(str, enum.Enum):
     OOM = "oom"  # hit the memory limit (kernel OOM kill or MemoryError)
     OUTPUT_LIMIT = "output_limit"  # wrote more than the output cap; killed at the cap
     SANDBOX_ERROR = "sandbox_error"  # the backend failed (daemon, container): not the code
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from agentgym._errors import ConfigError
 
 from ._docker import DockerSandbox
+from ._local import LocalSandbox
 from ._pool import SandboxPool
 from ._result import ExecResult, ExecStatus
 
@@ -68,7 +69,10 @@ class VerifyResult:
 
 
 def _payload(code: str, tests: Any, mode: str, per_test_timeout: float,
-             total_timeout: float) -> str:
+             total_timeout: float, reward: str) -> str:
+    """The runner's stdin for one sample; `ConfigError` for any bad argument."""
+    if reward not in ("fraction", "all"):
+        raise ConfigError(f"reward must be 'fraction' or 'all', got {reward!r}")
     if mode not in ("assert", "stdio", "pytest"):
         raise ConfigError(f"mode must be assert, stdio or pytest, got {mode!r}")
     if mode == "pytest" and not isinstance(tests, str):
@@ -90,36 +94,37 @@ def _payload(code: str, tests: Any, mode: str, per_test_timeout: float,
 
 
 def _score(result: ExecResult, reward: str) -> VerifyResult:
+    """Score the runner's report; anything the code did to it is a failure, never a raise."""
     if result.status is ExecStatus.SANDBOX_ERROR:
         return VerifyResult([], None, "infra_error", result.stderr.strip() or "sandbox error",
                             exec_result=result)
-    line = next((ln for ln in result.stdout.splitlines() if ln.startswith(MARKER)), None)
-    if line is None:
-        why = (f"the test runner reported nothing (status {result.status.value}, exit "
-               f"{result.exit_code}); the code killed or starved it")
+    # The runner's report is its last act: a marker line printed earlier is the code's forgery.
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith(MARKER)]
+    try:
+        report = json.loads(lines[-1][len(MARKER):])
+        tests = [TestResult(**t) for t in report["tests"]]
+        runner = str(report["runner"])
+    except (IndexError, ValueError, TypeError, KeyError) as exc:
+        why = (f"the test runner reported nothing readable (status {result.status.value}, "
+               f"exit {result.exit_code}, {type(exc).__name__}); the code killed, starved or "
+               "garbled it")
         tests = [TestResult("runner", False, "timeout" if result.status is ExecStatus.TIMEOUT
                             else "failed", why)]
         return VerifyResult(tests, 0.0, "failed", exec_result=result)
-    report = json.loads(line[len(MARKER):])
-    tests = [TestResult(**t) for t in report["tests"]]
     counted = [t for t in tests if t.status != "skipped"]
     passed = sum(t.passed for t in counted)
+    all_passed = bool(counted) and passed == len(counted)
     frac = passed / len(counted) if counted else 0.0
-    value = frac if reward == "fraction" else float(bool(counted) and passed == len(counted))
-    status: VerifyStatus = "passed" if counted and passed == len(counted) else "failed"
-    return VerifyResult(tests, value, status, runner=report["runner"], exec_result=result)
+    value = frac if reward == "fraction" else float(all_passed)
+    return VerifyResult(tests, value, "passed" if all_passed else "failed", runner=runner,
+                        exec_result=result)
 
 
 def _run_kwargs(sandbox: Any, payload: str, total_timeout: float) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"stdin": payload, "timeout": total_timeout + RUNNER_SLACK_S}
-    if isinstance(sandbox, DockerSandbox) or hasattr(sandbox, "workdir"):
+    if isinstance(sandbox, (DockerSandbox, LocalSandbox)):
         kwargs["session"] = False  # never run a verifier inside the agent's Python session
     return kwargs
-
-
-def _check_reward(reward: str) -> None:
-    if reward not in ("fraction", "all"):
-        raise ConfigError(f"reward must be 'fraction' or 'all', got {reward!r}")
 
 
 def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *,
@@ -134,8 +139,7 @@ def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *
     ``solution``. Each test has ``per_test_timeout`` seconds, the whole sample
     ``total_timeout``. The whole batch is one sandbox call.
     """
-    _check_reward(reward)
-    payload = _payload(code, tests, mode, per_test_timeout, total_timeout)
+    payload = _payload(code, tests, mode, per_test_timeout, total_timeout, reward)
     if isinstance(sandbox, SandboxPool):
         with sandbox.lease_sync() as sb:
             result = sb.run(RUNNER_SOURCE, **_run_kwargs(sb, payload, total_timeout))
@@ -148,8 +152,7 @@ async def averify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "ass
                   sandbox: Any, per_test_timeout: float = 5.0, total_timeout: float = 30.0,
                   reward: RewardKind = "fraction") -> VerifyResult:
     """Async twin of `verify`; with a pool, many samples verify in parallel."""
-    _check_reward(reward)
-    payload = _payload(code, tests, mode, per_test_timeout, total_timeout)
+    payload = _payload(code, tests, mode, per_test_timeout, total_timeout, reward)
     if isinstance(sandbox, SandboxPool):
         async with sandbox.lease() as sb:
             result = await sb.arun(RUNNER_SOURCE, **_run_kwargs(sb, payload, total_timeout))

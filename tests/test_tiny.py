@@ -83,11 +83,19 @@ def test_cache_is_keyed_by_config_and_reused(tmp_path, monkeypatch) -> None:
     assert config["head_dim"] == 64 and config["vocab_size"] == 261
 
 
-def test_bad_shape_is_a_config_error() -> None:
+@pytest.mark.parametrize(
+    ("shape", "needle"),
+    [
+        ({"hidden_size": 64, "num_heads": 4}, "head_dim >= 32"),
+        ({"num_kv_heads": 0}, ">= 1"),
+        ({"num_heads": 0}, ">= 1"),
+    ],
+)
+def test_bad_shape_is_a_config_error(shape: dict[str, int], needle: str) -> None:
     from agentgym.tiny import build_tiny_model
 
-    with pytest.raises(ConfigError, match="head_dim >= 32"):
-        build_tiny_model(hidden_size=64, num_heads=4)
+    with pytest.raises(ConfigError, match=needle):
+        build_tiny_model(**shape)
 
 
 def test_tokenizer_round_trip_one_token_per_byte(tokenizer) -> None:

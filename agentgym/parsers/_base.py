@@ -47,6 +47,29 @@ class ParsedTurn:
     errors: list[str] = field(default_factory=list)
 
 
+def call_from_json(obj: Any, argument_keys: tuple[str, ...] = ("arguments",)) -> ToolCall:
+    """One decoded ``{"name": ..., "arguments": ...}`` object as a `ToolCall`.
+
+    ``argument_keys`` are tried in order; the first present holds the arguments, which may be
+    a JSON object, a string holding one, or missing/null (no arguments). Raises `TypeError` or
+    `ValueError` (invalid JSON in a string) with the reason, for the parser's ``errors``.
+    """
+    if not isinstance(obj, dict):
+        raise TypeError("a call must be a JSON object")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise TypeError("'name' must be a non-empty string")
+    key = next((k for k in argument_keys if k in obj), argument_keys[0])
+    arguments = obj.get(key)
+    if arguments is None:
+        arguments = {}
+    elif isinstance(arguments, str):
+        arguments = json.loads(arguments)
+    if not isinstance(arguments, dict):
+        raise TypeError(f"{key!r} must be a JSON object")
+    return ToolCall(name=name, arguments=arguments)
+
+
 class ToolCallParser(ABC):
     """Base class of tool-call parsers; subclasses register with `register_parser`."""
 

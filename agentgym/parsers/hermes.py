@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from ._base import ParsedTurn, ToolCall, ToolCallParser, register_parser
+from ._base import ParsedTurn, ToolCall, ToolCallParser, call_from_json, register_parser
 
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
@@ -24,18 +24,9 @@ class HermesParser(ToolCallParser):
         turn = ParsedTurn(content=text[:start].strip())
         for raw in _BLOCK.findall(text[start:]):
             try:
-                call = json.loads(raw.strip())
-                name, arguments = call["name"], call.get("arguments", {})
-                if not isinstance(name, str):
-                    raise TypeError("'name' must be a string")
-                if isinstance(arguments, str):
-                    arguments = json.loads(arguments)
-                if not isinstance(arguments, dict):
-                    raise TypeError("'arguments' must be a JSON object")
-            except (ValueError, KeyError, TypeError) as exc:
+                turn.tool_calls.append(call_from_json(json.loads(raw.strip())))
+            except (ValueError, TypeError) as exc:
                 turn.errors.append(f"malformed <tool_call> {raw.strip()[:200]!r}: {exc}")
-                continue
-            turn.tool_calls.append(ToolCall(name=name, arguments=arguments))
         return turn
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:

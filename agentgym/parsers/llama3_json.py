@@ -9,33 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
-from ._base import ParsedTurn, ToolCall, ToolCallParser, register_parser
+from ._base import ParsedTurn, ToolCall, ToolCallParser, call_from_json, register_parser
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
 # Where a call may start: the python tag, or a '{"name"' (or '"parameters"') object opening the
 # text or a line. A brace in mid-sentence ("use {x}") or other JSON stays content.
 _CALL_START = re.compile(r'(?:^|\n)[ \t]*(?=\{\s*"(?:name|parameters|arguments)"\s*:)')
-
-
-def _decode_call(obj: Any) -> ToolCall:
-    """Turn one decoded JSON object into a call, or raise ValueError/TypeError saying why."""
-    if not isinstance(obj, dict):
-        raise TypeError("a call must be a JSON object")
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        raise TypeError("'name' must be a non-empty string")
-    if "parameters" in obj:
-        arguments = obj["parameters"]
-    else:
-        arguments = obj.get("arguments", {})
-    if isinstance(arguments, str):
-        arguments = json.loads(arguments)
-    if not isinstance(arguments, dict):
-        raise TypeError("'parameters' must be a JSON object")
-    return ToolCall(name=name, arguments=arguments)
 
 
 def _skip_separators(text: str, pos: int) -> int:
@@ -84,7 +65,7 @@ class Llama3JsonParser(ToolCallParser):
                 turn.errors.append(f"malformed tool call {rest[pos:][:200]!r}: {exc}")
                 break
             try:
-                turn.tool_calls.append(_decode_call(obj))
+                turn.tool_calls.append(call_from_json(obj, ("parameters", "arguments")))
             except (ValueError, TypeError) as exc:
                 turn.errors.append(f"malformed tool call {rest[pos:end][:200]!r}: {exc}")
             pos = end

@@ -13,26 +13,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from .._errors import ConfigError
-from ._base import ParsedTurn, ToolCall, ToolCallParser, register_parser
+from ._base import ParsedTurn, ToolCall, ToolCallParser, call_from_json, register_parser
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
 _DECODER = json.JSONDecoder()
 _NAME = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[ARGS\])?\s*", re.ASCII)
-
-
-def _arguments(value: Any) -> dict[str, Any]:
-    """Arguments as a dict: a JSON object, a string holding one, or missing (``{}``)."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        value = json.loads(value)
-    if not isinstance(value, dict):
-        raise TypeError("'arguments' must be a JSON object")
-    return value
 
 
 def _parse_json_style(segment: str, turn: ParsedTurn) -> None:
@@ -44,12 +33,7 @@ def _parse_json_style(segment: str, turn: ParsedTurn) -> None:
         return
     for obj in value if isinstance(value, list) else [value]:
         try:
-            if not isinstance(obj, dict):
-                raise TypeError("each call must be a JSON object")
-            name = obj.get("name")
-            if not isinstance(name, str) or not name:
-                raise TypeError("'name' must be a non-empty string")
-            turn.tool_calls.append(ToolCall(name=name, arguments=_arguments(obj.get("arguments"))))
+            turn.tool_calls.append(call_from_json(obj))
         except (ValueError, TypeError) as exc:
             turn.errors.append(f"malformed tool call {json.dumps(obj)[:200]!r}: {exc}")
 

@@ -90,6 +90,9 @@ class VLLMToolParser(ToolCallParser):
         self.tokenizer = _load_tokenizer(tokenizer, extra_tokens)
         self._request = self._make_request(tools)
         self._cls(self.tokenizer, self._request.tools)  # fail now if the tokenizer lacks a marker
+        self._render_kwargs: dict[str, Any] = {}
+        if name == "mistral" and "[ARGS]" in self.tokenizer.get_vocab():
+            self._render_kwargs["style"] = "args"  # what vLLM parses with a v11+ tokenizer
 
     @staticmethod
     def _make_request(tools: list[dict[str, Any]] | None) -> Any:
@@ -134,7 +137,4 @@ class VLLMToolParser(ToolCallParser):
                 f"vLLM parsers only parse, and agentgym has no parser named "
                 f"{self.vllm_name!r} to render with; known: {', '.join(sorted(_PARSERS))}"
             )
-        kwargs: dict[str, Any] = {}
-        if self.vllm_name == "mistral" and "[ARGS]" in self.tokenizer.get_vocab():
-            kwargs["style"] = "args"  # what vLLM parses with a v11+ tokenizer
-        return _PARSERS[self.vllm_name](**kwargs).render(content, tool_calls)
+        return _PARSERS[self.vllm_name](**self._render_kwargs).render(content, tool_calls)

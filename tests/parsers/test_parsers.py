@@ -93,6 +93,7 @@ MALFORMED = [
     ("hermes", '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', [], "JSON object"),
     ("hermes", '<tool_call>{"name": 3}</tool_call>', [], "string"),
     ("hermes", '<tool_call>{"arguments": {}}</tool_call>', [], "name"),
+    ("hermes", '<tool_call>{"name": "", "arguments": {}}</tool_call>', [], "non-empty"),
     (
         "hermes",
         '<tool_call>{"name": "ok", "arguments": {}}</tool_call><tool_call>nope</tool_call>',
@@ -179,6 +180,8 @@ def test_pythonic_render_rejects_unrepresentable_calls(call: ToolCall, needle: s
             '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
             [("f", {"a": 1})],
         ),
+        ("hermes", '<tool_call>{"name": "f", "arguments": null}</tool_call>', [("f", {})]),
+        ("llama3_json", '{"name": "f", "parameters": null}', [("f", {})]),
     ],
 )
 def test_accepted_variants(name: str, text: str, calls: list[tuple]) -> None:

