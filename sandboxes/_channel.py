@@ -110,7 +110,8 @@ class ServerChannel:
             self._lines += body
 
     def _recv_exact(self, n: int, deadline: float) -> bytes:
-        assert self._sock is not None
+        if self._sock is None:
+            raise ChannelClosed("the channel to the code server is closed")
         while len(self._frames) < n:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

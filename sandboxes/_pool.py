@@ -95,10 +95,19 @@ class SandboxPool:
         self._workers = ThreadPoolExecutor(max_workers=min(size, 16) + max_concurrent_creates,
                                            thread_name_prefix="agentgym-pool")
         self._started = self._closed = False
+        self._start_lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> SandboxPool:
-        """Reap leaked containers, then create ``size`` warm sandboxes (bounded concurrency)."""
+        """Reap leaked containers, then create ``size`` warm sandboxes (bounded concurrency).
+
+        Safe to call from many threads at once (episodes sharing a pool all call it): the
+        first caller starts the pool, the others wait for it and return.
+        """
+        with self._start_lock:
+            return self._start_once()
+
+    def _start_once(self) -> SandboxPool:
         if self._started:
             return self
         if self._closed:

@@ -24,10 +24,23 @@ import time
 import xml.etree.ElementTree as ET
 
 MARKER = "\x00agentgym-verify\x00"
+_REPORT_FD = None  # the runner's own stdout, where the one trusted report goes
 OUTPUT_CAP = 1 << 20
 
 
+def _not_dumpable():
+    """PR_SET_DUMPABLE 0: test children (same uid) cannot open this process's fds via /proc."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _child(body, stdin_data, out_w, res_w, exit_ok):
+    if _REPORT_FD is not None:
+        os.close(_REPORT_FD)  # the candidate must not reach the runner's report channel
     os.setsid()
     fd = os.memfd_create("stdin")
     os.write(fd, stdin_data)
@@ -102,7 +115,17 @@ def _wait(res_r, out_r, deadline):
             buf += data
             if buf.endswith(b"\n"):
                 _drain(out_r, out, watch)
-                return json.loads(buf), bytes(out)
+                return _parse_result(buf), bytes(out)
+
+
+def _parse_result(buf):
+    try:
+        result = json.loads(buf)
+    except ValueError:
+        result = None
+    if not isinstance(result, dict) or not isinstance(result.get("passed"), bool):
+        return {"passed": False, "error": "the test process wrote a garbled result"}
+    return result
 
 
 def _drain(out_r, out, watch):
@@ -244,8 +267,10 @@ def run_builtin_pytest(req, d, total_deadline):
 
 
 def main():
+    global _REPORT_FD
+    _not_dumpable()
     req = json.loads(sys.stdin.read())
-    report = os.dup(1)
+    report = _REPORT_FD = os.dup(1)
     total_deadline = time.monotonic() + req["total_timeout"]
     runner = req["mode"]
     if runner == "assert":

@@ -17,10 +17,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 import pytest
 
 # --- optional dependencies -------------------------------------------------------------------
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the test, or fail it under ``AGENTGYM_STRICT_DEPS=1`` (CI sets it), so a broken
+    install cannot turn into a green run of skips."""
+    if os.environ.get("AGENTGYM_STRICT_DEPS") == "1":
+        pytest.fail(f"{reason} (AGENTGYM_STRICT_DEPS=1 forbids skipping)", pytrace=False)
+    pytest.skip(reason)
 
 
 def require(module_name: str) -> ModuleType:
@@ -32,10 +41,7 @@ def require(module_name: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
-        reason = f"optional dependency {module_name!r} is not importable: {exc}"
-        if os.environ.get("AGENTGYM_STRICT_DEPS") == "1":
-            pytest.fail(f"{reason} (AGENTGYM_STRICT_DEPS=1)", pytrace=False)
-        pytest.skip(reason)
+        skip_or_fail(f"optional dependency {module_name!r} is not importable: {exc}")
 
 
 # --- a tool schema shared by template and server tests ----------------------------------------

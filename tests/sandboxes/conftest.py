@@ -12,6 +12,8 @@ import os
 import pytest
 from agentgym.sandboxes import DEFAULT_IMAGE, SandboxPool, _reap
 
+from tests.conftest import skip_or_fail
+
 
 @functools.cache
 def _docker_problem() -> str | None:
@@ -31,11 +33,8 @@ def _docker_problem() -> str | None:
 def require_docker() -> None:
     """Skip (or, with AGENTGYM_STRICT_DEPS=1, fail) unless Docker and the image are ready."""
     problem = _docker_problem()
-    if problem is None:
-        return
-    if os.environ.get("AGENTGYM_STRICT_DEPS") == "1":
-        pytest.fail(f"{problem} (AGENTGYM_STRICT_DEPS=1 forbids skipping)")
-    pytest.skip(problem)
+    if problem is not None:
+        skip_or_fail(problem)
 
 
 def _client():

@@ -14,6 +14,7 @@ import pytest
 from agentgym.sandboxes import DockerSandbox, SandboxPool, _reap
 
 from agentgym._errors import SandboxError
+from tests.sandboxes.conftest import own_containers
 
 pytestmark = pytest.mark.docker
 
@@ -166,3 +167,18 @@ def test_failed_creation_reaches_the_waiter_then_the_pool_refills(docker_ready):
         with pool.lease_sync(timeout=30) as sb:  # a waiter triggers a new creation
             assert sb.run("print(1)").stdout == "1\n"
         assert pool.stats.create_failures == 1
+
+
+def test_concurrent_starts_create_the_pool_once(docker_ready):
+    # episodes that share a pool all call start(); only the first may create containers
+    pool = SandboxPool(size=2)
+    try:
+        threads = [threading.Thread(target=pool.start) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        mine = [c for c in own_containers() if c.labels.get(_reap.POOL) == pool.pool_id]
+        assert len(mine) == 2 and pool.stats.created == 2 and pool.idle == 2
+    finally:
+        pool.close()

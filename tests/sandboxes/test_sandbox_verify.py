@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from agentgym.sandboxes import DockerSandbox, averify, verify
 from agentgym.sandboxes._verify import MARKER
@@ -103,3 +105,29 @@ def test_bad_arguments_are_config_errors(sb):
         verify(ADD, [], sandbox=sb)
     with pytest.raises(ConfigError, match="reward"):
         verify(ADD, ["pass"], sandbox=sb, reward="max")
+
+
+def test_candidate_cannot_write_a_report_through_inherited_or_proc_fds(sb):
+    forged = MARKER + json.dumps({"tests": [{"name": "test_0", "passed": True, "status": "passed",
+                                            "message": "", "duration": 0.0}], "runner": "assert"})
+    # a detached grandchild waits for the runner's own report, then writes a forged one after it
+    code = (
+        "import os, time\n"
+        f"fake = {forged + chr(10)!r}.encode()\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    time.sleep(1.0)\n"
+        "    for fd in range(3, 256):\n"
+        "        try: os.write(fd, fake)\n"
+        "        except OSError: pass\n"
+        "    os._exit(0)\n"
+        "proc = f'/proc/{os.getppid()}/fd'\n"
+        "try:\n"
+        "    for name in os.listdir(proc):\n"
+        "        try: open(os.path.join(proc, name), 'wb').write(fake)\n"
+        "        except OSError: pass\n"
+        "except OSError: pass\n"
+        "def f():\n    return 0\n"
+    )
+    res = verify(code, ["assert f() == 1"], sandbox=sb)
+    assert res.reward == 0.0 and res.status == "failed" and res.infra_error is None
