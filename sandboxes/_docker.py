@@ -238,9 +238,13 @@ class DockerSandbox(SandboxBase):
                 self.needs_recycle = True
                 return ExecResult.sandbox_error(f"sandbox: {type(exc).__name__}: {exc}",
                                                 time.monotonic() - started)
-        if "server_error" in reply:
-            return ExecResult("", f"sandbox: {reply['server_error']}\n", None,
+        if "input_error" in reply:  # e.g. a file path outside the work dir: the caller's doing
+            return ExecResult("", f"sandbox: {reply['input_error']}\n", None,
                               time.monotonic() - started, ExecStatus.ERROR)
+        if "server_error" in reply:  # the server itself failed: infrastructure, not the code
+            self.needs_recycle = True
+            return ExecResult.sandbox_error(f"sandbox server: {reply['server_error']}",
+                                            time.monotonic() - started)
         return ExecResult(reply["stdout"], reply["stderr"], reply["exit_code"],
                           reply["duration"], ExecStatus(reply["status"]), reply["truncated"])
 

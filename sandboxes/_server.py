@@ -341,7 +341,10 @@ class Server:
         """Run one ``run``/``exec`` request; return the reply dict."""
         started = time.monotonic()
         for path, data in (req.get("files") or {}).items():
-            _write_file(path, data)
+            try:
+                _write_file(path, data)
+            except (OSError, ValueError) as exc:  # the caller's files, not the server, failed
+                return {"input_error": f"cannot write {path!r}: {type(exc).__name__}: {exc}"}
         limit = int(req["limit"])
         oom_before = _oom_kills()
         out_r, out_w = os.pipe()

@@ -156,3 +156,12 @@ def test_files_must_stay_in_the_work_dir(sb, path):
 
     with pytest.raises(ConfigError, match="leaves the work directory"):
         sb.run("pass", files={path: "x"})
+
+
+def test_files_that_do_not_fit_are_the_callers_error_not_infra(sb):
+    filled = sb.run("open('fill.bin', 'wb').write(b'x' * (63 << 20))")
+    assert filled.ok, filled.stderr
+    res = sb.run("print('not reached')", files={"more.bin": b"y" * (2 << 20)})
+    assert res.status == "error" and not res.infra_error
+    assert "cannot write 'more.bin'" in res.stderr and "No space left" in res.stderr
+    assert sb.run("import os; os.remove('fill.bin'); print('ok')").stdout == "ok\n"
