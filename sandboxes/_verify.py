@@ -41,7 +41,7 @@ class TestResult:
 
     name: str
     passed: bool
-    status: str  # passed | failed | timeout | skipped
+    status: Literal["passed", "failed", "timeout", "skipped"]
     message: str = ""  # the exception or mismatch, empty when passed
     duration: float = 0.0  # seconds
 
