@@ -102,6 +102,10 @@ class Env(gymnasium.Env[list[Message], Action]):
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
+        #: The episode's `Trajectory` while the rollout engine plays it (its turns include the
+        #: one being stepped, with token ids), so reward functions can ask for it; None when
+        #: the env is stepped by hand.
+        self.trajectory: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def areset(

@@ -72,6 +72,7 @@ async def run_episode(
     env: Env | None = None
     try:
         env = make_env()
+        env.trajectory = trajectory  # reward functions may ask for it (token counts ...)
         messages, info = await env.areset(seed=spec.seed, options={"task": spec.task})
         trajectory.task = info.get("task")
         trajectory.messages = messages  # the same list: it grows with every step below
@@ -88,11 +89,12 @@ async def run_episode(
                 trajectory.info["truncated_by"] = str(exc)
                 break
             t1 = time.perf_counter()
+            turn = _turn(completion, policy_s=t1 - t0)
+            trajectory.turns.append(turn)  # before the step, so the rubric sees this turn too
             new_messages, reward, terminated, truncated, info = await env.astep(completion)
-            step_reward = reward - info.get("final_reward", 0.0)
-            trajectory.turns.append(
-                _turn(completion, step_reward, info, t1 - t0, time.perf_counter() - t1)
-            )
+            turn.reward = reward - info.get("final_reward", 0.0)
+            turn.tool_errors = list(info.get("tool_errors", []))
+            turn.env_seconds = time.perf_counter() - t1
             messages.extend(new_messages)
             done = terminated or truncated
         _record_outcome(trajectory, info, truncated)
@@ -111,9 +113,8 @@ async def run_episode(
     return trajectory
 
 
-def _turn(
-    completion: Completion, reward: float, info: dict[str, Any], policy_s: float, env_s: float
-) -> Turn:
+def _turn(completion: Completion, policy_s: float) -> Turn:
+    """The policy's half of a turn; the step fills in the env's half (reward, tool errors)."""
     ids = completion.completion_ids
     return Turn(
         prompt_ids=completion.prompt_ids,
@@ -122,10 +123,7 @@ def _turn(
         completion_mask=[1] * len(ids) if ids is not None else None,
         text=completion.text,
         finish_reason=completion.finish_reason,
-        reward=reward,
-        tool_errors=list(info.get("tool_errors", [])),
         policy_seconds=policy_s,
-        env_seconds=env_s,
     )
 
 

@@ -298,7 +298,7 @@ class ToolEnv(Env):
             context = self.tool_context() | {
                 "completion": last.get("content") or "",
                 "answer": (self.state.task or {}).get("answer"),
-                "trajectory": None,
+                "trajectory": self.trajectory,
             }
             result = await self.rubric.score(context)
         finally:

@@ -178,8 +178,14 @@ def build_tiny_model(
     """
     from ._errors import ConfigError
 
-    sizes = (hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
-             max_position_embeddings)
+    sizes = (
+        hidden_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        intermediate_size,
+        max_position_embeddings,
+    )
     if min(sizes) < 1:
         raise ConfigError(
             f"tiny model sizes must be >= 1, got hidden_size={hidden_size}, "
