@@ -41,18 +41,19 @@ class CheckResult:
 def check(env_id: str, tokenizer: Any = None, **env_kwargs: Any) -> list[CheckResult]:
     """Run every pre-flight check on a registered env; ``tokenizer`` is a path or tokenizer."""
     make(env_id, **env_kwargs).close()  # unknown ids and bad kwargs fail here, loudly
-    checks: list[Callable[[], CheckResult]] = [
+    checks: list[Callable[[], CheckResult | list[CheckResult]]] = [
         lambda: _gymnasium_api(env_id, env_kwargs),
         lambda: _tool_schemas(make(env_id, **env_kwargs)),
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
         lambda: _reference_episode(env_id, env_kwargs),
     ]
     if tokenizer is not None:
-        checks.append(lambda: _template_prefix(env_id, env_kwargs, tokenizer))
-    results = []
+        checks.append(lambda: _template_checks(env_id, env_kwargs, tokenizer))
+    results: list[CheckResult] = []
     for run in checks:
         try:
-            results.append(run())
+            outcome = run()
+            results.extend(outcome if isinstance(outcome, list) else [outcome])
         except Exception as exc:  # a crashing check is a failed check, not a crashed command
             results.append(CheckResult("check crashed", False, f"{type(exc).__name__}: {exc}"))
     return results
@@ -135,21 +136,31 @@ def _reference_episode(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:
     )
 
 
-def _template_prefix(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any) -> CheckResult:
-    """Earlier turns must stay an exact token prefix of later prompts (token-in/token-out)."""
+def _template_checks(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any) -> list[CheckResult]:
+    """Render the reference episode with the model's chat template, two ways."""
     tok = _load_tokenizer(tokenizer)
     trajectory, tools = _play_reference(env_id, env_kwargs)
     if trajectory is None:
-        return CheckResult("chat template prefix", True, "no reference episode to render")
+        return [CheckResult("chat template", True, "no reference episode to render")]
     messages = [_for_template(m) for m in trajectory.messages]
-    ends = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    for k in range(len(ends) - 1):
-        history = _ids(tok.apply_chat_template(messages[: ends[k] + 1], tools=tools or None))
-        prompt = _ids(
-            tok.apply_chat_template(
-                messages[: ends[k + 1]], tools=tools or None, add_generation_prompt=True
-            )
+
+    def render(upto: int, generation: bool) -> list[int]:
+        encoded = tok.apply_chat_template(
+            messages[:upto], tools=tools or None, add_generation_prompt=generation
         )
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    ends = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    texts = [turn.text for turn in trajectory.turns]
+    return [_prefix_check(tok, render, ends), _round_trip_check(tok, render, ends, texts)]
+
+
+def _prefix_check(
+    tok: Any, render: Callable[[int, bool], list[int]], ends: list[int]
+) -> CheckResult:
+    """Earlier turns must stay an exact token prefix of later prompts (token-in/token-out)."""
+    for k in range(len(ends) - 1):
+        history, prompt = render(ends[k] + 1, False), render(ends[k + 1], True)
         if prompt[: len(history)] != history:
             at = next((i for i, (a, b) in enumerate(zip(history, prompt)) if a != b), len(prompt))
             return CheckResult(
@@ -165,9 +176,28 @@ def _template_prefix(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any) ->
     )
 
 
-def _ids(encoded: Any) -> list[int]:
-    return list(
-        encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
+def _round_trip_check(
+    tok: Any, render: Callable[[int, bool], list[int]], ends: list[int], texts: list[str]
+) -> CheckResult:
+    """The template must render each parsed assistant turn as the text the model produced.
+
+    Otherwise the history a model is trained on differs from what it sampled (whitespace
+    around tool calls, JSON spacing, reordered keys), a classic silent training bug.
+    """
+    for k, (end, text) in enumerate(zip(ends, texts)):
+        prompt, full = render(end, True), render(end + 1, False)
+        rendered = tok.decode(full[len(prompt) :]) if full[: len(prompt)] == prompt else ""
+        if not rendered.startswith(text):
+            at = next((i for i, (a, b) in enumerate(zip(text, rendered)) if a != b), len(rendered))
+            return CheckResult(
+                "chat template round trip",
+                False,
+                f"turn {k + 1} was produced as {text[at : at + 30]!r} but the template renders "
+                f"{rendered[at : at + 30]!r} (at character {at}); make the parser's render match "
+                "the template, or train on what was sampled",
+            )
+    return CheckResult(
+        "chat template round trip", True, f"{len(ends)} assistant turns render as produced"
     )
 
 

@@ -57,3 +57,18 @@ def test_check_reports_a_broken_reference_solution():
     result = next(r for r in results if r.name == "reference episode")
     assert not result.passed
     assert "reward 0.0" in result.detail
+
+
+def test_template_round_trip_passes_when_parser_and_template_agree(tiny_model_dir):
+    require("transformers")
+    results = {r.name: r for r in agentgym.check("calculator", tokenizer=str(tiny_model_dir))}
+    assert results["chat template round trip"].passed, results["chat template round trip"].detail
+
+
+def test_template_round_trip_catches_a_parser_the_template_does_not_speak(tiny_model_dir):
+    require("transformers")
+    # the tiny template renders tool calls in hermes form; a llama3_json model's turns differ
+    results = agentgym.check("calculator", tokenizer=str(tiny_model_dir), parser="llama3_json")
+    result = next(r for r in results if r.name == "chat template round trip")
+    assert not result.passed
+    assert "was produced as" in result.detail and "<tool_call>" in result.detail
