@@ -76,7 +76,7 @@ def check_env(
     ] = None,
     env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
 ) -> None:
-    """Pre-flight an env: Gymnasium API, tool schemas, parser round trip, chat-template prefix."""
+    """Pre-flight an env: Gymnasium API, tool schemas, parser and chat-template round trips."""
     results = run_checks(resolve_id(env), tokenizer=tokenizer, **_parse_env_args(env_arg))
     table = Table("check", "result", "detail")
     for r in results:
