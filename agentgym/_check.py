@@ -162,7 +162,7 @@ def _prefix_check(
     for k in range(len(ends) - 1):
         history, prompt = render(ends[k] + 1, False), render(ends[k + 1], True)
         if prompt[: len(history)] != history:
-            at = next((i for i, (a, b) in enumerate(zip(history, prompt)) if a != b), len(prompt))
+            at = _first_difference(history, prompt)
             return CheckResult(
                 "chat template prefix",
                 False,
@@ -174,6 +174,11 @@ def _prefix_check(
     return CheckResult(
         "chat template prefix", True, f"{len(ends)} assistant turns keep their tokens"
     )
+
+
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Index of the first position where ``a`` and ``b`` differ (the shorter length if none)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _round_trip_check(
@@ -188,7 +193,7 @@ def _round_trip_check(
         prompt, full = render(end, True), render(end + 1, False)
         rendered = tok.decode(full[len(prompt) :]) if full[: len(prompt)] == prompt else ""
         if not rendered.startswith(text):
-            at = next((i for i, (a, b) in enumerate(zip(text, rendered)) if a != b), len(rendered))
+            at = _first_difference(text, rendered)
             return CheckResult(
                 "chat template round trip",
                 False,
