@@ -6,6 +6,7 @@ before anything is written; results are written atomically at the end of a run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -19,10 +20,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ._check import check as run_checks
-from ._errors import ConfigError
+from ._errors import ConfigError, Error
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
+from ._serve import serve_vllm
 from ._summary import summarize
 from ._trajectory import Trajectory, recover_jsonl, to_json_line
 
@@ -35,6 +37,7 @@ class PolicyKind(StrEnum):
 
     reference = "reference"
     openai = "openai"
+    vllm = "vllm"
 
 
 def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
@@ -90,8 +93,15 @@ def check_env(
 def evaluate(
     env: Annotated[str, typer.Argument(help="Env id or short name, e.g. calculator.")],
     policy: Annotated[
-        PolicyKind, typer.Option(help="reference: the env's own solution; openai: a server.")
+        PolicyKind,
+        typer.Option(
+            help="reference: the env's own solution; openai: a running server (--base-url, "
+            "--model); vllm: serve --model-path locally for this run."
+        ),
     ] = PolicyKind.reference,
+    model_path: Annotated[
+        Path | None, typer.Option(help="Local model folder to serve (vllm policy).")
+    ] = None,
     base_url: Annotated[
         str, typer.Option(help="OpenAI-compatible server root.")
     ] = "http://127.0.0.1:8000/v1",
@@ -121,38 +131,69 @@ def evaluate(
     env_id = resolve_id(env)
     env_kwargs = _parse_env_args(env_arg)
     probe = make(env_id, **env_kwargs)  # validates options before any work
-    agent = _make_policy(policy, probe, base_url, model, api_key, temperature)
     available = len(getattr(probe, "tasks", ()))
-    total = available if num_tasks is None else min(num_tasks, available)
+    reference: Any = getattr(probe, "reference_turns", None)
     probe.close()
+    if policy is PolicyKind.reference and reference is None:
+        raise ConfigError("this env has no reference solution; use --policy openai or vllm")
+    if policy is PolicyKind.openai and not model:
+        raise ConfigError("--policy openai needs --model NAME (the served model name)")
+    if policy is PolicyKind.vllm and model_path is None:
+        raise ConfigError("--policy vllm needs --model-path DIR (a local model folder)")
     run_config = {
-        "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value, "model": model,
+        "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value,
+        "model": str(model_path) if policy is PolicyKind.vllm else model,
         "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
         "seed": seed, "max_tokens": max_tokens,
     }  # fmt: skip
     done = _previous_episodes(out, run_config, resume)
+    with contextlib.ExitStack() as stack:
+        if policy is PolicyKind.reference:
+            agent: Policy = ScriptedPolicy(reference)
+        else:
+            if policy is PolicyKind.vllm and model_path is not None:
+                with console.status(f"starting vLLM on {model_path}"):
+                    server = stack.enter_context(serve_vllm(model_path))
+                base_url, model = server.base_url, server.model
+            sampling = {"temperature": temperature}
+            agent = OpenAIPolicy(base_url, model or "", api_key=api_key, sampling=sampling)
+        total = available if num_tasks is None else min(num_tasks, available)
+        plan = {
+            "num_tasks": num_tasks, "group_size": group_size, "max_concurrency": concurrency,
+            "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs,
+        }  # fmt: skip
+        summary = _run_eval(out, env_id, agent, run_config, done, total * group_size, plan)
+    _print_summary(summary, out)
+
+
+def _run_eval(
+    out: Path,
+    env_id: str,
+    agent: Policy,
+    run_config: dict[str, Any],
+    done: list[Trajectory],
+    total: int,
+    plan: dict[str, Any],
+) -> dict[str, Any]:
+    """Play the missing episodes, streaming each to ``out``; return the summary it wrote."""
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "run.json", run_config)
     started = time.perf_counter()
     with _progress() as progress, (out / "trajectories.jsonl").open("a") as sink:
-        bar = progress.add_task(f"eval {env_id}", total=total * group_size, completed=len(done))
+        bar = progress.add_task(f"eval {env_id}", total=total, completed=len(done))
 
         def record(trajectory: Trajectory) -> None:
             sink.write(to_json_line(trajectory))
             sink.flush()  # a killed run keeps every finished episode
             progress.advance(bar)
 
-        played = rollout(
-            env_id, agent, num_tasks=num_tasks, group_size=group_size,
-            max_concurrency=concurrency, seed=seed, max_tokens_per_turn=max_tokens,
-            env_kwargs=env_kwargs, on_episode=record,
-            skip={(t.task_index, t.group_index) for t in done},
-        )  # fmt: skip
+        skip = {(t.task_index, t.group_index) for t in done}
+        played = rollout(env_id, agent, on_episode=record, skip=skip, **plan)
     wall = time.perf_counter() - started
     summary = summarize(done + played, wall_seconds=wall, played=len(played))
-    summary |= {"env": env_id, "policy": policy.value, "model": model, "group_size": group_size}
+    summary |= {k: run_config[k] for k in ("env", "policy", "model", "group_size")}
     _write_json(out / "summary.json", summary)
-    _print_summary(summary, out)
+    return summary
 
 
 def _progress() -> Progress:
@@ -191,25 +232,6 @@ def _previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> l
     return recover_jsonl(results)
 
 
-def _make_policy(
-    kind: PolicyKind,
-    env: Any,
-    base_url: str,
-    model: str | None,
-    api_key: str | None,
-    temperature: float,
-) -> Policy:
-    if kind is PolicyKind.reference:
-        if getattr(env, "reference_turns", None) is None:
-            raise ConfigError(
-                "this env has no reference solution; use --policy openai --model NAME"
-            )
-        return ScriptedPolicy(env.reference_turns)
-    if not model:
-        raise ConfigError("--policy openai needs --model NAME (the served model name)")
-    return OpenAIPolicy(base_url, model, api_key=api_key, sampling={"temperature": temperature})
-
-
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
     table = Table("metric", "value", title=f"{summary['env']} ({summary['policy']})")
     for key, value in summary.items():
@@ -245,3 +267,6 @@ def main() -> None:
         if message:  # empty when typer already printed the help (no arguments given)
             console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except Error as exc:  # infrastructure (a server that would not start ...): not the user's
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(1)

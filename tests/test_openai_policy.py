@@ -135,3 +135,18 @@ def test_cli_eval_against_the_server_records_token_ids(vllm_server, tmp_path) ->
     assert len(trajectories) == 2
     assert all(turn.completion_ids for t in trajectories for turn in t.turns)
     assert json.loads((out / "summary.json").read_text())["tokens/completion"] > 0
+
+
+def test_cli_eval_serves_a_local_model_itself(tiny_model_dir, tmp_path) -> None:
+    require("vllm")
+    out = tmp_path / "run"
+    agentgym_cli = Path(sys.executable).parent / "agentgym"
+    proc = subprocess.run(
+        [str(agentgym_cli), "eval", "calculator", "--policy", "vllm",
+         "--model-path", str(tiny_model_dir), "-n", "2", "--max-tokens", "16", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    trajectories = list(agentgym.read_jsonl(out / "trajectories.jsonl"))
+    assert len(trajectories) == 2 and all(t.turns[0].completion_ids for t in trajectories)
+    assert json.loads((out / "run.json").read_text())["model"] == str(tiny_model_dir)
