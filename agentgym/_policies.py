@@ -124,9 +124,10 @@ class OpenAIPolicy:
         self.vllm_extensions = vllm_extensions
         self.max_retries = max_retries
         self.retry_backoff = retry_backoff
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
-        )
+        self.base_url = base_url.rstrip("/")
+        self._headers, self._timeout = headers, timeout
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def _request_body(
         self, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int | None
@@ -155,7 +156,7 @@ class OpenAIPolicy:
             )
         if response.status_code != 200:
             raise ModelError(
-                f"{self._client.base_url}/chat/completions answered {response.status_code}: "
+                f"{self.base_url}/chat/completions answered {response.status_code}: "
                 f"{response.text[:500]}"
             )
         return _completion_from_response(response.json())
@@ -166,7 +167,7 @@ class OpenAIPolicy:
             if attempt:
                 await asyncio.sleep(self.retry_backoff * 2 ** (attempt - 1))
             try:
-                response = await self._client.post("/chat/completions", json=body)
+                response = await self._http().post("/chat/completions", json=body)
             except httpx.TransportError as exc:
                 failure = f"request failed: {exc!r}"
                 continue
@@ -174,13 +175,24 @@ class OpenAIPolicy:
                 return response
             failure = f"answered {response.status_code}: {response.text[:300]}"
         raise ModelError(
-            f"{self._client.base_url}/chat/completions {failure} "
-            f"(after {self.max_retries + 1} attempts)"
+            f"{self.base_url}/chat/completions {failure} (after {self.max_retries + 1} attempts)"
         )
 
+    def _http(self) -> httpx.AsyncClient:
+        """The connection pool of the running event loop (a new loop gets a new pool)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url, headers=self._headers, timeout=self._timeout
+            )
+            self._client_loop = loop
+        return self._client
+
     async def aclose(self) -> None:
-        """Close the HTTP connection pool."""
-        await self._client.aclose()
+        """Close the HTTP connection pool; the policy stays usable (a new pool opens on demand)."""
+        if self._client is not None:
+            await self._client.aclose()
+        self._client = self._client_loop = None
 
 
 def _completion_from_response(data: dict[str, Any]) -> Completion:

@@ -212,5 +212,17 @@ def rollout(env: str | EnvFactory, policy: Policy, **kwargs: Any) -> list[Trajec
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(arollout(env, policy, **kwargs))
+        return asyncio.run(_rollout_and_close(env, policy, **kwargs))
     raise ConfigError("rollout() called inside a running event loop; use `await arollout(...)`")
+
+
+async def _rollout_and_close(
+    env: str | EnvFactory, policy: Policy, **kwargs: Any
+) -> list[Trajectory]:
+    """`arollout`, then release the policy's connections while their event loop still runs."""
+    try:
+        return await arollout(env, policy, **kwargs)
+    finally:
+        aclose = getattr(policy, "aclose", None)
+        if aclose is not None:
+            await aclose()

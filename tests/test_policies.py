@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import threading
+import warnings
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -40,6 +42,7 @@ class FlakyServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: FlakyServer
+    protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's server does
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -129,3 +132,16 @@ def test_unreachable_server_makes_infra_error_episodes_not_zero_rewards(serve) -
 def test_negative_retries_are_a_config_error() -> None:
     with pytest.raises(agentgym.ConfigError, match="max_retries"):
         agentgym.OpenAIPolicy("http://127.0.0.1:1/v1", "m", max_retries=-1)
+
+
+def test_sync_rollouts_reuse_the_policy_and_leave_no_open_connections(serve) -> None:
+    server = serve([(200, REPLY)])
+    policy = agentgym.OpenAIPolicy(server.base_url, "m")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # each rollout() runs its own event loop
+            [trajectory] = agentgym.rollout("calculator", policy, num_tasks=1)
+            assert trajectory.status == "ok" and trajectory.turns[0].completion_ids == [52, 50]
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(server.requests) == 2
