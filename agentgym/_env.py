@@ -7,14 +7,17 @@ as the env understood it, so ``reset_obs + sum(step_obs)`` is always the whole c
 env's tool-call parser), an already-parsed assistant message dict, or a `Completion` from a
 policy (which also carries token counts).
 
-Subclasses implement `areset` and `astep`. The sync `reset`/`step` run them on a private event
-loop, so Gymnasium tools (`check_env`, wrappers) work unchanged; async code (the rollout
-engine) awaits `areset`/`astep` directly so that one episode's slow tool never blocks another.
+Subclasses implement `areset` and `astep`. The sync `reset`/`step` run them on an event loop
+shared by all envs of the calling thread, so Gymnasium tools (`check_env`, wrappers) work
+unchanged and an env that is never closed leaks no loop; async code (the rollout engine)
+awaits `areset`/`astep` directly so that one episode's slow tool never blocks another.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -106,7 +109,6 @@ class Env(gymnasium.Env[list[Message], Action]):
         #: one being stepped, with token ids), so reward functions can ask for it; None when
         #: the env is stepped by hand.
         self.trajectory: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -152,11 +154,8 @@ class Env(gymnasium.Env[list[Message], Action]):
         """Release per-episode resources (sandboxes, connections); safe to call twice."""
 
     def close(self) -> None:
-        """Sync adapter over `aclose`; also closes the private event loop."""
+        """Sync adapter over `aclose`."""
         self._run_sync(self.aclose())
-        if self._loop is not None:
-            self._loop.close()
-        self._loop = None
 
     def _run_sync(self, coro: Coroutine[Any, Any, _T]) -> _T:
         try:
@@ -169,6 +168,16 @@ class Env(gymnasium.Env[list[Message], Action]):
                 "Env.reset/step called from inside a running event loop; "
                 "use `await env.areset(...)` / `await env.astep(...)` there"
             )
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(coro)
+        return _thread_loop().run_until_complete(coro)
+
+
+_loops = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """The calling thread's loop for sync adapters (closed at interpreter exit)."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _loops.loop = asyncio.new_event_loop()
+        atexit.register(loop.close)
+    return loop
