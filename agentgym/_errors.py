@@ -8,12 +8,13 @@
     ├── ToolError               a tool call failed; goes back to the model as a tool message
     │   ├── ToolArgumentsError  arguments did not match the tool's JSON schema
     │   └── ToolTimeoutError    the tool ran past its per-call timeout
-    ├── ParseError              the model's text held a tool call that could not be parsed
     ├── ContextLengthError      the conversation outgrew the model's context: episode truncated
-    ├── ModelError              the policy/backend failed (HTTP error, server down): infra
-    └── SandboxError            the execution backend failed (daemon, container): infra
+    └── InfraError              the machinery failed, not the model: the episode is infra_error
+        ├── ModelError          the policy/backend failed (HTTP error, server down)
+        └── SandboxError        the execution backend failed (daemon, container)
 
-Why the grouping matters: tool and parse errors are *data* (the model made a mistake, the
+Why the grouping matters: tool errors (and malformed tool calls, which parsers record in
+`ParsedTurn.errors` rather than raise) are *data* (the model made a mistake, the
 episode goes on), `ModelError`/`SandboxError` are *infrastructure* (the episode is marked
 ``infra_error`` and must never count as a reward of 0), and `ConfigError` is the user's to fix
 before anything runs.
@@ -47,10 +48,6 @@ class ToolArgumentsError(ToolError):
 
 class ToolTimeoutError(ToolError):
     """The tool ran longer than its per-call timeout."""
-
-
-class ParseError(Error):
-    """A tool call in the model's text could not be parsed."""
 
 
 class ContextLengthError(Error):

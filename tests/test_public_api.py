@@ -24,7 +24,6 @@ PUBLIC_NAMES = [
     "MessagesSpace",
     "ModelError",
     "OpenAIPolicy",
-    "ParseError",
     "ParsedTurn",
     "Policy",
     "PrefixMismatchError",
@@ -77,7 +76,7 @@ def test_error_tree() -> None:
     assert issubclass(agentgym.ToolArgumentsError, agentgym.ToolError)
     assert issubclass(agentgym.ModelError, agentgym.InfraError)
     assert issubclass(agentgym.SandboxError, agentgym.InfraError)
-    for name in ("ConfigError", "ToolError", "ParseError", "InfraError"):
+    for name in ("ConfigError", "ToolError", "InfraError"):
         assert issubclass(getattr(agentgym, name), agentgym.Error)
     assert not issubclass(agentgym.ToolError, agentgym.InfraError)
 
