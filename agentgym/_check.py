@@ -8,6 +8,7 @@ assertion failure an hour into training.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import warnings
@@ -41,14 +42,16 @@ class CheckResult:
 def check(env_id: str, tokenizer: Any = None, **env_kwargs: Any) -> list[CheckResult]:
     """Run every pre-flight check on a registered env; ``tokenizer`` is a path or tokenizer."""
     make(env_id, **env_kwargs).close()  # unknown ids and bad kwargs fail here, loudly
+    # both the reference check and the template checks read one played episode
+    reference = functools.cache(lambda: _play_reference(env_id, env_kwargs))
     checks: list[Callable[[], CheckResult | list[CheckResult]]] = [
         lambda: _gymnasium_api(env_id, env_kwargs),
         lambda: _tool_schemas(make(env_id, **env_kwargs)),
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
-        lambda: _reference_episode(env_id, env_kwargs),
+        lambda: _reference_episode(*reference()),
     ]
     if tokenizer is not None:
-        checks.append(lambda: _template_checks(env_id, env_kwargs, tokenizer))
+        checks.append(lambda: _template_checks(tokenizer, *reference()))
     results: list[CheckResult] = []
     for run in checks:
         try:
@@ -125,8 +128,7 @@ def _play_reference(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Trajectory
     return trajectory, tools
 
 
-def _reference_episode(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:
-    trajectory, _ = _play_reference(env_id, env_kwargs)
+def _reference_episode(trajectory: Trajectory | None, tools: list[Any]) -> CheckResult:
     if trajectory is None:
         return CheckResult("reference episode", True, "env has no reference solution")
     ok = trajectory.status in ("ok", "truncated") and (trajectory.final_reward or 0) > 0
@@ -136,10 +138,11 @@ def _reference_episode(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:
     )
 
 
-def _template_checks(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any) -> list[CheckResult]:
+def _template_checks(
+    tokenizer: Any, trajectory: Trajectory | None, tools: list[Any]
+) -> list[CheckResult]:
     """Render the reference episode with the model's chat template, two ways."""
     tok = _load_tokenizer(tokenizer)
-    trajectory, tools = _play_reference(env_id, env_kwargs)
     if trajectory is None:
         return [CheckResult("chat template", True, "no reference episode to render")]
     messages = [_for_template(m) for m in trajectory.messages]

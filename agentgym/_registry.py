@@ -121,9 +121,10 @@ def make(id: str, **kwargs: Any) -> Env:
     try:
         env = factory(**merged)
     except TypeError as exc:  # e.g. an option the env already sets for its base class
-        if "keyword argument" not in str(exc):
-            raise
-        raise ConfigError(f"{spec.id}: {exc}; drop that option") from exc
+        named = [k for k in kwargs if f"keyword argument '{k}'" in str(exc)]
+        if not named:
+            raise  # a TypeError from inside the env is a bug there, not a bad option
+        raise ConfigError(f"{spec.id}: {exc}; drop option(s) {named}") from exc
     env.spec = spec
     return env
 

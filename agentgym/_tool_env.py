@@ -16,7 +16,7 @@ import asyncio
 import json
 import numbers
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import gymnasium
@@ -98,9 +98,7 @@ class ToolEnv(Env):
         self.tools: dict[str, Tool] = {}
         for t in map(as_tool, tools):
             if tool_timeout is not None:
-                t = Tool(
-                    t.fn, t.name, t.description, t.parameters, t.injected, tool_timeout, t.is_async
-                )
+                t = replace(t, timeout=tool_timeout)
             if t.name in self.tools:
                 raise ConfigError(f"two tools are named {t.name!r}; tool names must be unique")
             self.tools[t.name] = t

@@ -264,9 +264,19 @@ _EXAMPLES = {"string": "x", "integer": 1, "number": 1.5, "boolean": True, "array
 def example_arguments(parameters: dict[str, Any]) -> dict[str, Any]:
     """Arguments that satisfy a tool's schema: its required fields, each with a simple value."""
     return {
-        name: (prop["enum"][0] if "enum" in prop else _EXAMPLES.get(prop.get("type"), "x"))
-        for name, prop in ((n, parameters["properties"][n]) for n in parameters.get("required", []))
+        name: _example(parameters["properties"][name]) for name in parameters.get("required", [])
     }
+
+
+def _example(prop: dict[str, Any]) -> Any:
+    if "enum" in prop:
+        return prop["enum"][0]
+    kind = prop.get("type")
+    if isinstance(kind, list):  # Optional[T] is ["T", "null"]
+        kind = kind[0]
+    if kind is None and prop.get("anyOf"):
+        return _example(prop["anyOf"][0])
+    return _EXAMPLES.get(kind, "x") if isinstance(kind, str) else "x"
 
 
 def format_result(value: Any) -> str:

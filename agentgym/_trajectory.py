@@ -156,5 +156,4 @@ def recover_jsonl(path: str | Path) -> list[Trajectory]:
     if len(complete) != len(data):
         with path.open("r+b") as f:
             f.truncate(len(complete))
-    lines = complete.decode("utf-8").splitlines()
-    return [Trajectory.from_dict(json.loads(line)) for line in lines if line.strip()]
+    return list(read_jsonl(path))

@@ -150,13 +150,17 @@ def evaluate(
     with contextlib.ExitStack() as stack:
         if policy is PolicyKind.reference:
             agent: Policy = ScriptedPolicy(reference)
+        elif policy is PolicyKind.vllm and model_path is not None:
+            with console.status(f"starting vLLM on {model_path}"):
+                server = stack.enter_context(serve_vllm(model_path))  # stopped on leaving
+            agent = OpenAIPolicy(
+                server.base_url, server.model, sampling={"temperature": temperature}
+            )
         else:
-            if policy is PolicyKind.vllm and model_path is not None:
-                with console.status(f"starting vLLM on {model_path}"):
-                    server = stack.enter_context(serve_vllm(model_path))
-                base_url, model = server.base_url, server.model
-            sampling = {"temperature": temperature}
-            agent = OpenAIPolicy(base_url, model or "", api_key=api_key, sampling=sampling)
+            assert model is not None  # checked above; narrows the type
+            agent = OpenAIPolicy(
+                base_url, model, api_key=api_key, sampling={"temperature": temperature}
+            )
         total = available if num_tasks is None else min(num_tasks, available)
         plan = {
             "num_tasks": num_tasks, "group_size": group_size, "max_concurrency": concurrency,
