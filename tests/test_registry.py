@@ -277,3 +277,18 @@ def test_broken_plugin_warns_and_agentgym_still_works(tmp_path: Path) -> None:
     assert "brokenplugin" in out["warnings"][0] and "plugin exploded" in out["warnings"][0]
     assert "agentgym/Calculator-v0" in out["ids"]
     assert out["reset_ok"] is True
+
+
+class BuggyInside(ToolEnv):
+    """Its constructor has a bug that raises a keyword TypeError of its own."""
+
+    def __init__(self, greeting: str = "hi") -> None:
+        dict.fromkeys([], bogus=1)  # the bug: a TypeError about a keyword argument
+        super().__init__()
+
+
+def test_a_typeerror_inside_an_env_is_not_blamed_on_the_options() -> None:
+    agentgym.register("tests/BuggyInside-v0", BuggyInside)
+    with pytest.raises(TypeError, match="keyword argument") as excinfo:
+        agentgym.make("tests/BuggyInside-v0", greeting="hello")
+    assert not isinstance(excinfo.value, ConfigError)

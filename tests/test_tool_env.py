@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 from typing import Any
 
@@ -329,3 +330,25 @@ def test_raising_reward_function_is_recorded() -> None:
 def test_bad_rubric_raises(funcs: list, weights: list | None) -> None:
     with pytest.raises(ConfigError):
         Rubric(funcs, weights)
+
+
+class Shade(enum.Enum):
+    DARK = "dark"
+    LIGHT = "light"
+
+
+def test_tool_timeout_override_keeps_everything_else_of_the_tool():
+    @tool(timeout=30.0)
+    def paint(shade: Shade) -> str:
+        """Paint.
+
+        Args:
+            shade: which shade.
+        """
+        return type(shade).__name__
+
+    env = ToolEnv([paint], tasks=TASKS, tool_timeout=2.0)
+    assert env.tools["paint"].timeout == 2.0
+    env.reset(seed=0)
+    new_messages, *_ = env.step(call("paint", shade="dark"))
+    assert new_messages[1]["content"] == "Shade"  # the Enum member still arrives, not "dark"

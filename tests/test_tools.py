@@ -20,6 +20,7 @@ from agentgym import (
     ToolTimeoutError,
     tool,
 )
+from agentgym._tools import example_arguments
 
 
 class Color(enum.Enum):
@@ -132,7 +133,8 @@ def test_enum_default_keeps_schema_json_serializable() -> None:
         """Paint."""
         return color.value
 
-    json.dumps(paint.schema)
+    schema = json.loads(json.dumps(paint.schema))
+    assert schema["function"]["parameters"]["properties"]["color"]["default"] == "red"
 
 
 async def test_enum_argument_arrives_as_member() -> None:
@@ -144,12 +146,13 @@ async def test_enum_argument_arrives_as_member() -> None:
     assert await paint.acall({"color": "blue"}) == repr(Color.BLUE)
 
 
-async def test_optional_validates_inner_type() -> None:
-    @tool
-    def pick(n: Optional[int] = None) -> str:  # noqa: UP045
-        """Pick."""
-        return repr(n)
+@tool
+def pick(n: Optional[int] = None) -> str:  # noqa: UP045
+    """Pick."""
+    return repr(n)
 
+
+async def test_optional_validates_inner_type() -> None:
     assert "n" not in pick.parameters["required"]
     assert await pick.acall({}) == "None"
     assert await pick.acall({"n": 3}) == "3"
@@ -158,11 +161,6 @@ async def test_optional_validates_inner_type() -> None:
 
 
 async def test_optional_accepts_explicit_null() -> None:
-    @tool
-    def pick(n: Optional[int] = None) -> str:  # noqa: UP045
-        """Pick."""
-        return repr(n)
-
     assert await pick.acall({"n": None}) == "None"
 
 
@@ -368,3 +366,14 @@ async def test_tool_error_raised_by_tool_is_kept() -> None:
 
     with pytest.raises(ToolError, match="^say please$"):
         await picky.acall({})
+
+
+def test_example_arguments_cover_optional_and_union_required_parameters() -> None:
+    @tool
+    def find(n: Optional[int], key: int | str, mode: Literal["a", "b"]) -> str:  # noqa: UP045
+        """Find."""
+        return ""
+
+    example = example_arguments(find.parameters)
+    assert example == {"n": 1, "key": 1, "mode": "a"}
+    find.validate(example)

@@ -82,6 +82,7 @@ def test_write_jsonl_is_atomic_for_new_file(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="generator broke"):
         write_jsonl(_explodes_after_one(), path)
     assert not path.exists()
+    assert list(tmp_path.iterdir()) == [], "no partial or temporary file is left behind"
 
 
 def test_write_jsonl_keeps_previous_content_on_failure(tmp_path: Path) -> None:
@@ -91,12 +92,6 @@ def test_write_jsonl_keeps_previous_content_on_failure(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         write_jsonl(_explodes_after_one(), path)
     assert path.read_bytes() == before
-
-
-def test_write_jsonl_leaves_no_partial_file(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError):
-        write_jsonl(_explodes_after_one(), tmp_path / "t.jsonl")
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_step_rewards_and_total() -> None:

@@ -38,6 +38,7 @@ def test_reward_wants_the_exact_dotted_name():
 
 def test_reference_episodes_score_one_and_search_is_multi_tool():
     env = agentgym.make("docsearch", num_tasks=20)
+    assert sorted(s["function"]["name"] for s in env.tool_schemas) == ["read", "search"]
     trajectories = agentgym.rollout(
         "docsearch", agentgym.ScriptedPolicy(env.reference_turns), env_kwargs={"num_tasks": 20}
     )

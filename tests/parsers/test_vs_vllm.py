@@ -39,6 +39,12 @@ class Case:
 
 ALL_OR_NOTHING = "vLLM returns the whole text as content on any malformed call; we report it"
 
+
+def all_or_nothing(id: str, text: str) -> Case:
+    """A malformed turn: no calls and an error from us, the whole text as content from vLLM."""
+    return Case(id, text, [], errors=True, vllm_content=RAW, why=ALL_OR_NOTHING)
+
+
 HERMES = [
     Case(
         "single",
@@ -58,27 +64,16 @@ HERMES = [
         content="Let me check.",
     ),
     Case("no call", "The answer is 42.", [], content="The answer is 42."),
-    Case(
+    all_or_nothing(
         "malformed json",
         '<tool_call>{"name": "f", "arguments": {"a": 1,}}</tool_call>',
-        [],
-        errors=True,
-        vllm_content=RAW,
-        why=ALL_OR_NOTHING,
     ),
     Case(
         "unclosed tag, complete json",
         '<tool_call>{"name": "f", "arguments": {"a": 1}}',
         [("f", {"a": 1})],
     ),
-    Case(
-        "unclosed tag, truncated json",
-        '<tool_call>{"name": "f", "arguments": {"a": 1',
-        [],
-        errors=True,
-        vllm_content=RAW,
-        why=ALL_OR_NOTHING,
-    ),
+    all_or_nothing("unclosed tag, truncated json", '<tool_call>{"name": "f", "arguments": {"a": 1'),
     Case(
         "good call + bad call",
         '<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{oops}</tool_call>',
@@ -95,13 +90,9 @@ HERMES = [
         errors=True,
         vllm_errors=True,  # vLLM returns arguments "[1, 2]"; the adapter rejects a non-object
     ),
-    Case(
+    all_or_nothing(
         "wrong type: name a number",
         '<tool_call>{"name": 3, "arguments": {}}</tool_call>',
-        [],
-        errors=True,
-        vllm_content=RAW,
-        why=ALL_OR_NOTHING,
     ),
     Case(
         "missing arguments",
@@ -146,21 +137,10 @@ LLAMA3_JSON = [
     ),
     Case("no call", "The answer is 42.", [], content="The answer is 42."),
     Case("braces in prose", "Use {x} as the key.", [], content="Use {x} as the key."),
-    Case(
-        "malformed json",
-        '{"name": "f", "parameters": {"a": 1,}}',
-        [],
-        errors=True,
-        vllm_content=RAW,
-        why=ALL_OR_NOTHING,
-    ),
-    Case(
+    all_or_nothing("malformed json", '{"name": "f", "parameters": {"a": 1,}}'),
+    all_or_nothing(
         "unclosed (truncated) call",
         '<|python_tag|>{"name": "f", "parameters": {"a": 1',
-        [],
-        errors=True,
-        vllm_content=RAW,
-        why=ALL_OR_NOTHING,
     ),
     Case(
         "wrong type: parameters a list",
@@ -341,30 +321,9 @@ PYTHONIC = [
         why="vLLM requires the whole turn to be the call list; we allow text before it",
     ),
     Case("no call", "The answer is 42.", [], content="The answer is 42."),
-    Case(
-        "malformed (unclosed)",
-        "[f(a=1), g(b=",
-        [],
-        errors=True,
-        vllm_content=RAW,
-        why=ALL_OR_NOTHING,
-    ),
-    Case(
-        "wrong type: positional argument",
-        "[f(1)]",
-        [],
-        errors=True,
-        vllm_content=RAW,
-        why=ALL_OR_NOTHING,
-    ),
-    Case(
-        "wrong type: variable, not a literal",
-        "[f(a=b)]",
-        [],
-        errors=True,
-        vllm_content=RAW,
-        why=ALL_OR_NOTHING,
-    ),
+    all_or_nothing("malformed (unclosed)", "[f(a=1), g(b="),
+    all_or_nothing("wrong type: positional argument", "[f(1)]"),
+    all_or_nothing("wrong type: variable, not a literal", "[f(a=b)]"),
     Case("unicode", "[traduire(t='日本語 ½ ✓')]", [("traduire", {"t": "日本語 ½ ✓"})]),
 ]
 

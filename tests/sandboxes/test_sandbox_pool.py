@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -49,11 +50,12 @@ async def test_cancelled_waiter_does_not_leak_a_sandbox(pool):
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(pool._acquire_async(None), 0.2)
         del a, b, c
-    for _ in range(50):
-        if pool.idle == pool.size:
-            break
-        await asyncio.sleep(0.05)
-    assert pool.idle == pool.size
+    # returned sandboxes are reset on worker threads: rather than poll `idle`, lease every
+    # sandbox at once again, which only works if none went to the cancelled waiter
+    async with contextlib.AsyncExitStack() as stack:
+        again = [await stack.enter_async_context(pool.lease(timeout=30))
+                 for _ in range(pool.size)]
+        assert len({sb.container_id for sb in again}) == pool.size and pool.idle == 0
 
 
 def test_lease_timeout(pool):
