@@ -23,7 +23,6 @@ from ._policies import Completion, OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import ENTRY_POINT_GROUP, load_plugins, make, register, registered_envs
 from ._rollout import EpisodeSpec, arollout, rollout, run_episode
 from ._rubric import Rubric, RubricResult
-from ._serve import LocalServer, serve_vllm
 from ._summary import summarize
 from ._tool_env import EpisodeState, ToolEnv
 from ._tools import Tool, tool
@@ -51,7 +50,6 @@ __all__ = [
     "EpisodeState",
     "Error",
     "InfraError",
-    "LocalServer",
     "MessagesSpace",
     "ModelError",
     "OpenAIPolicy",
@@ -84,7 +82,6 @@ __all__ = [
     "registered_envs",
     "rollout",
     "run_episode",
-    "serve_vllm",
     "summarize",
     "tool",
     "write_jsonl",

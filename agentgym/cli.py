@@ -24,7 +24,7 @@ from ._errors import ConfigError, Error
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
-from ._serve import serve_vllm
+from .engine import serve_vllm
 from ._summary import summarize
 from ._trajectory import Trajectory, recover_jsonl, to_json_line
 

@@ -64,7 +64,7 @@ def tiny_model_dir() -> Path:
     """Folder of the default tiny model (built once into the agentgym cache, then reused)."""
     require("torch")
     require("transformers")
-    from agentgym.tiny import build_tiny_model
+    from agentgym.engine.tiny import build_tiny_model
 
     return build_tiny_model()
 
@@ -84,9 +84,9 @@ class VLLMServer:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path) -> Iterator[VLLMServer]:
-    """One server on the tiny model for the whole session (`agentgym.serve_vllm`)."""
+    """One server on the tiny model for the whole session (`agentgym.engine.serve_vllm`)."""
     require("vllm")
-    from agentgym import serve_vllm
+    from agentgym.engine import serve_vllm
 
     # two shared cores: ~20 s to start when idle, much more under load
     with serve_vllm(tiny_model_dir, served_name="tiny", start_timeout=300) as server:

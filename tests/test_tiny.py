@@ -1,4 +1,4 @@
-"""agentgym.tiny: deterministic tiny models, the byte tokenizer and its chat template."""
+"""agentgym.engine.tiny: deterministic tiny models, the byte tokenizer and its chat template."""
 
 from __future__ import annotations
 
@@ -53,14 +53,14 @@ def tokenizer(tmp_path_factory):
     require("transformers")
     from transformers import AutoTokenizer
 
-    from agentgym.tiny import build_tokenizer
+    from agentgym.engine.tiny import build_tokenizer
 
     return AutoTokenizer.from_pretrained(build_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
 def test_same_seed_same_weights_other_seed_other_weights(tmp_path) -> None:
     require("torch")
-    from agentgym.tiny import build_tiny_model
+    from agentgym.engine.tiny import build_tiny_model
 
     a = build_tiny_model(tmp_path / "a", seed=3, **SMALL)
     b = build_tiny_model(tmp_path / "b", seed=3, **SMALL)
@@ -70,7 +70,7 @@ def test_same_seed_same_weights_other_seed_other_weights(tmp_path) -> None:
 
 def test_cache_is_keyed_by_config_and_reused(tmp_path, monkeypatch) -> None:
     require("torch")
-    from agentgym.tiny import build_tiny_model
+    from agentgym.engine.tiny import build_tiny_model
 
     monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path))
     first = build_tiny_model(**SMALL)
@@ -92,7 +92,7 @@ def test_cache_is_keyed_by_config_and_reused(tmp_path, monkeypatch) -> None:
     ],
 )
 def test_bad_shape_is_a_config_error(shape: dict[str, int], needle: str) -> None:
-    from agentgym.tiny import build_tiny_model
+    from agentgym.engine.tiny import build_tiny_model
 
     with pytest.raises(ConfigError, match=needle):
         build_tiny_model(**shape)

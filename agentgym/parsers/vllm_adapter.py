@@ -5,7 +5,7 @@ to cross-check our own parsers (``tests/parsers/test_vs_vllm.py``). vLLM is impo
 such a parser is built; without it the error names the extra to install.
 
 vLLM's parsers read their marker tokens (``<|python_tag|>``, ``[TOOL_CALLS]`` ...) from a
-tokenizer. By default a tiny byte-level tokenizer from `agentgym.tiny` is built with those
+tokenizer. By default a tiny byte-level tokenizer from `agentgym.engine.tiny` is built with those
 markers; pass the model's own tokenizer (object or path) to match a real model. For Mistral, the
 presence of ``[ARGS]`` in the tokenizer switches vLLM to the v11+ ``name[ARGS]{...}`` format:
 ``get_parser("vllm:mistral", extra_tokens=("[ARGS]",))``.
@@ -42,7 +42,7 @@ def _import_vllm() -> Any:
 def _load_tokenizer(tokenizer: Any, extra_tokens: tuple[str, ...]) -> Any:
     """A tokenizer object from an object, a path, or None (the tiny default with markers)."""
     if tokenizer is None:
-        from ..tiny import make_tokenizer
+        from ..engine.tiny import make_tokenizer
 
         return make_tokenizer((*DEFAULT_MARKERS, *extra_tokens))
     if isinstance(tokenizer, (str, os.PathLike)):

@@ -208,7 +208,7 @@ def test_bad_mistral_style_is_a_config_error() -> None:
 
 def test_importing_parsers_does_not_import_vllm_or_torch() -> None:
     code = (
-        "import sys, agentgym.parsers, agentgym.tiny; "
+        "import sys, agentgym.parsers, agentgym.engine.tiny; "
         "bad = [m for m in ('vllm', 'torch', 'transformers') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -15,7 +15,7 @@ vLLM and transformers to load, serve and train.
 
 Example::
 
-    from agentgym.tiny import build_tiny_model
+    from agentgym.engine.tiny import build_tiny_model
     path = build_tiny_model()          # ~1 s the first time, then a cache hit
     # python -m vllm.entrypoints.openai.api_server --model {path} ...
 
