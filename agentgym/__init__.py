@@ -19,7 +19,7 @@ from ._errors import (
     ToolTimeoutError,
     UnknownEnvError,
 )
-from ._policies import Completion, OpenAIPolicy, Policy, ScriptedPolicy
+from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import ENTRY_POINT_GROUP, load_plugins, make, register, registered_envs
 from ._rollout import EpisodeSpec, arollout, rollout, run_episode
 from ._rubric import Rubric, RubricResult
@@ -34,6 +34,7 @@ from ._trajectory import (
     recover_jsonl,
     write_jsonl,
 )
+from ._types import Completion
 from .parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser, register_parser
 
 __version__ = "0.1.0"

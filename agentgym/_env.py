@@ -7,10 +7,16 @@ as the env understood it, so ``reset_obs + sum(step_obs)`` is always the whole c
 env's tool-call parser), an already-parsed assistant message dict, or a `Completion` from a
 policy (which also carries token counts).
 
-Subclasses implement `areset` and `astep`. The sync `reset`/`step` run them on an event loop
-shared by all envs of the calling thread, so Gymnasium tools (`check_env`, wrappers) work
-unchanged and an env that is never closed leaks no loop; async code (the rollout engine)
-awaits `areset`/`astep` directly so that one episode's slow tool never blocks another.
+Subclasses implement `areset` (calling ``await super().areset(seed=seed)`` first, which seeds
+`np_random` as Gymnasium's `reset` does, so both paths seed alike) and `astep`. The sync
+`reset`/`step` run them on an event loop shared by all envs of the calling thread, so
+Gymnasium tools (`check_env`, wrappers) work unchanged and an env that is never closed leaks
+no loop; async code (the rollout engine) awaits `areset`/`astep` directly so that one
+episode's slow tool never blocks another.
+
+Data flows one way: the env is given actions and reports, in each step's ``info``, what it
+rewarded; it never reads what the engine records. Reward functions that want the episode get
+a `Trajectory` the env builds from its own inputs.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ import numpy as np
 from gymnasium import spaces
 
 from ._errors import ConfigError
+from ._types import Completion, Message
 
-Message = dict[str, Any]
 #: What `step` accepts: raw text, a parsed assistant message, or a policy `Completion`.
 Action = Any
 _T = TypeVar("_T")
@@ -76,7 +82,7 @@ class AssistantTurnSpace(spaces.Space[Any]):
             return True
         if isinstance(x, dict):
             return x.get("role") == "assistant"
-        return hasattr(x, "text") and hasattr(x, "completion_ids")  # a policy Completion
+        return isinstance(x, Completion)
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
         return _random_text(self.np_random, self.max_length)
@@ -93,10 +99,10 @@ def _random_text(rng: np.random.Generator, max_length: int) -> str:
 class Env(gymnasium.Env[list[Message], Action]):
     """Base class of agentgym environments: a multi-turn conversation as a Gymnasium env.
 
-    Rewards: ``step`` returns that step's reward; when the episode ends, the final reward
-    (e.g. a rubric's score) is added to the last step's reward and also reported apart in
-    ``info["final_reward"]`` (with per-function ``info["scores"]``), so both Gymnasium users
-    (who sum rewards) and trainers (who want the parts) are served.
+    Rewards: ``step`` returns, as Gymnasium users expect, the sum of the step's own reward
+    and, on the episode's last step, the final reward (e.g. a rubric's score). ``info`` keeps
+    the parts apart, ``info["step_reward"]`` and ``info["final_reward"]`` (with per-function
+    ``info["scores"]``), so a trainer reads them instead of taking the sum apart.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -105,16 +111,19 @@ class Env(gymnasium.Env[list[Message], Action]):
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
-        #: The episode's `Trajectory` while the rollout engine plays it (its turns include the
-        #: one being stepped, with token ids), so reward functions can ask for it; None when
-        #: the env is stepped by hand.
-        self.trajectory: Any = None
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        """Start an episode; ``options["task"]`` picks a task (an index or a task dict)."""
-        raise NotImplementedError
+        """Start an episode; ``options["task"]`` picks a task (an index or a task dict).
+
+        Subclasses call ``await super().areset(seed=seed)`` before drawing from `np_random`:
+        like Gymnasium's `reset`, it reseeds `np_random` when ``seed`` is given and keeps the
+        current generator when it is None. The base returns an empty conversation.
+        """
+        gymnasium.Env.reset(self, seed=seed)
+        self.messages = []
+        return [], {}
 
     async def astep(
         self, action: Action
@@ -123,11 +132,13 @@ class Env(gymnasium.Env[list[Message], Action]):
 
         Returns:
             new_messages: messages appended by this step (assistant first, then tool/user).
-            reward: this step's reward, plus the final reward if the episode ended.
+            reward: ``info["step_reward"]``, plus ``info["final_reward"]`` if the episode ended.
             terminated: the episode ended on its own (final answer, solved, failed).
             truncated: the episode was cut short (max turns, token budget).
-            info: ``tool_errors``, ``turn``; when the episode ends also ``final_reward``,
-                ``scores`` and ``reward_errors``.
+            info: ``step_reward`` (may be left out by an env whose episode has no final
+                reward: the returned reward is then the step's own), ``tool_errors`` (the
+                model's mistakes this step, as messages), ``turn``; when the episode ends also
+                ``final_reward``, ``scores`` and ``reward_errors``.
         """
         raise NotImplementedError
 
@@ -135,7 +146,6 @@ class Env(gymnasium.Env[list[Message], Action]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         """Sync adapter over `areset`; inside running async code, await `areset` instead."""
-        super().reset(seed=seed)
         return self._run_sync(self.areset(seed=seed, options=options))
 
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:

@@ -1,9 +1,12 @@
 """Policies: whatever produces the next assistant turn, token ids in and out where possible.
 
 `Policy` is a one-method protocol, so a user's own backend (an in-process engine, a remote
-service) plugs in without subclassing. Two ship here: `ScriptedPolicy` (replays given turns;
-tests and oracle runs) and `OpenAIPolicy` (any OpenAI-compatible server; with vLLM it also
-returns the exact prompt and completion token ids and per-token logprobs that training needs).
+service) plugs in without subclassing; a backend that keeps per-episode state (exact token
+ids) also offers `start_episode`, returning a `PolicyEpisode`. Two ship here: `ScriptedPolicy`
+(replays given turns; tests and oracle runs) and `OpenAIPolicy` (any OpenAI-compatible server;
+with vLLM it also returns prompt and completion token ids and per-token logprobs, but the server
+re-renders the conversation every turn, so it cannot promise token-exact multi-turn episodes:
+use `agentgym.engine.VLLMPolicy` for training).
 """
 
 from __future__ import annotations
@@ -11,34 +14,17 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._errors import ConfigError, ContextLengthError, ModelError
+from ._types import Completion, Message
 
-Message = dict[str, Any]
+if TYPE_CHECKING:
+    import httpx  # imported on first request: processes that only step envs never load it
+
 #: How vLLM and OpenAI say that a prompt does not fit the context window.
 _RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length|context_length_exceeded")
-
-
-@dataclass
-class Completion:
-    """One assistant turn as the policy produced it.
-
-    ``text`` is the raw text (tool calls unparsed) and is what the env parses; ``message`` is
-    set only when the backend already parsed tool calls into an OpenAI message. Token fields
-    are None when the backend does not report them.
-    """
-
-    text: str
-    message: Message | None = None
-    prompt_ids: list[int] | None = None
-    completion_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    finish_reason: str | None = None
 
 
 @runtime_checkable
@@ -55,6 +41,56 @@ class Policy(Protocol):
     ) -> Completion:
         """Return the assistant's next turn for ``messages`` given the ``tools`` schemas."""
         ...
+
+
+@runtime_checkable
+class PolicyEpisode(Protocol):
+    """One episode's handle on a policy that keeps state across turns (token ids).
+
+    A policy may offer ``start_episode(tools, *, task, seed) -> PolicyEpisode``; the rollout
+    engine then asks the handle, not the policy, for each turn, so a token-in/token-out engine
+    (`agentgym.engine.VLLMPolicy`) can extend the previous turn's exact ids instead of
+    re-rendering the conversation. ``mode`` says how the episode trains: ``"concat"`` (one
+    sequence) or ``"per_turn"`` (one sample per turn).
+    """
+
+    mode: str
+
+    async def generate(
+        self, messages: list[Message], *, max_tokens: int | None = None
+    ) -> Completion:
+        """The next turn; ``messages`` is the whole conversation so far."""
+        ...
+
+
+class _StatelessEpisode:
+    """The episode handle of a plain `Policy`: every turn is a fresh `Policy.generate` call."""
+
+    mode = "per_turn"
+
+    def __init__(self, policy: Policy, tools: list[dict[str, Any]], task: Any) -> None:
+        self._policy, self._tools, self._task = policy, tools, task
+
+    async def generate(
+        self, messages: list[Message], *, max_tokens: int | None = None
+    ) -> Completion:
+        return await self._policy.generate(
+            messages, self._tools, max_tokens=max_tokens, task=self._task
+        )
+
+
+def start_episode(
+    policy: Policy, tools: list[dict[str, Any]], *, task: Any = None, seed: int | None = None
+) -> PolicyEpisode:
+    """The policy's own episode handle if it has one, else one over `Policy.generate`.
+
+    Users' policies with only ``generate`` keep working unchanged.
+    """
+    start = getattr(policy, "start_episode", None)
+    if start is None:
+        return _StatelessEpisode(policy, tools, task)
+    episode: PolicyEpisode = start(tools, task=task, seed=seed)
+    return episode
 
 
 class ScriptedPolicy:
@@ -163,6 +199,8 @@ class OpenAIPolicy:
 
     async def _post(self, body: dict[str, Any]) -> httpx.Response:
         """POST with retries on transport errors and 429/5xx; other answers return as they are."""
+        import httpx
+
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self.retry_backoff * 2 ** (attempt - 1))
@@ -180,6 +218,8 @@ class OpenAIPolicy:
 
     def _http(self) -> httpx.AsyncClient:
         """The connection pool of the running event loop (a new loop gets a new pool)."""
+        import httpx
+
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
             self._client = httpx.AsyncClient(

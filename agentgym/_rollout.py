@@ -1,10 +1,14 @@
 """The rollout engine: many episodes at once, each an independent asyncio task.
 
-Stage by stage, one episode is: env.areset -> policy.generate (token ids in/out) -> env.astep
-(tool calls parsed and run) -> ... -> final reward -> `Trajectory`. Episodes share nothing but
-the policy, so one waiting on a slow tool or a long generation never holds up the others, and
-a failing episode is recorded (``error`` / ``infra_error`` with its traceback) while the rest
-of the run goes on.
+One episode flows one way, and the engine only records what each stage hands it::
+
+    task -> env.areset -> policy -> env.astep -> ... -> (rubric, inside the env) -> Trajectory
+
+The env never reads the engine's record: each step's ``info`` says what the step rewarded
+(``step_reward``, and ``final_reward`` when the episode ends), and the engine copies it.
+Episodes share nothing but the policy, so one waiting on a slow tool or a long generation
+never holds up the others, and a failing episode is recorded (``error`` / ``infra_error``
+with its traceback) while the rest of the run goes on.
 """
 
 from __future__ import annotations
@@ -18,21 +22,32 @@ from typing import Any
 
 from ._env import Env
 from ._errors import ConfigError, ContextLengthError, InfraError
-from ._policies import Completion, Policy
+from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
 from ._trajectory import Trajectory, Turn
+from ._types import Completion
 
 EnvFactory = Callable[[], Env]
 
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """Which task an episode plays and with which seed."""
+    """Which task an episode plays, with which seed, and where it sits in its run.
+
+    ``task_position`` is the task's position in the rollout's task list; with
+    ``group_index`` it is the episode's `key`, stable across resumed runs even for task dicts.
+    """
 
     task: int | dict[str, Any]
     task_index: int | None
     group_index: int
     seed: int
+    task_position: int = 0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """``(task_position, group_index)``, as in `Trajectory.key`."""
+        return self.task_position, self.group_index
 
 
 def _env_factory(env: str | EnvFactory, env_kwargs: dict[str, Any]) -> tuple[str, EnvFactory]:
@@ -50,7 +65,7 @@ def plan_episodes(
     if group_size < 1:
         raise ConfigError(f"group_size must be >= 1, got {group_size}")
     return [
-        EpisodeSpec(task, task if isinstance(task, int) else None, g, seed + i * group_size + g)
+        EpisodeSpec(task, task if isinstance(task, int) else None, g, seed + i * group_size + g, i)
         for i, task in enumerate(tasks)
         for g in range(group_size)
     ]
@@ -66,37 +81,38 @@ async def run_episode(
 ) -> Trajectory:
     """Play one episode to the end; never raises for env, tool, policy or reward failures."""
     trajectory = Trajectory(
-        env_id=env_id, task_index=spec.task_index, group_index=spec.group_index, seed=spec.seed
-    )
+        env_id=env_id, task_index=spec.task_index, task_position=spec.task_position,
+        group_index=spec.group_index, seed=spec.seed,
+    )  # fmt: skip
     started = time.perf_counter()
     env: Env | None = None
     try:
         env = make_env()
-        env.trajectory = trajectory  # reward functions may ask for it (token counts ...)
         messages, info = await env.areset(seed=spec.seed, options={"task": spec.task})
         trajectory.task = info.get("task")
-        trajectory.messages = messages  # the same list: it grows with every step below
+        trajectory.messages = messages  # grows with what every step appends
         tools = getattr(env, "tool_schemas", [])
+        episode = start_episode(policy, tools, task=trajectory.task, seed=spec.seed)
         done = truncated = False
         while not done:
             t0 = time.perf_counter()
             try:
-                completion = await policy.generate(
-                    messages, tools, max_tokens=max_tokens_per_turn, task=trajectory.task
-                )
+                completion = await _next_turn(episode, trajectory, max_tokens_per_turn)
             except ContextLengthError as exc:  # too long to go on: truncated, and scored
                 info, truncated = await env.atruncate(), True
                 trajectory.info["truncated_by"] = str(exc)
                 break
             t1 = time.perf_counter()
-            turn = _turn(completion, policy_s=t1 - t0)
-            trajectory.turns.append(turn)  # before the step, so the rubric sees this turn too
             new_messages, reward, terminated, truncated, info = await env.astep(completion)
-            turn.reward = reward - info.get("final_reward", 0.0)
-            turn.tool_errors = list(info.get("tool_errors", []))
-            turn.env_seconds = time.perf_counter() - t1
-            messages.extend(new_messages)
+            turn = Turn.from_completion(
+                completion, reward=_step_reward(reward, info),
+                tool_errors=list(info.get("tool_errors", [])),
+            )  # fmt: skip
+            turn.policy_seconds, turn.env_seconds = t1 - t0, time.perf_counter() - t1
+            trajectory.turns.append(turn)
+            trajectory.messages.extend(new_messages)
             done = terminated or truncated
+        trajectory.mode = episode.mode
         _record_outcome(trajectory, info, truncated)
     except InfraError:
         trajectory.status, trajectory.error = "infra_error", traceback.format_exc()
@@ -113,18 +129,28 @@ async def run_episode(
     return trajectory
 
 
-def _turn(completion: Completion, policy_s: float) -> Turn:
-    """The policy's half of a turn; the step fills in the env's half (reward, tool errors)."""
-    ids = completion.completion_ids
-    return Turn(
-        prompt_ids=completion.prompt_ids,
-        completion_ids=ids,
-        logprobs=completion.logprobs,
-        completion_mask=[1] * len(ids) if ids is not None else None,
-        text=completion.text,
-        finish_reason=completion.finish_reason,
-        policy_seconds=policy_s,
-    )
+async def _next_turn(
+    episode: PolicyEpisode, trajectory: Trajectory, max_tokens: int | None
+) -> Completion:
+    """The one place the engine asks the policy for the next assistant turn."""
+    return await episode.generate(trajectory.messages, max_tokens=max_tokens)
+
+
+def _step_reward(reward: float, info: dict[str, Any]) -> float:
+    """The step's own reward, as the env reported it (Gymnasium's reward also holds the final).
+
+    An env whose step carries no final reward may leave ``step_reward`` out: its reward is
+    then the step's own. One that reports a final reward must say the step's part, or the
+    record would count the final reward twice.
+    """
+    if "step_reward" in info:
+        return float(info["step_reward"])
+    if "final_reward" in info:
+        raise ConfigError(
+            "the env reported info['final_reward'] without info['step_reward']; "
+            "an env must report both so the record keeps them apart"
+        )
+    return float(reward)
 
 
 def _record_outcome(trajectory: Trajectory, info: dict[str, Any], truncated: bool) -> None:
@@ -174,8 +200,10 @@ async def arollout(
         max_tokens_per_turn: passed to the policy as ``max_tokens``.
         env_kwargs: keyword arguments for `make` when ``env`` is an id.
         on_episode: called with each finished trajectory (progress bars, streaming writes).
-        skip: ``(task_index, group_index)`` pairs not to play (already done, when resuming);
-            the other episodes keep the seeds they have in the full plan.
+        skip: episode keys not to play (already done, when resuming): ``(task_position,
+            group_index)`` pairs, ``task_position`` being the task's position in ``tasks``
+            (`Trajectory.key` of the finished episodes); the other episodes keep the seeds
+            they have in the full plan.
 
     Returns:
         Trajectories in plan order (task-major, then group index), one per episode.
@@ -199,11 +227,7 @@ async def arollout(
             on_episode(trajectory)
         return trajectory
 
-    plan = [
-        spec
-        for spec in plan_episodes(tasks, group_size, seed)
-        if (spec.task_index, spec.group_index) not in skip
-    ]
+    plan = [spec for spec in plan_episodes(tasks, group_size, seed) if spec.key not in skip]
     return list(await asyncio.gather(*map(bounded, plan)))
 
 

@@ -2,7 +2,11 @@
 
 A reward function declares parameters from `Rubric.INJECTABLE` (``task``, ``messages``,
 ``completion``, ``answer``, ``state``, ``sandbox``, ``env``, ``trajectory``) and gets exactly
-those. Every function's score is logged under its name; weight-0 functions are metrics only.
+those; any other parameter must have a default, which it keeps (so a `functools.partial` with
+bound keywords, or a knob like ``threshold=0.5``, works). Every function's score is logged
+under its name (its ``__name__``, or one given in ``names``); names must be unique, so no
+score silently overwrites another. Weight-0 functions are metrics only.
+
 A function that raises is *recorded* (its score is None and the rubric reports the error):
 silently scoring 0 would corrupt the training signal. An `InfraError` (a sandbox or backend
 failure) propagates instead, so the episode becomes ``infra_error`` and is not scored at all.
@@ -29,44 +33,59 @@ class RubricResult:
 
 
 class Rubric:
-    """A weighted sum of reward functions (sync or async)."""
+    """A weighted sum of reward functions (sync or async).
+
+    Args:
+        funcs: the reward functions.
+        weights: one per function; None weighs each 1.0. Weight 0 logs without rewarding.
+        names: one per function, the keys of its score; None uses each ``__name__``
+            (a `functools.partial` has none, and lambdas all share ``<lambda>``: name those).
+
+    Example:
+        >>> rubric = Rubric([lambda completion: 1.0], names=["always_one"])
+        >>> rubric.names
+        ['always_one']
+    """
 
     INJECTABLE = frozenset(
         {"task", "messages", "completion", "answer", "state", "sandbox", "env", "trajectory"}
     )
 
     def __init__(
-        self, funcs: Sequence[Callable[..., Any]] = (), weights: Sequence[float] | None = None
+        self,
+        funcs: Sequence[Callable[..., Any]] = (),
+        weights: Sequence[float] | None = None,
+        names: Sequence[str] | None = None,
     ) -> None:
-        weights = list(weights) if weights is not None else [1.0] * len(funcs)
-        if len(weights) != len(funcs):
-            raise ConfigError(
-                f"Rubric got {len(funcs)} functions but {len(weights)} weights; give one each"
-            )
         self.funcs = list(funcs)
-        self.weights = weights
+        self.weights = [1.0] * len(self.funcs) if weights is None else list(weights)
+        #: The keys of the scores, one per function, in order.
+        self.names = [_name_of(fn) for fn in self.funcs] if names is None else list(names)
+        for what, values in (("weights", self.weights), ("names", self.names)):
+            if len(values) != len(self.funcs):
+                raise ConfigError(
+                    f"Rubric got {len(self.funcs)} functions but {len(values)} {what}; "
+                    "give one each"
+                )
+        _check_unique(self.names)
         self._params: list[tuple[str, ...]] = []
-        for fn in self.funcs:
-            params = tuple(inspect.signature(fn).parameters)
-            unknown = [p for p in params if p not in self.INJECTABLE]
+        for name, fn in zip(self.names, self.funcs):
+            signature = inspect.signature(fn).parameters.values()
+            params = tuple(p.name for p in signature if p.name in self.INJECTABLE)
+            unknown = [p.name for p in signature if p.name not in params and p.default is p.empty]
             if unknown:
                 raise ConfigError(
-                    f"reward function {fn.__name__!r} asks for {unknown}; "
-                    f"it may ask only for {sorted(self.INJECTABLE)}"
+                    f"reward function {name!r} asks for {unknown}; "
+                    f"it may ask only for {sorted(self.INJECTABLE)} (others need a default)"
                 )
             self._params.append(params)
-
-    @property
-    def names(self) -> list[str]:
-        """Names under which scores are logged."""
-        return [fn.__name__ for fn in self.funcs]
 
     async def score(self, context: Mapping[str, Any]) -> RubricResult:
         """Run every function with the arguments it asked for from ``context``."""
         scores: dict[str, float | None] = {}
         errors: dict[str, str] = {}
         total = 0.0
-        for fn, weight, params in zip(self.funcs, self.weights, self._params):
+        for name, fn, weight, params in zip(self.names, self.funcs, self.weights, self._params):
             try:
                 value = fn(**{p: context.get(p) for p in params})
                 if inspect.isawaitable(value):
@@ -75,9 +94,29 @@ class Rubric:
             except InfraError:
                 raise  # the sandbox/backend failed: the episode is infra_error, not scored
             except Exception:
-                scores[fn.__name__] = None
-                errors[fn.__name__] = traceback.format_exc()
+                scores[name] = None
+                errors[name] = traceback.format_exc()
                 continue
-            scores[fn.__name__] = value
+            scores[name] = value
             total += weight * value
         return RubricResult(reward=total, scores=scores, errors=errors)
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"reward function {fn!r} has no __name__ to log its score under; "
+            "name every function: Rubric(funcs, names=[...])"
+        )
+    return name
+
+
+def _check_unique(names: list[str]) -> None:
+    """Scores are keyed by name: a duplicate would silently drop one function's score."""
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(
+            f"reward functions share the name(s) {duplicates}; scores are logged by name, so "
+            "each needs its own: rename them or pass Rubric(funcs, names=[...])"
+        )

@@ -1,10 +1,14 @@
 """`ToolEnv`: the multi-turn tool loop every built-in env and most user envs are made of.
 
 One step = one assistant turn: parse its tool calls, run them, append their results, check the
-stop conditions, and score the episode with the rubric when it ends. Model mistakes (a
-malformed call, an unknown tool, bad arguments, a tool that raises or times out) become tool
-messages the model can read and react to; they never end the episode. Infrastructure
-failures (`InfraError`) propagate so the rollout marks the episode ``infra_error``.
+stop conditions, and score the episode with the rubric when it ends. The env records each
+action it was given (token ids included) in `EpisodeState.turns`, so a reward function that
+asks for ``trajectory`` gets `ToolEnv.as_trajectory`, built from the env's own inputs.
+
+Model mistakes (a malformed call, an unknown tool, bad arguments, a tool that raises or times
+out) become tool messages the model can read and react to; they never end the episode.
+Infrastructure failures (`InfraError`) propagate so the rollout marks the episode
+``infra_error``.
 
 Subclasses fill named hooks: `build_prompt`, `step_reward`, `reference_turns`, and, for envs
 holding resources, `setup_episode`/`teardown_episode`.
@@ -19,13 +23,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import gymnasium
-
-from ._env import Action, Env, Message, json_copy
+from ._env import Action, Env, json_copy
 from ._errors import ConfigError, InfraError, ToolError
-from ._policies import Completion
 from ._rubric import Rubric
-from ._tools import Tool, as_tool, example_arguments, format_result
+from ._tools import (
+    Tool,
+    ToolThreads,
+    as_tool,
+    cancel_and_wait,
+    example_arguments,
+    format_result,
+)
+from ._trajectory import Trajectory, Turn
+from ._types import Completion, Message
 from .parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -36,15 +46,20 @@ DEFAULT_SYSTEM_PROMPT = (
 
 @dataclass
 class EpisodeState:
-    """What the env knows about the running episode; reward functions may ask for it."""
+    """What the env knows about the running episode; reward functions may ask for it.
+
+    ``turns`` holds one `Turn` per step, made from the action the env was given (token ids
+    when the action was a `Completion`) with the step's reward and tool errors.
+    """
 
     task: Any = None
     task_index: int | None = None
     turn: int = 0
     completion_tokens: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
+    tool_call_count: int = 0
+    tool_error_count: int = 0
     done: bool = False
+    turns: list[Turn] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,12 +82,16 @@ class ToolEnv(Env):
             schemas and shows the call format rendered by the parser (for base models,
             templates without tool support, and scripted runs that read the prompt).
         max_turns: assistant turns before the episode is truncated.
-        max_tokens: total completion tokens before truncation; counted from `Completion`
-            actions (raw-text actions carry no token count). None means no budget.
+        max_episode_tokens: completion tokens of the whole episode before truncation; counted
+            from `Completion` actions (raw-text actions carry no token count). None means no
+            budget. (The per-turn limit is the policy's ``max_tokens``.)
         stop_conditions: predicates ``(state, messages) -> bool`` ending the episode
             (terminated) after a turn, besides the final answer.
         tool_timeout: overrides every tool's own timeout (seconds) when given.
     """
+
+    #: Sync tool calls of one episode that run at once; more wait, and waiting is not timed.
+    max_tool_threads: int = 8
 
     def __init__(
         self,
@@ -84,7 +103,7 @@ class ToolEnv(Env):
         system_prompt: str | None = None,
         tool_prompt: Literal["template", "system"] = "template",
         max_turns: int = 8,
-        max_tokens: int | None = None,
+        max_episode_tokens: int | None = None,
         stop_conditions: Sequence[StopCondition] = (),
         tool_timeout: float | None = None,
     ) -> None:
@@ -93,8 +112,8 @@ class ToolEnv(Env):
             raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         if tool_prompt not in ("template", "system"):
             raise ConfigError(f"tool_prompt must be 'template' or 'system', got {tool_prompt!r}")
-        if max_tokens is not None and max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1 or None, got {max_tokens}")
+        if max_episode_tokens is not None and max_episode_tokens < 1:
+            raise ConfigError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
         self.tools: dict[str, Tool] = {}
         for t in map(as_tool, tools):
             if tool_timeout is not None:
@@ -109,11 +128,12 @@ class ToolEnv(Env):
         if tool_prompt == "system" and self.tools:
             self.system_prompt += "\n\n" + describe_tools(self.tools.values(), self.parser)
         self.max_turns = max_turns
-        self.max_tokens = max_tokens
+        self.max_episode_tokens = max_episode_tokens
         self.stop_conditions = list(stop_conditions)
         self.state = EpisodeState()
         self.state.done = True
         self._tool_schemas = [t.schema for t in self.tools.values()]
+        self._tool_threads = ToolThreads(self.max_tool_threads)
 
     # ---- hooks -------------------------------------------------------------------------
     def build_prompt(self, task: dict[str, Any]) -> list[Message]:
@@ -150,11 +170,26 @@ class ToolEnv(Env):
         """OpenAI ``tools`` list for the policy."""
         return json_copy(self._tool_schemas)
 
+    def as_trajectory(self) -> Trajectory:
+        """The episode so far as this env saw it: what reward functions get as ``trajectory``.
+
+        Built only from the env's inputs (the task, the actions, the messages), so it is the
+        same whether the rollout engine or a person steps the env. It has no timings, seed or
+        outcome: those belong to whoever plays the episode.
+        """
+        return Trajectory(
+            env_id=getattr(self.spec, "id", type(self).__name__),
+            task=json_copy(self.state.task),
+            task_index=self.state.task_index,
+            messages=json_copy(self.messages),
+            turns=list(self.state.turns),
+        )
+
     # ---- the loop ----------------------------------------------------------------------
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        gymnasium.Env.reset(self, seed=seed)
+        await super().areset(seed=seed)
         if not self.state.done:
             await self.teardown_episode()
         task, index = self._pick_task(options or {})
@@ -168,26 +203,32 @@ class ToolEnv(Env):
     ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         if self.state.done:
             raise ConfigError("the episode is over (or never started); call reset() first")
-        parsed = self._interpret(action)  # a bad action raises before the turn counts
+        completion = _as_completion(action)  # a bad action raises before the turn counts
+        parsed = self._interpret(completion)
         state = self.state
         state.turn += 1
+        state.completion_tokens += len(completion.completion_ids or ())
         assistant, calls = self._assistant_message(parsed)
         tool_messages, errors = await self._run_tools(calls, parsed.errors)
         new_messages = [assistant, *tool_messages]
         self.messages.extend(new_messages)
-        state.tool_calls += len(calls)
-        state.tool_errors += len(errors)
-        reward = self.step_reward(state, new_messages)
+        state.tool_call_count += len(calls)
+        state.tool_error_count += len(errors)
+        step_reward = float(self.step_reward(state, new_messages))
+        turn = Turn.from_completion(completion, reward=step_reward, tool_errors=list(errors))
+        state.turns.append(turn)  # before scoring: the rubric's trajectory ends with this turn
         final_answer = not calls and not parsed.errors
         terminated = final_answer or any(
             stop(state, self.messages) for stop in self.stop_conditions
         )
         truncated = not terminated and self._out_of_budget()
-        info: dict[str, Any] = {"turn": state.turn, "tool_errors": errors}
+        info: dict[str, Any] = {
+            "turn": state.turn, "tool_errors": errors, "step_reward": step_reward,
+        }  # fmt: skip
         if terminated or truncated:
             info |= await self._finish()
-            reward += info["final_reward"]
-        return json_copy(new_messages), float(reward), terminated, truncated, info
+        reward = step_reward + info.get("final_reward", 0.0)
+        return json_copy(new_messages), reward, terminated, truncated, info
 
     async def atruncate(self) -> dict[str, Any]:
         if self.state.done:
@@ -224,19 +265,10 @@ class ToolEnv(Env):
             )
         return json_copy(dict(self.tasks[int(choice)])), int(choice)
 
-    def _interpret(self, action: Action) -> ParsedTurn:
-        if isinstance(action, Completion):
-            if action.completion_ids is not None:
-                self.state.completion_tokens += len(action.completion_ids)
-            action = action.message or action.text
-        if isinstance(action, str):
-            return self.parser.parse(action)
-        if isinstance(action, dict) and action.get("role") == "assistant":
-            return _parse_message(action)
-        raise ConfigError(
-            f"action must be assistant text, an assistant message dict or a Completion; "
-            f"got {type(action).__name__}"
-        )
+    def _interpret(self, completion: Completion) -> ParsedTurn:
+        if completion.message is not None:
+            return _parse_message(completion.message)
+        return self.parser.parse(completion.text)
 
     def _assistant_message(self, parsed: ParsedTurn) -> tuple[Message, list[ToolCall]]:
         calls = [
@@ -251,7 +283,11 @@ class ToolEnv(Env):
     async def _run_tools(
         self, calls: list[ToolCall], parse_errors: list[str]
     ) -> tuple[list[Message], list[str]]:
-        results = await asyncio.gather(*(self._call_tool(c) for c in calls))
+        running = [asyncio.ensure_future(self._call_tool(c)) for c in calls]
+        try:
+            results = await asyncio.gather(*running)
+        finally:  # one call failed or the episode was cancelled: stop the others, then go on
+            await cancel_and_wait(running)
         messages = [
             {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": content}
             for c, (content, _) in zip(calls, results)
@@ -277,7 +313,9 @@ class ToolEnv(Env):
             error = f"unknown tool {call.name!r}; available tools: {known}"
             return f"Error: {error}", error
         try:
-            result = await tool.acall(call.arguments, self.tool_context())
+            result = await tool.acall(
+                call.arguments, self.tool_context(), threads=self._tool_threads
+            )
         except InfraError:
             raise
         except ToolError as exc:
@@ -287,7 +325,8 @@ class ToolEnv(Env):
     def _out_of_budget(self) -> bool:
         if self.state.turn >= self.max_turns:
             return True
-        return self.max_tokens is not None and self.state.completion_tokens >= self.max_tokens
+        budget = self.max_episode_tokens
+        return budget is not None and self.state.completion_tokens >= budget
 
     async def _finish(self) -> dict[str, Any]:
         self.state.done = True
@@ -296,7 +335,7 @@ class ToolEnv(Env):
             context = self.tool_context() | {
                 "completion": last.get("content") or "",
                 "answer": (self.state.task or {}).get("answer"),
-                "trajectory": self.trajectory,
+                "trajectory": self.as_trajectory(),
             }
             result = await self.rubric.score(context)
         finally:
@@ -314,6 +353,20 @@ def describe_tools(tools: Iterable[Tool], parser: ToolCallParser) -> str:
     schemas = "\n".join(json.dumps(t.schema["function"], ensure_ascii=False) for t in tools)
     example = parser.render("", [ToolCall(tools[0].name, example_arguments(tools[0].parameters))])
     return f"Tools you can call:\n{schemas}\n\nTo call a tool, write exactly:\n{example}"
+
+
+def _as_completion(action: Action) -> Completion:
+    """Every kind of action as a `Completion`, the one form the env records and parses."""
+    if isinstance(action, Completion):
+        return action
+    if isinstance(action, str):
+        return Completion(text=action)
+    if isinstance(action, dict) and action.get("role") == "assistant":
+        return Completion(text=action.get("content") or "", message=action)
+    raise ConfigError(
+        f"action must be assistant text, an assistant message dict or a Completion; "
+        f"got {type(action).__name__}"
+    )
 
 
 def _parse_message(message: Message) -> ParsedTurn:

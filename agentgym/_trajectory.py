@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ._types import Completion
+
 #: ``ok``: ended on its own (final answer or a stop condition); ``truncated``: hit max turns or
 #: the token budget; ``error``: the env, a tool loop or a reward function raised (traceback in
 #: ``error``); ``infra_error``: the model backend or sandbox failed, so the reward says nothing
@@ -32,6 +34,8 @@ class Turn:
     ``completion_mask`` has one entry per completion token: 1 for tokens the model sampled
     (trained on), 0 for tokens that must not be trained (e.g. forced by the env). Prompt tokens
     are never trained. Token fields are None when the backend did not report them.
+    ``adapter_version`` is the LoRA adapter version that sampled the turn (0: base weights;
+    None: the backend does not serve adapters).
     """
 
     prompt_ids: list[int] | None = None
@@ -44,15 +48,40 @@ class Turn:
     tool_errors: list[str] = field(default_factory=list)
     policy_seconds: float = 0.0
     env_seconds: float = 0.0
+    adapter_version: int | None = None
+
+    @classmethod
+    def from_completion(cls, completion: Completion, **fields: Any) -> Turn:
+        """The turn a policy produced, every token marked as sampled; ``fields`` add the rest."""
+        ids = completion.completion_ids
+        return cls(
+            prompt_ids=completion.prompt_ids,
+            completion_ids=ids,
+            logprobs=completion.logprobs,
+            completion_mask=[1] * len(ids) if ids is not None else None,
+            text=completion.text,
+            finish_reason=completion.finish_reason,
+            adapter_version=completion.adapter_version,
+            **fields,
+        )
 
 
 @dataclass
 class Trajectory:
-    """One episode: the conversation, its turns, rewards and outcome."""
+    """One episode: the conversation, its turns, rewards and outcome.
+
+    ``task_index`` is the task's index in the env's dataset (None for a task given as a dict);
+    ``task_position`` is its position in the task list the rollout played, so
+    ``(task_position, group_index)`` (`key`) names the episode in its run even when tasks
+    are dicts. ``mode`` is how the episode trains: ``"concat"`` (each prompt extends the
+    previous turns' exact ids: one sequence, `flatten`) or ``"per_turn"`` (prompts were
+    rendered afresh: one sample per turn); None until an episode handle ran it.
+    """
 
     env_id: str
     task: Any = None
     task_index: int | None = None
+    task_position: int | None = None
     group_index: int = 0
     seed: int | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -63,6 +92,12 @@ class Trajectory:
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    mode: str | None = None
+
+    @property
+    def key(self) -> tuple[int | None, int]:
+        """``(task_position, group_index)``: what `arollout(skip=...)` matches on resume."""
+        return self.task_position, self.group_index
 
     @property
     def step_rewards(self) -> list[float]:

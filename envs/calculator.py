@@ -80,7 +80,7 @@ def correct_answer(completion: str, answer: str) -> float:
 
 def used_calculator(state: Any) -> float:
     """Metric only (weight 0): did the episode call a tool at all."""
-    return float(state.tool_calls > 0)
+    return float(state.tool_call_count > 0)
 
 
 class CalculatorEnv(ToolEnv):
@@ -89,7 +89,7 @@ class CalculatorEnv(ToolEnv):
     Args:
         num_tasks: size of the generated task list.
         seed: seed of the task generator (not of episodes).
-        kwargs: any `ToolEnv` option (``parser``, ``max_turns``, ``max_tokens`` ...).
+        kwargs: any `ToolEnv` option (``parser``, ``max_turns``, ``max_episode_tokens`` ...).
     """
 
     def __init__(self, num_tasks: int = 100, seed: int = 1234, **kwargs: Any) -> None:

@@ -139,7 +139,7 @@ def names_the_function(completion: str, answer: str) -> float:
 
 def searched(state: Any) -> float:
     """Metric only (weight 0): did the episode call a tool."""
-    return float(state.tool_calls > 0)
+    return float(state.tool_call_count > 0)
 
 
 class DocSearchEnv(ToolEnv):

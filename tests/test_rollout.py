@@ -191,6 +191,48 @@ def test_truncated_status() -> None:
     assert t.status == "truncated" and len(t.turns) == 8 and t.final_reward == 0.0
 
 
+def test_skip_keys_dict_tasks_by_position() -> None:
+    custom = [{"prompt": f"custom {i}", "answer": f"c{i}"} for i in range(2)]
+    policy = ScriptedPolicy(lambda task: [task["answer"]])
+    full = rollout(WaitEnv, policy, tasks=custom, group_size=2, seed=5)
+    assert [t.key for t in full] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    done = [full[1], full[2]]
+    rest = rollout(WaitEnv, policy, tasks=custom, group_size=2, seed=5, skip={t.key for t in done})
+    assert [(t.key, t.seed, t.task) for t in rest] == [
+        (t.key, t.seed, t.task) for t in (full[0], full[3])
+    ]
+    assert all(t.final_reward == 1.0 for t in rest)
+
+
+class StepRewardEnv(WaitEnv):
+    """Pays 0.25 for every turn, so step and final rewards differ."""
+
+    def step_reward(self, state, new_messages) -> float:
+        return 0.25
+
+
+def test_step_and_final_rewards_are_recorded_apart() -> None:
+    [t] = rollout(StepRewardEnv, ScriptedPolicy(answer_after_wait), num_tasks=1)
+    assert t.step_rewards == [0.25, 0.25] and t.final_reward == 1.0
+    assert t.total_reward == 1.5
+
+
+class UnsaidStepRewardEnv(agentgym.Env):
+    """Reports a final reward but not what the step itself paid."""
+
+    async def areset(self, *, seed=None, options=None):
+        await super().areset(seed=seed)
+        return [{"role": "user", "content": "hi"}], {}
+
+    async def astep(self, action):
+        return [{"role": "assistant", "content": "x"}], 1.0, True, False, {"final_reward": 1.0}
+
+
+def test_final_reward_without_step_reward_is_an_error() -> None:
+    [t] = rollout(UnsaidStepRewardEnv, ScriptedPolicy(["x"]), tasks=[0])
+    assert t.status == "error" and "info['step_reward']" in t.error
+
+
 def test_on_episode_called_once_per_episode() -> None:
     seen: list[Trajectory] = []
     trajectories = rollout(

@@ -101,7 +101,7 @@ def test_bad_input_goes_back_to_model(env: ToolEnv, text: str, expected: str) ->
     assert len(info["tool_errors"]) == 1 and expected in info["tool_errors"][0]
     assert [m["role"] for m in obs] == ["assistant", "tool"]
     assert obs[-1]["content"].startswith("Error:") and expected in obs[-1]["content"]
-    assert env.state.tool_errors == 1
+    assert env.state.tool_error_count == 1
     # the episode goes on: the model can still call a tool and then answer
     obs, _, terminated, _, info = env.step(call("add", a=2, b=3))
     assert obs[-1]["content"] == "5" and info["tool_errors"] == [] and not terminated
@@ -184,8 +184,8 @@ def test_max_turns_truncates_with_final_reward() -> None:
         env.step("more")
 
 
-def test_max_tokens_budget_with_completions() -> None:
-    env = make_env(max_tokens=5)
+def test_episode_token_budget_with_completions() -> None:
+    env = make_env(max_episode_tokens=5)
     env.reset(options={"task": 0})
     turn = Completion(text=call("add", a=2, b=3), completion_ids=[1, 2, 3])
     *_, terminated, truncated, _ = env.step(turn)
@@ -195,14 +195,37 @@ def test_max_tokens_budget_with_completions() -> None:
 
 
 def test_raw_text_actions_do_not_spend_token_budget() -> None:
-    env = make_env(max_tokens=1)
+    env = make_env(max_episode_tokens=1)
     env.reset(options={"task": 0})
     *_, truncated, _ = env.step(call("add", a=2, b=3))
     assert not truncated and env.state.completion_tokens == 0
 
 
+def test_info_keeps_step_and_final_reward_apart() -> None:
+    env = make_env()
+    env.step_reward = lambda state, new_messages: 0.25  # type: ignore[method-assign]
+    env.reset(options={"task": 0})
+    _, reward, *_, info = env.step(call("add", a=2, b=3))
+    assert reward == info["step_reward"] == 0.25 and "final_reward" not in info
+    _, reward, terminated, _, info = env.step("5")
+    assert terminated and info["step_reward"] == 0.25 and info["final_reward"] == 1.0
+    assert reward == 1.25  # Gymnasium's reward: the step's and the final one
+
+
+def test_env_records_the_actions_it_was_given() -> None:
+    env = make_env()
+    env.reset(options={"task": 0})
+    env.step(Completion(text=call("add", a=2, b=3), prompt_ids=[9], completion_ids=[1, 2]))
+    env.step("<tool_call>oops</tool_call>")
+    first, second = env.as_trajectory().turns
+    assert (first.prompt_ids, first.completion_ids, first.completion_mask) == ([9], [1, 2], [1, 1])
+    assert first.tool_errors == [] and len(second.tool_errors) == 1
+    assert second.text == "<tool_call>oops</tool_call>" and second.completion_ids is None
+    assert env.state.tool_call_count == 1 and env.state.tool_error_count == 1
+
+
 def test_custom_stop_condition_terminates() -> None:
-    env = make_env(stop_conditions=[lambda state, messages: state.tool_calls >= 2])
+    env = make_env(stop_conditions=[lambda state, messages: state.tool_call_count >= 2])
     env.reset(options={"task": 0})
     assert env.step(call("add", a=1, b=1))[2] is False
     _, _, terminated, truncated, info = env.step(call("add", a=2, b=3))
@@ -242,7 +265,8 @@ def test_step_before_reset_raises() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"max_turns": 0}, {"max_tokens": 0}, {"parser": "nope"}, {"tools": [add, add]}]
+    "kwargs",
+    [{"max_turns": 0}, {"max_episode_tokens": 0}, {"parser": "nope"}, {"tools": [add, add]}],
 )
 def test_bad_constructor_options_raise(kwargs: dict) -> None:
     tools = kwargs.pop("tools", [add])
@@ -284,7 +308,7 @@ def test_unsupported_action_type_raises(env: ToolEnv) -> None:
 
 
 def _ran_tool(state: Any) -> float:
-    return float(state.tool_calls > 0)
+    return float(state.tool_call_count > 0)
 
 
 async def _async_answer(completion: str, answer: str) -> float:

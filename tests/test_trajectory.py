@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from agentgym import PrefixMismatchError, Trajectory, Turn, read_jsonl, recover_jsonl, write_jsonl
+from agentgym import (
+    Completion,
+    PrefixMismatchError,
+    Trajectory,
+    Turn,
+    read_jsonl,
+    recover_jsonl,
+    write_jsonl,
+)
 
 
 def rich_trajectory() -> Trajectory:
@@ -15,6 +23,7 @@ def rich_trajectory() -> Trajectory:
         env_id="agentgym/Calculator-v0",
         task={"prompt": 'Ünïcödé ✓ 🚀 "quotes"\n\ttabs', "meta": {"tags": ["a", None], "n": 0.1}},
         task_index=3,
+        task_position=2,
         group_index=1,
         seed=42,
         messages=[
@@ -162,3 +171,21 @@ def test_recover_jsonl_drops_a_torn_last_line_and_truncates(tmp_path: Path) -> N
     recovered = recover_jsonl(path)
     assert [t.env_id for t in recovered] == ["a", "b"]
     assert path.read_bytes() == whole  # appending can continue on a clean line boundary
+
+
+def test_key_is_task_position_and_group_index() -> None:
+    assert rich_trajectory().key == (2, 1)
+    assert Trajectory(env_id="old file").key == (None, 0)
+
+
+def test_turn_from_completion_marks_every_token_sampled() -> None:
+    completion = Completion(
+        text="hi", prompt_ids=[1], completion_ids=[2, 3], logprobs=[-0.5, -0.25],
+        finish_reason="length",
+    )  # fmt: skip
+    turn = Turn.from_completion(completion, reward=0.5)
+    assert turn == Turn(
+        prompt_ids=[1], completion_ids=[2, 3], logprobs=[-0.5, -0.25], completion_mask=[1, 1],
+        text="hi", finish_reason="length", reward=0.5,
+    )  # fmt: skip
+    assert Turn.from_completion(Completion(text="raw")).completion_mask is None

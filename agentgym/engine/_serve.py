@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from ._errors import ConfigError, ModelError
+from .._errors import ConfigError, ModelError
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 #: Bump when the tokenizer, template or model layout changes, so old caches are not reused.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 #: File written last into a model folder: the spec it was built from (marks a complete build).
 MARKER = "agentgym_tiny.json"
@@ -43,21 +43,59 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 #: Added tokens that stay in decoded text (as in Qwen2.5, so tool calls survive decoding).
 TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 
-CHAT_TEMPLATE = (
+def chat_template(tools_style: str = "full") -> str:
+    """The ChatML chat template (Qwen2.5 style), with tools rendered in the system turn.
+
+    Args:
+        tools_style: ``"full"`` renders each tool schema as JSON plus the call-format
+            instructions (as Qwen2.5 does; ~470 tokens for the calculator's one tool);
+            ``"compact"`` renders one line per tool, ``name(arg: type, ...): description``
+            (~70 tokens): short prompts make every rollout and training step cheaper, and a
+            model that learns the call format from SFT needs no format instructions.
+
+    Both styles keep history as a token prefix: a rendered conversation is the previous
+    render + the assistant's text + ``<|im_end|>\n`` + the next messages.
+    """
+    if tools_style not in _TOOLS_BLOCKS:
+        raise ValueError(f"tools_style must be one of {sorted(_TOOLS_BLOCKS)}, got {tools_style!r}")
+    return _TEMPLATE_HEAD + _TOOLS_BLOCKS[tools_style] + _TEMPLATE_TAIL
+
+
+_TEMPLATE_HEAD = (
     "{%- if messages and messages[0].role == 'system' %}"
     "{%- set system = messages[0].content %}{%- set rest = messages[1:] %}"
     "{%- else %}"
     "{%- set system = 'You are a helpful assistant.' %}{%- set rest = messages %}"
     "{%- endif %}"
     "{{- '<|im_start|>system\\n' + system }}"
-    "{%- if tools %}"
-    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions. "
-    "Their signatures are within <tools></tools>:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each call, return a JSON object within "
-    "<tool_call></tool_call> tags:\\n<tool_call>\\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>\' }}'
-    "{%- endif %}"
+)
+_TOOLS_BLOCKS = {
+    "full": (
+        "{%- if tools %}"
+        "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions. "
+        "Their signatures are within <tools></tools>:\\n<tools>' }}"
+        "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+        "{{- '\\n</tools>\\n\\nFor each call, return a JSON object within "
+        "<tool_call></tool_call> tags:\\n<tool_call>\\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>\' }}'
+        "{%- endif %}"
+    ),
+    "compact": (
+        "{%- if tools %}"
+        "{{- '\\n\\n# Tools' }}"
+        "{%- for tool in tools %}"
+        "{%- set fn = tool.function if tool.function is defined else tool %}"
+        "{{- '\\n' + fn.name + '(' }}"
+        "{%- for name, spec in ((fn.parameters or {}).properties or {}).items() %}"
+        "{{- (', ' if not loop.first else '') + name + ': ' + (spec.type or 'any') }}"
+        "{%- endfor %}"
+        "{{- ')' }}"
+        "{%- if fn.description %}{{- ': ' + fn.description.split('\\n')[0] }}{%- endif %}"
+        "{%- endfor %}"
+        "{%- endif %}"
+    ),
+}
+_TEMPLATE_TAIL = (
     "{{- '<|im_end|>\\n' }}"
     "{%- for message in rest %}"
     "{%- if message.role == 'assistant' %}"
@@ -85,6 +123,9 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+#: The default template (full tool schemas), kept as a constant for callers that want the text.
+CHAT_TEMPLATE = chat_template("full")
+
 
 def _byte_alphabet() -> list[str]:
     """The printable stand-in character of each byte 0..255 (the GPT-2 byte-level mapping)."""
@@ -99,12 +140,13 @@ def _byte_alphabet() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def make_tokenizer(extra_special_tokens: tuple[str, ...] = ()) -> Any:
+def make_tokenizer(extra_special_tokens: tuple[str, ...] = (), tools_style: str = "full") -> Any:
     """An in-memory `transformers.PreTrainedTokenizerFast`: ids 0-255 are bytes, then specials.
 
     Args:
         extra_special_tokens: more added tokens kept in decoded text (e.g. ``"[TOOL_CALLS]"``,
             ``"<|python_tag|>"`` for other tool-call formats), after `TOOL_TOKENS`.
+        tools_style: how the chat template renders tools (see `chat_template`).
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -126,18 +168,20 @@ def make_tokenizer(extra_special_tokens: tuple[str, ...] = ()) -> Any:
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template(tools_style),
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
     )
 
 
 def build_tokenizer(
-    out_dir: str | os.PathLike[str], extra_special_tokens: tuple[str, ...] = ()
+    out_dir: str | os.PathLike[str],
+    extra_special_tokens: tuple[str, ...] = (),
+    tools_style: str = "full",
 ) -> Path:
     """Write the byte-level tokenizer (see `make_tokenizer`) to ``out_dir``; returns the path."""
     out = Path(out_dir)
-    make_tokenizer(extra_special_tokens).save_pretrained(out)
+    make_tokenizer(extra_special_tokens, tools_style).save_pretrained(out)
     return out
 
 
@@ -157,6 +201,7 @@ def build_tiny_model(
     num_kv_heads: int = 1,
     intermediate_size: int = 256,
     max_position_embeddings: int = 4096,
+    tools_style: str = "full",
 ) -> Path:
     """Build (or reuse) a random Qwen2-style model with the byte tokenizer; returns its folder.
 
@@ -171,12 +216,14 @@ def build_tiny_model(
         num_kv_heads: key/value heads (grouped-query attention); divides ``num_heads``.
         intermediate_size: MLP width.
         max_position_embeddings: longest sequence the rotary embedding is sized for.
+        tools_style: how the chat template renders tools, ``"full"`` or ``"compact"`` (see
+            `chat_template`).
 
     Raises:
         ConfigError: the shape is invalid (a size < 1, head_dim < 32 or not an integer, or
             num_heads not a multiple of num_kv_heads).
     """
-    from ._errors import ConfigError
+    from .._errors import ConfigError
 
     sizes = (
         hidden_size,
@@ -186,6 +233,10 @@ def build_tiny_model(
         intermediate_size,
         max_position_embeddings,
     )
+    if tools_style not in _TOOLS_BLOCKS:
+        raise ConfigError(
+            f"tools_style must be one of {sorted(_TOOLS_BLOCKS)}, got {tools_style!r}"
+        )
     if min(sizes) < 1:
         raise ConfigError(
             f"tiny model sizes must be >= 1, got hidden_size={hidden_size}, "
@@ -210,6 +261,7 @@ def build_tiny_model(
         "num_kv_heads": num_kv_heads,
         "intermediate_size": intermediate_size,
         "max_position_embeddings": max_position_embeddings,
+        "tools_style": tools_style,
     }
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     out = Path(out_dir) if out_dir is not None else cache_root() / "tiny" / digest
@@ -247,7 +299,7 @@ def _write_model(out: Path, spec: dict[str, Any]) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = make_tokenizer()
+    tokenizer = make_tokenizer(tools_style=spec["tools_style"])
     tokenizer.save_pretrained(out)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -274,3 +326,35 @@ def _write_model(out: Path, spec: dict[str, Any]) -> None:
         torch.random.set_rng_state(generator_state)
     model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
     model.save_pretrained(out)
+
+
+#: Named shapes for `build_preset`. ``quickstart`` is the model `make quickstart` trains on a
+#: 2-core CPU: big enough to learn the calculator's copy-the-numbers skill in a short SFT,
+#: head_dim 64 (vLLM CPU attention), compact tool rendering (short prompts, cheap steps).
+PRESETS: dict[str, dict[str, Any]] = {
+    "test": {},
+    "quickstart": {
+        "hidden_size": 128,
+        "num_layers": 4,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+        "intermediate_size": 512,
+        "max_position_embeddings": 1024,
+        "tools_style": "compact",
+    },
+}
+
+
+def build_preset(
+    name: str = "quickstart", *, seed: int = 0, out_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """`build_tiny_model` with a named shape from `PRESETS`; returns the (cached) folder.
+
+    Raises:
+        ConfigError: ``name`` is not a preset.
+    """
+    from .._errors import ConfigError
+
+    if name not in PRESETS:
+        raise ConfigError(f"unknown tiny model preset {name!r}; presets: {sorted(PRESETS)}")
+    return build_tiny_model(out_dir, seed=seed, **PRESETS[name])

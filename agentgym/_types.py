@@ -1,0 +1,32 @@
+"""Types that both sides of an episode share: the env reads them, the policy produces them.
+
+They live apart from `_env` and `_policies` so that neither layer imports the other: an env
+(and a process that only steps envs) never loads the policies' HTTP client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: One OpenAI-format chat message (``role``, ``content``, maybe ``tool_calls`` ...).
+Message = dict[str, Any]
+
+
+@dataclass
+class Completion:
+    """One assistant turn as the policy produced it.
+
+    ``text`` is the raw text (tool calls unparsed) and is what the env parses; ``message`` is
+    set only when the backend already parsed tool calls into an OpenAI message. Token fields
+    are None when the backend does not report them. ``adapter_version`` is the LoRA adapter
+    version that sampled the turn (0 = base weights) when the backend serves adapters.
+    """
+
+    text: str
+    message: Message | None = None
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    adapter_version: int | None = None

@@ -1,0 +1,205 @@
+"""What every token-in/token-out policy shares: the rollout-mode decision and episode handles.
+
+A backend (vLLM in-process, transformers) only has to sample one turn from exact prompt ids
+(`TokenPolicy.generate_ids`); this module turns that into the `Policy` contract, with one
+`TokenEpisode` per episode that keeps the ids of every turn so the next prompt extends them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .._errors import ConfigError
+from .._types import Completion, Message
+from ._render import ChatRenderer, ModeDecision, RolloutMode
+
+log = logging.getLogger(__name__)
+ModeChoice = Literal["auto", "concat", "per_turn"]
+
+
+@dataclass
+class SamplingConfig:
+    """How turns are sampled; the same knobs as vLLM's `SamplingParams`.
+
+    Attributes:
+        temperature: softmax temperature; logprobs are reported after it (and after top_p,
+            top_k, min_p), i.e. of the distribution actually sampled.
+        top_p: nucleus mass; 1.0 keeps every token (right for importance sampling).
+        top_k: keep the k most likely tokens; 0 or -1 disables.
+        min_p: drop tokens below ``min_p`` times the top probability; 0 disables.
+        max_tokens: new tokens per turn (a turn is cut with finish reason ``length``).
+        stop: strings ending a turn; they stay in the text (e.g. ``"</tool_call>"``).
+        extra: more fields of vLLM's ``SamplingParams`` (``allowed_token_ids``, ``logit_bias``
+            ...); backends other than vLLM refuse them.
+        seed: when set, episode e's turn t samples with seed ``seed + 1000 * e + t``: runs
+            repeat exactly whatever else the engine is batching. None draws fresh randomness.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1:
+            raise ConfigError(
+                f"sampling needs temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1; got "
+                f"temperature={self.temperature}, top_p={self.top_p}, min_p={self.min_p}"
+            )
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+class TokenPolicy:
+    """Base of policies that sample from token ids; subclasses implement `generate_ids`.
+
+    Args:
+        sampling: a `SamplingConfig` or a dict of its fields.
+        rollout_mode: ``"auto"`` decides per tool set from the chat template (see
+            `ChatRenderer`); ``"concat"`` refuses a template that cannot do it; ``"per_turn"``
+            always renders fresh prompts.
+    """
+
+    def __init__(
+        self,
+        sampling: SamplingConfig | dict[str, Any] | None = None,
+        rollout_mode: ModeChoice = "auto",
+    ) -> None:
+        if isinstance(sampling, dict):
+            sampling = SamplingConfig(**sampling)
+        self.sampling = sampling or SamplingConfig()
+        if rollout_mode not in ("auto", "concat", "per_turn"):
+            raise ConfigError(
+                f"rollout_mode must be 'auto', 'concat' or 'per_turn', got {rollout_mode!r}"
+            )
+        self.rollout_mode = rollout_mode
+        self._modes: dict[str, ModeDecision] = {}
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        """The chat-template renderer of the model's tokenizer."""
+        raise NotImplementedError
+
+    async def generate_ids(
+        self, prompt_ids: list[int], *, max_tokens: int | None = None, seed: int | None = None
+    ) -> Completion:
+        """Sample one turn that continues ``prompt_ids`` exactly."""
+        raise NotImplementedError
+
+    def mode_for(
+        self, tools: list[dict[str, Any]], example: Sequence[Message] = ()
+    ) -> ModeDecision:
+        """The rollout mode episodes with these tools get, and why (decided once, cached).
+
+        ``example`` is a conversation with several tool turns as the env produces them (an
+        env's reference episode); without one, a generic two-call conversation is used.
+        """
+        key = repr(tools)
+        if key not in self._modes:
+            if self.rollout_mode == "per_turn":
+                decision = ModeDecision("per_turn", "rollout_mode='per_turn' was asked for")
+            else:
+                conversation = example or probe_conversation(tools)
+                decision = self.renderer.decide_mode(conversation, tools)
+                if self.rollout_mode == "concat" and decision.mode != "concat":
+                    raise ConfigError(
+                        "rollout_mode='concat' but the chat template cannot do it: "
+                        f"{decision.reason}; use rollout_mode='auto' or 'per_turn'"
+                    )
+            log.info("rollout mode %s: %s", decision.mode, decision.reason)
+            self._modes[key] = decision
+        return self._modes[key]
+
+    def start_episode(
+        self, tools: list[dict[str, Any]], *, task: Any = None, seed: int | None = None
+    ) -> TokenEpisode:
+        """A handle that keeps one episode's exact token ids across its turns."""
+        return TokenEpisode(self, tools, self.mode_for(tools).mode, seed)
+
+    async def generate(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        task: Any = None,
+    ) -> Completion:
+        """One turn on a fresh render of ``messages`` (no episode state: not token-exact)."""
+        prompt = self.renderer.prompt_ids(messages, tools)
+        return await self.generate_ids(prompt, max_tokens=max_tokens)
+
+
+class TokenEpisode:
+    """One episode's token state: the exact ids of every turn so far.
+
+    ``mode`` starts as the template's mode; an episode whose messages the template cannot
+    render as a delta (a message shape the mode check did not see) switches to ``per_turn``
+    from that turn on and says why in ``mode_reason``: it never trains on tokens the model
+    did not see.
+    """
+
+    def __init__(
+        self, policy: TokenPolicy, tools: list[dict[str, Any]], mode: RolloutMode, seed: int | None
+    ) -> None:
+        self.policy = policy
+        self.tools = tools
+        self.mode: RolloutMode = mode
+        self.mode_reason = ""
+        self._episode_seed = seed or 0
+        self._turn = 0
+        self._ids: list[int] = []
+        self._last_ids: list[int] = []
+        self._seen = 0
+
+    async def generate(
+        self, messages: list[Message], *, max_tokens: int | None = None
+    ) -> Completion:
+        """The next turn; ``messages`` is the whole conversation so far, as the env has it."""
+        prompt = self._next_prompt(messages)
+        base = self.policy.sampling.seed
+        seed = None if base is None else base + 1000 * self._episode_seed + self._turn
+        completion = await self.policy.generate_ids(prompt, max_tokens=max_tokens, seed=seed)
+        self._turn += 1
+        self._last_ids = list(completion.completion_ids or [])
+        self._ids = prompt + self._last_ids
+        self._seen = len(messages)
+        return completion
+
+    def _next_prompt(self, messages: list[Message]) -> list[int]:
+        renderer = self.policy.renderer
+        if self._turn == 0 or self.mode == "per_turn":
+            return renderer.prompt_ids(messages, self.tools)
+        history, new = messages[: self._seen + 1], messages[self._seen + 1 :]
+        delta = renderer.delta_ids(history, new, self.tools, self._last_ids)
+        if delta is None:
+            self.mode = "per_turn"
+            self.mode_reason = f"turn {self._turn + 1}: the template rewrote the previous turn"
+            return renderer.prompt_ids(messages, self.tools)
+        return self._ids + delta
+
+
+def probe_conversation(tools: list[dict[str, Any]]) -> list[Message]:
+    """A generic conversation: two tool turns (text before the second call) and an answer."""
+    name = tools[0]["function"]["name"] if tools else "lookup"
+
+    def call(i: int) -> dict[str, Any]:
+        arguments = {"query": f"q{i}"}
+        function = {"name": name, "arguments": arguments}
+        return {"id": f"call{i}", "type": "function", "function": function}
+
+    return [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "Find it."},
+        {"role": "assistant", "content": "", "tool_calls": [call(1)]},
+        {"role": "tool", "tool_call_id": "call1", "name": name, "content": "first"},
+        {"role": "assistant", "content": "Checking again.", "tool_calls": [call(2)]},
+        {"role": "tool", "tool_call_id": "call2", "name": name, "content": "second"},
+        {"role": "assistant", "content": "The answer is 42."},
+    ]

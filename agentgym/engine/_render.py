@@ -1,0 +1,254 @@
+"""Token-in/token-out prompts: turn k+1's prompt is turn k's prompt + its sampled ids + a delta.
+
+Why: re-rendering the whole conversation with the chat template every turn changes tokens
+the model already produced (whitespace around tool calls, re-serialised JSON, dropped
+reasoning), so a trainer would learn from tokens the model never saw. Instead, only the env's
+new messages (tool results, user turns) are rendered, as the *difference* between two template
+renders, and appended to the exact ids of the previous turns.
+
+Modes, decided once per (tokenizer, tools) before any episode runs (`ChatRenderer.mode`):
+
+- ``concat``: appending deltas gives exactly the tokens a fresh render of the conversation
+  gives, so one episode trains as one sequence (`Trajectory.flatten`).
+- ``per_turn``: the template rewrites history (drops reasoning, moves the system prompt,
+  changes earlier turns) so deltas cannot be rendered consistently; every turn's prompt is a
+  fresh render and each turn is its own training sample. ``reason`` says what differed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._errors import ConfigError
+
+Message = dict[str, Any]
+RolloutMode = Literal["concat", "per_turn"]
+
+#: An assistant text no template rewrites; used to find where an assistant turn's content ends.
+_SENTINEL = "\u2063agentgym-turn-end\u2063"
+
+
+@dataclass(frozen=True)
+class ModeDecision:
+    """Which rollout mode a template gets, and why (shown by `agentgym check` and logged)."""
+
+    mode: RolloutMode
+    reason: str
+
+
+class TemplateError(ConfigError):
+    """The chat template cannot render what the engine needs (no template, no tool support)."""
+
+
+def template_messages(messages: Sequence[Message]) -> list[Message]:
+    """Messages as HF chat templates expect them: tool-call arguments as dicts, not JSON text."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            calls = [
+                {**c, "function": {**c["function"], "arguments": _as_dict(c["function"])}}
+                for c in calls
+            ]
+            message = {**message, "tool_calls": calls}
+        out.append(message)
+    return out
+
+
+def _as_dict(function: dict[str, Any]) -> Any:
+    arguments = function.get("arguments", {})
+    return json.loads(arguments) if isinstance(arguments, str) and arguments else arguments
+
+
+class ChatRenderer:
+    """Builds prompt token ids for a tokenizer's chat template, by delta where possible.
+
+    Args:
+        tokenizer: a `transformers` tokenizer with a chat template.
+        chat_template_kwargs: extra template variables (e.g. ``{"enable_thinking": False}``),
+            passed to every render.
+    """
+
+    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise TemplateError(
+                "the tokenizer has no chat template; pick an instruct/chat model or set "
+                "tokenizer.chat_template before rolling out"
+            )
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(chat_template_kwargs or {})
+        self.stop_token_ids = _stop_token_ids(tokenizer)
+        self._turn_end = self._find_turn_end()
+
+    # ---- rendering ---------------------------------------------------------------------
+    def render_text(
+        self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, generation: bool
+    ) -> str:
+        """The template's text for ``messages`` (with the assistant header if ``generation``)."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                template_messages(messages),
+                tools=tools or None,
+                add_generation_prompt=generation,
+                tokenize=False,
+                **self.template_kwargs,
+            )
+        except Exception as exc:  # jinja raises anything: report it as the template's fault
+            raise TemplateError(
+                f"the chat template failed to render {len(messages)} messages "
+                f"({type(exc).__name__}: {exc}); check the template and chat_template_kwargs"
+            ) from exc
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of template text (special tokens in the text are parsed, none added)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(
+        self, messages: Sequence[Message], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        """A fresh render of the conversation with the generation prompt (turn 1, per_turn)."""
+        return self.encode(self.render_text(messages, tools, generation=True))
+
+    def delta_ids(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        completion_ids: Sequence[int],
+    ) -> list[int] | None:
+        """Tokens that follow a sampled turn so the conversation continues as the template says.
+
+        ``history`` ends with the assistant message of the sampled turn (as the env parsed it),
+        ``new_messages`` are what the env appended after it. The delta starts with whatever
+        closes the assistant turn that was not sampled (the end-of-turn token after a length
+        cut or a stop string; the newline after ``<|im_end|>``) and ends with the next
+        assistant header. None when the template rewrites that turn once more messages
+        follow it (the caller falls back to a fresh render: ``per_turn``).
+        """
+        before = self.render_text(history, tools, generation=False)
+        after = self.render_text([*history, *new_messages], tools, generation=True)
+        if not after.startswith(before) or not before.endswith(self._turn_end):
+            return None
+        closing = self._turn_end
+        if completion_ids and completion_ids[-1] in self.stop_token_ids:
+            sampled_end = self.tokenizer.decode([completion_ids[-1]])
+            if not closing.startswith(sampled_end):
+                return None
+            closing = closing[len(sampled_end) :]
+        return self.encode(closing + after[len(before) :])
+
+    def visible_text(self, text: str, completion_ids: Sequence[int]) -> str:
+        """The turn's text as the env should read it: without the sampled end-of-turn token.
+
+        Decoding keeps special tokens (tool-call tags often are special), so a turn that
+        stopped on EOS would otherwise end in e.g. ``<|im_end|>``.
+        """
+        if completion_ids and completion_ids[-1] in self.stop_token_ids:
+            stop = self.tokenizer.decode([completion_ids[-1]])
+            if text.endswith(stop):
+                return text[: len(text) - len(stop)]
+        return text
+
+    # ---- the mode decision ---------------------------------------------------------------
+    def decide_mode(
+        self, conversation: Sequence[Message], tools: list[dict[str, Any]] | None
+    ) -> ModeDecision:
+        """``concat`` when deltas rebuild a fresh render of ``conversation`` token for token.
+
+        ``conversation`` should hold several tool turns (assistant text before a call
+        included) as the env produces them; each assistant turn is taken as sampled exactly
+        as the template renders it, which is the best case for the template. Exactly the
+        engine's delta path is exercised.
+        """
+        ends = [i for i, m in enumerate(conversation) if m.get("role") == "assistant"]
+        if not ends:
+            return ModeDecision("concat", "no assistant turn to check")
+        ids = self.prompt_ids(conversation[: ends[0]], tools)
+        for k, end in enumerate(ends):
+            sampled = self._as_sampled(conversation[: end + 1], tools, len(ids))
+            if sampled is None:
+                return ModeDecision(
+                    "per_turn",
+                    f"the prompt of assistant turn {k + 1} changes once the turn is added (the "
+                    "template renders a message differently when it is the last one)",
+                )
+            ids += sampled
+            following = ends[k + 1] if k + 1 < len(ends) else len(conversation)
+            if following == end + 1:
+                break
+            delta = self.delta_ids(
+                conversation[: end + 1], conversation[end + 1 : following], tools, sampled
+            )
+            if delta is None:
+                return ModeDecision(
+                    "per_turn",
+                    f"the template rewrites assistant turn {k + 1} once messages follow it",
+                )
+            ids += delta
+        if conversation[-1].get("role") == "assistant":  # the unsampled rest of its turn end
+            ids += self.encode(self._turn_end[len(self._sampled_stop_text()) :])
+            fresh = self.encode(self.render_text(conversation, tools, generation=False))
+        else:
+            fresh = self.prompt_ids(conversation, tools)
+        if fresh != ids:
+            at = first_difference(fresh, ids)
+            return ModeDecision(
+                "per_turn",
+                f"history is rewritten: at token {at} a fresh render has "
+                f"{self.tokenizer.decode(fresh[at : at + 12])!r} where the turns as sampled "
+                f"have {self.tokenizer.decode(ids[at : at + 12])!r}",
+            )
+        return ModeDecision("concat", f"{len(ends)} turns rebuild the conversation exactly")
+
+    def _as_sampled(
+        self, upto_assistant: Sequence[Message], tools: list[dict[str, Any]] | None, start: int
+    ) -> list[int] | None:
+        """The assistant turn's ids as a model would sample them: its rendered text + stop."""
+        prompt = self.render_text(upto_assistant[:-1], tools, generation=True)
+        full = self.render_text(upto_assistant, tools, generation=False)
+        if not full.startswith(prompt) or not full.endswith(self._turn_end):
+            return None
+        body = full[len(prompt) : len(full) - len(self._turn_end)]
+        stop = self._sampled_stop_text()
+        return self.encode(body + stop)
+
+    def _sampled_stop_text(self) -> str:
+        """The part of the turn end a model samples: its first stop token, if it opens it."""
+        for token_id in self.stop_token_ids:
+            text = self.tokenizer.decode([token_id])
+            if text and self._turn_end.startswith(text):
+                return text
+        return ""
+
+    def _find_turn_end(self) -> str:
+        """What the template writes after an assistant turn's content (``<|im_end|>`` + newline)."""
+        user = {"role": "user", "content": "hi"}
+        text = self.render_text(
+            [user, {"role": "assistant", "content": _SENTINEL}], None, generation=False
+        )
+        at = text.rfind(_SENTINEL)
+        if at < 0:
+            raise TemplateError(
+                "the chat template drops the assistant's content; it cannot be used for training"
+            )
+        return text[at + len(_SENTINEL) :]
+
+
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Index of the first position where ``a`` and ``b`` differ (the shorter length if none)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _stop_token_ids(tokenizer: Any) -> frozenset[int]:
+    """Token ids that end a turn when sampled: the EOS token(s) of the tokenizer."""
+    ids = set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list):
+        ids.update(eos)
+    return frozenset(ids)

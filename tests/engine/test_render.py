@@ -1,0 +1,152 @@
+"""ChatRenderer: prompt deltas and the concat/per_turn decision, on small templates written here
+that reproduce real families' behaviour (ChatML keeps history; Qwen3 drops old reasoning;
+Mistral v0.3 moves the system prompt; Hermes-3 renders the last tool message differently)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentgym.engine import ChatRenderer, TemplateError
+from agentgym.engine._episode import probe_conversation
+from agentgym.engine.tiny import make_tokenizer
+from tests.conftest import CALCULATE_TOOL
+
+TOOLS = [CALCULATE_TOOL]
+
+# Qwen3-like: reasoning of assistant turns before the last user message is dropped.
+DROPS_THINK = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}"
+    "{%- set c = m.content %}"
+    "{%- if not loop.last and '</think>' in c %}{%- set c = c.split('</think>')[-1] %}{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' + c + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Mistral-v0.3-like: the system prompt is shown only in front of the last user message.
+MOVES_SYSTEM = (
+    "{%- set sys = messages[0].content if messages[0].role == 'system' else '' %}"
+    "{%- set ns = namespace(last_user=0) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{{- '<|im_start|>user\\n' + (sys + '\\n' if loop.index0 == ns.last_user else '')"
+    " + m.content + '<|im_end|>\\n' }}"
+    "{%- elif m.role != 'system' %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Hermes-3-like: the newline after a tool message's end only when another message follows.
+LAST_TOOL_DIFFERS = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}"
+    "{{- '<|im_start|>tool\\n' + m.content + '<|im_end|>' + ('' if loop.last else '\\n') }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def renderer(template: str | None = None) -> ChatRenderer:
+    tok = make_tokenizer()
+    if template is not None:
+        tok.chat_template = template
+    return ChatRenderer(tok)
+
+
+def test_chatml_with_tools_is_concat_and_deltas_rebuild_a_fresh_render() -> None:
+    r = renderer()
+    conversation = probe_conversation(TOOLS)
+    decision = r.decide_mode(conversation, TOOLS)
+    assert decision.mode == "concat", decision.reason
+
+    # as the engine does it: the first prompt, then sampled ids + delta, turn after turn
+    ids = r.prompt_ids(conversation[:2], TOOLS)
+    sampled = r.encode("<tool_call>\nx\n</tool_call><|im_end|>")
+    history = [*conversation[:2], {"role": "assistant", "content": "<tool_call>\nx\n</tool_call>"}]
+    tool = {"role": "tool", "tool_call_id": "c", "name": "calculate", "content": "4"}
+    ids += sampled + r.delta_ids(history, [tool], TOOLS, sampled)
+    assert ids == r.prompt_ids([*history, tool], TOOLS)
+
+
+def test_a_turn_cut_by_length_gets_its_turn_end_as_env_tokens() -> None:
+    r = renderer()
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "abc"}]
+    nudge = {"role": "user", "content": "go on"}
+    delta = r.delta_ids(history, [nudge], None, r.encode("abc"))  # no <|im_end|> sampled
+    assert r.tokenizer.decode(delta).startswith("<|im_end|>\n<|im_start|>user\ngo on")
+    stopped = r.delta_ids(history, [nudge], None, r.encode("abc<|im_end|>"))
+    assert r.tokenizer.decode(stopped).startswith("\n<|im_start|>user")
+
+
+@pytest.mark.parametrize(
+    ("template", "conversation", "why"),
+    [
+        (
+            DROPS_THINK,
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "<think>hmm</think>call"},
+                {"role": "user", "content": "result"},
+                {"role": "assistant", "content": "<think>ok</think>done"},
+            ],
+            "rewrites assistant turn 1",
+        ),
+        (
+            MOVES_SYSTEM,
+            [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "call"},
+                {"role": "user", "content": "result"},
+                {"role": "assistant", "content": "done"},
+            ],
+            "rewrites assistant turn 1",
+        ),
+        (
+            LAST_TOOL_DIFFERS,
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "call 1"},
+                {"role": "tool", "content": "r1"},
+                {"role": "assistant", "content": "call 2"},
+                {"role": "tool", "content": "r2"},
+                {"role": "assistant", "content": "done"},
+            ],
+            "prompt of assistant turn 2 changes",
+        ),
+    ],
+    ids=["drops-reasoning", "moves-system-prompt", "last-tool-message-differs"],
+)
+def test_templates_that_rewrite_history_get_per_turn_with_a_reason(
+    template: str, conversation: list[dict], why: str
+) -> None:
+    decision = renderer(template).decide_mode(conversation, None)
+    assert decision.mode == "per_turn"
+    assert why in decision.reason
+
+
+def test_template_kwargs_reach_the_template() -> None:
+    tok = make_tokenizer()
+    tok.chat_template = (
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+        "{%- if not enable_thinking %}{{- '<think></think>' }}{%- endif %}{%- endif %}"
+    )
+    on = ChatRenderer(tok, {"enable_thinking": True})
+    off = ChatRenderer(tok, {"enable_thinking": False})
+    messages = [{"role": "user", "content": "q"}]
+    assert off.render_text(messages, None, True) == on.render_text(messages, None, True) + (
+        "<think></think>"
+    )
+
+
+def test_missing_or_broken_template_is_a_clear_error() -> None:
+    tok = make_tokenizer()
+    tok.chat_template = None
+    with pytest.raises(TemplateError, match="no chat template"):
+        ChatRenderer(tok)
+    with pytest.raises(TemplateError, match="failed to render"):
+        renderer("{{ raise_exception('no tools here') }}")

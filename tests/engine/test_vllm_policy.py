@@ -1,0 +1,187 @@
+"""VLLMPolicy on the real vLLM CPU build with the tiny local model (no download).
+
+One engine serves the whole module (starting one takes 20-90 s on two cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import string
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentgym
+from agentgym import Env
+from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy
+from tests.conftest import require
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+LETTERS = " " + string.ascii_lowercase
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir: Path) -> Any:
+    require("vllm")
+    with VLLMPolicy(
+        tiny_model_dir,
+        sampling=SamplingConfig(temperature=1.0, max_tokens=12, seed=0),
+        dtype="float32",
+        max_model_len=2048,
+        enable_lora=True,
+        max_lora_rank=8,
+    ) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir: Path) -> HFPolicy:
+    return HFPolicy(tiny_model_dir, dtype="float32")
+
+
+class NudgeEnv(Env):
+    """Every assistant turn is answered by a user nudge; three turns, then truncated.
+
+    ``release`` (optional) is awaited in the step of episodes whose task is ``"slow"``, to
+    hold one episode at its env step while the others run.
+    """
+
+    def __init__(self, release: asyncio.Event | None = None) -> None:
+        super().__init__()
+        self.release = release
+        self.turn = 0
+
+    async def areset(self, *, seed=None, options=None):
+        await super().areset(seed=seed)
+        self.task = (options or {}).get("task")
+        self.turn = 0
+        self.messages = [
+            {"role": "system", "content": "Write letters."},
+            {"role": "user", "content": "go"},
+        ]
+        return list(self.messages), {"task": self.task}
+
+    async def astep(self, action):
+        self.turn += 1
+        if self.task == "slow" and self.release is not None:
+            await self.release.wait()
+        new = [
+            {"role": "assistant", "content": action.text},
+            {"role": "user", "content": f"more {self.turn}"},
+        ]
+        self.messages += new
+        return new, 0.0, False, self.turn >= 3, {"step_reward": 0.0}
+
+
+def letters_only(policy: VLLMPolicy) -> dict[str, Any]:
+    """Sampling limited to lowercase letters, space and <|im_end|>: text that round-trips."""
+    tok = policy.tokenizer
+    allowed = [tok.convert_tokens_to_ids(ch) for ch in LETTERS] + [tok.eos_token_id]
+    return {"allowed_token_ids": allowed}
+
+
+def test_three_turn_episode_is_token_exact(policy: VLLMPolicy) -> None:
+    policy.sampling.extra = letters_only(policy)
+    try:
+        [trajectory] = agentgym.rollout(NudgeEnv, policy, tasks=[{"id": 1}])
+    finally:
+        policy.sampling.extra = {}
+    assert trajectory.status == "truncated", trajectory.error
+    assert trajectory.mode == "concat"
+    assert len(trajectory.turns) == 3
+    for before, after in zip(trajectory.turns, trajectory.turns[1:]):
+        sampled = before.prompt_ids + before.completion_ids
+        assert after.prompt_ids[: len(sampled)] == sampled  # the next prompt extends them exactly
+    tok = policy.tokenizer
+    for turn in trajectory.turns:  # the text the env read is the text of the sampled ids
+        assert tok.decode(turn.completion_ids, skip_special_tokens=True) == turn.text
+    ids, mask, _ = trajectory.flatten()
+    last_assistant = max(i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant")
+    fresh = tok.apply_chat_template(trajectory.messages[: last_assistant + 1], tokenize=False)
+    fresh_ids = tok.encode(fresh, add_special_tokens=False)
+    assert fresh_ids[: len(ids)] == ids  # flatten() == a fresh tokenization of the conversation
+    assert tok.decode(fresh_ids[len(ids) :]) in ("\n", "<|im_end|>\n")
+    assert sum(mask) == sum(len(t.completion_ids) for t in trajectory.turns)
+
+
+async def test_logprobs_are_the_sampling_distributions_and_match_transformers(
+    policy: VLLMPolicy, hf: HFPolicy
+) -> None:
+    prompt = policy.renderer.prompt_ids([{"role": "user", "content": "What is 12 + 30?"}], [])
+    policy.sampling.temperature = 0.7
+    try:
+        completion = await policy.generate_ids(prompt, max_tokens=16, seed=5)
+    finally:
+        policy.sampling.temperature = 1.0
+    reference = hf.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
+    assert len(completion.logprobs) == len(completion.completion_ids) == 16
+    # fp32 on both sides; different kernels (vLLM's CPU attention vs eager torch): 2e-3 nats
+    assert completion.logprobs == pytest.approx(reference, abs=2e-3)
+    raw = hf.token_logprobs(prompt, completion.completion_ids, temperature=1.0)
+    assert completion.logprobs != pytest.approx(raw, abs=2e-3)  # not the pre-temperature ones
+
+
+def make_adapter(model_dir: Path, out: Path, seed: int) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(
+        r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    get_peft_model(base, config).save_pretrained(out)
+    return out
+
+
+async def test_a_new_adapter_version_is_served_while_the_engine_runs(
+    policy: VLLMPolicy, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    prompt = policy.renderer.prompt_ids([{"role": "user", "content": "hello"}], [])
+    policy.sampling.temperature = 0.0
+    try:
+        base = await policy.generate_ids(prompt, max_tokens=12)
+        v1 = await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "a1", seed=1))
+        first = await policy.generate_ids(prompt, max_tokens=12)
+        v2 = await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "a2", seed=2))
+        second = await policy.generate_ids(prompt, max_tokens=12)
+    finally:
+        policy.sampling.temperature = 1.0
+    assert (base.adapter_version, first.adapter_version, second.adapter_version) == (0, v1, v2)
+    assert v2 == v1 + 1
+    assert len({tuple(c.completion_ids) for c in (base, first, second)}) == 3
+    assert v2 in await policy.served_adapters()
+    assert policy.adapters[-1].load_seconds > 0
+    # what the engine served under v2 is what the v2 weights produce in transformers
+    oracle = HFPolicy(tiny_model_dir, adapter=tmp_path / "a2", sampling={"temperature": 0})
+    expected = await oracle.generate_ids(prompt, max_tokens=12)
+    assert second.completion_ids == expected.completion_ids
+
+
+def test_group_samples_differ_and_a_waiting_episode_does_not_hold_the_others(
+    policy: VLLMPolicy,
+) -> None:
+    async def run() -> list[agentgym.Trajectory]:
+        release = asyncio.Event()
+        finished: list[agentgym.Trajectory] = []
+
+        def on_episode(trajectory: agentgym.Trajectory) -> None:
+            finished.append(trajectory)
+            if len(finished) == 4:  # every fast episode is done: let the slow one go on
+                release.set()
+
+        return await asyncio.wait_for(
+            agentgym.arollout(
+                lambda: NudgeEnv(release), policy, tasks=["fast", "slow"], group_size=4,
+                on_episode=on_episode,
+            ),
+            timeout=300,
+        )  # fmt: skip
+
+    trajectories = asyncio.run(run())
+    fast = [t for t in trajectories if t.task == "fast"]
+    assert all(t.status == "truncated" for t in trajectories)
+    assert len({tuple(t.turns[0].completion_ids) for t in fast}) == 4  # G distinct samples

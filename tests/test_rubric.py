@@ -1,0 +1,125 @@
+"""`Rubric`: unique score names, and the `trajectory` a reward function sees is the env's own."""
+
+from __future__ import annotations
+
+import asyncio
+import doctest
+import functools
+
+import pytest
+
+import agentgym
+from agentgym import Completion, ConfigError, Rubric, ToolEnv, rollout
+from agentgym import _rubric as rubric_module
+
+
+def score(rubric: Rubric, **context: object) -> agentgym.RubricResult:
+    return asyncio.run(rubric.score(context))
+
+
+def contains(completion: str, needle: str) -> float:
+    return float(needle in completion)
+
+
+# --- names ----------------------------------------------------------------------------------
+
+
+def test_two_lambdas_are_refused_at_construction() -> None:
+    with pytest.raises(ConfigError, match="<lambda>.*names="):
+        Rubric([lambda completion: 1.0, lambda completion: 0.0])
+
+
+def test_a_partial_without_a_name_is_refused_at_construction() -> None:
+    with pytest.raises(ConfigError, match="no __name__.*names="):
+        Rubric([functools.partial(contains, needle="42")])
+
+
+def test_explicit_names_key_the_scores() -> None:
+    rubric = Rubric(
+        [functools.partial(contains, needle="42"), functools.partial(contains, needle="6")],
+        weights=[1.0, 0.0],
+        names=["says_42", "says_6"],
+    )
+    result = score(rubric, completion="42")
+    assert result.scores == {"says_42": 1.0, "says_6": 0.0}
+    assert result.reward == 1.0 and rubric.names == ["says_42", "says_6"]
+
+
+@pytest.mark.parametrize(
+    ("names", "match"), [(["same", "same"], "share the name"), (["one"], "2 functions but 1 names")]
+)
+def test_bad_names_are_refused(names: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Rubric([contains, contains], names=names)
+
+
+def test_same_function_twice_needs_names() -> None:
+    with pytest.raises(ConfigError, match="'contains'"):
+        Rubric([contains, contains], weights=[1.0, 0.0])
+
+
+def test_docstring_example_runs() -> None:
+    assert doctest.testmod(rubric_module).failed == 0
+
+
+# --- the trajectory a reward function sees ----------------------------------------------------
+
+
+class CountingPolicy:
+    """Answers with fixed token ids, as a backend that reports them would."""
+
+    async def generate(self, messages, tools, *, max_tokens=None, task=None):
+        return Completion(text="The answer is 42.", completion_ids=[7] * 30)
+
+
+def length_penalty(trajectory) -> float:
+    """A DAPO-style overlong penalty reads the sampled token count."""
+    tokens = sum(len(turn.completion_ids or ()) for turn in trajectory.turns)
+    return -tokens / 100
+
+
+def make_env(*funcs) -> ToolEnv:
+    rubric = Rubric(list(funcs) or [length_penalty])
+    return ToolEnv(tasks=[{"prompt": "6 * 7?", "answer": "42"}], rubric=rubric)
+
+
+def test_rubric_sees_the_final_turn_token_ids_through_the_rollout() -> None:
+    [trajectory] = rollout(make_env, CountingPolicy(), tasks=[0])
+    assert trajectory.status == "ok"
+    assert trajectory.final_reward == -0.3
+    assert trajectory.scores == {"length_penalty": -0.3}
+
+
+def test_stepping_by_hand_gives_the_same_trajectory_view() -> None:
+    env = make_env()
+    env.reset(seed=0)
+    *_, info = env.step(Completion(text="The answer is 42.", completion_ids=[7] * 30))
+    assert info["scores"] == {"length_penalty": -0.3} and info["reward_errors"] == {}
+
+
+def test_raw_text_turns_are_in_the_view_without_token_ids() -> None:
+    seen = []
+
+    def record(trajectory) -> float:
+        seen.append(trajectory)
+        return 0.0
+
+    env = make_env(record)
+    env.reset(seed=0)
+    env.step("The answer is 42.")
+    [view] = seen
+    assert [(t.text, t.completion_ids) for t in view.turns] == [("The answer is 42.", None)]
+    assert view.task == {"prompt": "6 * 7?", "answer": "42"} and view.task_index == 0
+    assert view.messages == env.messages
+
+
+def test_reward_function_cannot_edit_the_engine_record() -> None:
+    def vandal(trajectory) -> float:
+        trajectory.turns.clear()
+        trajectory.messages.clear()
+        return 1.0
+
+    [trajectory] = rollout(lambda: make_env(vandal), CountingPolicy(), tasks=[0])
+    assert trajectory.status == "ok" and trajectory.final_reward == 1.0
+    assert len(trajectory.turns) == 1 and trajectory.turns[0].completion_ids == [7] * 30
+    assert [m["role"] for m in trajectory.messages] == ["system", "user", "assistant"]
