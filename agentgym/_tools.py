@@ -9,13 +9,17 @@ cannot see or forge them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import enum
 import functools
 import inspect
 import json
+import threading
 import types
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -38,6 +42,10 @@ _PRIMITIVES: dict[Any, dict[str, Any]] = {
     Any: {},
 }
 
+#: Generic origins that JSON carries as an array, and as an object.
+_ARRAYS = (list, tuple, set, frozenset, Sequence, Iterable)
+_MAPPINGS = (dict, Mapping)
+
 
 def type_to_schema(annotation: Any) -> dict[str, Any]:
     """JSON schema for a Python type hint; raises `ConfigError` for types JSON cannot carry."""
@@ -58,12 +66,12 @@ def type_to_schema(annotation: Any) -> dict[str, Any]:
                 return {**inner, "enum": [*inner["enum"], None]}
             return {"anyOf": [inner, {"type": "null"}]}
         return {"anyOf": [type_to_schema(a) for a in args]}
-    if origin in (list, tuple, set, frozenset, typing.Sequence, typing.Iterable):
+    if origin in _ARRAYS:
         schema: dict[str, Any] = {"type": "array"}
         if args:
             schema["items"] = type_to_schema(args[0])
         return schema
-    if origin in (dict, Mapping, typing.Mapping):
+    if origin in _MAPPINGS:
         schema = {"type": "object"}
         if len(args) == 2:
             schema["additionalProperties"] = type_to_schema(args[1])
@@ -127,25 +135,56 @@ class Tool:
             raise ToolArgumentsError(f"invalid arguments for {self.name!r}: {details}")
 
     async def acall(
-        self, arguments: dict[str, Any], context: Mapping[str, Any] | None = None
+        self,
+        arguments: dict[str, Any],
+        context: Mapping[str, Any] | None = None,
+        *,
+        threads: ToolThreads | None = None,
     ) -> Any:
-        """Validate, inject and run; raise a `ToolError` subclass on any failure."""
+        """Validate, inject and run; raise a `ToolError` subclass on any failure.
+
+        ``threads`` caps how many sync calls run at once (an env passes its own); None gives
+        this call a thread of its own. Cancelling the caller cancels the call: an async tool
+        sees `asyncio.CancelledError` and has finished when this returns; a sync tool's
+        thread is abandoned (see `tool`).
+        """
         self.validate(arguments)
-        kwargs = {
-            k: (self.converters[k](v) if k in self.converters and v is not None else v)
-            for k, v in arguments.items()
-        }
+        kwargs = self._convert(arguments)
         for name in self.injected:
             kwargs[name] = (context or {}).get(name)
         if self.is_async:
-            call: Awaitable[Any] = self.fn(**kwargs)
-        else:
-            call = asyncio.to_thread(self.fn, **kwargs)
-        running = asyncio.ensure_future(call)
-        # asyncio.wait (not wait_for) so a TimeoutError the tool raises itself stays its own
-        done, _ = await asyncio.wait({running}, timeout=self.timeout)
+            return await self._await_result(asyncio.ensure_future(self.fn(**kwargs)))
+        async with (threads or ToolThreads(1)).slot():  # waiting for a slot is not timed
+            return await self._await_result(_start_thread(self.fn, kwargs))
+
+    def _convert(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Schema-valid JSON arguments as the Python values the hints ask for (Enum members).
+
+        A converter that fails (a custom one, or a value the schema let through) is the
+        model's mistake to read about, so it becomes `ToolArgumentsError`, never a crash.
+        """
+        try:
+            return {
+                k: self.converters[k](v) if k in self.converters and v is not None else v
+                for k, v in arguments.items()
+            }
+        except Exception as exc:
+            raise ToolArgumentsError(
+                f"invalid arguments for {self.name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _await_result(self, running: asyncio.Future[Any]) -> Any:
+        """Wait up to `timeout` for a started call and map its failure to a `ToolError`.
+
+        Whenever this stops waiting (timeout, or its caller cancelled), the call is cancelled
+        and, for an async tool, awaited, so nothing of it runs on after this returns.
+        """
+        try:
+            # asyncio.wait (not wait_for) so a TimeoutError the tool raises itself stays its own
+            done, _ = await asyncio.wait({running}, timeout=self.timeout)
+        finally:
+            await cancel_and_wait([running])
         if not done:
-            running.cancel()
             raise ToolTimeoutError(f"{self.name!r} timed out after {self.timeout:g} s")
         try:
             return running.result()
@@ -157,6 +196,115 @@ class Tool:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (no validation), as a plain function."""
         return self.fn(*args, **kwargs)
+
+
+class ToolThreads:
+    """Threads for sync tools: at most ``size`` calls run at once, each on a thread of its own.
+
+    An env owns one, so a busy process never makes one episode's calls wait for another's, and
+    waiting for a free slot is not part of a call's timeout. A call whose caller stops waiting
+    (timeout or cancellation) gives its slot back at once; its thread cannot be killed and
+    finishes unobserved (see `tool`). Slots are handed over with thread-safe callbacks, so one
+    instance serves callers on any event loop.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        if size < 1:
+            raise ConfigError(f"ToolThreads size must be >= 1, got {size}")
+        self.size = size
+        self._lock = threading.Lock()
+        self._free = size
+        self._waiting: deque[asyncio.Future[None]] = deque()
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of the ``size`` slots for the body."""
+        await self._acquire()
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self) -> None:
+        with self._lock:
+            if self._free:
+                self._free -= 1
+                return
+            turn = asyncio.get_running_loop().create_future()
+            self._waiting.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            with self._lock:
+                if turn in self._waiting:
+                    self._waiting.remove(turn)
+                    raise
+            if not turn.cancelled():  # handed a slot just as the caller gave up: pass it on
+                self._release()
+            raise  # a cancelled hand-over is passed on by _hand_over
+
+    def _release(self) -> None:
+        with self._lock:
+            while self._waiting:
+                turn = self._waiting.popleft()
+                with contextlib.suppress(RuntimeError):  # its loop closed: try the next
+                    turn.get_loop().call_soon_threadsafe(self._hand_over, turn)
+                    return
+            self._free += 1
+
+    def _hand_over(self, turn: asyncio.Future[None]) -> None:
+        if turn.cancelled():
+            self._release()
+        else:
+            turn.set_result(None)
+
+
+def _start_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    """Run ``fn`` on a new daemon thread; the future settles on the caller's loop.
+
+    A daemon thread neither holds `asyncio.run` (it is not the loop's default executor) nor
+    the interpreter at exit, so an abandoned call cannot hang `rollout` or the CLI.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def work() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (context.run(fn, **kwargs), None)
+        except BaseException as exc:  # delivered to the caller like to_thread does
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_settle, future, *outcome)
+
+    name = f"agentgym-tool-{getattr(fn, '__name__', 'fn')}"
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return future
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # abandoned: the caller timed out or was cancelled
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+
+
+async def cancel_and_wait(futures: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel what is still running and wait until it has stopped, outcomes discarded.
+
+    Waiting is what makes cancellation complete: a tool's cleanup (``finally``, releasing a
+    sandbox) has run when this returns, not at some later point of the loop.
+    """
+    pending = {f for f in futures if not f.done()}
+    for future in pending:
+        future.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    for future in pending:
+        if not future.cancelled():
+            future.exception()  # retrieved: no "exception was never retrieved" warning
 
 
 def _build_tool(
@@ -190,9 +338,9 @@ def _build_tool(
         prop = type_to_schema(hints[pname])
         if param_docs.get(pname):
             prop["description"] = param_docs[pname]
-        enum_type = _enum_type(hints[pname])
-        if enum_type is not None:
-            converters[pname] = enum_type
+        convert = _converter(hints[pname])
+        if convert is not None:
+            converters[pname] = convert
         if param.default is not inspect.Parameter.empty:
             if param.default is not None:
                 default = param.default
@@ -219,10 +367,49 @@ def _build_tool(
     )
 
 
-def _enum_type(annotation: Any) -> type[enum.Enum] | None:
-    """The Enum class behind ``E`` or ``Optional[E]``, so arguments arrive as members."""
-    candidates = [annotation, *get_args(annotation)]
-    return next((c for c in candidates if isinstance(c, type) and issubclass(c, enum.Enum)), None)
+def _converter(annotation: Any) -> Callable[[Any], Any] | None:
+    """How a schema-valid JSON value becomes what ``annotation`` asks for; None: it already is.
+
+    Enum members are built from their values, also inside lists, dicts and unions, so a
+    ``list[Color]`` parameter gets ``[Color.RED]`` for ``["red"]``.
+    """
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is typing.Annotated:
+        return _converter(args[0])
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return annotation
+    if origin in (Union, types.UnionType):
+        options = [c for c in map(_converter, args) if c is not None]
+        return functools.partial(_first_fit, options) if options else None
+    if origin in _ARRAYS and args:
+        item = _converter(args[0])
+        return functools.partial(_each_item, item) if item else None
+    if origin in _MAPPINGS and len(args) == 2:
+        value = _converter(args[1])
+        return functools.partial(_each_value, value) if value else None
+    return None
+
+
+def _first_fit(options: list[Callable[[Any], Any]], value: Any) -> Any:
+    """The first conversion that takes ``value``, else ``value`` unchanged.
+
+    Unchanged is right: the schema already matched it to one of the union's other members
+    (``None`` for Optional).
+    """
+    for convert in options:
+        try:
+            return convert(value)
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return value
+
+
+def _each_item(convert: Callable[[Any], Any], values: list[Any]) -> list[Any]:
+    return [convert(v) for v in values]
+
+
+def _each_value(convert: Callable[[Any], Any], values: dict[str, Any]) -> dict[str, Any]:
+    return {k: convert(v) for k, v in values.items()}
 
 
 @typing.overload
@@ -247,6 +434,18 @@ def tool(
         name: the name the model calls; defaults to the function's name.
         description: overrides the docstring summary.
         timeout: seconds per call before the model gets a timeout message; None disables it.
+            The clock starts when the call starts running, not while it waits for a thread.
+
+    Async functions run on the episode's event loop; when the call times out or the episode
+    is cancelled they are cancelled, and their cleanup has run before the episode goes on.
+    Sync functions run on a thread of their own, at most `ToolEnv.max_tool_threads` of an
+    episode at once. A thread cannot be killed: when its call times out or the episode is
+    cancelled, the model is told at once and the episode moves on, while the thread runs on
+    until the function returns, and its result is dropped. It no longer counts against the
+    env's threads, does not hold ``rollout()`` or ``agentgym eval`` (they return without
+    waiting), and does not keep the process alive at exit (it is a daemon thread, stopped
+    wherever it is). So a sync tool that may hang, or whose side effects must stop with the
+    episode, belongs in a sandbox or an async function.
     """
     if fn is not None:
         return _build_tool(fn, name, description, timeout)

@@ -24,9 +24,9 @@ from ._errors import ConfigError, Error
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
-from .engine import serve_vllm
 from ._summary import summarize
 from ._trajectory import Trajectory, recover_jsonl, to_json_line
+from .engine import serve_vllm
 
 app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -255,15 +255,26 @@ def _mount_sandbox_commands() -> None:
     app.add_typer(sandbox_app, name="sandbox", help="Build, list, prune and benchmark sandboxes.")
 
 
+def _mount_train_command() -> None:
+    try:
+        from .trainers._cli import train
+    except ImportError:  # the train extra is optional
+        return
+    app.command("train")(train)
+
+
 _mount_sandbox_commands()
+_mount_train_command()
 
 
 def main() -> None:
-    """Entry point: user errors become one line on stderr and exit code 2."""
+    """Entry point: user errors become one line on stderr and exit code 2.
+
+    Without standalone mode the app returns a command's ``typer.Exit`` code instead of
+    exiting (a failed ``check`` is 1); it must reach `sys.exit`, or every run exits 0.
+    """
     try:
-        app(standalone_mode=False)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        code = app(standalone_mode=False)
     except typer.Abort:
         sys.exit(130)
     except (ConfigError, typer.TyperException) as exc:  # typer's usage errors derive from it
@@ -274,3 +285,4 @@ def main() -> None:
     except Error as exc:  # infrastructure (a server that would not start ...): not the user's
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)  # a command's return value is no code

@@ -15,8 +15,10 @@ from agentgym import read_jsonl
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
+def run(
+    *args: str, cwd: Path | None = None, env_vars: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb", **(env_vars or {})}
     return subprocess.run(
         [str(AGENTGYM), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
     )
@@ -46,6 +48,33 @@ def test_check_calculator_passes() -> None:
     for name in ("gymnasium check_env", "tool schemas", "parser round trip", "reference episode"):
         assert name in proc.stdout
     assert "FAIL" not in proc.stdout and proc.stdout.count("pass") >= 4
+
+
+NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+
+
+@pytest.mark.parametrize(
+    ("args", "env_vars", "code"),
+    [
+        pytest.param(["--help"], {}, 0, id="help"),
+        pytest.param([], {}, 2, id="no-command"),
+        pytest.param(["evaluate"], {}, 2, id="unknown-command"),
+        pytest.param(["sandbox", "ls"], NO_DOCKER, 1, id="sandbox-ls-without-docker"),
+        pytest.param(["sandbox", "build", "--method", "magic"], {}, 2, id="sandbox-bad-option"),
+        pytest.param(["sandbox", "bench", "--n", "many"], {}, 2, id="sandbox-bench-bad-value"),
+    ],
+)  # fmt: skip
+def test_exit_code_of_each_verb(args: list[str], env_vars: dict[str, str], code: int) -> None:
+    """The installed script's code reaches the shell (`main` once dropped the app's code)."""
+    proc = run(*args, env_vars=env_vars)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_failed_check_row_exits_1_after_printing_the_table() -> None:
+    proc = run("check", "calculator", "--env-arg", "max_turns=1")
+    assert proc.returncode == 1
+    assert "reference episode" in proc.stdout and "FAIL" in proc.stdout
 
 
 @pytest.mark.slow

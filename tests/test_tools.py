@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import json
 import threading
 import time
+from collections.abc import Sequence
 from typing import Literal, Optional
 
 import pytest
@@ -20,7 +22,7 @@ from agentgym import (
     ToolTimeoutError,
     tool,
 )
-from agentgym._tools import example_arguments
+from agentgym._tools import ToolThreads, example_arguments
 
 
 class Color(enum.Enum):
@@ -144,6 +146,70 @@ async def test_enum_argument_arrives_as_member() -> None:
         return repr(color)
 
     assert await paint.acall({"color": "blue"}) == repr(Color.BLUE)
+
+
+@tool
+def paint_all(
+    colors: list[Color],
+    by_name: dict[str, Color],
+    maybe: Optional[list[Color]] = None,  # noqa: UP045
+    either: int | Color = 0,
+) -> str:
+    """Paint several."""
+    return repr((colors, by_name, maybe, either))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        (
+            {"colors": ["red", "blue"], "by_name": {"sky": "blue"}},
+            ([Color.RED, Color.BLUE], {"sky": Color.BLUE}, None, 0),
+        ),
+        (
+            {"colors": [], "by_name": {}, "maybe": ["red"], "either": "blue"},
+            ([], {}, [Color.RED], Color.BLUE),
+        ),
+        ({"colors": [], "by_name": {}, "maybe": None, "either": 7}, ([], {}, None, 7)),
+    ],
+    ids=["list-and-dict", "optional-list-and-union-member", "null-and-union-int"],
+)
+async def test_enums_inside_containers_and_unions_arrive_as_members(
+    arguments: dict, expected: tuple
+) -> None:
+    assert await paint_all.acall(arguments) == repr(expected)
+
+
+@pytest.mark.parametrize("error", [ValueError, KeyError, RuntimeError])
+async def test_failing_conversion_is_an_arguments_error(error: type[Exception]) -> None:
+    calls = []
+
+    def convert(value: object) -> object:
+        raise error("cannot convert")
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo."""
+        calls.append(text)
+        return text
+
+    picky = dataclasses.replace(echo, converters={"text": convert})
+    with pytest.raises(ToolArgumentsError, match=f"echo.*{error.__name__}") as excinfo:
+        await picky.acall({"text": "x"})
+    assert isinstance(excinfo.value.__cause__, error)
+    assert calls == []
+
+
+def test_abc_sequence_hint_is_an_array() -> None:
+    @tool
+    def total(values: Sequence[int]) -> int:
+        """Total."""
+        return sum(values)
+
+    assert total.parameters["properties"]["values"] == {
+        "type": "array",
+        "items": {"type": "integer"},
+    }
 
 
 @tool
@@ -313,7 +379,7 @@ async def test_sync_tool_timeout_is_prompt() -> None:
             await hang.acall({})
         assert time.perf_counter() - start < 1.0
     finally:
-        release.set()  # let the worker thread finish so loop shutdown does not wait 5 s
+        release.set()  # end the abandoned worker thread now rather than in 5 s
 
 
 async def test_raising_tool_gives_tool_error_naming_type() -> None:
@@ -377,3 +443,121 @@ def test_example_arguments_cover_optional_and_union_required_parameters() -> Non
     example = example_arguments(find.parameters)
     assert example == {"n": 1, "key": 1, "mode": "a"}
     find.validate(example)
+
+
+# ---- cancellation and the threads of sync tools ----------------------------------------------
+
+
+@tool(timeout=2.0)
+def quick() -> str:
+    """Return at once."""
+    return "quick"
+
+
+@pytest.mark.parametrize("how", ["cancelled", "timed out"])
+async def test_async_tool_is_cancelled_and_finished_before_acall_returns(how: str) -> None:
+    started, never = asyncio.Event(), asyncio.Event()
+    seen: list[str] = []
+
+    @tool(timeout=0.2 if how == "timed out" else None)
+    async def slow() -> str:
+        """Slow."""
+        started.set()
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            await asyncio.sleep(0)  # cleanup that itself awaits (closing a connection ...)
+            seen.append("cleaned up")
+            raise
+        return "never"
+
+    call = asyncio.ensure_future(slow.acall({}))
+    await started.wait()
+    if how == "cancelled":
+        call.cancel()
+    with pytest.raises(asyncio.CancelledError if how == "cancelled" else ToolTimeoutError):
+        await call
+    assert seen == ["cancelled", "cleaned up"]
+
+
+async def test_queue_time_is_not_part_of_the_timeout() -> None:
+    threads = ToolThreads(1)
+
+    @tool(timeout=2.0)
+    def work() -> str:
+        """Hold the only thread for longer than quick_call's timeout."""
+        time.sleep(0.5)
+        return "worked"
+
+    quick_call = dataclasses.replace(quick, timeout=0.25)
+    start = time.perf_counter()
+    results = await asyncio.gather(
+        work.acall({}, threads=threads), quick_call.acall({}, threads=threads)
+    )
+    assert results == ["worked", "quick"]
+    assert time.perf_counter() - start >= 0.5  # the quick call did wait its turn
+
+
+@pytest.mark.parametrize("how", ["cancelled", "timed out"])
+async def test_abandoned_sync_call_frees_its_thread_slot_at_once(how: str) -> None:
+    threads, release, started = ToolThreads(1), threading.Event(), threading.Event()
+
+    @tool(timeout=0.2 if how == "timed out" else None)
+    def hang() -> str:
+        """Hang."""
+        started.set()
+        release.wait(10)
+        return "late"
+
+    try:
+        call = asyncio.ensure_future(hang.acall({}, threads=threads))
+        assert await asyncio.to_thread(started.wait, 5)
+        if how == "cancelled":
+            call.cancel()
+        with pytest.raises(asyncio.CancelledError if how == "cancelled" else ToolTimeoutError):
+            await call
+        start = time.perf_counter()
+        assert await quick.acall({}, threads=threads) == "quick"
+        assert time.perf_counter() - start < 1.0
+        assert not release.is_set()  # the hanging thread still runs: it just no longer counts
+    finally:
+        release.set()
+
+
+async def test_call_cancelled_while_waiting_for_a_thread_never_runs() -> None:
+    threads, release, started = ToolThreads(1), threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    @tool(timeout=None)
+    def hold() -> str:
+        """Hold the only thread."""
+        started.set()
+        release.wait(10)
+        return "held"
+
+    @tool
+    def waiter() -> str:
+        """Record that it ran."""
+        ran.append("waiter")
+        return "ran"
+
+    try:
+        holding = asyncio.ensure_future(hold.acall({}, threads=threads))
+        assert await asyncio.to_thread(started.wait, 5)
+        queued = [asyncio.ensure_future(waiter.acall({}, threads=threads)) for _ in range(2)]
+        await asyncio.sleep(0)  # both take their first step: waiting for the thread
+        queued[0].cancel()
+        release.set()
+        assert await holding == "held"
+        assert await queued[1] == "ran"
+        with pytest.raises(asyncio.CancelledError):
+            await queued[0]
+        assert ran == ["waiter"]  # the cancelled one never ran
+    finally:
+        release.set()
+
+
+def test_tool_threads_size_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="size"):
+        ToolThreads(0)

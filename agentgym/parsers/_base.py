@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,20 @@ def call_from_json(obj: Any, argument_keys: tuple[str, ...] = ("arguments",)) ->
     return ToolCall(name=name, arguments=arguments)
 
 
+def refuse_call_start(parser: str, content: str, call_start: re.Pattern[str]) -> None:
+    """Raise `ValueError` when ``content`` holds text that `parse` reads as a call's start.
+
+    Content is free text that the formats have no escape for, so such a turn cannot be
+    rendered in a way that parses back; refusing keeps `render`'s round-trip promise.
+    """
+    found = call_start.search(content)
+    if found:
+        raise ValueError(
+            f"{parser} cannot render content containing {content[found.start() :][:40]!r}: "
+            "it would parse as a tool call"
+        )
+
+
 class ToolCallParser(ABC):
     """Base class of tool-call parsers; subclasses register with `register_parser`."""
 
@@ -82,7 +97,11 @@ class ToolCallParser(ABC):
 
     @abstractmethod
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
-        """Text the model would emit for ``content`` followed by ``tool_calls``."""
+        """Text the model would emit for ``content`` followed by ``tool_calls``.
+
+        `parse` reads it back to the same (stripped) content, names and arguments, or this
+        raises `ValueError` for what the format cannot express.
+        """
 
 
 _PARSERS: dict[str, Callable[..., ToolCallParser]] = {}

@@ -1,6 +1,8 @@
-"""Hermes format (Qwen2.5, Qwen3, Hermes).
+r"""Hermes format (Qwen2.5, Qwen3, Hermes).
 
-Each call is ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``.
+Each call is ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``. `render` writes a
+``</`` inside a JSON string as ``<\/`` (JSON's escaped slash), so an argument holding
+``</tool_call>`` cannot close the block early.
 """
 
 from __future__ import annotations
@@ -8,8 +10,16 @@ from __future__ import annotations
 import json
 import re
 
-from ._base import ParsedTurn, ToolCall, ToolCallParser, call_from_json, register_parser
+from ._base import (
+    ParsedTurn,
+    ToolCall,
+    ToolCallParser,
+    call_from_json,
+    refuse_call_start,
+    register_parser,
+)
 
+_CALL_START = re.compile("<tool_call>")
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
 
@@ -18,11 +28,11 @@ class HermesParser(ToolCallParser):
     """Content is everything before the first ``<tool_call>``; an unclosed last block counts."""
 
     def parse(self, text: str) -> ParsedTurn:
-        start = text.find("<tool_call>")
-        if start < 0:
+        found = _CALL_START.search(text)
+        if not found:
             return ParsedTurn(content=text)
-        turn = ParsedTurn(content=text[:start].strip())
-        for raw in _BLOCK.findall(text[start:]):
+        turn = ParsedTurn(content=text[: found.start()].strip())
+        for raw in _BLOCK.findall(text, found.start()):
             try:
                 turn.tool_calls.append(call_from_json(json.loads(raw.strip())))
             except (ValueError, TypeError) as exc:
@@ -30,10 +40,16 @@ class HermesParser(ToolCallParser):
         return turn
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
-        blocks = [
-            "<tool_call>\n"
-            + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
-            + "\n</tool_call>"
-            for c in tool_calls
-        ]
+        refuse_call_start(self.name, content, _CALL_START)
+        blocks = [f"<tool_call>\n{_call_json(c)}\n</tool_call>" for c in tool_calls]
         return "\n".join(([content] if content else []) + blocks)
+
+
+def _call_json(call: ToolCall) -> str:
+    r"""The call as JSON with every ``</`` escaped to ``<\/``.
+
+    A ``<`` can only sit inside a JSON string, where ``<\/`` reads back as ``</``, so no
+    argument can close the block early.
+    """
+    text = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    return text.replace("</", "<\\/")

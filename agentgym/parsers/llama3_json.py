@@ -10,13 +10,21 @@ from __future__ import annotations
 import json
 import re
 
-from ._base import ParsedTurn, ToolCall, ToolCallParser, call_from_json, register_parser
+from ._base import (
+    ParsedTurn,
+    ToolCall,
+    ToolCallParser,
+    call_from_json,
+    refuse_call_start,
+    register_parser,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
 # Where a call may start: the python tag, or a '{"name"' (or '"parameters"') object opening the
 # text or a line. A brace in mid-sentence ("use {x}") or other JSON stays content.
 _CALL_START = re.compile(r'(?:^|\n)[ \t]*(?=\{\s*"(?:name|parameters|arguments)"\s*:)')
+_ANY_START = re.compile(f"{re.escape(PYTHON_TAG)}|{_CALL_START.pattern}")
 
 
 def _skip_separators(text: str, pos: int) -> int:
@@ -72,6 +80,7 @@ class Llama3JsonParser(ToolCallParser):
         return turn
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
+        refuse_call_start(self.name, content, _ANY_START)
         calls = "; ".join(
             json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False)
             for c in tool_calls

@@ -1,4 +1,4 @@
-"""Mistral tool calls, both generations of the format, after the ``[TOOL_CALLS]`` token.
+r"""Mistral tool calls, both generations of the format, after the ``[TOOL_CALLS]`` token.
 
 - ``"json"`` style (tokenizers before v11, e.g. Mistral-7B-Instruct-v0.3):
   ``content[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]`` (a bare object is one call).
@@ -6,7 +6,9 @@
   ``content[TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[ARGS]{...}``; ``f{...}`` without ``[ARGS]``
   is accepted too.
 
-`parse` reads both styles; `render` writes the one chosen at construction.
+`parse` reads both styles; `render` writes the one chosen at construction, with every
+``[TOOL_CALLS]`` inside a JSON string written as ``\u005bTOOL_CALLS]`` so that no argument
+splits the calls.
 """
 
 from __future__ import annotations
@@ -16,12 +18,21 @@ import re
 from typing import Literal
 
 from .._errors import ConfigError
-from ._base import ParsedTurn, ToolCall, ToolCallParser, call_from_json, register_parser
+from ._base import (
+    ParsedTurn,
+    ToolCall,
+    ToolCallParser,
+    call_from_json,
+    refuse_call_start,
+    register_parser,
+)
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
 _DECODER = json.JSONDecoder()
 _NAME = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[ARGS\])?\s*", re.ASCII)
+_BARE_NAME = re.compile(r"[^\s\[\]{}]+", re.ASCII)  # what the "args" style can carry
+_CALL_START = re.compile(re.escape(TOOL_CALLS))
 
 
 def _parse_json_style(segment: str, turn: ParsedTurn) -> None:
@@ -82,12 +93,28 @@ class MistralParser(ToolCallParser):
         return turn
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
+        refuse_call_start(self.name, content, _CALL_START)
         if not tool_calls:
             return content
         if self.style == "json":
             calls = [{"name": c.name, "arguments": c.arguments} for c in tool_calls]
-            return f"{content}{TOOL_CALLS}{json.dumps(calls, ensure_ascii=False)}"
+            return f"{content}{TOOL_CALLS}{_json(calls)}"
+        for call in tool_calls:
+            if not _BARE_NAME.fullmatch(call.name):
+                raise ValueError(
+                    f"mistral style 'args' cannot render tool name {call.name!r}: "
+                    "no whitespace, brackets or braces"
+                )
         return content + "".join(
-            f"{TOOL_CALLS}{c.name}{ARGS}{json.dumps(c.arguments, ensure_ascii=False)}"
-            for c in tool_calls
+            f"{TOOL_CALLS}{c.name}{ARGS}{_json(c.arguments)}" for c in tool_calls
         )
+
+
+def _json(value: object) -> str:
+    r"""JSON text in which ``[TOOL_CALLS]`` can only appear escaped.
+
+    Letters never follow ``[`` outside a JSON string, so every match is inside one, where
+    ``\u005b`` reads back as ``[``.
+    """
+    text = json.dumps(value, ensure_ascii=False)
+    return text.replace(TOOL_CALLS, "\\u005b" + TOOL_CALLS[1:])

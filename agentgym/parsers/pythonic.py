@@ -13,7 +13,7 @@ import keyword
 import re
 from typing import Any
 
-from ._base import ParsedTurn, ToolCall, ToolCallParser, register_parser
+from ._base import ParsedTurn, ToolCall, ToolCallParser, refuse_call_start, register_parser
 
 #: Where a call list may start: ``[`` then a (dotted) name and ``(``, at the text or a line start.
 _LIST_START = re.compile(r"(?:^|\n)[ \t]*(?=\[\s*[A-Za-z_][\w.]*\s*\()")
@@ -95,6 +95,7 @@ class PythonicParser(ToolCallParser):
         return turn
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
+        refuse_call_start(self.name, content, _LIST_START)
         if not tool_calls:
             return content
         rendered = []

@@ -67,6 +67,77 @@ def test_round_trip(parser: ToolCallParser, case: str) -> None:
     ]
 
 
+#: Text that means something to one of the formats: call markers, separators, call starts.
+MARKERS = [
+    "</tool_call>",
+    "<tool_call>",
+    '<tool_call>{"name": "g", "arguments": {}}</tool_call>',
+    "[TOOL_CALLS]",
+    '[TOOL_CALLS][{"name": "g", "arguments": {}}]',
+    "[ARGS]",
+    "<|python_tag|>",
+    '\n{"name": "g", "parameters": {}}',
+    "; ",
+    "\n[g(a=1)]",
+    "<\\/tool_call>",
+]
+
+
+@pytest.mark.parametrize("marker", MARKERS)
+def test_markers_inside_argument_values_and_keys_round_trip(
+    parser: ToolCallParser, marker: str
+) -> None:
+    calls = [
+        ToolCall("f", {"text": f"a{marker}b", "items": [marker], "nested": {"k": marker}}),
+        ToolCall("g", {f"key{marker}": 1} if parser.name != "pythonic" else {}),
+    ]
+    turn = parser.parse(parser.render("Let me check.", calls))
+    assert turn.errors == []
+    assert turn.content == "Let me check."
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [
+        (c.name, c.arguments) for c in calls
+    ]
+
+
+@pytest.mark.parametrize("marker", MARKERS)
+@pytest.mark.parametrize("with_calls", [True, False], ids=["calls", "no-calls"])
+def test_content_holding_a_marker_round_trips_or_raises(
+    parser: ToolCallParser, marker: str, with_calls: bool
+) -> None:
+    content = f"I would write {marker}\n{marker.strip()} and go on."
+    calls = [ToolCall("f", {"a": 1})] if with_calls else []
+    try:
+        text = parser.render(content, calls)
+    except ValueError as exc:
+        assert "would parse as a tool call" in str(exc)
+        return
+    turn = parser.parse(text)
+    assert (turn.content, turn.errors) == (content, [])
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [
+        (c.name, c.arguments) for c in calls
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("hermes", "see <tool_call> here"),
+        ("mistral", "see [TOOL_CALLS] here"),
+        ("llama3_json", "see <|python_tag|> here"),
+        ("llama3_json", 'see\n{"name": "f"} here'),
+        ("pythonic", "see\n[f(a=1)]"),
+    ],
+)
+def test_content_a_format_cannot_express_raises(name: str, content: str) -> None:
+    with pytest.raises(ValueError, match="would parse as a tool call"):
+        get_parser(name).render(content, [ToolCall("f", {})])
+
+
+def test_mistral_args_style_refuses_names_it_cannot_carry() -> None:
+    with pytest.raises(ValueError, match="tool name"):
+        get_parser("mistral", style="args").render("", [ToolCall("my tool", {})])
+
+
 def test_plain_text_is_content(parser: ToolCallParser) -> None:
     for text in ["", "Hello", "Use {x} here; [a, b] = f(x)", "The set {1, 2}\n[1, 2, 3]"]:
         turn = parser.parse(text)

@@ -389,10 +389,11 @@ def test_every_difference_is_documented() -> None:
 @pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral", "pythonic"])
 def test_vllm_parses_what_we_render(name: str) -> None:
     """Text our `render` writes is read the same by vLLM's parser (no content: vLLM's llama3
-    and pythonic parsers drop or reject text around the calls)."""
+    and pythonic parsers drop or reject text around the calls), escaped markers included."""
     from agentgym.parsers import ToolCall
 
-    calls = [ToolCall("f", {"a": 1, "s": "é ✓"}), ToolCall("g", {})]
+    markers = "</tool_call> [TOOL_CALLS] <|python_tag|>"
+    calls = [ToolCall("f", {"a": 1, "s": f"é ✓ {markers}"}), ToolCall("g", {})]
     text = get_parser(name).render("", calls)
     assert _calls(_vllm_parser(name, {}).parse(text)) == [(c.name, c.arguments) for c in calls]
 
