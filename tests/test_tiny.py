@@ -157,3 +157,33 @@ def test_transformers_loads_and_generates(tiny_model_dir, tokenizer) -> None:
     assert out.shape == (1, n + 8)
     assert torch.equal(out, again)
     assert int(out[0, n:].max()) < len(tokenizer)  # no ids beyond the tokenizer
+
+
+def test_compact_template_is_short_and_keeps_history_as_a_prefix(tmp_path) -> None:
+    require("transformers")
+    from transformers import AutoTokenizer
+
+    from agentgym.engine.tiny import build_tokenizer
+
+    compact = AutoTokenizer.from_pretrained(build_tokenizer(tmp_path, tools_style="compact"))
+    text = compact.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+    assert "# Tools\ncalculate(expression: string): Evaluate an arithmetic expression." in text
+    prompt = compact.apply_chat_template(
+        CONVERSATION[:2], tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
+    completion = get_parser("hermes").render("Let me compute.", CALLS)
+    later = compact.apply_chat_template(CONVERSATION[:4], tools=TOOLS, tokenize=False)
+    assert later.startswith(prompt + completion + "<|im_end|>\n")
+    assert len(compact.encode(prompt)) < 150
+
+
+def test_presets_build_and_unknown_preset_is_a_config_error(tmp_path) -> None:
+    require("torch")
+    from agentgym.engine.tiny import PRESETS, build_preset
+
+    path = build_preset("quickstart", seed=1, out_dir=tmp_path / "q")
+    config = json.loads((path / "config.json").read_text())
+    assert config["num_hidden_layers"] == PRESETS["quickstart"]["num_layers"]
+    assert config["head_dim"] >= 32
+    with pytest.raises(ConfigError, match="presets"):
+        build_preset("huge")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .._errors import ConfigError
@@ -88,10 +88,22 @@ class TokenPolicy:
         raise NotImplementedError
 
     async def generate_ids(
-        self, prompt_ids: list[int], *, max_tokens: int | None = None, seed: int | None = None
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
     ) -> Completion:
-        """Sample one turn that continues ``prompt_ids`` exactly."""
+        """Sample one turn that continues ``prompt_ids`` exactly (``sampling``: this call's)."""
         raise NotImplementedError
+
+    def with_sampling(self, **changes: Any) -> TokenPolicy:
+        """The same model and engine with other sampling knobs (e.g. greedy evaluation).
+
+        Nothing is copied or restarted: the view forwards every turn to this policy.
+        """
+        return _SamplingView(self, replace(self.sampling, **changes))
 
     def mode_for(
         self, tools: list[dict[str, Any]], example: Sequence[Message] = ()
@@ -165,7 +177,9 @@ class TokenEpisode:
         prompt = self._next_prompt(messages)
         base = self.policy.sampling.seed
         seed = None if base is None else base + 1000 * self._episode_seed + self._turn
-        completion = await self.policy.generate_ids(prompt, max_tokens=max_tokens, seed=seed)
+        completion = await self.policy.generate_ids(
+            prompt, max_tokens=max_tokens, seed=seed, sampling=self.policy.sampling
+        )
         self._turn += 1
         self._last_ids = list(completion.completion_ids or [])
         self._ids = prompt + self._last_ids
@@ -183,6 +197,31 @@ class TokenEpisode:
             self.mode_reason = f"turn {self._turn + 1}: the template rewrote the previous turn"
             return renderer.prompt_ids(messages, self.tools)
         return self._ids + delta
+
+
+class _SamplingView(TokenPolicy):
+    """A policy that samples through another one with its own `SamplingConfig`."""
+
+    def __init__(self, parent: TokenPolicy, sampling: SamplingConfig) -> None:
+        super().__init__(sampling, parent.rollout_mode)
+        self._parent = parent
+        self._modes = parent._modes
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        return self._parent.renderer
+
+    async def generate_ids(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> Completion:
+        return await self._parent.generate_ids(
+            prompt_ids, max_tokens=max_tokens, seed=seed, sampling=sampling or self.sampling
+        )
 
 
 def probe_conversation(tools: list[dict[str, Any]]) -> list[Message]:

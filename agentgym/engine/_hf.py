@@ -74,7 +74,12 @@ class HFPolicy(TokenPolicy):
         return self._renderer
 
     async def generate_ids(
-        self, prompt_ids: list[int], *, max_tokens: int | None = None, seed: int | None = None
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
     ) -> Completion:
         """Sample one turn from exact prompt ids (in a thread: the caller's loop keeps going)."""
         room = self.max_model_len - len(prompt_ids)
@@ -82,13 +87,16 @@ class HFPolicy(TokenPolicy):
             raise ContextLengthError(
                 f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"
             )
-        limit = min(max_tokens or self.sampling.max_tokens, room)
-        return await asyncio.to_thread(self._sample, prompt_ids, limit, seed)
+        s = sampling or self.sampling
+        limit = min(max_tokens or s.max_tokens, room)
+        return await asyncio.to_thread(self._sample, prompt_ids, limit, seed, s)
 
-    def _sample(self, prompt_ids: list[int], max_tokens: int, seed: int | None) -> Completion:
+    def _sample(
+        self, prompt_ids: list[int], max_tokens: int, seed: int | None, s: SamplingConfig
+    ) -> Completion:
         import torch
 
-        s, tokenizer = self.sampling, self._renderer.tokenizer
+        tokenizer = self._renderer.tokenizer
         greedy = s.temperature == 0
         options: dict[str, Any] = {
             "max_new_tokens": max_tokens,

@@ -226,7 +226,12 @@ class VLLMPolicy(TokenPolicy):
 
     # ---- sampling -----------------------------------------------------------------------
     async def generate_ids(
-        self, prompt_ids: list[int], *, max_tokens: int | None = None, seed: int | None = None
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
     ) -> Completion:
         """Sample one turn from exact prompt ids with the current adapter version."""
         thread, _ = self._started()
@@ -235,35 +240,26 @@ class VLLMPolicy(TokenPolicy):
             raise ContextLengthError(
                 f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"
             )
-        limit = min(max_tokens or self.sampling.max_tokens, room)
+        sampling = sampling or self.sampling
+        limit = min(max_tokens or sampling.max_tokens, room)
         version = self.adapter_version
         self._in_flight[version] = self._in_flight.get(version, 0) + 1
         try:
-            return await thread.run(self._sample(prompt_ids, limit, version, seed))
+            return await thread.run(self._sample(prompt_ids, limit, version, seed, sampling))
         finally:
             self._in_flight[version] -= 1
 
     async def _sample(
-        self, prompt_ids: list[int], max_tokens: int, version: int, seed: int | None
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        version: int,
+        seed: int | None,
+        s: SamplingConfig,
     ) -> Completion:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        s = self.sampling
-        params = SamplingParams(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k if s.top_k > 0 else -1,
-            min_p=s.min_p,
-            max_tokens=max_tokens,
-            stop=list(s.stop) or None,
-            include_stop_str_in_output=True,
-            seed=seed,
-            logprobs=0,
-            skip_special_tokens=False,
-            spaces_between_special_tokens=False,
-            **s.extra,
-        )
+        params = self.sampling_params(max_tokens, seed, s)
         prompt = TokensPrompt(prompt_token_ids=prompt_ids, cache_salt=f"agentgym-v{version}")
         lora = self._lora_request(version)
         final = None
@@ -285,6 +281,28 @@ class VLLMPolicy(TokenPolicy):
             adapter_version=served,
         )
 
+    def sampling_params(
+        self, max_tokens: int, seed: int | None = None, sampling: SamplingConfig | None = None
+    ) -> Any:
+        """The vLLM ``SamplingParams`` a turn is sampled with (benchmarks submit the same)."""
+        from vllm import SamplingParams
+
+        s = sampling or self.sampling
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else -1,
+            min_p=s.min_p,
+            max_tokens=max_tokens,
+            stop=list(s.stop) or None,
+            include_stop_str_in_output=True,
+            seed=seed,
+            logprobs=0,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            **s.extra,
+        )
+
     # ---- LoRA versions ------------------------------------------------------------------
     def _lora_request(self, version: int) -> Any:
         if version == 0:
@@ -294,30 +312,38 @@ class VLLMPolicy(TokenPolicy):
         adapter = next(a for a in self.adapters if a.version == version)
         return LoRARequest(adapter.name, version, adapter.path)
 
-    def load_adapter(self, path: str | os.PathLike[str]) -> int:
-        """Load a PEFT adapter folder as the next version; new turns sample with it.
+    def load_adapter(self, path: str | os.PathLike[str], version: int | None = None) -> int:
+        """Load a PEFT adapter folder as a new version; new turns sample with it.
 
-        Returns the version number turns will record. The load is timed
-        (``adapters[-1].load_seconds``). Raises `ConfigError` when LoRA is not enabled.
+        ``version`` (default: the last one + 1) must be higher than every version loaded so
+        far: a resumed trainer continues its numbering. Returns the version turns will
+        record. The load is timed (``adapters[-1].load_seconds``). Raises `ConfigError` when
+        LoRA is not enabled or the folder is not a PEFT adapter.
         """
         if not self.enable_lora:
             raise ConfigError("load_adapter needs VLLMPolicy(..., enable_lora=True)")
         thread, _ = self._started()
-        return thread.submit(self._load(Path(path))).result()
+        return thread.submit(self._load(Path(path), version)).result()
 
-    async def aload_adapter(self, path: str | os.PathLike[str]) -> int:
+    async def aload_adapter(self, path: str | os.PathLike[str], version: int | None = None) -> int:
         """`load_adapter` from async code (does not block the caller's loop)."""
         if not self.enable_lora:
             raise ConfigError("load_adapter needs VLLMPolicy(..., enable_lora=True)")
         thread, _ = self._started()
-        return await thread.run(self._load(Path(path)))
+        return await thread.run(self._load(Path(path), version))
 
-    async def _load(self, path: Path) -> int:
+    async def _load(self, path: Path, version: int | None) -> int:
         from vllm.lora.request import LoRARequest
 
         if not (path / "adapter_config.json").is_file():
             raise ConfigError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
-        version = (self.adapters[-1].version if self.adapters else 0) + 1
+        last = self.adapters[-1].version if self.adapters else 0
+        version = last + 1 if version is None else version
+        if version <= last:
+            raise ConfigError(
+                f"adapter version {version} is not above the last one loaded ({last}); "
+                "every version needs a fresh number (vLLM would skip reloading it)"
+            )
         name = f"agentgym-v{version}"
         started = time.perf_counter()
         if not await self._engine.add_lora(LoRARequest(name, version, str(path))):

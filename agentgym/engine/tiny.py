@@ -43,8 +43,9 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 #: Added tokens that stay in decoded text (as in Qwen2.5, so tool calls survive decoding).
 TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 
+
 def chat_template(tools_style: str = "full") -> str:
-    """The ChatML chat template (Qwen2.5 style), with tools rendered in the system turn.
+    r"""The ChatML chat template (Qwen2.5 style), with tools rendered in the system turn.
 
     Args:
         tools_style: ``"full"`` renders each tool schema as JSON plus the call-format

@@ -1,0 +1,83 @@
+"""Group advantages: TRL's arithmetic, infra_error exclusion, zero-variance reporting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from agentgym.trainers._advantages import (
+    STD_EPS,
+    group_advantages,
+    trajectory_advantages,
+    unbiased_std,
+)
+
+from agentgym import Trajectory
+
+
+def test_group_scaling_matches_the_formula() -> None:
+    result = group_advantages([1.0, 0.0, 0.0, 3.0, 1.0], ["a", "a", "a", "b", "b"], ["ok"] * 5)
+    std_a = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)
+    assert result.values[0] == pytest.approx((1 - 1 / 3) / (std_a + STD_EPS))
+    assert result.values[1] == pytest.approx((0 - 1 / 3) / (std_a + STD_EPS))
+    assert result.values[3] == pytest.approx(1 / (math.sqrt(2) + STD_EPS))
+    assert result.num_groups == 2 and result.zero_variance_groups == []
+
+
+def test_batch_and_none_scaling() -> None:
+    rewards, groups = [1.0, 0.0, 4.0, 2.0], [0, 0, 1, 1]
+    batch = group_advantages(rewards, groups, ["ok"] * 4, "batch")
+    scale = unbiased_std(rewards) + STD_EPS
+    assert batch.values == pytest.approx([0.5 / scale, -0.5 / scale, 1 / scale, -1 / scale])
+    assert group_advantages(rewards, groups, ["ok"] * 4, "none").values == [0.5, -0.5, 1, -1]
+
+
+def test_infra_error_does_not_change_its_groups_other_advantages() -> None:
+    rewards = [1.0, 0.0, 0.5]
+    clean = group_advantages(rewards, [0, 0, 0], ["ok", "ok", "ok"])
+    # the same group plus an infra_error episode that was (wrongly) scored 0
+    with_infra = group_advantages(rewards + [0.0], [0, 0, 0, 0], ["ok", "ok", "ok", "infra_error"])
+    assert with_infra.values[:3] == clean.values
+    assert with_infra.values[3] is None
+    assert with_infra.kept == [0, 1, 2]
+    assert with_infra.num_infra_error == 1
+
+
+def test_error_episodes_are_scored_and_counted() -> None:
+    result = group_advantages([1.0, 0.0], [0, 0], ["ok", "error"])
+    assert result.values[1] is not None and result.values[1] < 0
+    assert result.num_error == 1
+    assert result.metrics()["rollout/error_episodes"] == 1.0
+
+
+def test_zero_variance_and_singleton_groups_get_zero_and_are_reported() -> None:
+    result = group_advantages(
+        [1.0, 1.0, 0.0, 1.0, 0.3], ["same", "same", "mixed", "mixed", "alone"],
+        ["ok", "ok", "ok", "ok", "ok"],
+    )
+    assert result.values[:2] == [0.0, 0.0] and result.values[4] == 0.0
+    assert result.zero_variance_groups == ["same", "alone"]
+    assert result.metrics()["reward/frac_zero_variance_groups"] == pytest.approx(2 / 3)
+
+
+def test_a_group_of_only_infra_errors_trains_nothing() -> None:
+    result = group_advantages([0.0, 0.0], [5, 5], ["infra_error", "infra_error"])
+    assert result.values == [None, None]
+    assert result.zero_variance_groups == [5]
+
+
+def test_trajectories_group_by_task_position_then_index() -> None:
+    def episode(position: int | None, index: int | None, reward: float) -> Trajectory:
+        return Trajectory("calc", task_position=position, task_index=index, final_reward=reward)
+
+    # the same task index played at two positions makes two groups
+    result = trajectory_advantages([episode(0, 7, 1.0), episode(0, 7, 0.0), episode(1, 7, 1.0),
+                                    episode(1, 7, 1.0), episode(None, 3, 0.0)])
+    assert result.num_groups == 3
+    assert result.zero_variance_groups == [1, 3]
+    assert result.values[0] is not None and result.values[0] > 0
+
+
+def test_parallel_lists_must_match() -> None:
+    with pytest.raises(ValueError, match="parallel"):
+        group_advantages([1.0], [0, 0], ["ok"])

@@ -1,0 +1,117 @@
+"""GRPOConfig: defaults, every cross-field rule, YAML round trip, unknown keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentgym.trainers._config import VLLM_LORA_RANKS, GRPOConfig, parse_tasks
+
+from agentgym import ConfigError
+
+
+def test_defaults_are_valid_and_every_knob_is_documented() -> None:
+    config = GRPOConfig()
+    assert config.episodes_per_step == config.tasks_per_step * config.num_generations
+    for f in dataclasses.fields(GRPOConfig):
+        assert len(f.metadata["help"]) > 20, f.name
+        assert f"{f.name}:" in (GRPOConfig.__doc__ or ""), f.name
+
+
+@pytest.mark.parametrize(
+    ("knobs", "fragment"),
+    [
+        ({"epsilon_high": 0.1}, "epsilon_high=0.1 is below epsilon=0.2"),
+        ({"epsilon": 1.0}, "epsilon=1.0 must be in (0, 1)"),
+        ({"num_generations": 1}, "num_generations=1"),
+        ({"lora_r": 4}, "lora_r=4 cannot be served by vLLM"),
+        ({"lora_target_modules": ["q_proj", "lm_head"]}, "['lm_head']"),
+        ({"loss_type": "bnpo"}, "loss_type='bnpo'"),
+        ({"scale_rewards": True}, "scale_rewards=True"),
+        ({"learning_rate": "fast"}, "learning_rate='fast' (str)"),
+        ({"temperature": 0.0}, "temperature=0.0"),
+        ({"top_p": 0.0}, "top_p=0.0"),
+        ({"beta": -0.1}, "beta=-0.1"),
+        ({"eval_tasks": "50:150"}, "share 50 tasks (first: 100)"),
+        ({"train_tasks": "5:5"}, "train_tasks='5:5'"),
+        ({"eval_num_tasks": 101}, "eval_num_tasks=101"),
+        ({"tasks_per_step": 2000}, "tasks_per_step=2000 exceeds"),
+        ({"device": "cpu", "dtype": "float16"}, "dtype='float16' with device='cpu'"),
+        ({"device": "cpu", "load_in_4bit": True}, "load_in_4bit=True"),
+        ({"gradient_accumulation_steps": 33}, "gradient_accumulation_steps=33"),
+        ({"report_to": ["none", "wandb"]}, "report_to="),
+        ({"eval_steps": 0}, "eval_steps=0"),
+        ({"episode_deadline_s": 0}, "episode_deadline_s=0"),
+        ({"vllm_importance_sampling_clip_max": 0.0}, "vllm_importance_sampling_clip_max=0.0"),
+    ],
+)
+def test_bad_knobs_raise_one_line_with_value_and_fix(knobs: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig(**knobs)
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_every_vllm_rank_is_accepted() -> None:
+    assert [GRPOConfig(lora_r=r).lora_r for r in VLLM_LORA_RANKS] == list(VLLM_LORA_RANKS)
+
+
+def test_sequence_level_with_token_sum_loss_warns_like_trl() -> None:
+    with pytest.warns(UserWarning, match="GSPO"):
+        GRPOConfig(importance_sampling_level="sequence", loss_type="dapo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GRPOConfig(importance_sampling_level="sequence", loss_type="grpo")
+
+
+def test_truncated_sampling_warns_that_is_weights_are_biased() -> None:
+    with pytest.warns(UserWarning, match="biased"):
+        GRPOConfig(top_p=0.9)
+
+
+def test_unknown_key_suggests_the_close_knob() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
+        GRPOConfig.from_dict({"learning_rat": 1e-5})
+
+
+def test_deprecated_trl_name_is_forwarded() -> None:
+    with pytest.warns(FutureWarning, match="vllm_importance_sampling_clip_max"):
+        config = GRPOConfig.from_dict({"vllm_importance_sampling_cap": 2.0})
+    assert config.vllm_importance_sampling_clip_max == 2.0
+
+
+def test_yaml_round_trip_and_yaml_1_1_float_strings(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    # PyYAML reads 1e-5 as the string '1e-5'; the config still gets a float
+    path.write_text("learning_rate: 1e-5\nloss_type: grpo\nlora_r: 8\nreport_to: none\n")
+    config = GRPOConfig.from_yaml(path, overrides={"seed": 7})
+    assert (config.learning_rate, config.loss_type, config.lora_r) == (1e-5, "grpo", 8)
+    assert (config.seed, config.report_to) == (7, ["none"])
+    assert GRPOConfig.from_dict(config.to_dict()) == config
+
+
+def test_yaml_that_is_not_a_mapping_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        GRPOConfig.from_yaml(path)
+    with pytest.raises(ConfigError, match="cannot read config"):
+        GRPOConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+def test_mutable_defaults_are_not_shared() -> None:
+    first, second = GRPOConfig(), GRPOConfig()
+    first.env_kwargs["num_tasks"] = 10
+    assert second.env_kwargs == {}
+
+
+def test_parse_tasks() -> None:
+    assert parse_tasks("2:5") == [2, 3, 4]
+    assert parse_tasks([7, 3]) == [7, 3]
+    for bad in ("5", "a:b", "3:1", [1, 1], [-1]):
+        with pytest.raises(ConfigError):
+            parse_tasks(bad)

@@ -1,0 +1,272 @@
+"""The GRPO loss: pieces on hand-made tensors, then agreement with TRL 1.16 on the same batch.
+
+The agreement test builds a real `trl.GRPOTrainer` on the tiny Qwen2 model and calls its
+``_compute_loss(model, inputs)`` with a hand-built batch (prompt/completion ids, masks with an
+env-token span, advantages, perturbed old logprobs, reference logprobs, IS weights); our
+`grpo_loss` gets the same batch through `token_logprobs` on the same model. Loss values and
+the gradients they induce on every weight must agree (float32, tolerances below).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.conftest import require
+
+#: float32 on both sides; TRL's fused LM head sums in tiles, so allow rounding differences.
+#: Measured on the tiny model: |loss diff| <= 3e-8, |grad diff| <= 2e-7 over all 24 cases.
+LOSS_RTOL, LOSS_ATOL = 1e-6, 1e-7
+GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-6
+
+
+@pytest.fixture(scope="module")
+def lm() -> ModuleType:
+    """`agentgym.trainers._loss`, once torch is known to be importable."""
+    require("torch")
+    return importlib.import_module("agentgym.trainers._loss")
+
+
+def spec(lm: ModuleType, **knobs: Any) -> Any:
+    return lm.LossSpec(**{"epsilon_low": 0.2, "epsilon_high": 0.2, **knobs})
+
+
+# --- pieces ------------------------------------------------------------------------------------
+
+
+def test_token_logprobs_align_with_input_ids_and_use_temperature(lm: ModuleType) -> None:
+    torch = lm.torch
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]])
+    ids = torch.tensor([[2, 0, 1]])
+    logps = lm.token_logprobs(logits, ids, temperature=0.5)
+    expected_1 = 4.0 - math.log(math.exp(4.0) + 2)  # id 0 under logits[0] / 0.5
+    expected_2 = 2.0 - math.log(math.exp(2.0) + 2)  # id 1 under logits[1] / 0.5
+    assert logps.tolist()[0] == pytest.approx([0.0, expected_1, expected_2], abs=1e-6)
+    entropy = lm.token_entropy(logits, temperature=1.0)
+    p = torch.softmax(logits[0, 1], -1)
+    assert entropy[0, 2].item() == pytest.approx(-(p * p.log()).sum().item(), abs=1e-6)
+    assert entropy[0, 0].item() == 0.0
+
+
+def test_importance_weights_truncate_and_ignore_unscored_tokens(lm: ModuleType) -> None:
+    torch = lm.torch
+    old = torch.tensor([[0.0, -1.0, -1.0, -2.0, -1.0]])
+    engine = torch.tensor([[float("nan"), -1.5, -3.0, float("nan"), -0.5]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0]])
+    weights = lm.importance_weights(old, engine, mask, cap=3.0)
+    assert weights.tolist()[0] == pytest.approx([1.0, math.exp(0.5), 3.0, 1.0, 1.0])
+
+
+def test_sequence_level_ratio_is_the_masked_mean_log_ratio(lm: ModuleType) -> None:
+    torch = lm.torch
+    logps = torch.tensor([[-1.0, -1.0, -5.0]])
+    old = torch.tensor([[-1.2, -1.6, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    log_ratio = lm.log_policy_ratio(logps, old, mask, "sequence")
+    assert log_ratio.shape == (1, 1)
+    assert log_ratio.item() == pytest.approx(0.4)
+
+
+def test_clipping_bounds_and_metrics(lm: ModuleType) -> None:
+    torch = lm.torch
+    # ratios 1.5, 0.5, 1.0: a high ratio is clipped only for A > 0, a low one only for A < 0
+    logps = torch.log(torch.tensor([[1.5, 0.5, 1.0]]))
+    old = torch.zeros(1, 3)
+    s = spec(lm, loss_type="dapo", epsilon_high=0.28)
+    ratio = torch.exp(logps - old)
+    positive = lm.clipped_objective(ratio, torch.tensor([[1.0]]), 0.2, 0.28)
+    negative = lm.clipped_objective(ratio, torch.tensor([[-1.0]]), 0.2, 0.28)
+    assert positive.tolist()[0] == pytest.approx([-1.28, -0.5, -1.0])
+    assert negative.tolist()[0] == pytest.approx([1.5, 0.8, 1.0])
+    # per-token advantages of mixed sign through the full loss: one high, one low clip
+    out = lm.grpo_loss(logps[:, :2].repeat(2, 1), torch.tensor([1.0, -1.0]),
+                       torch.tensor([[1.0, 0.0], [0.0, 1.0]]), s, old_logps=old[:, :2].repeat(2, 1))
+    assert out.metrics["loss/clip_ratio_high"] == pytest.approx(0.5)
+    assert out.metrics["loss/clip_ratio_low"] == pytest.approx(0.5)
+    assert out.metrics["loss/clip_ratio_region"] == pytest.approx(1.0)
+    assert out.loss.item() == pytest.approx((-1.28 * 1 + 0.8 * 1) / 2)
+
+
+def test_masked_tokens_never_reach_the_loss(lm: ModuleType) -> None:
+    torch = lm.torch
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    logps = torch.tensor([[-1.0, -2.0, -3.0, -4.0]], requires_grad=True)
+    for loss_type in ("grpo", "dr_grpo", "dapo"):
+        out = lm.grpo_loss(logps, torch.tensor([1.0]), mask, spec(lm, loss_type=loss_type,
+                           beta=0.1, length_norm=4), ref_logps=torch.full((1, 4), -2.5))
+        (grad,) = torch.autograd.grad(out.loss, logps)
+        assert grad[0, 0].item() == 0.0 and grad[0, 3].item() == 0.0, loss_type
+        assert grad[0, 1].item() != 0.0, loss_type
+
+
+def test_aggregation_normalisers_for_gradient_accumulation(lm: ModuleType) -> None:
+    torch = lm.torch
+    per_token = torch.tensor([[1.0, 1.0, 0.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert lm.aggregate(per_token, mask, spec(lm, loss_type="grpo")).item() == 2.0
+    assert lm.aggregate(per_token, mask, spec(lm, loss_type="dapo")).item() == pytest.approx(5 / 3)
+    dr = spec(lm, loss_type="dr_grpo", length_norm=10)
+    assert lm.aggregate(per_token, mask, dr).item() == pytest.approx(5 / 20)
+    # two micro-batches with the step's totals sum to the whole batch's loss
+    for s in (spec(lm, loss_type="grpo"), spec(lm, loss_type="dapo"), dr):
+        whole = lm.aggregate(per_token, mask, s)
+        parts = sum(lm.aggregate(per_token[i:i + 1], mask[i:i + 1], s, num_sequences=2,
+                                 num_items=3) for i in range(2))
+        assert parts.item() == pytest.approx(whole.item())
+
+
+def test_sampling_metrics_report_weights_and_drift(lm: ModuleType) -> None:
+    torch = lm.torch
+    logps = torch.tensor([[0.0, -1.0, -2.0]])
+    engine = torch.tensor([[float("nan"), -1.5, -1.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    out = lm.grpo_loss(logps, torch.tensor([1.0]), mask, spec(lm), engine_logps=engine)
+    assert out.metrics["sampling/logprob_drift_max"] == pytest.approx(1.0)
+    assert out.metrics["sampling/logprob_drift_mean"] == pytest.approx(0.75)
+    assert out.metrics["sampling/is_ratio_max"] == pytest.approx(math.exp(0.5))
+    assert out.metrics["sampling/is_ratio_min"] == pytest.approx(math.exp(-1.0))
+    off = lm.grpo_loss(logps, torch.tensor([1.0]), mask, spec(lm, is_correction=False),
+                       engine_logps=engine)
+    assert "sampling/is_ratio_max" not in off.metrics
+    assert off.loss.item() != pytest.approx(out.loss.item())
+
+
+def test_kl_needs_reference_logprobs(lm: ModuleType) -> None:
+    torch = lm.torch
+    with pytest.raises(ValueError, match="ref_logps"):
+        lm.grpo_loss(torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), spec(lm, beta=0.1))
+
+
+def test_spec_from_config_resolves_epsilon_high_and_length_norm(lm: ModuleType) -> None:
+    from agentgym.trainers._config import GRPOConfig
+
+    config = GRPOConfig(max_completion_length=32, loss_type="dr_grpo")
+    resolved = lm.LossSpec.from_config(config, max_turns=4)
+    assert (resolved.epsilon_high, resolved.length_norm, resolved.is_cap) == (0.2, 128, 3.0)
+
+
+# --- agreement with TRL 1.16 ---------------------------------------------------------------------
+
+TEMPERATURE = 0.7
+PROMPT_LEN, COMPLETION_LEN = 5, 6
+
+
+@pytest.fixture(scope="module")
+def trl_trainer(lm: ModuleType, tiny_model_dir: Any, tmp_path_factory: Any) -> Any:
+    """A TRL GRPOTrainer on the tiny model; knobs are switched per case on the instance."""
+    trl = require("trl")
+    datasets = require("datasets")
+    transformers = require("transformers")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    torch = lm.torch
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("trl")), per_device_train_batch_size=4,
+        num_generations=2, max_completion_length=COMPLETION_LEN, temperature=TEMPERATURE,
+        report_to="none", use_cpu=True, bf16=False, logging_steps=1,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
+        train_dataset=datasets.Dataset.from_dict({"prompt": ["a", "b"]}),
+        processing_class=tokenizer,
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def _batch(lm: ModuleType, model: Any) -> SimpleNamespace:
+    """Two groups of two: a left-padded prompt, ragged completions, an env-token span."""
+    torch = lm.torch
+    g = torch.Generator().manual_seed(1)
+    prompt_ids = torch.randint(0, 250, (4, PROMPT_LEN), generator=g)
+    prompt_mask = torch.ones(4, PROMPT_LEN, dtype=torch.long)
+    prompt_mask[1, :2] = 0  # left padding, as TRL pads prompts
+    completion_ids = torch.randint(0, 250, (4, COMPLETION_LEN), generator=g)
+    completion_mask = torch.ones(4, COMPLETION_LEN, dtype=torch.long)
+    completion_mask[2, 4:] = 0  # a shorter completion, right-padded
+    completion_mask[3, 2:] = 0
+    tool_mask = torch.ones(4, COMPLETION_LEN, dtype=torch.long)
+    tool_mask[0, 2:4] = 0  # env/tool tokens inside an episode
+    input_ids = torch.cat([prompt_ids, completion_ids], 1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], 1)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        current = lm.token_logprobs(logits, input_ids, TEMPERATURE)[:, PROMPT_LEN:]
+
+    def noise(scale: float) -> Any:
+        return scale * torch.randn(current.shape, generator=g)
+
+    return SimpleNamespace(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+        completion_mask=completion_mask, tool_mask=tool_mask, input_ids=input_ids,
+        attention_mask=attention_mask,
+        advantages=torch.tensor([1.0, -1.0, 0.7, -0.7]),
+        # far enough from current that both clip bounds bite, per token and per sequence
+        old=current + noise(0.3) + torch.tensor([[-0.4], [0.4], [0.0], [0.0]]),
+        engine=current + noise(0.5),
+        ref=current + noise(0.2),
+    )
+
+
+def _trl_inputs(lm: ModuleType, b: SimpleNamespace, s: Any) -> dict[str, Any]:
+    mask = b.completion_mask * b.tool_mask
+    weights = lm.importance_weights(b.old, b.engine, mask.float(), s.is_cap)
+    return {
+        "prompt_ids": b.prompt_ids, "prompt_mask": b.prompt_mask,
+        "completion_ids": b.completion_ids, "completion_mask": b.completion_mask,
+        "tool_mask": b.tool_mask, "advantages": b.advantages, "old_per_token_logps": b.old,
+        "ref_per_token_logps": b.ref, "importance_sampling_ratio": weights,
+        "num_items_in_batch": mask.sum(),
+    }
+
+
+def _ours(lm: ModuleType, model: Any, b: SimpleNamespace, s: Any, with_is: bool) -> Any:
+    torch = lm.torch
+    pad = torch.zeros(4, PROMPT_LEN)
+    mask = torch.cat([pad, (b.completion_mask * b.tool_mask).float()], 1)
+    logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+    return lm.grpo_loss(
+        lm.token_logprobs(logits, b.input_ids, TEMPERATURE), b.advantages, mask, s,
+        old_logps=torch.cat([pad, b.old], 1),
+        engine_logps=torch.cat([pad, b.engine], 1) if with_is else None,
+        ref_logps=torch.cat([pad, b.ref], 1),
+    )
+
+
+def _grads(lm: ModuleType, model: Any, loss: Any) -> list[Any]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return list(lm.torch.autograd.grad(loss, params))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_is", [False, True], ids=["no_is", "is"])
+@pytest.mark.parametrize("beta", [0.0, 0.04], ids=["no_kl", "kl"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_loss_and_gradients_agree_with_trl(
+    lm: ModuleType, trl_trainer: Any, loss_type: str, level: str, beta: float, with_is: bool
+) -> None:
+    s = spec(lm, loss_type=loss_type, importance_sampling_level=level, epsilon_high=0.28,
+             beta=beta, length_norm=COMPLETION_LEN)
+    trainer, model = trl_trainer, trl_trainer.model
+    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, level, beta
+    trainer.epsilon_low, trainer.epsilon_high = s.epsilon_low, s.epsilon_high
+    trainer.use_vllm = with_is  # TRL applies inputs["importance_sampling_ratio"] only then
+    trainer.vllm_importance_sampling_correction = True
+    batch = _batch(lm, model)
+
+    theirs = trainer._compute_loss(model, _trl_inputs(lm, batch, s))
+    ours = _ours(lm, model, batch, s, with_is)
+
+    assert ours.metrics["loss/clip_ratio_region"] > 0  # the case exercises clipping
+    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
+    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
+        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)

@@ -1,0 +1,118 @@
+"""Samples: env/tool tokens carry no loss, per-turn fallback on rewritten history, collation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from agentgym.trainers._samples import (
+    build_samples,
+    collate,
+    episode_samples,
+    rollout_mode_metrics,
+)
+
+from agentgym import Trajectory, Turn
+from agentgym._trajectory import PrefixMismatchError
+from tests.conftest import require
+
+SYSTEM = [1, 2, 3]
+TOOL_RESULT = [60, 61, 62]  # env tokens: the tool's answer wrapped in the template
+
+
+def _turn(prompt: list[int], completion: list[int], mask: list[int] | None = None) -> Turn:
+    logprobs = [-0.1 * (i + 1) for i in range(len(completion))]
+    return Turn(prompt_ids=prompt, completion_ids=completion, logprobs=logprobs,
+                completion_mask=mask)
+
+
+def tool_episode() -> Trajectory:
+    """Turn 0 calls a tool; turn 1's prompt is turn 0's tokens + the tool result."""
+    first = _turn(SYSTEM, [10, 11, 12])
+    second = _turn(SYSTEM + [10, 11, 12] + TOOL_RESULT, [20, 21])
+    return Trajectory("calc", turns=[first, second], final_reward=1.0)
+
+
+def rewritten_episode() -> Trajectory:
+    """Turn 1's prompt drops part of turn 0's completion (like Qwen3 dropping <think>)."""
+    first = _turn(SYSTEM, [10, 11, 12])
+    second = _turn(SYSTEM + [12] + TOOL_RESULT, [20, 21])
+    return Trajectory("calc", turns=[first, second], final_reward=0.0)
+
+
+def test_concat_masks_exactly_the_env_and_prompt_tokens() -> None:
+    [sample] = episode_samples(tool_episode(), 0.5, "concat")
+    assert sample.input_ids == SYSTEM + [10, 11, 12] + TOOL_RESULT + [20, 21]
+    trained = [tok for tok, m in zip(sample.input_ids, sample.loss_mask) if m]
+    untrained = [tok for tok, m in zip(sample.input_ids, sample.loss_mask) if not m]
+    assert trained == [10, 11, 12, 20, 21]
+    assert untrained == SYSTEM + TOOL_RESULT
+    # engine logprobs sit on the sampled tokens only
+    assert [lp is not None for lp in sample.engine_logprobs] == [bool(m) for m in sample.loss_mask]
+    assert sample.engine_logprobs[-2:] == pytest.approx([-0.1, -0.2])
+    assert (sample.advantage, sample.turn) == (0.5, None)
+
+
+def test_env_forced_completion_tokens_carry_no_loss() -> None:
+    trajectory = Trajectory("calc", turns=[_turn(SYSTEM, [10, 99, 11], mask=[1, 0, 1])])
+    for mode in ("concat", "per_turn"):
+        [sample] = episode_samples(trajectory, 1.0, mode)
+        assert sample.loss_mask == [0, 0, 0, 1, 0, 1]
+
+
+def test_auto_falls_back_to_per_turn_on_rewritten_history() -> None:
+    samples = episode_samples(rewritten_episode(), -1.0, "auto", episode=3)
+    assert [s.turn for s in samples] == [0, 1]
+    assert all(s.advantage == -1.0 and s.episode == 3 for s in samples)
+    second = samples[1]
+    assert second.input_ids == SYSTEM + [12] + TOOL_RESULT + [20, 21]
+    assert second.loss_mask == [0] * 7 + [1, 1]
+    with pytest.raises(PrefixMismatchError):
+        episode_samples(rewritten_episode(), -1.0, "concat")
+
+
+def test_auto_keeps_concat_when_the_prefix_holds() -> None:
+    assert [s.turn for s in episode_samples(tool_episode(), 1.0, "auto")] == [None]
+    assert [s.turn for s in episode_samples(tool_episode(), 1.0, "per_turn")] == [0, 1]
+
+
+def test_build_samples_skips_dropped_episodes_and_reports_modes() -> None:
+    samples = build_samples([tool_episode(), rewritten_episode(), tool_episode()],
+                            [1.0, -1.0, None])
+    assert [(s.episode, s.turn) for s in samples] == [(0, None), (1, 0), (1, 1)]
+    metrics = rollout_mode_metrics(samples)
+    assert metrics["rollout/per_turn_episodes"] == 1.0
+    assert metrics["rollout/trained_tokens"] == 5 + 3 + 2
+    with pytest.raises(ValueError, match="one advantage per trajectory"):
+        build_samples([tool_episode()], [])
+
+
+def test_turns_without_trained_tokens_are_left_out() -> None:
+    trajectory = Trajectory("calc", turns=[_turn(SYSTEM, [10], mask=[0]), _turn([5], [6])])
+    assert [s.turn for s in episode_samples(trajectory, 1.0, "per_turn")] == [1]
+
+
+def test_missing_token_ids_are_an_error() -> None:
+    with pytest.raises(ValueError, match="no token ids"):
+        episode_samples(Trajectory("calc", turns=[Turn(text="hi")]), 1.0, "per_turn")
+
+
+def test_collate_right_pads_with_neutral_values() -> None:
+    require("torch")
+    samples = build_samples([tool_episode(), rewritten_episode()], [1.0, -1.0], "auto")
+    batch = collate(samples, pad_token_id=0)
+    width = len(samples[0].input_ids)
+    assert batch.input_ids.shape == (3, width)
+    short = len(samples[1].input_ids)
+    assert batch.input_ids[1, short:].tolist() == [0] * (width - short)
+    assert batch.attention_mask[1].tolist() == [1] * short + [0] * (width - short)
+    assert batch.loss_mask[1].tolist() == [float(m) for m in samples[1].loss_mask] + [0.0] * (
+        width - short)
+    assert all(math.isnan(v) for v in batch.engine_logprobs[1, short:].tolist())
+    assert math.isnan(batch.engine_logprobs[0, 0].item())
+    assert batch.engine_logprobs[0, 3].item() == pytest.approx(-0.1)
+    assert batch.advantages.tolist() == [1.0, -1.0, -1.0]
+    assert batch.num_items == 5 + 3 + 2
+    assert [part.input_ids.shape[0] for part in batch.split(2)] == [2, 1]
+    with pytest.raises(ValueError, match="empty"):
+        collate([])

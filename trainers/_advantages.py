@@ -1,0 +1,155 @@
+"""Group-normalised advantages over episodes, in plain Python (no torch).
+
+GRPO's baseline is the mean reward of the other episodes of the same task (the group). What
+enters that baseline matters more than the formula:
+
+- ``infra_error`` episodes (model backend or sandbox failed) say nothing about the policy:
+  they are left out of their group's statistics entirely and get no advantage (``None``,
+  dropped from training). Scoring them 0 would punish the policy for a crashed container.
+- ``error`` episodes (the env, a tool loop or a reward function raised) are kept: the reward
+  they got is data about the policy's behaviour. They are counted so a rise is visible.
+- Groups whose kept rewards are all equal (zero variance, or a single kept episode) carry no
+  learning signal: their advantages are 0 and their keys are reported.
+
+The arithmetic matches TRL 1.16: group mean baseline; std is the unbiased (n - 1) std of the
+group (``scale_rewards="group"``) or of every kept reward of the step (``"batch"``); the
+advantage is ``(r - mean) / (std + 1e-4)``, or ``r - mean`` for ``"none"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from agentgym._trajectory import Status, Trajectory
+
+from ._config import ScaleRewards
+
+#: Added to the std before dividing, as TRL does, so near-constant groups do not explode.
+STD_EPS = 1e-4
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """One advantage per episode (None = dropped) and what the step's groups looked like."""
+
+    values: list[float | None]
+    #: Keys of groups with no learning signal (equal kept rewards, or fewer than 2 kept).
+    zero_variance_groups: list[Hashable] = field(default_factory=list)
+    num_groups: int = 0
+    num_infra_error: int = 0
+    num_error: int = 0
+
+    @property
+    def kept(self) -> list[int]:
+        """Indices of episodes that train (advantage not None)."""
+        return [i for i, v in enumerate(self.values) if v is not None]
+
+    def metrics(self) -> dict[str, float]:
+        """Namespaced step metrics: group counts and the error tallies."""
+        return {
+            "reward/groups": float(self.num_groups),
+            "reward/zero_variance_groups": float(len(self.zero_variance_groups)),
+            "reward/frac_zero_variance_groups": (
+                len(self.zero_variance_groups) / self.num_groups if self.num_groups else 0.0
+            ),
+            "rollout/infra_error_episodes": float(self.num_infra_error),
+            "rollout/error_episodes": float(self.num_error),
+        }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def unbiased_std(values: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1); 0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _kept_by_group(
+    rewards: Sequence[float], groups: Sequence[Hashable], statuses: Sequence[Status]
+) -> dict[Hashable, list[int]]:
+    """Episode indices per group key, first-seen order, ``infra_error`` episodes left out."""
+    members: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(groups):
+        indices = members.setdefault(key, [])
+        if statuses[i] != "infra_error":
+            indices.append(i)
+    return members
+
+
+def group_advantages(
+    rewards: Sequence[float],
+    groups: Sequence[Hashable],
+    statuses: Sequence[Status],
+    scale_rewards: ScaleRewards = "group",
+) -> Advantages:
+    """Advantages for parallel lists of episode rewards, group keys and statuses.
+
+    Args:
+        rewards: each episode's scalar reward (ignored for ``infra_error`` episodes).
+        groups: each episode's group key (e.g. its task index); any hashable.
+        statuses: each episode's `agentgym.Trajectory` status.
+        scale_rewards: ``group`` | ``batch`` | ``none`` (see the module docstring).
+
+    Raises:
+        ValueError: the three sequences differ in length.
+    """
+    if not len(rewards) == len(groups) == len(statuses):
+        raise ValueError(
+            f"rewards, groups and statuses must be parallel lists, got lengths "
+            f"{len(rewards)}, {len(groups)}, {len(statuses)}"
+        )
+    members = _kept_by_group(rewards, groups, statuses)
+    kept_rewards = [rewards[i] for indices in members.values() for i in indices]
+    batch_std = unbiased_std(kept_rewards)
+    values: list[float | None] = [None] * len(rewards)
+    flat: list[Hashable] = []
+    for key, indices in members.items():
+        group = [rewards[i] for i in indices]
+        std = unbiased_std(group)
+        if len(group) < 2 or math.isclose(std, 0.0, abs_tol=1e-12):
+            flat.append(key)
+            for i in indices:
+                values[i] = 0.0
+            continue
+        mean = _mean(group)
+        scale = {"group": std + STD_EPS, "batch": batch_std + STD_EPS, "none": 1.0}[scale_rewards]
+        for i in indices:
+            values[i] = (rewards[i] - mean) / scale
+    return Advantages(
+        values=values,
+        zero_variance_groups=flat,
+        num_groups=len(members),
+        num_infra_error=sum(s == "infra_error" for s in statuses),
+        num_error=sum(s == "error" for s in statuses),
+    )
+
+
+def group_key(trajectory: Trajectory) -> Hashable:
+    """The group an episode belongs to within one rollout call.
+
+    Its ``task_position`` (the slot of its task in the list the rollout played, so a task
+    listed twice makes two groups), else its ``task_index``, else its task rendered as text.
+    """
+    for key in (trajectory.task_position, trajectory.task_index):
+        if key is not None:
+            return key
+    return repr(trajectory.task)
+
+
+def trajectory_advantages(
+    trajectories: Sequence[Trajectory], scale_rewards: ScaleRewards = "group"
+) -> Advantages:
+    """`group_advantages` over trajectories: reward = ``total_reward``, grouped by `group_key`."""
+    return group_advantages(
+        [t.total_reward for t in trajectories],
+        [group_key(t) for t in trajectories],
+        [t.status for t in trajectories],
+        scale_rewards,
+    )

@@ -1,0 +1,53 @@
+"""`agentgym train CONFIG.yaml`: the trainer's command, mounted by `agentgym.cli`.
+
+Config problems (unknown keys, bad values, an env that does not exist, a model without a
+chat template) are `ConfigError`s raised before any model loads; the CLI prints them as one
+line and exits 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+
+from agentgym._errors import ConfigError
+
+console = Console()
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs, values parsed as YAML (``max_steps=5``, ``report_to=[none]``)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set takes key=value, got {pair!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def train(
+    config: Annotated[Path, typer.Argument(help="A GRPOConfig YAML file.")],
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in output_dir from its checkpoint.")
+    ] = False,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a config key: --set max_steps=5 (repeatable)."),
+    ] = None,
+) -> None:
+    """Train a LoRA adapter with GRPO on vLLM rollouts (SFT warm start first if configured)."""
+    from ._config import GRPOConfig
+    from ._grpo import GRPOTrainer
+
+    if not config.is_file():
+        raise ConfigError(f"config file {config} does not exist")
+    cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
+    figures = GRPOTrainer(cfg, resume=resume).train()
+    for name, value in figures.items():
+        console.print(f"{name}: {value:.3f}")
+    console.print(f"run folder: {cfg.output_dir}")

@@ -1,0 +1,591 @@
+"""`GRPOConfig`: every knob of a GRPO + LoRA run, checked before anything loads.
+
+Names follow TRL's `trl.GRPOConfig` where they mean the same thing (``learning_rate``,
+``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ``scale_rewards`` ...), so a TRL user
+can carry a config over; the rest are ours (env, tasks, multi-turn, LoRA sync, stragglers).
+
+Each field's help text lives once, in its ``metadata["help"]``; the class docstring is built
+from it, so ``help(GRPOConfig)`` and the saved docs cannot drift apart.
+
+Example::
+
+    config = GRPOConfig.from_yaml("configs/quickstart.yaml")
+    config = GRPOConfig(model="tiny", env="calculator", loss_type="grpo", lora_r=8)
+    yaml.safe_dump(config.to_dict())   # the resolved config, saved next to each checkpoint
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import types
+import typing
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from agentgym._errors import ConfigError
+
+LossType = Literal["grpo", "dr_grpo", "dapo"]
+ImportanceSamplingLevel = Literal["token", "sequence"]
+ScaleRewards = Literal["group", "batch", "none"]
+RolloutMode = Literal["auto", "concat", "per_turn"]
+LatePolicy = Literal["drop", "drop_group"]
+Device = Literal["auto", "cpu", "cuda"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+#: LoRA ranks vLLM can serve (``max_lora_rank`` choices in ``vllm/config/lora.py``).
+VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: Modules vLLM cannot hot-load as LoRA targets, so an adapter on them cannot be synced alone.
+_UNSERVABLE_TARGETS = frozenset({"lm_head", "embed_tokens"})
+REPORT_TO = ("auto", "none", "tensorboard", "trackio", "wandb")
+#: Deprecated TRL names accepted by `from_dict`, mapped to the current TRL name.
+_RENAMED = {"vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max"}
+
+
+def _knob(default: Any, help: str) -> Any:
+    """A dataclass field with its help text; mutable defaults are copied per instance."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=functools.partial(type(default), default),
+                     metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def parse_tasks(spec: str | list[int], name: str = "tasks") -> list[int]:
+    """Task indices from ``"start:stop"`` (half-open, like ``range``) or an explicit list.
+
+    Raises:
+        ConfigError: malformed, empty, negative or duplicated indices.
+    """
+    if isinstance(spec, str):
+        start, sep, stop = spec.partition(":")
+        try:
+            indices = list(range(int(start), int(stop))) if sep else []
+        except ValueError:
+            indices = []
+        if not sep or not indices:
+            raise ConfigError(
+                f"{name}={spec!r} is not a non-empty 'start:stop' range of task indices; "
+                "write e.g. '100:600' or a list of indices"
+            )
+    else:
+        indices = [int(i) for i in spec]
+    if not indices or min(indices) < 0 or len(set(indices)) != len(indices):
+        raise ConfigError(
+            f"{name}={spec!r} must hold at least one task index, all >= 0 and distinct; "
+            "fix the list or use a 'start:stop' range"
+        )
+    return indices
+
+
+@dataclass
+class GRPOConfig:
+    """Configuration of `GRPOTrainer` (and of the optional SFT warm start before it).
+
+    Units: lengths are tokens, times are seconds, steps are optimiser steps. One step plays
+    ``tasks_per_step`` tasks ``num_generations`` times each, scores them, and makes one
+    optimiser update per ``num_iterations``.
+    """
+
+    # --- model and env --------------------------------------------------------------------
+    model: str = _knob(
+        "tiny",
+        "Policy model: a local folder or a Hugging Face id (needs a chat template that renders "
+        "tools), or 'tiny' for the project's offline tiny model (`agentgym.engine.tiny`).",
+    )
+    env: str = _knob("calculator", "Env id or short name, as accepted by `agentgym.make`.")
+    env_kwargs: dict[str, Any] = _knob({}, "Keyword arguments for `agentgym.make(env, ...)`.")
+    train_tasks: str | list[int] = _knob(
+        "100:1100",
+        "Task indices trained on: 'start:stop' (half-open) or a list. The data order is a "
+        "shuffle of these by `seed`, reshuffled each pass; must not overlap `eval_tasks`.",
+    )
+    eval_tasks: str | list[int] = _knob(
+        "0:100",
+        "Held-out task indices for evaluation: 'start:stop' (half-open) or a list.",
+    )
+    eval_num_tasks: int | None = _knob(
+        None,
+        "Tasks played at each periodic eval: the first N of `eval_tasks` (the same ones every "
+        "time, so curves compare). None: all of them. The final eval always plays all.",
+    )
+    max_turns: int | None = _knob(
+        None,
+        "Assistant turns per episode before it is truncated. None: the env's own `max_turns`.",
+    )
+    chat_template_kwargs: dict[str, Any] = _knob(
+        {},
+        "Extra keyword arguments for the tokenizer's chat template (e.g. "
+        "{'enable_thinking': False} for Qwen3), used in rollouts and SFT alike.",
+    )
+
+    # --- generation (per turn) ------------------------------------------------------------
+    num_generations: int = _knob(
+        8, "Episodes per task in a group (G); advantages compare them. At least 2."
+    )
+    tasks_per_step: int = _knob(
+        4, "Distinct tasks per step; a step plays tasks_per_step * num_generations episodes."
+    )
+    max_completion_length: int = _knob(
+        256, "Most tokens the policy may generate in one turn (vLLM's max_tokens)."
+    )
+    max_episode_tokens: int | None = _knob(
+        None,
+        "Most tokens the policy may sample in one episode, all turns together (the env's "
+        "`max_episode_tokens`); past it the episode ends as truncated. None: no budget but "
+        "`max_model_len`.",
+    )
+    max_model_len: int = _knob(
+        4096,
+        "Context window of the rollout engine (prompt + history + completion); an episode "
+        "whose next prompt no longer fits ends as truncated and is scored.",
+    )
+    temperature: float = _knob(
+        1.0,
+        "Sampling temperature (> 0). The trainer divides logits by the same value, so engine "
+        "and trainer logprobs describe the same distribution.",
+    )
+    top_p: float = _knob(
+        1.0, "Nucleus sampling mass in (0, 1]; 1.0 keeps all tokens. Below 1 biases IS weights."
+    )
+    top_k: int = _knob(
+        0, "Keep only the k most likely tokens; 0 disables. Above 0 biases IS weights."
+    )
+    min_p: float | None = _knob(
+        None,
+        "Drop tokens below min_p times the top token's probability, in [0, 1]. None: off.",
+    )
+    max_concurrency: int | None = _knob(
+        None, "Episodes in flight at once. None: all episodes of the step."
+    )
+    rollout_mode: RolloutMode = _knob(
+        "auto",
+        "How an episode becomes training samples. 'concat': one sequence per episode (needs "
+        "every turn's prompt to extend the previous one as tokens); 'per_turn': one sample per "
+        "turn, each with the episode's advantage; 'auto': concat where the prefix holds, else "
+        "per_turn, decided per episode.",
+    )
+    episode_deadline_s: float | None = _knob(
+        300.0,
+        "Seconds a step waits for its episodes after rollouts start; late ones are handled by "
+        "`late_policy` and logged. None: wait for every episode.",
+    )
+    late_policy: LatePolicy = _knob(
+        "drop",
+        "What a late episode costs. 'drop': only that episode leaves the step (its group is "
+        "scored on the rest, like an infra_error); 'drop_group': its whole group leaves.",
+    )
+
+    # --- algorithm ------------------------------------------------------------------------
+    learning_rate: float = _knob(
+        1e-5,
+        "AdamW learning rate for the LoRA weights. LoRA wants about 10x the full fine-tuning "
+        "rate (TRL's 1e-6 default is for full weights).",
+    )
+    beta: float = _knob(
+        0.0,
+        "KL coefficient (k3 estimator) against the base model, evaluated with the adapter "
+        "disabled (no second model in memory). 0.0 skips the reference forward pass.",
+    )
+    epsilon: float = _knob(0.2, "Lower clip bound: ratios below 1 - epsilon are clipped; (0, 1).")
+    epsilon_high: float | None = _knob(
+        None,
+        "Upper clip bound: ratios above 1 + epsilon_high are clipped. None: equal to epsilon. "
+        "DAPO recommends 0.28. Must be >= epsilon.",
+    )
+    loss_type: LossType = _knob(
+        "dapo",
+        "Loss aggregation, as in TRL. 'grpo': mean over each sequence's tokens, then over "
+        "sequences (length-biased); 'dr_grpo': token sum over a constant (samples x "
+        "max_completion_length x turns); 'dapo': token sum over the step's trained tokens.",
+    )
+    importance_sampling_level: ImportanceSamplingLevel = _knob(
+        "token",
+        "'token': one policy ratio per token; 'sequence': the mean log-ratio over a sequence's "
+        "trained tokens, one ratio per sequence (GSPO; pair it with loss_type 'grpo').",
+    )
+    scale_rewards: ScaleRewards = _knob(
+        "group",
+        "Advantage scaling: 'group' divides by each group's reward std, 'batch' by the step's "
+        "std, 'none' only subtracts the group mean (Dr. GRPO).",
+    )
+    num_iterations: int = _knob(
+        1, "Optimiser updates per batch of rollouts (mu in the GRPO paper); >1 reuses samples."
+    )
+    gradient_accumulation_steps: int = _knob(
+        1, "Micro-batches a step's samples are split into, to bound memory; one update per step."
+    )
+    max_grad_norm: float | None = _knob(
+        1.0, "Gradient-norm clip per update. None: no clipping."
+    )
+    vllm_importance_sampling_correction: bool = _knob(
+        True,
+        "Weight each trained token by min(exp(trainer logp - engine logp), clip_max) to correct "
+        "for engine/trainer mismatch (TRL's 'token_truncate' mode). Only where the engine "
+        "returned logprobs; tokens without one get weight 1.",
+    )
+    vllm_importance_sampling_clip_max: float = _knob(
+        3.0,
+        "Cap on the importance-sampling weight (> 0). TRL 1.16's name; its deprecated alias "
+        "`vllm_importance_sampling_cap` is accepted by `from_dict`.",
+    )
+    resample_zero_variance_groups: bool = _knob(
+        False,
+        "Replay groups whose rewards are all equal (no learning signal) with new tasks, once, "
+        "before training on the step. They are reported either way.",
+    )
+    seed: int = _knob(42, "Seed of data order, episode seeds, LoRA init and sampling.")
+
+    # --- LoRA -----------------------------------------------------------------------------
+    lora_r: int = _knob(16, f"LoRA rank; one of vLLM's servable ranks {VLLM_LORA_RANKS}.")
+    lora_alpha: float = _knob(32.0, "LoRA scaling numerator (scale = lora_alpha / lora_r); > 0.")
+    lora_dropout: float = _knob(
+        0.0,
+        "Dropout on the LoRA input, in [0, 1). Non-zero makes trainer logprobs noisy against "
+        "the engine's, which inflates IS weights.",
+    )
+    lora_target_modules: str | list[str] = _knob(
+        "all-linear",
+        "Modules that get adapters: 'all-linear' (PEFT: every linear layer except the output "
+        "head) or a list of module names. lm_head and embed_tokens cannot be served by vLLM.",
+    )
+    load_in_4bit: bool = _knob(
+        False, "QLoRA: load the base model in 4-bit (needs bitsandbytes and a CUDA device)."
+    )
+    device: Device = _knob(
+        "auto", "Where the trainer runs: 'cuda', 'cpu', or 'auto' (cuda when available)."
+    )
+    dtype: Dtype = _knob(
+        "auto",
+        "Trainer weights dtype: 'auto' is bfloat16 on CUDA, float32 on CPU. float16 needs CUDA.",
+    )
+
+    # --- SFT warm start -------------------------------------------------------------------
+    sft_steps: int = _knob(
+        0,
+        "Optimiser steps of SFT on the env's scripted/oracle trajectories before GRPO, loss on "
+        "assistant tokens only. 0: no warm start.",
+    )
+    sft_learning_rate: float = _knob(1e-4, "SFT learning rate for the LoRA weights.")
+    sft_batch_size: int = _knob(8, "Trajectories per SFT optimiser step.")
+    sft_num_traces: int = _knob(
+        64, "Scripted trajectories built for SFT, from the first train tasks, cycled over."
+    )
+
+    # --- run, logging, checkpoints --------------------------------------------------------
+    output_dir: str = _knob(
+        "runs/grpo",
+        "Run folder: resolved config, metrics JSONL, eval trajectories, checkpoints, logs.",
+    )
+    max_steps: int = _knob(100, "GRPO steps to train (after the sft_steps of the warm start).")
+    logging_steps: int = _knob(1, "Log metrics every N steps.")
+    eval_steps: int | None = _knob(
+        25, "Evaluate on held-out tasks every N steps (and before and after training). "
+        "None: only before and after."
+    )
+    save_steps: int | None = _knob(
+        25, "Checkpoint every N steps (and at the end). None: only at the end."
+    )
+    report_to: list[str] = _knob(
+        ["auto"],
+        "Trackers for metrics besides the JSONL: any of 'tensorboard', 'trackio', 'wandb'; "
+        "'auto' (each that is installed) or 'none'. A single string is accepted.",
+    )
+
+    #: Checks run in this order by `__post_init__`; each raises `ConfigError`.
+    _CHECKS: ClassVar[tuple[str, ...]] = (
+        "_check_types", "_check_ranges", "_check_clipping", "_check_tasks",
+        "_check_lora", "_check_hardware", "_check_schedule",
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
+        for check in self._CHECKS:
+            getattr(self, check)()
+        self._warn_is_bias()
+
+    # --- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GRPOConfig:
+        """Build from a mapping (a parsed YAML file); unknown keys raise with a suggestion.
+
+        Numeric strings given for float knobs become floats: PyYAML (YAML 1.1) reads ``1e-5``
+        as the string ``'1e-5'``.
+
+        Raises:
+            ConfigError: an unknown key, a value of the wrong type, or a broken rule.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"a config must be a mapping of knob: value, got {type(data).__name__}; "
+                "write one 'name: value' per line"
+            )
+        hints = typing.get_type_hints(cls)
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in _RENAMED:
+                warnings.warn(
+                    f"config key {key!r} is deprecated (as in TRL); use {_RENAMED[key]!r}",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                key = _RENAMED[key]
+            if key not in hints or key.startswith("_"):
+                knobs = [f.name for f in dataclasses.fields(cls)]
+                close = difflib.get_close_matches(str(key), knobs, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "see `help(GRPOConfig)`"
+                raise ConfigError(f"unknown config key {key!r}; {hint}")
+            kwargs[key] = _yaml_float(value, hints[key])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: Mapping[str, Any] | None = None) -> GRPOConfig:
+        """Read a YAML file of ``knob: value`` lines; ``overrides`` (e.g. from the CLI) win.
+
+        Raises:
+            ConfigError: the file is missing or not YAML, or see `from_dict`.
+        """
+        import yaml  # pyyaml; imported here so importing the trainer package stays light
+
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config {str(path)!r}: {exc}") from exc
+        if isinstance(data, Mapping):
+            data = {**data, **(overrides or {})}
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every knob and its value, JSON/YAML-ready; `from_dict` rebuilds an equal config."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        """The help text of knob ``name``."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if name not in fields:
+            raise ConfigError(f"no knob named {name!r}")
+        return str(fields[name].metadata["help"])
+
+    # --- derived values -------------------------------------------------------------------
+
+    @property
+    def episodes_per_step(self) -> int:
+        """Episodes played per step: ``tasks_per_step * num_generations``."""
+        return self.tasks_per_step * self.num_generations
+
+    @property
+    def train_task_indices(self) -> list[int]:
+        """`train_tasks` as a list of task indices."""
+        return parse_tasks(self.train_tasks, "train_tasks")
+
+    @property
+    def eval_task_indices(self) -> list[int]:
+        """`eval_tasks` as a list of task indices."""
+        return parse_tasks(self.eval_tasks, "eval_tasks")
+
+    # --- checks ---------------------------------------------------------------------------
+
+    def _check_types(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not _matches(value, hints[f.name]):
+                raise ConfigError(
+                    f"{f.name}={value!r} ({type(value).__name__}) is not a valid "
+                    f"{_describe(hints[f.name])}; {f.metadata['help']}"
+                )
+
+    def _check_ranges(self) -> None:
+        rules: list[tuple[str, bool, str]] = [
+            ("num_generations", self.num_generations >= 2,
+             "GRPO compares episodes of a task; set it to 2 or more"),
+            ("tasks_per_step", self.tasks_per_step >= 1, "set it to 1 or more"),
+            ("max_completion_length", self.max_completion_length >= 1, "set it to 1 or more"),
+            ("max_model_len", self.max_model_len > self.max_completion_length,
+             "the context must hold a prompt and a full turn; raise it above "
+             "max_completion_length"),
+            ("max_turns", self.max_turns is None or self.max_turns >= 1,
+             "set it to 1 or more, or null for the env's own"),
+            ("temperature", self.temperature > 0,
+             "logits are divided by it; use 1.0 (greedy decoding is not GRPO)"),
+            ("top_p", 0 < self.top_p <= 1, "use a value in (0, 1]; 1.0 disables it"),
+            ("top_k", self.top_k >= 0, "use 0 to disable it"),
+            ("min_p", self.min_p is None or 0 <= self.min_p <= 1, "use [0, 1] or null"),
+            ("max_concurrency", self.max_concurrency is None or self.max_concurrency >= 1,
+             "set it to 1 or more, or null"),
+            ("episode_deadline_s", self.episode_deadline_s is None or self.episode_deadline_s > 0,
+             "use seconds > 0, or null to wait for every episode"),
+            ("learning_rate", self.learning_rate > 0, "use a positive rate, e.g. 1e-5"),
+            ("sft_learning_rate", self.sft_learning_rate > 0, "use a positive rate, e.g. 1e-4"),
+            ("beta", self.beta >= 0, "use 0.0 (no KL) or a small positive value"),
+            ("num_iterations", self.num_iterations >= 1, "set it to 1 or more"),
+            ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0,
+             "use a positive norm, or null for no clipping"),
+            ("vllm_importance_sampling_clip_max", self.vllm_importance_sampling_clip_max > 0,
+             "use a positive cap; TRL uses 3.0"),
+            ("lora_alpha", self.lora_alpha > 0, "use a positive value, e.g. 2 * lora_r"),
+            ("lora_dropout", 0 <= self.lora_dropout < 1, "use a value in [0, 1)"),
+            ("sft_steps", self.sft_steps >= 0, "use 0 to skip the warm start"),
+            ("sft_batch_size", self.sft_batch_size >= 1, "set it to 1 or more"),
+            ("sft_num_traces", self.sft_num_traces >= 1, "set it to 1 or more"),
+        ]
+        for name, ok, fix in rules:
+            if not ok:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is out of range; {fix}")
+
+    def _check_clipping(self) -> None:
+        if not 0 < self.epsilon < 1:
+            raise ConfigError(
+                f"epsilon={self.epsilon!r} must be in (0, 1): ratios below 1 - epsilon are "
+                "clipped; TRL uses 0.2"
+            )
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ConfigError(
+                f"epsilon_high={self.epsilon_high!r} is below epsilon={self.epsilon!r}; set "
+                f"epsilon_high >= {self.epsilon} (DAPO uses 0.28) or null to equal epsilon"
+            )
+        if self.importance_sampling_level == "sequence" and self.loss_type != "grpo":
+            warnings.warn(
+                f"importance_sampling_level='sequence' with loss_type={self.loss_type!r} sums "
+                "per-token losses; GSPO as published uses loss_type='grpo'",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def _check_tasks(self) -> None:
+        train = self.train_task_indices
+        held_out = self.eval_task_indices
+        overlap = sorted(set(train) & set(held_out))
+        if overlap:
+            raise ConfigError(
+                f"train_tasks={self.train_tasks!r} and eval_tasks={self.eval_tasks!r} share "
+                f"{len(overlap)} tasks (first: {overlap[0]}); make the ranges disjoint so "
+                "evaluation is held out"
+            )
+        if self.eval_num_tasks is not None and not 1 <= self.eval_num_tasks <= len(held_out):
+            raise ConfigError(
+                f"eval_num_tasks={self.eval_num_tasks!r} must be between 1 and the "
+                f"{len(held_out)} eval_tasks; lower it or null to use all"
+            )
+        if self.tasks_per_step > len(train):
+            raise ConfigError(
+                f"tasks_per_step={self.tasks_per_step} exceeds the {len(train)} train_tasks; "
+                "lower it or widen train_tasks"
+            )
+
+    def _check_lora(self) -> None:
+        if self.lora_r not in VLLM_LORA_RANKS:
+            raise ConfigError(
+                f"lora_r={self.lora_r!r} cannot be served by vLLM; use one of {VLLM_LORA_RANKS}"
+            )
+        targets = [self.lora_target_modules] if isinstance(self.lora_target_modules, str) \
+            else self.lora_target_modules
+        bad = sorted(set(targets) & _UNSERVABLE_TARGETS)
+        if bad or not targets:
+            raise ConfigError(
+                f"lora_target_modules={self.lora_target_modules!r}: vLLM cannot hot-load "
+                f"adapters on {bad or 'nothing'}; use 'all-linear' or attention/MLP projections"
+            )
+
+    def _check_hardware(self) -> None:
+        if self.device == "cpu" and self.dtype == "float16":
+            raise ConfigError(
+                "dtype='float16' with device='cpu': CPU training in float16 is unsupported; "
+                "use dtype 'float32' or 'bfloat16' (or 'auto')"
+            )
+        if self.device == "cpu" and self.load_in_4bit:
+            raise ConfigError(
+                "load_in_4bit=True with device='cpu': QLoRA needs bitsandbytes on CUDA; "
+                "set device 'cuda' or load_in_4bit false"
+            )
+
+    def _check_schedule(self) -> None:
+        for name in ("max_steps", "logging_steps", "eval_steps", "save_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name}={value!r} must be >= 1 (or null where allowed)")
+        if self.gradient_accumulation_steps < 1 or \
+                self.gradient_accumulation_steps > self.episodes_per_step:
+            raise ConfigError(
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps!r} must be "
+                f"between 1 and the {self.episodes_per_step} episodes per step"
+            )
+        unknown = [r for r in self.report_to if r not in REPORT_TO]
+        if unknown or (len(self.report_to) > 1 and {"auto", "none"} & set(self.report_to)):
+            raise ConfigError(
+                f"report_to={self.report_to!r}: use 'auto', 'none', or a list of {REPORT_TO[2:]}"
+            )
+
+    def _warn_is_bias(self) -> None:
+        truncated = self.top_p < 1 or self.top_k > 0 or bool(self.min_p)
+        if truncated and self.vllm_importance_sampling_correction:
+            warnings.warn(
+                "top_p/top_k/min_p truncate the sampling distribution; the trainer scores the "
+                "full one, so importance-sampling weights are biased (TRL #6789)",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` fits the type ``hint`` (the subset of types GRPOConfig uses)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin is Literal:
+        return value in args
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in args)
+    if origin is list:
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _yaml_float(value: Any, hint: Any) -> Any:
+    """``value`` as a float when it is a numeric string and ``hint`` accepts floats."""
+    if isinstance(value, str) and _matches(1.5, hint) and not _matches(value, hint):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _describe(hint: Any) -> str:
+    """A short human name for a type hint, for error messages."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return "value, one of " + ", ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if hint is type(None):
+        return "null"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _render_help(cls: type) -> str:
+    """The per-knob section of the class docstring, from each field's metadata."""
+    lines = ["", "    Knobs (name: type = default: help):", ""]
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
+            else f.default
+        lines.append(f"        {f.name}: {f.type} = {default!r}")
+        lines.append(f"            {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+GRPOConfig.__doc__ = (GRPOConfig.__doc__ or "") + _render_help(GRPOConfig)

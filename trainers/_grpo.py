@@ -1,0 +1,354 @@
+"""`GRPOTrainer`: multi-turn GRPO + LoRA on an in-process vLLM engine, top to bottom.
+
+One step, in run order (each stage is one call below)::
+
+    tasks (seeded order) -> rollouts (vLLM, G per task, token-exact) -> check adapter versions
+      -> group advantages (infra_error / late dropped) -> samples (concat | per_turn)
+      -> loss + optimiser step (LoRA only) -> adapter sync (new version into the engine)
+      -> metrics, eval, checkpoint
+
+Why our own loop rather than TRL's `GRPOTrainer` with a `rollout_func`: with its own engine
+off (`use_vllm=False`), TRL 1.16 drops the importance-sampling correction, returns one row per
+trajectory (no per-turn samples) and never pushes adapters; with it on, it merges the LoRA
+into base weights and streams them every step. We reuse what serves (PEFT for LoRA, TRL's loss
+definitions, which `tests/trainers/test_loss.py` checks ours against) and own the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentgym import Trajectory, arollout, make
+from agentgym._errors import Error
+from agentgym.engine import VLLMPolicy
+
+from ._advantages import trajectory_advantages
+from ._config import GRPOConfig
+from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
+from ._metrics import episode_metrics, eval_metrics
+from ._preflight import preflight
+from ._report import plot_curves, write_summary
+from ._run_dir import RunDir
+from ._samples import Batch, build_samples, collate, rollout_mode_metrics
+from ._sft import SFTConfig, sft_warm_start
+from ._tracking import Trackers, TrainingConsole
+
+log = logging.getLogger(__name__)
+
+
+class StaleAdapterError(Error):
+    """Rollouts were sampled by another adapter version than the one just trained."""
+
+
+class GRPOTrainer:
+    """Train a LoRA adapter on an env with GRPO, rolling out on vLLM.
+
+    Args:
+        config: every knob (`GRPOConfig`); checked before anything loads.
+        resume: continue the run in ``config.output_dir`` from its last checkpoint (same
+            step count, optimiser, RNG state and data order; the engine serves the resumed
+            adapter).
+
+    Example::
+
+        config = GRPOConfig(env="calculator", max_steps=20, output_dir="runs/calc")
+        figures = GRPOTrainer(config).train()
+    """
+
+    def __init__(self, config: GRPOConfig, *, resume: bool = False) -> None:
+        self.config = config
+        self.resume = resume
+        self.model_dir = preflight(config)  # clear errors before any model loads
+        self.env_max_turns = config.max_turns or getattr(make(config.env), "max_turns", 1)
+
+    # ---- the run ------------------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        """Run (or resume) training; returns the headline figures (eval success ...)."""
+        cfg = self.config
+        run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume)
+        trackers = Trackers(cfg.report_to, run.path, cfg.to_dict())
+        try:
+            figures = self._train(run, trackers)
+        except BaseException as exc:
+            run.mark_failed(exc)
+            raise
+        finally:
+            trackers.close()
+        run.mark_finished()
+        return figures
+
+    def _train(self, run: RunDir, trackers: Trackers) -> dict[str, float]:
+        import torch
+
+        cfg = self.config
+        figures: dict[str, float] = {}
+        if cfg.sft_steps and not run.resumed:
+            figures["base/success"] = self._evaluate_model(self.model_dir, run, "base")
+        start_model = self._warm_start(run)
+        model, optimizer = self._trainable(start_model)
+        state = {"step": 0}
+        checkpoint = run.latest_checkpoint() if run.resumed else None
+        if checkpoint is not None:
+            state = run.load_checkpoint(checkpoint, model, optimizer)
+            log.info("resumed from %s at step %d", checkpoint, state["step"])
+        policy = VLLMPolicy(
+            start_model,
+            sampling={
+                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+                "min_p": cfg.min_p or 0.0, "max_tokens": cfg.max_completion_length,
+                "seed": cfg.seed,
+            },
+            dtype="float32" if self._device() == "cpu" else "bfloat16",
+            max_model_len=cfg.max_model_len,
+            enable_lora=True,
+            max_lora_rank=cfg.lora_r,
+            chat_template_kwargs=cfg.chat_template_kwargs,
+            rollout_mode="per_turn" if cfg.rollout_mode == "per_turn" else "auto",
+        )  # fmt: skip
+        spec = LossSpec.from_config(cfg, max_turns=self.env_max_turns)
+        console = TrainingConsole(cfg.max_steps)
+        with policy:
+            version = self._sync(policy, model, run, state.get("adapter_version", 0) + 1)
+            if state["step"] == 0:
+                success = self._evaluate(policy, run, step=0, num_tasks=cfg.eval_num_tasks)
+                figures["sft/success" if cfg.sft_steps else "base/success"] = success
+            for step in range(state["step"] + 1, cfg.max_steps + 1):
+                torch.manual_seed(cfg.seed * 100_003 + step)
+                t0 = time.perf_counter()
+                trajectories = self._rollouts(policy, step)
+                t1 = time.perf_counter()
+                check_versions(trajectories, version)
+                advantages = trajectory_advantages(trajectories, cfg.scale_rewards)
+                samples = build_samples(trajectories, advantages.values, cfg.rollout_mode)
+                train_metrics = self._update(model, optimizer, samples, spec)
+                t2 = time.perf_counter()
+                version = self._sync(policy, model, run, version + 1)
+                t3 = time.perf_counter()
+                metrics: dict[str, Any] = {
+                    "data/tasks": self._tasks_for(step),
+                    **episode_metrics(trajectories),
+                    **advantages.metrics(),
+                    **rollout_mode_metrics(samples),
+                    **train_metrics,
+                    "time/rollout": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2,
+                    "sync/adapter_version": float(version),
+                    "sync/load_seconds": policy.adapters[-1].load_seconds,
+                }  # fmt: skip
+                if cfg.eval_steps and step % cfg.eval_steps == 0 and step < cfg.max_steps:
+                    success = self._evaluate(policy, run, step, num_tasks=cfg.eval_num_tasks)
+                    metrics["eval/success"] = success
+                run.write_metrics(step, metrics)
+                trackers.log(step, metrics)
+                console.update(step, metrics)
+                if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
+                    run.save_checkpoint(step, model, optimizer, {"adapter_version": version})
+            final = self._evaluate(policy, run, cfg.max_steps, num_tasks=None, final=True)
+        figures["grpo/success"] = final
+        plot_curves(run.path / "metrics.jsonl", run.path / "reward_curve.png", title=cfg.env)
+        write_summary(run.path, figures)
+        return figures
+
+    # ---- stages -------------------------------------------------------------------------
+    def _warm_start(self, run: RunDir) -> Path:
+        """The SFT warm start (once per run; reused on resume), or the model as it is."""
+        cfg = self.config
+        if not cfg.sft_steps:
+            return self.model_dir
+        out = run.path / "sft"
+        if (out / "sft.json").is_file():
+            return out
+        sft = SFTConfig(
+            steps=cfg.sft_steps, lr=cfg.sft_learning_rate, batch_size=cfg.sft_batch_size,
+            seed=cfg.seed,
+        )  # fmt: skip
+        return sft_warm_start(
+            self.model_dir, cfg.env, cfg.env_kwargs, out, sft,
+            tasks=cfg.train_task_indices[: cfg.sft_num_traces],
+        )  # fmt: skip
+
+    def _device(self) -> str:
+        import torch
+
+        if self.config.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.config.device
+
+    def _trainable(self, model_dir: Path) -> tuple[Any, Any]:
+        """The policy model with a fresh LoRA adapter (seeded), and its AdamW optimiser."""
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        cfg, device = self.config, self._device()
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        if cfg.dtype != "auto":
+            dtype = getattr(torch, cfg.dtype)
+        torch.manual_seed(cfg.seed)  # before get_peft_model: the adapter init is seeded
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+        lora = LoraConfig(
+            r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+            target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM",
+        )  # fmt: skip
+        model = get_peft_model(base, lora)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        return model, torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=0.0)
+
+    def _tasks_for(self, step: int) -> list[int]:
+        """The step's tasks: consecutive slices of seeded shuffles of the train tasks.
+
+        A pure function of (seed, step), so a resumed run sees the same data order.
+        """
+        cfg, pool = self.config, self.config.train_task_indices
+        first = (step - 1) * cfg.tasks_per_step
+        tasks = []
+        for position in range(first, first + cfg.tasks_per_step):
+            epoch, offset = divmod(position, len(pool))
+            order = list(pool)
+            random.Random(cfg.seed * 7_919 + epoch).shuffle(order)
+            tasks.append(order[offset])
+        return tasks
+
+    def _rollouts(self, policy: VLLMPolicy, step: int) -> list[Trajectory]:
+        cfg = self.config
+        return _run(
+            arollout(
+                cfg.env, policy, tasks=self._tasks_for(step), group_size=cfg.num_generations,
+                seed=cfg.seed * 1_000_003 + step * cfg.episodes_per_step,
+                env_kwargs=self._env_kwargs(),
+                max_concurrency=cfg.max_concurrency or cfg.episodes_per_step,
+                deadline=cfg.episode_deadline_s,
+            )
+        )  # fmt: skip
+
+    def _env_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.config.env_kwargs)
+        if self.config.max_turns is not None:
+            kwargs["max_turns"] = self.config.max_turns
+        if self.config.max_episode_tokens is not None:
+            kwargs["max_episode_tokens"] = self.config.max_episode_tokens
+        return kwargs
+
+    def _update(self, model: Any, optimizer: Any, samples: list[Any], spec: LossSpec) -> dict:
+        """``num_iterations`` optimiser steps on the step's samples; returns loss metrics."""
+        import torch
+
+        cfg = self.config
+        if not samples:  # every group had zero variance or was dropped: nothing to learn
+            return {"train/samples": 0.0}
+        pad = int(getattr(model.config, "pad_token_id", None) or 0)
+        batch = collate(samples, pad_token_id=pad).to(self._device())
+        micro = batch.split(cfg.gradient_accumulation_steps)
+        olds: list[torch.Tensor | None] = [None] * len(micro)
+        metrics: dict[str, list[float]] = {}
+        for iteration in range(cfg.num_iterations):
+            optimizer.zero_grad(set_to_none=True)
+            for k, part in enumerate(micro):
+                out, logps = self._micro_loss(model, part, spec, olds[k], batch)
+                out.loss.backward()
+                if iteration == 0:
+                    olds[k] = logps.detach()  # the sampling-time policy, for later iterations
+                for name, value in out.metrics.items():
+                    metrics.setdefault(name, []).append(value)
+            if cfg.max_grad_norm is not None:
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                metrics.setdefault("train/grad_norm", []).append(float(norm))
+            optimizer.step()
+        summary = {name: sum(v) / len(v) for name, v in metrics.items()}
+        summary["train/samples"] = float(len(samples))
+        summary["train/tokens"] = float(batch.num_items)
+        return summary
+
+    def _micro_loss(
+        self, model: Any, part: Batch, spec: LossSpec, old: Any, whole: Batch
+    ) -> tuple[Any, Any]:
+        import torch
+
+        temperature = self.config.temperature
+        logits = model(input_ids=part.input_ids, attention_mask=part.attention_mask).logits
+        logps = token_logprobs(logits, part.input_ids, temperature)
+        ref = None
+        if spec.beta:
+            with torch.no_grad(), model.disable_adapter():  # the base model, no second copy
+                ref_logits = model(input_ids=part.input_ids, attention_mask=part.attention_mask)
+                ref = token_logprobs(ref_logits.logits, part.input_ids, temperature)
+        with torch.no_grad():
+            entropies = token_entropy(logits.detach(), temperature)
+        out = grpo_loss(
+            logps, part.advantages, part.loss_mask, spec,
+            old_logps=old, engine_logps=part.engine_logprobs, ref_logps=ref,
+            entropies=entropies, num_sequences=float(whole.advantages.numel()),
+            num_items=float(whole.num_items),
+        )  # fmt: skip
+        return out, logps
+
+    def _sync(self, policy: VLLMPolicy, model: Any, run: RunDir, expected: int) -> int:
+        """Save the adapter as version ``expected`` and make the engine serve it, or stop.
+
+        Refuses to go on when the engine does not report the new version: rollouts that
+        silently keep sampling an old adapter are the worst bug users report in peers.
+        """
+        path = run.save_adapter(model, expected)
+        version = policy.load_adapter(path, version=expected)
+        served = _run(policy.served_adapters())
+        if version != expected or policy.adapter_version != expected or expected not in served:
+            raise StaleAdapterError(
+                f"the engine did not take adapter v{expected} (it reports v{version}, "
+                f"loaded {sorted(served)}); refusing to train on stale rollouts"
+            )
+        return version
+
+    def _evaluate(
+        self, policy: Any, run: RunDir, step: int, num_tasks: int | None, final: bool = False
+    ) -> float:
+        """Greedy episodes on the held-out tasks; returns multi-turn success and logs them."""
+        cfg = self.config
+        tasks = cfg.eval_task_indices[:num_tasks] if num_tasks else cfg.eval_task_indices
+        trajectories = _run(
+            arollout(
+                cfg.env, policy.with_sampling(temperature=0.0), tasks=tasks, group_size=1,
+                seed=cfg.seed, env_kwargs=self._env_kwargs(),
+                max_concurrency=max(len(tasks), 1),
+            )
+        )  # fmt: skip
+        run.append_eval(step, trajectories)
+        figures = eval_metrics(trajectories)
+        if final:
+            run.write_metrics(step, {f"final_{k}": v for k, v in figures.items()})
+        return figures["eval/success"]
+
+    def _evaluate_model(self, model_dir: Path, run: RunDir, label: str) -> float:
+        """Eval of a model folder without an adapter (the base model, before SFT)."""
+        cfg = self.config
+        with VLLMPolicy(
+            model_dir, sampling={"max_tokens": cfg.max_completion_length, "temperature": 0.0},
+            dtype="float32" if self._device() == "cpu" else "bfloat16",
+            max_model_len=cfg.max_model_len,
+        ) as policy:  # fmt: skip
+            return self._evaluate(policy, run, step=0, num_tasks=cfg.eval_num_tasks)
+
+
+def check_versions(trajectories: Sequence[Trajectory], version: int) -> None:
+    """Every turn must come from ``version``; otherwise the step would train off-policy."""
+    stale = {
+        t.adapter_version
+        for trajectory in trajectories
+        for t in trajectory.turns
+        if t.adapter_version != version
+    }
+    if stale:
+        raise StaleAdapterError(
+            f"turns were sampled with adapter version(s) {sorted(map(str, stale))} where "
+            f"v{version} was just trained; refusing to train on them"
+        )
+
+
+def _run(coro: Any) -> Any:
+    """Run a coroutine from the (sync) training loop; the engine lives on its own loop."""
+    return asyncio.run(coro)
+

@@ -1,0 +1,288 @@
+"""The GRPO policy loss and its pieces, as small pure functions on ``(batch, seq)`` tensors.
+
+Conventions shared by every function here:
+
+- Per-token tensors are aligned with ``input_ids``: position ``t`` holds the value for token
+  ``t`` (its log-probability given tokens ``< t``). Position 0 has no prediction and holds 0.
+- ``mask`` is the loss mask: 1 on tokens the policy sampled and is trained on, 0 on prompt,
+  env/tool and padding tokens. Nothing outside the mask reaches the loss or the metrics.
+- Log-probabilities are natural-log, at the sampling temperature (logits / temperature), the
+  same quantity vLLM reports with ``--logprobs-mode processed_logprobs``.
+
+The maths follows TRL 1.16's ``GRPOTrainer._compute_loss`` (agreement is tested in
+``tests/trainers/test_loss.py``): clipped ratios ``min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)``
+at token or sequence (GSPO) level; the engine-mismatch correction as TRL's
+``vllm_importance_sampling_mode="token_truncate"`` with ``clip_min=None`` (weight
+``min(exp(old - engine), cap)`` per token, multiplying the policy term only); the k3 KL with
+TRL's default ``use_bias_correction_kl=True`` (KL times the policy ratio).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._config import GRPOConfig, ImportanceSamplingLevel, LossType
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """The loss knobs of a run, resolved (no None left)."""
+
+    loss_type: LossType = "dapo"
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    #: KL coefficient; 0 skips the KL term (``ref_logps`` are then not needed).
+    beta: float = 0.0
+    #: Whether engine logprobs, when given, weight the loss (truncated IS).
+    is_correction: bool = True
+    is_cap: float = 3.0
+    #: Dr. GRPO's constant: ``dr_grpo`` divides the token sum by ``num_sequences * length_norm``.
+    length_norm: int = 1
+
+    @classmethod
+    def from_config(cls, config: GRPOConfig, max_turns: int | None = None) -> LossSpec:
+        """The spec of ``config``; ``max_turns`` is the env's limit when the config has none.
+
+        ``length_norm`` is the most policy tokens one episode can hold
+        (``max_completion_length * turns``), the constant Dr. GRPO needs for multi-turn samples.
+        """
+        turns = config.max_turns or max_turns or 1
+        return cls(
+            loss_type=config.loss_type,
+            importance_sampling_level=config.importance_sampling_level,
+            epsilon_low=config.epsilon,
+            epsilon_high=config.epsilon if config.epsilon_high is None else config.epsilon_high,
+            beta=config.beta,
+            is_correction=config.vllm_importance_sampling_correction,
+            is_cap=config.vllm_importance_sampling_clip_max,
+            length_norm=config.max_completion_length * turns,
+        )
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """The scalar loss to backpropagate, and detached float metrics for logging."""
+
+    loss: torch.Tensor
+    metrics: dict[str, float]
+
+
+# --- log-probabilities and entropy ------------------------------------------------------------
+
+
+def _shifted_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Float32 logits that predict tokens 1..L-1, divided by ``temperature``."""
+    return logits[:, :-1].float() / temperature
+
+
+def _pad_front(values: torch.Tensor) -> torch.Tensor:
+    """Prepend a 0 column so ``values`` (positions 1..L-1) aligns with ``input_ids``."""
+    return torch.nn.functional.pad(values, (1, 0), value=0.0)
+
+
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Log-probability of each token of ``input_ids`` under ``logits / temperature``.
+
+    Args:
+        logits: ``(B, L, V)`` model outputs for ``input_ids``.
+        input_ids: ``(B, L)`` token ids.
+        temperature: the sampling temperature (> 0).
+
+    Returns:
+        ``(B, L)`` float32, aligned with ``input_ids``; column 0 is 0.
+    """
+    shifted = _shifted_logits(logits, temperature)
+    chosen = shifted.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return _pad_front(chosen - torch.logsumexp(shifted, dim=-1))
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy (nats) of the distribution each token was drawn from, aligned like `token_logprobs`.
+
+    Returns:
+        ``(B, L)`` float32; column 0 is 0.
+    """
+    logp = torch.log_softmax(_shifted_logits(logits, temperature), dim=-1)
+    return _pad_front(-(logp.exp() * logp).sum(-1))
+
+
+# --- ratios, weights, KL ------------------------------------------------------------------------
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over mask-1 entries (0 when the mask is empty)."""
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def log_policy_ratio(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    mask: torch.Tensor,
+    level: ImportanceSamplingLevel,
+) -> torch.Tensor:
+    """Log importance ratio of the current policy to the one that sampled.
+
+    ``token``: ``(B, T)``, one per token. ``sequence`` (GSPO): ``(B, 1)``, the mean per-token
+    log-ratio over each sequence's mask-1 tokens.
+    """
+    log_ratio = logps - old_logps
+    if level == "token":
+        return log_ratio
+    per_sequence = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return per_sequence.unsqueeze(-1)
+
+
+def importance_weights(
+    old_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated per-token IS weights ``min(exp(old - engine), cap)`` correcting engine drift.
+
+    ``engine_logps`` may hold NaN where the engine gave no logprob; those tokens, and tokens
+    outside ``mask``, get weight 1. No gradient flows through the weights.
+    """
+    diff = torch.nan_to_num((old_logps.detach() - engine_logps) * mask, nan=0.0)
+    return torch.exp(diff).clamp(max=cap)
+
+
+def kl_k3(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(policy || reference): ``exp(d) - d - 1``, ``d = ref - logp``."""
+    delta = ref_logps - logps
+    return torch.exp(delta) - delta - 1
+
+
+def clipped_objective(
+    ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float
+) -> torch.Tensor:
+    """Per-token PPO-clip loss ``-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)``.
+
+    ``advantages`` is ``(B, 1)`` and broadcasts over ``ratio`` (``(B, T)`` or ``(B, 1)``).
+    """
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    return -torch.min(ratio * advantages, clipped * advantages)
+
+
+def aggregate(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    spec: LossSpec,
+    *,
+    num_sequences: float | None = None,
+    num_items: float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token losses to a scalar the way ``spec.loss_type`` says.
+
+    For gradient accumulation pass the totals of the whole optimiser step: ``num_sequences``
+    (samples) and ``num_items`` (mask-1 tokens); each micro-batch's loss then sums to the
+    step's loss. None: this batch's own count.
+
+    - ``grpo``: per-sequence token mean, summed over sequences / ``num_sequences``.
+    - ``dr_grpo``: token sum / (``num_sequences * spec.length_norm``).
+    - ``dapo``: token sum / ``num_items``.
+    """
+    sequences = float(per_token_loss.size(0)) if num_sequences is None else num_sequences
+    token_sum = per_token_loss * mask
+    if spec.loss_type == "grpo":
+        return (token_sum.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / sequences
+    if spec.loss_type == "dr_grpo":
+        return token_sum.sum() / (sequences * spec.length_norm)
+    items = mask.sum().clamp(min=1.0) if num_items is None else max(num_items, 1.0)
+    return token_sum.sum() / items
+
+
+# --- the loss -----------------------------------------------------------------------------------
+
+
+def grpo_loss(
+    logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    spec: LossSpec,
+    *,
+    old_logps: torch.Tensor | None = None,
+    engine_logps: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+    num_sequences: float | None = None,
+    num_items: float | None = None,
+) -> LossOutput:
+    """The GRPO/DAPO/Dr. GRPO/GSPO loss of one (micro-)batch, with its metrics.
+
+    Args:
+        logps: ``(B, T)`` current policy log-probs, with gradient (`token_logprobs`).
+        advantages: ``(B,)`` one advantage per sample.
+        mask: ``(B, T)`` loss mask (1 = trained token).
+        spec: the loss knobs.
+        old_logps: ``(B, T)`` log-probs of the policy that sampled, as the trainer computes
+            them. None: ``logps.detach()`` (on-policy, a single update per batch).
+        engine_logps: ``(B, T)`` the engine's logprobs of the sampled tokens (NaN where
+            missing). When given and ``spec.is_correction``, the loss is IS-corrected.
+        ref_logps: ``(B, T)`` reference (adapter-disabled) log-probs; needed iff ``spec.beta``.
+        entropies: ``(B, T)`` per-token entropies (`token_entropy`), only for the metric.
+        num_sequences: samples in the whole optimiser step, for accumulation (`aggregate`).
+        num_items: mask-1 tokens in the whole optimiser step, for accumulation (`aggregate`).
+
+    Returns:
+        The loss and metrics: ``loss/*`` (clip ratios, kl, entropy) and ``sampling/*`` (IS
+        weight min/mean/max, logprob drift |trainer - engine| mean/max), means over mask-1
+        tokens.
+    """
+    mask = mask.to(logps.dtype)
+    old = logps.detach() if old_logps is None else old_logps
+    adv = advantages.reshape(-1, 1).to(logps.dtype)
+    log_ratio = log_policy_ratio(logps, old, mask, spec.importance_sampling_level)
+    ratio = torch.exp(log_ratio)
+    per_token = clipped_objective(ratio, adv, spec.epsilon_low, spec.epsilon_high)
+    metrics = _clip_metrics(ratio, adv, mask, spec)
+    if engine_logps is not None and spec.is_correction:
+        weights = importance_weights(old, engine_logps, mask, spec.is_cap)
+        per_token = per_token * weights
+        metrics.update(_sampling_metrics(old, engine_logps, weights, mask))
+    if spec.beta != 0.0:
+        if ref_logps is None:
+            raise ValueError("beta != 0 needs ref_logps (the adapter-disabled log-probs)")
+        kl = kl_k3(logps, ref_logps)
+        per_token = per_token + spec.beta * kl * ratio
+        metrics["loss/kl"] = masked_mean(kl, mask).item()
+    if entropies is not None:
+        metrics["loss/entropy"] = masked_mean(entropies, mask).item()
+    loss = aggregate(per_token, mask, spec, num_sequences=num_sequences, num_items=num_items)
+    metrics["loss/value"] = loss.item()
+    return LossOutput(loss, metrics)
+
+
+def _clip_metrics(
+    ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, spec: LossSpec
+) -> dict[str, float]:
+    """Fractions of trained tokens (or sequences, for GSPO) whose ratio was clipped."""
+    low = ((ratio < 1 - spec.epsilon_low) & (adv < 0)).to(mask.dtype)
+    high = ((ratio > 1 + spec.epsilon_high) & (adv > 0)).to(mask.dtype)
+    weight = mask if ratio.size(-1) == mask.size(-1) else (mask.sum(-1, keepdim=True) > 0)
+    weight = weight.to(mask.dtype)
+    return {
+        "loss/clip_ratio_low": masked_mean(low, weight).item(),
+        "loss/clip_ratio_high": masked_mean(high, weight).item(),
+        "loss/clip_ratio_region": masked_mean(torch.maximum(low, high), weight).item(),
+    }
+
+
+def _sampling_metrics(
+    old: torch.Tensor, engine: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """IS weight and |trainer - engine| logprob drift statistics over scored mask-1 tokens."""
+    scored = mask.bool() & ~torch.isnan(engine)
+    if not scored.any():
+        return {}
+    drift = (old.detach() - engine).abs()[scored]
+    w = weights[scored]
+    return {
+        "sampling/is_ratio_min": w.min().item(),
+        "sampling/is_ratio_mean": w.mean().item(),
+        "sampling/is_ratio_max": w.max().item(),
+        "sampling/logprob_drift_mean": drift.mean().item(),
+        "sampling/logprob_drift_max": drift.max().item(),
+    }

@@ -1,0 +1,207 @@
+"""Trajectories + advantages -> training samples -> right-padded tensors.
+
+Two ways to turn a multi-turn episode into token sequences, both without re-tokenizing:
+
+- ``concat``: one sequence per episode, `Trajectory.flatten` (every turn's prompt must extend
+  the previous prompt + completion). Env/tool tokens between turns get loss mask 0 and no
+  engine logprob. One forward pass per episode.
+- ``per_turn``: one sample per turn, ``prompt_ids + completion_ids`` with mask 1 only on the
+  completion, each carrying the episode's advantage. Needed when the chat template rewrites
+  history (e.g. Qwen3 drops earlier ``<think>`` blocks); costs O(turns^2) tokens.
+- ``auto``: ``concat`` for each episode whose prefix property holds, else ``per_turn``.
+
+A sample with no mask-1 token (e.g. a turn of env-forced tokens only) is left out: it would
+add nothing to the loss but still count as a sequence in its normaliser.
+
+Building samples needs no torch; `collate` imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agentgym._trajectory import PrefixMismatchError, Trajectory, Turn
+
+from ._config import RolloutMode
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence. ``loss_mask`` and ``engine_logprobs`` align with ``input_ids``."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    #: The engine's logprob of each token it sampled; None on prompt/env tokens or if missing.
+    engine_logprobs: list[float | None]
+    advantage: float
+    #: Index of the episode in the list given to `build_samples`.
+    episode: int
+    #: The turn this sample holds (``per_turn``), or None for a whole episode (``concat``).
+    turn: int | None = None
+
+    @property
+    def num_trained_tokens(self) -> int:
+        """Tokens that carry loss."""
+        return sum(self.loss_mask)
+
+
+@dataclass
+class Batch:
+    """Right-padded ``(B, L)`` tensors of a list of samples, plus ``(B,)`` advantages.
+
+    Padding has ``attention_mask`` 0, ``loss_mask`` 0 and ``engine_logprobs`` NaN, as do
+    tokens the engine gave no logprob for (NaN means "no IS correction" to `grpo_loss`).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    engine_logprobs: torch.Tensor
+    advantages: torch.Tensor
+
+    @property
+    def num_items(self) -> int:
+        """Trained (mask-1) tokens in the batch, the ``dapo`` normaliser."""
+        return int(self.loss_mask.sum().item())
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch on ``device``."""
+        return Batch(*(t.to(device) for t in self._tensors()))
+
+    def split(self, chunks: int) -> list[Batch]:
+        """At most ``chunks`` micro-batches of consecutive rows, for gradient accumulation."""
+        parts = [t.chunk(chunks) for t in self._tensors()]
+        return [Batch(*rows) for rows in zip(*parts)]
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.input_ids, self.attention_mask, self.loss_mask, self.engine_logprobs,
+                self.advantages)
+
+
+def _turn_sample(turn: Turn, k: int, advantage: float, episode: int) -> Sample:
+    """Turn ``k`` alone: its whole prompt (mask 0) then its completion."""
+    if turn.prompt_ids is None or turn.completion_ids is None:
+        raise ValueError(f"turn {k} has no token ids; use a backend that returns them")
+    prompt, completion = turn.prompt_ids, turn.completion_ids
+    engine: list[float | None] = [None] * len(prompt)
+    engine += turn.logprobs or [None] * len(completion)
+    return Sample(
+        input_ids=prompt + completion,
+        loss_mask=[0] * len(prompt) + (turn.completion_mask or [1] * len(completion)),
+        engine_logprobs=engine,
+        advantage=advantage,
+        episode=episode,
+        turn=k,
+    )
+
+
+def per_turn_samples(trajectory: Trajectory, advantage: float, episode: int = 0) -> list[Sample]:
+    """One sample per turn, each with the episode's advantage.
+
+    Turns with no trained token are left out.
+
+    Raises:
+        ValueError: a turn has no token ids.
+    """
+    samples = [_turn_sample(t, k, advantage, episode) for k, t in enumerate(trajectory.turns)]
+    return [s for s in samples if s.num_trained_tokens]
+
+
+def concat_sample(trajectory: Trajectory, advantage: float, episode: int = 0) -> Sample:
+    """The whole episode as one sequence (`Trajectory.flatten`).
+
+    Raises:
+        PrefixMismatchError: the history was rewritten between turns; use `per_turn_samples`.
+        ValueError: a turn has no token ids.
+    """
+    ids, mask, logprobs = trajectory.flatten()
+    return Sample(ids, mask, logprobs, advantage, episode)
+
+
+def episode_samples(
+    trajectory: Trajectory, advantage: float, mode: RolloutMode, episode: int = 0
+) -> list[Sample]:
+    """The samples of one episode under ``mode`` (``auto`` falls back to per-turn).
+
+    Raises:
+        PrefixMismatchError: ``mode="concat"`` and the history was rewritten.
+        ValueError: a turn has no token ids.
+    """
+    if mode == "per_turn":
+        return per_turn_samples(trajectory, advantage, episode)
+    try:
+        sample = concat_sample(trajectory, advantage, episode)
+    except PrefixMismatchError:
+        if mode == "concat":
+            raise
+        return per_turn_samples(trajectory, advantage, episode)
+    return [sample] if sample.num_trained_tokens else []
+
+
+def build_samples(
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[float | None],
+    mode: RolloutMode = "auto",
+) -> list[Sample]:
+    """Samples of every episode with an advantage, in episode order.
+
+    Episodes whose advantage is None (dropped: ``infra_error``, late) give none.
+
+    Raises:
+        ValueError: the two sequences differ in length, or a kept turn has no token ids.
+        PrefixMismatchError: ``mode="concat"`` and an episode's history was rewritten.
+    """
+    if len(trajectories) != len(advantages):
+        raise ValueError(
+            f"one advantage per trajectory: got {len(trajectories)} trajectories and "
+            f"{len(advantages)} advantages"
+        )
+    return [
+        sample
+        for i, (trajectory, advantage) in enumerate(zip(trajectories, advantages))
+        if advantage is not None
+        for sample in episode_samples(trajectory, advantage, mode, i)
+    ]
+
+
+def collate(samples: Sequence[Sample], pad_token_id: int = 0) -> Batch:
+    """Right-pad ``samples`` into a `Batch` (length = the longest sample).
+
+    Raises:
+        ValueError: ``samples`` is empty.
+    """
+    import torch
+
+    if not samples:
+        raise ValueError("cannot collate an empty list of samples")
+    width = max(len(s.input_ids) for s in samples)
+
+    def rows(values: Sequence[Sequence[float | int | None]], pad: float, dtype: torch.dtype
+             ) -> torch.Tensor:
+        padded = [[pad if v is None else v for v in row] + [pad] * (width - len(row))
+                  for row in values]
+        return torch.tensor(padded, dtype=dtype)
+
+    nan = float("nan")
+    return Batch(
+        input_ids=rows([s.input_ids for s in samples], pad_token_id, torch.long),
+        attention_mask=rows([[1] * len(s.input_ids) for s in samples], 0, torch.long),
+        loss_mask=rows([s.loss_mask for s in samples], 0, torch.float32),
+        engine_logprobs=rows([s.engine_logprobs for s in samples], nan, torch.float32),
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+    )
+
+
+def rollout_mode_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """How episodes were turned into samples: ``rollout/per_turn_episodes`` and sample count."""
+    per_turn = {s.episode for s in samples if s.turn is not None}
+    return {
+        "rollout/per_turn_episodes": float(len(per_turn)),
+        "rollout/train_samples": float(len(samples)),
+        "rollout/trained_tokens": float(sum(s.num_trained_tokens for s in samples)),
+    }

@@ -1,0 +1,357 @@
+r"""SFT warm start: teach a model an env's tool-call format from its oracle trajectories.
+
+A randomly initialised (or weak) model never calls a tool, so RL has nothing to reinforce.
+The warm start plays each task's `reference_turns` through the env (so tool results are the
+real ones), renders the conversations with the model's chat template and trains with loss on
+the assistant tokens only: each assistant turn's content and its end-of-turn token, exactly
+the tokens a rollout engine samples (the ``\n`` after ``<|im_end|>`` and every system, user
+and tool token belong to the prompt and carry no loss).
+
+Full-weight by default: the quickstart's tiny model starts random, and a skill such as copying
+numbers into a tool call is learned by the whole network, not by a low-rank delta on random
+weights; GRPO then trains a LoRA adapter on top of the warm-started base. ``method="lora"``
+trains an adapter instead (for a real pretrained model) and merges it into the saved weights,
+so the output is a plain model folder either way.
+
+Example::
+
+    from agentgym.engine.tiny import build_preset
+    from agentgym.trainers._sft import SFTConfig, sft_warm_start
+
+    base = build_preset("quickstart", seed=0)
+    warm = sft_warm_start(base, "calculator", {"num_tasks": 2000, "seed": 1},
+                          "runs/sft", SFTConfig(steps=300))
+
+torch and transformers are imported inside the functions, so importing this module is free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from agentgym import ScriptedPolicy, make, rollout
+from agentgym._errors import ConfigError
+
+Message = dict[str, Any]
+
+
+@dataclass
+class SFTConfig:
+    """Knobs of the warm start; checked on construction, before any model loads."""
+
+    steps: int = 300
+    """Optimiser steps (each one batch)."""
+    lr: float = 2e-3
+    """Peak learning rate (AdamW), reached after ``warmup_steps`` and held (constant)."""
+    batch_size: int = 32
+    """Trajectories per step."""
+    seed: int = 0
+    """Seeds the data order and (for LoRA) the adapter init: same seed, same weights."""
+    warmup_steps: int = 20
+    """Linear warm-up from 0 to ``lr``."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float | None = 1.0
+    """Gradient-norm clip; None disables it."""
+    method: Literal["full", "lora"] = "full"
+    """``full`` trains every weight; ``lora`` trains an adapter and merges it before saving."""
+    lora_rank: int = 16
+    """Adapter rank when ``method="lora"``."""
+    lora_alpha: int = 32
+    """Adapter scale numerator when ``method="lora"`` (scale = alpha / rank)."""
+    num_threads: int | None = None
+    """torch intra-op threads; None leaves torch's default."""
+    eval_every: int = 0
+    """Every N steps, measure `reference_accuracy` on the eval traces; 0 never does."""
+    target_accuracy: float | None = None
+    """Stop early once `reference_accuracy` on the eval traces reaches this (needs
+    ``eval_every``); None trains all ``steps``."""
+    log: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
+    """Called with each step's metrics (``step``, ``loss``, ``lr``, ``seconds``, ...)."""
+
+    def __post_init__(self) -> None:
+        positive = {"steps": self.steps, "batch_size": self.batch_size, "lora_rank": self.lora_rank}
+        bad = {k: v for k, v in positive.items() if v < 1}
+        if bad:
+            raise ConfigError(f"SFTConfig fields must be >= 1, got {bad}")
+        if not self.lr > 0:
+            raise ConfigError(f"SFTConfig.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or self.eval_every < 0:
+            raise ConfigError(
+                f"warmup_steps and eval_every must be >= 0, got {self.warmup_steps}, "
+                f"{self.eval_every}"
+            )
+        if self.method not in ("full", "lora"):
+            raise ConfigError(f"SFTConfig.method must be 'full' or 'lora', got {self.method!r}")
+        if self.target_accuracy is not None and not self.eval_every:
+            raise ConfigError("target_accuracy needs eval_every > 0 (how often to measure it)")
+
+
+@dataclass
+class Example:
+    """One tokenized conversation: ``mask[i]`` is 1 where ``ids[i]`` carries loss."""
+
+    ids: list[int]
+    mask: list[int]
+
+
+def oracle_conversations(
+    env_id: str, env_kwargs: dict[str, Any] | None = None, num_tasks: int | None = None
+) -> tuple[list[list[Message]], list[dict[str, Any]]]:
+    """Play each task's `reference_turns` through the env; returns (conversations, tools).
+
+    Only episodes that end ``ok`` with reward > 0 are kept (an oracle that fails is no oracle).
+
+    Raises:
+        ConfigError: the env has no `reference_turns`, or no oracle episode succeeded.
+    """
+    env = make(env_id, **(env_kwargs or {}))
+    if env.reference_turns(env.tasks[0]) is None:
+        raise ConfigError(f"env {env_id!r} has no reference_turns; SFT needs an oracle script")
+    tools = list(getattr(env, "tool_schemas", []))
+    trajectories = rollout(
+        env_id,
+        ScriptedPolicy(env.reference_turns),
+        num_tasks=num_tasks,
+        env_kwargs=env_kwargs,
+    )
+    good = [t.messages for t in trajectories if t.status == "ok" and (t.final_reward or 0) > 0]
+    if not good:
+        raise ConfigError(f"no oracle episode of {env_id!r} succeeded; check reference_turns")
+    return good, tools
+
+
+def tokenize_conversation(
+    tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None = None
+) -> Example:
+    """Token ids of the rendered conversation and its loss mask (assistant tokens only).
+
+    The chat template is rendered prefix by prefix: before each assistant message the prompt
+    (``add_generation_prompt=True``) must extend the previous render, and the assistant's
+    part is its content through the end-of-turn token (``tokenizer.eos_token``); what follows
+    that token belongs to the next prompt.
+
+    Raises:
+        ConfigError: the template rewrites history (not a prefix), or an assistant turn does
+            not end with the eos token.
+    """
+    eos = tokenizer.eos_token
+
+    def render(msgs: list[Message], gen: bool) -> str:
+        return str(
+            tokenizer.apply_chat_template(
+                msgs, tools=tools or None, tokenize=False, add_generation_prompt=gen
+            )
+        )
+
+    segments: list[tuple[str, int]] = []
+    done = ""
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt, full = render(messages[:i], True), render(messages[: i + 1], False)
+        if not prompt.startswith(done) or not full.startswith(prompt):
+            raise ConfigError(
+                "the chat template does not keep history as a prefix; SFT on whole "
+                "conversations needs one that does"
+            )
+        reply = full[len(prompt) :]
+        end = reply.find(eos)
+        if end < 0:
+            raise ConfigError(f"assistant turn {i} does not end with eos {eos!r}: {reply!r}")
+        segments += [(prompt[len(done) :], 0), (reply[: end + len(eos)], 1)]
+        done = prompt + reply[: end + len(eos)]
+    ids: list[int] = []
+    mask: list[int] = []
+    for text, trainable in segments:
+        piece = tokenizer.encode(text, add_special_tokens=False)
+        ids += piece
+        mask += [trainable] * len(piece)
+    return Example(ids, mask)
+
+
+def _batches(examples: Sequence[Example], batch_size: int, steps: int, seed: int) -> Any:
+    """Yield ``steps`` batches of padded tensors (ids, labels, attention), reshuffled per epoch."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    for _ in range(steps):
+        if len(order) < batch_size:
+            order += torch.randperm(len(examples), generator=generator).tolist()
+        picked, order = order[:batch_size], order[batch_size:]
+        yield _collate([examples[i] for i in picked])
+
+
+def _collate(batch: Sequence[Example], pad_id: int = 0) -> dict[str, Any]:
+    import torch
+
+    width = max(len(e.ids) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, e in enumerate(batch):
+        n = len(e.ids)
+        ids[row, :n] = torch.tensor(e.ids)
+        attention[row, :n] = 1
+        labels[row, :n] = torch.where(torch.tensor(e.mask) > 0, torch.tensor(e.ids), -100)
+    return {"input_ids": ids, "attention_mask": attention, "labels": labels}
+
+
+def masked_loss(model: Any, batch: dict[str, Any]) -> Any:
+    """Mean next-token cross-entropy over the tokens whose label is not -100."""
+    import torch
+
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+        targets.reshape(-1),
+        ignore_index=-100,
+    )
+
+
+def reference_accuracy(model: Any, examples: Sequence[Example], batch_size: int = 64) -> float:
+    """Share of conversations whose every assistant token is the model's argmax (teacher forced).
+
+    Since tool results are deterministic, this is the share of tasks that greedy decoding
+    solves by reproducing the oracle exactly: one forward pass, no generation, a lower bound
+    on greedy success.
+    """
+    import torch
+
+    hits = 0
+    with torch.no_grad():
+        for start in range(0, len(examples), batch_size):
+            batch = _collate(examples[start : start + batch_size])
+            logits = model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            ).logits
+            targets = batch["labels"][:, 1:]
+            wrong = (logits[:, :-1].argmax(-1) != targets) & (targets != -100)
+            hits += int((~wrong.any(-1)).sum())
+    return hits / max(len(examples), 1)
+
+
+def sft_warm_start(
+    model_dir: str | os.PathLike[str],
+    env_id: str,
+    env_kwargs: dict[str, Any] | None,
+    out_dir: str | os.PathLike[str],
+    config: SFTConfig | None = None,
+    *,
+    eval_env_kwargs: dict[str, Any] | None = None,
+    num_eval: int = 128,
+) -> Path:
+    """Fine-tune ``model_dir`` on the env's oracle trajectories; save the result in ``out_dir``.
+
+    Args:
+        model_dir: a transformers model folder with a chat template (e.g. `build_preset`'s).
+        env_id: a registered env with `reference_turns` (e.g. ``"calculator"``).
+        env_kwargs: for `make`; all of the env's tasks are played once as training data.
+        out_dir: written with ``model.safetensors``, config, tokenizer and ``sft.json``
+            (config, step metrics, time); vLLM and transformers load it as a model folder.
+        config: the knobs; None uses `SFTConfig()`.
+        eval_env_kwargs: env kwargs of the held-out traces for `reference_accuracy`
+            (``config.eval_every``); None measures nothing.
+        num_eval: held-out traces to measure on.
+
+    Returns:
+        ``out_dir`` as a Path.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = config or SFTConfig()
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    conversations, tools = oracle_conversations(env_id, env_kwargs)
+    examples = [tokenize_conversation(tokenizer, c, tools) for c in conversations]
+    held_out: list[Example] = []
+    if eval_env_kwargs is not None:
+        convs, eval_tools = oracle_conversations(env_id, eval_env_kwargs, num_tasks=num_eval)
+        held_out = [tokenize_conversation(tokenizer, c, eval_tools) for c in convs]
+    torch.manual_seed(config.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if config.method == "lora":
+        model = _with_lora(model, config)
+    history = _train(model, examples, held_out, config)
+    if config.method == "lora":
+        model = model.merge_and_unload()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    summary = {
+        "config": {k: v for k, v in asdict(config).items() if k != "log"},
+        "env_id": env_id,
+        "env_kwargs": env_kwargs,
+        "base_model": str(model_dir),
+        "num_examples": len(examples),
+        "seconds": time.perf_counter() - started,
+        "history": history,
+    }
+    (out / "sft.json").write_text(json.dumps(summary, indent=1, default=str))
+    return out
+
+
+def _with_lora(model: Any, config: SFTConfig) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear")
+    return get_peft_model(model, lora)
+
+
+def _train(
+    model: Any, examples: list[Example], held_out: list[Example], config: SFTConfig
+) -> list[dict[str, Any]]:
+    """The loop: batch -> masked loss -> clip -> AdamW step; returns per-step metrics."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1))
+    )
+    history: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    model.train()
+    for step, batch in enumerate(
+        _batches(examples, config.batch_size, config.steps, config.seed), start=1
+    ):
+        loss = masked_loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        record: dict[str, Any] = {
+            "step": step,
+            "loss": loss.item(),
+            "lr": schedule.get_last_lr()[0],
+            "seconds": time.perf_counter() - t0,
+        }
+        if held_out and config.eval_every and step % config.eval_every == 0:
+            model.eval()
+            record["reference_accuracy"] = reference_accuracy(model, held_out)
+            model.train()
+        history.append(record)
+        if config.log is not None:
+            config.log(record)
+        if not math.isfinite(record["loss"]):
+            raise ConfigError(f"SFT loss became {record['loss']} at step {step}; lower lr")
+        target = config.target_accuracy
+        if target is not None and record.get("reference_accuracy", -1.0) >= target:
+            break
+    model.eval()
+    return history
