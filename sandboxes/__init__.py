@@ -6,19 +6,23 @@ Backends behind one `Sandbox` protocol:
   memory+swap, CPU quota, pids limit, no capabilities, no-new-privileges, code uid distinct
   from the keeper's, nofile/fsize ulimits, output capped in the container, ownership labels)
   with a warm in-container code server, so a warm call costs a fork, not a ``docker exec``.
-- `SandboxPool`: warm DockerSandboxes leased per episode, reset between leases, recycled after
-  N uses or a failure, bounded concurrent creation, leaked containers reaped.
+- `SandboxPool`: warm DockerSandboxes leased per episode (`SandboxLease`: calls still running
+  when it ends are killed first), reset between leases, recycled after N uses or a failure,
+  bounded concurrent creation, leaked containers reaped.
 - `LocalSandbox`: a subprocess with rlimits for machines without Docker; NOT a security
   boundary, and it says so.
 
-Plus `verify` (tests of one sample in one call, infra errors apart from code failures),
+Plus `SandboxToolEnv` (the env rung: a sandbox leased per episode from a pool shared per
+process), `verify` (tests of one sample in one call, infra errors apart from code failures),
 `Snapshot` (fork a sandbox's files to many rollouts or to a verifier) and `build_image`.
 Importing this package does not import ``docker``; the first Docker call does.
 """
 
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
 from ._docker import DockerSandbox, Snapshot
+from ._env import SandboxToolEnv, close_shared_pools
 from ._image import build_image
+from ._lease import SandboxLease
 from ._local import LocalSandbox, LocalSandboxConfig
 from ._pool import PoolStats, SandboxPool
 from ._protocol import Sandbox
@@ -36,12 +40,15 @@ __all__ = [
     "LocalSandboxConfig",
     "PoolStats",
     "Sandbox",
+    "SandboxLease",
     "SandboxPool",
+    "SandboxToolEnv",
     "Snapshot",
     "TestResult",
     "VerifyResult",
     "averify",
     "build_image",
+    "close_shared_pools",
     "reap_leaked",
     "verify",
 ]

@@ -60,7 +60,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def warm_latencies(pool: SandboxPool, n: int) -> list[float]:
     """Seconds per ``run("print(1)")`` on a leased warm sandbox (after 5 warm-up calls)."""
-    with pool.lease_sync() as sb:
+    with pool.lease() as sb:
         for _ in range(5):
             sb.run("print(1)")
         times = []
@@ -91,7 +91,7 @@ async def throughput(pool: SandboxPool, seconds: float) -> float:
 
     async def worker() -> None:
         nonlocal count
-        async with pool.lease() as sb:
+        async with pool.alease() as sb:
             while time.perf_counter() < stop:
                 await sb.arun("print(1)")
                 count += 1

@@ -9,7 +9,7 @@ Layout of a container::
 The keeper and the code have different uids, so the code cannot signal the keeper. The host
 never trusts the server to stop: each call has a host-side deadline (timeout + grace) after
 which the host runs ``kill -9 -1`` as the code uid through ``docker exec`` and restarts the
-server; if even that fails the container is replaced and the call is a ``sandbox_error``.
+server; if even that fails the container is replaced and the call is an ``infra_error``.
 """
 
 from __future__ import annotations
@@ -189,6 +189,23 @@ class DockerSandbox(SandboxBase):
             except Exception as exc:  # already gone: fine; anything else: reaped later
                 log.debug("removing %s: %s", container.short_id, exc)
 
+    def interrupt(self) -> None:
+        """Kill every code process now, from outside, even while a call holds the sandbox.
+
+        Calls are serialised by a lock, so this is the only way to reach a running one (a
+        cancelled episode's, say). That call sees its server die, restarts it and returns an
+        ``error``; the sandbox is marked for recycling. Never raises.
+        """
+        container = self._container
+        if container is None:
+            return
+        self.needs_recycle = True
+        uid = self.config.code_uid
+        try:
+            container.exec_run(["sh", "-c", "kill -9 -1"], user=f"{uid}:{uid}")
+        except Exception as exc:  # the container is gone: the running call fails on its own
+            log.debug("interrupting %s: %s", container.short_id, exc)
+
     def _kill_code_processes(self) -> None:
         """``kill -9 -1`` as the code uid, from outside the server (it dies too)."""
         self._drop_channel()
@@ -236,14 +253,14 @@ class DockerSandbox(SandboxBase):
                 return self._recover("closed", started, timeout, str(exc))
             except Exception as exc:
                 self.needs_recycle = True
-                return ExecResult.sandbox_error(f"sandbox: {type(exc).__name__}: {exc}",
+                return ExecResult.infra_failure(f"sandbox: {type(exc).__name__}: {exc}",
                                                 time.monotonic() - started)
         if "input_error" in reply:  # e.g. a file path outside the work dir: the caller's doing
             return ExecResult("", f"sandbox: {reply['input_error']}\n", None,
                               time.monotonic() - started, ExecStatus.ERROR)
         if "server_error" in reply:  # the server itself failed: infrastructure, not the code
             self.needs_recycle = True
-            return ExecResult.sandbox_error(f"sandbox server: {reply['server_error']}",
+            return ExecResult.infra_failure(f"sandbox server: {reply['server_error']}",
                                             time.monotonic() - started)
         return ExecResult(reply["stdout"], reply["stderr"], reply["exit_code"],
                           reply["duration"], ExecStatus(reply["status"]), reply["truncated"])
@@ -264,7 +281,7 @@ class DockerSandbox(SandboxBase):
                 self._replace_container()
             except Exception as exc:
                 detail = f"{detail}; replacement failed: {exc}"
-            return ExecResult.sandbox_error(f"sandbox: container lost ({detail})", elapsed)
+            return ExecResult.infra_failure(f"sandbox: container lost ({detail})", elapsed)
         if what == "timeout":
             return ExecResult("", f"sandbox: no reply within {timeout:g}s (+ grace); killed "
                               "every code process from outside\n", None, elapsed,

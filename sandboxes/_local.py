@@ -74,6 +74,7 @@ class LocalSandbox(SandboxBase):
             warnings.warn(WARNING, UserWarning, stacklevel=2)
         self.config = config or LocalSandboxConfig()
         self.workdir = tempfile.mkdtemp(prefix="agentgym-local-")
+        self._running: set[int] = set()  # process groups of the calls running now
 
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout: float | None = None, *,
@@ -94,9 +95,13 @@ class LocalSandbox(SandboxBase):
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=self._limits(timeout),
         )
-        _feed(proc, to_bytes(stdin) or b"")
-        out, err, status = _collect(proc, started + timeout, self.config.output_limit_bytes)
-        _kill_group(proc.pid)
+        self._running.add(proc.pid)
+        try:
+            _feed(proc, to_bytes(stdin) or b"")
+            out, err, status = _collect(proc, started + timeout, self.config.output_limit_bytes)
+        finally:
+            self._running.discard(proc.pid)
+            _kill_group(proc.pid)
         code = proc.wait()
         for stream in (proc.stdout, proc.stderr):
             assert stream is not None  # opened with PIPE
@@ -108,6 +113,11 @@ class LocalSandbox(SandboxBase):
         return ExecResult(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), code,
                           time.monotonic() - started, status,
                           status is ExecStatus.OUTPUT_LIMIT)
+
+    def interrupt(self) -> None:
+        """Kill the process group of every call running now (each call then returns)."""
+        for pid in list(self._running):
+            _kill_group(pid)
 
     def reset(self) -> None:
         """Empty the work dir."""

@@ -3,7 +3,8 @@
 One implementation for both worlds: the pool's state is guarded by a lock, blocking work
 (create, reset, recycle) runs on the pool's own worker threads, and a waiting lease is handed
 the next free sandbox directly, through a ``threading.Event`` (sync) or an ``asyncio`` future
-set with ``call_soon_threadsafe`` (async), so async waiters never hold a thread.
+set with ``call_soon_threadsafe`` (async), so async waiters never hold a thread. A waiter that
+gives up (timeout, cancellation) after the hand-off passes the sandbox on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from . import _reap
 from ._client import docker_client
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
 from ._docker import DockerSandbox, Snapshot
+from ._lease import SandboxLease
 
 POOL_LABEL = _reap.POOL
 log = logging.getLogger("agentgym.sandboxes")
@@ -57,12 +59,15 @@ class SandboxPool:
     Example::
 
         async with SandboxPool(size=4) as pool:
-            async with pool.lease() as sb:          # files + Python session live for the lease
+            async with pool.alease() as sb:         # files + Python session live for the lease
                 await sb.arun("x = 1")
                 print((await sb.arun("print(x)")).stdout)
 
-        with SandboxPool(size=2) as pool, pool.lease_sync() as sb:
+        with SandboxPool(size=2) as pool, pool.lease() as sb:
             sb.run("print(1)")
+
+    A lease is a `SandboxLease`: when it ends, calls still running are killed and awaited
+    before the sandbox returns, and later calls through it raise `SandboxError`.
 
     Between leases a sandbox is reset (every code process killed, work dir and /tmp emptied,
     new Python session). It is replaced by a fresh container after ``max_uses`` leases, after
@@ -163,34 +168,48 @@ class SandboxPool:
         """Sandboxes ready to lease right now."""
         return len(self._idle)
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` ran (a failed `start` closes the pool too)."""
+        return self._closed
+
     # -- leasing ----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def lease_sync(self, snapshot: Snapshot | None = None,
-                   timeout: float | None = None) -> Iterator[DockerSandbox]:
-        """Lease a sandbox for one episode (blocking); optionally restore ``snapshot`` first."""
+    def lease(self, snapshot: Snapshot | None = None,
+              timeout: float | None = None) -> Iterator[SandboxLease]:
+        """Lease a sandbox for one episode; optionally restore ``snapshot`` first.
+
+        Waits up to ``timeout`` seconds (None: forever) for a free sandbox, then raises
+        `SandboxError`. The body raising replaces the sandbox instead of resetting it.
+        """
         sandbox = self._acquire_sync(timeout)
+        lease = self._lease(sandbox)
         ok = False
         try:
             if snapshot is not None:
                 sandbox.restore(snapshot)
-            yield sandbox
+            yield lease
             ok = True
         finally:
-            self._release(sandbox, failed=not ok)
+            lease.end(failed=not ok)
 
     @contextlib.asynccontextmanager
-    async def lease(self, snapshot: Snapshot | None = None,
-                    timeout: float | None = None) -> AsyncIterator[DockerSandbox]:
-        """Lease a sandbox for one episode (async); optionally restore ``snapshot`` first."""
+    async def alease(self, snapshot: Snapshot | None = None,
+                     timeout: float | None = None) -> AsyncIterator[SandboxLease]:
+        """Async twin of `lease`; waiting holds no thread, and cancelling it loses nothing."""
         sandbox = await self._acquire_async(timeout)
+        lease = self._lease(sandbox)
         ok = False
         try:
             if snapshot is not None:
                 await asyncio.to_thread(sandbox.restore, snapshot)
-            yield sandbox
+            yield lease
             ok = True
         finally:
-            self._release(sandbox, failed=not ok)
+            await lease.aend(failed=not ok)
+
+    def _lease(self, sandbox: DockerSandbox) -> SandboxLease:
+        return SandboxLease(sandbox, lambda failed: self._release(sandbox, failed))
 
     def _take_or_wait(self, waiter: _Waiter) -> DockerSandbox | None:
         with self._lock:
@@ -226,8 +245,7 @@ class SandboxPool:
             with self._lock:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-                    raise SandboxError(f"no sandbox free within {timeout}s "
-                                       f"(pool size {self.size})")
+                    raise self._no_sandbox(timeout)
             waiter.event.wait()
         return self._unwrap(waiter.item)
 
@@ -238,13 +256,34 @@ class SandboxPool:
             return sandbox
         assert waiter.future is not None
         try:
-            item = await asyncio.wait_for(waiter.future, timeout)
-        except (TimeoutError, asyncio.CancelledError):
-            with self._lock:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+            async with asyncio.timeout(timeout):
+                item = await waiter.future
+        except TimeoutError:
+            self._withdraw(waiter)
+            raise self._no_sandbox(timeout) from None
+        except BaseException:  # cancelled
+            self._withdraw(waiter)
             raise
         return self._unwrap(item)
+
+    def _no_sandbox(self, timeout: float | None) -> SandboxError:
+        return SandboxError(f"no sandbox free within {timeout}s (pool size {self.size})")
+
+    def _withdraw(self, waiter: _Waiter) -> None:
+        """Take a waiter that gave up out of the queue, or pass on what it was handed.
+
+        Why: the hand-off and the give-up race. If the sandbox was already put in the
+        waiter's future, nobody else will ever lease it unless it goes back here.
+        """
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                return
+        future = waiter.future
+        if future is not None and future.done() and not future.cancelled():
+            item = future.result()
+            if isinstance(item, DockerSandbox):
+                self._deliver(item)
 
     def _unwrap(self, item: Any) -> DockerSandbox:
         if isinstance(item, BaseException):

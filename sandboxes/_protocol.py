@@ -17,19 +17,24 @@ LANGUAGES = ("python", "bash", "sh")
 
 @runtime_checkable
 class Sandbox(Protocol):
-    """Where model-written code runs. Every backend implements these methods.
+    """Where model-written code runs. Every backend, and a pool's lease, implements these.
 
     ``run`` executes source code of ``language`` (``"python"``, ``"bash"``, ``"sh"``);
     ``exec`` runs an argv. ``stdin`` (text or bytes) feeds the process's standard input;
     ``files`` maps paths relative to the work directory to contents written before the call;
-    ``timeout`` is in seconds (None: the backend's default). Both return an `ExecResult` and
-    never raise for anything the code did; only the backend's own failures show up, as
-    ``status == "sandbox_error"``. ``reset`` returns the sandbox to a clean state (work dir
-    emptied, every process of the code killed); ``close`` releases it for good.
+    ``timeout`` is in seconds (None: the backend's default). ``session`` picks, for Python,
+    the sandbox's persistent session (True), a fresh interpreter (False) or the backend's
+    default (None); a backend without sessions always runs fresh. Both return an
+    `ExecResult` and never raise for anything the code did; only the backend's own failures
+    show up, as ``status == "infra_error"``. ``reset`` returns the sandbox to a clean state
+    (work dir emptied, every process of the code killed); ``interrupt`` kills the code of
+    calls running right now (from another thread; they return soon after); ``close``
+    releases it for good.
     """
 
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
-            files: Files | None = None, timeout: float | None = None) -> ExecResult:
+            files: Files | None = None, timeout: float | None = None, *,
+            session: bool | None = None) -> ExecResult:
         """Run source code and return its result."""
         ...
 
@@ -39,7 +44,8 @@ class Sandbox(Protocol):
         ...
 
     async def arun(self, code: str, language: str = "python", stdin: str | bytes | None = None,
-                   files: Files | None = None, timeout: float | None = None) -> ExecResult:
+                   files: Files | None = None, timeout: float | None = None, *,
+                   session: bool | None = None) -> ExecResult:
         """Async twin of `run`."""
         ...
 
@@ -50,6 +56,14 @@ class Sandbox(Protocol):
 
     def reset(self) -> None:
         """Return to a clean state."""
+        ...
+
+    async def areset(self) -> None:
+        """Async twin of `reset`."""
+        ...
+
+    def interrupt(self) -> None:
+        """Kill the code of every call running now; safe to call from any thread."""
         ...
 
     def close(self) -> None:

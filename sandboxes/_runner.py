@@ -8,8 +8,9 @@ stdout: in ``assert`` and ``pytest`` modes it goes to /dev/null, in ``stdio`` mo
 that the runner compares with the expected output.
 
 ``pytest`` mode writes the code to ``solution.py`` and the tests to ``test_solution.py`` in a
-temp dir and runs real pytest (junit XML for per-test results, a SIGALRM per-test timeout). If
-pytest is not importable in the image, a minimal built-in runner calls every top-level
+temp dir and runs real pytest with a plugin that logs per-test outcomes and sets a SIGALRM
+per-test timeout; a skip, xfail or deselection the task did not declare counts as a failure.
+If pytest is not importable in the image, a minimal built-in runner calls every top-level
 ``test_*`` function instead (no fixtures, no parametrize) and reports ``runner="builtin"``.
 """
 
@@ -21,10 +22,9 @@ import signal
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 
 MARKER = "\x00agentgym-verify\x00"
-_REPORT_FD = None  # the runner's own stdout, where the one trusted report goes
+STATUSES = ("passed", "failed", "timeout", "skipped")
 OUTPUT_CAP = 1 << 20
 
 
@@ -39,8 +39,11 @@ def _not_dumpable():
 
 
 def _child(body, stdin_data, out_w, res_w, exit_ok):
-    if _REPORT_FD is not None:
-        os.close(_REPORT_FD)  # the candidate must not reach the runner's report channel
+    """A test's process. It keeps fds 0-2 and ``res_w`` only.
+
+    Why: the candidate runs here; it must reach neither the runner's report nor any other
+    fd of the harness.
+    """
     os.setsid()
     fd = os.memfd_create("stdin")
     os.write(fd, stdin_data)
@@ -49,6 +52,8 @@ def _child(body, stdin_data, out_w, res_w, exit_ok):
     os.dup2(fd, 0)
     os.dup2(out_w if out_w is not None else null, 1)
     os.dup2(null, 2)
+    os.closerange(3, res_w)
+    os.closerange(res_w + 1, 1 << 16)
     result = {"passed": True}
     try:
         body()
@@ -198,26 +203,47 @@ def run_pytest(req, total_deadline):
         import pytest  # noqa: F401
     except ImportError:
         return run_builtin_pytest(req, d, total_deadline), "builtin"
-    xml = os.path.join(d, "report.xml")
+    log = os.path.join(d, "outcomes.jsonl")
 
     def body():
         os.chdir(d)
         sys.path.insert(0, d)
         import pytest
-        rc = pytest.main([d, "-q", "-p", "no:cacheprovider", "--junitxml", xml,
-                          "-o", "junit_family=xunit1"], plugins=[_timeout_plugin(req)])
+        rc = pytest.main([d, "-q", "-p", "no:cacheprovider"], plugins=[_outcomes_plugin(req, log)])
         if int(rc) not in (0, 1, 5):
             raise RuntimeError(f"pytest exit code {int(rc)}")
     result, _, dur = _isolated(body, b"", max(0.0, total_deadline - time.monotonic()), False)
-    if not os.path.exists(xml):
-        return [_record("pytest", result, dur)], "pytest"
-    return _parse_junit(xml), "pytest"
+    return _read_outcomes(log, result) or [_record("pytest", result, dur)], "pytest"
 
 
-def _timeout_plugin(req):
+def _outcomes_plugin(req, log_path):
+    """A pytest plugin that logs each collected test, then each test's outcome (JSON lines).
+
+    A skip or xfail that no ``skip``/``skipif``/``xfail`` marker of the task declares is a
+    failure: otherwise code could skip what it cannot solve and leave it out of the score.
+    A module that fails or skips at collection is one failure. Tests collected but never
+    reported (deselected, or the session stopped) fail when the runner reads the log.
+    """
     import pytest
 
-    class Timeout:
+    log = open(log_path, "a")
+
+    def write(obj):
+        log.write(json.dumps(obj) + "\n")
+        log.flush()
+
+    class Outcomes:
+        def __init__(self):
+            self.running = {}
+
+        def pytest_itemcollected(self, item):
+            write({"collected": _test_name(item.nodeid)})
+
+        def pytest_collectreport(self, report):
+            if report.failed or report.skipped:
+                write(_outcome("collecting " + (report.nodeid or "the tests"), "failed",
+                               _why(report), report.duration or 0.0))
+
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_call(self, item):
             def on_alarm(*_):
@@ -229,23 +255,79 @@ def _timeout_plugin(req):
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, old)
-    return Timeout()
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(self, item, call):
+            report = (yield).get_result()
+            state = self.running.setdefault(
+                item.nodeid, _outcome(_test_name(item.nodeid), "passed", "", 0.0))
+            state["duration"] += report.duration or 0.0
+            if state["status"] == "passed" and not report.passed:  # the first problem decides
+                state.update(_judged(item, report))
+            if report.when == "teardown":
+                write(self.running.pop(item.nodeid))
+
+    return Outcomes()
 
 
-def _parse_junit(path):
-    out = []
-    for case in ET.parse(path).iter("testcase"):
-        problem = case.find("failure")
-        if problem is None:
-            problem = case.find("error")
-        skipped = case.find("skipped") is not None
-        message = "" if problem is None else (problem.get("message") or "")[:1000]
-        status = ("skipped" if skipped else "passed" if problem is None else
-                  "timeout" if "TimeoutError: test exceeded" in message + (problem.text or "")
-                  else "failed")
-        out.append({"name": case.get("name"), "passed": status == "passed", "status": status,
-                    "message": message, "duration": float(case.get("time") or 0.0)})
-    return out
+def _judged(item, report):
+    """Status and message of a phase that did not pass."""
+    why = _why(report)
+    if report.failed:
+        timeout = "TimeoutError: test exceeded" in report.longreprtext
+        return {"status": "timeout" if timeout else "failed", "passed": False, "message": why}
+    declared = any(True for name in ("skip", "skipif", "xfail") for _ in item.iter_markers(name))
+    if declared:
+        return {"status": "skipped", "passed": False, "message": why}
+    how = "xfailed" if hasattr(report, "wasxfail") else "skipped"
+    return {"status": "failed", "passed": False,
+            "message": f"{how} at run time ({why}); only a skip/skipif/xfail marker of the "
+                       "task leaves a test out of the score"}
+
+
+def _why(report):
+    if hasattr(report, "wasxfail"):
+        return str(report.wasxfail)[:1000]
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # a skip: (path, line, reason)
+        return str(longrepr[2])[:1000]
+    crash = getattr(longrepr, "reprcrash", None)
+    return (crash.message if crash is not None else report.longreprtext)[:1000]
+
+
+def _test_name(nodeid):
+    return nodeid.split("::", 1)[-1]
+
+
+def _outcome(name, status, message, duration):
+    return {"name": name, "passed": status == "passed", "status": status,
+            "message": message, "duration": duration}
+
+
+def _read_outcomes(path, result):
+    """Per-test records from the plugin's log, in collection order; unreported ones failed."""
+    collected, reported = [], {}
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("collected"), str):
+            if obj["collected"] not in collected:
+                collected.append(obj["collected"])
+        elif isinstance(obj, dict) and obj.get("status") in STATUSES:
+            reported.setdefault(str(obj.get("name")), obj)
+    status = "timeout" if result.get("timeout") else "failed"
+    why = result.get("error") or "deselected, or never ran"
+    out = [reported.pop(name, None) or _outcome(name, status, why, 0.0) for name in collected]
+    out += list(reported.values())
+    return [_outcome(str(r["name"]), r["status"], str(r.get("message", ""))[:1000],
+                     float(r.get("duration") or 0.0)) for r in out]
 
 
 def run_builtin_pytest(req, d, total_deadline):
@@ -267,10 +349,9 @@ def run_builtin_pytest(req, d, total_deadline):
 
 
 def main():
-    global _REPORT_FD
     _not_dumpable()
     req = json.loads(sys.stdin.read())
-    report = _REPORT_FD = os.dup(1)
+    report = os.dup(1)  # the one trusted report goes here; every test child closes it
     total_deadline = time.monotonic() + req["total_timeout"]
     runner = req["mode"]
     if runner == "assert":

@@ -10,20 +10,24 @@ carries ``stdout, stderr, exit_code, duration, status, truncated``.
 
 Process model::
 
-    server S (this file) -- fresh child per call (fork; code in new globals)
+    server S (this file) -- reporter C per fresh call (fork) -- the code G (fork of C)
                          -- session kernel K (fork of S, holds the session's globals)
-                               per cell: K forks K'; K' runs the cell; if K' survives the cell
-                               it becomes the kernel and K exits; if K' is killed K stays.
+                               per cell: K forks K'; K' runs the cell, replies and becomes
+                               the kernel (S then ends K); if K' dies first, K says so, stays.
 
-After every call S kills every process of its uid except itself and the current kernel
-(scanning /proc until none is left), so detached ``setsid`` children do not survive.
-Timeouts and the output cap are enforced here, inside the container.
+The code never holds a fd of the harness except, in a session, the kernel socket its own
+process must keep to be the next kernel: G has only fds 0-2 (C keeps the control pipe), and
+S reads the kernel socket as untrusted (`_Replies`). After every call S kills every process of
+its uid except itself and the current kernel (scanning /proc until none is left), so detached
+``setsid`` children do not survive. Timeouts and the output cap are enforced here, inside the
+container.
 """
 
 import base64
 import builtins
 import io
 import json
+import mmap
 import os
 import select
 import shutil
@@ -37,6 +41,7 @@ import traceback
 WORKDIR = sys.argv[1] if len(sys.argv) > 1 else "/work"
 WIPE = ("/tmp", "/dev/shm", WORKDIR)
 KILL_WAIT_S = 2.0
+CTL_CAP = 1 << 16  # bytes of unparsed control data kept (a reply line is ~100)
 
 
 def _oom_kills():
@@ -144,16 +149,20 @@ def _stdin_fd(data):
     return fd
 
 
+def _close_fds(keep):
+    """Close every fd from 3 up except those in ``keep``."""
+    low = 3
+    for fd in sorted(set(keep)) + [1 << 16]:
+        os.closerange(low, fd)
+        low = fd + 1
+
+
 def _become(in_fd, out_w, err_w, keep=()):
     """In a fresh child: new session, fds 0/1/2 wired, every other fd closed, OOM-first."""
     os.setsid()
     for src, dst in ((in_fd, 0), (out_w, 1), (err_w, 2)):
         os.dup2(src, dst)
-    keep = sorted(set(keep))
-    low = 3
-    for fd in keep + [1 << 16]:
-        os.closerange(low, fd)
-        low = fd + 1
+    _close_fds(keep)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -202,26 +211,35 @@ def _send(fd_or_sock, obj):
 
 
 def _child_run(req, in_fd, out_w, err_w, ctl_w):
-    """Body of a fresh child: run Python code or an argv, report on ``ctl_w``, exit."""
+    """Body of a fresh child: fork the code's own process, report its end on ``ctl_w``, exit.
+
+    The code runs in a grandchild that holds only fds 0-2, so nothing it writes can reach the
+    server's control pipe. Its MemoryError comes back through an anonymous shared page (no fd).
+    """
     try:
-        _become(in_fd, out_w, err_w, keep=(ctl_w,))
-        sys.stdin = io.TextIOWrapper(os.fdopen(0, "rb", closefd=False))
-        if req["op"] == "run":
-            code, mem = _exec_cell(req["code"], _fresh_globals())
-            _send(ctl_w, {"exit_code": code, "memory_error": mem})
-            os._exit(code & 0xFF)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # the server's own stdio is the host's channel
+            os.dup2(null, fd)
+        _close_fds((in_fd, out_w, err_w, ctl_w))
+        flag = mmap.mmap(-1, 1)
         pid = os.fork()
         if pid == 0:
-            os.close(ctl_w)
+            _become(in_fd, out_w, err_w)
+            if req["op"] == "run":
+                sys.stdin = io.TextIOWrapper(os.fdopen(0, "rb", closefd=False))
+                code, mem = _exec_cell(req["code"], _fresh_globals())
+                flag[0] = int(mem)
+                os._exit(code & 0xFF)
             try:
                 os.execvp(req["argv"][0], req["argv"])
             except OSError as exc:
                 os.write(2, ("{}: {}\n".format(req["argv"][0], exc.strerror)).encode())
                 os._exit(127)
-        for fd in (0, 1, 2):
-            os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+        for fd in (in_fd, out_w, err_w):
+            os.close(fd)
         _, status = os.waitpid(pid, 0)
-        _send(ctl_w, {"exit_code": _exit_code(status), "memory_error": False})
+        _send(ctl_w, {"exit_code": _exit_code(status), "memory_error": bool(flag[0]),
+                      "id": req.get("id")})
         os._exit(0)
     except BaseException:
         os._exit(125)
@@ -234,10 +252,11 @@ def _exit_code(status):
 
 
 def _kernel(sock):
-    """Session kernel loop. Each cell runs in a fork that replaces this process on success.
+    """Session kernel loop. Each cell runs in a fork that becomes the kernel if it survives.
 
-    Only the kernel talks to the server, one reply per cell: the cell's fork hands its result
-    back over a private pipe; if the fork dies before that, the kernel reports ``died``.
+    The cell's fork holds the kernel socket (it is the next kernel) and nothing else of the
+    harness; it replies itself once the cell is done. The old kernel only waits: if the fork
+    dies first, it reports ``died`` and stays the kernel; otherwise the server ends it.
     """
     g = _fresh_globals()
     while True:
@@ -248,40 +267,21 @@ def _kernel(sock):
         if not msg or len(fds) != 4:
             os._exit(0)
         req = json.loads(msg)
-        result_r, result_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.close(result_r)
             code, mem = _cell_in_kernel(fds, g)
-            _send(result_w, {"exit_code": code, "memory_error": mem, "kernel": os.getpid(),
-                             "id": req["id"]})
-            os.close(result_w)
+            _send(sock, {"exit_code": code, "memory_error": mem, "kernel": os.getpid(),
+                         "id": req["id"]})
             continue
         for fd in fds:
             os.close(fd)
-        os.close(result_w)
-        reply = _read_line(result_r)
-        os.close(result_r)
-        if reply is not None:
-            sock.sendall(reply)
-            os._exit(0)
         _, status = os.waitpid(pid, 0)
         _send(sock, {"died": True, "exit_code": _exit_code(status), "kernel": os.getpid(),
                      "id": req["id"]})
 
 
-def _read_line(fd):
-    buf = b""
-    while not buf.endswith(b"\n"):
-        data = os.read(fd, 65536)
-        if not data:
-            return None
-        buf += data
-    return buf
-
-
 def _cell_in_kernel(fds, g):
-    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    """Run one cell with the call's fds as 0-2; afterwards 0-2 are /dev/null again."""
     in_fd, out_w, err_w, code_fd = fds
     with os.fdopen(code_fd, "rb") as fh:
         code = fh.read().decode("utf-8")
@@ -293,9 +293,10 @@ def _cell_in_kernel(fds, g):
     sys.stdin = io.TextIOWrapper(os.fdopen(0, "rb", closefd=False))
     result = _exec_cell(code, g)
     sys.stdin = stdin
-    for src, dst in zip(saved, (0, 1, 2)):
-        os.dup2(src, dst)
-        os.close(src)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
     return result
 
 
@@ -358,8 +359,9 @@ class Server:
             (ctl, child), note = self._fork_fresh(req, in_fd, out_w, err_w), ""
         for fd in (in_fd, out_w, err_w):
             os.close(fd)
-        outs, msg, status = _pump(out_r, err_r, ctl, started + float(req["timeout"]), limit)
-        msg = self._settle(session, ctl, child, msg, killed=status is not None)
+        replies = _Replies(ctl, req.get("id"), {os.getpid(), self.kernel})
+        outs, msg, status = _pump(out_r, err_r, replies, started + float(req["timeout"]), limit)
+        msg = self._settle(session, replies, child, msg, killed=status is not None)
         outs = _drain(out_r, err_r, outs, limit)
         exit_code = msg.get("exit_code") if msg else None
         if status is None:
@@ -397,7 +399,7 @@ class Server:
         os.close(ctl_w)
         return ctl_r, child
 
-    def _settle(self, session, ctl, child, msg, killed):
+    def _settle(self, session, replies, child, msg, killed):
         """Kill what must not outlive the call; return the call's final control message."""
         keep = {os.getpid()} | ({self.kernel} if self.kernel else set())
         if not session and (killed or msg is None):
@@ -410,14 +412,14 @@ class Server:
         if killed or msg is None:
             _kill_strays(keep)  # in a session: the cell's fork dies, the kernel stays
             if session and msg is None:
-                msg = _read_msg(ctl, time.monotonic() + KILL_WAIT_S)
+                msg = _read_msg(replies, time.monotonic() + KILL_WAIT_S)
         if session:
             if msg is None:
                 self._drop_kernel()
             elif msg.get("kernel"):
                 self.kernel = msg["kernel"]
         else:
-            os.close(ctl)
+            os.close(replies.ctl)
         _kill_strays({os.getpid()} | ({self.kernel} if self.kernel else set()))
         return msg
 
@@ -431,35 +433,90 @@ def _write_file(path, data):
         fh.write(base64.b64decode(data))
 
 
-def _read_msg(ctl, deadline):
-    """One JSON line from the control fd/socket, or None on EOF or deadline."""
-    buf = b""
-    while b"\n" not in buf:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([ctl], [], [], remaining)[0]:
-            return None
-        data = ctl.recv(65536) if isinstance(ctl, socket.socket) else os.read(ctl, 65536)
+class _Replies:
+    """The control channel of one call, read for that call's reply and nothing else.
+
+    Why: in a session the cell's own process holds the kernel socket (it becomes the next
+    kernel), so the code can write there too. Only a line that parses as this request's reply,
+    naming a kernel of this lineage, counts; bytes glued in front of it are dropped, and the
+    buffer is capped, so nothing the code writes can become a failure of the server.
+    """
+
+    def __init__(self, ctl, req_id, parents):
+        self.ctl, self.req_id, self.parents = ctl, req_id, parents
+        self.buf, self.eof = b"", False
+
+    def read(self):
+        """Read once; return the reply when it is complete, else None (``eof`` set at EOF)."""
+        try:
+            if isinstance(self.ctl, socket.socket):
+                data = self.ctl.recv(65536)
+            else:
+                data = os.read(self.ctl, 65536)
+        except OSError:
+            data = b""
         if not data:
+            self.eof = True
             return None
-        buf += data
-    return json.loads(buf.split(b"\n", 1)[0])
+        self.buf = (self.buf + data)[-CTL_CAP:]
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            reply = self._parse(line)
+            if reply is not None:
+                return reply
+        return None
+
+    def _parse(self, line):
+        try:
+            reply = json.loads(line[line.rfind(b"{"):])
+        except ValueError:
+            return None
+        if not isinstance(reply, dict) or reply.get("id") != self.req_id:
+            return None
+        if not isinstance(reply.get("exit_code"), int):
+            return None
+        kernel = reply.get("kernel")
+        if kernel is not None and not (kernel in self.parents or _ppid(kernel) in self.parents):
+            return None
+        return reply
 
 
-def _pump(out_r, err_r, ctl, deadline, limit):
-    """Collect output until the control message, the deadline, or the output cap."""
+def _ppid(pid):
+    """Parent pid of ``pid`` (None when unknown), from /proc/PID/status."""
+    try:
+        with open(f"/proc/{int(pid)}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"PPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, TypeError, IndexError):
+        pass
+    return None
+
+
+def _read_msg(replies, deadline):
+    """The call's reply, or None on EOF or deadline."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([replies.ctl], [], [], remaining)[0]:
+            return None
+        msg = replies.read()
+        if msg is not None or replies.eof:
+            return msg
+
+
+def _pump(out_r, err_r, replies, deadline, limit):
+    """Collect output until the call's reply, the deadline, or the output cap."""
     bufs = {out_r: bytearray(), err_r: bytearray()}
-    total, ctl_buf = 0, b""
-    watch = [out_r, err_r, ctl]
+    total = 0
+    watch = [out_r, err_r, replies.ctl]
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return (bytes(bufs[out_r]), bytes(bufs[err_r]), False), None, "timeout"
         for fd in select.select(watch, [], [], remaining)[0]:
-            if fd is ctl:
-                data = ctl.recv(65536) if isinstance(ctl, socket.socket) else os.read(ctl, 65536)
-                ctl_buf += data
-                if not data or b"\n" in ctl_buf:
-                    msg = json.loads(ctl_buf.split(b"\n", 1)[0]) if data else None
+            if fd is replies.ctl:
+                msg = replies.read()
+                if msg is not None or replies.eof:
                     return (bytes(bufs[out_r]), bytes(bufs[err_r]), False), msg, None
                 continue
             data = os.read(fd, 65536)

@@ -20,9 +20,8 @@ from typing import Any, Literal
 
 from agentgym._errors import ConfigError
 
-from ._docker import DockerSandbox
-from ._local import LocalSandbox
 from ._pool import SandboxPool
+from ._protocol import Sandbox
 from ._result import ExecResult, ExecStatus
 
 VerifyMode = Literal["assert", "stdio", "pytest"]
@@ -95,9 +94,8 @@ def _payload(code: str, tests: Any, mode: str, per_test_timeout: float,
 
 def _score(result: ExecResult, reward: str) -> VerifyResult:
     """Score the runner's report; anything the code did to it is a failure, never a raise."""
-    if result.status is ExecStatus.SANDBOX_ERROR:
-        return VerifyResult([], None, "infra_error", result.stderr.strip() or "sandbox error",
-                            exec_result=result)
+    if result.infra_error is not None:
+        return VerifyResult([], None, "infra_error", result.infra_error, exec_result=result)
     # The runner's report is its last act: a marker line printed earlier is the code's forgery.
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith(MARKER)]
     try:
@@ -121,15 +119,16 @@ def _score(result: ExecResult, reward: str) -> VerifyResult:
 
 
 def _run_kwargs(sandbox: Any, payload: str, total_timeout: float) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"stdin": payload, "timeout": total_timeout + RUNNER_SLACK_S}
-    if isinstance(sandbox, (DockerSandbox, LocalSandbox)):
-        kwargs["session"] = False  # never run a verifier inside the agent's Python session
-    return kwargs
+    """Keyword arguments of the runner's one call; never in the agent's Python session."""
+    if not isinstance(sandbox, (Sandbox, SandboxPool)):
+        raise ConfigError(f"sandbox must be a Sandbox or a SandboxPool, got "
+                          f"{type(sandbox).__name__}")
+    return {"stdin": payload, "timeout": total_timeout + RUNNER_SLACK_S, "session": False}
 
 
 def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *,
-           sandbox: Any, per_test_timeout: float = 5.0, total_timeout: float = 30.0,
-           reward: RewardKind = "fraction") -> VerifyResult:
+           sandbox: Sandbox | SandboxPool, per_test_timeout: float = 5.0,
+           total_timeout: float = 30.0, reward: RewardKind = "fraction") -> VerifyResult:
     """Run ``tests`` against ``code`` in ``sandbox`` (a `Sandbox` or a `SandboxPool`).
 
     Modes: ``assert`` — ``tests`` is a list of Python snippets, each run after ``code`` in a
@@ -140,23 +139,20 @@ def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *
     ``total_timeout``. The whole batch is one sandbox call.
     """
     payload = _payload(code, tests, mode, per_test_timeout, total_timeout, reward)
+    kwargs = _run_kwargs(sandbox, payload, total_timeout)
     if isinstance(sandbox, SandboxPool):
-        with sandbox.lease_sync() as sb:
-            result = sb.run(RUNNER_SOURCE, **_run_kwargs(sb, payload, total_timeout))
-    else:
-        result = sandbox.run(RUNNER_SOURCE, **_run_kwargs(sandbox, payload, total_timeout))
-    return _score(result, reward)
+        with sandbox.lease() as sb:
+            return _score(sb.run(RUNNER_SOURCE, **kwargs), reward)
+    return _score(sandbox.run(RUNNER_SOURCE, **kwargs), reward)
 
 
 async def averify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *,
-                  sandbox: Any, per_test_timeout: float = 5.0, total_timeout: float = 30.0,
-                  reward: RewardKind = "fraction") -> VerifyResult:
+                  sandbox: Sandbox | SandboxPool, per_test_timeout: float = 5.0,
+                  total_timeout: float = 30.0, reward: RewardKind = "fraction") -> VerifyResult:
     """Async twin of `verify`; with a pool, many samples verify in parallel."""
     payload = _payload(code, tests, mode, per_test_timeout, total_timeout, reward)
+    kwargs = _run_kwargs(sandbox, payload, total_timeout)
     if isinstance(sandbox, SandboxPool):
-        async with sandbox.lease() as sb:
-            result = await sb.arun(RUNNER_SOURCE, **_run_kwargs(sb, payload, total_timeout))
-    else:
-        result = await sandbox.arun(RUNNER_SOURCE,
-                                    **_run_kwargs(sandbox, payload, total_timeout))
-    return _score(result, reward)
+        async with sandbox.alease() as sb:
+            return _score(await sb.arun(RUNNER_SOURCE, **kwargs), reward)
+    return _score(await sandbox.arun(RUNNER_SOURCE, **kwargs), reward)

@@ -15,12 +15,12 @@ from typing import Any
 
 import gymnasium
 import pytest
-from agentgym.envs.humaneval import close_shared_pools
 from gymnasium.utils.env_checker import check_env
 
 import agentgym
 from agentgym import ConfigError, ToolEnv, UnknownEnvError
 from agentgym import _registry as registry_module
+from agentgym.sandboxes import close_shared_pools
 from tests.sandboxes.conftest import require_docker
 
 #: Warnings `check_env` may raise that say nothing about our envs; none are expected today.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from agentgym.envs.docsearch import corpus, index, names_the_function, read, search
 
 import agentgym
+from agentgym.envs.docsearch import corpus, index, names_the_function, read, search
 
 
 def test_corpus_is_unique_and_sizeable():

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
-from agentgym.envs.humaneval import close_shared_pools, extract_code, load_problems
 
 import agentgym
-from tests.sandboxes.conftest import require_docker
-
-pytestmark = pytest.mark.docker
+from agentgym.envs.humaneval import extract_code, load_problems
+from agentgym.sandboxes import _local as local
+from agentgym.sandboxes import close_shared_pools
+from tests.sandboxes.conftest import (
+    BLOCKING_CELL,
+    MAKE_FIFO,
+    alive,
+    require_docker,
+    wait_until_code_runs,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -36,6 +44,7 @@ def test_extract_code_takes_the_last_fenced_block():
     assert extract_code("def g(): pass") == "def g(): pass"
 
 
+@pytest.mark.docker
 def test_reference_solutions_score_one_in_docker():
     require_docker()
     trajectories = agentgym.rollout("humaneval", reference(), num_tasks=6, group_size=2)
@@ -45,6 +54,7 @@ def test_reference_solutions_score_one_in_docker():
     assert first_tool_reply["role"] == "tool" and "status: ok" in first_tool_reply["content"]
 
 
+@pytest.mark.docker
 def test_wrong_answer_scores_zero_and_session_persists_across_turns():
     require_docker()
     turns = [
@@ -59,6 +69,7 @@ def test_wrong_answer_scores_zero_and_session_persists_across_turns():
     assert trajectory.scores["has_code_block"] == 1.0
 
 
+@pytest.mark.docker
 def test_verification_sees_none_of_the_agents_files():
     require_docker()
     # the agent leaves a file behind; the answer is right only if verification cannot see it
@@ -75,6 +86,7 @@ def test_verification_sees_none_of_the_agents_files():
     assert trajectory.status == "ok" and trajectory.final_reward == 1.0
 
 
+@pytest.mark.docker
 def test_a_missing_image_is_infra_error_not_a_zero_reward():
     require_docker()
     kwargs = {"image": "agentgym-no-such-image:0", "pool_size": 1}
@@ -85,8 +97,65 @@ def test_a_missing_image_is_infra_error_not_a_zero_reward():
 
 
 def test_local_backend_runs_and_scores(recwarn):
+    local._warned.clear()  # it warns once per process; an earlier test may have used it
     trajectories = agentgym.rollout(
         "humaneval", reference(backend="local"), num_tasks=3, env_kwargs={"backend": "local"}
     )
     assert [t.final_reward for t in trajectories] == [1.0, 1.0, 1.0]
     assert any("NOT a security boundary" in str(w.message) for w in recwarn.list)
+
+
+def call_run_python(code: str) -> str:
+    call = {"name": "run_python", "arguments": {"code": code}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
+class SignallingScript(agentgym.ScriptedPolicy):
+    """Scripted turns; ``asked[k]`` is set when turn k is asked for (turn k-1 is over)."""
+
+    def __init__(self, turns: list[str]) -> None:
+        super().__init__(turns)
+        self.asked = [asyncio.Event() for _ in turns]
+
+    async def generate(self, messages, tools, **kwargs):
+        self.asked[sum(m["role"] == "assistant" for m in messages)].set()
+        return await super().generate(messages, tools, **kwargs)
+
+
+@pytest.mark.docker
+async def test_cancelling_an_episode_kills_its_code_before_the_sandbox_returns():
+    require_docker()
+    envs = []
+
+    def make():
+        envs.append(agentgym.make("humaneval", pool_size=1))
+        return envs[-1]
+
+    policy = SignallingScript([call_run_python(MAKE_FIFO), call_run_python(BLOCKING_CELL), "x"])
+    spec = agentgym.EpisodeSpec(task=0, task_index=0, group_index=0, seed=0)
+    episode = asyncio.create_task(agentgym.run_episode(make, policy, spec))
+    await policy.asked[1].wait()  # the FIFO exists; the blocking cell comes next
+    [env] = envs
+    lease = env.sandbox
+    pid = await asyncio.to_thread(wait_until_code_runs, lease)
+    pool, returned = env.pool, []
+    real_release = pool._release
+
+    def release(sandbox, failed):  # when the sandbox goes back, is the code still running?
+        returned.append(alive(sandbox, pid))
+        real_release(sandbox, failed)
+
+    pool._release = release
+    try:
+        cancelled_at = time.monotonic()
+        episode.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await episode
+        took = time.monotonic() - cancelled_at
+    finally:
+        del pool._release
+    assert returned == [False], "the sandbox went back to the pool with the code running"
+    assert took < 5, f"cancelling took {took:.1f}s (the cell's own timeout is 10s)"
+    assert env.sandbox is None and lease.ended
+    async with pool.alease(timeout=60) as sb:  # the pool serves a working sandbox again
+        assert (await sb.arun("print(1)")).stdout == "1\n"

@@ -10,8 +10,8 @@ import functools
 import os
 
 import pytest
-from agentgym.sandboxes import DEFAULT_IMAGE, SandboxPool, _reap
 
+from agentgym.sandboxes import DEFAULT_IMAGE, SandboxPool, _reap
 from tests.conftest import skip_or_fail
 
 
@@ -41,6 +41,31 @@ def _client():
     from agentgym.sandboxes._client import docker_client as make
 
     return make()
+
+
+MAKE_FIFO = "import os\nos.mkfifo('ready')"
+"""Code that prepares `BLOCKING_CELL`'s handshake (run it first, in the same work dir)."""
+BLOCKING_CELL = ("import os, time\nwith open('ready', 'w') as fh:\n    fh.write(str(os.getpid()))\n"
+                 "time.sleep(60)")
+"""Code that says it started (see `wait_until_code_runs`), then runs for a minute."""
+
+
+def wait_until_code_runs(sb) -> int:
+    """Block until `BLOCKING_CELL` runs in ``sb``; return the pid of its process.
+
+    The cell opens the FIFO ``ready`` for writing, which returns only once this reader has
+    opened it, so the handshake needs no polling and no sleep.
+    """
+    uid = sb.config.code_uid
+    r = sb._container.exec_run(["cat", "ready"], user=f"{uid}:{uid}", workdir=sb.config.workdir)
+    assert r.exit_code == 0, r.output
+    return int(r.output)
+
+
+def alive(sb, pid: int) -> bool:
+    """Whether process ``pid`` of ``sb``'s container exists and is not a zombie."""
+    check = f"test -e /proc/{pid} && ! grep -q '^State:.*Z' /proc/{pid}/status"
+    return sb._container.exec_run(["sh", "-c", check]).exit_code == 0
 
 
 def own_containers() -> list:
@@ -74,7 +99,7 @@ def pool():
 @pytest.fixture
 def sb(pool):
     """A sandbox leased from the shared pool for one test (reset when the test ends)."""
-    with pool.lease_sync(timeout=60) as sandbox:
+    with pool.lease(timeout=60) as sandbox:
         yield sandbox
 
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import agentgym.sandboxes as sandboxes
 import pytest
-from agentgym.sandboxes import DockerSandboxConfig, ExecResult, ExecStatus, Sandbox
 
+import agentgym.sandboxes as sandboxes
 from agentgym._errors import ConfigError, InfraError, SandboxError
+from agentgym.sandboxes import DockerSandboxConfig, ExecResult, ExecStatus, Sandbox
 
 
 def test_public_names_are_pinned():
     assert sorted(sandboxes.__all__) == sorted([
         "DEFAULT_IMAGE", "DockerSandbox", "DockerSandboxConfig", "ExecResult", "ExecStatus",
-        "LocalSandbox", "LocalSandboxConfig", "PoolStats", "Sandbox", "SandboxPool", "Snapshot",
-        "TestResult", "VerifyResult", "averify", "build_image", "reap_leaked", "verify",
+        "LocalSandbox", "LocalSandboxConfig", "PoolStats", "Sandbox", "SandboxLease",
+        "SandboxPool", "SandboxToolEnv", "Snapshot", "TestResult", "VerifyResult", "averify",
+        "build_image", "close_shared_pools", "reap_leaked", "verify",
     ])
     for name in sandboxes.__all__:
         assert getattr(sandboxes, name) is not None
@@ -28,11 +29,13 @@ def test_import_does_not_import_docker():
     assert out.stdout.strip() == "False"
 
 
-def test_statuses_and_infra_flag():
+def test_one_infra_error_vocabulary():
     assert [s.value for s in ExecStatus] == [
-        "ok", "error", "timeout", "oom", "output_limit", "sandbox_error"]
-    bad = ExecResult.sandbox_error("daemon gone")
-    assert bad.infra_error and not bad.ok and bad.exit_code is None
+        "ok", "error", "timeout", "oom", "output_limit", "infra_error"]
+    bad = ExecResult.infra_failure("daemon gone\n")
+    assert (bad.status, bad.infra_error, bad.ok, bad.exit_code) == (
+        "infra_error", "daemon gone", False, None)
+    assert ExecResult("", "boom", 1, 0.1, ExecStatus.ERROR).infra_error is None
     assert issubclass(SandboxError, InfraError)
 
 

@@ -7,7 +7,8 @@ import json
 import os
 
 import pytest
-from agentgym.sandboxes import ExecStatus
+
+from agentgym.sandboxes import ExecStatus, verify
 
 pytestmark = pytest.mark.docker
 
@@ -35,8 +36,9 @@ def assert_still_works(sb):
     assert (r.status, r.stdout) == (ExecStatus.OK, "alive\n"), r
     procs = processes(sb)
     code = [p for p in procs if p["uid"] == sb.config.code_uid]
-    # what may remain of the code uid: the server, the Python session kernel, this listing
-    assert len(code) <= 3, f"code processes survived the call: {code}"
+    # what may remain of the code uid: the server, the Python session kernel, and this
+    # listing (its reporter process and itself)
+    assert len(code) <= 4, f"code processes survived the call: {code}"
     assert all(p["cmd"].startswith("python3 -c") for p in code), code
     keeper = [p for p in procs if p["uid"] == sb.config.keeper_uid]
     assert {p["pid"] for p in keeper} >= {1}, "the keeper must be alive"
@@ -113,7 +115,7 @@ def test_writing_outside_the_work_dir_fails(sb, path):
     assert r.status is ExecStatus.ERROR
     assert "Read-only file system" in r.stderr or "Permission denied" in r.stderr \
         or "No such file" in r.stderr
-    assert not os.path.exists(path)
+    assert sb.exec(["test", "-e", path]).exit_code == 1, f"{path} exists in the container"
     assert_still_works(sb)
 
 
@@ -160,8 +162,49 @@ def test_filling_the_tmpfs_fails_cleanly(sb):
     assert_still_works(sb)
 
 
+# Every fd the code could have inherited from the harness gets garbage: lines, a forged-looking
+# reply, and bytes with no newline (glued to whatever the harness writes next).
+FD_GARBAGE = (
+    "import os\n"
+    "junk = b'garbage\\n{\"exit_code\": 0, \"id\": 1}\\n\\x00\\xffno newline'\n"
+    "for fd in range(3, 256):\n"
+    "    try:\n"
+    "        os.write(fd, junk)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
+
+@pytest.mark.parametrize("session", [True, False])
+def test_writing_garbage_to_every_fd_is_the_codes_own_outcome(sb, session):
+    sb.run("survivor = 7")
+    r = sb.run(FD_GARBAGE + "print('done')", session=session)
+    assert (r.status, r.stdout, r.infra_error) == (ExecStatus.OK, "done\n", None), r
+    r = sb.run(FD_GARBAGE + "raise SystemExit(3)", session=session)
+    assert (r.status, r.exit_code, r.infra_error) == (ExecStatus.ERROR, 3, None), r
+    assert sb.run("print(survivor)").stdout == "7\n", "the Python session must survive"
+    assert_still_works(sb)
+
+
+def test_fresh_code_holds_no_fd_of_the_harness(sb):
+    listing = "import os\nprint(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))"
+    # 0-2 and the fd of the /proc/self/fd listing itself; nothing of the server
+    assert sb.run(listing, session=False).stdout == "[0, 1, 2, 3]\n"
+    assert sb.exec(["ls", "/proc/self/fd"]).stdout.split() == ["0", "1", "2", "3"]
+
+
+def test_writing_garbage_to_every_fd_cannot_dodge_a_zero_in_verify(sb):
+    wrong = FD_GARBAGE + "def add(a, b):\n    return a - b\n"
+    res = verify(wrong, ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], sandbox=sb)
+    assert (res.reward, res.status, res.infra_error) == (0.0, "failed", None), res
+    # a right answer that trashes its own test's result pipe is scored too (0 or 1), never None
+    right = FD_GARBAGE + "def add(a, b):\n    return a + b\n"
+    assert verify(right, ["assert add(1, 2) == 3"], sandbox=sb).reward in (0.0, 1.0)
+    assert_still_works(sb)
+
+
 def test_pool_serves_working_sandboxes_after_the_attacks(pool):
-    with pool.lease_sync() as a, pool.lease_sync() as b, pool.lease_sync() as c:
+    with pool.lease() as a, pool.lease() as b, pool.lease() as c:
         for sb in (a, b, c):
             assert_still_works(sb)
             assert sb.exec(["ls", "-A"]).stdout == "", "leftover files from an earlier lease"

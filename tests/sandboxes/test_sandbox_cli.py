@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from agentgym.sandboxes._cli import app
-from agentgym.sandboxes._image import apt_mirror
 from typer.testing import CliRunner
 
 from agentgym._errors import ConfigError
+from agentgym.sandboxes._cli import app
+from agentgym.sandboxes._image import apt_mirror
 
 runner = CliRunner()
 
@@ -34,7 +34,7 @@ def test_build_rejects_unknown_method():
 
 @pytest.mark.docker
 def test_ls_and_prune(pool):
-    with pool.lease_sync() as sb:
+    with pool.lease() as sb:
         listed = runner.invoke(app, ["ls"])
         assert listed.exit_code == 0, listed.output
         assert sb._container.short_id in listed.output

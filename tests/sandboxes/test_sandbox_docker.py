@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from agentgym.sandboxes import DockerSandbox, DockerSandboxConfig, ExecStatus
 
 pytestmark = pytest.mark.docker
@@ -85,22 +86,22 @@ def test_hard_reset_restarts_server(sb):
 
 
 def test_snapshot_forks_state(pool):
-    with pool.lease_sync() as prepared:
+    with pool.lease() as prepared:
         prepared.run("import os; os.makedirs('repo'); open('repo/a.py', 'w').write('A = 1')")
         snap = prepared.snapshot()
     assert snap.size > 0
-    with pool.lease_sync(snapshot=snap) as s1, pool.lease_sync(snapshot=snap) as s2:
+    with pool.lease(snapshot=snap) as s1, pool.lease(snapshot=snap) as s2:
         s1.run("open('repo/a.py', 'w').write('A = 2')")
         assert s1.exec(["cat", "repo/a.py"]).stdout == "A = 2"
         assert s2.exec(["cat", "repo/a.py"]).stdout == "A = 1"
 
 
 def test_snapshot_for_verifier_has_no_agent_processes(pool):
-    with pool.lease_sync() as agent:
+    with pool.lease() as agent:
         agent.run("import subprocess; subprocess.Popen(['sleep', '100'], start_new_session=True)"
                   "\nopen('answer.txt', 'w').write('42')", timeout=2)
         final = agent.snapshot()
-        with pool.lease_sync(snapshot=final) as judge:
+        with pool.lease(snapshot=final) as judge:
             assert judge.exec(["cat", "answer.txt"]).stdout == "42"
             assert "sleep 100" not in process_list(judge)
         assert "sleep 100" not in process_list(agent), "a setsid child outlived its call"
@@ -110,7 +111,7 @@ def test_container_removed_externally_is_infra_error(docker_ready):
     with DockerSandbox(config=DockerSandboxConfig(host_grace_s=2)) as sb:
         sb._client.containers.get(sb.container_id).remove(force=True)
         r = sb.run("print(1)")
-        assert r.status is ExecStatus.SANDBOX_ERROR and r.infra_error
+        assert r.status is ExecStatus.INFRA_ERROR and "container lost" in r.infra_error
         assert sb.needs_recycle
         assert sb.run("print(1)").stdout == "1\n", "the sandbox replaced its container"
 
@@ -124,7 +125,7 @@ def test_server_frozen_hits_host_deadline(docker_ready):
         assert sb.run("print(2)").stdout == "2\n"
 
 
-def test_snapshot_with_a_frozen_server_is_a_sandbox_error(docker_ready):
+def test_snapshot_with_a_frozen_server_raises_sandbox_error(docker_ready):
     from agentgym._errors import SandboxError
 
     with DockerSandbox() as sb:

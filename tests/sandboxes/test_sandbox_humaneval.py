@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from agentgym.sandboxes._bench import humaneval_cases, verify_all
 
+from agentgym.sandboxes._bench import humaneval_cases, verify_all
 from tests.conftest import require
 
 pytestmark = pytest.mark.docker

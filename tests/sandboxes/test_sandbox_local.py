@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import warnings
 
 import pytest
+
 from agentgym.sandboxes import LocalSandbox, LocalSandboxConfig, verify
+from tests.sandboxes.conftest import BLOCKING_CELL
 
 
 @pytest.fixture
@@ -56,3 +60,18 @@ def test_verify_works_locally(local):
     res = verify("def f(x):\n    return x + 1\n", ["assert f(1) == 2", "assert f(1) == 3"],
                  sandbox=local)
     assert res.reward == 0.5 and [t.passed for t in res.tests] == [True, False]
+
+
+def test_interrupt_kills_the_running_call(local):
+    fifo = os.path.join(local.workdir, "ready")
+    os.mkfifo(fifo)
+    results = []
+    call = threading.Thread(target=lambda: results.append(local.run(BLOCKING_CELL, timeout=60)))
+    call.start()
+    with open(fifo) as fh:  # returns once the code has opened the FIFO: it is running
+        pid = int(fh.read())
+    local.interrupt()
+    call.join()
+    assert (results[0].status.value, results[0].exit_code) == ("error", -9)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -12,28 +12,34 @@ import threading
 import time
 
 import pytest
-from agentgym.sandboxes import DockerSandbox, SandboxPool, _reap
 
 from agentgym._errors import SandboxError
-from tests.sandboxes.conftest import own_containers
+from agentgym.sandboxes import DockerSandbox, SandboxPool, _reap
+from tests.sandboxes.conftest import (
+    BLOCKING_CELL,
+    MAKE_FIFO,
+    alive,
+    own_containers,
+    wait_until_code_runs,
+)
 
 pytestmark = pytest.mark.docker
 
 
 def test_lease_keeps_files_and_session_then_resets(pool):
-    with pool.lease_sync() as sb:
+    with pool.lease() as sb:
         sb.run("counter = 1\nopen('notes.txt', 'w').write('turn 1')")
         sb.run("counter += 1")
         assert sb.run("print(counter, open('notes.txt').read())").stdout == "2 turn 1\n"
     for _ in range(pool.size):  # whichever sandbox comes next, it is clean
-        with pool.lease_sync() as sb:
+        with pool.lease() as sb:
             assert sb.exec(["ls", "-A"]).stdout == ""
             assert "NameError" in sb.run("counter").stderr
 
 
 async def test_async_leases_run_in_parallel(pool):
     async def episode(i: int) -> str:
-        async with pool.lease() as sb:
+        async with pool.alease() as sb:
             await sb.arun(f"x = {i}")
             await sb.arun("import time; time.sleep(0.3)")
             return (await sb.arun("print(x)")).stdout
@@ -45,7 +51,7 @@ async def test_async_leases_run_in_parallel(pool):
 
 
 async def test_cancelled_waiter_does_not_leak_a_sandbox(pool):
-    async with pool.lease() as a, pool.lease() as b, pool.lease() as c:
+    async with pool.alease() as a, pool.alease() as b, pool.alease() as c:
         assert pool.idle == 0
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(pool._acquire_async(None), 0.2)
@@ -53,29 +59,91 @@ async def test_cancelled_waiter_does_not_leak_a_sandbox(pool):
     # returned sandboxes are reset on worker threads: rather than poll `idle`, lease every
     # sandbox at once again, which only works if none went to the cancelled waiter
     async with contextlib.AsyncExitStack() as stack:
-        again = [await stack.enter_async_context(pool.lease(timeout=30))
+        again = [await stack.enter_async_context(pool.alease(timeout=30))
                  for _ in range(pool.size)]
         assert len({sb.container_id for sb in again}) == pool.size and pool.idle == 0
 
 
-def test_lease_timeout(pool):
-    with pool.lease_sync(), pool.lease_sync(), pool.lease_sync():
+async def test_a_lease_cancelled_right_after_the_hand_off_returns_the_sandbox(docker_ready):
+    pool = await asyncio.to_thread(SandboxPool(size=1).start)
+    try:
+        loop = asyncio.get_running_loop()
+        handed = []
+        async with pool.alease():
+            waiting = asyncio.create_task(pool._acquire_async(None))
+            await asyncio.sleep(0)  # one loop turn: the task queues itself as a waiter
+            assert len(pool._waiters) == 1
+            real_hand = pool._hand
+
+            def hand_then_cancel(waiter, item):
+                # on the loop: queue the hand-off, then the cancel right behind it, so the
+                # task is cancelled after its future got the sandbox, before it resumes
+                def in_loop():
+                    handed.append(waiter)
+                    real_hand(waiter, item)
+                    loop.call_soon(waiting.cancel)
+                loop.call_soon_threadsafe(in_loop)
+
+            pool._hand = hand_then_cancel
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        del pool._hand
+        [waiter] = handed
+        assert waiter.future.done() and not waiter.future.cancelled(), "not at the hand-off"
+        async with pool.alease(timeout=30) as sb:  # the sandbox came back to the pool
+            assert (await sb.arun("print(1)")).stdout == "1\n"
+    finally:
+        await asyncio.to_thread(pool.close)
+
+
+async def test_lease_timeout_is_a_sandbox_error_sync_and_async(pool):
+    async with pool.alease(), pool.alease(), pool.alease():
         with pytest.raises(SandboxError, match="no sandbox free"):
-            with pool.lease_sync(timeout=0.2):
+            with pool.lease(timeout=0.2):
                 pass
+        with pytest.raises(SandboxError, match="no sandbox free"):
+            async with pool.alease(timeout=0.2):
+                pass
+
+
+def test_a_lease_ends_only_after_its_running_call_was_killed(docker_ready):
+    with SandboxPool(size=1) as pool:
+        returned, results = [], []
+        real_release = pool._release
+
+        def release(sandbox, failed):  # what the pool gets back, and when
+            returned.append(alive(sandbox, pid))
+            real_release(sandbox, failed)
+
+        pool._release = release
+        with pool.lease() as sb:
+            assert sb.run(MAKE_FIFO).ok
+            call = threading.Thread(target=lambda: results.append(sb.run(BLOCKING_CELL)))
+            call.start()
+            pid = wait_until_code_runs(sb)
+            started = time.monotonic()
+        ended_after = time.monotonic() - started
+        call.join()
+        assert returned == [False], "the sandbox went back while the code still ran"
+        assert ended_after < 10, f"the lease took {ended_after:.1f}s to end"
+        assert results[0].status == "error" and not results[0].infra_error, results[0]
+        with pytest.raises(SandboxError, match="lease has ended"):
+            sb.run("print(1)")
+        with pool.lease(timeout=60) as again:
+            assert again.run("print(1)").stdout == "1\n"
 
 
 def test_recycle_after_max_uses_and_after_failure(docker_ready):
     with SandboxPool(size=1, max_uses=2) as pool:
         ids = []
         for _ in range(3):
-            with pool.lease_sync() as sb:
+            with pool.lease() as sb:
                 ids.append(sb.container_id)
         assert ids[0] == ids[1] != ids[2]
         with pytest.raises(RuntimeError):
-            with pool.lease_sync() as sb:
+            with pool.lease() as sb:
                 raise RuntimeError("episode crashed")
-        with pool.lease_sync() as sb2:
+        with pool.lease() as sb2:
             assert sb2.container_id != ids[2]
             assert sb2.run("print(1)").stdout == "1\n"
         assert pool.stats.recycled == 2 and pool.stats.created == 3
@@ -107,10 +175,10 @@ def test_a_failing_reset_replaces_the_sandbox(docker_ready, monkeypatch):
         raise SandboxError("daemon hiccup")
 
     with SandboxPool(size=1) as pool:
-        with pool.lease_sync() as sb:
+        with pool.lease() as sb:
             first = sb.container_id
         monkeypatch.setattr(DockerSandbox, "reset", broken_reset)
-        with pool.lease_sync(timeout=30) as sb:  # the failed reset must not lose the slot
+        with pool.lease(timeout=30) as sb:  # the failed reset must not lose the slot
             assert sb.container_id != first and sb.run("print(1)").stdout == "1\n"
         assert pool.stats.recycled >= 1
 
@@ -140,19 +208,19 @@ def test_reaps_containers_of_a_process_killed_with_sigkill(docker_client):
 def test_live_owners_are_not_reaped(pool, docker_client):
     client = docker_client
     assert _reap.reap_leaked(client) == []
-    with pool.lease_sync() as sb:
+    with pool.lease() as sb:
         assert sb.run("print(1)").ok
 
 
 def test_pool_close_removes_its_containers(docker_client):
     pool = SandboxPool(size=2).start()
-    with pool.lease_sync() as sb:
+    with pool.lease() as sb:
         sb.run("print(1)")
     pool.close()
     labels = {c.labels.get("agentgym.pool") for c in _reap.managed_containers(docker_client)}
     assert pool.pool_id not in labels
     with pytest.raises(SandboxError, match="not running"):
-        with pool.lease_sync():
+        with pool.lease():
             pass
 
 
@@ -160,13 +228,13 @@ def test_failed_creation_reaches_the_waiter_then_the_pool_refills(docker_ready):
     with SandboxPool(size=1, max_uses=1) as pool:
         good_image = pool.image
         pool.image = "agentgym-sandbox:does-not-exist"  # the replacement will fail
-        with pool.lease_sync():
+        with pool.lease():
             pass
         with pytest.raises(SandboxError, match="not found"):
-            with pool.lease_sync(timeout=30):
+            with pool.lease(timeout=30):
                 pass
         pool.image = good_image
-        with pool.lease_sync(timeout=30) as sb:  # a waiter triggers a new creation
+        with pool.lease(timeout=30) as sb:  # a waiter triggers a new creation
             assert sb.run("print(1)").stdout == "1\n"
         assert pool.stats.create_failures == 1
 

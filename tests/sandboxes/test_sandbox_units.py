@@ -8,11 +8,11 @@ import os
 import socket
 
 import pytest
+
+from agentgym._errors import ConfigError
 from agentgym.sandboxes import ExecResult, ExecStatus, SandboxPool, _reap
 from agentgym.sandboxes._protocol import check_relative
 from agentgym.sandboxes._verify import MARKER, _score
-
-from agentgym._errors import ConfigError
 
 
 def test_pool_rejects_bad_sizes():
@@ -50,8 +50,8 @@ def test_garbled_or_missing_report_is_a_failure_not_a_crash(line):
     assert res.tests[0].name == "runner" and "readable" in res.tests[0].message
 
 
-def test_sandbox_error_is_infra_not_a_zero():
-    res = _score(ExecResult.sandbox_error("daemon gone"), "fraction")
+def test_infra_error_is_not_a_zero():
+    res = _score(ExecResult.infra_failure("daemon gone"), "fraction")
     assert (res.status, res.reward, res.infra_error) == ("infra_error", None, "daemon gone")
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from agentgym.sandboxes import DockerSandbox, averify, verify
-from agentgym.sandboxes._verify import MARKER
 
 from agentgym._errors import ConfigError
+from agentgym.sandboxes import DockerSandbox, averify, verify
+from agentgym.sandboxes._verify import MARKER
 
 pytestmark = pytest.mark.docker
 
@@ -74,6 +74,47 @@ def test_pytest_mode_uses_real_pytest(sb):
     assert [(t.name, t.status) for t in res.tests] == [
         ("test_add[1-2-3]", "passed"), ("test_add[2-2-5]", "failed"), ("test_slow", "timeout")]
     assert res.reward == pytest.approx(1 / 3)
+
+
+TWO_TESTS_AND_DECLARED_SKIPS = (
+    "import pytest\nfrom solution import add\n\n"
+    "def test_small():\n    assert add(1, 2) == 3\n\n"
+    "def test_big():\n    assert add(2, 2) == 4\n\n"
+    "@pytest.mark.skip(reason='the task says so')\n"
+    "def test_declared_skip():\n    assert False\n\n"
+    "@pytest.mark.xfail(reason='a known bug')\n"
+    "def test_declared_xfail():\n    assert False\n"
+)
+
+# Code that cannot solve the big case makes it vanish instead of failing it.
+DESELECT_TEST_BIG = """
+import gc
+from _pytest.config import Config
+
+class Hide:
+    def pytest_collection_modifyitems(self, items, config):
+        hidden = [item for item in items if item.name == "test_big"]
+        items[:] = [item for item in items if item not in hidden]
+        config.hook.pytest_deselected(items=hidden)
+
+for obj in gc.get_objects():
+    if isinstance(obj, Config):
+        obj.pluginmanager.register(Hide())
+"""
+
+
+@pytest.mark.parametrize("dodge", ["skip", "xfail", "deselect"])
+def test_skips_the_task_did_not_declare_are_failures(sb, dodge):
+    body = f"import pytest; pytest.{dodge}('too hard')" if dodge != "deselect" else "pass"
+    code = (DESELECT_TEST_BIG if dodge == "deselect" else "") + (
+        f"def add(a, b):\n    if a > 1:\n        {body}\n    return a + b\n")
+    res = verify(code, TWO_TESTS_AND_DECLARED_SKIPS, "pytest", sandbox=sb, reward="all")
+    assert {t.name: t.status for t in res.tests} == {
+        "test_small": "passed", "test_big": "failed",
+        "test_declared_skip": "skipped", "test_declared_xfail": "skipped"}, res.tests
+    assert (res.reward, res.status) == (0.0, "failed")
+    res = verify(code, TWO_TESTS_AND_DECLARED_SKIPS, "pytest", sandbox=sb)
+    assert res.reward == 0.5
 
 
 def test_runner_killed_by_code_is_a_failure_not_infra(sb):

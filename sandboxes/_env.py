@@ -1,0 +1,208 @@
+"""`SandboxToolEnv`: the rung of the env ladder for envs whose tools run code.
+
+    ToolEnv -> SandboxToolEnv -> HumanEvalEnv (and any code-executing env)
+
+An episode leases a sandbox in `setup_episode` and ends the lease in `teardown_episode`,
+which the loop runs when the episode ends, is reset, or is closed after a cancellation; tools
+and reward functions that declare a ``sandbox`` parameter get the episode's `SandboxLease`.
+Docker sandboxes come from one warm `SandboxPool` per process and (image, config, size),
+shared by every env instance (envs are made per episode, pools are not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from agentgym._errors import ConfigError, SandboxError
+from agentgym._tool_env import ToolEnv
+from agentgym._tools import Tool
+
+from ._config import DEFAULT_IMAGE, DockerSandboxConfig
+from ._lease import SandboxLease
+from ._local import LocalSandbox
+from ._pool import SandboxPool
+
+RETRY_FIRST_S = 1.0
+"""Seconds before the first retry of a pool start that failed; doubles per failure."""
+RETRY_MAX_S = 30.0
+"""Longest wait between two attempts to start a pool."""
+
+
+class SandboxToolEnv(ToolEnv):
+    """A `ToolEnv` whose episodes each hold a sandbox, released when the episode ends.
+
+    Args:
+        tools: functions or `Tool`s; one that declares a ``sandbox`` parameter gets the
+            episode's `SandboxLease` (a `Sandbox`), never shown to the model.
+        backend: ``docker`` (hardened containers from a shared warm pool) or ``local``
+            (a `LocalSandbox` per episode: NOT a security boundary, for trusted code only).
+        image: the Docker image (build the default with ``agentgym sandbox build``).
+        sandbox_config: the containers' hardening knobs; None: `DockerSandboxConfig()`.
+        pool_size: warm containers in the shared pool; episodes wait when all are out.
+        lease_timeout: seconds an episode waits for a free sandbox, then `SandboxError`
+            (the episode is ``infra_error``); None waits as long as it takes.
+        kwargs: any `ToolEnv` option (``tasks``, ``rubric``, ``parser``, ``max_turns`` ...).
+
+    Every sandbox failure of an episode (the pool cannot start, no sandbox in time) raises
+    `SandboxError`, so the episode is ``infra_error``, never a reward of 0. A pool whose start
+    failed is started again by a later episode, after ``RETRY_FIRST_S`` doubling up to
+    ``RETRY_MAX_S``; the episodes that wait for that attempt share its outcome.
+
+    Example::
+
+        @tool
+        async def shell(command: str, sandbox: Sandbox) -> str:
+            '''Run a shell command.'''
+            return (await sandbox.arun(command, language="bash")).stdout
+
+        env = SandboxToolEnv([shell], tasks=[{"prompt": "How many CPUs?"}])
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        *,
+        backend: Literal["docker", "local"] = "docker",
+        image: str = DEFAULT_IMAGE,
+        sandbox_config: DockerSandboxConfig | None = None,
+        pool_size: int = 4,
+        lease_timeout: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if backend not in ("docker", "local"):
+            raise ConfigError(f"backend must be 'docker' or 'local', got {backend!r}")
+        if pool_size < 1:
+            raise ConfigError(f"pool_size must be >= 1, got {pool_size}")
+        if lease_timeout is not None and lease_timeout <= 0:
+            raise ConfigError(f"lease_timeout must be > 0 or None, got {lease_timeout}")
+        super().__init__(tools, **kwargs)
+        self.backend, self.image, self.pool_size = backend, image, pool_size
+        self.sandbox_config = sandbox_config or DockerSandboxConfig()
+        self.lease_timeout = lease_timeout
+        # what a machine must offer to run this env (tests and tools read it)
+        self.metadata = {**self.metadata, "requires": ["docker"] if backend == "docker" else []}
+        self.sandbox: SandboxLease | None = None
+        """The running episode's lease; None between episodes."""
+        self.pool: SandboxPool | None = None
+        """The shared pool the last episode leased from (``docker``); its ``stats`` are the
+        ``sandbox/*`` metrics."""
+        self._lease_exit: Any = None  # the pool lease's context manager, exited at teardown
+
+    async def setup_episode(self, task: dict[str, Any]) -> None:
+        """Lease the episode's sandbox (raises `SandboxError` when there is none)."""
+        await super().setup_episode(task)
+        if self.backend == "local":
+            local = LocalSandbox()
+            self.sandbox = SandboxLease(local, lambda failed: local.close())
+            return
+        self.pool = await _slot(self.image, self.sandbox_config, self.pool_size).apool()
+        lease = self.pool.alease(timeout=self.lease_timeout)
+        self.sandbox = await lease.__aenter__()
+        self._lease_exit = lease
+
+    async def teardown_episode(self) -> None:
+        """End the lease: running code killed and awaited, then the sandbox goes back.
+
+        Runs on every way out of an episode, a cancelled one included; the sandbox returns
+        even if this await is cancelled again (it then returns a moment later).
+        """
+        lease, self.sandbox = self.sandbox, None
+        exit_lease, self._lease_exit = self._lease_exit, None
+        try:
+            if exit_lease is not None:
+                await exit_lease.__aexit__(None, None, None)
+            elif lease is not None:
+                await lease.aend()
+        finally:
+            await super().teardown_episode()
+
+
+@dataclass
+class _PoolSlot:
+    """The shared pool of one (image, config, size), and how its last start went."""
+
+    image: str
+    config: DockerSandboxConfig
+    size: int
+    pool: SandboxPool | None = None
+    attempts: int = 0
+    failures: int = 0  # consecutive failed starts
+    retry_at: float = 0.0  # time.monotonic() before which no new start is tried
+    error: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    async def apool(self) -> SandboxPool:
+        """The started pool; starts (or restarts) it when there is none or it was closed."""
+        pool = self.pool
+        if pool is not None and not pool.closed:
+            return pool
+        delay = self.retry_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return await asyncio.to_thread(self._start, self.attempts)
+
+    def _start(self, seen: int) -> SandboxPool:
+        with self.lock:
+            if self.pool is not None and not self.pool.closed:
+                return self.pool
+            if self.attempts != seen:  # the attempt this episode waited for failed
+                raise SandboxError(f"the sandbox pool for {self.image!r} failed to start: "
+                                   f"{self.error}")
+            self.attempts += 1
+            pool = SandboxPool(size=self.size, image=self.image, config=self.config)
+            try:
+                pool.start()
+            except Exception as exc:
+                self.failures += 1
+                wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self.failures - 1))
+                self.retry_at = time.monotonic() + wait
+                self.error = f"{type(exc).__name__}: {exc}"
+                raise SandboxError(f"the sandbox pool for {self.image!r} failed to start "
+                                   f"({self.error}); a later episode retries in {wait:g}s"
+                                   ) from exc
+            self.pool, self.failures, self.error = pool, 0, ""
+            return pool
+
+
+_SLOTS: dict[tuple[str, str, int], _PoolSlot] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slot(image: str, config: DockerSandboxConfig, size: int) -> _PoolSlot:
+    key = (image, json.dumps(asdict(config), sort_keys=True), size)
+    with _SLOTS_LOCK:
+        slot = _SLOTS.get(key)
+        if slot is None:
+            slot = _SLOTS[key] = _PoolSlot(image, config, size)
+            _close_at_exit()
+        return slot
+
+
+@functools.cache
+def _close_at_exit() -> None:
+    """One exit hook for every shared pool, registered with the first (not at import)."""
+    atexit.register(close_shared_pools)
+
+
+def close_shared_pools() -> None:
+    """Remove the shared pools' containers now and forget the pools.
+
+    Runs at interpreter exit too; call it earlier when done with an env (tests, long-lived
+    processes). The next episode starts a new pool.
+    """
+    with _SLOTS_LOCK:
+        slots = list(_SLOTS.values())
+        _SLOTS.clear()
+    for slot in slots:
+        with slot.lock:
+            pool, slot.pool = slot.pool, None
+        if pool is not None:
+            pool.close()
