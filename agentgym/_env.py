@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from gymnasium.utils import seeding
 
 from ._errors import ConfigError
 from ._types import Completion, Message
@@ -42,8 +43,21 @@ _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _SAMPLE_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,?!{}\"':<>/_-\n"
 
 
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
 def json_copy(value: Any) -> Any:
-    """Copy nested dicts/lists (JSON-shaped data) without `copy.deepcopy`'s overhead."""
+    """Copy nested dicts/lists (JSON-shaped data) without `copy.deepcopy`'s overhead.
+
+    Dicts and lists (subclasses too) become new plain dicts and lists; anything else is shared,
+    as immutable JSON scalars can be. Exact scalar types are tested first because this runs on
+    every observation the env returns.
+    """
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _ATOMS else json_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _ATOMS else json_copy(v) for v in value]
     if isinstance(value, dict):
         return {k: json_copy(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -108,6 +122,7 @@ class Env(gymnasium.Env[list[Message], Action]):
     metadata: dict[str, Any] = {"render_modes": []}
     observation_space = MessagesSpace()
     action_space = AssistantTurnSpace()
+    _pending_seed: int | None = None  # a seed `np_random` has yet to build its generator from
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -121,9 +136,40 @@ class Env(gymnasium.Env[list[Message], Action]):
         like Gymnasium's `reset`, it reseeds `np_random` when ``seed`` is given and keeps the
         current generator when it is None. The base returns an empty conversation.
         """
-        gymnasium.Env.reset(self, seed=seed)
+        if seed is not None:
+            self._seed(seed)
         self.messages = []
         return [], {}
+
+    def _seed(self, seed: int) -> None:
+        """Gymnasium's ``reset(seed=seed)``, building the generator on its first use.
+
+        Building it costs more than a whole env step, and most episodes never draw (the rollout
+        engine names each episode's task), so `np_random` builds it from the pending seed when
+        asked; the draws are the same as with an eager build. Seeds Gymnasium would refuse go
+        through Gymnasium at once, so the error is raised here, as before.
+        """
+        if type(seed) is not int or seed < 0:
+            gymnasium.Env.reset(self, seed=seed)
+            self._pending_seed = None
+            return
+        self._np_random = None
+        self._np_random_seed = seed
+        self._pending_seed = seed
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        """The episode's generator (Gymnasium's), built from the last seed on first use."""
+        if self._np_random is None:
+            seed, self._pending_seed = self._pending_seed, None
+            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        return self._np_random
+
+    @np_random.setter
+    def np_random(self, value: np.random.Generator) -> None:
+        self._pending_seed = None
+        self._np_random = value
+        self._np_random_seed = -1  # Gymnasium's "seed unknown"
 
     async def astep(
         self, action: Action

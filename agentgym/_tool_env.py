@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from ._env import Action, Env, json_copy
 from ._errors import ConfigError, InfraError, ToolError
+from ._json import loads
 from ._rubric import Rubric
 from ._tools import (
     Tool,
@@ -123,7 +124,7 @@ class ToolEnv(Env):
             self.tools[t.name] = t
         self.tasks = tasks
         self.rubric = rubric or Rubric()
-        self.parser = get_parser(parser)
+        self.parser = get_parser(parser).for_tools([t.schema for t in self.tools.values()])
         self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
         if tool_prompt == "system" and self.tools:
             self.system_prompt += "\n\n" + describe_tools(self.tools.values(), self.parser)
@@ -242,11 +243,9 @@ class ToolEnv(Env):
 
     # ---- the pieces --------------------------------------------------------------------
     def _pick_task(self, options: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-        unknown = set(options) - {"task"}
-        if unknown:
-            raise ConfigError(
-                f"unknown reset option(s) {sorted(unknown)}; the only option is 'task'"
-            )
+        if len(options) > ("task" in options):  # an option besides 'task'
+            unknown = sorted(set(options) - {"task"})
+            raise ConfigError(f"unknown reset option(s) {unknown}; the only option is 'task'")
         choice = options.get("task")
         if isinstance(choice, dict):
             return json_copy(choice), None
@@ -257,7 +256,9 @@ class ToolEnv(Env):
             )
         if choice is None:
             choice = int(self.np_random.integers(len(self.tasks)))
-        is_index = isinstance(choice, numbers.Integral) and not isinstance(choice, bool)
+        is_index = type(choice) is int or (
+            isinstance(choice, numbers.Integral) and not isinstance(choice, bool)
+        )
         if not is_index or not 0 <= int(choice) < len(self.tasks):
             raise ConfigError(
                 "options['task'] must be a task dict or an index in "
@@ -272,7 +273,7 @@ class ToolEnv(Env):
 
     def _assistant_message(self, parsed: ParsedTurn) -> tuple[Message, list[ToolCall]]:
         calls = [
-            ToolCall(c.name, c.arguments, c.id or f"call_{self.state.turn}_{i}")
+            ToolCall(c.name, c.arguments, c.id or self.parser.make_call_id(self.state.turn, i))
             for i, c in enumerate(parsed.tool_calls)
         ]
         message: Message = {"role": "assistant", "content": parsed.content}
@@ -283,11 +284,16 @@ class ToolEnv(Env):
     async def _run_tools(
         self, calls: list[ToolCall], parse_errors: list[str]
     ) -> tuple[list[Message], list[str]]:
-        running = [asyncio.ensure_future(self._call_tool(c)) for c in calls]
-        try:
-            results = await asyncio.gather(*running)
-        finally:  # one call failed or the episode was cancelled: stop the others, then go on
-            await cancel_and_wait(running)
+        if len(calls) == 1:  # the common turn: no task to schedule, no gather
+            results = [await self._call_tool(calls[0])]
+        elif calls:
+            running = [asyncio.ensure_future(self._call_tool(c)) for c in calls]
+            try:
+                results = await asyncio.gather(*running)
+            finally:  # one call failed or the episode was cancelled: stop the others, go on
+                await cancel_and_wait(running)
+        else:
+            results = []
         messages = [
             {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": content}
             for c, (content, _) in zip(calls, results)
@@ -297,7 +303,7 @@ class ToolEnv(Env):
             messages.append(
                 {
                     "role": "tool",
-                    "tool_call_id": f"call_{self.state.turn}_invalid_{i}",
+                    "tool_call_id": self.parser.make_call_id(self.state.turn, len(calls) + i),
                     "name": "invalid_tool_call",
                     "content": f"Error: {problem}. Emit tool calls in the documented format.",
                 }
@@ -313,9 +319,8 @@ class ToolEnv(Env):
             error = f"unknown tool {call.name!r}; available tools: {known}"
             return f"Error: {error}", error
         try:
-            result = await tool.acall(
-                call.arguments, self.tool_context(), threads=self._tool_threads
-            )
+            context = self.tool_context() if tool.injected else None
+            result = await tool.acall(call.arguments, context, threads=self._tool_threads)
         except InfraError:
             raise
         except ToolError as exc:
@@ -332,11 +337,10 @@ class ToolEnv(Env):
         self.state.done = True
         try:
             last = next((m for m in reversed(self.messages) if m["role"] == "assistant"), {})
-            context = self.tool_context() | {
-                "completion": last.get("content") or "",
-                "answer": (self.state.task or {}).get("answer"),
-                "trajectory": self.as_trajectory(),
-            }
+            context = _RewardContext(self.tool_context())
+            context["completion"] = last.get("content") or ""
+            context["answer"] = (self.state.task or {}).get("answer")
+            context.build_trajectory = self.as_trajectory
             result = await self.rubric.score(context)
         finally:
             await self.teardown_episode()
@@ -345,6 +349,27 @@ class ToolEnv(Env):
             "scores": result.scores,
             "reward_errors": result.errors,
         }
+
+
+class _RewardContext(dict[str, Any]):
+    """What reward functions may ask for; ``trajectory`` is built when the first one asks.
+
+    `ToolEnv.as_trajectory` copies the whole conversation, which the reward functions of most
+    rubrics never read; the episode is over, so building it later gives the same record.
+    """
+
+    build_trajectory: Callable[[], Trajectory]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == "trajectory" and key not in self:
+            self[key] = self.build_trajectory()
+        return super().get(key, default)
+
+    def __missing__(self, key: str) -> Any:
+        if key != "trajectory":
+            raise KeyError(key)
+        value = self[key] = self.build_trajectory()
+        return value
 
 
 def describe_tools(tools: Iterable[Tool], parser: ToolCallParser) -> str:
@@ -377,7 +402,7 @@ def _parse_message(message: Message) -> ParsedTurn:
         arguments = function.get("arguments", {})
         try:
             if isinstance(arguments, str):
-                arguments = json.loads(arguments) if arguments.strip() else {}
+                arguments = loads(arguments) if arguments.strip() else {}
             if not isinstance(arguments, dict):
                 raise TypeError("arguments must be a JSON object")
         except (ValueError, TypeError) as exc:

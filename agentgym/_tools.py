@@ -15,11 +15,13 @@ import enum
 import functools
 import inspect
 import json
+import os
+import queue
 import threading
 import types
 import typing
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -27,6 +29,7 @@ import docstring_parser
 import jsonschema
 
 from ._errors import ConfigError, InfraError, ToolArgumentsError, ToolError, ToolTimeoutError
+from ._fast_schema import compile_fast_check
 
 #: Parameter names the environment fills in; a tool that declares one gets it injected.
 INJECTABLE = frozenset({"task", "state", "sandbox", "messages", "env"})
@@ -104,10 +107,12 @@ class Tool:
     is_async: bool = False
     converters: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     _validator: Any = field(default=None, repr=False, compare=False)
+    _surely_valid: Callable[[Any], bool] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         jsonschema.Draft202012Validator.check_schema(self.parameters)
         self._validator = jsonschema.Draft202012Validator(self.parameters)
+        self._surely_valid = compile_fast_check(self.parameters)
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -127,6 +132,8 @@ class Tool:
             raise ToolArgumentsError(
                 f"arguments for {self.name!r} must be a JSON object, got {type(arguments).__name__}"
             )
+        if self._surely_valid is not None and self._surely_valid(arguments):
+            return
         problems = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
         if problems:
             details = "; ".join(
@@ -149,13 +156,22 @@ class Tool:
         thread is abandoned (see `tool`).
         """
         self.validate(arguments)
-        kwargs = self._convert(arguments)
+        kwargs = self._convert(arguments) if self.converters else dict(arguments)
         for name in self.injected:
             kwargs[name] = (context or {}).get(name)
-        if self.is_async:
-            return await self._await_result(asyncio.ensure_future(self.fn(**kwargs)))
-        async with (threads or ToolThreads(1)).slot():  # waiting for a slot is not timed
-            return await self._await_result(_start_thread(self.fn, kwargs))
+        try:
+            if self.is_async:
+                return await self._run_coroutine(kwargs)
+            threads = threads or ToolThreads(1)
+            await threads.acquire()  # waiting for a slot is not timed
+            try:
+                return await self._run_in_thread(kwargs)
+            finally:
+                threads.release()
+        except (ToolError, InfraError):
+            raise
+        except Exception as exc:
+            raise ToolError(f"{self.name!r} raised {type(exc).__name__}: {exc}") from exc
 
     def _convert(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Schema-valid JSON arguments as the Python values the hints ask for (Enum members).
@@ -173,39 +189,113 @@ class Tool:
                 f"invalid arguments for {self.name!r}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _await_result(self, running: asyncio.Future[Any]) -> Any:
-        """Wait up to `timeout` for a started call and map its failure to a `ToolError`.
+    async def _run_coroutine(self, kwargs: dict[str, Any]) -> Any:
+        """Run an async tool in the caller's task, under `timeout` counted from the call.
 
-        Whenever this stops waiting (timeout, or its caller cancelled), the call is cancelled
-        and, for an async tool, awaited, so nothing of it runs on after this returns.
+        The tool runs in a context of its own, as a task of its own would, but without one:
+        most tool calls finish without ever waiting, and those pay neither a task nor a timer
+        (each costs more than the rest of an env step). Only a call that suspends is timed by
+        `asyncio.timeout_at`, with the deadline the call had from its start. When the timeout
+        fires or the caller is cancelled, the tool sees `asyncio.CancelledError` where it
+        waits, and its cleanup has run when this returns. A `TimeoutError` the tool raises
+        itself stays the tool's error, not a timeout.
         """
+        start = asyncio.get_running_loop().time()
+        context = contextvars.copy_context()
+        coro = self.fn(**kwargs)
         try:
-            # asyncio.wait (not wait_for) so a TimeoutError the tool raises itself stays its own
-            done, _ = await asyncio.wait({running}, timeout=self.timeout)
-        finally:
-            await cancel_and_wait([running])
-        if not done:
+            signal = context.run(coro.send, None)
+        except StopIteration as finished:
+            return finished.value
+        if self.timeout is None:
+            return await _Resume(coro, signal, context)
+        scope = asyncio.timeout_at(start + self.timeout)
+        try:
+            async with scope:
+                result = await _Resume(coro, signal, context)
+        except TimeoutError:
+            if not scope.expired():
+                raise  # the tool's own
+        if scope.expired():  # also when the tool swallowed the cancellation and returned
             raise ToolTimeoutError(f"{self.name!r} timed out after {self.timeout:g} s")
+        return result
+
+    async def _run_in_thread(self, kwargs: dict[str, Any]) -> Any:
+        """Run a sync tool on a worker thread and wait up to `timeout` for its result.
+
+        The call's future is this call's own, so the timer settles it with a marker instead
+        of cancelling anything: a cancellation that reaches here is always the caller's.
+        Whenever this stops waiting the future is done, and the thread's late result is
+        dropped (`_settle`).
+        """
+        running = _start_thread(self.fn, kwargs)
+        timer = None
+        if self.timeout is not None:
+            timer = running.get_loop().call_later(self.timeout, _expire, running)
         try:
-            return running.result()
-        except (ToolError, InfraError):
-            raise
-        except Exception as exc:
-            raise ToolError(f"{self.name!r} raised {type(exc).__name__}: {exc}") from exc
+            result = await running
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if result is _TIMED_OUT:
+            raise ToolTimeoutError(f"{self.name!r} timed out after {self.timeout:g} s")
+        return result
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (no validation), as a plain function."""
         return self.fn(*args, **kwargs)
 
 
+class _Resume:
+    """Awaiting this runs the rest of ``coro``, which has already run up to yielding ``signal``.
+
+    Each step of ``coro`` runs in ``context``. What the awaiting task sends or throws (a
+    result, `asyncio.CancelledError`) goes on to ``coro``, as ``await coro`` would have done.
+    """
+
+    __slots__ = ("coro", "signal", "context")
+
+    def __init__(
+        self, coro: Coroutine[Any, Any, Any], signal: Any, context: contextvars.Context
+    ) -> None:
+        self.coro, self.signal, self.context = coro, signal, context
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, signal, run = self.coro, self.signal, self.context.run
+        while True:
+            try:
+                sent = yield signal
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # cancellation, delivered where the tool waits
+                step: Callable[[Any], Any] = coro.throw
+                sent = exc
+            else:
+                step = coro.send
+            try:
+                signal = run(step, sent)
+            except StopIteration as finished:
+                return finished.value
+
+
+_TIMED_OUT = object()  # what the timer settles a sync call's future with
+
+
+def _expire(running: asyncio.Future[Any]) -> None:
+    if not running.done():
+        running.set_result(_TIMED_OUT)
+
+
 class ToolThreads:
-    """Threads for sync tools: at most ``size`` calls run at once, each on a thread of its own.
+    """A cap on the sync tool calls of one owner (an env) that run at once.
 
     An env owns one, so a busy process never makes one episode's calls wait for another's, and
-    waiting for a free slot is not part of a call's timeout. A call whose caller stops waiting
-    (timeout or cancellation) gives its slot back at once; its thread cannot be killed and
-    finishes unobserved (see `tool`). Slots are handed over with thread-safe callbacks, so one
-    instance serves callers on any event loop.
+    waiting for a free slot is not part of a call's timeout. Each call runs on a thread of its
+    own, taken warm from the process's idle worker threads or started when none is idle.
+    A call whose caller stops waiting (timeout or cancellation) gives its slot back at once;
+    its thread cannot be killed and finishes unobserved (see `tool`). Slots are handed over
+    with thread-safe callbacks, so one instance serves callers on any event loop.
     """
 
     def __init__(self, size: int = 8) -> None:
@@ -216,16 +306,8 @@ class ToolThreads:
         self._free = size
         self._waiting: deque[asyncio.Future[None]] = deque()
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one of the ``size`` slots for the body."""
-        await self._acquire()
-        try:
-            yield
-        finally:
-            self._release()
-
-    async def _acquire(self) -> None:
+    async def acquire(self) -> None:
+        """Take a slot, waiting for one when all ``size`` are held; pair with `release`."""
         with self._lock:
             if self._free:
                 self._free -= 1
@@ -240,10 +322,11 @@ class ToolThreads:
                     self._waiting.remove(turn)
                     raise
             if not turn.cancelled():  # handed a slot just as the caller gave up: pass it on
-                self._release()
+                self.release()
             raise  # a cancelled hand-over is passed on by _hand_over
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """Give a slot back: to the longest waiting caller, or to the free ones."""
         with self._lock:
             while self._waiting:
                 turn = self._waiting.popleft()
@@ -254,32 +337,84 @@ class ToolThreads:
 
     def _hand_over(self, turn: asyncio.Future[None]) -> None:
         if turn.cancelled():
-            self._release()
+            self.release()
         else:
             turn.set_result(None)
 
 
-def _start_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
-    """Run ``fn`` on a new daemon thread; the future settles on the caller's loop.
+#: Seconds an idle worker thread waits for its next call before it exits.
+IDLE_THREAD_SECONDS = 30.0
 
-    A daemon thread neither holds `asyncio.run` (it is not the loop's default executor) nor
-    the interpreter at exit, so an abandoned call cannot hang `rollout` or the CLI.
+_Job = tuple[Callable[..., Any], dict[str, Any], contextvars.Context, asyncio.AbstractEventLoop,
+             "asyncio.Future[Any]"]  # fmt: skip
+
+
+class _Workers:
+    """The process's idle worker threads, each waiting on its own inbox (newest last)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.idle: list[queue.SimpleQueue[_Job]] = []
+
+
+_workers = _Workers()
+if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads
+
+    def _forget_workers() -> None:
+        global _workers
+        _workers = _Workers()
+
+    os.register_at_fork(after_in_child=_forget_workers)
+
+
+def _start_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    """Run ``fn`` on an idle worker thread (a new one when none is idle).
+
+    The future settles on the caller's loop. Workers are daemon threads: one running an
+    abandoned call neither holds `asyncio.run` (they are not the loop's default executor) nor
+    the interpreter at exit, so such a call cannot hang `rollout` or the CLI. Reusing warm
+    threads takes a thread start off every sync call; idle ones exit after
+    `IDLE_THREAD_SECONDS`.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
-    context = contextvars.copy_context()
+    job: _Job = (fn, kwargs, contextvars.copy_context(), loop, future)
+    workers = _workers
+    with workers.lock:
+        inbox = workers.idle.pop() if workers.idle else None
+    if inbox is None:
+        inbox = queue.SimpleQueue()
+        args = (workers, inbox)
+        threading.Thread(target=_serve, args=args, name="agentgym-tool", daemon=True).start()
+    inbox.put(job)
+    return future
 
-    def work() -> None:
+
+def _serve(workers: _Workers, inbox: queue.SimpleQueue[_Job]) -> None:
+    """A worker thread: run the calls put in ``inbox``; exit after idling too long."""
+    while True:
+        try:
+            job = inbox.get(timeout=IDLE_THREAD_SECONDS)
+        except queue.Empty:
+            with workers.lock:
+                idle = inbox in workers.idle
+                if idle:
+                    workers.idle.remove(inbox)
+            if idle:
+                return
+            job = inbox.get()  # handed a call just as the wait ended: run it
+        fn, kwargs, context, loop, future = job
+        del job
+        threading.current_thread().name = f"agentgym-tool-{getattr(fn, '__name__', 'fn')}"
         try:
             outcome: tuple[Any, BaseException | None] = (context.run(fn, **kwargs), None)
         except BaseException as exc:  # delivered to the caller like to_thread does
             outcome = (None, exc)
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(_settle, future, *outcome)
-
-    name = f"agentgym-tool-{getattr(fn, '__name__', 'fn')}"
-    threading.Thread(target=work, name=name, daemon=True).start()
-    return future
+        del fn, kwargs, context, loop, future, outcome  # an idle thread holds no call's data
+        with workers.lock:
+            workers.idle.append(inbox)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -482,6 +617,8 @@ def format_result(value: Any) -> str:
     """Render a tool's return value as the text of a ``tool`` message."""
     if isinstance(value, str):
         return value
+    if type(value) is int:  # what json.dumps writes, without its encoder set-up
+        return int.__repr__(value)
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):

@@ -6,6 +6,9 @@ core. Prints microseconds per step and steps per second for the async path (what
 engine uses) and for the sync Gymnasium adapter, side by side in one run.
 
     python bench/env_step_overhead.py [--episodes 5000]
+
+`env_peers_bench.py` times the same kind of episode side by side with GEM, skyrl-gym and
+verifiers.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def main() -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     asyncio.run(async_steps(200))  # warm caches and imports
-    results = {"async (astep)": [], "sync (step)": []}
+    results: dict[str, list[float]] = {"async (astep)": [], "sync (step)": []}
     for _ in range(args.repeats):  # interleaved, so both see the same machine noise
         results["async (astep)"].append(asyncio.run(async_steps(args.episodes)))
         results["sync (step)"].append(sync_steps(args.episodes))

@@ -9,7 +9,10 @@ import subprocess
 import sys
 from typing import Any
 
+import gymnasium
+import numpy as np
 import pytest
+from gymnasium.utils import seeding
 from gymnasium.utils.env_checker import check_env
 
 import agentgym
@@ -89,3 +92,36 @@ def test_importing_the_tool_env_does_not_load_httpx() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert proc.stdout.strip() == "False"
+
+
+def test_seeded_reset_draws_what_gymnasium_would() -> None:
+    env = DiceEnv()
+    env.reset(seed=11)
+    expected, _ = seeding.np_random(11)
+    expected.integers(1_000_000)  # what DiceEnv drew in reset
+    assert (
+        env.np_random.integers(1 << 30, size=5).tolist()
+        == expected.integers(1 << 30, size=5).tolist()
+    )
+    assert env.np_random_seed == 11
+
+
+def test_generator_is_built_only_when_drawn_from() -> None:
+    env = Env()
+    env.reset(seed=5)
+    assert env._np_random is None  # nothing drew yet: no generator built
+    assert env.np_random_seed == 5
+    assert env.np_random.integers(100) == seeding.np_random(5)[0].integers(100)
+
+
+def test_bad_seed_fails_at_reset_as_in_gymnasium() -> None:
+    with pytest.raises(gymnasium.error.Error, match="greater or equal to zero"):
+        Env().reset(seed=-1)
+
+
+def test_a_set_generator_replaces_a_pending_seed() -> None:
+    env = Env()
+    env.reset(seed=5)
+    env.np_random = np.random.default_rng(99)
+    assert env.np_random.integers(1000) == np.random.default_rng(99).integers(1000)
+    assert env.np_random_seed == -1

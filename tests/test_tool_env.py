@@ -376,3 +376,31 @@ def test_tool_timeout_override_keeps_everything_else_of_the_tool():
     env.reset(seed=0)
     new_messages, *_ = env.step(call("paint", shade="dark"))
     assert new_messages[1]["content"] == "Shade"  # the Enum member still arrives, not "dark"
+
+
+def test_trajectory_is_built_only_for_reward_functions_that_ask_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[int] = []
+    original = ToolEnv.as_trajectory
+
+    def counting(self: ToolEnv) -> Any:
+        built.append(1)
+        return original(self)
+
+    monkeypatch.setattr(ToolEnv, "as_trajectory", counting)
+
+    def turns(trajectory: Any) -> float:
+        return float(len(trajectory.turns))
+
+    def exact(completion: str, answer: str) -> float:
+        return float(completion == answer)
+
+    for rubric, builds, reward in [(Rubric([exact]), 0, 1.0), (Rubric([exact, turns]), 1, 3.0)]:
+        built.clear()
+        env = ToolEnv([add], tasks=TASKS, rubric=rubric)
+        env.reset(options={"task": 0})
+        env.step(call("add", a=2, b=3))
+        *_, info = env.step("5")
+        assert info["final_reward"] == reward  # `turns` saw both turns
+        assert len(built) == builds

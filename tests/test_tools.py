@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import enum
 import json
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import pytest
 
@@ -20,6 +23,7 @@ from agentgym import (
     ToolArgumentsError,
     ToolError,
     ToolTimeoutError,
+    _tools,
     tool,
 )
 from agentgym._tools import ToolThreads, example_arguments
@@ -561,3 +565,139 @@ async def test_call_cancelled_while_waiting_for_a_thread_never_runs() -> None:
 def test_tool_threads_size_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="size"):
         ToolThreads(0)
+
+
+# ---- how calls run: async tools in the caller's task, sync tools on warm threads -------------
+
+
+async def test_async_tool_that_never_waits_runs_without_a_task_of_its_own() -> None:
+    caller = asyncio.current_task()
+
+    @tool
+    async def where() -> bool:
+        """Whose task runs this call."""
+        return asyncio.current_task() is caller
+
+    assert await where.acall({}) is True
+
+
+async def test_async_tool_context_changes_stay_in_the_call() -> None:
+    seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="caller")
+
+    @tool
+    async def mark() -> str:
+        """Set the variable, wait, read it back."""
+        seen.set("tool")
+        await asyncio.sleep(0)
+        return seen.get()
+
+    assert await mark.acall({}) == "tool"
+    assert seen.get() == "caller"
+
+
+async def test_async_tool_timeout_counts_from_the_call_not_from_its_first_wait() -> None:
+    @tool(timeout=0.3)
+    async def slow_start() -> str:
+        """Compute for 0.25 s, then wait 0.2 s: over the timeout in total."""
+        time.sleep(0.25)
+        await asyncio.sleep(0.2)
+        return "late"
+
+    start = time.perf_counter()
+    with pytest.raises(ToolTimeoutError):
+        await slow_start.acall({})
+    assert time.perf_counter() - start < 1.0
+
+
+async def test_async_tool_that_swallows_the_timeout_still_timed_out() -> None:
+    @tool(timeout=0.1)
+    async def stubborn() -> str:
+        """Ignore the cancellation and answer."""
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "ignored"
+        return "slept"
+
+    with pytest.raises(ToolTimeoutError):
+        await stubborn.acall({})
+
+
+async def test_async_tool_raising_timeout_error_after_waiting_is_not_a_timeout() -> None:
+    @tool(timeout=5.0)
+    async def upstream() -> str:
+        """Fail like a client whose own timeout fired."""
+        await asyncio.sleep(0)
+        raise TimeoutError("upstream socket timed out")
+
+    with pytest.raises(ToolError, match="raised TimeoutError: upstream") as excinfo:
+        await upstream.acall({})
+    assert not isinstance(excinfo.value, ToolTimeoutError)
+
+
+async def test_sync_calls_reuse_a_warm_thread() -> None:
+    @tool
+    def where() -> threading.Thread:
+        """Where."""
+        return threading.current_thread()
+
+    threads = ToolThreads(4)
+    first = await where.acall({}, threads=threads)
+    await asyncio.sleep(0.01)  # let the worker go back to idle
+    assert await where.acall({}, threads=threads) is first
+    assert first is not threading.current_thread()
+
+
+async def test_idle_worker_threads_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_tools, "IDLE_THREAD_SECONDS", 0.05)
+    gate = threading.Barrier(3)
+
+    @tool
+    def meet() -> str:
+        """Hold a thread until three calls run at once."""
+        gate.wait(5)
+        return "met"
+
+    await asyncio.gather(*(meet.acall({}) for _ in range(3)))
+    assert any(t.name == "agentgym-tool-meet" for t in threading.enumerate())
+    deadline = time.monotonic() + 5
+    while any(t.name == "agentgym-tool-meet" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "idle worker threads did not exit"
+        await asyncio.sleep(0.02)
+
+
+async def test_episodes_run_their_sync_calls_in_parallel() -> None:
+    @tool
+    def slow(x: int) -> int:
+        """Sleep 0.2 s.
+
+        Args:
+            x: echoed.
+        """
+        time.sleep(0.2)
+        return x
+
+    envs = [ToolThreads() for _ in range(64)]  # one per env, as ToolEnv has
+    start = time.perf_counter()
+    results = await asyncio.gather(*(slow.acall({"x": i}, threads=t) for i, t in enumerate(envs)))
+    assert results == list(range(64))
+    assert time.perf_counter() - start < 1.2  # 64 at once, not 8 at a time (1.6 s)
+
+
+def _sync_call_in_child(queue: multiprocessing.Queue[Any]) -> None:
+    queue.put(asyncio.run(quick.acall({})))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+async def test_sync_tool_works_in_a_forked_child() -> None:
+    assert await quick.acall({}) == "quick"  # the parent now has an idle worker
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_sync_call_in_child, args=(queue,))
+    child.start()
+    try:
+        assert queue.get(timeout=10) == "quick"  # not handed to a parent's thread
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
