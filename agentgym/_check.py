@@ -3,18 +3,26 @@
 Each check is a small named function returning a `CheckResult`; `check` runs them all and
 never raises for a failed check, so a user sees every problem at once instead of an
 assertion failure an hour into training.
+
+With a tokenizer, the model's chat template is exercised exactly as the rollout engine uses it
+(`agentgym.engine.ChatRenderer`), on the env's reference episode with one more tool call made
+after some text (templates differ most there: Llama 3.1's drops that text): the ``rollout
+mode`` row says whether episodes train as one sequence (``concat``) or one sample per turn
+(``per_turn``) and why; the round-trip row says whether the template writes each assistant
+turn as the model produced it, and if not, which cause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
-import json
+import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gymnasium.utils.env_checker import check_env
 
@@ -25,9 +33,19 @@ from ._registry import make
 from ._rollout import EpisodeSpec, run_episode
 from ._tools import example_arguments
 from ._trajectory import Trajectory
-from .parsers import ToolCall
+from ._types import Message
+from .parsers import ToolCall, ToolCallParser, available_parsers, get_parser
+
+if TYPE_CHECKING:
+    from .engine import ChatRenderer
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+#: The text the exercise episode writes before its extra tool call.
+TEXT_BEFORE_CALL = "Let me double-check that."
+#: The reasoning of each exercise turn when the model thinks (no digits: answers stay right).
+REASONING = "The tool gives the exact result, so I use it."
+#: Marks where an assistant turn's content starts in a render; no template rewrites it.
+_SENTINEL = "\u2063agentgym-content\u2063"
 
 
 @dataclass
@@ -39,19 +57,44 @@ class CheckResult:
     detail: str = ""
 
 
-def check(env_id: str, tokenizer: Any = None, **env_kwargs: Any) -> list[CheckResult]:
-    """Run every pre-flight check on a registered env; ``tokenizer`` is a path or tokenizer."""
+def check(
+    env_id: str,
+    tokenizer: Any = None,
+    *,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    **env_kwargs: Any,
+) -> list[CheckResult]:
+    """Run every pre-flight check on a registered env.
+
+    Args:
+        env_id: a registered env id.
+        tokenizer: a tokenizer, or the path of a model (or tokenizer) folder: its chat
+            template is checked too. A ``vllm:<name>`` parser in ``env_kwargs`` is built
+            with it (vLLM's parsers read their markers from the model's tokenizer).
+        chat_template_kwargs: extra chat-template variables (``{"enable_thinking": False}``),
+            used as the engine uses them; each must be a variable the template reads.
+        env_kwargs: options of the env (``parser="mistral"`` ...).
+
+    Raises:
+        ConfigError: the env id, an env option or the tokenizer path is wrong (nothing runs).
+    """
+    if chat_template_kwargs and tokenizer is None:
+        raise ConfigError("chat_template_kwargs need a tokenizer (--model DIR) to check")
+    tok = None if tokenizer is None else load_tokenizer(tokenizer)
+    env_kwargs = with_model_tokenizer(env_kwargs, tok)
     make(env_id, **env_kwargs).close()  # unknown ids and bad kwargs fail here, loudly
-    # both the reference check and the template checks read one played episode
-    reference = functools.cache(lambda: _play_reference(env_id, env_kwargs))
+    # the reference check and the template checks each read one played episode
+    reference = functools.cache(lambda: _play(env_id, env_kwargs, _reference_script))
+    exercise = functools.cache(lambda: _exercise(env_id, env_kwargs, tok, chat_template_kwargs))
     checks: list[Callable[[], CheckResult | list[CheckResult]]] = [
         lambda: _gymnasium_api(env_id, env_kwargs),
         lambda: _tool_schemas(make(env_id, **env_kwargs)),
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
         lambda: _reference_episode(*reference()),
     ]
-    if tokenizer is not None:
-        checks.append(lambda: _template_checks(tokenizer, *reference()))
+    if tok is not None:
+        kwargs = dict(chat_template_kwargs or {})
+        checks.append(lambda: _template_checks(tok, kwargs, *exercise()))
     results: list[CheckResult] = []
     for run in checks:
         try:
@@ -60,6 +103,39 @@ def check(env_id: str, tokenizer: Any = None, **env_kwargs: Any) -> list[CheckRe
         except Exception as exc:  # a crashing check is a failed check, not a crashed command
             results.append(CheckResult("check crashed", False, f"{type(exc).__name__}: {exc}"))
     return results
+
+
+def load_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer object from an object or a model/tokenizer folder; ConfigError if none."""
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    tokenizer = os.fspath(tokenizer)
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ConfigError(
+            "checking a tokenizer needs transformers: pip install 'agentgym[train]'"
+        ) from exc
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer)
+    except Exception as exc:  # OSError, ValueError ... all mean "not a tokenizer folder"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"cannot load a tokenizer from {tokenizer!r} ({reason}); pass a model folder "
+            "with tokenizer files (tokenizer.json or tokenizer_config.json)"
+        ) from None
+
+
+def with_model_tokenizer(env_kwargs: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """``env_kwargs`` with a ``vllm:<name>`` parser built on the model's tokenizer.
+
+    vLLM's parsers find their marker tokens in a tokenizer; the default one knows only a
+    few, so with a model at hand its own tokenizer is used.
+    """
+    parser = env_kwargs.get("parser")
+    if tokenizer is None or not isinstance(parser, str) or not parser.startswith("vllm:"):
+        return env_kwargs
+    return {**env_kwargs, "parser": get_parser(parser, tokenizer=tokenizer)}
 
 
 def _gymnasium_api(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:
@@ -99,38 +175,119 @@ def _parser_round_trip(env: Env) -> CheckResult:
         for t in getattr(env, "tools", {}).values()
     ]
     env.close()
-    parsed = parser.parse(parser.render("Let me check.", calls))
+    name = f"parser round trip ({parser.name})"
+    try:
+        parsed = parser.parse(parser.render("Let me check.", calls))
+    except NotImplementedError as exc:  # a parse-only parser (vllm:openai): nothing to compare
+        return CheckResult(name, True, f"cannot render, so not checked: {exc}")
     got = [(c.name, c.arguments) for c in parsed.tool_calls]
     want = [(c.name, c.arguments) for c in calls]
     ok = got == want and not parsed.errors
-    return CheckResult(
-        f"parser round trip ({parser.name})",
-        ok,
-        "ok" if ok else f"rendered {want}, parsed {got} {parsed.errors}",
-    )
+    return CheckResult(name, ok, "ok" if ok else f"rendered {want}, parsed {got} {parsed.errors}")
 
 
-def _play_reference(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Trajectory | None, list]:
-    """Play task 0 with the env's reference turns; None when the env has no reference."""
+# ---- the played episodes ----------------------------------------------------------------
+Script = Callable[[Env], Callable[[Any], Sequence[str]] | None]
+
+
+def _reference_script(env: Env) -> Callable[[Any], Sequence[str]] | None:
+    """The env's own reference turns."""
+    return getattr(env, "reference_turns", None)
+
+
+def _exercise_script(env: Env, reasoning: str = "") -> Callable[[Any], Sequence[str]] | None:
+    """The reference turns with the first tool turn repeated after some text.
+
+    Several tool turns, and a call that follows text, are what chat templates get wrong
+    (a last message rendered differently, text before a call dropped); most references
+    have one call and no text. ``reasoning`` opens every turn, as a thinking model's do.
+    """
+    reference = _reference_script(env)
+    parser: ToolCallParser | None = getattr(env, "parser", None)
+    if reference is None or parser is None:
+        return reference
+
+    def turns(task: Any) -> Sequence[str]:
+        script = list(reference(task) or ())
+        for k, text in enumerate(script):
+            calls = [ToolCall(c.name, c.arguments) for c in parser.parse(text).tool_calls]
+            if calls:
+                again = parser.render(TEXT_BEFORE_CALL, calls)
+                script = [*script[: k + 1], again, *script[k + 1 :]]
+                break
+        return [reasoning + text for text in script]
+
+    return turns
+
+
+def _exercise(
+    env_id: str, env_kwargs: dict[str, Any], tokenizer: Any, kwargs: dict[str, Any] | None
+) -> tuple[Trajectory | None, list[dict[str, Any]], ToolCallParser | None, str]:
+    """The exercise episode (see `_exercise_script`), with reasoning if the model thinks."""
     env = make(env_id, **env_kwargs)
-    reference = getattr(env, "reference_turns", None)
-    tasks: Sequence[Any] = getattr(env, "tasks", ())
-    task = tasks[0] if len(tasks) else None
     tools = getattr(env, "tool_schemas", [])
     env.close()
-    if reference is None or task is None or reference(task) is None:
-        return None, tools
+    reasoning = "" if tokenizer is None else _reasoning_prefix(tokenizer, kwargs or {}, tools)
+    return _play(env_id, env_kwargs, lambda env: _exercise_script(env, reasoning))
+
+
+def _reasoning_prefix(tokenizer: Any, kwargs: dict[str, Any], tools: list[dict[str, Any]]) -> str:
+    """A short ``<think>`` block when the template expects the model to open with one.
+
+    Such a template (Qwen3 with thinking on) writes an empty ``<think></think>`` before the
+    content of a finished turn that has none, but its generation prompt stops before it: the
+    model writes the block. Without reasoning in the turns, the check would judge the
+    template on empty blocks (which Qwen3 drops), not on what a thinking model samples.
+    """
+    from .engine import ChatRenderer, TemplateError
+
+    user = [{"role": "user", "content": "hi"}]
+    try:
+        renderer = ChatRenderer(tokenizer, kwargs)
+        prompt = renderer.render_text(user, tools or None, generation=True)
+        finished = [*user, {"role": "assistant", "content": _SENTINEL}]
+        last = renderer.render_text(finished, tools or None, generation=False)
+    except TemplateError:  # the template rows say why
+        return ""
+    opening = last[len(prompt) : last.find(_SENTINEL)] if last.startswith(prompt) else ""
+    thinks = re.fullmatch(r"\s*<think>\s*</think>\s*", opening) is not None
+    return f"<think>\n{REASONING}\n</think>\n\n" if thinks else ""
+
+
+def _play(
+    env_id: str, env_kwargs: dict[str, Any], script: Script
+) -> tuple[Trajectory | None, list[dict[str, Any]], ToolCallParser | None, str]:
+    """Play task 0 with ``script``'s turns: (trajectory, tools, parser, why no trajectory).
+
+    The trajectory is None when the env has no tasks or no reference solution, or when its
+    reference cannot be written with the env's parser (the reason says so).
+    """
+    env = make(env_id, **env_kwargs)
+    turns = script(env)
+    tasks: Sequence[Any] = getattr(env, "tasks", ())
+    task = tasks[0] if len(tasks) else None
+    tools, parser = getattr(env, "tool_schemas", []), getattr(env, "parser", None)
+    env.close()
+    if turns is None or task is None:
+        return None, tools, parser, "the env has no reference solution"
+    try:
+        if turns(task) is None:
+            return None, tools, parser, "the env has no reference solution for task 0"
+    except NotImplementedError as exc:  # a parse-only parser cannot write the reference
+        return None, tools, parser, f"cannot render its reference turns: {exc}"
     trajectory = asyncio.run(
         run_episode(
-            lambda: make(env_id, **env_kwargs), ScriptedPolicy(reference), EpisodeSpec(0, 0, 0, 0)
+            lambda: make(env_id, **env_kwargs), ScriptedPolicy(turns), EpisodeSpec(0, 0, 0, 0)
         )
     )
-    return trajectory, tools
+    return trajectory, tools, parser, ""
 
 
-def _reference_episode(trajectory: Trajectory | None, tools: list[Any]) -> CheckResult:
+def _reference_episode(
+    trajectory: Trajectory | None, tools: list[Any], parser: Any, why_none: str
+) -> CheckResult:
     if trajectory is None:
-        return CheckResult("reference episode", True, "env has no reference solution")
+        return CheckResult("reference episode", True, f"not played: {why_none}")
     ok = trajectory.status in ("ok", "truncated") and (trajectory.final_reward or 0) > 0
     detail = f"status {trajectory.status}, reward {trajectory.final_reward}"
     return CheckResult(
@@ -138,95 +295,250 @@ def _reference_episode(trajectory: Trajectory | None, tools: list[Any]) -> Check
     )
 
 
+def reference_conversation(
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    tokenizer: Any = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[Message] | None:
+    """The env's exercise episode as messages: what `agentgym check` decides the mode on.
+
+    Giving it to `TokenPolicy.mode_for` makes a rollout decide on the same conversation. With
+    the model's tokenizer, turns open with reasoning if its template expects that. None when
+    the env has no playable reference.
+    """
+    trajectory = _exercise(env_id, env_kwargs, tokenizer, chat_template_kwargs)[0]
+    if trajectory is None or not any(m.get("role") == "assistant" for m in trajectory.messages):
+        return None
+    return trajectory.messages
+
+
+# ---- the chat template ----------------------------------------------------------------
 def _template_checks(
-    tokenizer: Any, trajectory: Trajectory | None, tools: list[Any]
+    tokenizer: Any,
+    kwargs: dict[str, Any],
+    trajectory: Trajectory | None,
+    tools: list[dict[str, Any]],
+    parser: ToolCallParser | None,
+    why_none: str,
 ) -> list[CheckResult]:
-    """Render the reference episode with the model's chat template, two ways."""
-    tok = _load_tokenizer(tokenizer)
-    if trajectory is None:
-        return [CheckResult("chat template", True, "no reference episode to render")]
-    messages = [_for_template(m) for m in trajectory.messages]
+    """The template's rows: its kwargs, the rollout mode, and the turns' round trip."""
+    from .engine import ChatRenderer, TemplateError
+    from .engine._episode import probe_conversation
 
-    def render(upto: int, generation: bool) -> list[int]:
-        encoded = tok.apply_chat_template(
-            messages[:upto], tools=tools or None, add_generation_prompt=generation
-        )
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+    rows = [_template_kwargs(tokenizer, kwargs)] if kwargs else []
+    try:
+        renderer = ChatRenderer(tokenizer, kwargs)
+    except TemplateError as exc:
+        return [*rows, CheckResult("chat template", False, str(exc))]
+    played = trajectory is not None and any(t.text for t in trajectory.turns)
+    if trajectory is not None and played:
+        conversation, source = trajectory.messages, "the env's reference episode + a 2nd call"
+        if trajectory.turns[0].text.startswith("<think>"):
+            source += ", each turn opening with the <think> block the template expects"
+    else:
+        conversation = probe_conversation(tools)
+        source = f"a generic two-call conversation ({why_none or 'no reference turns played'})"
+    checks: list[Callable[[], CheckResult]] = [
+        lambda: _rollout_mode(renderer, conversation, tools, source)
+    ]
+    if trajectory is not None and played and parser is not None:
+        checks.append(lambda: _template_round_trip(renderer, trajectory, tools, parser))
+    for run in checks:
+        try:
+            rows.append(run())
+        except TemplateError as exc:  # the template refused the conversation: one row says so
+            return [*rows, CheckResult("chat template", False, str(exc))]
+    return rows
 
-    ends = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    texts = [turn.text for turn in trajectory.turns]
-    return [_prefix_check(tok, render, ends), _round_trip_check(tok, render, ends, texts)]
+
+def _template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> CheckResult:
+    """Every chat-template kwarg must be a variable the template reads (typos do nothing)."""
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    if _template_variables(getattr(tokenizer, "chat_template", None)) is None:
+        return CheckResult("chat template kwargs", True, f"{shown} (template not inspected)")
+    problem = unread_template_kwargs(tokenizer, kwargs)
+    if problem:
+        return CheckResult("chat template kwargs", False, problem)
+    return CheckResult("chat template kwargs", True, f"{shown}: read by the template")
 
 
-def _prefix_check(
-    tok: Any, render: Callable[[int, bool], list[int]], ends: list[int]
-) -> CheckResult:
-    """Earlier turns must stay an exact token prefix of later prompts (token-in/token-out)."""
-    for k in range(len(ends) - 1):
-        history, prompt = render(ends[k] + 1, False), render(ends[k + 1], True)
-        if prompt[: len(history)] != history:
-            at = _first_difference(history, prompt)
-            return CheckResult(
-                "chat template prefix",
-                False,
-                f"turn {k + 1}'s prompt rewrites history at token {at}: "
-                f"{tok.decode(history[at : at + 12])!r} became "
-                f"{tok.decode(prompt[at : at + 12])!r}; "
-                "train on per-turn samples or fix the template",
-            )
-    return CheckResult(
-        "chat template prefix", True, f"{len(ends)} assistant turns keep their tokens"
+def unread_template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> str:
+    """What is wrong with chat-template kwargs the template never reads; "" when none is.
+
+    Such a kwarg changes nothing, silently (``enable_thinkng``); a template that cannot be
+    inspected gets the benefit of the doubt.
+    """
+    read = _template_variables(getattr(tokenizer, "chat_template", None))
+    unknown = [k for k in kwargs if read is not None and k not in read]
+    if read is None or not unknown:
+        return ""
+    hints = [
+        f"did you mean {close[0]!r} for {k!r}?"
+        for k in unknown
+        if (close := difflib.get_close_matches(k, read, n=1))
+    ]
+    return (
+        f"the template never reads {', '.join(map(repr, unknown))}, so it changes nothing"
+        f"{'; ' + ' '.join(hints) if hints else ''} (it reads: {', '.join(sorted(read))})"
     )
 
 
-def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Index of the first position where ``a`` and ``b`` differ (the shorter length if none)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+def _template_variables(template: Any) -> set[str] | None:
+    """Names a jinja template reads from its context; None when it cannot be parsed."""
+    if not isinstance(template, str):
+        return None
+    try:
+        from jinja2 import Environment, meta
+
+        return set(meta.find_undeclared_variables(Environment().parse(template)))
+    except Exception:  # an extension tag (e.g. {% generation %}) or no jinja2: not inspected
+        return None
 
 
-def _round_trip_check(
-    tok: Any, render: Callable[[int, bool], list[int]], ends: list[int], texts: list[str]
+def _rollout_mode(
+    renderer: ChatRenderer, conversation: list[Message], tools: list[dict[str, Any]], source: str
 ) -> CheckResult:
-    """The template must render each parsed assistant turn as the text the model produced.
+    """The mode the engine gives this model and env, decided as the engine decides it."""
+    decision = renderer.decide_mode(conversation, tools)
+    detail = f"{decision.mode}: {decision.reason} (on {source})"
+    if decision.mode == "per_turn":
+        where = _first_rewrite(renderer, conversation, tools)
+        detail += (f"; {where}" if where else "") + (
+            "; every turn then trains as its own sample (Trajectory.mode='per_turn')"
+        )
+    return CheckResult("rollout mode", True, detail)
 
-    Otherwise the history a model is trained on differs from what it sampled (whitespace
-    around tool calls, JSON spacing, reordered keys), a classic silent training bug.
+
+def _first_rewrite(
+    renderer: ChatRenderer, conversation: list[Message], tools: list[dict[str, Any]]
+) -> str:
+    """Where consecutive renders stop extending each other, as the engine builds prompts.
+
+    The engine needs each turn's prompt to be a prefix of the conversation once the turn is
+    added, and that to be a prefix of the next turn's prompt. The first pair that is not is
+    shown token-aligned (never from mid-token); "" when every pair extends as text.
     """
-    for k, (end, text) in enumerate(zip(ends, texts)):
-        prompt, full = render(end, True), render(end + 1, False)
-        rendered = tok.decode(full[len(prompt) :]) if full[: len(prompt)] == prompt else ""
-        if not rendered.startswith(text):
-            at = _first_difference(text, rendered)
+    ends = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
+    for k, end in enumerate(ends):
+        prompt = _text(renderer, conversation[:end], tools, True)
+        turn = _text(renderer, conversation[: end + 1], tools, False)
+        if not turn.startswith(prompt):
+            old, new = _token_aligned(renderer, prompt, turn)
+            return (
+                f"the prompt of assistant turn {k + 1} has {old!r} where, once the turn is "
+                f"added, the template writes {new!r}"
+            )
+        if k + 1 < len(ends):
+            following = _text(renderer, conversation[: ends[k + 1]], tools, True)
+            if not following.startswith(turn):
+                old, new = _token_aligned(renderer, turn, following)
+                return (
+                    f"assistant turn {k + 1} renders as {old!r} while it is the last message "
+                    f"but as {new!r} once messages follow it"
+                )
+    return ""
+
+
+def _text(
+    renderer: ChatRenderer,
+    messages: Sequence[Message],
+    tools: list[dict[str, Any]],
+    generation: bool,
+) -> str:
+    return renderer.render_text(messages, tools or None, generation=generation)
+
+
+def _token_aligned(renderer: ChatRenderer, a: str, b: str, width: int = 32) -> tuple[str, str]:
+    """``a`` and ``b`` from the first token where they differ, ``width`` characters of each.
+
+    Starting at a token boundary shows whole markers (``<tool_call>``, not ``ool_call>``).
+    """
+    from .engine._render import first_difference
+
+    ids_a, ids_b = renderer.encode(a), renderer.encode(b)
+    at = first_difference(ids_a, ids_b)
+    decode = renderer.tokenizer.decode
+    return decode(ids_a[at : at + width])[:width], decode(ids_b[at : at + width])[:width]
+
+
+def _template_round_trip(
+    renderer: ChatRenderer,
+    trajectory: Trajectory,
+    tools: list[dict[str, Any]],
+    parser: ToolCallParser,
+) -> CheckResult:
+    """The template must write each parsed assistant turn as the text the model produced.
+
+    Otherwise a fresh render (``per_turn`` prompts, SFT data, a server) shows the model
+    history it never wrote (text before a call dropped, JSON re-spaced, another format).
+    """
+    ends = [i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant"]
+    for k, (end, turn) in enumerate(zip(ends, trajectory.turns, strict=False)):
+        rendered = _rendered_turn(renderer, trajectory.messages[: end + 1], tools)
+        if not rendered.startswith(turn.text):
+            produced, written = _token_aligned(renderer, turn.text, rendered)
             return CheckResult(
                 "chat template round trip",
                 False,
-                f"turn {k + 1} was produced as {text[at : at + 30]!r} but the template renders "
-                f"{rendered[at : at + 30]!r} (at character {at}); make the parser's render match "
-                "the template, or train on what was sampled",
+                f"assistant turn {k + 1} was produced as {produced!r} but the template writes "
+                f"{written!r}: {_blame(turn.text, rendered, parser)}",
             )
     return CheckResult(
         "chat template round trip", True, f"{len(ends)} assistant turns render as produced"
     )
 
 
-def _for_template(message: dict[str, Any]) -> dict[str, Any]:
-    """HF chat templates want tool-call arguments as dicts, not JSON strings."""
-    if not message.get("tool_calls"):
-        return message
-    calls = [
-        {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-        for c in message["tool_calls"]
-    ]
-    return {**message, "tool_calls": calls}
+def _rendered_turn(
+    renderer: ChatRenderer, upto_turn: Sequence[Message], tools: list[dict[str, Any]]
+) -> str:
+    """How the template writes the last (assistant) message, without its turn end.
+
+    The turn starts where its generation prompt ends, as the model samples it; if the render
+    does not extend that prompt, where a render with a sentinel as the content diverges. The
+    text the sentinel render has after the sentinel is the turn end.
+    """
+    full = _text(renderer, upto_turn, tools, False)
+    probe = [*upto_turn[:-1], {"role": "assistant", "content": _SENTINEL}]
+    marked = _text(renderer, probe, tools, False)
+    at = marked.find(_SENTINEL)
+    prompt = _text(renderer, upto_turn[:-1], tools, True)
+    if full.startswith(prompt):  # the model samples right after its prompt
+        start = len(prompt)
+    else:  # the template rewrote the prompt (Mistral's system prompt): align on the sentinel
+        start = at if at >= 0 else 0
+        diverge = (i for i, (x, y) in enumerate(zip(full[:start], marked[:start])) if x != y)
+        start = next(diverge, start)
+    turn_end = marked[at + len(_SENTINEL) :] if at >= 0 else ""
+    body = full[start:]
+    return body[: len(body) - len(turn_end)] if turn_end and body.endswith(turn_end) else body
 
 
-def _load_tokenizer(tokenizer: Any) -> Any:
-    if not isinstance(tokenizer, str):
-        return tokenizer
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as exc:
-        raise ConfigError(
-            "checking a tokenizer needs transformers: pip install 'agentgym[train]'"
-        ) from exc
-    return AutoTokenizer.from_pretrained(tokenizer)
+def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:
+    """The most likely cause of a round-trip difference, with the fix."""
+    ours = parser.parse(produced)
+    if ours.content and ours.content not in rendered:
+        return (
+            f"the template drops the text before a tool call ({ours.content[:40]!r}); a fresh "
+            "render loses it, so keep the concat mode's sampled tokens or prompt the model "
+            "not to write text before calls"
+        )
+
+    def reads_back(reader: ToolCallParser) -> bool:
+        turn = reader.parse(rendered)
+        same_calls = [(c.name, c.arguments) for c in turn.tool_calls] == [
+            (c.name, c.arguments) for c in ours.tool_calls
+        ]
+        return same_calls and turn.content == ours.content and not turn.errors
+
+    if ours.tool_calls and not reads_back(parser):
+        other = next((n for n in available_parsers() if reads_back(get_parser(n))), None)
+        hint = f"; it reads as the {other!r} format (--env-arg parser={other})" if other else ""
+        return f"the template writes tool calls the {parser.name!r} parser does not read{hint}"
+    squeezed = "".join(produced.split())
+    if "".join(rendered.split()).startswith(squeezed):
+        return "only whitespace differs; make the parser's render match the template's spacing"
+    return (
+        "the template writes the same calls differently (JSON spacing, key order, ids or "
+        "markup); make the parser's render match the template"
+    )

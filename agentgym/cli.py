@@ -2,6 +2,10 @@
 
 User mistakes (unknown env, bad option) print one line naming the fix and exit with code 2,
 before anything is written; results are written atomically at the end of a run.
+
+``eval --policy vllm`` samples with the in-process engine (`agentgym.engine.VLLMPolicy`, token
+in / token out, no server); its rollout mode is decided on the same conversation that
+``check --model`` reports on, so the two agree.
 """
 
 from __future__ import annotations
@@ -20,13 +24,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ._check import check as run_checks
+from ._check import (
+    load_tokenizer,
+    reference_conversation,
+    unread_template_kwargs,
+    with_model_tokenizer,
+)
 from ._errors import ConfigError, Error
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
 from ._trajectory import Trajectory, recover_jsonl, to_json_line
-from .engine import serve_vllm
 
 app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -38,6 +47,30 @@ class PolicyKind(StrEnum):
     reference = "reference"
     openai = "openai"
     vllm = "vllm"
+
+
+class RolloutModeChoice(StrEnum):
+    """How `eval --policy vllm` builds prompts (see `agentgym.engine.ChatRenderer`)."""
+
+    auto = "auto"  # concat where the chat template allows it, else per_turn
+    concat = "concat"  # refuse a template that rewrites history
+    per_turn = "per_turn"  # a fresh render every turn
+
+
+def _parse_template_kwargs(text: str | None) -> dict[str, Any]:
+    """``--chat-template-kwargs`` JSON as a dict (``'{"enable_thinking": false}'``)."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f'--chat-template-kwargs must be a JSON object, e.g. \'{{"enable_thinking": '
+            f"false}}'; got {text!r} ({exc.msg})"
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--chat-template-kwargs must be a JSON object, got {text!r}")
+    return value
 
 
 def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
@@ -75,12 +108,27 @@ def list_envs() -> None:
 def check_env(
     env: Annotated[str, typer.Argument(help="Env id or short name, e.g. calculator.")],
     tokenizer: Annotated[
-        str | None, typer.Option(help="Tokenizer path: also check its chat template.")
+        str | None,
+        typer.Option(
+            "--model",
+            "--tokenizer",
+            help="Model (or tokenizer) folder: also check its chat template and report the "
+            "rollout mode (concat / per_turn) the engine gives it.",
+        ),
+    ] = None,
+    chat_template_kwargs: Annotated[
+        str | None,
+        typer.Option(help="Chat-template variables as JSON, e.g. '{\"enable_thinking\": false}'."),
     ] = None,
     env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
 ) -> None:
     """Pre-flight an env: Gymnasium API, tool schemas, parser and chat-template round trips."""
-    results = run_checks(resolve_id(env), tokenizer=tokenizer, **_parse_env_args(env_arg))
+    results = run_checks(
+        resolve_id(env),
+        tokenizer=tokenizer,
+        chat_template_kwargs=_parse_template_kwargs(chat_template_kwargs),
+        **_parse_env_args(env_arg),
+    )
     table = Table("check", "result", "detail")
     for r in results:
         table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]", r.detail)
@@ -96,11 +144,11 @@ def evaluate(
         PolicyKind,
         typer.Option(
             help="reference: the env's own solution; openai: a running server (--base-url, "
-            "--model); vllm: serve --model-path locally for this run."
+            "--model); vllm: --model-path in the in-process engine, token in / token out."
         ),
     ] = PolicyKind.reference,
     model_path: Annotated[
-        Path | None, typer.Option(help="Local model folder to serve (vllm policy).")
+        Path | None, typer.Option(help="Local model folder (vllm policy).")
     ] = None,
     base_url: Annotated[
         str, typer.Option(help="OpenAI-compatible server root.")
@@ -109,7 +157,7 @@ def evaluate(
     api_key: Annotated[
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token.")
     ] = None,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature (openai policy).")] = 1.0,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     num_tasks: Annotated[
         int | None, typer.Option("--num-tasks", "-n", min=1, help="First N tasks; all if omitted.")
     ] = None,
@@ -117,8 +165,18 @@ def evaluate(
         int, typer.Option("--group-size", "-g", min=1, help="Episodes per task.")
     ] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes in flight at once.")] = 32,
-    max_tokens: Annotated[int | None, typer.Option(help="Max new tokens per turn.")] = None,
-    seed: Annotated[int, typer.Option(help="Base seed of the episodes.")] = 0,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="Max new tokens per turn.")] = None,
+    seed: Annotated[
+        int, typer.Option(help="Base seed of the episodes (and of vllm sampling: runs repeat).")
+    ] = 0,
+    chat_template_kwargs: Annotated[
+        str | None,
+        typer.Option(help="vllm: chat-template variables as JSON, '{\"enable_thinking\": false}'."),
+    ] = None,
+    rollout_mode: Annotated[
+        RolloutModeChoice,
+        typer.Option(help="vllm: concat (one sequence per episode), per_turn, or auto."),
+    ] = RolloutModeChoice.auto,
     out: Annotated[
         Path, typer.Option(help="Folder for trajectories.jsonl, summary.json and run.json.")
     ] = Path("runs/eval"),
@@ -130,32 +188,38 @@ def evaluate(
     """Run evaluation episodes; stream one trajectory per line, then write a summary."""
     env_id = resolve_id(env)
     env_kwargs = _parse_env_args(env_arg)
-    probe = make(env_id, **env_kwargs)  # validates options before any work
+    template_kwargs = _parse_template_kwargs(chat_template_kwargs)
+    if template_kwargs and policy is not PolicyKind.vllm:
+        raise ConfigError("--chat-template-kwargs applies to --policy vllm only")
+    if policy is PolicyKind.openai and not model:
+        raise ConfigError("--policy openai needs --model NAME (the served model name)")
+    # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
+    env_kwargs_built = (
+        _with_model(model_path, env_kwargs) if policy is PolicyKind.vllm else env_kwargs
+    )
+    probe = make(env_id, **env_kwargs_built)  # validates options before any work
     available = len(getattr(probe, "tasks", ()))
     reference: Any = getattr(probe, "reference_turns", None)
     probe.close()
     if policy is PolicyKind.reference and reference is None:
         raise ConfigError("this env has no reference solution; use --policy openai or vllm")
-    if policy is PolicyKind.openai and not model:
-        raise ConfigError("--policy openai needs --model NAME (the served model name)")
-    if policy is PolicyKind.vllm and model_path is None:
-        raise ConfigError("--policy vllm needs --model-path DIR (a local model folder)")
     run_config = {
         "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value,
         "model": str(model_path) if policy is PolicyKind.vllm else model,
         "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
-        "seed": seed, "max_tokens": max_tokens,
+        "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
+        "rollout_mode": rollout_mode.value,
     }  # fmt: skip
     done = _previous_episodes(out, run_config, resume)
     with contextlib.ExitStack() as stack:
         if policy is PolicyKind.reference:
             agent: Policy = ScriptedPolicy(reference)
         elif policy is PolicyKind.vllm and model_path is not None:
-            with console.status(f"starting vLLM on {model_path}"):
-                server = stack.enter_context(serve_vllm(model_path))  # stopped on leaving
-            agent = OpenAIPolicy(
-                server.base_url, server.model, sampling={"temperature": temperature}
+            sampling = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens}
+            engine = _prepare_engine(
+                model_path, env_id, env_kwargs_built, sampling, template_kwargs, rollout_mode
             )
+            agent = stack.enter_context(engine)  # shut down on leaving
         else:
             assert model is not None  # checked above; narrows the type
             agent = OpenAIPolicy(
@@ -164,10 +228,70 @@ def evaluate(
         total = available if num_tasks is None else min(num_tasks, available)
         plan = {
             "num_tasks": num_tasks, "group_size": group_size, "max_concurrency": concurrency,
-            "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs,
+            "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs_built,
         }  # fmt: skip
         summary = _run_eval(out, env_id, agent, run_config, done, total * group_size, plan)
     _print_summary(summary, out)
+
+
+def _with_model(model_path: Path | None, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Env options for ``--policy vllm``: a model folder, and vllm: parsers get its tokenizer."""
+    if model_path is None:
+        raise ConfigError("--policy vllm needs --model-path DIR (a local model folder)")
+    if not (model_path / "config.json").is_file():
+        raise ConfigError(f"{model_path} is not a model folder (no config.json)")
+    return with_model_tokenizer(env_kwargs, str(model_path))
+
+
+def _prepare_engine(
+    model_path: Path,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    sampling: dict[str, Any],
+    template_kwargs: dict[str, Any],
+    rollout_mode: RolloutModeChoice,
+) -> Any:
+    """A started `VLLMPolicy` whose rollout mode for the env is decided and printed.
+
+    The mode is decided on the conversation `agentgym check --model` reports on (the env's
+    reference episode with a second call after text). Chat-template kwargs the template never
+    reads, and ``--rollout-mode concat`` with a template that cannot, are refused on the
+    tokenizer alone, before the slow engine start.
+    """
+    from .engine import ChatRenderer, SamplingConfig, VLLMPolicy
+    from .engine._episode import probe_conversation
+
+    probe = make(env_id, **env_kwargs)
+    tools = getattr(probe, "tool_schemas", [])
+    probe.close()
+    tokenizer = load_tokenizer(str(model_path))
+    problem = unread_template_kwargs(tokenizer, template_kwargs)
+    if problem:
+        raise ConfigError(f"--chat-template-kwargs: {problem}")
+    example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
+    example = example or probe_conversation(tools)
+    policy = VLLMPolicy(
+        model_path,
+        sampling=SamplingConfig(**{k: v for k, v in sampling.items() if v is not None}),
+        chat_template_kwargs=template_kwargs,
+        rollout_mode=rollout_mode.value,
+    )
+    if rollout_mode is RolloutModeChoice.concat:
+        decision = ChatRenderer(tokenizer, template_kwargs).decide_mode(example, tools)
+        if decision.mode != "concat":
+            raise ConfigError(
+                f"--rollout-mode concat, but the chat template cannot: {decision.reason}; "
+                "use --rollout-mode auto (or per_turn)"
+            )
+    with console.status(f"starting vLLM on {model_path}"):
+        policy.start()
+    try:
+        decision = policy.mode_for(tools, example)
+    except BaseException:
+        policy.close()
+        raise
+    console.print(f"rollout mode {decision.mode}: {decision.reason}", highlight=False)
+    return policy
 
 
 def _run_eval(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 import agentgym
 from tests.conftest import require
 
@@ -26,22 +24,24 @@ def test_check_passes_on_calculator_without_tokenizer():
     assert all(r.passed for r in results), results
 
 
-@pytest.mark.parametrize("name", ["chat template prefix", "chat template round trip"])
-def test_template_checks_pass_with_the_tiny_chatml_template(tiny_model_dir, name):
-    # the prefix property holds, and the template speaks the parser's (hermes) format
+def test_template_checks_pass_with_the_tiny_chatml_template(tiny_model_dir):
+    # deltas rebuild the conversation, and the template speaks the parser's (hermes) format
     require("transformers")
     results = {r.name: r for r in agentgym.check("calculator", tokenizer=str(tiny_model_dir))}
-    assert results[name].passed, results[name].detail
+    assert results["rollout mode"].detail.startswith("concat: 3 turns"), results["rollout mode"]
+    assert results["chat template round trip"].passed, results["chat template round trip"]
+    assert all(r.passed for r in results.values())
 
 
-def test_template_prefix_fails_when_history_is_rewritten(tiny_model_dir):
+def test_rollout_mode_is_per_turn_when_history_is_rewritten(tiny_model_dir):
     transformers = require("transformers")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
     tokenizer.chat_template = HISTORY_REWRITING_TEMPLATE
     results = agentgym.check("calculator", tokenizer=tokenizer)
-    result = next(r for r in results if r.name == "chat template prefix")
-    assert not result.passed
-    assert "rewrites history" in result.detail
+    result = next(r for r in results if r.name == "rollout mode")
+    assert result.passed  # a per_turn model trains fine, one sample per turn
+    assert result.detail.startswith("per_turn: the template rewrites assistant turn 1")
+    assert "'[earlier]" in result.detail  # what the turn became, from a token boundary
 
 
 def test_check_reports_a_broken_reference_solution():
@@ -69,4 +69,6 @@ def test_template_round_trip_catches_a_parser_the_template_does_not_speak(tiny_m
     results = agentgym.check("calculator", tokenizer=str(tiny_model_dir), parser="llama3_json")
     result = next(r for r in results if r.name == "chat template round trip")
     assert not result.passed
-    assert "was produced as" in result.detail and "<tool_call>" in result.detail
+    assert 'produced as \'{"name"' in result.detail and "writes '<tool_call>" in result.detail
+    assert "the 'llama3_json' parser does not read" in result.detail
+    assert "--env-arg parser=hermes" in result.detail  # the parser that reads it

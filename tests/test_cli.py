@@ -95,6 +95,9 @@ def test_eval_writes_trajectories_and_summary(tmp_path: Path) -> None:
     assert "reward/mean" in proc.stdout
 
 
+THINK_OFF = '{"enable_thinking": false}'
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -109,6 +112,12 @@ def test_eval_writes_trajectories_and_summary(tmp_path: Path) -> None:
                      id="vllm-without-model-path"),
         pytest.param(["eval", "calculator", "--policy", "vllm", "--model-path", "/"],
                      "not a model folder", id="vllm-model-path-not-a-model"),
+        pytest.param(["eval", "calculator", "--chat-template-kwargs", THINK_OFF],
+                     "--policy vllm only", id="template-kwargs-without-vllm"),
+        pytest.param(["eval", "calculator", "--policy", "vllm", "--model-path", "/",
+                      "--rollout-mode", "sometimes"], "--rollout-mode", id="bad-rollout-mode"),
+        pytest.param(["check", "calculator", "--chat-template-kwargs", THINK_OFF],
+                     "--model DIR", id="check-template-kwargs-without-model"),
         pytest.param(["eval", "calculator", "-n", "1", "-g", "0"], "--group-size",
                      id="zero-group-size"),
         pytest.param(["eval", "calculator", "-n", "1", "--concurrency", "0"], "--concurrency",

@@ -29,6 +29,15 @@ RolloutMode = Literal["concat", "per_turn"]
 
 #: An assistant text no template rewrites; used to find where an assistant turn's content ends.
 _SENTINEL = "\u2063agentgym-turn-end\u2063"
+#: A tool to render with when a template cannot render without tools.
+_PLACEHOLDER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "noop",
+        "description": "Does nothing.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -226,10 +235,11 @@ class ChatRenderer:
 
     def _find_turn_end(self) -> str:
         """What the template writes after an assistant turn's content (``<|im_end|>`` + newline)."""
-        user = {"role": "user", "content": "hi"}
-        text = self.render_text(
-            [user, {"role": "assistant", "content": _SENTINEL}], None, generation=False
-        )
+        messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
+        try:
+            text = self.render_text(messages, None, generation=False)
+        except TemplateError:  # a tool-use-only template (Hermes-3's loops over `tools`)
+            text = self.render_text(messages, [_PLACEHOLDER_TOOL], generation=False)
         at = text.rfind(_SENTINEL)
         if at < 0:
             raise TemplateError(

@@ -103,6 +103,23 @@ class ToolCallParser(ABC):
         raises `ValueError` for what the format cannot express.
         """
 
+    def make_call_id(self, turn: int, index: int) -> str:
+        """The id the env gives call ``index`` of assistant turn ``turn`` when the model wrote none.
+
+        Chat templates render these ids back into the prompt, and some check their shape
+        (Mistral's require 9 alphanumerics), so the format the model was trained on decides;
+        this default suits templates that take any string.
+        """
+        return f"call_{turn}_{index}"
+
+    def for_tools(self, tools: list[dict[str, Any]]) -> ToolCallParser:
+        """The parser to use for an env with these OpenAI tool schemas (the env calls it once).
+
+        Formats that write argument values without JSON types (Qwen3-Coder's XML) read the
+        schemas to tell the string ``"42"`` from the number 42; others ignore them.
+        """
+        return self
+
 
 _PARSERS: dict[str, Callable[..., ToolCallParser]] = {}
 

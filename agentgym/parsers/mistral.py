@@ -1,7 +1,11 @@
 r"""Mistral tool calls, both generations of the format, after the ``[TOOL_CALLS]`` token.
 
 - ``"json"`` style (tokenizers before v11, e.g. Mistral-7B-Instruct-v0.3):
-  ``content[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]`` (a bare object is one call).
+  ``content[TOOL_CALLS] [{"name": "f", "arguments": {...}, "id": "aB3dE6gH9"}, ...]`` (a bare
+  object is one call). The model writes each call's id (9 letters and digits, as
+  ``mistral_common`` trained it) and the template requires that shape on every call and tool
+  result, so `parse` keeps an id of that shape, `render` always writes one, and `make_call_id`
+  gives the env ids of that shape for calls that came without.
 - ``"args"`` style (v11+ tokenizers, e.g. Mistral Small 3.2, Magistral):
   ``content[TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[ARGS]{...}``; ``f{...}`` without ``[ARGS]``
   is accepted too.
@@ -13,8 +17,10 @@ splits the calls.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import string
 from typing import Literal
 
 from .._errors import ConfigError
@@ -33,6 +39,18 @@ _DECODER = json.JSONDecoder()
 _NAME = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[ARGS\])?\s*", re.ASCII)
 _BARE_NAME = re.compile(r"[^\s\[\]{}]+", re.ASCII)  # what the "args" style can carry
 _CALL_START = re.compile(re.escape(TOOL_CALLS))
+_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def call_id(seed: str) -> str:
+    """A 9-character alphanumeric id (the shape Mistral templates require), fixed by ``seed``."""
+    number = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big")
+    chars = []
+    for _ in range(9):
+        number, digit = divmod(number, len(_ID_ALPHABET))
+        chars.append(_ID_ALPHABET[digit])
+    return "".join(chars)
 
 
 def _parse_json_style(segment: str, turn: ParsedTurn) -> None:
@@ -44,9 +62,14 @@ def _parse_json_style(segment: str, turn: ParsedTurn) -> None:
         return
     for obj in value if isinstance(value, list) else [value]:
         try:
-            turn.tool_calls.append(call_from_json(obj))
+            call = call_from_json(obj)
         except (ValueError, TypeError) as exc:
             turn.errors.append(f"malformed tool call {json.dumps(obj)[:200]!r}: {exc}")
+            continue
+        written = obj.get("id")
+        # another shape would make the template refuse the conversation: the env assigns one
+        call.id = written if isinstance(written, str) and _CALL_ID.fullmatch(written) else ""
+        turn.tool_calls.append(call)
 
 
 def _parse_args_style(segment: str, turn: ParsedTurn) -> None:
@@ -97,8 +120,11 @@ class MistralParser(ToolCallParser):
         if not tool_calls:
             return content
         if self.style == "json":
-            calls = [{"name": c.name, "arguments": c.arguments} for c in tool_calls]
-            return f"{content}{TOOL_CALLS}{_json(calls)}"
+            calls = [
+                {"name": c.name, "arguments": c.arguments, "id": c.id or _derived_id(content, i, c)}
+                for i, c in enumerate(tool_calls)
+            ]
+            return f"{content}{TOOL_CALLS} {_json(calls)}"
         for call in tool_calls:
             if not _BARE_NAME.fullmatch(call.name):
                 raise ValueError(
@@ -108,6 +134,15 @@ class MistralParser(ToolCallParser):
         return content + "".join(
             f"{TOOL_CALLS}{c.name}{ARGS}{_json(c.arguments)}" for c in tool_calls
         )
+
+    def make_call_id(self, turn: int, index: int) -> str:
+        """9 letters and digits: Mistral templates refuse any other id (``call_1_0`` included)."""
+        return call_id(f"agentgym-call-{turn}-{index}")
+
+
+def _derived_id(content: str, index: int, call: ToolCall) -> str:
+    """The id `render` writes for a call without one: fixed by the turn, so renders repeat."""
+    return call_id(json.dumps([content, index, call.name, call.arguments], sort_keys=True))
 
 
 def _json(value: object) -> str:

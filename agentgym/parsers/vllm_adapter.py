@@ -10,6 +10,12 @@ markers; pass the model's own tokenizer (object or path) to match a real model. 
 presence of ``[ARGS]`` in the tokenizer switches vLLM to the v11+ ``name[ARGS]{...}`` format:
 ``get_parser("vllm:mistral", extra_tokens=("[ARGS]",))``.
 
+``vllm:openai`` (gpt-oss) reads harmony text (``<|channel|>commentary to=functions.f
+<|constrain|>json<|message|>{...}<|call|>``) with vLLM's `HarmonyParser`, which parses token
+ids of the harmony encoding: the text is encoded with it first. Such turns cannot be rendered
+(vLLM writes harmony prompts from messages with its own encoder), so `render` raises
+`NotImplementedError` and `agentgym check` says "cannot render".
+
 Differences from our parsers are by design and listed in ``docs/parsers.md``: vLLM returns a
 malformed call as plain content and no calls, where ours report it in ``ParsedTurn.errors``.
 """
@@ -22,10 +28,21 @@ import os
 from typing import Any
 
 from .._errors import ConfigError
+from . import deepseek_v3
 from ._base import _PARSERS, ParsedTurn, ToolCall, ToolCallParser
 
 #: Marker tokens the default tokenizer carries, so most of vLLM's parsers can be built on it.
-DEFAULT_MARKERS = ("<|python_tag|>", "[TOOL_CALLS]")
+DEFAULT_MARKERS = (
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    deepseek_v3.CALLS_BEGIN,
+    deepseek_v3.CALLS_END,
+    deepseek_v3.CALL_BEGIN,
+    deepseek_v3.CALL_END,
+    deepseek_v3.SEP,
+)
+#: vLLM's parser for gpt-oss: a stub whose work `HarmonyParser` does.
+HARMONY = "openai"
 
 
 def _import_vllm() -> Any:
@@ -88,8 +105,18 @@ class VLLMToolParser(ToolCallParser):
         self.name = f"vllm:{name}"
         self.vllm_name = name
         self.tokenizer = _load_tokenizer(tokenizer, extra_tokens)
+        self._extra_tokens = extra_tokens
+        self._tools = tools or []
         self._request = self._make_request(tools)
-        self._cls(self.tokenizer, self._request.tools)  # fail now if the tokenizer lacks a marker
+        try:  # fail now, in one line, if the tokenizer lacks a marker this parser needs
+            self._cls(self.tokenizer, self._request.tools)
+        except Exception as exc:  # noqa: BLE001 - vLLM raises RuntimeError, ValueError, KeyError
+            where = "the default tokenizer" if tokenizer is None else "this tokenizer"
+            raise ConfigError(
+                f"vLLM's {name!r} tool parser cannot be built on {where} ({exc}); pass the "
+                f"model's tokenizer: get_parser('vllm:{name}', tokenizer=PATH), or with the "
+                "CLI `check --model DIR` / `eval --policy vllm --model-path DIR`"
+            ) from None
         self._render_kwargs: dict[str, Any] = {}
         if name == "mistral" and "[ARGS]" in self.tokenizer.get_vocab():
             self._render_kwargs["style"] = "args"  # what vLLM parses with a v11+ tokenizer
@@ -106,35 +133,72 @@ class VLLMToolParser(ToolCallParser):
             tool_choice="auto" if tools else None,
         )
 
+    def for_tools(self, tools: list[dict[str, Any]]) -> VLLMToolParser:
+        """The same vLLM parser with ``tools`` on its requests, as a vLLM server has them."""
+        return VLLMToolParser(
+            self.vllm_name, self.tokenizer, tools=tools, extra_tokens=self._extra_tokens
+        )
+
     def parse(self, text: str) -> ParsedTurn:
         """Run vLLM's non-streaming ``extract_tool_calls``; never raises (errors are recorded)."""
         try:
-            parser = self._cls(self.tokenizer, self._request.tools)  # fresh: parsers keep state
-            info = parser.extract_tool_calls(text, self._request)
+            if self.vllm_name == HARMONY:
+                content, calls = self._parse_harmony(text)
+            else:
+                parser = self._cls(self.tokenizer, self._request.tools)  # fresh: parsers keep state
+                info = parser.extract_tool_calls(text, self._request)
+                found = info.tool_calls if info.tools_called else []
+                content = info.content
+                calls = [(c.function.name, c.function.arguments, c.id or "") for c in found]
         except Exception as exc:  # noqa: BLE001 - a third-party parser may raise anything
             return ParsedTurn(content=text, errors=[f"vLLM parser {self.vllm_name!r}: {exc!r}"])
-        turn = ParsedTurn(content=info.content or "")
-        for call in info.tool_calls if info.tools_called else []:
+        turn = ParsedTurn(content=content or "")
+        for name, raw, call_id in calls:
             try:
-                arguments = json.loads(call.function.arguments or "{}")
+                arguments = json.loads(raw or "{}")
                 if not isinstance(arguments, dict):
                     raise TypeError(f"arguments are a {type(arguments).__name__}, not an object")
             except (ValueError, TypeError) as exc:
                 turn.errors.append(
-                    f"vLLM returned call {call.function.name!r} with bad arguments "
-                    f"{call.function.arguments[:200]!r}: {exc}"
+                    f"vLLM returned call {name!r} with bad arguments {raw[:200]!r}: {exc}"
                 )
                 continue
-            turn.tool_calls.append(
-                ToolCall(name=call.function.name, arguments=arguments, id=call.id or "")
-            )
+            turn.tool_calls.append(ToolCall(name=name, arguments=arguments, id=call_id))
         return turn
+
+    def _parse_harmony(self, text: str) -> tuple[str | None, list[tuple[str, str, str]]]:
+        """Content and calls of gpt-oss harmony text, through vLLM's `HarmonyParser`."""
+        from vllm.entrypoints.openai.parser.harmony_utils import get_encoding
+        from vllm.parser.harmony import HarmonyParser
+
+        if "<|message|>" not in text:  # no harmony message at all: plain content, as in vLLM
+            return text, []
+        encoding = get_encoding()
+
+        class Harmony(HarmonyParser):  # vLLM sets these on its own class per server
+            tool_parser_cls = self._cls
+            reasoning_parser_cls = None
+
+        class HarmonyText:  # what the parser asks of a tokenizer: vocab, and decode on errors
+            get_vocab = self.tokenizer.get_vocab
+            decode = staticmethod(encoding.decode)
+
+        ids = encoding.encode(text, allowed_special="all")
+        parser = Harmony(HarmonyText(), self._request.tools)
+        _, content, calls = parser.parse(text, self._request, model_output_token_ids=ids)
+        return content, [(c.name, c.arguments, "") for c in calls or []]
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
         """Render with our parser of the same name; vLLM parsers only parse."""
+        if self.vllm_name == HARMONY:
+            raise NotImplementedError(
+                "vllm:openai (gpt-oss harmony) turns cannot be rendered: vLLM writes harmony "
+                "prompts from messages with its own encoder, and agentgym has no harmony renderer"
+            )
         if self.vllm_name not in _PARSERS:
             raise NotImplementedError(
                 f"vLLM parsers only parse, and agentgym has no parser named "
                 f"{self.vllm_name!r} to render with; known: {', '.join(sorted(_PARSERS))}"
             )
-        return _PARSERS[self.vllm_name](**self._render_kwargs).render(content, tool_calls)
+        ours = _PARSERS[self.vllm_name](**self._render_kwargs).for_tools(self._tools)
+        return ours.render(content, tool_calls)

@@ -18,7 +18,11 @@ PARSERS = [
     ("mistral-json", "mistral", {}),
     ("mistral-args", "mistral", {"style": "args"}),
     ("pythonic", "pythonic", {}),
+    ("qwen3_coder", "qwen3_coder", {}),
+    ("deepseek_v3", "deepseek_v3", {}),
 ]
+#: Parsers whose format cannot carry markup characters in argument names.
+PLAIN_KEYS_ONLY = {"pythonic", "qwen3_coder"}
 
 
 @pytest.fixture(params=PARSERS, ids=[p[0] for p in PARSERS])
@@ -80,6 +84,13 @@ MARKERS = [
     "; ",
     "\n[g(a=1)]",
     "<\\/tool_call>",
+    "</parameter>",
+    "\n</parameter>\n</function>\n</tool_call>",
+    "<function=g>",
+    "True",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁end｜>\n```",
+    "<｜tool▁sep｜>",
 ]
 
 
@@ -89,7 +100,7 @@ def test_markers_inside_argument_values_and_keys_round_trip(
 ) -> None:
     calls = [
         ToolCall("f", {"text": f"a{marker}b", "items": [marker], "nested": {"k": marker}}),
-        ToolCall("g", {f"key{marker}": 1} if parser.name != "pythonic" else {}),
+        ToolCall("g", {f"key{marker}": 1} if parser.name not in PLAIN_KEYS_ONLY else {}),
     ]
     turn = parser.parse(parser.render("Let me check.", calls))
     assert turn.errors == []
@@ -126,6 +137,10 @@ def test_content_holding_a_marker_round_trips_or_raises(
         ("llama3_json", "see <|python_tag|> here"),
         ("llama3_json", 'see\n{"name": "f"} here'),
         ("pythonic", "see\n[f(a=1)]"),
+        ("qwen3_coder", "see <tool_call> here"),
+        ("qwen3_coder", "see <function=f> here"),
+        ("deepseek_v3", "see <｜tool▁calls▁begin｜> here"),
+        ("deepseek_v3", "see <｜tool▁call▁begin｜> here"),
     ],
 )
 def test_content_a_format_cannot_express_raises(name: str, content: str) -> None:
@@ -157,6 +172,13 @@ def test_parse_never_raises_on_truncations(parser: ToolCallParser) -> None:
     assert len(cut.tool_calls) + len(cut.errors) >= 1
     assert [c.name for c in cut.tool_calls] in (["f"], [])
 
+
+#: DeepSeek V3's markers, for the tables below.
+DS, SEP, END = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+)
 
 # (parser name, text, expected good call names, a substring every error message shares)
 MALFORMED = [
@@ -193,6 +215,24 @@ MALFORMED = [
     ("pythonic", "[f(**kw)]", [], "keyword"),
     ("pythonic", "[f(a=1), 3]", [], "calls"),
     ("pythonic", "[f(a={x: 1})]", [], "dict keys"),
+    ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n1\n", [], "cut off"),
+    ("qwen3_coder", "<tool_call>\nf(a=1)\n</tool_call>", [], "<function=NAME>"),
+    ("qwen3_coder", "<tool_call>\n<function=f>\nhello\n</function>", [], "unexpected text"),
+    (
+        "qwen3_coder",
+        "<tool_call><function=ok></function></tool_call><tool_call><function=>",
+        ["ok"],
+        "<function=NAME>",
+    ),
+    ("deepseek_v3", f'{DS}function{SEP}f\n```json\n{{"a": 1,}}\n```{END}', [], "malformed"),
+    ("deepseek_v3", f"{DS}function{SEP}f\n```json\n[1]\n```{END}", [], "JSON object"),
+    ("deepseek_v3", f"{DS}function", [], "no <｜tool▁sep｜>"),
+    (
+        "deepseek_v3",
+        f"{DS}function{SEP}ok\n```json\n{{}}\n```{END}\n<｜tool▁call▁begin｜>function{SEP}g\n```json\n{{",
+        ["ok"],
+        "malformed",
+    ),
 ]
 
 
@@ -253,6 +293,23 @@ def test_pythonic_render_rejects_unrepresentable_calls(call: ToolCall, needle: s
         ),
         ("hermes", '<tool_call>{"name": "f", "arguments": null}</tool_call>', [("f", {})]),
         ("llama3_json", '{"name": "f", "parameters": null}', [("f", {})]),
+        (
+            "qwen3_coder",
+            "<function=f>\n<parameter=a>\n1\n</parameter>\n</function>",
+            [("f", {"a": 1})],
+        ),
+        (
+            "qwen3_coder",
+            "<tool_call><function=f><parameter=s>x y</parameter><parameter=b>False</parameter>"
+            "</function></tool_call>",
+            [("f", {"s": "x y", "b": False})],
+        ),
+        ("deepseek_v3", f'{DS}f{SEP}{{"a": 1}}{END}<｜tool▁calls▁end｜>', [("f", {"a": 1})]),
+        (
+            "deepseek_v3",
+            f'{DS}function{SEP}f\n```json\n{{\n  "a": [1,\n 2]\n}}\n```{END}',
+            [("f", {"a": [1, 2]})],
+        ),
     ],
 )
 def test_accepted_variants(name: str, text: str, calls: list[tuple]) -> None:
@@ -262,7 +319,8 @@ def test_accepted_variants(name: str, text: str, calls: list[tuple]) -> None:
 
 
 def test_registry_lists_all_parsers() -> None:
-    assert {"hermes", "llama3_json", "mistral", "pythonic"} <= set(available_parsers())
+    expected = {"deepseek_v3", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"}
+    assert expected <= set(available_parsers())
     for name in available_parsers():
         assert get_parser(name).name == name
 
@@ -292,3 +350,65 @@ def test_vllm_prefix_without_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ConfigError, match=r"pip install 'agentgym\[vllm\]'") as info:
         get_parser("vllm:hermes")
     assert "\n" not in str(info.value)
+
+
+# ---- formats with more to them than a round trip ----------------------------------------
+STRING_AND_NUMBER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "description": "d",
+            "parameters": {
+                "type": "object",
+                "properties": {"s": {"type": "string"}, "n": {"type": "integer"}},
+            },
+        },
+    }
+]
+
+
+def test_qwen3_coder_types_values_by_the_tool_schema() -> None:
+    """The XML carries no types: the schema tells the string "42" from the number 42."""
+    text = "<tool_call>\n<function=f>\n<parameter=s>\n42\n</parameter>\n"
+    text += "<parameter=n>\n42\n</parameter>\n</function>\n</tool_call>"
+    typed = get_parser("qwen3_coder").for_tools(STRING_AND_NUMBER)
+    assert typed.parse(text).tool_calls[0].arguments == {"s": "42", "n": 42}
+    assert get_parser("qwen3_coder").parse(text).tool_calls[0].arguments == {"s": 42, "n": 42}
+    call = ToolCall("f", {"s": "42", "n": 42})
+    # with the schema, written as the template writes it; without, quoted so it reads back
+    assert typed.render("", [call]) == text
+    untyped = get_parser("qwen3_coder").render("", [call])
+    assert '\n"42"\n' in untyped
+    assert get_parser("qwen3_coder").parse(untyped).tool_calls[0].arguments == call.arguments
+
+
+def test_qwen3_coder_refuses_what_a_string_parameter_cannot_hold() -> None:
+    typed = get_parser("qwen3_coder").for_tools(STRING_AND_NUMBER)
+    with pytest.raises(ValueError, match="read back"):
+        typed.render("", [ToolCall("f", {"s": 42})])
+    with pytest.raises(ValueError, match="parameter"):
+        get_parser("qwen3_coder").render("", [ToolCall("f", {"a>b": 1})])
+
+
+def test_mistral_keeps_the_models_call_id_and_always_writes_one() -> None:
+    mistral = get_parser("mistral")
+    text = '[TOOL_CALLS] [{"name": "f", "arguments": {}, "id": "aB3dE6gH9"}]'
+    assert [c.id for c in mistral.parse(text).tool_calls] == ["aB3dE6gH9"]
+    # an id of another shape would make the template refuse the conversation: dropped
+    assert mistral.parse(text.replace("aB3dE6gH9", "call_1")).tool_calls[0].id == ""
+    assert mistral.render("", [ToolCall("f", {}, "aB3dE6gH9")]) == text
+    written = mistral.render("", [ToolCall("f", {}), ToolCall("f", {})])
+    ids = [c.id for c in mistral.parse(written).tool_calls]
+    assert len(set(ids)) == 2 and all(len(i) == 9 and i.isalnum() for i in ids)
+    assert ids == [
+        c.id for c in mistral.parse(mistral.render("", [ToolCall("f", {})] * 2)).tool_calls
+    ]
+
+
+def test_call_ids_the_env_assigns_fit_the_format() -> None:
+    assert get_parser("hermes").make_call_id(2, 1) == "call_2_1"
+    mistral = get_parser("mistral")
+    ids = {mistral.make_call_id(turn, i) for turn in range(1, 30) for i in range(4)}
+    assert len(ids) == 29 * 4
+    assert all(len(i) == 9 and i.isalnum() for i in ids)

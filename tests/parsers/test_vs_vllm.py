@@ -327,12 +327,94 @@ PYTHONIC = [
     Case("unicode", "[traduire(t='日本語 ½ ✓')]", [("traduire", {"t": "日本語 ½ ✓"})]),
 ]
 
+QWEN3_CODER = [
+    Case(
+        "single",
+        "<tool_call>\n<function=f>\n<parameter=a>\nhello world\n</parameter>\n</function>\n"
+        "</tool_call>",
+        [("f", {"a": "hello world"})],
+    ),
+    Case(
+        "several",
+        "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=g>\n</function>\n</tool_call>",
+        [("f", {"a": "x"}), ("g", {})],
+    ),
+    Case(
+        "content+call",
+        "Let me check.\n\n<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n"
+        "</function>\n</tool_call>",
+        [("f", {"a": "x"})],
+        content="Let me check.",
+    ),
+    Case("no call", "The answer is 42.", [], content="The answer is 42."),
+    Case(
+        "typed values without a schema",
+        "<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n<parameter=b>\nTrue\n"
+        "</parameter>\n</function>\n</tool_call>",
+        [("f", {"n": 3, "b": True})],
+        vllm_calls=[("f", {"n": "3", "b": "True"})],
+        why="without tool schemas vLLM keeps every qwen3_coder value a string; we decode JSON",
+    ),
+    Case(
+        "unicode",
+        "<tool_call>\n<function=traduire>\n<parameter=t>\n日本語 ½ ✓\n</parameter>\n</function>\n"
+        "</tool_call>",
+        [("traduire", {"t": "日本語 ½ ✓"})],
+    ),
+]
+
+DS = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+DS_SEP, DS_END, DS_ENDS = "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
+DEEPSEEK_V3 = [
+    Case(
+        "single",
+        f'{DS}function{DS_SEP}f\n```json\n{{"a": 1}}\n```{DS_END}{DS_ENDS}',
+        [("f", {"a": 1})],
+    ),
+    Case(
+        "several",
+        f'{DS}function{DS_SEP}f\n```json\n{{"a": 1}}\n```{DS_END}\n'
+        f"<｜tool▁call▁begin｜>function{DS_SEP}g\n```json\n{{}}\n```{DS_END}{DS_ENDS}",
+        [("f", {"a": 1}), ("g", {})],
+    ),
+    Case(
+        "content+call",
+        f'Let me check.{DS}function{DS_SEP}f\n```json\n{{"a": 1}}\n```{DS_END}{DS_ENDS}',
+        [("f", {"a": 1})],
+        content="Let me check.",
+    ),
+    Case("no call", "The answer is 42.", [], content="The answer is 42."),
+    Case(
+        "malformed json",
+        f'{DS}function{DS_SEP}f\n```json\n{{"a": 1,}}\n```{DS_END}{DS_ENDS}',
+        [],
+        errors=True,
+        vllm_errors=True,  # vLLM returns the call with arguments '{"a": 1,}'; adapter rejects it
+    ),
+    Case(
+        "V3.1 short form",
+        f'{DS}f{DS_SEP}{{"a": 1}}{DS_END}{DS_ENDS}',
+        [("f", {"a": 1})],
+        vllm_calls=[],
+        why="we read DeepSeek V3.1's short form too; vLLM's deepseek_v3 parser reads V3's only",
+    ),
+    Case(
+        "unicode",
+        f'Voilà{DS}function{DS_SEP}traduire\n```json\n{{"t": "日本語 ½ ✓"}}\n```{DS_END}{DS_ENDS}',
+        [("traduire", {"t": "日本語 ½ ✓"})],
+        content="Voilà",
+    ),
+]
+
 TABLES = {
     "hermes": HERMES,
     "llama3_json": LLAMA3_JSON,
     "mistral": MISTRAL,
     "mistral-v11": MISTRAL_V11,
     "pythonic": PYTHONIC,
+    "qwen3_coder": QWEN3_CODER,
+    "deepseek_v3": DEEPSEEK_V3,
 }
 PARAMS = [
     pytest.param(table, case, id=f"{table}-{case.id}")
@@ -386,7 +468,9 @@ def test_every_difference_is_documented() -> None:
         assert reason.lower() in doc.lower(), f"docs/parsers.md does not explain: {reason}"
 
 
-@pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral", "pythonic"])
+@pytest.mark.parametrize(
+    "name", ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3"]
+)
 def test_vllm_parses_what_we_render(name: str) -> None:
     """Text our `render` writes is read the same by vLLM's parser (no content: vLLM's llama3
     and pythonic parsers drop or reject text around the calls), escaped markers included."""
@@ -394,8 +478,19 @@ def test_vllm_parses_what_we_render(name: str) -> None:
 
     markers = "</tool_call> [TOOL_CALLS] <|python_tag|>"
     calls = [ToolCall("f", {"a": 1, "s": f"é ✓ {markers}"}), ToolCall("g", {})]
-    text = get_parser(name).render("", calls)
-    assert _calls(_vllm_parser(name, {}).parse(text)) == [(c.name, c.arguments) for c in calls]
+    tools = [_schema("f", {"a": "integer", "s": "string"}), _schema("g", {})]
+    text = get_parser(name).for_tools(tools).render("", calls)
+    theirs = _vllm_parser(name, {"tools": tools})  # vLLM's qwen3_coder types values by them
+    assert _calls(theirs.parse(text)) == [(c.name, c.arguments) for c in calls]
+
+
+def _schema(name: str, types: dict[str, str]) -> dict[str, Any]:
+    properties = {key: {"type": kind} for key, kind in types.items()}
+    parameters = {"type": "object", "properties": properties}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": "d", "parameters": parameters},
+    }
 
 
 def test_vllm_adapter_render_and_errors() -> None:
@@ -410,3 +505,32 @@ def test_vllm_adapter_render_and_errors() -> None:
         get_parser("vllm:internlm").render("", [ToolCall("f", {})])
     with pytest.raises(ConfigError, match="Did you mean 'vllm:hermes'"):
         get_parser("vllm:hermess")
+
+
+def test_vllm_openai_parses_gpt_oss_harmony_and_says_it_cannot_render() -> None:
+    from agentgym.parsers import ToolCall
+
+    harmony = _vllm_parser("openai", {})
+    call = (
+        "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.calculate <|constrain|>json<|message|>{"expression": "1+2"}<|call|>'
+    )
+    assert _calls(harmony.parse(call)) == [("calculate", {"expression": "1+2"})]
+    answer = harmony.parse("<|channel|>final<|message|>It is 3.<|return|>")
+    assert (answer.content, answer.tool_calls, answer.errors) == ("It is 3.", [], [])
+    cut = harmony.parse(call[:-12])  # cut inside the arguments
+    assert cut.tool_calls == [] and cut.errors
+    with pytest.raises(NotImplementedError, match="cannot be rendered"):
+        harmony.render("", [ToolCall("f", {})])
+
+
+def test_a_vllm_parser_missing_its_markers_is_one_line_naming_the_fix() -> None:
+    from agentgym._errors import ConfigError
+    from agentgym.engine.tiny import make_tokenizer
+
+    require("vllm")
+    with pytest.raises(ConfigError, match=r"pass the model's tokenizer") as info:
+        get_parser("vllm:deepseek_v3", tokenizer=make_tokenizer())
+    assert "\n" not in str(info.value) and "check --model DIR" in str(info.value)
+    # the default tokenizer carries DeepSeek's markers: no tokenizer needed
+    assert get_parser("vllm:deepseek_v3").name == "vllm:deepseek_v3"

@@ -1,0 +1,106 @@
+r"""DeepSeek V3 tool calls, between DeepSeek's special tool-call tokens.
+
+A turn with content and two calls, as DeepSeek-V3's chat template renders it (one line
+break between calls; ``<｜...｜>`` are single tokens)::
+
+    Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f
+    ```json
+    {"a": 1}
+    ```<｜tool▁call▁end｜>
+    <｜tool▁call▁begin｜>function<｜tool▁sep｜>g
+    ```json
+    {}
+    ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+
+`parse` also reads DeepSeek V3.1's shorter ``<｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a": 1}
+<｜tool▁call▁end｜>``; `render` writes V3's. Arguments are decoded as JSON objects, so a
+marker inside an argument string cannot end a call early.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ._base import (
+    ParsedTurn,
+    ToolCall,
+    ToolCallParser,
+    call_from_json,
+    refuse_call_start,
+    register_parser,
+)
+
+CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+CALLS_END = "<｜tool▁calls▁end｜>"
+CALL_BEGIN = "<｜tool▁call▁begin｜>"
+CALL_END = "<｜tool▁call▁end｜>"
+SEP = "<｜tool▁sep｜>"
+_CALL_START = re.compile(f"{re.escape(CALLS_BEGIN)}|{re.escape(CALL_BEGIN)}")
+#: The V3 header after the separator: the name on its own line, then a json code fence.
+_V3_HEADER = re.compile(r"([^\n]*)\n[ \t]*```(?:json)?[ \t]*\n")
+_FENCE_END = re.compile(r"\s*```")
+_DECODER = json.JSONDecoder()
+
+
+@register_parser("deepseek_v3")
+class DeepSeekV3Parser(ToolCallParser):
+    """Parse and render DeepSeek V3 tool calls (V3.1's short form is parsed too)."""
+
+    def parse(self, text: str) -> ParsedTurn:
+        found = _CALL_START.search(text)
+        if not found:
+            return ParsedTurn(content=text)
+        turn = ParsedTurn(content=text[: found.start()].strip())
+        pos = found.start()
+        while (begin := text.find(CALL_BEGIN, pos)) >= 0:
+            pos = _read_call(text, begin + len(CALL_BEGIN), turn)
+        return turn
+
+    def render(self, content: str, tool_calls: list[ToolCall]) -> str:
+        refuse_call_start(self.name, content, _CALL_START)
+        if not tool_calls:
+            return content
+        calls = "\n".join(
+            f"{CALL_BEGIN}function{SEP}{_checked_name(c.name)}\n```json\n"
+            f"{json.dumps(c.arguments, ensure_ascii=False)}\n```{CALL_END}"
+            for c in tool_calls
+        )
+        return f"{content}{CALLS_BEGIN}{calls}{CALLS_END}"
+
+
+def _read_call(text: str, pos: int, turn: ParsedTurn) -> int:
+    """Read the call whose header starts at ``pos`` into ``turn``; return where to go on.
+
+    V3's header is ``function<sep>NAME`` + a line break + a json code fence; V3.1's is
+    ``NAME<sep>`` with the JSON right after it.
+    """
+    sep = text.find(SEP, pos)
+    if sep < 0:
+        turn.errors.append(f"malformed tool call {text[pos:][:200]!r}: no {SEP}")
+        return len(text)
+    after = sep + len(SEP)
+    header = _V3_HEADER.match(text, after)
+    name, start = (header.group(1).strip(), header.end()) if header else (text[pos:sep], after)
+    try:
+        obj, end = _DECODER.raw_decode(text, _skip_space(text, start))
+        call = call_from_json({"name": name, "arguments": obj})
+    except (ValueError, TypeError) as exc:
+        turn.errors.append(f"malformed tool call {text[pos:][:200]!r}: {exc}")
+        close = text.find(CALL_END, start)
+        return len(text) if close < 0 else close + len(CALL_END)
+    turn.tool_calls.append(call)
+    fence = _FENCE_END.match(text, end) if header else None
+    return fence.end() if fence else end
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _checked_name(name: str) -> str:
+    if "\n" in name or any(marker in name for marker in (SEP, CALL_BEGIN, CALL_END)):
+        raise ValueError(f"deepseek_v3 cannot render tool name {name!r}: no newlines or markers")
+    return name

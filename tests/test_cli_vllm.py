@@ -1,0 +1,108 @@
+"""``agentgym eval --policy vllm``: the in-process engine, through the installed console script.
+
+The engine starts once per run (20-90 s on two cores, more on a busy machine); the tiny local
+model samples noise, so the episodes are short, but every turn must carry what a trainer reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentgym import read_jsonl
+from tests.conftest import require
+from tests.test_check import HISTORY_REWRITING_TEMPLATE
+
+AGENTGYM = Path(sys.executable).parent / "agentgym"
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
+    return subprocess.run(
+        [str(AGENTGYM), *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+#: The tiny template, plus what Qwen3's does with ``enable_thinking=False``: an empty think
+#: block opens each generation prompt, and the finished turn does not keep it (per_turn).
+THINK_OFF = (
+    "{%- if enable_thinking is defined and enable_thinking is false %}<think></think>{%- endif %}"
+)
+
+
+def model_with_template(tiny_model_dir: Path, folder: Path, template: str) -> Path:
+    """A copy of the tiny model whose tokenizer has ``template`` as its chat template."""
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "chat_template.jinja").write_text(template)  # where transformers keeps it
+    return folder
+
+
+def thinking_switch(tiny_model_dir: Path) -> str:
+    template = (tiny_model_dir / "chat_template.jinja").read_text()
+    opening = "{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    assert template.endswith(opening)
+    return template.removesuffix("{%- endif %}") + THINK_OFF + "{%- endif %}"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_eval_vllm_records_token_ids_mode_and_adapter_version(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    require("vllm")
+    model = model_with_template(tiny_model_dir, tmp_path / "model", thinking_switch(tiny_model_dir))
+    out = tmp_path / "run"
+    proc = run(
+        "eval", "calculator", "--policy", "vllm", "--model-path", str(model),
+        "-n", "2", "-g", "2", "--max-tokens", "12", "--temperature", "0.7", "--seed", "3",
+        "--chat-template-kwargs", '{"enable_thinking": false}', "--out", str(out), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rollout mode per_turn" in proc.stderr  # decided before the episodes, and said
+    trajectories = list(read_jsonl(out / "trajectories.jsonl"))
+    assert len(trajectories) == 4
+    tokenizer = require("transformers").AutoTokenizer.from_pretrained(str(model))
+    for trajectory in trajectories:
+        assert trajectory.status in ("ok", "truncated"), trajectory.error
+        assert trajectory.mode == "per_turn"  # the kwarg reached the engine's template
+        for turn in trajectory.turns:
+            assert turn.prompt_ids and turn.completion_ids  # exact ids, token in / token out
+            assert tokenizer.decode(turn.prompt_ids).endswith("assistant\n<think></think>")
+            assert len(turn.completion_ids) <= 12  # --max-tokens is per turn
+            assert len(turn.logprobs or []) == len(turn.completion_ids)
+            assert turn.adapter_version == 0  # the base weights sampled it
+    run_config = json.loads((out / "run.json").read_text())
+    assert run_config["policy"] == "vllm" and run_config["rollout_mode"] == "auto"
+    assert run_config["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        pytest.param(["--chat-template-kwargs", '{"enable_thinkng": false}'],
+                     "--chat-template-kwargs: the template never reads 'enable_thinkng'",
+                     id="unread-kwarg"),
+        pytest.param(["--rollout-mode", "concat"], "--rollout-mode concat, but the chat template",
+                     id="concat-impossible"),
+    ],
+)  # fmt: skip
+def test_eval_vllm_refuses_before_the_engine_starts(
+    tiny_model_dir: Path, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    """Checked on the tokenizer alone: exit 2 in seconds, nothing written."""
+    model = model_with_template(tiny_model_dir, tmp_path / "model", HISTORY_REWRITING_TEMPLATE)
+    out = tmp_path / "run"
+    proc = run(
+        "eval", "calculator", "--policy", "vllm", "--model-path", str(model), *extra,
+        "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not out.exists()
