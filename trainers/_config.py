@@ -94,7 +94,8 @@ class GRPOConfig:
     model: str = _knob(
         "tiny",
         "Policy model: a local folder or a Hugging Face id (needs a chat template that renders "
-        "tools), or 'tiny' for the project's offline tiny model (`agentgym.engine.tiny`).",
+        "tools), or 'tiny' / 'tiny:PRESET' (e.g. 'tiny:quickstart') for the project's offline "
+        "tiny model (`agentgym.engine.tiny`), its weights seeded by `seed`.",
     )
     env: str = _knob("calculator", "Env id or short name, as accepted by `agentgym.make`.")
     env_kwargs: dict[str, Any] = _knob({}, "Keyword arguments for `agentgym.make(env, ...)`.")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym import Trajectory, arollout, make
+from agentgym._check import reference_conversation
 from agentgym._errors import Error
 from agentgym.engine import VLLMPolicy
 
@@ -114,6 +115,7 @@ class GRPOTrainer:
         spec = LossSpec.from_config(cfg, max_turns=self.env_max_turns)
         console = TrainingConsole(cfg.max_steps)
         with policy:
+            self._decide_mode(policy)
             version = self._sync(policy, model, run, state.get("adapter_version", 0) + 1)
             if state["step"] == 0:
                 success = self._evaluate(policy, run, step=0, num_tasks=cfg.eval_num_tasks)
@@ -165,12 +167,24 @@ class GRPOTrainer:
             return out
         sft = SFTConfig(
             steps=cfg.sft_steps, lr=cfg.sft_learning_rate, batch_size=cfg.sft_batch_size,
-            seed=cfg.seed,
+            seed=cfg.seed, log=_log_sft_progress,
         )  # fmt: skip
         return sft_warm_start(
             self.model_dir, cfg.env, cfg.env_kwargs, out, sft,
             tasks=cfg.train_task_indices[: cfg.sft_num_traces],
         )  # fmt: skip
+
+    def _decide_mode(self, policy: VLLMPolicy) -> None:
+        """Decide ``concat``/``per_turn`` on the env's reference episode, as `check` does."""
+        cfg = self.config
+        env = make(cfg.env, **self._env_kwargs())
+        tools = list(getattr(env, "tool_schemas", []))
+        env.close()
+        example = reference_conversation(
+            cfg.env, self._env_kwargs(), policy.tokenizer, cfg.chat_template_kwargs
+        )
+        decision = policy.mode_for(tools, example or ())
+        log.info("rollout mode %s: %s", decision.mode, decision.reason)
 
     def _device(self) -> str:
         import torch
@@ -190,9 +204,11 @@ class GRPOTrainer:
         if cfg.dtype != "auto":
             dtype = getattr(torch, cfg.dtype)
         torch.manual_seed(cfg.seed)  # before get_peft_model: the adapter init is seeded
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+        base: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        base = base.to(device)
         lora = LoraConfig(
-            r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+            r=cfg.lora_r, lora_dropout=cfg.lora_dropout,
+            lora_alpha=cfg.lora_alpha,  # type: ignore[arg-type]  # PEFT scales by a float
             target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM",
         )  # fmt: skip
         model = get_peft_model(base, lora)
@@ -331,6 +347,12 @@ class GRPOTrainer:
             max_model_len=cfg.max_model_len,
         ) as policy:  # fmt: skip
             return self._evaluate(policy, run, step=0, num_tasks=cfg.eval_num_tasks)
+
+
+def _log_sft_progress(record: dict[str, Any]) -> None:
+    """Every 50th SFT step on the log (the warm start runs for minutes on a CPU)."""
+    if record.get("step", 0) % 50 == 0:
+        log.info("sft step %d: loss %.4f", record["step"], record.get("loss", float("nan")))
 
 
 def check_versions(trajectories: Sequence[Trajectory], version: int) -> None:

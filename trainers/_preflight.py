@@ -36,18 +36,21 @@ def preflight(config: GRPOConfig) -> Path:
             f"{task_count} tasks; shrink the ranges or pass a larger num_tasks in env_kwargs"
         )
     env.close()
-    model_dir = resolve_model(config.model)
+    model_dir = resolve_model(config.model, seed=config.seed)
     _check_template(model_dir, tools, config.chat_template_kwargs)
     _check_memory(model_dir, config)
     return model_dir
 
 
-def resolve_model(model: str) -> Path:
-    """``"tiny"`` builds the project's tiny model (offline); anything else must be a folder."""
-    if model == "tiny":
-        from agentgym.engine.tiny import build_tiny_model
+def resolve_model(model: str, seed: int = 0) -> Path:
+    """``tiny`` / ``tiny:PRESET`` build the project's tiny model offline (seeded weights);
+    anything else must be a local model folder.
+    """
+    if model == "tiny" or model.startswith("tiny:"):
+        from agentgym.engine.tiny import build_preset, build_tiny_model
 
-        return build_tiny_model()
+        preset = model.partition(":")[2]
+        return build_preset(preset, seed=seed) if preset else build_tiny_model(seed=seed)
     path = Path(model).expanduser()
     if not (path / "config.json").is_file():
         raise ConfigError(

@@ -103,22 +103,29 @@ class Example:
 
 
 def oracle_conversations(
-    env_id: str, env_kwargs: dict[str, Any] | None = None, num_tasks: int | None = None
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    num_tasks: int | None = None,
+    tasks: Sequence[int] | None = None,
 ) -> tuple[list[list[Message]], list[dict[str, Any]]]:
     """Play each task's `reference_turns` through the env; returns (conversations, tools).
+
+    ``tasks`` picks task indices (e.g. only the training split); None plays the first
+    ``num_tasks`` (all when None).
 
     Only episodes that end ``ok`` with reward > 0 are kept (an oracle that fails is no oracle).
 
     Raises:
         ConfigError: the env has no `reference_turns`, or no oracle episode succeeded.
     """
-    env = make(env_id, **(env_kwargs or {}))
-    if env.reference_turns(env.tasks[0]) is None:
+    env: Any = make(env_id, **(env_kwargs or {}))
+    if not hasattr(env, "reference_turns") or env.reference_turns(env.tasks[0]) is None:
         raise ConfigError(f"env {env_id!r} has no reference_turns; SFT needs an oracle script")
     tools = list(getattr(env, "tool_schemas", []))
     trajectories = rollout(
         env_id,
         ScriptedPolicy(env.reference_turns),
+        tasks=list(tasks) if tasks is not None else None,
         num_tasks=num_tasks,
         env_kwargs=env_kwargs,
     )
@@ -249,13 +256,16 @@ def sft_warm_start(
     *,
     eval_env_kwargs: dict[str, Any] | None = None,
     num_eval: int = 128,
+    tasks: Sequence[int] | None = None,
 ) -> Path:
     """Fine-tune ``model_dir`` on the env's oracle trajectories; save the result in ``out_dir``.
 
     Args:
         model_dir: a transformers model folder with a chat template (e.g. `build_preset`'s).
         env_id: a registered env with `reference_turns` (e.g. ``"calculator"``).
-        env_kwargs: for `make`; all of the env's tasks are played once as training data.
+        env_kwargs: for `make`.
+        tasks: task indices played once each as training data (keep held-out tasks out);
+            None plays all of the env's tasks.
         out_dir: written with ``model.safetensors``, config, tokenizer and ``sft.json``
             (config, step metrics, time); vLLM and transformers load it as a model folder.
         config: the knobs; None uses `SFTConfig()`.
@@ -274,14 +284,14 @@ def sft_warm_start(
         torch.set_num_threads(config.num_threads)
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    conversations, tools = oracle_conversations(env_id, env_kwargs)
+    conversations, tools = oracle_conversations(env_id, env_kwargs, tasks=tasks)
     examples = [tokenize_conversation(tokenizer, c, tools) for c in conversations]
     held_out: list[Example] = []
     if eval_env_kwargs is not None:
         convs, eval_tools = oracle_conversations(env_id, eval_env_kwargs, num_tasks=num_eval)
         held_out = [tokenize_conversation(tokenizer, c, eval_tools) for c in convs]
     torch.manual_seed(config.seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if config.method == "lora":
         model = _with_lora(model, config)
     history = _train(model, examples, held_out, config)

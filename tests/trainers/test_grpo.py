@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import agentgym
 from agentgym import Trajectory, Turn
 from agentgym.trainers import GRPOConfig
 from tests.conftest import require
@@ -58,11 +59,27 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+def text_length(completion: str) -> float:
+    """A reward a random model's samples differ on, so every group has a learning signal."""
+    return len(completion) / 24
+
+
+class ChatterEnv(agentgym.ToolEnv):
+    """One turn, no tools: the reward is the reply's length."""
+
+    def __init__(self, num_tasks: int = 40, **kwargs) -> None:
+        tasks = [{"prompt": f"Say something ({i})."} for i in range(num_tasks)]
+        super().__init__([], tasks=tasks, rubric=agentgym.Rubric([text_length]), **kwargs)
+
+
+agentgym.register("test/Chatter-v0", ChatterEnv)
+
+
 def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(tmp_path) -> None:
     require("vllm")
     from agentgym.trainers import GRPOTrainer
 
-    cfg = config(tmp_path, max_steps=2, eval_steps=None, save_steps=None)
+    cfg = config(tmp_path, env="test/Chatter-v0", max_steps=2, eval_steps=None, save_steps=None)
     trainer = GRPOTrainer(cfg)
     base = trainer.model_dir / "model.safetensors"
     before = digest(base)
@@ -121,4 +138,8 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     trainer = GRPOTrainer(GRPOConfig.from_yaml(cfg_path))
     assert [m["data/tasks"] for m in steps] == [trainer._tasks_for(s) for s in (1, 2, 3, 4)]
     state = json.loads((run / "checkpoints" / "step-000004" / "trainer_state.json").read_text())
-    assert state["step"] == 4 and state["adapter_version"] == 5
+    # first process: v1 initial, v2 and v3 after steps 1-2; the resumed engine serves the
+    # step-2 adapter as v4 (a fresh version for a fresh engine), then v5 and v6
+    assert state["step"] == 4 and state["adapter_version"] == 6
+    served_on_resume = digest(run / "adapters" / "v4" / "adapter_model.safetensors")
+    assert served_on_resume == digest(run / "adapters" / "v3" / "adapter_model.safetensors")
