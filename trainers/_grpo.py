@@ -73,7 +73,7 @@ class GRPOTrainer:
         """Run (or resume) training; returns the headline figures (eval success ...)."""
         cfg = self.config
         run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume)
-        trackers = Trackers(cfg.report_to, run.path, cfg.to_dict())
+        trackers = Trackers(cfg.report_to, run.path, cfg.to_dict(), resume_step=run.resume_step)
         try:
             figures = self._train(run, trackers)
         except BaseException as exc:
@@ -113,8 +113,8 @@ class GRPOTrainer:
             rollout_mode="per_turn" if cfg.rollout_mode == "per_turn" else "auto",
         )  # fmt: skip
         spec = LossSpec.from_config(cfg, max_turns=self.env_max_turns)
-        console = TrainingConsole(cfg.max_steps)
-        with policy:
+        console = TrainingConsole(cfg.max_steps, start_step=state["step"])
+        with policy, console:
             self._decide_mode(policy)
             version = self._sync(policy, model, run, state.get("adapter_version", 0) + 1)
             if state["step"] == 0:
@@ -150,10 +150,10 @@ class GRPOTrainer:
                 console.update(step, metrics)
                 if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
                     run.save_checkpoint(step, model, optimizer, {"adapter_version": version})
-            final = self._evaluate(policy, run, cfg.max_steps, num_tasks=None, final=True)
+            final = self._evaluate(policy, run, cfg.max_steps, num_tasks=None, label="final")
         figures["grpo/success"] = final
         plot_curves(run.path / "metrics.jsonl", run.path / "reward_curve.png", title=cfg.env)
-        write_summary(run.path, figures)
+        console.console.print(write_summary(run.path, figures))
         return figures
 
     # ---- stages -------------------------------------------------------------------------
@@ -320,9 +320,13 @@ class GRPOTrainer:
         return version
 
     def _evaluate(
-        self, policy: Any, run: RunDir, step: int, num_tasks: int | None, final: bool = False
+        self, policy: Any, run: RunDir, step: int, num_tasks: int | None, label: str = "eval"
     ) -> float:
-        """Greedy episodes on the held-out tasks; returns multi-turn success and logs them."""
+        """Greedy episodes on the held-out tasks; returns multi-turn success and logs them.
+
+        ``label`` names the metrics: ``eval`` (during training; step 0 is the starting
+        model), ``base`` (the model before the SFT warm start), ``final`` (all eval tasks).
+        """
         cfg = self.config
         tasks = cfg.eval_task_indices[:num_tasks] if num_tasks else cfg.eval_task_indices
         trajectories = _run(
@@ -333,10 +337,12 @@ class GRPOTrainer:
             )
         )  # fmt: skip
         run.append_eval(step, trajectories)
-        figures = eval_metrics(trajectories)
-        if final:
-            run.write_metrics(step, {f"final_{k}": v for k, v in figures.items()})
-        return figures["eval/success"]
+        figures = {
+            k.replace("eval/", f"{label}/"): v for k, v in eval_metrics(trajectories).items()
+        }
+        if step == 0 or label != "eval":  # mid-run evals go into their step's line
+            run.write_metrics(step, figures)
+        return figures[f"{label}/success"]
 
     def _evaluate_model(self, model_dir: Path, run: RunDir, label: str) -> float:
         """Eval of a model folder without an adapter (the base model, before SFT)."""
@@ -346,7 +352,7 @@ class GRPOTrainer:
             dtype="float32" if self._device() == "cpu" else "bfloat16",
             max_model_len=cfg.max_model_len,
         ) as policy:  # fmt: skip
-            return self._evaluate(policy, run, step=0, num_tasks=cfg.eval_num_tasks)
+            return self._evaluate(policy, run, 0, num_tasks=cfg.eval_num_tasks, label=label)
 
 
 def _log_sft_progress(record: dict[str, Any]) -> None:

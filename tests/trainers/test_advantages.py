@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
+
+from agentgym import Trajectory
 from agentgym.trainers._advantages import (
     STD_EPS,
     group_advantages,
     trajectory_advantages,
     unbiased_std,
 )
-
-from agentgym import Trajectory
 
 
 def test_group_scaling_matches_the_formula() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentgym.trainers._config import VLLM_LORA_RANKS, GRPOConfig, parse_tasks
 
 from agentgym import ConfigError
+from agentgym.trainers._config import VLLM_LORA_RANKS, GRPOConfig, parse_tasks
 
 
 def test_defaults_are_valid_and_every_knob_is_documented() -> None:

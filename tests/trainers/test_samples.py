@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 
 import pytest
+
+from agentgym import Trajectory, Turn
+from agentgym._trajectory import PrefixMismatchError
 from agentgym.trainers._samples import (
     build_samples,
     collate,
     episode_samples,
     rollout_mode_metrics,
 )
-
-from agentgym import Trajectory, Turn
-from agentgym._trajectory import PrefixMismatchError
 from tests.conftest import require
 
 SYSTEM = [1, 2, 3]

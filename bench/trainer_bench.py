@@ -1,0 +1,413 @@
+"""Trainer benchmarks on the tiny model, side by side in one run.
+
+(b) Weight sync after an optimiser step, on the same LoRA weights:
+
+- adapter-only (ours): save the PEFT adapter (``RunDir.save_adapter``: written aside, then
+  renamed into place) and `VLLMPolicy.load_adapter` it as a new version into the running
+  engine.
+- merge-and-reload (TRL's way: GRPOTrainer merges the LoRA into the base weights, pushes every
+  base parameter into its vLLM engine, unmerges, resets the prefix cache): PEFT
+  ``merge_adapter``, the merged base weights written as one safetensors file,
+  ``unmerge_adapter``; then vLLM 0.32's in-place ``reload_weights`` of that file into the same
+  running engine (``AsyncLLM.collective_rpc``) and ``reset_prefix_cache``. The engine core
+  is another process, and ``collective_rpc`` cannot carry tensors (vLLM's ``ipc`` weight
+  transfer is CUDA IPC), so the weights cross as a file, timed in two places: ``shm``
+  (/dev/shm, memory-backed: the in-memory transport on CPU) and ``disk``. The ratio uses the
+  faster. ``--restart`` also times a fresh engine on a merged model folder (the worst case).
+  A greedy sample from the merged weights is compared with one from the adapter, to show
+  both paths serve the same weights.
+
+(a) Seconds per GRPO step, ours vs TRL's GRPOTrainer with its own tool loop, on the same
+  workload (`WORKLOAD`): `bench_step_time`. TRL's side runs now; ours is a marked stub until
+  the trainer loop lands.
+
+    python bench/trainer_bench.py [--trials 5] [--lora-r 16] [--restart] [--skip-step]
+        [--shape tiny|quickstart|qwen2.5-0.5b | --model-dir DIR] [--warm-start STEPS]
+        [--skip-sync]
+
+The random tiny model never calls the tool, so TRL's tool loop idles in (a); give a model
+that does (``--model-dir`` of a warm-started model, or ``--warm-start STEPS``) to time
+multi-turn episodes. On a shared 2-core machine the timings move with its load: compare
+numbers from one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentgym.engine import VLLMPolicy
+from agentgym.engine.tiny import PRESETS, build_tiny_model
+from agentgym.trainers._run_dir import RunDir
+
+#: Model shapes for `--shape`: the tiny test model, the quickstart's, and a Qwen2.5-0.5B-shaped
+#: one (same layers, widths and heads; randomly initialised, and with the byte vocabulary, so
+#: its embedding is ~0.2M parameters instead of Qwen's 136M: merge-and-reload moves less here).
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "quickstart": PRESETS["quickstart"],
+    "qwen2.5-0.5b": {
+        "hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
+        "intermediate_size": 4864, "max_position_embeddings": 2048,
+    },
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The GRPO step both trainers run in (a)."""
+
+    env: str = "calculator"
+    tasks_per_step: int = 2
+    num_generations: int = 4
+    max_completion_length: int = 48
+    max_turns: int = 4
+    lora_r: int = 16
+    learning_rate: float = 1e-4
+    steps: int = 4  # timed steps; one more runs first as warm-up
+
+    @property
+    def episodes(self) -> int:
+        return self.tasks_per_step * self.num_generations
+
+
+WORKLOAD = Workload()
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
+    """(seconds, result) of ``fn(*args, **kwargs)``."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - t0, out
+
+
+# ---- (b) sync -------------------------------------------------------------------------------
+
+
+def _lora_model(model_dir: Path, lora_r: int) -> Any:
+    """The tiny model in float32 with a non-zero LoRA on every linear layer (as after training)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear",
+                      init_lora_weights=False, task_type="CAUSAL_LM")  # fmt: skip
+    return get_peft_model(base, lora)
+
+
+def _nudge(model: Any) -> None:
+    """Stand-in for an optimiser step: every LoRA weight moves a little."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn_like(p) * 1e-3)
+
+
+@contextlib.contextmanager
+def merged_weights(model: Any) -> Iterator[dict[str, Any]]:
+    """The base weights with the LoRA merged in, named as the base checkpoint (TRL's recipe).
+
+    Valid inside the block only (no copy is made: the caller saves or sends them there);
+    the LoRA is unmerged on exit.
+    """
+    model.merge_adapter()
+    try:
+        base = model.get_base_model()
+        tied = bool(getattr(base.config, "tie_word_embeddings", False))
+        yield {
+            k.replace(".base_layer.", "."): v.detach()
+            for k, v in base.state_dict().items()
+            if "lora_" not in k and not (tied and k == "lm_head.weight")
+        }
+    finally:
+        model.unmerge_adapter()
+
+
+def _save_merged(model: Any, file: Path) -> None:
+    from safetensors.torch import save_file
+
+    with merged_weights(model) as state:
+        save_file(state, str(file))
+
+
+def _tmpfs() -> str | None:
+    """/dev/shm where it exists (memory-backed files: the in-memory transport on CPU)."""
+    return "/dev/shm" if Path("/dev/shm").is_dir() else None
+
+
+def _engine_call(policy: VLLMPolicy, coro_fn: Callable[[Any], Any]) -> Any:
+    """Run ``coro_fn(engine)`` on the policy's engine loop (bench-only use of internals)."""
+    thread, _ = policy._started()
+    return thread.submit(coro_fn(policy._engine)).result()
+
+
+def _reload(policy: VLLMPolicy, **kwargs: Any) -> None:
+    async def go(engine: Any) -> None:
+        await engine.collective_rpc("reload_weights", kwargs=kwargs)
+        await engine.reset_prefix_cache()
+
+    _engine_call(policy, go)
+
+
+def _greedy(policy: VLLMPolicy, prompt_ids: list[int], version: int) -> list[int]:
+    """Greedy ids from adapter ``version`` (0: the engine's base weights)."""
+    current = policy.adapter_version
+    policy.adapter_version = version
+    try:
+        completion = asyncio.run(policy.generate_ids(prompt_ids, max_tokens=24))
+    finally:
+        policy.adapter_version = current
+    return list(completion.completion_ids or [])
+
+
+def bench_sync(model_dir: Path, trials: int, lora_r: int, restart: bool) -> dict[str, float]:
+    """Median seconds of each sync path on the same weights; prints a table."""
+    model = _lora_model(model_dir, lora_r)
+    work = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
+    run = RunDir(work / "run", {"bench": "sync"})
+    shm = Path(tempfile.mkdtemp(prefix="trainer-bench-", dir=_tmpfs()))
+    times: dict[str, list[float]] = {k: [] for k in (
+        "adapter: save", "adapter: load", "adapter: total", "shm: merge+save", "shm: reload",
+        "shm total", "disk: merge+save", "disk: reload", "disk total", "restart total",
+    )}  # fmt: skip
+    with VLLMPolicy(model_dir, sampling={"temperature": 0.0, "max_tokens": 24}, dtype="float32",
+                    max_model_len=1024, enable_lora=True, max_lora_rank=lora_r) as policy:
+        prompt = policy.renderer.tokenizer.encode("What is 12 + 30?")
+        for _ in range(trials + 1):  # the first trial warms up, and is dropped
+            _nudge(model)
+            version = policy.adapter_version + 1
+            save_s, path = _timed(run.save_adapter, model, version)
+            load_s, _ = _timed(policy.load_adapter, path)
+            for key, value in (("adapter: save", save_s), ("adapter: load", load_s),
+                               ("adapter: total", save_s + load_s)):  # fmt: skip
+                times[key].append(value)
+        adapter_ids = _greedy(policy, prompt, policy.adapter_version)
+        for _ in range(trials + 1):  # the same (last) adapter weights, merged
+            for transport, folder in (("shm", shm), ("disk", work / "merged")):
+                folder.mkdir(exist_ok=True)
+                file = folder / "model.safetensors"
+                save_s, _ = _timed(_save_merged, model, file)
+                reload_s, _ = _timed(_reload, policy, weights_path=str(folder))
+                times[f"{transport}: merge+save"].append(save_s)
+                times[f"{transport}: reload"].append(reload_s)
+                times[f"{transport} total"].append(save_s + reload_s)
+        merged_ids = _greedy(policy, prompt, 0)
+    if restart:
+        times["restart total"].append(_restart_seconds(model_dir, model, work))
+    shutil.rmtree(shm, ignore_errors=True)
+    medians = {k: _median(v[1:] if len(v) > 1 else v) for k, v in times.items() if v}
+    _print_sync(medians, adapter_ids, merged_ids, lora_r, model)
+    run.mark_finished()
+    return medians
+
+
+def _restart_seconds(model_dir: Path, model: Any, work: Path) -> float:
+    """Merge, save a full model folder, start a fresh engine on it: the worst case."""
+    started = time.perf_counter()
+    merged = work / "merged-model"
+    shutil.copytree(model_dir, merged, dirs_exist_ok=True)
+    _save_merged(model, merged / "model.safetensors")
+    with VLLMPolicy(merged, dtype="float32", max_model_len=1024) as policy:
+        policy.start()
+    return time.perf_counter() - started
+
+
+def _print_sync(
+    medians: dict[str, float], adapter_ids: list[int], merged_ids: list[int], lora_r: int,
+    model: Any,
+) -> None:  # fmt: skip
+    lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    base = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+    print(f"\n(b) weight sync, median of the timed trials (LoRA r={lora_r}: {lora:,} adapter "
+          f"parameters vs {base:,} base parameters)")  # fmt: skip
+    for key, value in medians.items():
+        print(f"  {key:<18} {value * 1000:9.1f} ms")
+    ours = medians["adapter: total"]
+    path = min(("shm", "disk"), key=lambda t: medians[f"{t} total"])
+    merge = medians[f"{path} total"]
+    agree = sum(a == b for a, b in zip(adapter_ids, merged_ids))
+    print(f"  greedy tokens, adapter vs merged weights: {agree}/{max(len(adapter_ids), 1)} agree")
+    print(f"  adapter-only sync {ours * 1000:.1f} ms vs merge-and-reload ({path}) "
+          f"{merge * 1000:.1f} ms: {merge / ours:.1f}x faster (goal >= 10x)")  # fmt: skip
+
+
+# ---- (a) step time --------------------------------------------------------------------------
+
+
+def bench_step_time(model_dir: Path, workload: Workload = WORKLOAD) -> dict[str, float]:
+    """Seconds per GRPO step: ours vs TRL's GRPOTrainer with its own tool loop.
+
+    Both run `workload` on the same tiny model: same tasks per step, generations, completion
+    length, turns, LoRA rank and learning rate.
+    """
+    trl = trl_seconds_per_step(model_dir, workload)
+    ours = our_seconds_per_step(model_dir, workload)
+    print(f"\n(a) seconds per GRPO step ({workload.episodes} episodes of {workload.env}, "
+          f"median of {workload.steps} steps after a warm-up)")  # fmt: skip
+    print(f"  TRL GRPOTrainer (tools=[calculate], {trl['generation']}): {trl['seconds']:.2f} s "
+          f"(tool calls per completion {trl['tool_calls']:.2f})")  # fmt: skip
+    print(f"  agentgym GRPOTrainer: {ours:.2f} s  ->  {ours / trl['seconds']:.2f}x TRL's "
+          "(goal <= 1.0x)")  # fmt: skip
+    return {"trl": trl["seconds"], "ours": ours}
+
+
+def our_seconds_per_step(model_dir: Path, workload: Workload) -> float:
+    """agentgym's `GRPOTrainer` on ``workload``: median seconds per step after a warm-up.
+
+    A step is rollouts (vLLM, token-exact) + loss and optimiser step + adapter sync, read
+    from the run's ``metrics.jsonl`` (``time/rollout + time/train + time/sync``).
+    """
+    from agentgym.trainers import GRPOConfig, GRPOTrainer
+
+    out = Path(tempfile.mkdtemp(prefix="agentgym-bench-")) / "run"
+    config = GRPOConfig(
+        model=str(model_dir), env=workload.env, env_kwargs={"num_tasks": 64},
+        train_tasks="8:64", eval_tasks="0:8", eval_num_tasks=1,
+        tasks_per_step=workload.tasks_per_step, num_generations=workload.num_generations,
+        max_completion_length=workload.max_completion_length, max_turns=workload.max_turns,
+        lora_r=workload.lora_r, lora_alpha=2 * workload.lora_r,
+        learning_rate=workload.learning_rate, max_steps=workload.steps + 1, sft_steps=0,
+        eval_steps=None, save_steps=None, report_to=["none"], device="cpu",
+        max_model_len=2048, output_dir=str(out),
+    )  # fmt: skip
+    GRPOTrainer(config).train()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time/rollout" in r][1:]
+    return _median([r["time/rollout"] + r["time/train"] + r["time/sync"] for r in steps])
+
+
+def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
+    """TRL 1.16 GRPOTrainer, LoRA, ``tools=[calculate]``: median seconds per step.
+
+    TRL's tool loop runs batch-synchronously: generate for every prompt, run the tool calls
+    it parsed, generate again for those, up to ``max_tool_calling_iterations``. Generation is
+    transformers' ``generate`` (``use_vllm=False``): TRL's vLLM modes need CUDA or a
+    ``trl vllm-serve`` server; where CUDA is present, ``use_vllm=True`` (colocate) is used.
+    """
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import _SUPPORTS_RESPONSE_TEMPLATE, qwen3_schema, qwen3_template
+
+    from agentgym.envs.calculator import CalculatorEnv, calculate, correct_answer
+
+    env = CalculatorEnv(num_tasks=64)
+    tasks = env.tasks
+    system = env.system_prompt
+    dataset = Dataset.from_list([
+        {"prompt": [{"role": "system", "content": system},
+                    {"role": "user", "content": t["prompt"]}], "answer": t["answer"]}
+        for t in tasks
+    ])  # fmt: skip
+
+    def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float | None]:
+        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        return [correct_answer(t or "", a) for t, a in zip(texts, answer)]
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # the tiny template writes hermes tool calls, as Qwen's does: give TRL Qwen's parser
+    if _SUPPORTS_RESPONSE_TEMPLATE:
+        tokenizer.response_template = qwen3_template
+    else:
+        tokenizer.response_schema = qwen3_schema
+    cuda = torch.cuda.is_available()
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
+        per_device_train_batch_size=workload.episodes,
+        num_generations=workload.num_generations,
+        max_completion_length=workload.max_completion_length,
+        max_tool_calling_iterations=workload.max_turns - 1,
+        learning_rate=workload.learning_rate,
+        max_steps=workload.steps + 1,
+        logging_steps=1, save_strategy="no", report_to="none",
+        use_vllm=cuda, vllm_mode="colocate", use_cpu=not cuda, bf16=cuda,
+        temperature=1.0, seed=0, dataloader_num_workers=0,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    peft = LoraConfig(r=workload.lora_r, lora_alpha=2 * workload.lora_r,
+                      target_modules="all-linear", task_type="CAUSAL_LM")  # fmt: skip
+    step_ends: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            step_ends.append(time.perf_counter())
+
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+        processing_class=tokenizer, peft_config=peft, tools=[calculate.fn],
+        callbacks=[Clock()],
+    )  # fmt: skip
+    started = time.perf_counter()
+    trainer.train()
+    durations = [b - a for a, b in zip([started, *step_ends], step_ends)][1:]
+    logs = [h for h in trainer.state.log_history if "tools/call_frequency" in h][1:]
+    calls = _median([float(h["tools/call_frequency"]) for h in logs])
+    return {"seconds": _median(durations), "steps": durations, "tool_calls": calls,
+            "generation": "vLLM colocate" if cuda else "transformers generate"}  # fmt: skip
+
+
+def warm_start(model_dir: Path, steps: int) -> Path:
+    """The model after ``steps`` of SFT on oracle calculator traces (tasks 100+), cached."""
+    from agentgym.engine.tiny import cache_root
+    from agentgym.trainers._sft import SFTConfig, sft_warm_start
+
+    out = cache_root() / "bench" / f"{model_dir.name}-sft{steps}"
+    if (out / "sft.json").is_file():
+        return out
+    sft = SFTConfig(steps=steps, batch_size=16)
+    env_kwargs = {"num_tasks": 1100, "seed": 1234}
+    return sft_warm_start(model_dir, "calculator", env_kwargs, out, sft, tasks=range(100, 1100))
+
+
+# ---- main -----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=5, help="timed sync trials per path")
+    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    parser.add_argument("--model-dir", type=Path, help="a model folder to use instead of "
+                        "--shape (e.g. a quickstart run's warm-started sft/ folder)")
+    parser.add_argument("--warm-start", type=int, default=0, metavar="STEPS",
+                        help="SFT the model on oracle calculator traces first, so episodes "
+                        "call the tool (0: the random model, which never does)")  # fmt: skip
+    parser.add_argument("--restart", action="store_true", help="also time an engine restart")
+    parser.add_argument("--skip-step", action="store_true", help="only the sync bench (b)")
+    parser.add_argument("--skip-sync", action="store_true", help="only the step bench (a)")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    model_dir = args.model_dir or build_tiny_model(**SHAPES[args.shape])
+    if args.warm_start:
+        model_dir = warm_start(model_dir, args.warm_start)
+    name = "given" if args.model_dir else args.shape
+    print(f"model: {name}, warm start {args.warm_start} SFT steps ({model_dir})")
+    if not args.skip_sync:
+        bench_sync(model_dir, args.trials, args.lora_r, args.restart)
+    if not args.skip_step:
+        bench_step_time(model_dir, WORKLOAD)
+
+
+if __name__ == "__main__":
+    main()

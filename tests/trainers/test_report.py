@@ -1,0 +1,82 @@
+"""The reward-curve PNG and the run summary, from a hand-written metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentgym.trainers._report import plot_curves, summarize, write_summary
+from tests.conftest import require
+
+
+def write_metrics(path: Path, torn_tail: bool = False) -> None:
+    rows = [{"step": 0, "eval/success": 0.1}]
+    for step in range(1, 21):
+        rows.append({
+            "step": step, "reward/mean": step / 20, "reward/std": 0.1,
+            "reward/correct_answer/mean": step / 25, "time/rollout": 2.0, "time/sync": 0.05,
+        })  # fmt: skip
+        if step % 10 == 0:
+            rows[-1]["eval/success"] = step / 21
+    rows.append({"step": 20, "final/success": 0.95})
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    path.write_text(text + ('{"step": 21, "rew' if torn_tail else ""))
+
+
+def read_png(path: Path) -> tuple[int, int, float]:
+    """(height, width, pixel std) as matplotlib reads the PNG back."""
+    require("matplotlib")
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(path)
+    return pixels.shape[0], pixels.shape[1], float(pixels.std())
+
+
+def test_plot_curves_writes_a_readable_non_blank_png(tmp_path: Path) -> None:
+    require("matplotlib")
+    write_metrics(tmp_path / "metrics.jsonl", torn_tail=True)
+    out = plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curve.png", title="calculator")
+    assert out == tmp_path / "curve.png" and out.stat().st_size > 20_000
+    height, width, spread = read_png(out)
+    assert (height, width) == (400, 1100) and spread > 0.05
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_more_data_draws_more_ink(tmp_path: Path) -> None:
+    require("matplotlib")
+    (tmp_path / "empty.jsonl").write_text("")
+    write_metrics(tmp_path / "metrics.jsonl")
+    empty = plot_curves(tmp_path / "empty.jsonl", tmp_path / "empty.png", title="calculator")
+    full = plot_curves(tmp_path / "metrics.jsonl", tmp_path / "full.png", title="calculator")
+    assert read_png(full)[2] > read_png(empty)[2] > 0  # the empty one still says "no data"
+
+
+def test_plot_curves_without_matplotlib_names_the_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentgym import ConfigError
+
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib.figure", None)
+    with pytest.raises(ConfigError, match="pip install matplotlib"):
+        plot_curves(tmp_path / "m.jsonl", tmp_path / "c.png", title="x")
+
+
+def test_summary_figures_reward_change_and_times(tmp_path: Path) -> None:
+    write_metrics(tmp_path / "metrics.jsonl")
+    (tmp_path / "reward_curve.png").write_bytes(b"png")
+    figures = {"grpo/success": 0.95, "base/success": 0.02, "sft/success": 0.4}
+    text = write_summary(tmp_path, figures)
+    assert "held-out success  base 2.0%  ->  after SFT 40.0%  ->  after GRPO 95.0%" in text
+    assert "reward            0.050 (first step) -> 1.000 (last), best 1.000" in text
+    assert "rollout 40.0s  sync 1.0s" in text and str(tmp_path / "reward_curve.png") in text
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["steps"] == 20 and saved["figures"] == figures
+    assert saved["eval_success"][0] == [0, 0.1] and saved["sync_seconds_per_step"] == 0.05
+    assert (tmp_path / "summary.txt").read_text() == text + "\n"
+
+
+def test_summary_of_a_run_without_steps() -> None:
+    summary = summarize([], {})
+    assert summary["steps"] == 0 and summary["reward"] is None and summary["eval_success"] == []

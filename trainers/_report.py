@@ -1,0 +1,164 @@
+"""End-of-run report: the reward-curve PNG and the summary (``summary.json`` + a text block).
+
+Both read ``metrics.jsonl`` (`RunDir.write_metrics`), so they also work on a run folder after
+the fact (a killed run, a run from another machine). matplotlib draws through its Agg canvas
+without touching pyplot's global state, so importing or calling this never opens a window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentgym._errors import ConfigError
+
+from ._run_dir import read_jsonl_records
+
+#: Per-reward-function means, as `episode_metrics` names them (``reward/<name>/mean``).
+_FUNCTION_MEAN = re.compile(r"^reward/(.+)/mean$")
+#: Headline figures in the order a reader expects them; other figures follow.
+_FIGURE_ORDER = ("base/success", "sft/success", "grpo/success")
+_FIGURE_LABELS = {"base/success": "base", "sft/success": "after SFT", "grpo/success": "after GRPO"}
+
+
+def _series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the rows that have ``key``."""
+    points = [(int(r["step"]), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def plot_curves(
+    metrics_jsonl: str | os.PathLike[str], out_png: str | os.PathLike[str], title: str
+) -> Path:
+    """Draw training reward (mean ± std, and each reward function's mean) and eval success.
+
+    Left panel: ``reward/mean`` per step with a ``reward/std`` band, plus ``reward/<f>/mean``
+    for each reward function. Right panel: ``eval/success`` per step, and the final eval
+    (``final/success``) as a marker. A run with no metrics yet still gets a figure that
+    says so. The PNG is written atomically. Returns ``out_png``.
+
+    Raises:
+        ConfigError: matplotlib is not installed (``pip install matplotlib``).
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+    except ImportError as exc:
+        raise ConfigError(f"the reward curve needs matplotlib: pip install matplotlib ({exc})") \
+            from exc
+
+    rows = read_jsonl_records(metrics_jsonl)
+    figure = Figure(figsize=(11, 4), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    train, evals = figure.subplots(1, 2)
+    figure.suptitle(title)
+    for axes in (train, evals):
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+    steps, mean = _series(rows, "reward/mean")
+    train.set(title="training reward", xlabel="step", ylabel="reward")
+    if steps:
+        train.plot(steps, mean, label="reward (mean)", color="C0", linewidth=2)
+        std_steps, std = _series(rows, "reward/std")
+        if std_steps == steps:
+            low = [m - s for m, s in zip(mean, std)]
+            high = [m + s for m, s in zip(mean, std)]
+            train.fill_between(steps, low, high, color="C0", alpha=0.15, label="± std")
+        names = sorted({m.group(1) for r in rows for k in r if (m := _FUNCTION_MEAN.match(k))})
+        for i, name in enumerate(names, start=1):
+            train.plot(*_series(rows, f"reward/{name}/mean"), label=name, color=f"C{i}",
+                       linewidth=1, linestyle="--")  # fmt: skip
+        train.legend(loc="best", fontsize="small")
+    else:
+        train.text(0.5, 0.5, "no training steps yet", ha="center", va="center",
+                   transform=train.transAxes)  # fmt: skip
+
+    evals.set(title="held-out success", xlabel="step", ylabel="success", ylim=(-0.02, 1.02))
+    eval_steps, success = _series(rows, "eval/success")
+    final_steps, final = _series(rows, "final/success")
+    if eval_steps:
+        evals.plot(eval_steps, success, marker="o", color="C2", label="eval")
+    if final_steps:
+        evals.plot(final_steps, final, marker="*", markersize=14, linestyle="none", color="C3",
+                   label=f"final {final[-1]:.0%}")  # fmt: skip
+    if eval_steps or final_steps:
+        evals.legend(loc="best", fontsize="small")
+    else:
+        evals.text(0.5, 0.5, "no evals yet", ha="center", va="center", transform=evals.transAxes)
+
+    out = Path(out_png)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        figure.savefig(tmp, format="png")
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def summarize(rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float]) -> dict[str, Any]:
+    """The summary of a run's metrics rows and headline ``figures`` (JSON-ready)."""
+    steps, reward = _series(rows, "reward/mean")
+    eval_steps, success = _series(rows, "eval/success")
+    times = {
+        key.removeprefix("time/"): round(sum(_series(rows, key)[1]), 3)
+        for key in sorted({k for r in rows for k in r if k.startswith("time/")})
+    }
+    summary: dict[str, Any] = {
+        "figures": dict(figures),
+        "steps": max(steps) if steps else 0,
+        "reward": {"first": reward[0], "last": reward[-1], "best": max(reward)} if reward else None,
+        "eval_success": [[s, v] for s, v in zip(eval_steps, success)],
+        "seconds": times,
+    }
+    if steps and "sync" in times:
+        summary["sync_seconds_per_step"] = round(times["sync"] / len(steps), 4)
+    return summary
+
+
+def format_summary(run_dir: Path, summary: Mapping[str, Any]) -> str:
+    """The printable block: headline figures, reward change, time split, where the curve is."""
+    figures: Mapping[str, float] = summary["figures"]
+    lines = [f"run {run_dir}  ({summary['steps']} GRPO steps)"]
+    ordered = [k for k in _FIGURE_ORDER if k in figures] + \
+        [k for k in figures if k not in _FIGURE_ORDER]
+    if ordered:
+        lines.append("  held-out success  " + "  ->  ".join(
+            f"{_FIGURE_LABELS.get(k, k)} {_percent_or_number(figures[k])}" for k in ordered
+        ))  # fmt: skip
+    reward = summary.get("reward")
+    if reward:
+        lines.append(f"  reward            {reward['first']:.3f} (first step) -> "
+                     f"{reward['last']:.3f} (last), best {reward['best']:.3f}")  # fmt: skip
+    seconds = summary.get("seconds") or {}
+    if seconds:
+        split = "  ".join(f"{k} {v:.1f}s" for k, v in seconds.items())
+        lines.append(f"  time              {split}")
+    curve = run_dir / "reward_curve.png"
+    if curve.is_file():
+        lines.append(f"  curve             {curve}")
+    return "\n".join(lines)
+
+
+def _percent_or_number(value: float) -> str:
+    return f"{value:.1%}" if 0.0 <= value <= 1.0 else f"{value:.4g}"
+
+
+def write_summary(run_dir: str | os.PathLike[str], figures: Mapping[str, float]) -> str:
+    """Write ``summary.json`` and ``summary.txt`` into ``run_dir``; returns the text block.
+
+    ``figures`` are the headline numbers (``base/success``, ``sft/success``,
+    ``grpo/success``, ...); the rest is read from ``metrics.jsonl``.
+    """
+    run_dir = Path(run_dir)
+    summary = summarize(read_jsonl_records(run_dir / "metrics.jsonl"), figures)
+    text = format_summary(run_dir, summary)
+    summary["text"] = text
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    return text

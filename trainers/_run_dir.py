@@ -1,0 +1,688 @@
+"""`RunDir`: one folder per training run, written so that ``kill -9`` at any moment loses nothing.
+
+Layout::
+
+    <output_dir>/
+      config.yaml                          the resolved config; a resume must match it
+      status.json                          running | finished | failed, pid, host, times, step
+      metrics.jsonl                        one JSON object per line: {"step": N, "time": t, ...}
+      eval_trajectories.jsonl              eval episodes, one per line, step in info["step"]
+      metrics.rolled_back.jsonl            lines of steps a resume went back over (replayed)
+      eval_trajectories.rolled_back.jsonl  the same for eval episodes
+      checkpoints/step-000040/             adapter/, optimizer.pt, rng.pt, trainer_state.json
+      adapters/v12/                        adapter versions handed to the running engine
+      train.log                            the ``agentgym`` logger while the run is open
+
+Crash-safety contract:
+
+- JSONL lines are flushed and fsynced by each call, so a kill loses at most the line being
+  written; its torn remainder (no newline) is cut off when the run is reopened.
+- Folders (checkpoints, adapters) are written under a hidden temporary name, fsynced, then
+  renamed: a folder with its final name is complete. Leftover temporary folders are removed.
+- The loop writes everything of step N (metrics, eval episodes) before `save_checkpoint` (N).
+  A resume continues after the last complete checkpoint and moves the lines of later steps
+  to the ``*.rolled_back.jsonl`` files (those steps are replayed, so their lines would
+  otherwise appear twice); nothing is deleted.
+
+Example::
+
+    run = RunDir(config.output_dir, config.to_dict(), resume=args.resume)
+    state = run.load_checkpoint(run.latest_checkpoint(), model, optim) if run.resumed else None
+    for step in range(start, max_steps + 1):
+        ...
+        run.write_metrics(step, metrics)
+        run.save_checkpoint(step, model, optim, {"adapter_version": version})
+    run.mark_finished()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import socket
+import traceback
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentgym import Trajectory
+from agentgym._errors import ConfigError
+from agentgym._trajectory import to_json_line
+
+log = logging.getLogger(__name__)
+
+#: Config keys a resume may change: they schedule the run, they do not change what it learns.
+#: ``output_dir`` is here because the same folder can be spelled differently.
+RESUMABLE_KEYS = frozenset(
+    {"max_steps", "eval_steps", "save_steps", "logging_steps", "report_to", "output_dir"}
+)
+#: Files whose presence means a folder already holds a run.
+_RUN_MARKERS = ("config.yaml", "status.json", "metrics.jsonl", "checkpoints")
+_CHECKPOINT = re.compile(r"^step-(\d{6,})$")
+_ADAPTER = re.compile(r"^v(\d+)$")
+_TEMP_PREFIXES = (".tmp-", ".old-")
+
+
+class RunDir:
+    """A run's folder: config, status, metrics, eval episodes, checkpoints and adapters.
+
+    Args:
+        path: the run folder (``GRPOConfig.output_dir``); created when missing.
+        config: the resolved config (``GRPOConfig.to_dict()``), saved as ``config.yaml``.
+        resume: continue the run already in ``path``. Without it, a folder that holds a run
+            is refused. With it, a folder without a run starts fresh.
+        keep: complete checkpoints kept (the newest ones); at least 1.
+        keep_adapters: adapter versions kept in ``adapters/``; must exceed the engine's
+            ``max_loras`` (vLLM re-reads an evicted adapter's folder if it is asked again).
+
+    Attributes:
+        resumed: True when the run continues from a checkpoint (`resume_step`). False for a
+            fresh run, including ``resume=True`` on a folder without a run or on a run killed
+            before its first checkpoint (its lines were rolled back: it starts over).
+        resume_step: the step of the checkpoint the run continues after, else None.
+
+    Raises:
+        ConfigError: the folder holds a run and ``resume`` is False; the saved config differs
+            outside `RESUMABLE_KEYS`; another live process is writing the run.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        config: Mapping[str, Any],
+        *,
+        resume: bool = False,
+        keep: int = 2,
+        keep_adapters: int = 4,
+    ) -> None:
+        if keep < 1 or keep_adapters < 1:
+            raise ConfigError(f"keep={keep} and keep_adapters={keep_adapters} must be >= 1")
+        self.path = Path(path)
+        self.keep = keep
+        self.keep_adapters = keep_adapters
+        self.config = _normalise(config)
+        self.resumed = False
+        self.resume_step: int | None = None
+        existing = self.holds_run(self.path)
+        if existing and not resume:
+            raise ConfigError(
+                f"{self.path} already holds a run ({self._describe_existing()}); pass --resume "
+                "to continue it, or choose a new output_dir"
+            )
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.checkpoints_dir.mkdir(exist_ok=True)
+        previous: dict[str, Any] = {}
+        if existing:
+            self._check_saved_config()
+            previous = _read_json(self.status_path) or {}
+            _refuse_live_owner(self.path, previous)
+        self._log_level = logging.getLogger("agentgym").level
+        self._log_handler: logging.Handler | None = _attach_log_file(self.log_path)
+        if existing:
+            self._go_back_to_checkpoint()
+        _atomic_write_text(self.config_path, _dump_yaml(self.config))
+        self._status = _new_status(previous, self.resume_step)
+        self._write_status()
+
+    # ---- paths --------------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        """``config.yaml``: the resolved config."""
+        return self.path / "config.yaml"
+
+    @property
+    def status_path(self) -> Path:
+        """``status.json``: state, pid, host, times, last step, exit info."""
+        return self.path / "status.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        """``metrics.jsonl``: one ``{"step": N, "time": t, ...}`` object per line."""
+        return self.path / "metrics.jsonl"
+
+    @property
+    def eval_path(self) -> Path:
+        """``eval_trajectories.jsonl``: eval episodes, ``info["step"]`` set."""
+        return self.path / "eval_trajectories.jsonl"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """``checkpoints/``: ``step-NNNNNN`` folders."""
+        return self.path / "checkpoints"
+
+    @property
+    def adapters_dir(self) -> Path:
+        """``adapters/``: ``vN`` folders, the adapter versions synced into the engine."""
+        return self.path / "adapters"
+
+    @property
+    def log_path(self) -> Path:
+        """``train.log``: records of the ``agentgym`` logger while the run is open."""
+        return self.path / "train.log"
+
+    @staticmethod
+    def holds_run(path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` already holds a run (config, status, metrics or checkpoints)."""
+        return any((Path(path) / name).exists() for name in _RUN_MARKERS)
+
+    # ---- opening an existing run ---------------------------------------------------------
+    def _describe_existing(self) -> str:
+        status = _read_json(self.status_path) or {}
+        state = status.get("state", "unknown state")
+        step = status.get("step")
+        return f"{state}, last step {step}" if step is not None else str(state)
+
+    def _go_back_to_checkpoint(self) -> None:
+        """Repair torn files, clear the old engine's adapters, roll back past the checkpoint."""
+        for path in (self.metrics_path, self.eval_path):
+            cut = _cut_torn_tail(path)
+            if cut:
+                log.warning("%s: cut a torn last line (%d bytes) left by a killed run", path, cut)
+        shutil.rmtree(self.adapters_dir, ignore_errors=True)  # the old engine's, see save_adapter
+        checkpoint = self.latest_checkpoint()
+        if checkpoint is not None:
+            self.resume_step = int(_read_json(checkpoint / "trainer_state.json")["step"])
+            self.resumed = True
+        after = self.resume_step if self.resume_step is not None else -1
+        moved = self.rollback(after)
+        where = f"checkpoint step {after}" if self.resumed else "the start (no checkpoint)"
+        log.info("resuming %s from %s; moved %d lines of later steps aside", self.path, where,
+                 moved)  # fmt: skip
+
+    def _check_saved_config(self) -> None:
+        import yaml
+
+        if not self.config_path.is_file():
+            return
+        try:
+            saved = yaml.safe_load(self.config_path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"cannot read the saved config {self.config_path}: {exc}") from exc
+        now = self.config
+        differing = sorted(
+            key
+            for key in set(saved) | set(now)
+            if key not in RESUMABLE_KEYS and saved.get(key, _MISSING) != now.get(key, _MISSING)
+        )
+        if differing:
+            details = ", ".join(
+                f"{k} (saved {saved.get(k, '<absent>')!r}, now {self.config.get(k, '<absent>')!r})"
+                for k in differing
+            )
+            raise ConfigError(
+                f"cannot resume {self.path}: the config differs from the saved one in {details}; "
+                f"resume with the saved config ({self.config_path}) or choose a new output_dir. "
+                f"Only {sorted(RESUMABLE_KEYS)} may change on resume"
+            )
+
+    # ---- JSONL streams -------------------------------------------------------------------
+    def write_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Append ``{"step": step, "time": <unix s>, **metrics}`` to ``metrics.jsonl``, fsynced.
+
+        Tensors and numpy scalars become numbers; a ``"step"`` key in ``metrics`` is refused.
+        """
+        if "step" in metrics:
+            raise ValueError("metrics must not hold a 'step' key; it is passed as `step`")
+        record = {"step": step, "time": round(_now(), 3), **metrics}
+        _append_lines(self.metrics_path, [json.dumps(record, default=_json_default) + "\n"])
+        self._status["step"] = max(step, self._status.get("step") or 0)
+        self._write_status()
+
+    def append_eval(self, step: int, trajectories: Sequence[Trajectory]) -> None:
+        """Append eval episodes to ``eval_trajectories.jsonl`` with ``info["step"] = step``.
+
+        The caller's trajectories are not modified.
+        """
+        lines = [
+            to_json_line(dataclasses.replace(t, info={**t.info, "step": step}))
+            for t in trajectories
+        ]
+        _append_lines(self.eval_path, lines)
+
+    def rollback(self, after_step: int) -> int:
+        """Move lines of steps ``> after_step`` to the ``*.rolled_back.jsonl`` files.
+
+        Called when the run reopens (steps after the checkpoint will be replayed) and by
+        `load_checkpoint`; idempotent. Returns the number of lines moved.
+        """
+        moved = _move_lines(self.metrics_path, lambda r: r["step"] > after_step)
+        moved += _move_lines(self.eval_path, lambda r: r["info"]["step"] > after_step)
+        return moved
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def save_checkpoint(
+        self, step: int, model: Any, optimizer: Any, extra: Mapping[str, Any] | None = None
+    ) -> Path:
+        """Write ``checkpoints/step-{step:06d}/`` atomically; keep the newest `keep` of them.
+
+        Holds ``adapter/`` (``model.save_pretrained``: the PEFT adapter, loadable by vLLM),
+        ``optimizer.pt``, ``rng.pt`` (python, numpy, torch and CUDA generators) and
+        ``trainer_state.json`` = ``{"step": step, **extra}`` (JSON values only: e.g. the
+        adapter version, data-order position). Generators other than the global ones are the
+        caller's to store in ``extra`` or derive from the step.
+        """
+        import torch
+
+        extra = dict(extra or {})
+        if "step" in extra:
+            raise ValueError("extra must not hold a 'step' key; it is passed as `step`")
+        state_text = json.dumps({"step": step, **extra}, indent=1)  # non-JSON extra fails here
+        final = self.checkpoints_dir / f"step-{step:06d}"
+        with _atomic_dir(final) as tmp:
+            model.save_pretrained(tmp / "adapter")
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(_rng_state(), tmp / "rng.pt")
+            (tmp / "trainer_state.json").write_text(state_text, encoding="utf-8")
+        for old in self._checkpoints()[: -self.keep]:
+            shutil.rmtree(old)
+        self._status["checkpoint_step"] = step
+        self._write_status()
+        return final
+
+    def _checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first; removes leftover temporary folders."""
+        _remove_temp_dirs(self.checkpoints_dir)
+        found = [
+            (int(m.group(1)), p)
+            for p in self.checkpoints_dir.iterdir()
+            if (m := _CHECKPOINT.match(p.name)) and (p / "trainer_state.json").is_file()
+        ]
+        return [p for _, p in sorted(found)]
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint folder, or None (half-written ones are removed)."""
+        if not self.checkpoints_dir.is_dir():
+            return None
+        checkpoints = self._checkpoints()
+        return checkpoints[-1] if checkpoints else None
+
+    def load_checkpoint(self, path: str | os.PathLike[str], model: Any, optimizer: Any) -> dict:
+        """Restore adapter weights, optimizer state and RNG states; returns trainer_state.
+
+        ``model`` must be the PEFT model the checkpoint was saved from (same LoRA shape);
+        ``optimizer`` one built over its trainable parameters. Lines of later steps are
+        rolled back (`rollback`).
+
+        Raises:
+            ConfigError: the checkpoint's adapter does not fit ``model``.
+        """
+        import torch
+
+        path = Path(path)
+        state: dict[str, Any] = _read_json(path / "trainer_state.json")
+        _load_adapter_weights(model, path / "adapter")
+        optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        )
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        self.rollback(int(state["step"]))
+        return state
+
+    # ---- adapters for the engine ---------------------------------------------------------
+    def adapter_dir(self, version: int) -> Path:
+        """Where adapter version ``version`` is saved for the engine: ``adapters/v{version}``."""
+        return self.adapters_dir / f"v{version}"
+
+    def save_adapter(self, model: Any, version: int) -> Path:
+        """Save the PEFT adapter atomically as ``adapters/v{version}``; returns its folder.
+
+        Keeps the newest `keep_adapters` versions. The folder belongs to the running engine:
+        reopening the run clears ``adapters/`` (a new engine starts numbering again; the
+        checkpoints hold the durable copies), so it is renamed into place but not fsynced,
+        and holds only what vLLM reads (``adapter_config.json``, ``adapter_model.safetensors``;
+        no model card): this is on every step's sync path.
+        """
+        self.adapters_dir.mkdir(exist_ok=True)
+        final = self.adapter_dir(version)
+        with _atomic_dir(final, durable=False) as tmp:  # a cache: a resume clears it anyway
+            _save_adapter_files(model, tmp)
+        versions = sorted(
+            (int(m.group(1)), p)
+            for p in self.adapters_dir.iterdir()
+            if (m := _ADAPTER.match(p.name))
+        )
+        for _, old in versions[: -self.keep_adapters]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    # ---- status --------------------------------------------------------------------------
+    def mark_finished(self) -> None:
+        """Record a clean end (``state: finished``) and detach the log file."""
+        self._end("finished", None)
+
+    def mark_failed(self, error: BaseException) -> None:
+        """Record a failure (``state: failed``, the error and its traceback's tail)."""
+        self._end("failed", error)
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._end("failed" if exc is not None else "finished", exc)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """A copy of what ``status.json`` holds."""
+        return dict(self._status)
+
+    def _end(self, state: str, error: BaseException | None) -> None:
+        self._status["state"] = state
+        self._status["ended_at"] = _iso_now()
+        if error is not None:
+            tail = traceback.format_exception(type(error), error, error.__traceback__)[-6:]
+            self._status["exit"] = {
+                "error": f"{type(error).__name__}: {error}",
+                "traceback": "".join(tail),
+            }
+        else:
+            self._status["exit"] = {"error": None}
+        self._write_status()
+        if self._log_handler is not None:
+            logger = logging.getLogger("agentgym")
+            logger.removeHandler(self._log_handler)
+            logger.setLevel(self._log_level)
+            self._log_handler.close()
+            self._log_handler = None
+
+    def _write_status(self) -> None:
+        self._status["updated_at"] = _iso_now()
+        _atomic_write_text(self.status_path, json.dumps(self._status, indent=1) + "\n")
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+
+def read_jsonl_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file, skipping a torn last line; [] if it is missing."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    complete = data[: data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+# ---- helpers: files --------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+def _iso_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _json_default(value: Any) -> Any:
+    """JSON for tensors and numpy values (``.item()``/``.tolist()``), else ``str``."""
+    for method in ("item", "tolist"):
+        with contextlib.suppress(Exception):
+            return getattr(value, method)()
+    return str(value)
+
+
+def _normalise(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as YAML would read it back (tuples -> lists), for comparison with a saved one."""
+    import yaml
+
+    return dict(yaml.safe_load(_dump_yaml(dict(config))) or {})
+
+
+def _dump_yaml(data: Mapping[str, Any]) -> str:
+    import yaml
+
+    return str(yaml.safe_dump(dict(data), sort_keys=False, allow_unicode=True))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a fsynced temp file and a rename."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def _append_lines(path: Path, lines: Sequence[str]) -> None:
+    """Append complete lines (each ending in a newline) and fsync."""
+    if not lines:
+        return
+    with path.open("a", encoding="utf-8") as f:
+        f.write("".join(lines))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _cut_torn_tail(path: Path) -> int:
+    """Cut an unterminated last line off ``path``; returns the bytes removed."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    keep = data.rfind(b"\n") + 1
+    if keep == len(data):
+        return 0
+    with path.open("r+b") as f:
+        f.truncate(keep)
+        os.fsync(f.fileno())
+    return len(data) - keep
+
+
+def _move_lines(path: Path, moves: Any) -> int:
+    """Move the lines whose JSON satisfies ``moves`` to ``<stem>.rolled_back.jsonl``.
+
+    Order of writes: the moved lines are appended (fsynced) before ``path`` is replaced, so
+    a crash in between duplicates lines at worst, never loses one.
+    """
+    if not path.is_file():
+        return 0
+    moved: list[bytes] = []
+    kept: list[bytes] = []
+    for line in path.read_bytes().splitlines(keepends=True):
+        (moved if line.strip() and moves(json.loads(line)) else kept).append(line)
+    if not moved:
+        return 0
+    _append_lines(path.with_name(f"{path.stem}.rolled_back.jsonl"), [m.decode() for m in moved])
+    _atomic_write_text(path, b"".join(kept).decode())
+    return len(moved)
+
+
+@contextlib.contextmanager
+def _atomic_dir(final: Path, durable: bool = True) -> Iterator[Path]:
+    """Yield a temp folder next to ``final``; on success rename it to ``final``.
+
+    ``durable``: fsync the files and folders too, so the folder survives a power cut, not
+    only a killed process. An existing ``final`` is replaced. On an exception the temp
+    folder is removed.
+    """
+    tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if durable:
+            _fsync_tree(tmp)
+        if final.exists():
+            old = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+        if durable:
+            _fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
+
+
+def _remove_temp_dirs(parent: Path) -> None:
+    """Remove half-written folders (``.tmp-*``, ``.old-*``) a killed writer left."""
+    if parent.is_dir():
+        for p in parent.iterdir():
+            if p.name.startswith(_TEMP_PREFIXES):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+# ---- helpers: status and ownership -----------------------------------------------------------
+
+
+def _new_status(previous: Mapping[str, Any], resume_step: int | None) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "state": "running",
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started_at": _iso_now(),
+        "updated_at": _iso_now(),
+        "step": resume_step,
+        "checkpoint_step": resume_step,
+        "attempt": int(previous.get("attempt", 0)) + 1,
+    }
+    if previous:
+        before = previous.get("state")
+        status["previous"] = {
+            "state": "killed" if before == "running" else before,
+            "pid": previous.get("pid"),
+            "step": previous.get("step"),
+            "exit": previous.get("exit"),
+        }
+    return status
+
+
+def _refuse_live_owner(path: Path, status: Mapping[str, Any]) -> None:
+    """Refuse a run another live process on this host is still writing."""
+    pid = status.get("pid")
+    if status.get("state") != "running" or not isinstance(pid, int) or pid == os.getpid():
+        return
+    if status.get("host") != socket.gethostname():
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return
+    except PermissionError:
+        pass
+    raise ConfigError(
+        f"{path} is being written by process {pid} on this host; stop it first (or, if that "
+        "pid now belongs to something else, delete status.json) before resuming"
+    )
+
+
+def _attach_log_file(path: Path) -> logging.Handler:
+    """Send INFO+ records of the ``agentgym`` logger to ``path`` while the run is open."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("agentgym")
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    return handler
+
+
+# ---- helpers: weights and RNG ----------------------------------------------------------------
+
+
+def _load_adapter_weights(model: Any, adapter_dir: Path) -> None:
+    """Load a saved PEFT adapter's weights into ``model``'s active adapter, strictly."""
+    from peft import set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    device = next(model.parameters()).device
+    weights = load_peft_weights(str(adapter_dir), device=str(device))
+    result: Any = set_peft_model_state_dict(model, weights)
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if result.unexpected_keys or missing:
+        raise ConfigError(
+            f"the adapter in {adapter_dir} does not fit the model (unexpected: "
+            f"{result.unexpected_keys[:3]}, missing: {missing[:3]}); resume with the LoRA "
+            "settings the run was started with"
+        )
+
+
+def _save_adapter_files(model: Any, folder: Path) -> None:
+    """The active PEFT adapter as vLLM reads it: weights and config, without a model card."""
+    peft_config = getattr(model, "peft_config", None)
+    if not peft_config:
+        model.save_pretrained(folder)  # not a PEFT model: whatever it saves
+        return
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    name = getattr(model, "active_adapter", "default")
+    weights = get_peft_model_state_dict(model, adapter_name=name)
+    weights = {k: v.detach().contiguous() for k, v in weights.items()}
+    save_file(weights, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    peft_config[name].save_pretrained(str(folder))
+
+
+def _rng_state() -> dict[str, Any]:
+    """The global generators' states, in types ``torch.load(weights_only=True)`` accepts."""
+    import numpy as np
+    import torch
+
+    numpy_state: Any = np.random.get_state(legacy=True)
+    kind, keys, pos, has_gauss, gauss = numpy_state
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = state["cuda"][: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(cuda)
