@@ -9,6 +9,12 @@ The env never reads the engine's record: each step's ``info`` says what the step
 Episodes share nothing but the policy, so one waiting on a slow tool or a long generation
 never holds up the others, and a failing episode is recorded (``error`` / ``infra_error``
 with its traceback) while the rest of the run goes on.
+
+Throughput: admission is continuous (a semaphore over per-episode tasks: a finished episode's
+slot goes to the next one at once), so while some episodes wait on tools the others keep the
+model busy. An optional deadline bounds a rollout's wall time: episodes still running then are
+cancelled through the normal path (their env is closed, releasing sandboxes) and returned as
+``late``, with the turns they had played and no reward.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from ._trajectory import Trajectory, Turn
 from ._types import Completion
 
 EnvFactory = Callable[[], Env]
+
+#: Episodes in flight when the policy does not say how large the engine's batch is.
+DEFAULT_CONCURRENCY = 256
 
 
 @dataclass(frozen=True)
@@ -78,46 +87,29 @@ async def run_episode(
     *,
     env_id: str = "",
     max_tokens_per_turn: int | None = None,
+    deadline_at: float | None = None,
 ) -> Trajectory:
-    """Play one episode to the end; never raises for env, tool, policy or reward failures."""
-    trajectory = Trajectory(
-        env_id=env_id, task_index=spec.task_index, task_position=spec.task_position,
-        group_index=spec.group_index, seed=spec.seed,
-    )  # fmt: skip
+    """Play one episode to the end; never raises for env, tool, policy or reward failures.
+
+    ``deadline_at`` is an event-loop time (`asyncio.get_running_loop().time()`); when it
+    passes first, the episode is cancelled where it stands, its env closed as usual, and it is
+    returned with status ``late``, its finished turns and no reward. None: no deadline.
+    """
+    trajectory = _new_trajectory(spec, env_id)
     started = time.perf_counter()
     env: Env | None = None
+    clock = asyncio.timeout_at(deadline_at)
     try:
         env = make_env()
-        messages, info = await env.areset(seed=spec.seed, options={"task": spec.task})
-        trajectory.task = info.get("task")
-        trajectory.messages = messages  # grows with what every step appends
-        tools = getattr(env, "tool_schemas", [])
-        episode = start_episode(policy, tools, task=trajectory.task, seed=spec.seed)
-        done = truncated = False
-        while not done:
-            t0 = time.perf_counter()
-            try:
-                completion = await _next_turn(episode, trajectory, max_tokens_per_turn)
-            except ContextLengthError as exc:  # too long to go on: truncated, and scored
-                info, truncated = await env.atruncate(), True
-                trajectory.info["truncated_by"] = str(exc)
-                break
-            t1 = time.perf_counter()
-            new_messages, reward, terminated, truncated, info = await env.astep(completion)
-            turn = Turn.from_completion(
-                completion, reward=_step_reward(reward, info),
-                tool_errors=list(info.get("tool_errors", [])),
-            )  # fmt: skip
-            turn.policy_seconds, turn.env_seconds = t1 - t0, time.perf_counter() - t1
-            trajectory.turns.append(turn)
-            trajectory.messages.extend(new_messages)
-            done = terminated or truncated
-        trajectory.mode = episode.mode
-        _record_outcome(trajectory, info, truncated)
-    except InfraError:
-        trajectory.status, trajectory.error = "infra_error", traceback.format_exc()
-    except Exception:
-        trajectory.status, trajectory.error = "error", traceback.format_exc()
+        async with clock:
+            await _play(env, policy, spec, trajectory, max_tokens_per_turn)
+    except Exception as exc:
+        if clock.expired():  # our deadline (whatever the cut raised), not the env's own timeout
+            trajectory.status = "late"
+        elif isinstance(exc, InfraError):
+            trajectory.status, trajectory.error = "infra_error", traceback.format_exc()
+        else:
+            trajectory.status, trajectory.error = "error", traceback.format_exc()
     finally:
         if env is not None:
             await _close_quietly(env, trajectory)
@@ -127,6 +119,53 @@ async def run_episode(
         "env": sum(t.env_seconds for t in trajectory.turns),
     }
     return trajectory
+
+
+def _new_trajectory(spec: EpisodeSpec, env_id: str) -> Trajectory:
+    return Trajectory(
+        env_id=env_id, task_index=spec.task_index, task_position=spec.task_position,
+        group_index=spec.group_index, seed=spec.seed,
+    )  # fmt: skip
+
+
+async def _play(
+    env: Env,
+    policy: Policy,
+    spec: EpisodeSpec,
+    trajectory: Trajectory,
+    max_tokens_per_turn: int | None,
+) -> None:
+    """Reset, then turn after turn until the env ends the episode; records into ``trajectory``.
+
+    Each turn is recorded as soon as it is played, so an episode cut short keeps its turns.
+    """
+    messages, info = await env.areset(seed=spec.seed, options={"task": spec.task})
+    trajectory.task = info.get("task")
+    trajectory.messages = messages  # grows with what every step appends
+    tools = getattr(env, "tool_schemas", [])
+    episode = start_episode(policy, tools, task=trajectory.task, seed=spec.seed)
+    done = truncated = False
+    while not done:
+        t0 = time.perf_counter()
+        try:
+            completion = await _next_turn(episode, trajectory, max_tokens_per_turn)
+        except ContextLengthError as exc:  # too long to go on: truncated, and scored
+            info, truncated = await env.atruncate(), True
+            trajectory.info["truncated_by"] = str(exc)
+            break
+        t1 = time.perf_counter()
+        new_messages, reward, terminated, truncated, info = await env.astep(completion)
+        turn = Turn.from_completion(
+            completion, reward=_step_reward(reward, info),
+            tool_errors=list(info.get("tool_errors", [])),
+        )  # fmt: skip
+        turn.policy_seconds, turn.env_seconds = t1 - t0, time.perf_counter() - t1
+        trajectory.turns.append(turn)
+        trajectory.messages.extend(new_messages)
+        trajectory.mode = episode.mode
+        done = terminated or truncated
+    trajectory.mode = episode.mode
+    _record_outcome(trajectory, info, truncated)
 
 
 async def _next_turn(
@@ -180,12 +219,13 @@ async def arollout(
     tasks: Sequence[int | dict[str, Any]] | None = None,
     num_tasks: int | None = None,
     group_size: int = 1,
-    max_concurrency: int = 64,
+    max_concurrency: int | None = None,
     seed: int = 0,
     max_tokens_per_turn: int | None = None,
     env_kwargs: dict[str, Any] | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
     skip: Collection[tuple[int | None, int]] = (),
+    deadline: float | None = None,
 ) -> list[Trajectory]:
     """Run ``group_size`` episodes for each task, up to ``max_concurrency`` at a time.
 
@@ -195,7 +235,14 @@ async def arollout(
         tasks: task indices or task dicts; None plays the env's first ``num_tasks`` tasks.
         num_tasks: how many of the env's tasks to play when ``tasks`` is None; None = all.
         group_size: episodes per task (GRPO's G); they differ by seed and by sampling.
-        max_concurrency: episodes in flight at once; each env instance is created per episode.
+        max_concurrency: episodes in flight at once (admission is continuous: a finished
+            episode's slot goes to the next at once). For throughput, keep more episodes in
+            flight than the engine batches, since episodes waiting on tools generate nothing:
+            about the engine's batch (vLLM's ``max_num_seqs``) x (1 + tool time / generation
+            time per turn). More only queues requests in the engine, but each in-flight
+            episode holds an env instance (and its sandbox): lower it when those are scarce.
+            None: twice the policy's ``max_num_seqs`` when it has one (`VLLMPolicy`), else
+            `DEFAULT_CONCURRENCY` (256).
         seed: base seed; episode i of the plan gets ``seed + i``.
         max_tokens_per_turn: passed to the policy as ``max_tokens``.
         env_kwargs: keyword arguments for `make` when ``env`` is an id.
@@ -204,13 +251,24 @@ async def arollout(
             group_index)`` pairs, ``task_position`` being the task's position in ``tasks``
             (`Trajectory.key` of the finished episodes); the other episodes keep the seeds
             they have in the full plan.
+        deadline: seconds from the start of the call after which the rollout returns what
+            finished. Episodes still playing are cancelled (their env closed as usual, so
+            sandboxes are released) and episodes not yet started are not started; both come
+            back with status ``late``: the turns they played, no reward (trainers drop them
+            from group statistics). ``on_episode`` is called for them too. None: no deadline.
 
     Returns:
         Trajectories in plan order (task-major, then group index), one per episode.
     """
+    started = asyncio.get_running_loop().time()
     env_id, make_env = _env_factory(env, env_kwargs or {})
+    if max_concurrency is None:
+        max_concurrency = _default_concurrency(policy)
     if max_concurrency < 1:
         raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    if deadline is not None and not deadline > 0:
+        raise ConfigError(f"deadline must be > 0 seconds or None, got {deadline}")
+    deadline_at = None if deadline is None else started + deadline
     if tasks is None:
         probe = make_env()  # fails fast on an unknown id or bad kwargs
         count = len(getattr(probe, "tasks", ()))
@@ -219,16 +277,33 @@ async def arollout(
     limit = asyncio.Semaphore(max_concurrency)
 
     async def bounded(spec: EpisodeSpec) -> Trajectory:
-        async with limit:
-            trajectory = await run_episode(
-                make_env, policy, spec, env_id=env_id, max_tokens_per_turn=max_tokens_per_turn
-            )
+        try:
+            async with asyncio.timeout_at(deadline_at):
+                await limit.acquire()
+        except TimeoutError:  # the deadline passed before a slot freed: never started
+            trajectory = _new_trajectory(spec, env_id)
+            trajectory.status = "late"
+            trajectory.timings = {"total": 0.0, "policy": 0.0, "env": 0.0}
+        else:
+            try:
+                trajectory = await run_episode(
+                    make_env, policy, spec, env_id=env_id,
+                    max_tokens_per_turn=max_tokens_per_turn, deadline_at=deadline_at,
+                )  # fmt: skip
+            finally:
+                limit.release()
         if on_episode is not None:
             on_episode(trajectory)
         return trajectory
 
     plan = [spec for spec in plan_episodes(tasks, group_size, seed) if spec.key not in skip]
     return list(await asyncio.gather(*map(bounded, plan)))
+
+
+def _default_concurrency(policy: Policy) -> int:
+    """Twice the engine's batch, so episodes waiting on tools do not leave it underfed."""
+    batch = getattr(policy, "max_num_seqs", None)
+    return 2 * batch if isinstance(batch, int) and batch > 0 else DEFAULT_CONCURRENCY
 
 
 def rollout(env: str | EnvFactory, policy: Policy, **kwargs: Any) -> list[Trajectory]:

@@ -18,9 +18,13 @@ from ._types import Completion
 #: ``ok``: ended on its own (final answer or a stop condition); ``truncated``: hit max turns or
 #: the token budget; ``error``: the env, a tool loop or a reward function raised (traceback in
 #: ``error``); ``infra_error``: the model backend or sandbox failed, so the reward says nothing
-#: about the policy and trainers must drop the episode from group statistics.
-Status = Literal["ok", "truncated", "error", "infra_error"]
-STATUSES: tuple[str, ...] = ("ok", "truncated", "error", "infra_error")
+#: about the policy and trainers must drop the episode from group statistics; ``late``: the
+#: rollout's deadline (`arollout(deadline=...)`) passed first, so the episode was cut where it
+#: stood (or never started): its partial turns are kept, it has no reward, and trainers drop it
+#: from group statistics as they drop ``infra_error`` (scoring it 0 would punish the policy for
+#: the machine's speed; dropping favours fast episodes, so set deadlines that few episodes miss).
+Status = Literal["ok", "truncated", "error", "infra_error", "late"]
+STATUSES: tuple[str, ...] = ("ok", "truncated", "error", "infra_error", "late")
 
 
 class PrefixMismatchError(ValueError):

@@ -164,7 +164,10 @@ def evaluate(
     group_size: Annotated[
         int, typer.Option("--group-size", "-g", min=1, help="Episodes per task.")
     ] = 1,
-    concurrency: Annotated[int, typer.Option(min=1, help="Episodes in flight at once.")] = 32,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, help="Episodes in flight at once (default: enough to fill it)."),
+    ] = None,
     max_tokens: Annotated[int | None, typer.Option(min=1, help="Max new tokens per turn.")] = None,
     seed: Annotated[
         int, typer.Option(help="Base seed of the episodes (and of vllm sampling: runs repeat).")

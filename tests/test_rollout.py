@@ -278,7 +278,7 @@ def test_summarize_counts_and_excludes_failed_episodes() -> None:
     ]
     summary = summarize(trajectories, wall_seconds=2.0)
     assert summary["episodes"] == 4
-    assert summary["status"] == {"ok": 1, "truncated": 1, "error": 1, "infra_error": 1}
+    assert summary["status"] == {"ok": 1, "truncated": 1, "error": 1, "infra_error": 1, "late": 0}
     assert summary["reward/mean"] == pytest.approx(0.75)  # (1.0 + 0.5) / 2
     assert summary["scores/correct"] == pytest.approx(0.5)
     assert summary["tools/errors"] == 4

@@ -6,6 +6,8 @@ enters that baseline matters more than the formula:
 - ``infra_error`` episodes (model backend or sandbox failed) say nothing about the policy:
   they are left out of their group's statistics entirely and get no advantage (``None``,
   dropped from training). Scoring them 0 would punish the policy for a crashed container.
+  ``late`` episodes (the step's deadline passed first: no reward) are dropped the same way,
+  and with ``late_policy="drop_group"`` their whole group is dropped.
 - ``error`` episodes (the env, a tool loop or a reward function raised) are kept: the reward
   they got is data about the policy's behaviour. They are counted so a rise is visible.
 - Groups whose kept rewards are all equal (zero variance, or a single kept episode) carry no
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 
 from agentgym._trajectory import Status, Trajectory
 
-from ._config import ScaleRewards
+from ._config import LatePolicy, ScaleRewards
 
 #: Added to the std before dividing, as TRL does, so near-constant groups do not explode.
 STD_EPS = 1e-4
@@ -40,6 +42,7 @@ class Advantages:
     num_groups: int = 0
     num_infra_error: int = 0
     num_error: int = 0
+    num_late: int = 0
 
     @property
     def kept(self) -> list[int]:
@@ -55,6 +58,7 @@ class Advantages:
                 len(self.zero_variance_groups) / self.num_groups if self.num_groups else 0.0
             ),
             "rollout/infra_error_episodes": float(self.num_infra_error),
+            "rollout/late_episodes": float(self.num_late),
             "rollout/error_episodes": float(self.num_error),
         }
 
@@ -71,14 +75,19 @@ def unbiased_std(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+#: Statuses whose episodes say nothing about the policy: no advantage, not in group statistics.
+DROPPED: frozenset[str] = frozenset({"infra_error", "late"})
+
+
 def _kept_by_group(
-    rewards: Sequence[float], groups: Sequence[Hashable], statuses: Sequence[Status]
+    groups: Sequence[Hashable], statuses: Sequence[Status], drop_late_groups: bool
 ) -> dict[Hashable, list[int]]:
-    """Episode indices per group key, first-seen order, ``infra_error`` episodes left out."""
+    """Episode indices per group key, first-seen order, `DROPPED` episodes left out."""
+    late_groups = {key for key, s in zip(groups, statuses) if s == "late"}
     members: dict[Hashable, list[int]] = {}
     for i, key in enumerate(groups):
         indices = members.setdefault(key, [])
-        if statuses[i] != "infra_error":
+        if statuses[i] not in DROPPED and not (drop_late_groups and key in late_groups):
             indices.append(i)
     return members
 
@@ -88,14 +97,16 @@ def group_advantages(
     groups: Sequence[Hashable],
     statuses: Sequence[Status],
     scale_rewards: ScaleRewards = "group",
+    late_policy: LatePolicy = "drop",
 ) -> Advantages:
     """Advantages for parallel lists of episode rewards, group keys and statuses.
 
     Args:
-        rewards: each episode's scalar reward (ignored for ``infra_error`` episodes).
+        rewards: each episode's scalar reward (ignored for dropped episodes).
         groups: each episode's group key (e.g. its task index); any hashable.
         statuses: each episode's `agentgym.Trajectory` status.
         scale_rewards: ``group`` | ``batch`` | ``none`` (see the module docstring).
+        late_policy: ``drop`` (only late episodes leave) | ``drop_group`` (their groups do).
 
     Raises:
         ValueError: the three sequences differ in length.
@@ -105,7 +116,7 @@ def group_advantages(
             f"rewards, groups and statuses must be parallel lists, got lengths "
             f"{len(rewards)}, {len(groups)}, {len(statuses)}"
         )
-    members = _kept_by_group(rewards, groups, statuses)
+    members = _kept_by_group(groups, statuses, late_policy == "drop_group")
     kept_rewards = [rewards[i] for indices in members.values() for i in indices]
     batch_std = unbiased_std(kept_rewards)
     values: list[float | None] = [None] * len(rewards)
@@ -128,6 +139,7 @@ def group_advantages(
         num_groups=len(members),
         num_infra_error=sum(s == "infra_error" for s in statuses),
         num_error=sum(s == "error" for s in statuses),
+        num_late=sum(s == "late" for s in statuses),
     )
 
 
@@ -144,7 +156,9 @@ def group_key(trajectory: Trajectory) -> Hashable:
 
 
 def trajectory_advantages(
-    trajectories: Sequence[Trajectory], scale_rewards: ScaleRewards = "group"
+    trajectories: Sequence[Trajectory],
+    scale_rewards: ScaleRewards = "group",
+    late_policy: LatePolicy = "drop",
 ) -> Advantages:
     """`group_advantages` over trajectories: reward = ``total_reward``, grouped by `group_key`."""
     return group_advantages(
@@ -152,4 +166,5 @@ def trajectory_advantages(
         [group_key(t) for t in trajectories],
         [t.status for t in trajectories],
         scale_rewards,
+        late_policy,
     )

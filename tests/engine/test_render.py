@@ -131,7 +131,8 @@ def test_templates_that_rewrite_history_get_per_turn_with_a_reason(
 def test_template_kwargs_reach_the_template() -> None:
     tok = make_tokenizer()
     tok.chat_template = (
-        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+        "{%- for m in messages %}"
+        "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
         "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
         "{%- if not enable_thinking %}{{- '<think></think>' }}{%- endif %}{%- endif %}"
     )
