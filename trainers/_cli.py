@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,6 +62,8 @@ def train(
 
     if not config.is_file():
         raise ConfigError(f"config file {config} does not exist")
+    # `kill PID` unwinds like Ctrl-C: the vLLM engine's processes are shut down, not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
     figures = GRPOTrainer(cfg, resume=resume).train()
     for name, value in figures.items():

@@ -275,6 +275,14 @@ class GRPOConfig:
     sft_num_traces: int = _knob(
         64, "Scripted trajectories built for SFT, from the first train tasks, cycled over."
     )
+    sft_target_accuracy: float | None = _knob(
+        None,
+        "Stop the warm start early once this share of validation traces is reproduced token "
+        "for token under teacher forcing (a lower bound on greedy success). The validation "
+        "traces are the last 128 train tasks, kept out of the SFT data; eval tasks are never "
+        "used. None: run all sft_steps.",
+    )
+    sft_eval_every: int = _knob(25, "SFT steps between validation measurements (>= 1).")
 
     # --- run, logging, checkpoints --------------------------------------------------------
     output_dir: str = _knob(
@@ -408,6 +416,10 @@ class GRPOConfig:
              "GRPO compares episodes of a task; set it to 2 or more"),
             ("tasks_per_step", self.tasks_per_step >= 1, "set it to 1 or more"),
             ("max_completion_length", self.max_completion_length >= 1, "set it to 1 or more"),
+            ("sft_target_accuracy",
+             self.sft_target_accuracy is None or 0 < self.sft_target_accuracy <= 1,
+             "use a share in (0, 1], or null to run all sft_steps"),
+            ("sft_eval_every", self.sft_eval_every >= 1, "set it to 1 or more"),
             ("max_model_len", self.max_model_len > self.max_completion_length,
              "the context must hold a prompt and a full turn; raise it above "
              "max_completion_length"),

@@ -41,6 +41,8 @@ from ._sft import SFTConfig, sft_warm_start
 from ._tracking import Trackers, TrainingConsole
 
 log = logging.getLogger(__name__)
+#: Train tasks kept out of the SFT data to decide when the warm start stops.
+_SFT_VALIDATION = 128
 
 
 class StaleAdapterError(Error):
@@ -167,13 +169,16 @@ class GRPOTrainer:
         out = run.path / "sft"
         if (out / "sft.json").is_file():
             return out
+        validation = cfg.train_task_indices[-_SFT_VALIDATION:] if cfg.sft_target_accuracy else []
+        traces = [t for t in cfg.train_task_indices if t not in set(validation)]
         sft = SFTConfig(
             steps=cfg.sft_steps, lr=cfg.sft_learning_rate, batch_size=cfg.sft_batch_size,
-            seed=cfg.seed, log=_log_sft_progress,
+            seed=cfg.seed, log=_log_sft_progress, target_accuracy=cfg.sft_target_accuracy,
+            eval_every=cfg.sft_eval_every if cfg.sft_target_accuracy else 0,
         )  # fmt: skip
         return sft_warm_start(
             self.model_dir, cfg.env, cfg.env_kwargs, out, sft,
-            tasks=cfg.train_task_indices[: cfg.sft_num_traces],
+            tasks=traces[: cfg.sft_num_traces], validation_tasks=validation,
         )  # fmt: skip
 
     def _decide_mode(self, policy: VLLMPolicy) -> None:
@@ -358,8 +363,13 @@ class GRPOTrainer:
 
 
 def _log_sft_progress(record: dict[str, Any]) -> None:
-    """Every 50th SFT step on the log (the warm start runs for minutes on a CPU)."""
-    if record.get("step", 0) % 50 == 0:
+    """Every 50th SFT step and every validation on the log (SFT takes minutes on a CPU)."""
+    if "reference_accuracy" in record:
+        log.info(
+            "sft step %d: loss %.4f, validation traces reproduced %.0f%%",
+            record["step"], record["loss"], 100 * record["reference_accuracy"],
+        )  # fmt: skip
+    elif record.get("step", 0) % 50 == 0:
         log.info("sft step %d: loss %.4f", record["step"], record.get("loss", float("nan")))
 
 

@@ -254,9 +254,8 @@ def sft_warm_start(
     out_dir: str | os.PathLike[str],
     config: SFTConfig | None = None,
     *,
-    eval_env_kwargs: dict[str, Any] | None = None,
-    num_eval: int = 128,
     tasks: Sequence[int] | None = None,
+    validation_tasks: Sequence[int] = (),
 ) -> Path:
     """Fine-tune ``model_dir`` on the env's oracle trajectories; save the result in ``out_dir``.
 
@@ -269,9 +268,9 @@ def sft_warm_start(
         out_dir: written with ``model.safetensors``, config, tokenizer and ``sft.json``
             (config, step metrics, time); vLLM and transformers load it as a model folder.
         config: the knobs; None uses `SFTConfig()`.
-        eval_env_kwargs: env kwargs of the held-out traces for `reference_accuracy`
-            (``config.eval_every``); None measures nothing.
-        num_eval: held-out traces to measure on.
+        validation_tasks: task indices whose oracle traces `reference_accuracy` is measured
+            on every ``config.eval_every`` steps (for ``target_accuracy``). Take them from the
+            training split: a stopping rule tuned on the eval tasks would leak them.
 
     Returns:
         ``out_dir`` as a Path.
@@ -287,9 +286,9 @@ def sft_warm_start(
     conversations, tools = oracle_conversations(env_id, env_kwargs, tasks=tasks)
     examples = [tokenize_conversation(tokenizer, c, tools) for c in conversations]
     held_out: list[Example] = []
-    if eval_env_kwargs is not None:
-        convs, eval_tools = oracle_conversations(env_id, eval_env_kwargs, num_tasks=num_eval)
-        held_out = [tokenize_conversation(tokenizer, c, eval_tools) for c in convs]
+    if validation_tasks:
+        convs, _ = oracle_conversations(env_id, env_kwargs, tasks=validation_tasks)
+        held_out = [tokenize_conversation(tokenizer, c, tools) for c in convs]
     torch.manual_seed(config.seed)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if config.method == "lora":
