@@ -130,6 +130,9 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the engine's workers die with it
         proc.wait()
+    latest = max((run / "checkpoints").glob("step-*"))
+    killed_at = json.loads((latest / "trainer_state.json").read_text())
+    checkpointed = digest(latest / "adapter" / "adapter_model.safetensors")
     subprocess.run([*agentgym, "--resume"], check=True, timeout=900)
     steps = [m for m in metrics(run) if "data/tasks" in m]
     assert [m["step"] for m in steps] == [1, 2, 3, 4]  # replayed steps were rolled back
@@ -137,9 +140,10 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
 
     trainer = GRPOTrainer(GRPOConfig.from_yaml(cfg_path))
     assert [m["data/tasks"] for m in steps] == [trainer._tasks_for(s) for s in (1, 2, 3, 4)]
+    # the resumed engine first serves the checkpoint's adapter, as the next version number
+    resumed_version = killed_at["adapter_version"] + 1
+    served = digest(run / "adapters" / f"v{resumed_version}" / "adapter_model.safetensors")
+    assert served == checkpointed
     state = json.loads((run / "checkpoints" / "step-000004" / "trainer_state.json").read_text())
-    # first process: v1 initial, v2 and v3 after steps 1-2; the resumed engine serves the
-    # step-2 adapter as v4 (a fresh version for a fresh engine), then v5 and v6
-    assert state["step"] == 4 and state["adapter_version"] == 6
-    served_on_resume = digest(run / "adapters" / "v4" / "adapter_model.safetensors")
-    assert served_on_resume == digest(run / "adapters" / "v3" / "adapter_model.safetensors")
+    assert state["step"] == 4
+    assert state["adapter_version"] == resumed_version + (4 - killed_at["step"])
