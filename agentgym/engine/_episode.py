@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from .._errors import ConfigError
+from .._errors import ConfigError, ContextLengthError
 from .._types import Completion, Message
 from ._render import ChatRenderer, ModeDecision, RolloutMode
 
@@ -80,6 +80,8 @@ class TokenPolicy:
                 f"rollout_mode must be 'auto', 'concat' or 'per_turn', got {rollout_mode!r}"
             )
         self.rollout_mode = rollout_mode
+        #: Context window in tokens; subclasses set it from their engine's.
+        self.max_model_len = 4096
         self._modes: dict[str, ModeDecision] = {}
 
     @property
@@ -97,6 +99,21 @@ class TokenPolicy:
     ) -> Completion:
         """Sample one turn that continues ``prompt_ids`` exactly (``sampling``: this call's)."""
         raise NotImplementedError
+
+    def turn_limit(
+        self, prompt_ids: Sequence[int], max_tokens: int | None, sampling: SamplingConfig
+    ) -> int:
+        """New tokens this turn may take: the asked limit, cut to what the context has left.
+
+        Raises `ContextLengthError` when the prompt alone fills the context: the rollout ends
+        the episode as ``truncated`` and scores it.
+        """
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"
+            )
+        return min(max_tokens or sampling.max_tokens, room)
 
     def with_sampling(self, **changes: Any) -> TokenPolicy:
         """The same model and engine with other sampling knobs (e.g. greedy evaluation).
@@ -205,6 +222,7 @@ class _SamplingView(TokenPolicy):
     def __init__(self, parent: TokenPolicy, sampling: SamplingConfig) -> None:
         super().__init__(sampling, parent.rollout_mode)
         self._parent = parent
+        self.max_model_len = parent.max_model_len
         self._modes = parent._modes
 
     @property

@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Any
 
-from .._errors import ConfigError, ContextLengthError
+from .._errors import ConfigError
 from .._types import Completion
 from ._episode import ModeChoice, SamplingConfig, TokenPolicy
 from ._render import ChatRenderer
@@ -82,13 +82,8 @@ class HFPolicy(TokenPolicy):
         sampling: SamplingConfig | None = None,
     ) -> Completion:
         """Sample one turn from exact prompt ids (in a thread: the caller's loop keeps going)."""
-        room = self.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ContextLengthError(
-                f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"
-            )
         s = sampling or self.sampling
-        limit = min(max_tokens or s.max_tokens, room)
+        limit = self.turn_limit(prompt_ids, max_tokens, s)
         return await asyncio.to_thread(self._sample, prompt_ids, limit, seed, s)
 
     def _sample(

@@ -52,24 +52,29 @@ class TemplateError(ConfigError):
     """The chat template cannot render what the engine needs (no template, no tool support)."""
 
 
-def template_messages(messages: Sequence[Message]) -> list[Message]:
-    """Messages as HF chat templates expect them: tool-call arguments as dicts, not JSON text."""
+def template_messages(messages: Sequence[Message], as_text: bool = False) -> list[Message]:
+    """Messages as a chat template expects them: tool-call arguments as dicts or JSON text.
+
+    Most HF templates want dicts; some concatenate the arguments as text (``as_text``, e.g.
+    DeepSeek V3's).
+    """
     out = []
     for message in messages:
         calls = message.get("tool_calls")
         if calls:
-            calls = [
-                {**c, "function": {**c["function"], "arguments": _as_dict(c["function"])}}
-                for c in calls
-            ]
+            calls = [{**c, "function": _function(c["function"], as_text)} for c in calls]
             message = {**message, "tool_calls": calls}
         out.append(message)
     return out
 
 
-def _as_dict(function: dict[str, Any]) -> Any:
+def _function(function: dict[str, Any], as_text: bool) -> dict[str, Any]:
     arguments = function.get("arguments", {})
-    return json.loads(arguments) if isinstance(arguments, str) and arguments else arguments
+    if as_text:
+        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    elif isinstance(arguments, str) and arguments:
+        arguments = json.loads(arguments)
+    return {**function, "arguments": arguments}
 
 
 class ChatRenderer:
@@ -89,6 +94,7 @@ class ChatRenderer:
             )
         self.tokenizer = tokenizer
         self.template_kwargs = dict(chat_template_kwargs or {})
+        self._arguments_as_text = False
         self.stop_token_ids = _stop_token_ids(tokenizer)
         self._turn_end = self._find_turn_end()
 
@@ -96,20 +102,41 @@ class ChatRenderer:
     def render_text(
         self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, generation: bool
     ) -> str:
-        """The template's text for ``messages`` (with the assistant header if ``generation``)."""
+        """The template's text for ``messages`` (with the assistant header if ``generation``).
+
+        Tool-call arguments go in as dicts; a template that fails on dicts but renders JSON
+        text is given JSON text from then on.
+        """
         try:
-            text = self.tokenizer.apply_chat_template(
-                template_messages(messages),
-                tools=tools or None,
-                add_generation_prompt=generation,
-                tokenize=False,
-                **self.template_kwargs,
-            )
+            return self._render(messages, tools, generation, self._arguments_as_text)
         except Exception as exc:  # jinja raises anything: report it as the template's fault
+            if not self._arguments_as_text and any(m.get("tool_calls") for m in messages):
+                try:
+                    text = self._render(messages, tools, generation, as_text=True)
+                except Exception:
+                    pass
+                else:
+                    self._arguments_as_text = True
+                    return text
             raise TemplateError(
                 f"the chat template failed to render {len(messages)} messages "
                 f"({type(exc).__name__}: {exc}); check the template and chat_template_kwargs"
             ) from exc
+
+    def _render(
+        self,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        generation: bool,
+        as_text: bool,
+    ) -> str:
+        text = self.tokenizer.apply_chat_template(
+            template_messages(messages, as_text),
+            tools=tools or None,
+            add_generation_prompt=generation,
+            tokenize=False,
+            **self.template_kwargs,
+        )
         return str(text)
 
     def encode(self, text: str) -> list[int]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._errors import ConfigError, ContextLengthError, ModelError
+from .._errors import ConfigError, ModelError
 from .._types import Completion
 from ._episode import ModeChoice, SamplingConfig, TokenPolicy
 from ._render import ChatRenderer
@@ -267,13 +267,8 @@ class VLLMPolicy(TokenPolicy):
     ) -> Completion:
         """Sample one turn from exact prompt ids with the current adapter version."""
         thread, _ = self._started()
-        room = self.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ContextLengthError(
-                f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"
-            )
         sampling = sampling or self.sampling
-        limit = min(max_tokens or sampling.max_tokens, room)
+        limit = self.turn_limit(prompt_ids, max_tokens, sampling)
         version = self.adapter_version
         self._in_flight[version] = self._in_flight.get(version, 0) + 1
         try:

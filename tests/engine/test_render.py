@@ -151,3 +151,16 @@ def test_missing_or_broken_template_is_a_clear_error() -> None:
         ChatRenderer(tok)
     with pytest.raises(TemplateError, match="failed to render"):
         renderer("{{ raise_exception('no tools here') }}")
+
+
+def test_a_template_that_wants_arguments_as_text_gets_json_text() -> None:
+    # DeepSeek-V3-like: the arguments are concatenated into the prompt as a string
+    r = renderer(
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') }}"
+        "{%- for c in (m.tool_calls or []) %}{{- c.function.name + ' ' + c.function.arguments }}"
+        "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    )
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "calculate", "arguments": {"expression": "1 + 2"}}}  # fmt: skip
+    text = r.render_text([{"role": "assistant", "content": "", "tool_calls": [call]}], None, False)
+    assert 'calculate {"expression": "1 + 2"}' in text
