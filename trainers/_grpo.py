@@ -120,7 +120,7 @@ class GRPOTrainer:
             self._decide_mode(policy)
             version = self._sync(policy, model, run, state.get("adapter_version", 0) + 1)
             if state["step"] == 0:
-                success = self._evaluate(policy, run, step=0, num_tasks=cfg.eval_num_tasks)
+                success = self._evaluate(policy, run, step=0, num_tasks=None)  # a headline
                 figures["sft/success" if cfg.sft_steps else "base/success"] = success
             for step in range(state["step"] + 1, cfg.max_steps + 1):
                 torch.manual_seed(cfg.seed * 100_003 + step)
@@ -359,7 +359,7 @@ class GRPOTrainer:
             dtype="float32" if self._device() == "cpu" else "bfloat16",
             max_model_len=cfg.max_model_len,
         ) as policy:  # fmt: skip
-            return self._evaluate(policy, run, 0, num_tasks=cfg.eval_num_tasks, label=label)
+            return self._evaluate(policy, run, 0, num_tasks=None, label=label)
 
 
 def _log_sft_progress(record: dict[str, Any]) -> None:

@@ -73,8 +73,8 @@ class _EngineThread:
             future.cancel()
             raise
 
-    def stop(self) -> None:
-        """Cancel what still runs on the loop (vLLM's output handler), then end the thread."""
+    def cancel_tasks(self) -> None:
+        """Cancel what runs on the loop (requests, vLLM's output handler) and wait for it."""
 
         async def cancel_the_rest() -> None:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -84,6 +84,10 @@ class _EngineThread:
 
         with contextlib.suppress(Exception):
             self.submit(cancel_the_rest()).result(timeout=30)
+
+    def stop(self) -> None:
+        """Cancel what still runs on the loop, then end the thread."""
+        self.cancel_tasks()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=30)
         if not self._thread.is_alive():
@@ -218,6 +222,8 @@ class VLLMPolicy(TokenPolicy):
         """Shut the engine down (its worker processes end); the policy cannot be reused."""
         with self._start_lock:
             if self._engine is not None:
+                assert self._thread is not None
+                self._thread.cancel_tasks()  # the output handler first: no "engine dead" noise
                 self._engine.shutdown()
                 self._engine = None
             if self._thread is not None:
