@@ -211,8 +211,17 @@ class GRPOTrainer:
         if cfg.dtype != "auto":
             dtype = getattr(torch, cfg.dtype)
         torch.manual_seed(cfg.seed)  # before get_peft_model: the adapter init is seeded
-        base: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-        base = base.to(device)
+        base: Any
+        if cfg.load_in_4bit:  # QLoRA: 4-bit base (bitsandbytes, CUDA), LoRA in `dtype`
+            from transformers import BitsAndBytesConfig
+
+            quantized = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
+            base = AutoModelForCausalLM.from_pretrained(
+                model_dir, quantization_config=quantized, device_map={"": device}
+            )
+        else:
+            base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+            base = base.to(device)
         lora = LoraConfig(
             r=cfg.lora_r, lora_dropout=cfg.lora_dropout,
             lora_alpha=cfg.lora_alpha,  # type: ignore[arg-type]  # PEFT scales by a float
