@@ -83,11 +83,8 @@ def letters_only(policy: VLLMPolicy) -> dict[str, Any]:
 
 
 def test_three_turn_episode_is_token_exact(policy: VLLMPolicy) -> None:
-    policy.sampling.extra = letters_only(policy)
-    try:
-        [trajectory] = agentgym.rollout(NudgeEnv, policy, tasks=[{"id": 1}])
-    finally:
-        policy.sampling.extra = {}
+    letters = policy.with_sampling(extra=letters_only(policy))  # a view: the engine is shared
+    [trajectory] = agentgym.rollout(NudgeEnv, letters, tasks=[{"id": 1}])
     assert trajectory.status == "truncated", trajectory.error
     assert trajectory.mode == "concat"
     assert len(trajectory.turns) == 3
@@ -110,11 +107,9 @@ async def test_logprobs_are_the_sampling_distributions_and_match_transformers(
     policy: VLLMPolicy, hf: HFPolicy
 ) -> None:
     prompt = policy.renderer.prompt_ids([{"role": "user", "content": "What is 12 + 30?"}], [])
-    policy.sampling.temperature = 0.7
-    try:
-        completion = await policy.generate_ids(prompt, max_tokens=16, seed=5)
-    finally:
-        policy.sampling.temperature = 1.0
+    completion = await policy.with_sampling(temperature=0.7).generate_ids(
+        prompt, max_tokens=16, seed=5
+    )
     reference = hf.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
     assert len(completion.logprobs) == len(completion.completion_ids) == 16
     # fp32 on both sides; different kernels (vLLM's CPU attention vs eager torch): 2e-3 nats
@@ -141,15 +136,12 @@ async def test_a_new_adapter_version_is_served_while_the_engine_runs(
     policy: VLLMPolicy, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     prompt = policy.renderer.prompt_ids([{"role": "user", "content": "hello"}], [])
-    policy.sampling.temperature = 0.0
-    try:
-        base = await policy.generate_ids(prompt, max_tokens=12)
-        v1 = await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "a1", seed=1))
-        first = await policy.generate_ids(prompt, max_tokens=12)
-        v2 = await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "a2", seed=2))
-        second = await policy.generate_ids(prompt, max_tokens=12)
-    finally:
-        policy.sampling.temperature = 1.0
+    greedy = policy.with_sampling(temperature=0.0)
+    base = await greedy.generate_ids(prompt, max_tokens=12)
+    v1 = await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "a1", seed=1))
+    first = await greedy.generate_ids(prompt, max_tokens=12)
+    v2 = await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "a2", seed=2))
+    second = await greedy.generate_ids(prompt, max_tokens=12)
     assert (base.adapter_version, first.adapter_version, second.adapter_version) == (0, v1, v2)
     assert v2 == v1 + 1
     assert len({tuple(c.completion_ids) for c in (base, first, second)}) == 3
