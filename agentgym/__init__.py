@@ -19,11 +19,13 @@ from ._errors import (
     ToolTimeoutError,
     UnknownEnvError,
 )
+from ._openapi import openapi_tools
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import ENTRY_POINT_GROUP, load_plugins, make, register, registered_envs
 from ._rollout import EpisodeSpec, arollout, rollout, run_episode
 from ._rubric import Rubric, RubricResult
 from ._summary import summarize
+from ._tasks import TaskSplits, load_tasks, select_split, split_tasks
 from ._tool_env import EpisodeState, ToolEnv
 from ._tools import Tool, tool
 from ._trajectory import (
@@ -61,6 +63,7 @@ __all__ = [
     "RubricResult",
     "SandboxError",
     "ScriptedPolicy",
+    "TaskSplits",
     "Tool",
     "ToolArgumentsError",
     "ToolCall",
@@ -75,7 +78,9 @@ __all__ = [
     "check",
     "get_parser",
     "load_plugins",
+    "load_tasks",
     "make",
+    "openapi_tools",
     "read_jsonl",
     "recover_jsonl",
     "register",
@@ -83,6 +88,8 @@ __all__ = [
     "registered_envs",
     "rollout",
     "run_episode",
+    "select_split",
+    "split_tasks",
     "summarize",
     "tool",
     "write_jsonl",

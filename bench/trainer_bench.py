@@ -18,8 +18,7 @@
   both paths serve the same weights.
 
 (a) Seconds per GRPO step, ours vs TRL's GRPOTrainer with its own tool loop, on the same
-  workload (`WORKLOAD`): `bench_step_time`. TRL's side runs now; ours is a marked stub until
-  the trainer loop lands.
+  workload (`WORKLOAD`): `bench_step_time`, both trainers timed in this process.
 
     python bench/trainer_bench.py [--trials 5] [--lora-r 16] [--restart] [--skip-step]
         [--shape tiny|quickstart|qwen2.5-0.5b | --model-dir DIR] [--warm-start STEPS]

@@ -109,3 +109,15 @@ class CalculatorEnv(ToolEnv):
     def reference_turns(self, task: dict[str, Any]) -> list[str]:
         call = ToolCall("calculate", {"expression": task["expression"]})
         return [self.parser.render("", [call]), f"The answer is {task['answer']}."]
+
+    def estimate_turns(self, task: dict[str, Any]) -> list[str]:
+        """A weaker agent's habit: answer at once from a mental estimate, no tool.
+
+        Each operand is rounded to the nearest ten, so the answer is right only when both
+        already were (about 1 task in 100). Mixed into a warm start (the trainer's
+        ``sft_scripts``), it teaches a model to skip the tool part of the time: the decision
+        GRPO then learns from the reward.
+        """
+        a, op, b = task["expression"].split()
+        rounded = f"{(int(a) + 5) // 10 * 10} {op} {(int(b) + 5) // 10 * 10}"
+        return [f"The answer is {calculate(rounded)}."]

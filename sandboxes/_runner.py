@@ -7,25 +7,47 @@ or exits cannot take the others with it. The candidate's output never reaches th
 stdout: in ``assert`` and ``pytest`` modes it goes to /dev/null, in ``stdio`` mode to a pipe
 that the runner compares with the expected output.
 
-``pytest`` mode writes the code to ``solution.py`` and the tests to ``test_solution.py`` in a
-temp dir and runs real pytest with a plugin that logs per-test outcomes and sets a SIGALRM
-per-test timeout; a skip, xfail or deselection the task did not declare counts as a failure.
-If pytest is not importable in the image, a minimal built-in runner calls every top-level
-``test_*`` function instead (no fixtures, no parametrize) and reports ``runner="builtin"``.
+Who decides a verdict (the reward hack this design closes): in ``assert`` and ``pytest``
+modes a test's child is a *judge* that never runs the candidate's code. The judge forks a
+*solution* process that executes the code and serves calls (function name and arguments in,
+result out) over a pipe pair, in length-prefixed JSON frames that carry plain data only
+(`encode`/`decode`). The test runs in the judge with each candidate function replaced by a
+`_Remote` proxy, so its pass or fail is the judge's own execution: the candidate can patch
+``json``, ``AssertionError`` or ``sys.settrace`` in its own process only, holds no fd of the
+judge's result pipe or of the runner, and a result that is not plain data (an object whose
+``__eq__`` always says True) fails the test. A solution process that dies, exits or hangs
+fails (or times out) the call that needed it. Both the runner and its children are
+non-dumpable, so the candidate (same uid) can neither open their fds through /proc nor
+ptrace them, and the judge imports nothing from a directory the candidate could write.
+
+``pytest`` mode writes the tests to ``test_solution.py`` in a temp dir and runs real pytest
+in the judge, with ``solution`` a module whose attributes are proxies (the solution process
+starts at the first call, after collection, and restarts after a call that failed midway). A
+plugin streams per-test outcomes to the runner and sets a SIGALRM per-test timeout; a skip,
+xfail or deselection the task did not declare counts as a failure. If pytest is not
+importable in the image, a minimal built-in runner calls every top-level ``test_*`` function
+instead (no fixtures, no parametrize) and reports ``runner="builtin"``.
 """
 
 import ast
+import builtins
+import importlib
 import json
 import os
 import select
 import signal
+import struct
 import sys
 import tempfile
 import time
+import types
 
 MARKER = "\x00agentgym-verify\x00"
 STATUSES = ("passed", "failed", "timeout", "skipped")
 OUTPUT_CAP = 1 << 20
+FRAME_CAP = 16 << 20
+ORIGINAL_PATH = list(sys.path)
+PLAIN = "None, bool, int, float, complex, str, bytes and lists, tuples, sets, dicts of them"
 
 
 def _not_dumpable():
@@ -38,11 +60,388 @@ def _not_dumpable():
         pass
 
 
+# --- plain data: the only values that cross from the candidate's process to the judge -------
+
+
+class NotPlainData(Exception):
+    """A value that cannot cross between the judge and the solution process."""
+
+
+CONTAINERS = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+
+
+def encode(value):
+    """A JSON-able form of plain data: scalars as JSON, containers tagged by their type.
+
+    Exact types only: a subclass of int or str could redefine ``__eq__``.
+    """
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if kind in (list, tuple, set, frozenset):
+        return {kind.__name__: [encode(item) for item in value]}
+    if kind is dict:
+        return {"dict": [[encode(k), encode(v)] for k, v in value.items()]}
+    if kind is bytes:
+        return {"bytes": value.hex()}
+    if kind is complex:
+        return {"complex": [value.real, value.imag]}
+    raise NotPlainData(f"a {kind.__name__}")
+
+
+def decode(obj):
+    """The value `encode` gave ``obj`` for; `NotPlainData` for anything else."""
+    if obj is None or type(obj) in (bool, int, float, str):
+        return obj
+    if type(obj) is dict and len(obj) == 1:
+        ((tag, body),) = obj.items()
+        if tag in CONTAINERS and type(body) is list:
+            return CONTAINERS[tag](decode(item) for item in body)
+        if (
+            tag == "dict"
+            and type(body) is list
+            and all(type(pair) is list and len(pair) == 2 for pair in body)
+        ):
+            return {decode(k): decode(v) for k, v in body}
+        if tag == "bytes" and type(body) is str:
+            return bytes.fromhex(body)
+        if tag == "complex" and type(body) is list and len(body) == 2:
+            if all(type(part) in (int, float) for part in body):
+                return complex(*body)
+    raise NotPlainData(f"an unknown form {str(obj)[:80]!r}")
+
+
+def decode_reply(obj, what):
+    """`decode`, where anything odd becomes the judge's `CandidateError`."""
+    try:
+        return decode(obj)
+    except (NotPlainData, TypeError, ValueError, RecursionError) as exc:
+        raise CandidateError(f"{what} is not plain data ({PLAIN}): {exc}") from None
+
+
+# --- frames: a 4-byte big-endian length, then that many bytes of JSON -----------------------
+
+
+def send(fd, obj):
+    data = json.dumps(obj).encode()
+    data = struct.pack(">I", len(data)) + data
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _read_exact(fd, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def recv(fd):
+    """One frame as a dict; EOFError at end of stream, ValueError for anything garbled."""
+    (size,) = struct.unpack(">I", _read_exact(fd, 4))
+    if size > FRAME_CAP:
+        raise ValueError(f"a frame of {size} bytes (the cap is {FRAME_CAP})")
+    obj = json.loads(_read_exact(fd, size))
+    if type(obj) is not dict:
+        raise ValueError("a frame that is not a JSON object")
+    return obj
+
+
+# --- the solution process: runs the candidate's code, trusted with nothing -------------------
+
+
+def _serve(code, module_name, workdir, req_r, resp_w):
+    """Run ``code``, send its manifest, then answer calls until the judge closes the pipe."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    keep = sorted({req_r, resp_w})
+    os.closerange(3, keep[0])
+    os.closerange(keep[0] + 1, keep[1])
+    os.closerange(keep[1] + 1, 1 << 16)
+    sys.path[:] = ([workdir] if workdir else []) + ORIGINAL_PATH
+    module = types.ModuleType(module_name)
+    if module_name != "__main__":
+        sys.modules[module_name] = module
+    try:
+        exec(compile(code, "solution.py", "exec"), module.__dict__)
+        send(resp_w, {"ready": _manifest(module.__dict__)})
+    except BaseException as exc:
+        send(resp_w, {"error": f"{_describe(exc)} in the code, before the test finished"})
+        return
+    while True:
+        try:
+            request = recv(req_r)
+        except EOFError:
+            return
+        send(resp_w, _answer(module.__dict__, request))
+
+
+def _describe(exc):
+    try:
+        if isinstance(exc, SystemExit):
+            return f"SystemExit({exc.code!r})"
+        return f"{type(exc).__name__}: {exc}"[:1000]
+    except Exception:
+        return type(exc).__name__
+
+
+def _manifest(namespace):
+    """What the code defines: functions (called remotely), plain values (copied), the rest."""
+    out = {"functions": [], "classes": [], "values": {}, "modules": {}, "other": []}
+    for name, value in list(namespace.items()):
+        if name.startswith("__"):
+            continue
+        if isinstance(value, types.ModuleType):
+            out["modules"][name] = str(value.__name__)
+        elif isinstance(value, type):
+            out["classes"].append(name)
+        elif callable(value):
+            out["functions"].append(name)
+        else:
+            try:
+                out["values"][name] = encode(value)
+            except (NotPlainData, RecursionError):
+                out["other"].append(name)
+    return out
+
+
+def _answer(namespace, request):
+    name = str(request.get("call"))
+    func = namespace.get(name)
+    if not callable(func) or isinstance(func, type):
+        return {"error": f"the code defines no function {name}()"}
+    try:
+        args, kwargs = decode(request["args"]), decode(request["kwargs"])
+        value = func(*args, **kwargs)
+    except BaseException as exc:
+        text, prefix = _describe(exc), type(exc).__name__ + ": "
+        return {"raised": type(exc).__name__, "message": text.removeprefix(prefix)}
+    try:
+        return {"value": encode(value)}
+    except (NotPlainData, RecursionError, ValueError) as exc:
+        return {
+            "error": f"{name}() returned {exc}, which is not plain data ({PLAIN}); "
+            f"only plain data crosses to the test"
+        }
+
+
+# --- the judge's side: proxies to the solution process ---------------------------------------
+
+
+class CandidateError(Exception):
+    """The candidate's code failed a call in a way no builtin exception describes."""
+
+
+def _trusted_imports():
+    """Drop sys.path entries the candidate (same uid) could plant a module in.
+
+    Entries inside the interpreter's own installation stay (read-only in the image).
+    """
+    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+
+    def trusted(entry):
+        real = os.path.realpath(entry) if entry else ""
+        if not real or real == os.path.realpath(os.getcwd()):
+            return False
+        if any(real == root or real.startswith(root + os.sep) for root in roots):
+            return True
+        return os.path.isdir(real) and not os.access(real, os.W_OK)
+
+    sys.path[:] = [entry for entry in sys.path if trusted(entry)]
+
+
+class Solution:
+    """The candidate's code in a forked process, reached by calls over a pipe pair.
+
+    A call that fails midway (the process died, a garbled frame, a timeout while waiting)
+    kills the process; the next call starts a fresh one.
+    """
+
+    def __init__(self, code, module_name, workdir=None):
+        self.code, self.module_name, self.workdir = code, module_name, workdir
+        self.pid = None
+        self.manifest = None
+
+    def start(self):
+        _trusted_imports()
+        req_r, req_w = os.pipe()
+        resp_r, resp_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(req_w)
+                os.close(resp_r)
+                _serve(self.code, self.module_name, self.workdir, req_r, resp_w)
+            finally:
+                os._exit(0)
+        os.close(req_r)
+        os.close(resp_w)
+        self.pid, self.req, self.resp = pid, req_w, resp_r
+        reply = self._exchange(None, "while running the code")
+        if set(reply) != {"ready"} or type(reply["ready"]) is not dict:
+            self.stop()
+            raise CandidateError(_error_of(reply, "the solution process"))
+        self.manifest = reply["ready"]
+        return self.manifest
+
+    def call(self, name, args, kwargs):
+        try:
+            request = {"call": name, "args": encode(args), "kwargs": encode(kwargs)}
+        except (NotPlainData, RecursionError) as exc:
+            raise TypeError(
+                f"an argument of {name}() is {exc}, which is not plain data "
+                f"({PLAIN}); only plain data crosses to the candidate"
+            ) from None
+        if self.pid is None:
+            self.start()
+        reply = self._exchange(request, f"during {name}()")
+        if set(reply) == {"value"}:
+            return decode_reply(reply["value"], f"the value of {name}()")
+        if set(reply) == {"raised", "message"}:
+            raise _rebuilt(str(reply["raised"]), str(reply["message"])[:1000], name)
+        raise CandidateError(_error_of(reply, f"{name}()"))
+
+    def _exchange(self, request, when):
+        try:
+            if request is not None:
+                send(self.req, request)
+            return recv(self.resp)
+        except (EOFError, BrokenPipeError):
+            self.stop()
+            raise CandidateError(f"the solution process exited {when}") from None
+        except (ValueError, RecursionError) as exc:
+            self.stop()
+            raise CandidateError(f"the solution process sent a garbled reply ({exc})") from None
+        except BaseException:  # a timeout mid-call: the process is in an unknown state
+            self.stop()
+            raise
+
+    def stop(self):
+        if self.pid is None:
+            return
+        for fd in (self.req, self.resp):
+            os.close(fd)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+        self.pid = None
+
+
+def _error_of(reply, what):
+    if set(reply) == {"error"} and type(reply["error"]) is str:
+        return reply["error"][:1000]
+    return f"{what} sent a reply of an unknown form"
+
+
+def _rebuilt(name, message, func):
+    """The exception the candidate's function raised, as a builtin exception when it is one.
+
+    So a test that expects ``ValueError`` can catch it; anything else (SystemExit, the
+    code's own classes) is a `CandidateError` naming it.
+    """
+    cls = getattr(builtins, name, None) if name.isidentifier() else None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except Exception:
+            pass
+    return CandidateError(f"{func}() raised {name}: {message}")
+
+
+class _Remote:
+    """Stands in the test's namespace for a name of the candidate's code.
+
+    A function is called in the solution process; anything else (``why`` says what) fails
+    the test when used, since only function calls and plain data cross to the judge.
+    """
+
+    def __init__(self, solution, name, why=None):
+        self._solution, self._why = solution, why
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args, **kwargs):
+        if self._why is not None:
+            raise CandidateError(
+                f"{self.__name__} is {self._why} in the candidate's code: tests can only call "
+                "its functions and read its plain-data values (see docs/sandboxes.md)"
+            )
+        return self._solution.call(self.__name__, args, kwargs)
+
+    def __getattr__(self, attr):
+        raise AttributeError(
+            f"{self.__name__}.{attr}: only calls to the candidate's functions cross to the test"
+        )
+
+    def __repr__(self):
+        return f"<candidate's {self.__name__}>"
+
+
+def _stdlib_module(name):
+    """The judge's own import of a standard-library module the candidate imported."""
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    if parts[0] not in getattr(sys, "stdlib_module_names", sys.builtin_module_names):
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _names(manifest, key, kind):
+    names = manifest.get(key)
+    if type(names) is not kind or not all(type(n) is str for n in names):
+        raise CandidateError("the solution process sent a manifest of an unknown form")
+    return names
+
+
+def _namespace(solution, manifest):
+    """The candidate's names as the test sees them; builtins are never shadowed."""
+    ns = {}
+    for name, module in _names(manifest, "modules", dict).items():
+        ns[name] = _stdlib_module(str(module)) or _Remote(solution, name, "a module")
+    for name, value in _names(manifest, "values", dict).items():
+        try:
+            ns[name] = decode(value)
+        except (NotPlainData, TypeError, ValueError, RecursionError):
+            ns[name] = _Remote(solution, name, "a value that is not plain data")
+    for name in _names(manifest, "functions", list):
+        ns[name] = _Remote(solution, name)
+    for name in _names(manifest, "classes", list):
+        ns[name] = _Remote(solution, name, "a class")
+    for name in _names(manifest, "other", list):
+        ns[name] = _Remote(solution, name, "an object that is not plain data")
+    return {k: v for k, v in ns.items() if k.isidentifier() and not hasattr(builtins, k)}
+
+
+def _solution_module(solution):
+    """A ``solution`` module for the tests: every public attribute is a remote function."""
+    module = types.ModuleType("solution")
+
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Remote(solution, name)
+
+    module.__getattr__ = __getattr__
+    return module
+
+
+# --- one test's process: deadline, new session, fds closed, output capped ---------------------
+
+
 def _child(body, stdin_data, out_w, res_w, exit_ok):
     """A test's process. It keeps fds 0-2 and ``res_w`` only.
 
-    Why: the candidate runs here; it must reach neither the runner's report nor any other
-    fd of the harness.
+    Why: in ``stdio`` mode the candidate runs here; in the other modes the judge does, and
+    the solution process it forks must reach neither this pipe nor any fd of the harness.
     """
     os.setsid()
     fd = os.memfd_create("stdin")
@@ -56,15 +455,13 @@ def _child(body, stdin_data, out_w, res_w, exit_ok):
     os.closerange(res_w + 1, 1 << 16)
     result = {"passed": True}
     try:
-        body()
+        body(res_w)
     except SystemExit as exc:
-        # A program may end with exit(0) (stdio mode); a test must run to its end, or
-        # `sys.exit(0)` in the candidate would "pass" every test it skipped (a reward hack).
+        # A program may end with exit(0) (stdio mode); a test must run to its end.
         if not exit_ok or exc.code not in (None, 0):
-            result = {"passed": False,
-                      "error": f"SystemExit({exc.code!r}) before the test finished"}
+            result = {"passed": False, "error": f"{_describe(exc)} before the test finished"}
     except BaseException as exc:
-        result = {"passed": False, "error": (f"{type(exc).__name__}: {exc}")[:1000]}
+        result = {"passed": False, "error": _describe(exc)}
     try:
         sys.stdout.flush()
     except Exception:
@@ -73,8 +470,12 @@ def _child(body, stdin_data, out_w, res_w, exit_ok):
     os._exit(0)
 
 
-def _isolated(body, stdin_data, timeout, capture, exit_ok=False):
-    """Run ``body`` in a forked child; return (result dict, captured stdout, duration)."""
+def _isolated(body, stdin_data, timeout, capture, exit_ok=False, stream=False):
+    """Run ``body(result_fd)`` in a forked child.
+
+    Returns (lines of its result pipe, captured stdout, duration, problem): the first line,
+    or every line until the child ends with ``stream``; ``problem`` says why it ended early.
+    """
     res_r, res_w = os.pipe()
     out_r, out_w = os.pipe() if capture else (None, None)
     started = time.monotonic()
@@ -87,7 +488,7 @@ def _isolated(body, stdin_data, timeout, capture, exit_ok=False):
     os.close(res_w)
     if out_w is not None:
         os.close(out_w)
-    result, out = _wait(res_r, out_r, started + timeout)
+    lines, out, problem = _wait(res_r, out_r, started + timeout, stream)
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
@@ -96,16 +497,20 @@ def _isolated(body, stdin_data, timeout, capture, exit_ok=False):
     for fd in (res_r, out_r):
         if fd is not None:
             os.close(fd)
-    return result, out, time.monotonic() - started
+    return lines, out, time.monotonic() - started, problem
 
 
-def _wait(res_r, out_r, deadline):
-    buf, out = b"", bytearray()
+def _wait(res_r, out_r, deadline, stream):
+    buf, out = bytearray(), bytearray()
     watch = [res_r] + ([out_r] if out_r is not None else [])
+
+    def done(problem=None):
+        return bytes(buf).splitlines(), bytes(out), problem
+
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return {"passed": False, "timeout": True, "error": "timed out"}, bytes(out)
+            return done("timed out")
         for fd in select.select(watch, [], [], remaining)[0]:
             data = os.read(fd, 65536)
             if fd == out_r:
@@ -113,19 +518,26 @@ def _wait(res_r, out_r, deadline):
                     watch.remove(fd)
                 out += data
                 if len(out) > OUTPUT_CAP:
-                    return {"passed": False, "error": "output limit exceeded"}, bytes(out)
+                    return done("output limit exceeded")
                 continue
             if not data:
-                return {"passed": False, "error": "the test process died"}, bytes(out)
+                return done()
             buf += data
-            if buf.endswith(b"\n"):
+            if len(buf) > OUTPUT_CAP:
+                return done("the test process wrote too much")
+            if not stream and b"\n" in buf:
                 _drain(out_r, out, watch)
-                return _parse_result(buf), bytes(out)
+                return done()
 
 
-def _parse_result(buf):
+def _verdict(lines, problem):
+    """The test process's verdict: its last line, unless it ended early."""
+    if problem is not None:
+        return {"passed": False, "timeout": problem == "timed out", "error": problem}
+    if not lines:
+        return {"passed": False, "error": "the test process died"}
     try:
-        result = json.loads(buf)
+        result = json.loads(lines[-1])
     except ValueError:
         result = None
     if not isinstance(result, dict) or not isinstance(result.get("passed"), bool):
@@ -148,38 +560,61 @@ def _normalise(text):
     return "\n".join(lines)
 
 
-def _record(name, result, duration, status=None):
-    if status is None:
-        status = ("passed" if result.get("passed") else
-                  "timeout" if result.get("timeout") else "failed")
-    return {"name": name, "passed": status == "passed", "status": status,
-            "message": result.get("error", ""), "duration": duration}
+def _record(name, result, duration):
+    timeout = result.get("timeout")
+    status = "passed" if result.get("passed") else "timeout" if timeout else "failed"
+    return _outcome(name, status, result.get("error", ""), duration)
+
+
+def _outcome(name, status, message, duration):
+    return {
+        "name": name,
+        "passed": status == "passed",
+        "status": status,
+        "message": message,
+        "duration": duration,
+    }
 
 
 def _deadline_for(req, total_deadline):
     return max(0.0, min(req["per_test_timeout"], total_deadline - time.monotonic()))
 
 
+def _judged(body, req, total_deadline):
+    """(verdict, duration) of one judge process."""
+    lines, _, dur, problem = _isolated(body, b"", _deadline_for(req, total_deadline), False)
+    return _verdict(lines, problem), dur
+
+
+# --- the modes --------------------------------------------------------------------------------
+
+
 def run_assert(req, total_deadline):
     out = []
     for i, test in enumerate(req["tests"]):
-        def body(test=test, i=i):
-            g = {"__name__": "__main__"}
-            exec(compile(req["code"], "solution.py", "exec"), g)
+
+        def body(_res_w, test=test, i=i):
+            solution = Solution(req["code"], "__main__")
+            g = {"__name__": "__main__", **_namespace(solution, solution.start())}
             exec(compile(test, f"test_{i}", "exec"), g)
-        result, _, dur = _isolated(body, b"", _deadline_for(req, total_deadline), False)
+
+        result, dur = _judged(body, req, total_deadline)
         out.append(_record(f"test_{i}", result, dur))
     return out
 
 
 def run_stdio(req, total_deadline):
+    """The program runs in the test's process; the runner compares what it printed."""
     out = []
     for i, case in enumerate(req["tests"]):
-        def body():
+
+        def body(_res_w):
             exec(compile(req["code"], "solution.py", "exec"), {"__name__": "__main__"})
+
         data = case.get("input", "").encode()
-        result, got, dur = _isolated(body, data, _deadline_for(req, total_deadline), True,
-                                     exit_ok=True)
+        timeout = _deadline_for(req, total_deadline)
+        lines, got, dur, problem = _isolated(body, data, timeout, True, exit_ok=True)
+        result = _verdict(lines, problem)
         if result.get("passed"):
             got_text = got.decode("utf-8", "replace")
             if _normalise(got_text) != _normalise(case.get("output", "")):
@@ -190,11 +625,13 @@ def run_stdio(req, total_deadline):
 
 def _workspace(req):
     d = tempfile.mkdtemp(prefix="agentgym-verify-")
-    with open(os.path.join(d, "solution.py"), "w") as fh:
-        fh.write(req["code"])
     with open(os.path.join(d, "test_solution.py"), "w") as fh:
-        fh.write(req["tests"] if isinstance(req["tests"], str) else "\n".join(req["tests"]))
+        fh.write(_test_module(req))
     return d
+
+
+def _test_module(req):
+    return req["tests"] if isinstance(req["tests"], str) else "\n".join(req["tests"])
 
 
 def run_pytest(req, total_deadline):
@@ -203,34 +640,36 @@ def run_pytest(req, total_deadline):
         import pytest  # noqa: F401
     except ImportError:
         return run_builtin_pytest(req, d, total_deadline), "builtin"
-    log = os.path.join(d, "outcomes.jsonl")
 
-    def body():
+    def body(res_w):
         os.chdir(d)
-        sys.path.insert(0, d)
         import pytest
-        rc = pytest.main([d, "-q", "-p", "no:cacheprovider"], plugins=[_outcomes_plugin(req, log)])
+
+        sys.modules["solution"] = _solution_module(Solution(req["code"], "solution", d))
+        _trusted_imports()
+        args = [os.path.join(d, "test_solution.py"), "-q", "-p", "no:cacheprovider"]
+        rc = pytest.main(args, plugins=[_outcomes_plugin(req, res_w)])
         if int(rc) not in (0, 1, 5):
             raise RuntimeError(f"pytest exit code {int(rc)}")
-    result, _, dur = _isolated(body, b"", max(0.0, total_deadline - time.monotonic()), False)
-    return _read_outcomes(log, result) or [_record("pytest", result, dur)], "pytest"
+
+    timeout = max(0.0, total_deadline - time.monotonic())
+    lines, _, dur, problem = _isolated(body, b"", timeout, False, stream=True)
+    result = _verdict(lines, problem)
+    return _read_outcomes(lines, result) or [_record("pytest", result, dur)], "pytest"
 
 
-def _outcomes_plugin(req, log_path):
-    """A pytest plugin that logs each collected test, then each test's outcome (JSON lines).
+def _outcomes_plugin(req, res_w):
+    """A pytest plugin that reports each collected test, then each test's outcome (JSON lines).
 
     A skip or xfail that no ``skip``/``skipif``/``xfail`` marker of the task declares is a
     failure: otherwise code could skip what it cannot solve and leave it out of the score.
     A module that fails or skips at collection is one failure. Tests collected but never
-    reported (deselected, or the session stopped) fail when the runner reads the log.
+    reported (deselected, or the session stopped) fail when the runner reads the lines.
     """
     import pytest
 
-    log = open(log_path, "a")
-
     def write(obj):
-        log.write(json.dumps(obj) + "\n")
-        log.flush()
+        os.write(res_w, (json.dumps(obj) + "\n").encode())
 
     class Outcomes:
         def __init__(self):
@@ -241,13 +680,14 @@ def _outcomes_plugin(req, log_path):
 
         def pytest_collectreport(self, report):
             if report.failed or report.skipped:
-                write(_outcome("collecting " + (report.nodeid or "the tests"), "failed",
-                               _why(report), report.duration or 0.0))
+                name = "collecting " + (report.nodeid or "the tests")
+                write(_outcome(name, "failed", _why(report), report.duration or 0.0))
 
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_call(self, item):
             def on_alarm(*_):
                 raise TimeoutError("test exceeded {:g}s".format(req["per_test_timeout"]))
+
             old = signal.signal(signal.SIGALRM, on_alarm)
             signal.setitimer(signal.ITIMER_REAL, req["per_test_timeout"])
             try:
@@ -260,17 +700,18 @@ def _outcomes_plugin(req, log_path):
         def pytest_runtest_makereport(self, item, call):
             report = (yield).get_result()
             state = self.running.setdefault(
-                item.nodeid, _outcome(_test_name(item.nodeid), "passed", "", 0.0))
+                item.nodeid, _outcome(_test_name(item.nodeid), "passed", "", 0.0)
+            )
             state["duration"] += report.duration or 0.0
             if state["status"] == "passed" and not report.passed:  # the first problem decides
-                state.update(_judged(item, report))
+                state.update(_phase_outcome(item, report))
             if report.when == "teardown":
                 write(self.running.pop(item.nodeid))
 
     return Outcomes()
 
 
-def _judged(item, report):
+def _phase_outcome(item, report):
     """Status and message of a phase that did not pass."""
     why = _why(report)
     if report.failed:
@@ -280,9 +721,11 @@ def _judged(item, report):
     if declared:
         return {"status": "skipped", "passed": False, "message": why}
     how = "xfailed" if hasattr(report, "wasxfail") else "skipped"
-    return {"status": "failed", "passed": False,
-            "message": f"{how} at run time ({why}); only a skip/skipif/xfail marker of the "
-                       "task leaves a test out of the score"}
+    message = (
+        f"{how} at run time ({why}); only a skip/skipif/xfail marker of the task leaves a "
+        "test out of the score"
+    )
+    return {"status": "failed", "passed": False, "message": message}
 
 
 def _why(report):
@@ -299,19 +742,9 @@ def _test_name(nodeid):
     return nodeid.split("::", 1)[-1]
 
 
-def _outcome(name, status, message, duration):
-    return {"name": name, "passed": status == "passed", "status": status,
-            "message": message, "duration": duration}
-
-
-def _read_outcomes(path, result):
-    """Per-test records from the plugin's log, in collection order; unreported ones failed."""
+def _read_outcomes(lines, result):
+    """Per-test records from the plugin's lines, in collection order; unreported ones failed."""
     collected, reported = [], {}
-    try:
-        with open(path, "rb") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        lines = []
     for line in lines:
         try:
             obj = json.loads(line)
@@ -326,30 +759,43 @@ def _read_outcomes(path, result):
     why = result.get("error") or "deselected, or never ran"
     out = [reported.pop(name, None) or _outcome(name, status, why, 0.0) for name in collected]
     out += list(reported.values())
-    return [_outcome(str(r["name"]), r["status"], str(r.get("message", ""))[:1000],
-                     float(r.get("duration") or 0.0)) for r in out]
+    return [
+        _outcome(
+            str(r["name"]),
+            r["status"],
+            str(r.get("message", ""))[:1000],
+            float(r.get("duration") or 0.0),
+        )
+        for r in out
+    ]
 
 
 def run_builtin_pytest(req, d, total_deadline):
-    tree = ast.parse(req["tests"] if isinstance(req["tests"], str) else "\n".join(req["tests"]))
-    names = [n.name for n in tree.body
-             if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
+    tree = ast.parse(_test_module(req))
+    names = [
+        n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")
+    ]
     out = []
     for name in names:
-        def body(name=name):
+
+        def body(_res_w, name=name):
             os.chdir(d)
-            sys.path.insert(0, d)
+            sys.modules["solution"] = _solution_module(Solution(req["code"], "solution", d))
+            _trusted_imports()
             g = {"__name__": "test_solution"}
-            with open(os.path.join(d, "test_solution.py")) as fh:
-                exec(compile(fh.read(), "test_solution.py", "exec"), g)
+            exec(compile(_test_module(req), "test_solution.py", "exec"), g)
             g[name]()
-        result, _, dur = _isolated(body, b"", _deadline_for(req, total_deadline), False)
+
+        result, dur = _judged(body, req, total_deadline)
         out.append(_record(name, result, dur))
     return out
 
 
 def main():
     _not_dumpable()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # no KeyboardInterrupt a test could swallow
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)  # big ints cross as JSON numbers
     req = json.loads(sys.stdin.read())
     report = os.dup(1)  # the one trusted report goes here; every test child closes it
     total_deadline = time.monotonic() + req["total_timeout"]

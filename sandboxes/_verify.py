@@ -5,9 +5,9 @@ Infrastructure failures (the sandbox backend failed) give ``reward=None`` and
 scoring it 0. Everything the code itself does (crash, hang, kill its runner, flood output)
 is a failure of the code and scores as such.
 
-Trust model: the tests run in the same uid as the candidate code, so deliberately
-adversarial code could forge the runner's report. The sandbox contains the code; it does not
-make a reward unhackable (see docs/sandboxes.md).
+Trust model: in ``assert`` and ``pytest`` modes the process that decides a test's verdict
+never runs the candidate's code; it calls the candidate's functions in another process and
+only plain data comes back (see ``_runner.py`` and docs/sandboxes.md).
 """
 
 from __future__ import annotations

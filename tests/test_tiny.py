@@ -115,6 +115,23 @@ def test_tokenizer_round_trip_one_token_per_byte(tokenizer) -> None:
     assert kept == "a<tool_call>b"
 
 
+def test_learned_merges_shorten_chats_but_never_merge_digits() -> None:
+    require("transformers")
+    from agentgym.engine.tiny import make_tokenizer, sample_tool_chats
+
+    merged, plain = make_tokenizer(merges=300), make_tokenizer()
+    chat = sample_tool_chats(count=1)[0]
+    ids = merged.encode(chat, add_special_tokens=False)
+    assert merged.decode(ids) == chat
+    assert len(ids) * 2 < len(plain.encode(chat, add_special_tokens=False))
+    text = "The answer is 1776; 37 * 48 = 1776 in 2024, x9y 0.5"
+    pieces = merged.convert_ids_to_tokens(merged.encode(text, add_special_tokens=False))
+    assert all(len(p.lstrip("Ġ")) <= 1 for p in pieces if any(c.isdigit() for c in p)), pieces
+    assert merged.encode("0123456789", add_special_tokens=False) == list(b"0123456789")
+    assert "Ġanswer" in pieces  # a word of the corpus is one token
+    assert make_tokenizer(merges=300).get_vocab() == merged.get_vocab()  # seeded corpus
+
+
 def test_chat_template_renders_tools_calls_and_results(tokenizer) -> None:
     text = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
     assert text.startswith("<|im_start|>system\nSolve it.\n\n# Tools\n")

@@ -270,10 +270,18 @@ class GRPOConfig:
         "Optimiser steps of SFT on the env's scripted/oracle trajectories before GRPO, loss on "
         "assistant tokens only. 0: no warm start.",
     )
-    sft_learning_rate: float = _knob(1e-4, "SFT learning rate for the LoRA weights.")
+    sft_learning_rate: float = _knob(1e-4, "Peak SFT learning rate (AdamW, linear warm-up).")
     sft_batch_size: int = _knob(8, "Trajectories per SFT optimiser step.")
     sft_num_traces: int = _knob(
         64, "Scripted trajectories built for SFT, from the first train tasks, cycled over."
+    )
+    sft_scripts: dict[str, float] = _knob(
+        {"reference": 1.0},
+        "Shares of the SFT traces played by each of the env's scripted behaviours (env "
+        "methods <name>_turns). The default imitates the oracle only. A mix such as "
+        "{reference: 0.3, estimate: 0.7} on the calculator imitates an agent that used the tool "
+        "in 30% of its answers: it learns the skills but leaves the decision to use the tool "
+        "to GRPO. Reference traces that fail are dropped; other scripts' traces are kept.",
     )
     sft_target_accuracy: float | None = _knob(
         None,
@@ -447,6 +455,10 @@ class GRPOConfig:
             ("sft_steps", self.sft_steps >= 0, "use 0 to skip the warm start"),
             ("sft_batch_size", self.sft_batch_size >= 1, "set it to 1 or more"),
             ("sft_num_traces", self.sft_num_traces >= 1, "set it to 1 or more"),
+            ("sft_scripts",
+             bool(self.sft_scripts) and all(
+                 isinstance(v, (int, float)) and v > 0 for v in self.sft_scripts.values()),
+             "map script names to positive shares, e.g. {reference: 1.0}"),
         ]
         for name, ok, fix in rules:
             if not ok:

@@ -179,6 +179,7 @@ class GRPOTrainer:
         return sft_warm_start(
             self.model_dir, cfg.env, cfg.env_kwargs, out, sft,
             tasks=traces[: cfg.sft_num_traces], validation_tasks=validation,
+            scripts=cfg.sft_scripts,
         )  # fmt: skip
 
     def _decide_mode(self, policy: VLLMPolicy) -> None:

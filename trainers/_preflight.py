@@ -35,6 +35,14 @@ def preflight(config: GRPOConfig) -> Path:
             f"train_tasks/eval_tasks reach task {needed - 1} but {config.env!r} has "
             f"{task_count} tasks; shrink the ranges or pass a larger num_tasks in env_kwargs"
         )
+    if config.sft_steps:
+        missing = [n for n in config.sft_scripts if not callable(getattr(env, f"{n}_turns", None))]
+        if missing:
+            raise ConfigError(
+                f"sft_scripts names {missing} but {config.env!r} has no "
+                f"{', '.join(n + '_turns' for n in missing)}; use scripts the env defines "
+                "(every SFT-ready env has reference)"
+            )
     env.close()
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_template(model_dir, tools, config.chat_template_kwargs)

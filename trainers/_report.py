@@ -118,7 +118,24 @@ def summarize(rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float]) -
     }
     if steps and "sync" in times:
         summary["sync_seconds_per_step"] = round(times["sync"] / len(steps), 4)
+    _, calls = _series(rows, "rollout/tool_calls_per_episode")
+    if calls:
+        summary["tool_calls_per_episode"] = {"first": calls[0], "last": calls[-1]}
     return summary
+
+
+def _warm_start_line(run_dir: Path) -> str | None:
+    """What the warm start learned: steps and the share of validation traces carried out."""
+    try:
+        sft = json.loads((run_dir / "sft" / "sft.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    history = sft.get("history") or []
+    measured = [h["reference_accuracy"] for h in history if "reference_accuracy" in h]
+    line = f"  warm start        {len(history)} SFT steps"
+    if measured:
+        line += f", validation traces carried out {measured[-1]:.0%} (teacher forced)"
+    return line
 
 
 def format_summary(run_dir: Path, summary: Mapping[str, Any]) -> str:
@@ -131,6 +148,13 @@ def format_summary(run_dir: Path, summary: Mapping[str, Any]) -> str:
         lines.append("  held-out success  " + "  ->  ".join(
             f"{_FIGURE_LABELS.get(k, k)} {_percent_or_number(figures[k])}" for k in ordered
         ))  # fmt: skip
+    warm_start = _warm_start_line(run_dir)
+    if warm_start:
+        lines.append(warm_start)
+    calls = summary.get("tool_calls_per_episode")
+    if calls:
+        lines.append(f"  tool calls        {calls['first']:.2f} per episode (first step) -> "
+                     f"{calls['last']:.2f} (last)")  # fmt: skip
     reward = summary.get("reward")
     if reward:
         lines.append(f"  reward            {reward['first']:.3f} (first step) -> "

@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -107,32 +108,79 @@ def oracle_conversations(
     env_kwargs: dict[str, Any] | None = None,
     num_tasks: int | None = None,
     tasks: Sequence[int] | None = None,
+    script: str = "reference",
 ) -> tuple[list[list[Message]], list[dict[str, Any]]]:
-    """Play each task's `reference_turns` through the env; returns (conversations, tools).
+    """Play tasks with one of the env's scripted behaviours; returns (conversations, tools).
 
-    ``tasks`` picks task indices (e.g. only the training split); None plays the first
-    ``num_tasks`` (all when None).
+    ``script`` names an env method ``<script>_turns(task) -> list[str]``: ``reference`` is the
+    oracle every env with SFT support has; an env may script other habits (the calculator's
+    ``estimate`` answers from a mental estimate, without the tool). ``tasks`` picks task
+    indices (e.g. only the training split); None plays the first ``num_tasks`` (all when None).
 
-    Only episodes that end ``ok`` with reward > 0 are kept (an oracle that fails is no oracle).
+    Reference episodes are kept only when they end ``ok`` with reward > 0 (an oracle that fails
+    is no oracle); any other script's episodes are kept whatever their reward, since they
+    demonstrate a habit, right or wrong.
 
     Raises:
-        ConfigError: the env has no `reference_turns`, or no oracle episode succeeded.
+        ConfigError: the env has no ``<script>_turns``, or no reference episode succeeded.
     """
     env: Any = make(env_id, **(env_kwargs or {}))
-    if not hasattr(env, "reference_turns") or env.reference_turns(env.tasks[0]) is None:
-        raise ConfigError(f"env {env_id!r} has no reference_turns; SFT needs an oracle script")
+    turns = getattr(env, f"{script}_turns", None)
+    if turns is None or turns(env.tasks[0]) is None:
+        raise ConfigError(
+            f"env {env_id!r} has no {script}_turns; a warm-start script names a method "
+            "<name>_turns of the env (every SFT-ready env has reference_turns)"
+        )
     tools = list(getattr(env, "tool_schemas", []))
     trajectories = rollout(
         env_id,
-        ScriptedPolicy(env.reference_turns),
+        ScriptedPolicy(turns),
         tasks=list(tasks) if tasks is not None else None,
         num_tasks=num_tasks,
         env_kwargs=env_kwargs,
     )
-    good = [t.messages for t in trajectories if t.status == "ok" and (t.final_reward or 0) > 0]
-    if not good:
+    oracle = script == "reference"
+    good = [
+        t.messages
+        for t in trajectories
+        if t.status == "ok" and (not oracle or (t.final_reward or 0) > 0)
+    ]
+    if oracle and not good:
         raise ConfigError(f"no oracle episode of {env_id!r} succeeded; check reference_turns")
     return good, tools
+
+
+def mixed_conversations(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None,
+    tasks: Sequence[int],
+    scripts: Mapping[str, float],
+    seed: int = 0,
+) -> tuple[list[list[Message]], list[dict[str, Any]]]:
+    """Split ``tasks`` among the env's scripts in the given shares and play each part.
+
+    Why a mix: a warm start on the oracle alone also teaches *when* to use a tool, leaving RL
+    nothing to discover. A log of a weaker agent (e.g. ``{"reference": 0.3, "estimate": 0.7}``:
+    the tool in 30% of answers) teaches the skills but leaves the decision to GRPO, the way a
+    pretrained model that can call tools still has to learn when calling them pays.
+    The split is a seeded shuffle: same tasks, shares and seed, same conversations.
+    """
+    order = list(tasks)
+    random.Random(seed).shuffle(order)
+    total = sum(scripts.values())
+    conversations: list[list[Message]] = []
+    tools: list[dict[str, Any]] = []
+    start, cumulative = 0, 0.0
+    for script, share in scripts.items():
+        cumulative += share
+        end = round(len(order) * cumulative / total)
+        if end > start:
+            part, tools = oracle_conversations(
+                env_id, env_kwargs, tasks=order[start:end], script=script
+            )
+            conversations += part
+        start = end
+    return conversations, tools
 
 
 def tokenize_conversation(
@@ -226,11 +274,14 @@ def masked_loss(model: Any, batch: dict[str, Any]) -> Any:
 
 
 def reference_accuracy(model: Any, examples: Sequence[Example], batch_size: int = 64) -> float:
-    """Share of conversations whose every assistant token is the model's argmax (teacher forced).
+    """Share of conversations the model carries out token for token once it has started them.
 
-    Since tool results are deterministic, this is the share of tasks that greedy decoding
-    solves by reproducing the oracle exactly: one forward pass, no generation, a lower bound
-    on greedy success.
+    Teacher forced, one forward pass, no generation: a conversation counts when every
+    assistant token after the first is the model's argmax. The first token is the agent's
+    choice of strategy (call a tool, or answer at once); a mixed warm start leaves that choice
+    to RL on purpose, so this measures the skills (copying arguments, reading results), not
+    the choice. After an oracle-only warm start, where the choice is learned in a few steps,
+    it is the share of tasks greedy decoding solves by reproducing the oracle.
     """
     import torch
 
@@ -242,7 +293,10 @@ def reference_accuracy(model: Any, examples: Sequence[Example], batch_size: int 
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
             ).logits
             targets = batch["labels"][:, 1:]
-            wrong = (logits[:, :-1].argmax(-1) != targets) & (targets != -100)
+            trained = targets != -100
+            wrong = (logits[:, :-1].argmax(-1) != targets) & trained
+            first = trained.int().argmax(-1)  # the strategy token, left to RL
+            wrong[torch.arange(len(first)), first] = False
             hits += int((~wrong.any(-1)).sum())
     return hits / max(len(examples), 1)
 
@@ -256,6 +310,7 @@ def sft_warm_start(
     *,
     tasks: Sequence[int] | None = None,
     validation_tasks: Sequence[int] = (),
+    scripts: Mapping[str, float] | None = None,
 ) -> Path:
     """Fine-tune ``model_dir`` on the env's oracle trajectories; save the result in ``out_dir``.
 
@@ -271,6 +326,8 @@ def sft_warm_start(
         validation_tasks: task indices whose oracle traces `reference_accuracy` is measured
             on every ``config.eval_every`` steps (for ``target_accuracy``). Take them from the
             training split: a stopping rule tuned on the eval tasks would leak them.
+        scripts: shares of the training tasks played by each of the env's scripted
+            behaviours (`mixed_conversations`); None plays all with ``reference``.
 
     Returns:
         ``out_dir`` as a Path.
@@ -283,7 +340,12 @@ def sft_warm_start(
         torch.set_num_threads(config.num_threads)
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    conversations, tools = oracle_conversations(env_id, env_kwargs, tasks=tasks)
+    if tasks is None:
+        env: Any = make(env_id, **(env_kwargs or {}))
+        tasks = range(len(env.tasks))
+    conversations, tools = mixed_conversations(
+        env_id, env_kwargs, tasks, scripts or {"reference": 1.0}, seed=config.seed
+    )
     examples = [tokenize_conversation(tokenizer, c, tools) for c in conversations]
     held_out: list[Example] = []
     if validation_tasks:
@@ -305,6 +367,7 @@ def sft_warm_start(
         "env_id": env_id,
         "env_kwargs": env_kwargs,
         "base_model": str(model_dir),
+        "scripts": dict(scripts or {"reference": 1.0}),
         "num_examples": len(examples),
         "seconds": time.perf_counter() - started,
         "history": history,

@@ -80,3 +80,16 @@ def test_summary_figures_reward_change_and_times(tmp_path: Path) -> None:
 def test_summary_of_a_run_without_steps() -> None:
     summary = summarize([], {})
     assert summary["steps"] == 0 and summary["reward"] is None and summary["eval_success"] == []
+
+
+def test_summary_says_what_the_warm_start_learned_and_how_tool_use_moved(tmp_path: Path) -> None:
+    rows = [{"step": s, "reward/mean": 0.5, "rollout/tool_calls_per_episode": c}
+            for s, c in ((1, 0.25), (2, 0.5), (3, 0.97))]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "sft").mkdir()
+    history = [{"step": 10, "reference_accuracy": 0.3}, {"step": 20, "loss": 0.1},
+               {"step": 30, "reference_accuracy": 0.93}]  # fmt: skip
+    (tmp_path / "sft" / "sft.json").write_text(json.dumps({"history": history}))
+    text = write_summary(tmp_path, {"sft/success": 0.0})
+    assert "warm start        3 SFT steps, validation traces carried out 93% (teacher forced)" in text
+    assert "tool calls        0.25 per episode (first step) -> 0.97 (last)" in text

@@ -144,3 +144,52 @@ def test_lora_method_saves_a_merged_plain_model(tmp_path) -> None:
     names = load_file(out / "model.safetensors").keys()
     assert names and not any("lora" in n for n in names)
     assert set(names) == set(load_file(base / "model.safetensors").keys())
+
+
+def test_a_script_mix_splits_the_tasks_by_share_and_keeps_failing_habits() -> None:
+    from trainers._sft import mixed_conversations
+
+    tasks = list(range(8))
+    mix = {"reference": 0.25, "estimate": 0.75}
+    conversations, tools = mixed_conversations("calculator", ENV_KWARGS, tasks, mix, seed=1)
+    again, _ = mixed_conversations("calculator", ENV_KWARGS, tasks, mix, seed=1)
+    assert conversations == again  # a seeded split
+    with_tool = [c for c in conversations if any(m["role"] == "tool" for m in c)]
+    direct = [c for c in conversations if not any(m["role"] == "tool" for m in c)]
+    assert (len(with_tool), len(direct)) == (2, 6)
+    # the estimates are kept although they are (nearly always) wrong answers
+    assert all(c[-1]["content"].startswith("The answer is ") for c in direct)
+    questions = sorted(c[1]["content"] for c in conversations)
+    assert len(set(questions)) == 8  # every task played once, by one script
+    with pytest.raises(ConfigError, match="has no guess_turns"):
+        mixed_conversations("calculator", ENV_KWARGS, tasks, {"guess": 1.0})
+
+
+def test_reference_accuracy_leaves_the_first_token_the_strategy_to_rl(tokenizer, oracle) -> None:
+    torch = require("torch")
+    from types import SimpleNamespace
+
+    from trainers._sft import _collate, reference_accuracy, tokenize_conversation
+
+    conversations, tools = oracle
+    examples = [tokenize_conversation(tokenizer, c, tools) for c in conversations[:2]]
+    batch = _collate(examples)
+    vocab = len(tokenizer)
+
+    def model_that_predicts(wrong_at: str):  # a stand-in "model": logits that spell the labels
+        def forward(input_ids, attention_mask):
+            targets = batch["labels"][:, 1:].clamp(min=0)
+            logits = torch.nn.functional.one_hot(targets, vocab).float()
+            trained = batch["labels"][:, 1:] != -100
+            first = trained.int().argmax(-1)
+            column = first if wrong_at == "first" else first + 3  # +3: inside the tool call
+            logits[torch.arange(len(first)), column] = torch.roll(
+                logits[torch.arange(len(first)), column], 1, dims=-1
+            )
+            pad = torch.zeros(len(first), 1, vocab)
+            return SimpleNamespace(logits=torch.cat([logits, pad], dim=1))
+
+        return forward
+
+    assert reference_accuracy(model_that_predicts("first"), examples) == 1.0
+    assert reference_accuracy(model_that_predicts("later"), examples) == 0.0

@@ -1,0 +1,216 @@
+"""Tasks from anywhere: JSONL files, Python lists and local `datasets`, split reproducibly.
+
+An env's tasks are a sequence of dicts (`ToolEnv(tasks=...)`, `rollout(tasks=[...])`);
+`load_tasks` turns the places tasks live into that list, checking on the way that each task
+is a JSON object (a trajectory records its task as JSON). `split_tasks` cuts a held-out split
+that depends only on the tasks and the seed, not on their order, so the same eval set comes
+back on every machine and an eval task never leaks into training. Nothing here downloads: a
+`datasets` source must be a local folder (`save_to_disk`) or local data files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
+
+from ._errors import ConfigError
+
+if TYPE_CHECKING:
+    import datasets
+
+Split = Literal["train", "eval", "all"]
+TaskSource: TypeAlias = (
+    "str | os.PathLike[str] | Sequence[Mapping[str, Any]] | datasets.Dataset | datasets.DatasetDict"
+)
+"""A path (``.jsonl``, ``.json``, ``.csv``, ``.parquet``, a ``save_to_disk`` folder), a
+sequence of mappings, or a `datasets.Dataset` / `DatasetDict`."""
+_DATASETS_FILES = {".csv": "from_csv", ".parquet": "from_parquet"}
+
+
+def load_tasks(
+    source: TaskSource, *, fields: Mapping[str, str] | None = None, hf_split: str = "train"
+) -> list[dict[str, Any]]:
+    """Read tasks as a list of dicts (JSON objects), in the source's order.
+
+    Args:
+        source: a ``.jsonl`` file (one JSON object a line; blank lines skipped), a ``.json``
+            file holding a list of objects, a ``.csv`` or ``.parquet`` file (read with
+            `datasets`; CSV column types are inferred, so ``"6"`` reads as 6), a folder
+            written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``, a
+            `datasets.Dataset`/`DatasetDict`, or a sequence of mappings.
+        fields: renames, ``{column in the source: key in the task}`` (e.g.
+            ``{"question": "prompt"}``); columns not named are kept as they are.
+        hf_split: the split to read from a `DatasetDict` (a folder of several splits).
+
+    Raises:
+        ConfigError: a missing file, an unknown format, a row that is not a JSON object, or
+            a renamed column that no row has.
+    """
+    renames = dict(fields or {})
+    tasks: list[dict[str, Any]] = []
+    columns: set[str] = set()
+    for i, row in enumerate(_read(source, hf_split)):
+        if not isinstance(row, Mapping):
+            raise ConfigError(f"task {i} is a {type(row).__name__}, not a JSON object (a dict)")
+        columns.update(row)
+        task: dict[str, Any] = {renames[k] if k in renames else k: v for k, v in row.items()}
+        try:
+            json.dumps(task)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"task {i} is not JSON data ({exc}); convert that column") from exc
+        tasks.append(task)
+    absent = sorted(set(renames) - columns)
+    if tasks and absent:
+        raise ConfigError(f"fields renames column(s) {absent} that no task has")
+    return tasks
+
+
+def _read(source: TaskSource, hf_split: str) -> Iterable[Any]:
+    """The raw rows of ``source``."""
+    if isinstance(source, (str, os.PathLike)):
+        return _read_path(Path(source), hf_split)
+    if _is_dataset_dict(source):
+        return _pick_split(source, hf_split)
+    if isinstance(source, Sequence) or _is_dataset(source):
+        return source
+    raise ConfigError(
+        f"tasks must be a path, a list of dicts or a datasets.Dataset, got {type(source).__name__}"
+    )
+
+
+def _read_path(path: Path, hf_split: str) -> Iterable[Any]:
+    if not path.exists():
+        raise ConfigError(f"no task file or folder at {str(path)!r}")
+    if path.is_dir():
+        try:
+            loaded = _datasets().load_from_disk(str(path))
+        except FileNotFoundError as exc:
+            raise ConfigError(
+                f"{str(path)!r} is not a folder written by save_to_disk ({exc})"
+            ) from exc
+        return _pick_split(loaded, hf_split) if _is_dataset_dict(loaded) else loaded
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with path.open(encoding="utf-8") as f:
+            return [_json_line(line, path, n) for n, line in enumerate(f, 1) if line.strip()]
+    if suffix == ".json":
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise ConfigError(f"{str(path)!r} must hold a JSON list of objects (or use .jsonl)")
+        return rows
+    if suffix in _DATASETS_FILES:
+        return getattr(_datasets().Dataset, _DATASETS_FILES[suffix])(str(path))
+    raise ConfigError(
+        f"cannot read tasks from {str(path)!r}: use .jsonl, .json, .csv, .parquet or a "
+        "save_to_disk folder"
+    )
+
+
+def _json_line(line: str, path: Path, number: int) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{str(path)!r} line {number} is not JSON: {exc}") from exc
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ConfigError(
+            "reading this task source needs `datasets`: pip install datasets"
+        ) from exc
+    return datasets
+
+
+def _is_dataset(value: Any) -> bool:
+    return type(value).__name__ == "Dataset" and hasattr(value, "column_names")
+
+
+def _is_dataset_dict(value: Any) -> bool:
+    return type(value).__name__ in ("DatasetDict", "IterableDatasetDict")
+
+
+def _pick_split(dataset_dict: Any, hf_split: str) -> Any:
+    if hf_split not in dataset_dict:
+        raise ConfigError(
+            f"no split {hf_split!r} in the dataset; pass hf_split= one of {sorted(dataset_dict)}"
+        )
+    return dataset_dict[hf_split]
+
+
+class TaskSplits(NamedTuple):
+    """A training split and a held-out split, each in the source's order."""
+
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+
+
+def split_tasks(
+    tasks: Sequence[Mapping[str, Any]],
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+    *,
+    key: str | Callable[[Mapping[str, Any]], Hashable] | None = None,
+) -> TaskSplits:
+    """Cut ``tasks`` into train and eval, the same way for the same tasks and seed.
+
+    Each group of tasks (by ``key``) gets a rank from a hash of the seed and the group; the
+    ``round(groups * eval_fraction)`` lowest ranks are held out (at least one group and at
+    most all but one, when there are two or more groups and ``eval_fraction > 0``). So the
+    split does not depend on the tasks' order, and the same seed gives the same split
+    everywhere.
+
+    Args:
+        tasks: the tasks (dicts of JSON data).
+        eval_fraction: share of groups held out, in [0, 1).
+        seed: which split; another seed gives another held-out set.
+        key: what keeps tasks together, a task key (e.g. ``"doc_id"``: questions about one
+            document are all train or all eval) or a function of the task; None: the whole
+            task, so identical tasks stay together.
+    """
+    if not 0 <= eval_fraction < 1:
+        raise ConfigError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+    group_of = _group_function(key)
+    groups = [json.dumps(group_of(t), sort_keys=True, default=str) for t in tasks]
+    unique = sorted(set(groups), key=lambda g: hashlib.sha256(f"{seed}\0{g}".encode()).digest())
+    count = round(len(unique) * eval_fraction)
+    if eval_fraction > 0 and len(unique) >= 2:
+        count = min(max(count, 1), len(unique) - 1)
+    held_out = set(unique[:count])
+    train: list[dict[str, Any]] = []
+    held: list[dict[str, Any]] = []
+    for task, group in zip(tasks, groups, strict=True):
+        (held if group in held_out else train).append(dict(task))
+    return TaskSplits(train, held)
+
+
+def _group_function(
+    key: str | Callable[[Mapping[str, Any]], Hashable] | None,
+) -> Callable[[Mapping[str, Any]], Any]:
+    if key is None:
+        return lambda task: task
+    if isinstance(key, str):
+        return lambda task: task.get(key, task)
+    return key
+
+
+def select_split(
+    tasks: Sequence[Mapping[str, Any]],
+    split: Split,
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+    *,
+    key: str | Callable[[Mapping[str, Any]], Hashable] | None = None,
+) -> list[dict[str, Any]]:
+    """The ``split`` of `split_tasks` (``"all"``: every task, in order): an env's ``split=``."""
+    if split not in ("train", "eval", "all"):
+        raise ConfigError(f"split must be 'train', 'eval' or 'all', got {split!r}")
+    if split == "all":
+        return [dict(t) for t in tasks]
+    splits = split_tasks(tasks, eval_fraction, seed, key=key)
+    return splits.train if split == "train" else splits.eval

@@ -1,0 +1,315 @@
+"""Live MCP sessions, all owned by one background event loop of this process (the hub).
+
+Why a loop of our own: an MCP session (the SDK's anyio task group, a stdio server's pipes)
+belongs to the loop that opened it and must be closed by the task that opened it, while envs
+are built in a sync ``__init__`` (where their tools are listed) and stepped on whatever loop
+plays them (the rollout's, a thread's sync-adapter loop). So each session lives in an owner
+task on the hub loop; episodes submit calls there and await the answers from their own loop.
+Cancelling an episode cancels its call on the hub; closing a session stops its owner task,
+whose exit ends the session and the server process (the SDK bounds every wait of that, and
+a close keeps going on the hub even when whoever asked for it is cancelled).
+
+What fails how: a server that cannot start, dies, or does not answer within its
+``call_timeout`` raises `MCPServerError` (an `InfraError`: the episode is ``infra_error``)
+and marks the session broken, so it is never used again. A server that *answers* with an
+error (an ``isError`` result, a JSON-RPC error such as an unknown tool or bad arguments)
+answered the model's call: that is the model's mistake, a `ToolError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import functools
+import os
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agentgym._errors import ConfigError, InfraError, ToolError
+
+from ._spec import MCPServer
+
+if TYPE_CHECKING:
+    import mcp
+    import mcp_types
+
+_T = TypeVar("_T")
+
+
+class MCPServerError(InfraError):
+    """An MCP server could not start, died, or hung past its timeout: ``infra_error``."""
+
+
+# ---- the hub loop ---------------------------------------------------------------------------
+
+
+class _Hub:
+    """A daemon thread running the event loop every MCP session of the process lives on."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=self.loop.run_forever, name="agentgym-mcp", daemon=True)
+        thread.start()
+
+
+_hub: _Hub | None = None
+_hub_lock = threading.Lock()
+if hasattr(os, "register_at_fork"):  # a forked child has no hub thread: start its own
+
+    def _forget_hub() -> None:
+        global _hub
+        _hub = None
+        _shared.clear()  # the parent's sessions: their loop and pipes are not this child's
+        _shared_locks.clear()
+
+    os.register_at_fork(after_in_child=_forget_hub)
+
+
+def _submit(coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+    global _hub
+    with _hub_lock:
+        if _hub is None:
+            _hub = _Hub()
+        loop = _hub.loop
+    return asyncio.run_coroutine_threadsafe(coro, loop)
+
+
+async def on_hub(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` on the hub loop and await its result here; cancelling this cancels it."""
+    return await asyncio.wrap_future(_submit(coro))
+
+
+def on_hub_sync(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` on the hub loop and block until it is done (for sync callers)."""
+    return _submit(coro).result()
+
+
+# ---- one session ----------------------------------------------------------------------------
+
+
+def _import_mcp() -> Any:
+    try:
+        import mcp
+    except ImportError as exc:
+        raise ConfigError(
+            f"agentgym.mcp needs the MCP SDK ({exc}); install it: pip install 'agentgym[tools]'"
+        ) from exc
+    return mcp
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an exception, looking inside the exception groups anyio raises."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
+class MCPConnection:
+    """One MCP session with one server; its coroutines run on the hub loop (`on_hub`)."""
+
+    def __init__(self, spec: MCPServer) -> None:
+        self.spec = spec
+        #: True once the server died, hung, or the session was closed: never use it again.
+        self.broken = False
+        self._client: mcp.Client | None = None
+        self._stop = asyncio.Event()
+        self._owner: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, spec: MCPServer) -> MCPConnection:
+        """Start the server (stdio) or connect (http) and finish the MCP handshake."""
+        mcp = _import_mcp()
+        connection = cls(spec)
+        ready = asyncio.get_running_loop().create_future()
+        connection._owner = asyncio.create_task(connection._own(mcp, ready))
+        try:
+            async with asyncio.timeout(spec.start_timeout):
+                await ready
+        except TimeoutError:
+            await connection.close()
+            raise MCPServerError(
+                f"MCP server {spec.label!r} did not start within {spec.start_timeout:g} s"
+            ) from None
+        except BaseException:
+            await connection.close()
+            raise
+        return connection
+
+    async def _own(self, mcp: Any, ready: asyncio.Future[None]) -> None:
+        """The owner task: open the session, hold it until `close`, then end it."""
+        spec = self.spec
+        target = spec.url or mcp.StdioServerParameters(
+            command=spec.command, args=list(spec.args), env=dict(spec.env) or None, cwd=spec.cwd
+        )
+        try:
+            async with mcp.Client(target) as client:
+                self._client = client
+                if not ready.done():  # else `open` gave up waiting and is closing this
+                    ready.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:  # a session that ends on its own ends quietly
+            if not ready.done():
+                reason = _describe(exc)
+                ready.set_exception(
+                    MCPServerError(f"MCP server {spec.label!r} failed to start: {reason}")
+                )
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._client, self.broken = None, True
+
+    async def close(self) -> None:
+        """End the session and stop the server; returns when both are gone."""
+        self.broken = True
+        self._stop.set()
+        owner = self._owner
+        if owner is not None:
+            if self._client is None:  # still starting: nothing to stop cleanly
+                owner.cancel()
+            await asyncio.wait([owner])
+
+    async def list_tools(self) -> list[mcp_types.Tool]:
+        """Every tool the server lists, all pages."""
+        tools: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        while True:
+            page = await self._request("list_tools", functools.partial(_list_page, cursor=cursor))
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                return tools
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
+        """One ``tools/call``; an answer with ``isError`` is returned, not raised."""
+        send = functools.partial(_call_tool, name=name, arguments=arguments)
+        result: mcp_types.CallToolResult = await self._request(f"the call of {name!r}", send)
+        return result
+
+    async def _request(self, what: str, send: Callable[[mcp.Client], Awaitable[_T]]) -> _T:
+        """Send one request under ``call_timeout``; sort its failures into infra and tool."""
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+        spec, client = self.spec, self._client
+        if client is None or self.broken:
+            raise MCPServerError(f"MCP server {spec.label!r} is not running (it died or hung)")
+        scope = asyncio.timeout(spec.call_timeout)
+        try:
+            async with scope:
+                return await send(client)
+        except MCPError as exc:
+            if exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+                raise ToolError(exc.message) from exc  # the server answered the model's call
+            self.broken = True
+            raise MCPServerError(f"MCP server {spec.label!r} failed during {what}: {exc}") from exc
+        except Exception as exc:
+            self.broken = True
+            if scope.expired():
+                raise MCPServerError(f"MCP server {spec.label!r} did not answer {what} within "
+                                     f"{spec.call_timeout:g} s") from None  # fmt: skip
+            raise MCPServerError(
+                f"MCP server {spec.label!r} failed during {what}: {_describe(exc)}"
+            ) from exc
+
+
+async def _list_page(client: mcp.Client, cursor: str | None) -> mcp_types.ListToolsResult:
+    return await client.list_tools(cursor=cursor)
+
+
+async def _call_tool(
+    client: mcp.Client, name: str, arguments: dict[str, Any]
+) -> mcp_types.CallToolResult:
+    return await client.call_tool(name, arguments)
+
+
+# ---- the process's shared servers and tool listings (touched only on the hub loop) ----------
+
+_shared: dict[tuple[object, ...], MCPConnection] = {}
+_shared_locks: dict[tuple[object, ...], asyncio.Lock] = {}
+_listings: dict[tuple[object, ...], list[Any]] = {}
+
+
+async def connect(spec: MCPServer) -> MCPConnection:
+    """A session for one episode: a new one (scope ``episode``) or the shared one.
+
+    The shared session of a spec is started by the first caller, and started again by the
+    first caller after it broke (its server died or hung).
+    """
+    if spec.scope == "episode":
+        return await MCPConnection.open(spec)
+    key = spec.key()
+    async with _shared_locks.setdefault(key, asyncio.Lock()):
+        connection = _shared.get(key)
+        if connection is None or connection.broken:
+            if connection is not None:
+                await connection.close()
+            _close_at_exit()
+            connection = _shared[key] = await MCPConnection.open(spec)
+        return connection
+
+
+async def checkout(spec: MCPServer) -> MCPConnection:
+    """`connect`, awaited from any loop (an episode's).
+
+    A session that opened just as the caller was cancelled is closed, not leaked.
+    """
+    future = _submit(connect(spec))
+    try:
+        return await asyncio.wrap_future(future)
+    except BaseException:
+        if spec.scope == "episode":
+            future.add_done_callback(_close_unclaimed)
+        raise
+
+
+def _close_unclaimed(future: concurrent.futures.Future[MCPConnection]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        _submit(future.result().close())
+
+
+async def list_server_tools(spec: MCPServer) -> list[mcp_types.Tool]:
+    """The tools ``spec``'s server lists, asked once per process and spec.
+
+    Listing an episode-scoped server starts it just for that; envs are built once per
+    episode, so the listing is remembered rather than asked again.
+    """
+    key = spec.key()
+    if key not in _listings:
+        connection = await connect(spec)
+        try:
+            _listings[key] = await connection.list_tools()
+        except ToolError as exc:  # it answered, with an error: it does not serve tools
+            raise ConfigError(f"MCP server {spec.label!r} refused to list tools: {exc}") from exc
+        finally:
+            if spec.scope == "episode":
+                await connection.close()
+    return list(_listings[key])
+
+
+async def close_all(connections: list[MCPConnection]) -> None:
+    """Close ``connections`` at once; returns when every one is closed."""
+    await asyncio.gather(*(c.close() for c in connections))
+
+
+def close_shared_servers() -> None:
+    """Stop every shared server now; the next episode that needs one starts it again.
+
+    Runs at interpreter exit too; call it earlier when done with an env (tests, notebooks).
+    """
+    if _hub is None:
+        return
+
+    async def close() -> None:
+        connections = list(_shared.values())
+        _shared.clear()
+        await close_all(connections)
+
+    on_hub_sync(close())
+
+
+@functools.cache
+def _close_at_exit() -> None:
+    """One exit hook for the shared servers, registered with the first one (not at import)."""
+    atexit.register(close_shared_servers)

@@ -1,0 +1,149 @@
+"""`MCPToolEnv`: the rung of the env ladder whose tools are the tools of MCP servers.
+
+    ToolEnv -> MCPToolEnv -> agentgym.envs.mcp.MCPEnv (and any env over MCP servers)
+
+The env lists each server's tools when it is built (once per process and server), offers
+them to the model with the servers' own JSON schemas, and, per episode, holds one session
+per server: a fresh server process for ``scope="episode"`` specs, the process-wide one for
+``scope="shared"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentgym._errors import ConfigError, ToolError
+from agentgym._tool_env import ToolEnv
+from agentgym._tools import Tool
+
+from ._connection import (
+    MCPConnection,
+    checkout,
+    close_all,
+    list_server_tools,
+    on_hub,
+    on_hub_sync,
+)
+from ._spec import MCPServer
+from ._tools import as_tool, result_text, select
+
+
+class MCPToolEnv(ToolEnv):
+    """A `ToolEnv` whose tools come from MCP servers (stdio or streamable HTTP).
+
+    Args:
+        servers: the `MCPServer` specs; each one's ``scope`` says whether an episode gets a
+            server process of its own (``"episode"``: started in `setup_episode`, stopped in
+            `teardown_episode`, so state never leaks between episodes) or shares one process
+            with every episode in this Python process (``"shared"``: for stateless servers).
+        tools: local tools offered next to the servers' (functions or `Tool`s).
+        kwargs: any `ToolEnv` option (``tasks``, ``rubric``, ``parser``, ``max_turns`` ...)
+            except ``tool_timeout``: an MCP call's limit is its server's ``call_timeout``.
+
+    Outcomes: the text (or structured content) of a result becomes the tool message; a result
+    with ``isError``, or an error answer of the server, is a tool error the model reads (its
+    mistake; the episode goes on). A server that cannot start, dies, or hangs past
+    ``call_timeout`` raises `MCPServerError`: the episode is ``infra_error``, and the next
+    episode gets a new server. Building the env blocks while the servers are first listed.
+
+    Reward functions that ask for ``env`` can read the world's state through the servers with
+    `call_mcp_tool` while the episode's sessions are still open (the rubric runs before
+    teardown).
+
+    Example::
+
+        env = MCPToolEnv(
+            [MCPServer(command=".venv/bin/mcp-server-time", scope="shared")],
+            tasks=[{"prompt": "What time is it in Lima?"}],
+        )
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[MCPServer],
+        *,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        **kwargs: Any,
+    ) -> None:
+        if "tool_timeout" in kwargs:
+            raise ConfigError(
+                "MCPToolEnv takes no tool_timeout: set MCPServer(call_timeout=...) instead "
+                "(a server that hangs is infra_error, not the model's mistake)"
+            )
+        self.servers = tuple(servers)
+        if not self.servers or not all(isinstance(s, MCPServer) for s in self.servers):
+            raise ConfigError(
+                f"MCPToolEnv needs servers=[MCPServer(...), ...], got {list(servers)!r}"
+            )
+        listings = on_hub_sync(_list_all(self.servers))
+        mcp_tools: list[Tool] = []
+        self._routes: dict[str, tuple[int, str]] = {}  # env tool name -> (server, its name)
+        for index, (spec, listed) in enumerate(zip(self.servers, listings)):
+            for entry in select(listed, spec):
+                tool = as_tool(entry, spec, self._caller(index))
+                if tool.name in self._routes:
+                    raise ConfigError(
+                        f"two MCP servers list a tool named {tool.name!r}; give one of them "
+                        "MCPServer(prefix='...') or pick tools with MCPServer(tools=[...])"
+                    )
+                self._routes[tool.name] = (index, entry.name)
+                mcp_tools.append(tool)
+        self._connections: list[MCPConnection | None] = [None] * len(self.servers)
+        super().__init__([*tools, *mcp_tools], **kwargs)
+
+    def _caller(self, index: int) -> Callable[[str, dict[str, Any]], Any]:
+        async def call(name: str, arguments: dict[str, Any]) -> str:
+            return await self._call(index, name, arguments)
+
+        return call
+
+    async def _call(self, index: int, name: str, arguments: dict[str, Any]) -> str:
+        connection = self._connections[index]
+        if connection is None:
+            raise ConfigError("no episode is running; call reset() first")
+        result = await on_hub(connection.call_tool(name, arguments))
+        text = result_text(result)
+        if result.is_error:
+            raise ToolError(text or f"{name!r} reported an error")
+        return text
+
+    async def call_mcp_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:
+        """Call a tool of this episode's servers by its env name; for reward functions.
+
+        Returns the result's text; raises `ToolError` when the server reports an error and
+        `MCPServerError` when the server failed. Arguments are not validated: the caller is
+        the env's author, not the model.
+        """
+        if name not in self._routes:
+            raise ConfigError(f"no MCP tool named {name!r}; this env has {sorted(self._routes)}")
+        index, server_name = self._routes[name]
+        return await self._call(index, server_name, arguments or {})
+
+    async def setup_episode(self, task: dict[str, Any]) -> None:
+        """Open this episode's sessions: new servers for ``episode`` scope, else the shared."""
+        await super().setup_episode(task)
+        for index, spec in enumerate(self.servers):
+            self._connections[index] = await checkout(spec)
+
+    async def teardown_episode(self) -> None:
+        """Stop this episode's own servers; returns when they are gone.
+
+        Runs on every way out of an episode, a cancelled one included; the servers stop even
+        if this await is cancelled again (the stop runs on, on the MCP loop).
+        """
+        own = [
+            c for c, spec in zip(self._connections, self.servers)
+            if c is not None and spec.scope == "episode"
+        ]  # fmt: skip
+        self._connections = [None] * len(self.servers)
+        try:
+            if own:
+                await asyncio.shield(on_hub(close_all(own)))
+        finally:
+            await super().teardown_episode()
+
+
+async def _list_all(servers: Sequence[MCPServer]) -> list[list[Any]]:
+    return list(await asyncio.gather(*(list_server_tools(spec) for spec in servers)))

@@ -1,0 +1,191 @@
+"""Search: answer questions from a document collection with ``search`` and ``open`` tools.
+
+The general search env (DocSearch is its smallest, fixed member): the documents sit behind a
+`SearchBackend` (an in-memory BM25 index over any JSONL file or local `datasets` data, or a
+real search service over HTTP), so the same env trains on a built-in corpus and on yours.
+The built-in QA set (`tasks.make_tasks`) needs no download and has a held-out split. The
+reward is SQuAD's: the short answer after ``Answer:`` in the final reply, normalised (case,
+punctuation, articles, spaces), must equal a gold answer; token F1 is logged beside it.
+A backend failure is an `InfraError`, so the episode is ``infra_error``, never a 0.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from agentgym import ConfigError, Rubric, ToolCall, ToolEnv, tool
+from agentgym._tasks import Split, TaskSource, load_tasks, select_split
+
+from .backends import BM25Backend, Doc, Hit, HTTPBackend, SearchBackend, backend_for
+from .tasks import make_tasks, qa_index
+
+__all__ = ["BM25Backend", "Doc", "HTTPBackend", "Hit", "SearchBackend", "SearchEnv"]
+
+MAX_K = 10
+ANSWER_FORMAT = "End your reply with a line `Answer: <short answer>`."
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_ANSWER_MARK = re.compile(r"answer\s*:", re.IGNORECASE)
+
+
+@tool(timeout=30.0)
+def search(query: str, k: int = 5, *, env: Any) -> str:
+    """Search the documents; returns one block per hit: `[id] title` and an excerpt.
+
+    Args:
+        query: words to look for.
+        k: how many results, 1 to 10.
+        env: injected (the episode's env, holding the backend); not shown to the model.
+    """
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f"k must be between 1 and {MAX_K}, got {k}")
+    hits = env.backend.search(query, k)
+    return "\n".join(f"[{h.id}] {h.title}\n  {' '.join(h.snippet.split())}" for h in hits) or (
+        "no results; try other words"
+    )
+
+
+@tool(name="open", timeout=30.0)
+def open_doc(doc_id: str, *, env: Any) -> str:
+    """Read a document found by search.
+
+    Args:
+        doc_id: its id, as search printed it in brackets.
+        env: injected (the episode's env, holding the backend); not shown to the model.
+    """
+    doc = env.backend.open(doc_id)
+    text = doc.text[: env.max_doc_chars]
+    cut = " (truncated)" if len(doc.text) > len(text) else ""
+    return f"{doc.title}\n\n{text}{cut}"
+
+
+def normalize(text: str) -> str:
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION)).split())
+
+
+def final_answer(completion: str) -> str:
+    """The first line after the reply's last ``Answer:``; the whole reply when there is none."""
+    marks = list(_ANSWER_MARK.finditer(completion or ""))
+    rest = completion[marks[-1].end() :] if marks else (completion or "")
+    lines = [line.strip() for line in rest.strip().splitlines()]
+    return lines[0] if lines else ""
+
+
+def _golds(answer: str | list[str]) -> list[str]:
+    return [answer] if isinstance(answer, str) else list(answer)
+
+
+def exact_match(completion: str, answer: str | list[str]) -> float:
+    """1 if the final answer equals a gold answer after normalisation."""
+    predicted = normalize(final_answer(completion))
+    return float(any(predicted == normalize(gold) for gold in _golds(answer)))
+
+
+def token_f1(completion: str, answer: str | list[str]) -> float:
+    """Best token-overlap F1 of the final answer against the gold answers."""
+    predicted = normalize(final_answer(completion)).split()
+    best = 0.0
+    for gold in map(str.split, map(normalize, _golds(answer))):
+        common = sum((Counter(predicted) & Counter(gold)).values())
+        if common:
+            precision, recall = common / len(predicted), common / len(gold)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def searched(state: Any) -> float:
+    """Metric only (weight 0): did the episode call a tool."""
+    return float(state.tool_call_count > 0)
+
+
+def _check_task(i: int, task: Mapping[str, Any]) -> None:
+    answer = task.get("answer")
+    golds_ok = isinstance(answer, str) or (
+        isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer)
+    )
+    if not isinstance(task.get("question"), str) or not golds_ok:
+        raise ConfigError(
+            f"search task {i} needs 'question' (a string) and 'answer' (a string or a list of "
+            f"strings), got keys {sorted(task)}; rename columns with load_tasks(fields=...)"
+        )
+
+
+class SearchEnv(ToolEnv):
+    """Answer a question by searching documents; reward = normalised exact match.
+
+    Args:
+        corpus: where documents come from. None: the built-in standard-library corpus. A
+            path to a JSONL/JSON/CSV/Parquet file or a ``save_to_disk`` folder: indexed in
+            memory with BM25 (once per process). An ``http(s)://`` URL: a search service
+            speaking the REST contract of `backends`. Or any `SearchBackend`.
+        tasks: questions, dicts with ``question``, ``answer`` (a string or a list of accepted
+            strings) and optionally ``doc_id`` (the document holding the answer; the oracle
+            opens it). A path, a list or a `datasets.Dataset` (see `agentgym._tasks.load_tasks`).
+            None: the built-in QA set, only with the built-in corpus.
+        fields: the corpus's column names, ``{"id": ..., "title": ..., "text": ...}``.
+        split: ``train``, ``eval`` (held out: ``eval_fraction`` of the documents, chosen
+            by ``split_seed``) or ``all``.
+        eval_fraction: share held out, in [0, 1).
+        split_seed: which documents are held out.
+        num_tasks: keep the split's first ``num_tasks`` questions; None keeps all.
+        reward: ``exact_match`` (weight 1, F1 logged) or ``f1`` (token F1 is the reward).
+        max_doc_chars: characters of a document `open` shows.
+        kwargs: any `ToolEnv` option (``parser``, ``max_turns`` ...).
+    """
+
+    def __init__(
+        self,
+        corpus: TaskSource | SearchBackend | None = None,
+        tasks: TaskSource | None = None,
+        *,
+        fields: Mapping[str, str] | None = None,
+        split: Split = "train",
+        eval_fraction: float = 0.2,
+        split_seed: int = 0,
+        num_tasks: int | None = None,
+        reward: Literal["exact_match", "f1"] = "exact_match",
+        max_doc_chars: int = 4000,
+        **kwargs: Any,
+    ) -> None:
+        if reward not in ("exact_match", "f1"):
+            raise ConfigError(f"reward must be 'exact_match' or 'f1', got {reward!r}")
+        if num_tasks is not None and num_tasks < 1:
+            raise ConfigError(f"num_tasks must be >= 1 or None, got {num_tasks}")
+        if max_doc_chars < 1:
+            raise ConfigError(f"max_doc_chars must be >= 1, got {max_doc_chars}")
+        if tasks is None and corpus is not None:
+            raise ConfigError("a corpus of your own needs tasks=...: questions with answers")
+        self.backend = qa_index() if corpus is None else backend_for(corpus, fields)
+        self.max_doc_chars = max_doc_chars
+        questions = make_tasks() if tasks is None else load_tasks(tasks)
+        for i, task in enumerate(questions):
+            _check_task(i, task)
+        chosen = select_split(questions, split, eval_fraction, split_seed, key="doc_id")
+        kwargs.setdefault("max_turns", 6)
+        kwargs.setdefault(
+            "system_prompt",
+            "You answer questions from a document collection. Use search to find documents "
+            "and open to read one, then give the short answer.",
+        )
+        weights = [1.0, 0.0] if reward == "exact_match" else [0.0, 1.0]
+        super().__init__(
+            [search, open_doc],
+            tasks=chosen[:num_tasks],
+            rubric=Rubric([exact_match, token_f1, searched], weights=[*weights, 0.0]),
+            **kwargs,
+        )
+
+    def build_prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        return super().build_prompt({"prompt": f"{task['question']}\n\n{ANSWER_FORMAT}"})
+
+    def reference_turns(self, task: dict[str, Any]) -> list[str]:
+        calls = [ToolCall("search", {"query": task["question"], "k": 3})]
+        if task.get("doc_id"):
+            calls.append(ToolCall("open", {"doc_id": task["doc_id"]}))
+        gold = _golds(task["answer"])[0]
+        return [*(self.parser.render("", [c]) for c in calls), f"Answer: {gold}"]

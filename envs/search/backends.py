@@ -1,0 +1,244 @@
+"""Search backends: where `agentgym/Search-v0` looks things up, behind one small protocol.
+
+A backend answers two questions, ``search(query, k) -> list[Hit]`` and ``open(doc_id) ->
+Doc``, and reports failures in two kinds, because the rollout must tell them apart: an id
+nobody has is the model's mistake (`ValueError`: the model reads it as a tool error), while a
+backend that is down, slow or malformed is infrastructure (`InfraError`: the episode is
+``infra_error``, never a reward of 0).
+
+Two backends ship: `BM25Backend`, an in-memory bm25s index built from any JSONL file, local
+`datasets` data or a list of records (cached per process, envs are made per episode), and
+`HTTPBackend`, a client of a search service speaking this REST contract::
+
+    GET {base}/search?q=<query>&k=<k>  -> 200 {"hits": [{"id", "title", "snippet", "score"}]}
+    GET {base}/docs/{id}                -> 200 {"id", "title", "text"}; 404 when no such doc
+
+(``id`` is URL-quoted in the path; ``title``, ``snippet`` and ``score`` may be omitted.)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import quote
+
+from agentgym import ConfigError, InfraError
+from agentgym._tasks import TaskSource, load_tasks
+
+DEFAULT_FIELDS = {"id": "id", "title": "title", "text": "text"}
+"""Which record column holds each part of a document."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: which document, a short excerpt, and the backend's score."""
+
+    id: str
+    title: str
+    snippet: str
+    score: float = 0.0
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One document as `open` returns it."""
+
+    id: str
+    title: str
+    text: str
+
+
+@runtime_checkable
+class SearchBackend(Protocol):
+    """What `SearchEnv` needs of a search engine.
+
+    Both methods are called from worker threads, several at once. An unknown ``doc_id``
+    raises `ValueError` (the model sees the message); a failure of the backend itself raises
+    `agentgym.InfraError`.
+    """
+
+    def search(self, query: str, k: int) -> list[Hit]:
+        """The best ``k`` hits for ``query``, best first (fewer when fewer match)."""
+        ...
+
+    def open(self, doc_id: str) -> Doc:
+        """The document ``doc_id``, as a hit named it."""
+        ...
+
+
+def unknown_doc(doc_id: str) -> ValueError:
+    """The model's mistake of opening an id no hit gave."""
+    return ValueError(f"no document with id {doc_id!r}; open an id that search returned")
+
+
+class BM25Backend:
+    """Okapi BM25 (bm25s, English stopwords) over ``title`` + ``text`` of documents in memory.
+
+    Args:
+        docs: the corpus; ids must be unique.
+        snippet_chars: characters of a document's text shown with each hit.
+    """
+
+    def __init__(self, docs: Sequence[Doc], snippet_chars: int = 200) -> None:
+        try:
+            import bm25s
+        except ImportError as exc:
+            raise ConfigError(
+                "the BM25 search backend needs bm25s: pip install 'agentgym[tools]'"
+            ) from exc
+        if not docs:
+            raise ConfigError("the search corpus is empty; give it at least one document")
+        self.docs = {d.id: d for d in docs}
+        if len(self.docs) != len(docs):
+            raise ConfigError("document ids must be unique; fix the corpus's id column")
+        self._order = list(docs)
+        self._bm25s = bm25s
+        self.snippet_chars = snippet_chars
+        tokens = bm25s.tokenize(
+            [f"{d.title}\n{d.text}" for d in docs], stopwords="en", show_progress=False
+        )
+        self._index = bm25s.BM25()
+        self._index.index(tokens, show_progress=False)
+
+    def search(self, query: str, k: int) -> list[Hit]:
+        """The best ``k`` documents sharing a word with ``query``."""
+        words = self._bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)
+        if not words[0]:
+            return []
+        k = min(k, len(self._order))
+        found, scores = self._index.retrieve(words, k=k, show_progress=False, n_threads=1)
+        docs = [(self._order[int(i)], float(s)) for i, s in zip(found[0], scores[0]) if s > 0]
+        return [Hit(d.id, d.title, d.text[: self.snippet_chars], score) for d, score in docs]
+
+    def open(self, doc_id: str) -> Doc:
+        """The document ``doc_id``; `ValueError` when there is none."""
+        doc = self.docs.get(doc_id)
+        if doc is None:
+            raise unknown_doc(doc_id)
+        return doc
+
+
+def docs_from_records(
+    records: Sequence[Mapping[str, Any]], fields: Mapping[str, str] | None = None
+) -> list[Doc]:
+    """`Doc`s from records; ``fields`` maps ``id``/``title``/``text`` to column names.
+
+    A record without the title column gets an empty title; without the id or text column it
+    is a `ConfigError` naming the column and the ``fields`` knob.
+    """
+    columns = {**DEFAULT_FIELDS, **(fields or {})}
+    unknown = sorted(set(columns) - set(DEFAULT_FIELDS))
+    if unknown:
+        raise ConfigError(f"fields takes the keys id, title and text, got {unknown}")
+    docs = []
+    for i, record in enumerate(records):
+        for part in ("id", "text"):
+            if record.get(columns[part]) is None:
+                raise ConfigError(
+                    f"corpus record {i} has no {columns[part]!r} column for the document "
+                    f"{part}; name its column with fields={{'{part}': '...'}}"
+                )
+        title = record.get(columns["title"])
+        docs.append(Doc(str(record[columns["id"]]), str(title or ""), str(record[columns["text"]])))
+    return docs
+
+
+def bm25_from(source: TaskSource, fields: Mapping[str, str] | None = None) -> BM25Backend:
+    """A BM25 index over a corpus file, `datasets` folder or list of records.
+
+    A file or folder is indexed once per process (and again when its modification time or
+    size changes); a list is indexed on each call.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source).resolve()
+        if not path.exists():
+            raise ConfigError(f"no corpus file or folder at {str(path)!r}")
+        stat = path.stat()
+        columns = tuple(sorted((fields or {}).items()))
+        return _cached_bm25(str(path), columns, stat.st_mtime_ns, stat.st_size)
+    return BM25Backend(docs_from_records(load_tasks(source), fields))
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_bm25(path: str, fields: tuple[tuple[str, str], ...], *_stat: int) -> BM25Backend:
+    return BM25Backend(docs_from_records(load_tasks(path), dict(fields)))
+
+
+class HTTPBackend:
+    """A search service speaking the module's REST contract, through one pooled httpx client.
+
+    Args:
+        base_url: where the service lives, e.g. ``http://127.0.0.1:8000``.
+        timeout: seconds per request; a slower answer is an `InfraError`. Keep it below the
+            tools' own timeout (30 s), so a hung service is infrastructure, not the model's.
+        headers: sent with every request (e.g. an API key).
+    """
+
+    def __init__(
+        self, base_url: str, timeout: float = 10.0, headers: Mapping[str, str] | None = None
+    ) -> None:
+        import httpx  # not at import time: the BM25 path never needs it
+
+        self._httpx = httpx
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+
+    def search(self, query: str, k: int) -> list[Hit]:
+        """``GET /search?q=&k=``; any failure of the service is an `InfraError`."""
+        data = self._get("/search", {"q": query, "k": k})
+        try:
+            return [
+                Hit(str(h["id"]), str(h.get("title", "")), str(h.get("snippet", "")),
+                    float(h.get("score", 0.0)))
+                for h in data["hits"]
+            ]  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InfraError(f"{self.base_url}/search answered malformed hits: {exc!r}") from exc
+
+    def open(self, doc_id: str) -> Doc:
+        """``GET /docs/{id}``; a 404 is the model's mistake (`ValueError`)."""
+        data = self._get(f"/docs/{quote(doc_id, safe='')}", None, missing=doc_id)
+        try:
+            return Doc(str(data["id"]), str(data.get("title", "")), str(data["text"]))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise InfraError(f"{self.base_url}/docs answered a malformed doc: {exc!r}") from exc
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+    def _get(self, path: str, params: dict[str, Any] | None, missing: str | None = None) -> Any:
+        try:
+            response = self._client.get(path, params=params)
+        except self._httpx.HTTPError as exc:
+            raise InfraError(f"search service {self.base_url} failed: {exc!r}") from exc
+        if response.status_code == 404 and missing is not None:
+            raise unknown_doc(missing)
+        if response.status_code != 200:
+            raise InfraError(
+                f"search service {self.base_url} answered {response.status_code} for {path}"
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise InfraError(f"search service {self.base_url} answered non-JSON: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=8)
+def http_backend(base_url: str) -> HTTPBackend:
+    """The process's client of the service at ``base_url`` (one connection pool per URL)."""
+    return HTTPBackend(base_url)
+
+
+def backend_for(corpus: Any, fields: Mapping[str, str] | None = None) -> SearchBackend:
+    """The backend a ``corpus`` option names: a `SearchBackend`, an http(s) URL, or a corpus."""
+    is_url = isinstance(corpus, str) and corpus.startswith(("http://", "https://"))
+    if fields and (is_url or isinstance(corpus, SearchBackend)):
+        raise ConfigError("fields= names a corpus's columns; drop it for a service or backend")
+    if isinstance(corpus, SearchBackend):
+        return corpus
+    return http_backend(corpus) if is_url else bm25_from(corpus, fields)

@@ -1,0 +1,89 @@
+"""The built-in QA set: questions about standard-library functions, answered from their docs.
+
+It needs no download and is deterministic per Python version: the corpus is DocSearch's
+(`agentgym.envs.docsearch.corpus`: public functions of ~30 standard-library modules with a
+unique docstring summary), each document being a function's signature and docstring. Each
+question names a function only by its docstring summary, so the model must search for it,
+and its answer is a short string written in that one document:
+
+- ``name``: "Which function is documented as ...?" -> its dotted name (``math.gcd``);
+- ``parameter``: "What is the first parameter of ...?" -> a parameter name (``iterable``);
+- ``default``: "What is the default value of parameter p of ...?" -> ``70``, ``strict``.
+
+Every task carries ``doc_id``, the document holding its answer (the oracle opens it; the
+held-out split keeps a document's questions together).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import random
+from typing import Any
+
+from agentgym.envs import docsearch
+
+from .backends import BM25Backend, Doc
+
+_SIMPLE_DEFAULTS = (int, float, str)
+
+
+@functools.cache
+def _signature(name: str) -> inspect.Signature | None:
+    module, _, attr = name.rpartition(".")
+    try:
+        return inspect.signature(getattr(importlib.import_module(module), attr))
+    except (TypeError, ValueError):  # some builtins have none
+        return None
+
+
+@functools.cache
+def qa_corpus() -> tuple[Doc, ...]:
+    """One document per function: ``name(signature)`` then its docstring."""
+    docs = []
+    for d in docsearch.corpus():
+        signature = _signature(d.name)
+        head = f"{d.name}{signature}" if signature is not None else d.name
+        docs.append(Doc(d.name, d.name, f"{head}\n\n{d.text}"))
+    return tuple(docs)
+
+
+@functools.cache
+def qa_index() -> BM25Backend:
+    """The process-wide BM25 index of `qa_corpus` (built on first use)."""
+    return BM25Backend(qa_corpus())
+
+
+def _questions(name: str, summary: str) -> list[tuple[str, str, str]]:
+    """(kind, question, answer) for one function."""
+    described = f'the Python standard-library function documented as "{summary}"'
+    found = [("name", f"Which is {described}? Give its full dotted name.", name)]
+    signature = _signature(name)
+    if signature is None:
+        return found
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if positional and len(positional[0].name) >= 3:
+        found.append(("parameter", f"What is the first parameter of {described}?",
+                      positional[0].name))  # fmt: skip
+    for p in params:
+        value = p.default
+        simple = type(value) in _SIMPLE_DEFAULTS and len(repr(value)) <= 20
+        # SQuAD normalisation drops punctuation: "-1" would match "1", "" matches nothing
+        if simple and value != "" and not (isinstance(value, (int, float)) and value < 0):
+            question = f"What is the default value of the {p.name} parameter of {described}?"
+            found.append(("default", question, str(value)))
+            break
+    return found
+
+
+def make_tasks(seed: int = 0) -> list[dict[str, Any]]:
+    """Every question of the corpus, in an order fixed by ``seed``."""
+    tasks = [
+        {"question": question, "answer": answer, "doc_id": d.name, "kind": kind}
+        for d in docsearch.corpus()
+        for kind, question, answer in _questions(d.name, d.summary)
+    ]
+    random.Random(seed).shuffle(tasks)
+    return tasks

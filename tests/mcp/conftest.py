@@ -1,0 +1,95 @@
+"""Helpers of the MCP tests: a tiny misbehaving server, tool-call text, a free port."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import require
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_SERVER = ROOT / "examples" / "mcp_server.py"
+
+#: A server of the tests whose tools misbehave on purpose. It appends its pid to $PID_FILE
+#: when it starts, and `slow` touches $STARTED_FILE before it waits.
+MISBEHAVING_SERVER = textwrap.dedent('''
+    import os
+    import anyio
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    server = MCPServer("misbehaving", log_level="WARNING")
+
+    @server.tool()
+    def pid() -> str:
+        """This server's process id."""
+        return str(os.getpid())
+
+    @server.tool()
+    def crash() -> str:
+        """Kill this server at once."""
+        os._exit(3)
+
+    @server.tool()
+    async def slow() -> str:
+        """Say it started, then wait an hour."""
+        open(os.environ["STARTED_FILE"], "w").close()
+        await anyio.sleep(3600)
+        return "woke up"
+
+    @server.tool()
+    def refuse(reason: str) -> str:
+        """Answer with an error result (isError)."""
+        raise ToolError(reason)
+
+    with open(os.environ["PID_FILE"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    server.run()
+''')
+
+
+@pytest.fixture(autouse=True)
+def _mcp_sdk() -> Iterator[None]:
+    """Every MCP test needs the SDK; shared servers a test started are stopped after it."""
+    require("mcp")
+    from agentgym.mcp import close_shared_servers
+
+    yield
+    close_shared_servers()
+
+
+def call(tool: str, /, **arguments: Any) -> str:
+    """A hermes tool-call turn."""
+    return f"<tool_call>{json.dumps({'name': tool, 'arguments': arguments})}</tool_call>"
+
+
+def venv_server(name: str) -> str:
+    """The path of a published reference server installed next to this Python."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        from tests.conftest import skip_or_fail
+
+        skip_or_fail(f"{name} is not installed (the 'test' extra installs it)")
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,46 @@
+"""Published reference MCP servers (time, git) as tools of an env, driven by rollout.
+
+mcp-server-sqlite is not among them: its last release (2025.4.25) calls the mcp 1.x server
+API and dies at start under mcp 2.x.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from agentgym import ScriptedPolicy, rollout
+from agentgym.mcp import MCPServer, MCPToolEnv
+from tests.mcp.conftest import call, venv_server
+
+
+def tool_replies(trajectory) -> list[str]:
+    return [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+
+
+def test_time_server_lists_its_tools_and_converts_a_time() -> None:
+    spec = MCPServer(command=venv_server("mcp-server-time"), scope="shared")
+    env = MCPToolEnv([spec], tasks=[{"prompt": "What is 12:00 UTC in Tokyo?"}])
+    schemas = {s["function"]["name"]: s["function"] for s in env.tool_schemas}
+    assert set(schemas) == {"get_current_time", "convert_time"}
+    assert schemas["convert_time"]["parameters"]["required"] == [
+        "source_timezone", "time", "target_timezone"
+    ]  # fmt: skip
+    turn = call("convert_time", source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo")
+    [t] = rollout(lambda: MCPToolEnv([spec], tasks=env.tasks), ScriptedPolicy([turn, "21:00"]))
+    assert t.status == "ok" and not t.turns[0].tool_errors
+    [reply] = tool_replies(t)
+    assert '"datetime": "' in reply and "T21:00:00+09:00" in reply
+
+
+def test_git_server_reports_the_status_of_a_repository(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=30)
+    (repo / "untracked_file.txt").write_text("hello")
+    spec = MCPServer(command=venv_server("mcp-server-git"), args=["--repository", str(repo)])
+    turns = [call("git_status", repo_path=str(repo)), "done"]
+    [t] = rollout(lambda: MCPToolEnv([spec], tasks=[{"prompt": "status?"}]), ScriptedPolicy(turns))
+    assert t.status == "ok" and not t.turns[0].tool_errors
+    [reply] = tool_replies(t)
+    assert "untracked_file.txt" in reply

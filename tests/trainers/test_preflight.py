@@ -1,0 +1,65 @@
+"""trainers._preflight: each refusal comes before a model loads, in one line naming the fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agentgym._errors import ConfigError
+from tests.conftest import require
+from trainers._config import GRPOConfig
+from trainers._preflight import _check_memory, preflight
+
+SMALL_TASKS = {"env_kwargs": {"num_tasks": 40}, "train_tasks": "10:40", "eval_tasks": "0:10"}
+
+
+def _refusal(config: GRPOConfig, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        preflight(config)
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_env_suggests_the_close_id() -> None:
+    _refusal(GRPOConfig(env="calculater", **SMALL_TASKS), "calculator")
+
+
+def test_task_ranges_beyond_the_env_name_the_fix() -> None:
+    config = GRPOConfig(env="calculator", env_kwargs={"num_tasks": 20}, train_tasks="10:40",
+                        eval_tasks="0:10")  # fmt: skip
+    _refusal(config, "pass a larger num_tasks")
+
+
+def test_a_path_that_is_not_a_model_folder_is_refused(tmp_path: Path) -> None:
+    _refusal(GRPOConfig(model=str(tmp_path), **SMALL_TASKS), "no config.json")
+
+
+def test_a_warm_start_script_the_env_lacks_is_refused_before_the_model() -> None:
+    config = GRPOConfig(model="/nonexistent", sft_steps=5, **SMALL_TASKS,
+                        sft_scripts={"reference": 0.5, "guess": 0.5})  # fmt: skip
+    _refusal(config, "has no guess_turns")
+
+
+def test_a_template_that_drops_tools_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    require("transformers")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    settings["chat_template"] = template
+    (model / "tokenizer_config.json").write_text(json.dumps(settings))
+    _refusal(GRPOConfig(model=str(model), **SMALL_TASKS), "does not render tools")
+
+
+def test_a_model_too_big_for_this_machine_is_refused_on_the_cpu(tmp_path: Path) -> None:
+    spec = {"hidden_size": 16384, "num_hidden_layers": 200, "vocab_size": 150000}
+    (tmp_path / "config.json").write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match=r"GiB to train on the CPU.*use device: cuda"):
+        _check_memory(tmp_path, GRPOConfig(device="cpu"))
