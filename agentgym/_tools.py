@@ -4,6 +4,14 @@ The schema comes from the signature's type hints and the docstring (Google, NumP
 style), so a tool is written once. Parameters the *environment* supplies (a sandbox handle,
 the task, the episode state) are injected by name and never appear in the schema: the model
 cannot see or forge them.
+
+Pydantic writes each parameter's schema, so a tool may take what real APIs take: pydantic
+models, dataclasses and TypedDicts (nested, in lists), dates, enums, unions and Literals.
+A call is checked in two steps. First against the schema the model was shown (the contract:
+a fast check for the usual simple schemas, else jsonschema, which also checks tools built
+from a raw schema: MCP, OpenAPI). Then pydantic turns the JSON values into the declared
+types and checks what a schema cannot say (a date's format, a model's own validators);
+parameters whose JSON value already is the declared type (``str``, ``list[int]`` ...) skip it.
 """
 
 from __future__ import annotations
@@ -11,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import enum
 import functools
 import inspect
 import json
@@ -21,12 +28,22 @@ import threading
 import types
 import typing
 from collections import deque
-from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Collection,
+    Coroutine,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin
 
 import docstring_parser
 import jsonschema
+import pydantic
+import pydantic_core
 
 from ._errors import ConfigError, InfraError, ToolArgumentsError, ToolError, ToolTimeoutError
 from ._fast_schema import compile_fast_check
@@ -34,65 +51,111 @@ from ._fast_schema import compile_fast_check
 #: Parameter names the environment fills in; a tool that declares one gets it injected.
 INJECTABLE = frozenset({"task", "state", "sandbox", "messages", "env"})
 
-_PRIMITIVES: dict[Any, dict[str, Any]] = {
-    str: {"type": "string"},
-    int: {"type": "integer"},
-    float: {"type": "number"},
-    bool: {"type": "boolean"},
-    type(None): {"type": "null"},
-    dict: {"type": "object"},
-    list: {"type": "array"},
-    Any: {},
-}
-
-#: Generic origins that JSON carries as an array, and as an object.
-_ARRAYS = (list, tuple, set, frozenset, Sequence, Iterable)
-_MAPPINGS = (dict, Mapping)
+#: Hints whose schema-valid JSON values already are what the function asks for.
+_AS_DECODED: tuple[Any, ...] = (str, int, float, bool, type(None), Any, dict, list)
+#: Generic origins that take a decoded JSON array or object as it is.
+_AS_DECODED_ORIGINS: frozenset[Any] = frozenset(
+    {list, dict, Sequence, Iterable, Collection, Mapping, Union, types.UnionType}
+)
+_REF = "#/$defs/"
+#: Schema keywords whose values are data, not schemas: tidying leaves them alone.
+_DATA = frozenset({"default", "enum", "const", "examples"})
+#: Schema keywords whose values map names to schemas.
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "dependentSchemas"})
 
 
 def type_to_schema(annotation: Any) -> dict[str, Any]:
-    """JSON schema for a Python type hint; raises `ConfigError` for types JSON cannot carry."""
-    if annotation in _PRIMITIVES:
-        return dict(_PRIMITIVES[annotation])
-    origin, args = get_origin(annotation), get_args(annotation)
-    if origin is typing.Annotated:
-        return type_to_schema(args[0])
-    if origin is Literal:
-        return {"enum": list(args)}
-    if origin in (Union, types.UnionType):
-        non_null = [a for a in args if a is not type(None)]
-        if len(non_null) == 1:  # Optional[T]: T or an explicit null
-            inner = type_to_schema(non_null[0])
-            if isinstance(inner.get("type"), str):
-                return {**inner, "type": [inner["type"], "null"]}
-            if "enum" in inner:
-                return {**inner, "enum": [*inner["enum"], None]}
-            return {"anyOf": [inner, {"type": "null"}]}
-        return {"anyOf": [type_to_schema(a) for a in args]}
-    if origin in _ARRAYS:
-        schema: dict[str, Any] = {"type": "array"}
-        if args:
-            schema["items"] = type_to_schema(args[0])
-        return schema
-    if origin in _MAPPINGS:
-        schema = {"type": "object"}
-        if len(args) == 2:
-            schema["additionalProperties"] = type_to_schema(args[1])
-        return schema
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return {"enum": [member.value for member in annotation]}
-    raise ConfigError(
-        f"cannot turn type hint {annotation!r} into a JSON schema; "
-        "use str, int, float, bool, list[...], dict[str, ...], Literal[...] or an Enum"
+    """JSON schema for a Python type hint; raises `ConfigError` for types JSON cannot carry.
+
+    Pydantic writes it (models, dataclasses, TypedDicts, dates, enums, unions ...), tidied
+    for a model to read: `$defs` inlined except where a type refers to itself, no titles.
+    """
+    properties, defs, _ = _parameter_schemas(repr(annotation), {"value": annotation})
+    return {**properties["value"], **({"$defs": defs} if defs else {})}
+
+
+def _parameter_schemas(
+    owner: str, hints: Mapping[str, Any]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, pydantic.TypeAdapter[Any]]]:
+    """Each parameter's tidy schema, the `$defs` they still share, and pydantic's adapters."""
+    adapters = {}
+    for name, hint in hints.items():
+        try:
+            adapters[name] = pydantic.TypeAdapter(hint)
+        except pydantic.PydanticSchemaGenerationError as exc:
+            raise _unsupported(f"{owner}: parameter {name!r} has type {hint!r}", "") from exc
+        except pydantic.PydanticUserError as exc:
+            raise _unsupported(f"{owner}: parameter {name!r}", str(exc)) from exc
+    try:
+        by_key, top = pydantic.TypeAdapter.json_schemas(
+            [(name, "validation", adapter) for name, adapter in adapters.items()]
+        )
+    except pydantic.PydanticUserError as exc:
+        raise _unsupported(f"{owner}: a parameter", str(exc)) from exc
+    defs, keep = top.get("$defs", {}), set[str]()
+    properties = {name: _tidy(by_key[name, "validation"], defs, keep) for name in hints}
+    kept: dict[str, Any] = {}
+    while keep - kept.keys():  # recursive types keep their definition (and what it refers to)
+        name = min(keep - kept.keys())
+        kept[name] = _tidy(defs[name], defs, keep, (name,))
+    return properties, kept, adapters
+
+
+def _unsupported(what: str, reason: str) -> ConfigError:
+    reason = f" ({reason.splitlines()[0]})" if reason else ""
+    return ConfigError(
+        f"{what}, which cannot be described to a model as a JSON schema{reason}; use JSON "
+        "types (str, int, float, bool, list[...], dict[str, ...]), Literal, Enum, "
+        "date/datetime, or pydantic models, dataclasses and TypedDicts of them"
     )
+
+
+def _tidy(node: Any, defs: Mapping[str, Any], keep: set[str], seen: tuple[str, ...] = ()) -> Any:
+    """``node`` with `$ref`s inlined (``keep`` gets those that recur) and titles dropped."""
+    if isinstance(node, list):
+        return [_tidy(n, defs, keep, seen) for n in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith(_REF):
+        name = ref.removeprefix(_REF)
+        if name not in seen:
+            merged = {**defs[name], **{k: v for k, v in node.items() if k != "$ref"}}
+            return _tidy(merged, defs, keep, (*seen, name))
+        keep.add(name)
+    tidy: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DATA:
+            tidy[key] = value
+        elif key in _NAMED and isinstance(value, dict):
+            tidy[key] = {n: _tidy(v, defs, keep, seen) for n, v in value.items()}
+        elif key != "title":
+            tidy[key] = _tidy(value, defs, keep, seen)
+    return tidy
+
+
+def _arrives_as_is(annotation: Any) -> bool:
+    """Whether every schema-valid JSON value already is what ``annotation`` asks for.
+
+    Such parameters skip pydantic on each call. Anything else (Annotated validators, enums,
+    dates, models, tuples ...) is converted, and checked, by pydantic.
+    """
+    if any(annotation is t for t in _AS_DECODED):
+        return True
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return all(type(a) in (str, int, bool, type(None)) for a in args)
+    return origin in _AS_DECODED_ORIGINS and all(map(_arrives_as_is, args))
 
 
 @dataclass
 class Tool:
     """A callable the model may invoke, with its OpenAI function schema.
 
-    Build one with the `tool` decorator. Calling `Tool.acall` validates the model's arguments
-    against `parameters`, adds the injected ones, and runs the function under `timeout`:
+    Build one with the `tool` decorator, or directly from a raw JSON schema. Calling
+    `Tool.acall` validates the model's arguments against `parameters`, converts those named
+    in `converters` (``tool`` puts pydantic's validators there), adds the injected ones, and
+    runs the function under `timeout`:
     async functions on the event loop, sync ones in a worker thread so that a slow tool never
     blocks other episodes (a sync function cannot be killed on timeout; the episode moves on
     and the thread finishes in the background, so put code that must die in a sandbox).
@@ -174,20 +237,27 @@ class Tool:
             raise ToolError(f"{self.name!r} raised {type(exc).__name__}: {exc}") from exc
 
     def _convert(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Schema-valid JSON arguments as the Python values the hints ask for (Enum members).
+        """Schema-valid JSON arguments as the Python values the hints ask for.
 
-        A converter that fails (a custom one, or a value the schema let through) is the
-        model's mistake to read about, so it becomes `ToolArgumentsError`, never a crash.
+        A conversion that fails (a date the schema's ``format`` did not check, a model's
+        own validator, a custom converter) is the model's mistake to read about, so it
+        becomes `ToolArgumentsError` naming the argument, never a crash.
         """
-        try:
-            return {
-                k: self.converters[k](v) if k in self.converters and v is not None else v
-                for k, v in arguments.items()
-            }
-        except Exception as exc:
-            raise ToolArgumentsError(
-                f"invalid arguments for {self.name!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+        kwargs = dict(arguments)
+        for name, value in arguments.items():
+            if name in self.converters and value is not None:
+                try:
+                    kwargs[name] = self.converters[name](value)
+                except pydantic.ValidationError as exc:
+                    problems = "; ".join(_describe(name, e) for e in exc.errors())
+                    raise ToolArgumentsError(
+                        f"invalid arguments for {self.name!r}: {problems}"
+                    ) from exc
+                except Exception as exc:
+                    raise ToolArgumentsError(
+                        f"invalid arguments for {self.name!r}: {type(exc).__name__}: {exc}"
+                    ) from exc
+        return kwargs
 
     async def _run_coroutine(self, kwargs: dict[str, Any]) -> Any:
         """Run an async tool in the caller's task, under `timeout` counted from the call.
@@ -244,6 +314,14 @@ class Tool:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (no validation), as a plain function."""
         return self.fn(*args, **kwargs)
+
+
+def _describe(argument: str, error: Any) -> str:
+    """One pydantic error as ``path/to/field: message (got value)``."""
+    path = "/".join(map(str, (argument, *error["loc"])))
+    got = error.get("input")
+    shown = f" (got {got!r})" if isinstance(got, (str, int, float)) and len(repr(got)) < 80 else ""
+    return f"{path}: {error['msg']}{shown}"
 
 
 class _Resume:
@@ -454,97 +532,48 @@ def _build_tool(
             f"tool {fn.__name__!r}: cannot resolve its type hints ({exc}); "
             "define the types at module level"
         ) from exc
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    injected: set[str] = set()
-    converters: dict[str, Callable[[Any], Any]] = {}
-    for pname, param in inspect.signature(fn).parameters.items():
-        if pname in INJECTABLE:
-            injected.add(pname)
-            continue
+    params = inspect.signature(fn).parameters
+    for pname, param in params.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigError(
                 f"tool {fn.__name__!r}: *args/**kwargs cannot be described to a model"
             )
-        if pname not in hints:
+        if pname not in INJECTABLE and pname not in hints:
             raise ConfigError(
                 f"tool {fn.__name__!r}: parameter {pname!r} needs a type hint to build its schema"
             )
-        prop = type_to_schema(hints[pname])
+    shown = {p: hints[p] for p in params if p not in INJECTABLE}
+    properties, defs, adapters = _parameter_schemas(f"tool {fn.__name__!r}", shown)
+    required = []
+    for pname, prop in properties.items():
         if param_docs.get(pname):
             prop["description"] = param_docs[pname]
-        convert = _converter(hints[pname])
-        if convert is not None:
-            converters[pname] = convert
-        if param.default is not inspect.Parameter.empty:
-            if param.default is not None:
-                default = param.default
-                prop["default"] = default.value if isinstance(default, enum.Enum) else default
-        else:
+        default = params[pname].default
+        if default is inspect.Parameter.empty:
             required.append(pname)
-        properties[pname] = prop
+        elif default is not None:
+            with contextlib.suppress(pydantic_core.PydanticSerializationError):
+                prop["default"] = adapters[pname].dump_python(default, mode="json", warnings=False)
     summary = "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
     parameters = {
         "type": "object",
         "properties": properties,
         "required": required,
         "additionalProperties": False,
+        **({"$defs": defs} if defs else {}),
     }
     return Tool(
         fn=fn,
         name=name or fn.__name__,
         description=description or summary,
         parameters=parameters,
-        injected=frozenset(injected),
+        injected=frozenset(params.keys() & INJECTABLE),
         timeout=timeout,
         is_async=inspect.iscoroutinefunction(fn),
-        converters=converters,
+        converters={
+            p: adapters[p].validate_python for p, hint in shown.items() if not _arrives_as_is(hint)
+        },
     )
-
-
-def _converter(annotation: Any) -> Callable[[Any], Any] | None:
-    """How a schema-valid JSON value becomes what ``annotation`` asks for; None: it already is.
-
-    Enum members are built from their values, also inside lists, dicts and unions, so a
-    ``list[Color]`` parameter gets ``[Color.RED]`` for ``["red"]``.
-    """
-    origin, args = get_origin(annotation), get_args(annotation)
-    if origin is typing.Annotated:
-        return _converter(args[0])
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return annotation
-    if origin in (Union, types.UnionType):
-        options = [c for c in map(_converter, args) if c is not None]
-        return functools.partial(_first_fit, options) if options else None
-    if origin in _ARRAYS and args:
-        item = _converter(args[0])
-        return functools.partial(_each_item, item) if item else None
-    if origin in _MAPPINGS and len(args) == 2:
-        value = _converter(args[1])
-        return functools.partial(_each_value, value) if value else None
-    return None
-
-
-def _first_fit(options: list[Callable[[Any], Any]], value: Any) -> Any:
-    """The first conversion that takes ``value``, else ``value`` unchanged.
-
-    Unchanged is right: the schema already matched it to one of the union's other members
-    (``None`` for Optional).
-    """
-    for convert in options:
-        try:
-            return convert(value)
-        except (ValueError, TypeError, AttributeError):
-            continue
-    return value
-
-
-def _each_item(convert: Callable[[Any], Any], values: list[Any]) -> list[Any]:
-    return [convert(v) for v in values]
-
-
-def _each_value(convert: Callable[[Any], Any], values: dict[str, Any]) -> dict[str, Any]:
-    return {k: convert(v) for k, v in values.items()}
 
 
 @typing.overload

@@ -214,7 +214,10 @@ def evaluate(
         "rollout_mode": rollout_mode.value,
     }  # fmt: skip
     done = _previous_episodes(out, run_config, resume)
+    from .runs import track_run  # indexes the run; a database failure is only a warning
+
     with contextlib.ExitStack() as stack:
+        stack.enter_context(track_run("eval", out.name, run_config, out))
         if policy is PolicyKind.reference:
             agent: Policy = ScriptedPolicy(reference)
         elif policy is PolicyKind.vllm and model_path is not None:
@@ -390,8 +393,23 @@ def _mount_train_command() -> None:
     app.command("train")(train)
 
 
+def _mount_experiment_commands() -> None:
+    """``runs``, ``sweep`` (the run store) and ``serve`` (FastAPI: the tools extra)."""
+    try:
+        from .runs._cli import app as runs_app
+        from .runs._cli import sweep
+    except ImportError:  # SQLAlchemy missing
+        return
+    app.add_typer(runs_app, name="runs", help="List, show and compare indexed runs.")
+    app.command("sweep")(sweep)
+    from .serve._cli import serve  # light: FastAPI is imported when the server starts
+
+    app.command("serve")(serve)
+
+
 _mount_sandbox_commands()
 _mount_train_command()
+_mount_experiment_commands()
 
 
 def main() -> None:

@@ -185,7 +185,10 @@ def _collect(proc: subprocess.Popen[bytes], deadline: float,
                 return bytes(bufs[stdout]), bytes(bufs[stderr]), ExecStatus.TIMEOUT
             events = sel.select(min(remaining, 0.05))
             if not events and proc.poll() is not None:
-                break  # exited; only orphans hold the pipes now
+                # it may have written and exited after the select above returned: read that
+                events = sel.select(0)
+                if not events:
+                    break  # exited and drained; only orphans hold the pipes now
             for key, _ in events:
                 data = os.read(key.fd, 65536)
                 if not data:

@@ -65,7 +65,10 @@ def train(
     # `kill PID` unwinds like Ctrl-C: the vLLM engine's processes are shut down, not orphaned
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
-    figures = GRPOTrainer(cfg, resume=resume).train()
+    from agentgym.runs import track_run
+
+    with track_run("train", Path(cfg.output_dir).name, cfg.to_dict(), cfg.output_dir):
+        figures = GRPOTrainer(cfg, resume=resume).train()
     for name, value in figures.items():
         console.print(f"{name}: {value:.3f}")
     console.print(f"run folder: {cfg.output_dir}")

@@ -91,5 +91,6 @@ def test_summary_says_what_the_warm_start_learned_and_how_tool_use_moved(tmp_pat
                {"step": 30, "reference_accuracy": 0.93}]  # fmt: skip
     (tmp_path / "sft" / "sft.json").write_text(json.dumps({"history": history}))
     text = write_summary(tmp_path, {"sft/success": 0.0})
-    assert "warm start        3 SFT steps, validation traces carried out 93% (teacher forced)" in text
+    warm = "warm start        3 SFT steps, validation traces carried out 93% (teacher forced)"
+    assert warm in text
     assert "tool calls        0.25 per episode (first step) -> 0.97 (last)" in text

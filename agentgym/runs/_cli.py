@@ -1,0 +1,203 @@
+"""``agentgym runs ls | show ID | compare ID ID`` and ``agentgym sweep``, mounted by `agentgym.cli`.
+
+Ids may be given by a unique prefix. ``--db URL`` (or ``$AGENTGYM_RUNS_DB``) picks the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from agentgym._errors import ConfigError
+
+from ._jobs import parse_config, submit_job
+from ._queue import JobQueue
+from ._store import RunStatus, RunStore, agentgym_home, new_run_id
+
+app = typer.Typer(help="List, show and compare indexed runs.", no_args_is_help=True)
+console = Console()
+
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", help="Database URL or SQLite path (default: $AGENTGYM_RUNS_DB or "
+                 "$AGENTGYM_HOME/runs.db)."),
+]  # fmt: skip
+_STATUS_COLOURS = {"finished": "green", "failed": "red", "running": "cyan", "queued": "blue"}
+#: Figures shown by ``runs ls``, when a run has them.
+_HEADLINE = ("reward/mean", "grpo/success", "reward/last")
+
+
+@app.command("ls")
+def list_runs(
+    db: DbOption = None,
+    limit: Annotated[int, typer.Option(min=1, help="Most rows shown, newest first.")] = 50,
+    status: Annotated[RunStatus | None, typer.Option(help="Only runs in this state.")] = None,
+) -> None:
+    """List runs, newest first (runs whose process died are marked ``interrupted``)."""
+    store = RunStore(db)
+    store.reconcile()
+    table = Table("id", "kind", "name", "status", "exit", "step", "created", "figures")
+    table.columns[0].no_wrap = True
+    for run in store.list_runs(limit, status=status):
+        shown = {k: v for k, v in run["figures"].items() if k in _HEADLINE}
+        table.add_row(
+            run["id"], run["kind"], run["name"], _coloured(run["status"]),
+            _text(run["exit_code"]), _text(run["step"]), run["created_at"][:16],
+            ", ".join(f"{k}={_text(v)}" for k, v in shown.items()),
+        )  # fmt: skip
+    console.print(table)
+
+
+@app.command("show")
+def show_run(
+    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    db: DbOption = None,
+) -> None:
+    """Everything the index holds about one run: status, folder, figures, config, error."""
+    run = _find(RunStore(db), run_id)
+    table = Table("field", "value", title=f"run {run['id']}")
+    for key in ("kind", "name", "status", "exit_code", "source", "run_dir", "pid", "host",
+                "created_at", "started_at", "ended_at", "step", "attempt", "sweep_id"):  # fmt: skip
+        table.add_row(key, _coloured(run[key]) if key == "status" else _text(run[key]))
+    for key, value in sorted(run["figures"].items()):
+        table.add_row(key, _text(value))
+    console.print(table)
+    console.print(yaml.safe_dump(run["config"], sort_keys=False).rstrip(), highlight=False)
+    if run["error_tail"]:
+        console.print("[red]last log lines:[/]")
+        console.print(run["error_tail"], highlight=False, markup=False)
+
+
+@app.command("compare")
+def compare_runs(
+    first: Annotated[str, typer.Argument(help="Run id (or prefix).")],
+    second: Annotated[str, typer.Argument(help="Run id (or prefix).")],
+    db: DbOption = None,
+) -> None:
+    """Two runs side by side: their figures, and the config keys that differ."""
+    store = RunStore(db)
+    a, b = _find(store, first), _find(store, second)
+    table = Table("", a["id"], b["id"], title="figures")
+    for key in ("kind", "name", "status", "step"):
+        table.add_row(key, _text(a[key]), _text(b[key]))
+    for key in sorted(a["figures"].keys() | b["figures"].keys()):
+        table.add_row(key, _text(a["figures"].get(key)), _text(b["figures"].get(key)))
+    console.print(table)
+    differ = Table("config key", a["id"], b["id"], title="config differences")
+    for key in sorted(a["config"].keys() | b["config"].keys()):
+        if a["config"].get(key) != b["config"].get(key):
+            differ.add_row(key, _text(a["config"].get(key)), _text(b["config"].get(key)))
+    console.print(differ if differ.row_count else "configs are identical")
+
+
+def sweep(
+    source: Annotated[Path, typer.Argument(help="A config file (with --grid) or a folder.")],
+    grid: Annotated[
+        list[str] | None,
+        typer.Option(help="key=v1,v2,...: one run per value (repeat for a product)."),
+    ] = None,
+    kind: Annotated[
+        str, typer.Option(help="train or eval, for configs without a 'kind:' key.")
+    ] = "train",
+    parallel: Annotated[int, typer.Option(min=1, help="Runs at once.")] = 1,
+    retries: Annotated[
+        int, typer.Option(min=0, help="Retries of a run that failed for an infrastructure cause.")
+    ] = 2,
+    runs_dir: Annotated[
+        Path | None, typer.Option(help="Where run folders go (default $AGENTGYM_HOME/runs).")
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Run every config of a grid or a folder, each with its own run id, through the queue.
+
+    Configs are checked before anything runs; only infrastructure failures are retried.
+    """
+    configs = _sweep_configs(source, grid or [], kind)
+    store = RunStore(db)
+    root = runs_dir or agentgym_home() / "runs"
+    sweep_id = new_run_id()
+    for index, (job_kind, config) in enumerate(configs):
+        submit_job(
+            store, job_kind, config, runs_root=root, source="sweep", sweep_id=sweep_id,
+            max_attempts=retries + 1, name=f"{source.stem}-{index}",
+        )  # fmt: skip
+    console.print(f"sweep {sweep_id}: {len(configs)} runs, {parallel} at a time")
+    asyncio.run(JobQueue(store, workers=parallel, sweep_id=sweep_id).run(until_idle=True))
+    rows = store.list_runs(limit=None, sweep_id=sweep_id)
+    table = Table("id", "name", "status", "exit", "attempts", "last log line")
+    table.columns[0].no_wrap = True
+    for run in sorted(rows, key=lambda r: r["name"]):
+        tail = (run["error_tail"] or "").splitlines()[-1:] or [""]
+        table.add_row(
+            run["id"], run["name"], _coloured(run["status"]), _text(run["exit_code"]),
+            str(run["attempt"]), tail[0][:80],
+        )  # fmt: skip
+    console.print(table)
+    if any(run["status"] != RunStatus.finished for run in rows):
+        raise typer.Exit(1)
+
+
+def _sweep_configs(source: Path, grid: list[str], kind: str) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, config) of every run: the grid's product over one file, or each file of a folder."""
+    if source.is_dir():
+        if grid:
+            raise ConfigError("--grid applies to one config file, not a folder")
+        files = sorted(p for p in source.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+        if not files:
+            raise ConfigError(f"{source} holds no .yaml/.yml/.json config")
+        return [_split_kind(_read_config(p), kind) for p in files]
+    job_kind, base = _split_kind(_read_config(source), kind)
+    axes = [_grid_axis(item) for item in grid]
+    combos = itertools.product(*[[(key, v) for v in values] for key, values in axes])
+    return [(job_kind, {**base, **dict(combo)}) for combo in combos]
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    return parse_config(text)
+
+
+def _split_kind(config: dict[str, Any], default: str) -> tuple[str, dict[str, Any]]:
+    kind = str(config.pop("kind", default))
+    return kind, config
+
+
+def _grid_axis(item: str) -> tuple[str, list[Any]]:
+    key, sep, values = item.partition("=")
+    if not sep or not key or not values:
+        raise ConfigError(f"--grid takes key=v1,v2,..., got {item!r}")
+    return key.strip(), [yaml.safe_load(v) for v in values.split(",")]
+
+
+def _find(store: RunStore, run_id: str) -> dict[str, Any]:
+    run = store.find_run(run_id)
+    if run is None:
+        raise ConfigError(f"no run with id {run_id!r} (or it is an ambiguous prefix); see "
+                          "`agentgym runs ls`")  # fmt: skip
+    return run
+
+
+def _coloured(status: str) -> str:
+    colour = _STATUS_COLOURS.get(status, "yellow")
+    return f"[{colour}]{status}[/]"
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)

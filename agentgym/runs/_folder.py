@@ -1,0 +1,101 @@
+"""What the index copies out of a run folder: headline figures, last step, the log's last lines.
+
+The folder is the source of truth (``summary.json``, ``status.json``, ``metrics.jsonl``,
+``trajectories.jsonl``, logs); these readers never fail on a missing or half-written file, they
+return what they can, because they run while a run may be dying.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: The combined stdout/stderr of a job started by a queue.
+OUTPUT_LOG = "output.log"
+#: Logs looked at for a failed run's last lines, most specific first.
+_LOGS = (OUTPUT_LOG, "train.log")
+TAIL_LINES = 20
+
+
+def read_figures(run_dir: Path) -> dict[str, float]:
+    """Numbers of ``summary.json``, nested ones as ``a/b``; {} when there is none yet.
+
+    A train run's headline ``figures`` mapping (``grpo/success`` ...) keeps its own names.
+    """
+    data = _read_json(run_dir / "summary.json")
+    if not isinstance(data, Mapping):
+        return {}
+    headline = data.get("figures")
+    rest = {k: v for k, v in data.items() if k != "figures"}
+    return _flatten_numbers(rest) | (
+        _flatten_numbers(headline) if isinstance(headline, Mapping) else {}
+    )
+
+
+def read_step(run_dir: Path) -> int | None:
+    """The last step a train run reported (``status.json``), or an eval run's episodes."""
+    status = _read_json(run_dir / "status.json")
+    if isinstance(status, Mapping) and isinstance(status.get("step"), int):
+        return int(status["step"])
+    summary = _read_json(run_dir / "summary.json")
+    if isinstance(summary, Mapping) and isinstance(summary.get("episodes"), int):
+        return int(summary["episodes"])
+    return None
+
+
+def log_path(run_dir: str | Path) -> Path | None:
+    """A job's ``output.log``, else a train run's ``train.log``; None before either exists."""
+    for name in _LOGS:
+        path = Path(run_dir) / name
+        if path.is_file():
+            return path
+    return None
+
+
+def log_tail(run_dir: Path, lines: int = TAIL_LINES) -> str | None:
+    """The last ``lines`` lines of the run's log, or None when it wrote none."""
+    path = log_path(run_dir)
+    try:
+        with open(path or run_dir / OUTPUT_LOG, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return "\n".join(text.rstrip().splitlines()[-lines:]) if text.strip() else None
+
+
+def has_checkpoint(kind: str, run_dir: Path) -> bool:
+    """Whether a ``--resume`` of this run would continue rather than start over.
+
+    A train run needs a complete checkpoint (``checkpoints/step-*/trainer_state.json``); an
+    eval run, one finished episode in ``trajectories.jsonl``.
+    """
+    if kind == "train":
+        return any(run_dir.glob("checkpoints/step-*/trainer_state.json"))
+    try:
+        return b"\n" in (run_dir / "trajectories.jsonl").read_bytes()
+    except OSError:
+        return False
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _flatten_numbers(data: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int | float):
+            out[name] = value
+        elif isinstance(value, Mapping):
+            out |= _flatten_numbers(value, f"{name}/")
+    return out

@@ -1,0 +1,163 @@
+"""Jobs: a ``train`` or ``eval`` config checked before it is queued, and its command line.
+
+A job config is a mapping (or YAML/JSON text of one):
+
+- ``train``: a `GRPOConfig` (the YAML ``agentgym train`` reads); ``output_dir`` is replaced by
+  the job's run folder.
+- ``eval``: ``env`` plus any ``agentgym eval`` option by its Python name (``num_tasks``,
+  ``group_size``, ``policy`` ...), and ``env_kwargs`` (a mapping, as ``--env-arg k=v``);
+  ``out`` and ``resume`` belong to the queue. ``api_key`` is refused: secrets do not go into
+  the database (the worker inherits ``OPENAI_API_KEY``).
+
+`check_job` parses the config as the command would (click's own parser for ``eval``,
+`GRPOConfig.from_dict` for ``train``), so a malformed config is refused at submission and never
+becomes a run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+
+from agentgym._errors import ConfigError
+
+from ._store import RunStore, new_run_id
+
+JobKind = Literal["train", "eval"]
+#: ``eval`` options a job config may not set (see the module docstring).
+_EVAL_RESERVED = frozenset({"out", "resume", "env_arg", "api_key"})
+#: How a worker starts ``agentgym``: the interpreter running this code, not whatever is on PATH.
+_AGENTGYM = [sys.executable, "-c", "from agentgym.cli import main; main()"]
+
+
+def parse_config(config: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A job config as a dict: a mapping as is, or YAML/JSON text parsed."""
+    if isinstance(config, str):
+        try:
+            config = yaml.safe_load(config)
+        except yaml.YAMLError as exc:
+            reason = " ".join(str(exc).split())  # one line
+            raise ConfigError(f"the config is not valid YAML/JSON: {reason}") from None
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"a config must be a mapping of key: value, got {type(config).__name__}")
+    return dict(config)
+
+
+def check_job(kind: str, config: Mapping[str, Any]) -> None:
+    """Refuse a config its command would refuse, before it is queued.
+
+    Raises:
+        ConfigError: unknown kind, unknown key or env, a value of the wrong type.
+    """
+    if kind not in get_args(JobKind):
+        raise ConfigError(f"kind must be 'train' or 'eval', got {kind!r}")
+    if kind == "eval":
+        _check_eval(config)
+    else:
+        _check_train(config)
+
+
+def submit_job(
+    store: RunStore,
+    kind: str,
+    config: Mapping[str, Any] | str,
+    *,
+    runs_root: Path,
+    source: str,
+    name: str | None = None,
+    max_attempts: int = 3,
+    sweep_id: str | None = None,
+) -> str:
+    """Check a job and queue it; returns its run id. Its folder is ``runs_root/<id>``.
+
+    Raises:
+        ConfigError: see `check_job`; nothing is queued then.
+    """
+    data = parse_config(config)
+    check_job(kind, data)
+    run_id = new_run_id()
+    return store.create_run(
+        kind=kind, name=name or job_name(kind, data), config=data, source=source,
+        run_dir=runs_root.resolve() / run_id, job={"kind": kind, "config": data},
+        max_attempts=max_attempts, sweep_id=sweep_id, run_id=run_id,
+    )  # fmt: skip
+
+
+def job_name(kind: str, config: Mapping[str, Any]) -> str:
+    """A default name: ``<kind>-<env>``."""
+    env = str(config.get("env", "calculator")).rsplit("/", 1)[-1]
+    return f"{kind}-{env}"
+
+
+def job_command(kind: str, config: Mapping[str, Any], run_dir: Path, resume: bool) -> list[str]:
+    """The ``agentgym`` command line of a job writing into ``run_dir``.
+
+    A train job's config is written to ``run_dir/job.yaml`` (with ``output_dir: run_dir``).
+    """
+    if kind == "eval":
+        args = ["eval", *_eval_args(config), "--out", str(run_dir)]
+    else:
+        job_file = run_dir / "job.yaml"
+        data = {**config, "output_dir": str(run_dir)}
+        job_file.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        args = ["train", str(job_file)]
+    return [*_AGENTGYM, *args, *(["--resume"] if resume else [])]
+
+
+def _eval_args(config: Mapping[str, Any]) -> list[str]:
+    """``agentgym eval`` arguments for an eval job config (``env`` first)."""
+    if "env" not in config:
+        raise ConfigError("an eval job config needs 'env' (e.g. env: calculator)")
+    args = [str(config["env"])]
+    for key, value in config.items():
+        if key == "env" or value is None:
+            continue
+        if key == "env_kwargs":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"env_kwargs must be a mapping, got {value!r}")
+            for k, v in value.items():
+                args += ["--env-arg", f"{k}={json.dumps(v)}"]
+            continue
+        flag = "--" + key.replace("_", "-")
+        args += [flag, json.dumps(value) if isinstance(value, Mapping) else str(value)]
+    return args
+
+
+def _check_eval(config: Mapping[str, Any]) -> None:
+    import typer
+    import typer.main
+
+    from agentgym import cli
+    from agentgym._registry import resolve_id
+
+    eval_command = getattr(typer.main.get_command(cli.app), "commands")["eval"]  # noqa: B009
+    allowed = {p.name for p in eval_command.params if p.name} - _EVAL_RESERVED
+    allowed |= {"env_kwargs"}
+    for key in config:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {sorted(allowed)}"
+            raise ConfigError(f"unknown eval config key {key!r}; {hint}")
+    args = _eval_args(config)
+    resolve_id(args[0])  # UnknownEnvError names the close ids
+    try:
+        eval_command.make_context("eval", [*args, "--out", "unused"], resilient_parsing=False)
+    except typer.TyperException as exc:  # typer's (vendored click's) usage errors
+        raise ConfigError(f"eval config: {exc.format_message()}") from None
+
+
+def _check_train(config: Mapping[str, Any]) -> None:
+    try:
+        from agentgym.trainers._config import GRPOConfig
+    except ImportError:  # the train extra is missing: the worker will say so
+        return
+    from agentgym._registry import resolve_id
+
+    cfg = GRPOConfig.from_dict(config)
+    resolve_id(cfg.env)

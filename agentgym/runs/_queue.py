@@ -1,0 +1,223 @@
+"""`JobQueue`: runs the store's queued jobs in at most N ``agentgym`` worker subprocesses.
+
+The queue lives in the database, so it survives the process that runs it: ``agentgym serve``
+runs the jobs submitted over HTTP (``sweep_id`` None), ``agentgym sweep`` the jobs of its own
+sweep. Each job's process writes its run folder (``output.log`` gets its stdout and stderr).
+
+Policy when a job's process ends (`JobQueue._settle`):
+
+- exit 0: ``finished``; a cancel was requested: ``cancelled``;
+- exit 2 (bad config) or 1 (a crash in our code): ``failed``, never retried;
+- an infrastructure failure (exit 75, or a kill signal) while the queue is up: re-queued with
+  ``--resume`` while ``attempt < max_attempts``, else ``failed``;
+- the queue itself stopped (its process was killed, or shut down): the job is ``interrupted``;
+  the next queue for it (`recover` on start) re-queues it with ``--resume`` when its folder has
+  a checkpoint (`has_checkpoint`) and attempts are left; otherwise it stays ``interrupted``.
+
+``--resume`` continues a train run from its last checkpoint, an eval run after its last
+finished episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ._folder import OUTPUT_LOG, has_checkpoint, log_tail, read_figures, read_step
+from ._jobs import job_command
+from ._store import RunStatus, RunStore, now_iso, process_alive
+from ._track import is_infra_failure
+
+log = logging.getLogger("agentgym.runs")
+
+
+class JobQueue:
+    """Start queued jobs as subprocesses, at most ``workers`` at a time.
+
+    Args:
+        store: the run store holding the queue.
+        workers: most jobs running at once.
+        sweep_id: run only this sweep's jobs; None: only jobs of no sweep (``serve``).
+        poll_s: how often the database is looked at for new jobs and cancel requests.
+        grace_s: after SIGTERM, how long a job may take to stop before SIGKILL.
+    """
+
+    def __init__(
+        self,
+        store: RunStore,
+        *,
+        workers: int = 2,
+        sweep_id: str | None = None,
+        poll_s: float = 0.5,
+        grace_s: float = 10.0,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.store, self.workers, self.sweep_id = store, workers, sweep_id
+        self.poll_s, self.grace_s = poll_s, grace_s
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._term_sent: dict[str, float] = {}
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+
+    def recover(self) -> list[str]:
+        """Settle the jobs a dead queue left ``running``; returns the ids re-queued.
+
+        Each becomes ``interrupted``; a worker process it orphaned is stopped first (two
+        writers must never share a folder); then the interruption policy applies.
+        """
+        requeued = []
+        for row in self.store.reconcile():
+            if row["job"] is None or row["sweep_id"] != self.sweep_id:
+                continue  # a CLI run, or another sweep's job: marked, not ours to restart
+            _stop_orphan(row["pid"], self.grace_s)
+            if self._requeue_interrupted(row["id"]):
+                requeued.append(row["id"])
+        return requeued
+
+    def wake(self) -> None:
+        """Look at the queue now (thread-safe), e.g. right after a submission."""
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def run(self, *, until_idle: bool = False) -> None:
+        """Start jobs as slots free up; with ``until_idle``, return once none is left."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        while not self._stopping:
+            self._forward_cancels()
+            while len(self._procs) < self.workers and not self._stopping:
+                job = self.store.claim_next(self.owner, sweep_id=self.sweep_id)
+                if job is None:
+                    break
+                self._spawn(job)
+            if until_idle and not self._tasks:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            self._wake.clear()
+
+    async def shutdown(self) -> None:
+        """Stop starting jobs, stop the running ones (they become ``interrupted``)."""
+        self._stopping = True
+        for proc in self._procs.values():
+            _signal_group(proc.pid, signal.SIGTERM)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.grace_s)
+        for proc in self._procs.values():
+            _signal_group(proc.pid, signal.SIGKILL)
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+
+    # ---- one job ---------------------------------------------------------------------------
+    def _spawn(self, job: dict[str, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(self._run_one(job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_one(self, job: dict[str, Any]) -> None:
+        run_dir = Path(job["run_dir"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = job["job"]
+        argv = job_command(spec["kind"], spec["config"], run_dir, bool(job["resume"]))
+        env = {**os.environ, "AGENTGYM_RUN_ID": job["id"], "AGENTGYM_RUNS_DB": self.store.url}
+        with (run_dir / OUTPUT_LOG).open("ab") as out:
+            out.write(f"--- attempt {job['attempt']} at {now_iso()}\n".encode())
+            out.flush()
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,  # its own group: a cancel stops its children
+            )  # fmt: skip
+        self._procs[job["id"]] = proc
+        self.store.update_run(job["id"], only_if={"owner": self.owner}, pid=proc.pid)
+        try:
+            code = await proc.wait()
+        finally:
+            del self._procs[job["id"]]
+            self._term_sent.pop(job["id"], None)
+        self._settle(job["id"], code)
+
+    def _settle(self, run_id: str, code: int) -> None:
+        """Record how a job's process ended and what happens next (module docstring)."""
+        row = self.store.get_run(run_id)
+        if row is None:
+            return
+        run_dir = Path(row["run_dir"])
+        values: dict[str, Any] = {
+            "exit_code": code, "ended_at": now_iso(), "figures": read_figures(run_dir),
+            "step": read_step(run_dir), "error_tail": log_tail(run_dir) if code else None,
+        }  # fmt: skip
+        guard = {"owner": self.owner}
+        if row["cancel_requested"]:
+            self.store.update_run(run_id, only_if=guard, status=RunStatus.cancelled, **values)
+        elif code == 0:
+            self.store.update_run(run_id, only_if=guard, status=RunStatus.finished, **values)
+        elif self._stopping:
+            self.store.update_run(run_id, only_if=guard, status=RunStatus.interrupted, **values)
+            self._requeue_interrupted(run_id)
+        elif is_infra_failure(code) and row["attempt"] < row["max_attempts"]:
+            log.warning("job %s: infrastructure failure (exit %d), retrying", run_id, code)
+            self.store.update_run(
+                run_id, only_if=guard, status=RunStatus.queued, resume=True, owner=None, **values
+            )
+        else:
+            self.store.update_run(run_id, only_if=guard, status=RunStatus.failed, **values)
+
+    def _requeue_interrupted(self, run_id: str) -> bool:
+        """Re-queue an ``interrupted`` job with ``--resume`` when it has a checkpoint."""
+        row = self.store.get_run(run_id)
+        if row is None or row["attempt"] >= row["max_attempts"]:
+            return False
+        if not has_checkpoint(row["kind"], Path(row["run_dir"])):
+            return False
+        return self.store.update_run(
+            run_id, only_if={"status": "interrupted"}, status=RunStatus.queued, resume=True,
+            owner=None,
+        )  # fmt: skip
+
+    def _forward_cancels(self) -> None:
+        """SIGTERM the jobs whose cancel was requested; SIGKILL them after ``grace_s``."""
+        for run_id, proc in list(self._procs.items()):
+            sent = self._term_sent.get(run_id)
+            if sent is None:
+                row = self.store.get_run(run_id)
+                if row is not None and row["cancel_requested"]:
+                    _signal_group(proc.pid, signal.SIGTERM)
+                    self._term_sent[run_id] = time.monotonic()
+            elif time.monotonic() - sent > self.grace_s:
+                _signal_group(proc.pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _stop_orphan(pid: int | None, grace_s: float) -> None:
+    """Stop an ``agentgym`` worker a killed queue left behind (its own process group)."""
+    if not pid or not process_alive(pid) or not _is_agentgym(pid):
+        return
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _is_agentgym(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a process we do not own: no handle to wait on
+    _signal_group(pid, signal.SIGKILL)
+
+
+def _is_agentgym(pid: int) -> bool:
+    """Whether ``pid`` runs agentgym (not a zombie, nor a new process that reused the number)."""
+    try:
+        return b"agentgym" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False

@@ -1,0 +1,290 @@
+"""`RunStore`: the index of every run in SQLite (default) or PostgreSQL, and the job queue's table.
+
+The run folder stays the source of truth for metrics and trajectories; a row holds what is
+needed to find, list and compare runs (status, config, folder, headline figures) and, for jobs
+of ``agentgym serve``/``sweep``, what is needed to start them again.
+
+Which database: ``url`` if given, else ``$AGENTGYM_RUNS_DB``, else the SQLite file
+``$AGENTGYM_HOME/runs.db`` (``~/.cache/agentgym/runs.db``). A plain path means a SQLite file;
+anything with ``://`` is a SQLAlchemy URL (``postgresql+psycopg://user@host/db``).
+
+SQLite is opened in WAL mode and every transaction starts with ``BEGIN IMMEDIATE``: the CLI,
+the server and its workers are separate processes writing the same file, and an immediate
+transaction waits for the lock (``busy_timeout``) instead of failing on a lock upgrade.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from ._schema import migrate, runs
+
+#: ``AGENTGYM_RUNS_DB`` value that turns indexing of CLI runs off.
+DISABLED = "off"
+
+
+class RunStatus(StrEnum):
+    """Where a run is in its life."""
+
+    queued = "queued"  # a job waiting for a worker
+    running = "running"  # a process is working on it
+    finished = "finished"  # exit code 0
+    failed = "failed"  # non-zero exit (bad config, crash, infra error after its retries)
+    cancelled = "cancelled"  # stopped on request (API, sweep)
+    interrupted = "interrupted"  # its process died without finishing (kill, Ctrl-C, host crash)
+
+
+#: States a run does not leave by itself (an interrupted job may still be re-queued).
+TERMINAL = frozenset(
+    {RunStatus.finished, RunStatus.failed, RunStatus.cancelled, RunStatus.interrupted}
+)
+
+
+def agentgym_home() -> Path:
+    """``$AGENTGYM_HOME``, default ``~/.cache/agentgym``."""
+    return Path(os.environ.get("AGENTGYM_HOME") or Path.home() / ".cache" / "agentgym")
+
+
+def resolve_db_url(url: str | None = None) -> str:
+    """The database URL to use: ``url``, ``$AGENTGYM_RUNS_DB``, or the default SQLite file."""
+    chosen = url or os.environ.get("AGENTGYM_RUNS_DB") or str(agentgym_home() / "runs.db")
+    if "://" in chosen:
+        return chosen
+    path = Path(chosen).expanduser().resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO-8601 with microseconds (sorts as text)."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
+
+
+def new_run_id() -> str:
+    """A fresh run id: 12 hex digits."""
+    return uuid.uuid4().hex[:12]
+
+
+def process_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a live process on this host."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunStore:
+    """Rows of runs in one database; safe to use from several processes at once.
+
+    Args:
+        url: see the module docstring; None uses the environment or the default file.
+
+    Example::
+
+        store = RunStore("sqlite:////tmp/runs.db")
+        run_id = store.create_run(kind="eval", name="calc", config={}, source="cli",
+                                  status=RunStatus.running)
+        store.update_run(run_id, status=RunStatus.finished, exit_code=0)
+        store.list_runs()[0]["status"]  # 'finished'
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.engine = _make_engine(resolve_db_url(url))
+        self.schema_version = migrate(self.engine)
+
+    @property
+    def url(self) -> str:
+        """The URL with its password, for the worker processes this store starts."""
+        return self.engine.url.render_as_string(hide_password=False)
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+    # ---- writing --------------------------------------------------------------------------
+    def create_run(
+        self,
+        *,
+        kind: str,
+        name: str,
+        config: Mapping[str, Any],
+        source: str,
+        status: RunStatus = RunStatus.queued,
+        run_dir: str | os.PathLike[str] | None = None,
+        job: Mapping[str, Any] | None = None,
+        max_attempts: int = 1,
+        sweep_id: str | None = None,
+        run_id: str | None = None,
+        **values: Any,
+    ) -> str:
+        """Insert a run; returns its id (``run_id``, or a new one). ``values``: other columns."""
+        run_id = run_id or new_run_id()
+        stamp = now_iso()
+        row = {
+            "id": run_id, "kind": kind, "name": name, "status": str(status), "source": source,
+            "config": _jsonable(config), "job": _jsonable(job) if job is not None else None,
+            "run_dir": str(run_dir) if run_dir is not None else None, "created_at": stamp,
+            "updated_at": stamp, "figures": {}, "max_attempts": max_attempts,
+            "sweep_id": sweep_id, "attempt": 0, "resume": False, "cancel_requested": False,
+        }  # fmt: skip
+        with self.engine.begin() as conn:
+            conn.execute(runs.insert().values(row | values))
+        return run_id
+
+    def update_run(
+        self, run_id: str, *, only_if: Mapping[str, Any] | None = None, **values: Any
+    ) -> bool:
+        """Set columns of a run; with ``only_if`` (column: value), only when they all match.
+
+        Returns whether a row changed: a guarded update that lost a race returns False.
+        """
+        query = runs.update().where(runs.c.id == run_id)
+        for column, expected in (only_if or {}).items():
+            query = query.where(runs.c[column] == expected)
+        values = {k: str(v) if isinstance(v, RunStatus) else v for k, v in values.items()}
+        if "config" in values:
+            values["config"] = _jsonable(values["config"])
+        with self.engine.begin() as conn:
+            result = conn.execute(query.values(updated_at=now_iso(), **values))
+        return bool(result.rowcount)
+
+    def claim_next(self, owner: str, *, sweep_id: str | None = None) -> dict[str, Any] | None:
+        """Take the oldest queued job of ``sweep_id`` (None: of no sweep) for ``owner``, or None.
+
+        The job becomes ``running`` with ``attempt`` + 1; the guarded update makes two queue
+        processes racing for one job end with exactly one owner.
+        """
+        while True:
+            query = sa.select(runs.c.id, runs.c.attempt).where(
+                runs.c.status == "queued",
+                runs.c.sweep_id == sweep_id,  # None: IS NULL
+            )
+            with self.engine.begin() as conn:
+                row = conn.execute(query.order_by(runs.c.created_at).limit(1)).first()
+            if row is None:
+                return None
+            claimed = self.update_run(
+                row.id, only_if={"status": "queued"}, status=RunStatus.running, owner=owner,
+                attempt=row.attempt + 1, pid=None, host=socket.gethostname(),
+                started_at=now_iso(), ended_at=None, exit_code=None, error_tail=None,
+            )  # fmt: skip
+            if claimed:
+                return self.get_run(row.id)
+
+    def request_cancel(self, run_id: str) -> dict[str, Any] | None:
+        """Ask for a run to stop: a queued job is cancelled now, a running one by its queue.
+
+        Returns the row after the change, or None if there is no such run.
+        """
+        self.update_run(
+            run_id, only_if={"status": "queued"}, status=RunStatus.cancelled,
+            cancel_requested=True, ended_at=now_iso(),
+        )  # fmt: skip
+        self.update_run(run_id, only_if={"status": "running"}, cancel_requested=True)
+        return self.get_run(run_id)
+
+    def reconcile(self) -> list[dict[str, Any]]:
+        """Mark ``running`` rows of this host whose process died as ``interrupted``.
+
+        A job's process is its queue's (``owner``); a CLI run's is its own ``pid``. Rows of
+        other hosts are left alone. Returns the rows changed (as they were before).
+        """
+        host = socket.gethostname()
+        changed = []
+        for row in self.list_runs(limit=None, status=RunStatus.running):
+            if row["host"] != host:
+                continue
+            pid = _owner_pid(row["owner"]) if row["owner"] else row["pid"]
+            if process_alive(pid):
+                continue
+            if self.update_run(
+                row["id"], only_if={"status": "running", "owner": row["owner"]},
+                status=RunStatus.interrupted, ended_at=now_iso(),
+            ):  # fmt: skip
+                changed.append(row)
+        return changed
+
+    # ---- reading (the dashboard reads runs only through these two) ------------------------
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """One run as a dict of its columns (``config`` and ``figures`` dicts), or None."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).first()
+        return _as_dict(row) if row is not None else None
+
+    def list_runs(
+        self,
+        limit: int | None = 200,
+        *,
+        status: str | None = None,
+        sweep_id: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Runs, newest first, as dicts (see `get_run`); ``limit=None`` returns all."""
+        query = sa.select(runs).order_by(runs.c.created_at.desc())
+        if status is not None:
+            query = query.where(runs.c.status == str(status))
+        if sweep_id is not None:
+            query = query.where(runs.c.sweep_id == sweep_id)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as conn:
+            return [_as_dict(row) for row in conn.execute(query)]
+
+    def find_run(self, prefix: str) -> dict[str, Any] | None:
+        """The run whose id is ``prefix`` or starts with it, when exactly one does."""
+        exact = self.get_run(prefix)
+        if exact is not None:
+            return exact
+        query = sa.select(runs).where(runs.c.id.startswith(prefix, autoescape=True)).limit(2)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return _as_dict(rows[0]) if len(rows) == 1 else None
+
+
+def _jsonable(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` as JSON reads it back: a YAML date or a `Path` becomes a string."""
+    return dict(json.loads(json.dumps(dict(data), default=str)))
+
+
+def _as_dict(row: sa.Row[Any]) -> dict[str, Any]:
+    data = dict(row._mapping)
+    data["figures"] = data.get("figures") or {}
+    data["config"] = data.get("config") or {}
+    return data
+
+
+def _owner_pid(owner: str) -> int | None:
+    _, _, pid = owner.rpartition(":")
+    return int(pid) if pid.isdigit() else None
+
+
+def _make_engine(url: str) -> sa.Engine:
+    if not url.startswith("sqlite"):
+        return sa.create_engine(url, pool_pre_ping=True)
+    engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # SQLAlchemy, not the driver, begins transactions
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        dbapi_conn.execute("PRAGMA busy_timeout=30000")
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine

@@ -1,0 +1,120 @@
+"""Indexing of ``agentgym eval`` runs (the CLI hook), exit codes, and ``agentgym runs``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+
+require("sqlalchemy")
+from agentgym import ConfigError, ModelError  # noqa: E402
+from agentgym.runs import EXIT_INFRA, RunStatus, RunStore, is_infra_failure, track_run  # noqa: E402
+
+AGENTGYM = [sys.executable, "-c", "from agentgym.cli import main; main()"]
+
+
+def agentgym(*args: str, db: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "AGENTGYM_RUNS_DB": db, "COLUMNS": "200", **env}
+    return subprocess.run(
+        [*AGENTGYM, *args], capture_output=True, text=True, env=environ, timeout=120
+    )
+
+
+def test_an_eval_run_is_indexed_with_its_figures(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    proc = agentgym("eval", "calculator", "-n", "2", "--out", str(tmp_path / "calc"), db=db)
+    assert proc.returncode == 0, proc.stderr
+    [run] = RunStore(db).list_runs()
+    assert (run["kind"], run["name"], run["status"], run["exit_code"], run["source"]) == (
+        "eval", "calc", "finished", 0, "cli",
+    )  # fmt: skip
+    assert run["run_dir"] == str((tmp_path / "calc").resolve())
+    assert run["figures"]["reward/mean"] == 1.0 and run["step"] == 2
+    assert run["config"]["env"] == "agentgym/Calculator-v0" and run["pid"] > 0
+    assert run["started_at"] <= run["ended_at"]
+
+
+def test_a_refused_config_leaves_no_run(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    for args in (["nope"], ["calculator", "--env-arg", "bogus=1"]):
+        proc = agentgym("eval", *args, "--out", str(tmp_path / "x"), db=db)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert RunStore(db).list_runs() == []
+
+
+def test_an_unreachable_database_is_a_warning_not_a_failed_run(tmp_path: Path) -> None:
+    out = tmp_path / "calc"
+    dead = "postgresql+psycopg://nobody@127.0.0.1:1/none"
+    proc = agentgym("eval", "calculator", "-n", "1", "--out", str(out), db=dead)
+    assert proc.returncode == 0, proc.stderr
+    assert "not indexed" in proc.stderr and (out / "summary.json").exists()
+
+
+def test_runs_ls_show_and_compare(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    for n in ("1", "3"):
+        out = str(tmp_path / f"calc{n}")
+        assert agentgym("eval", "calculator", "-n", n, "--out", out, db=db).returncode == 0
+    second, first = (r["id"] for r in RunStore(db).list_runs())
+    listing = agentgym("runs", "ls", db=db)
+    assert listing.returncode == 0 and first in listing.stdout and second in listing.stdout
+    assert listing.stdout.count("finished") == 2
+    shown = agentgym("runs", "show", first[:5], db=db)
+    assert shown.returncode == 0 and "calc1" in shown.stdout and "num_tasks: 1" in shown.stdout
+    compared = agentgym("runs", "compare", first, second, db=db)
+    assert compared.returncode == 0
+    assert "num_tasks" in compared.stdout and "episodes" in compared.stdout
+    missing = agentgym("runs", "show", "zzz", db=db)
+    assert missing.returncode == 2 and "agentgym runs ls" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("raised", "code", "status"),
+    [
+        (ConfigError("bad knob"), 2, RunStatus.failed),
+        (ModelError("server down"), EXIT_INFRA, RunStatus.failed),
+        (KeyboardInterrupt(), 130, RunStatus.interrupted),
+        (SystemExit(143), 143, RunStatus.interrupted),  # train's SIGTERM handler
+        (RuntimeError("bug"), 1, RunStatus.failed),
+    ],
+)
+def test_how_a_run_ends_sets_its_status_and_exit_code(
+    raised: BaseException, code: int, status: RunStatus, db_url: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("AGENTGYM_RUNS_DB", db_url)
+    expected = SystemExit if isinstance(raised, ModelError) else type(raised)
+    with pytest.raises(expected) as caught, track_run("train", "t", {"lr": 1}, tmp_path):
+        raise raised
+    if isinstance(raised, ModelError):
+        assert caught.value.code == EXIT_INFRA  # an InfraError leaves with the infra code
+    [run] = RunStore(db_url).list_runs()
+    assert (run["status"], run["exit_code"], run["config"]) == (status, code, {"lr": 1})
+    assert run["error_tail"] and type(raised).__name__ in run["error_tail"]
+    assert is_infra_failure(code) == (status is RunStatus.interrupted or code == EXIT_INFRA)
+
+
+def test_a_queued_row_is_adopted_not_duplicated(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RunStore(db_url)
+    job_id = store.create_run(kind="eval", name="job", config={}, source="serve")
+    monkeypatch.setenv("AGENTGYM_RUNS_DB", db_url)
+    monkeypatch.setenv("AGENTGYM_RUN_ID", job_id)
+    with track_run("eval", "ignored", {"env": "calculator"}, tmp_path) as run_id:
+        assert run_id == job_id and store.get_run(job_id)["status"] == "running"
+    [run] = store.list_runs()
+    assert (run["id"], run["name"], run["status"], run["source"]) == (
+        job_id, "job", "finished", "serve",
+    )  # fmt: skip
+
+
+def test_indexing_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTGYM_RUNS_DB", "off")
+    with track_run("eval", "x", {}, tmp_path) as run_id:
+        assert run_id is None
