@@ -44,3 +44,16 @@ def test_git_server_reports_the_status_of_a_repository(tmp_path: Path) -> None:
     assert t.status == "ok" and not t.turns[0].tool_errors
     [reply] = tool_replies(t)
     assert "untracked_file.txt" in reply
+
+
+def test_a_schema_invalid_call_is_the_models_error_and_never_reaches_the_server() -> None:
+    spec = MCPServer(command=venv_server("mcp-server-time"), scope="shared")
+    tasks = [{"prompt": "What is 12:00 UTC in Tokyo?"}]
+    bad = call("convert_time", source_timezone="UTC", time=1200)  # no target; time not a string
+    good = call("convert_time", source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo")
+    [t] = rollout(lambda: MCPToolEnv([spec], tasks=tasks, max_turns=4),
+                  ScriptedPolicy([bad, good, "21:00"]))  # fmt: skip
+    assert t.status == "ok"
+    first, second = tool_replies(t)
+    assert t.turns[0].tool_errors and "target_timezone" in first  # names what is missing
+    assert not t.turns[1].tool_errors and "T21:00:00+09:00" in second  # the episode went on

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,3 +14,21 @@ from tests.runs.postgres import BACKENDS, backend_url
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """URL of an empty database, once per backend."""
     return backend_url(request.param, tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def close_every_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Close each `RunStore` a test opened (open PostgreSQL connections warn when collected)."""
+    from agentgym.runs import RunStore
+
+    opened: list[RunStore] = []
+    init = RunStore.__init__
+
+    def tracked(self: RunStore, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        opened.append(self)
+
+    monkeypatch.setattr(RunStore, "__init__", tracked)
+    yield
+    for store in opened:
+        store.close()

@@ -101,7 +101,9 @@ def test_a_stopped_server_interrupts_its_jobs_and_requeues_them(tmp_path: Path) 
                 first.proc.terminate()  # graceful: even with a log being followed
                 first.proc.wait(timeout=60)  # uvicorn re-raises the SIGTERM once it stopped
     assert not _alive(before["pid"])
-    stopped = RunStore(db_url).get_run(long["id"])  # interrupted, then re-queued
+    store = RunStore(db_url)
+    stopped = store.get_run(long["id"])  # interrupted, then re-queued
+    store.close()
     assert (stopped["status"], stopped["exit_code"], stopped["resume"]) == ("queued", -15, True)
     with api_server(db_url, tmp_path, name="second") as second:
         with httpx.Client(base_url=second.url, timeout=30) as client:
