@@ -180,6 +180,10 @@ def evaluate(
         RolloutModeChoice,
         typer.Option(help="vllm: concat (one sequence per episode), per_turn, or auto."),
     ] = RolloutModeChoice.auto,
+    max_model_len: Annotated[
+        int,
+        typer.Option(min=16, help="vllm: context window; a longer episode ends truncated."),
+    ] = 4096,
     out: Annotated[
         Path, typer.Option(help="Folder for trajectories.jsonl, summary.json and run.json.")
     ] = Path("runs/eval"),
@@ -211,7 +215,7 @@ def evaluate(
         "model": str(model_path) if policy is PolicyKind.vllm else model,
         "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
-        "rollout_mode": rollout_mode.value,
+        "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
     }  # fmt: skip
     done = _previous_episodes(out, run_config, resume)
     from .runs import track_run  # indexes the run; a database failure is only a warning
@@ -223,7 +227,8 @@ def evaluate(
         elif policy is PolicyKind.vllm and model_path is not None:
             sampling = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens}
             engine = _prepare_engine(
-                model_path, env_id, env_kwargs_built, sampling, template_kwargs, rollout_mode
+                model_path, env_id, env_kwargs_built, sampling, template_kwargs, rollout_mode,
+                max_model_len,
             )
             agent = stack.enter_context(engine)  # shut down on leaving
         else:
@@ -256,6 +261,7 @@ def _prepare_engine(
     sampling: dict[str, Any],
     template_kwargs: dict[str, Any],
     rollout_mode: RolloutModeChoice,
+    max_model_len: int,
 ) -> Any:
     """A started `VLLMPolicy` whose rollout mode for the env is decided and printed.
 
@@ -281,6 +287,7 @@ def _prepare_engine(
         sampling=SamplingConfig(**{k: v for k, v in sampling.items() if v is not None}),
         chat_template_kwargs=template_kwargs,
         rollout_mode=rollout_mode.value,
+        max_model_len=max_model_len,
     )
     if rollout_mode is RolloutModeChoice.concat:
         decision = ChatRenderer(tokenizer, template_kwargs).decide_mode(example, tools)
