@@ -27,23 +27,20 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import statistics
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 
 from agentgym import Trajectory
 from agentgym._trajectory import STATUSES, Status, Turn, to_json_line
 from agentgym.serve._dashboard import dashboard_router
+from agentgym.serve._thread import serve_in_thread
 
 SYSTEM = "Use the calculate tool, then give the number."
 EPISODES_PER_STEP = 50
@@ -153,26 +150,6 @@ class OneRunStore:
 # ---- serving and timing ----------------------------------------------------------------------
 
 
-@contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """uvicorn in a thread on an ephemeral loopback port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise SystemExit("the dashboard server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
 def fetch(client: httpx.Client, urls: list[str]) -> tuple[float, int]:
     """Seconds and bytes to GET ``urls`` one after the other (each must succeed)."""
     start, size = time.perf_counter(), 0
@@ -210,7 +187,7 @@ def main() -> None:
         api = f"/api/runs/{RUN_ID}"
         curves = "&".join(f"key={k}" for k in ("reward/*", "loss/*", "rollout/*"))
         last = (args.trajectories - 1) // 50 * 50
-        with serve(app) as url, httpx.Client(base_url=url, timeout=120) as client:
+        with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=120) as client:
 
             def get(urls: list[str]) -> Callable[[], tuple[float, int]]:
                 return lambda: fetch(client, urls)

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,23 +197,11 @@ class Dashboard:
 @contextlib.contextmanager
 def serve(app: Any) -> Iterator[str]:
     """Run ``app`` with uvicorn in a thread on an ephemeral loopback port; yield its URL."""
-    uvicorn = require("uvicorn")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:  # poll the server's own flag, with a deadline
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the dashboard server did not start within 30 s")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    require("uvicorn")
+    from agentgym.serve._thread import serve_in_thread
+
+    with serve_in_thread(app) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
