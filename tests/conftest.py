@@ -6,9 +6,11 @@ Add new shared fixtures here under their own heading; keep test-specific helpers
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -54,6 +56,19 @@ CALCULATE_TOOL = {
         },
     },
 }
+
+
+# --- loopback HTTP test services (stdlib http.server) -----------------------------------------
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> None:
+    """Answer a request of a stdlib test server with ``body`` as JSON (length set, no chunking)."""
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 # --- tiny local model ------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 
 from agentgym import ConfigError, InfraError, Tool, ToolArgumentsError, ToolEnv, ToolError
 from agentgym._openapi import openapi_tools, operations
+from tests.conftest import send_json
 
 PET = {
     "type": "object",
@@ -230,12 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
             code, payload = 200, {}
         else:
             code, payload = 200, {"method": self.command, "path": self.path, "body": body}
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, code, payload)
 
     do_GET = do_POST = do_PUT = do_PATCH = _answer
 

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import agentgym
+from tests.conftest import send_json
 
 REPLY = {
     "choices": [
@@ -50,12 +51,7 @@ class _Handler(BaseHTTPRequestHandler):
         status, reply = self.server.script[
             min(len(self.server.requests), len(self.server.script)) - 1
         ]
-        data = json.dumps(reply).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, reply)
 
     def log_message(self, *args: object) -> None:
         pass

@@ -17,7 +17,7 @@ from agentgym._tasks import load_tasks
 from agentgym.envs.search import exact_match, final_answer, normalize, token_f1
 from agentgym.envs.search.backends import BM25Backend, Doc, bm25_from
 from agentgym.envs.search.tasks import make_tasks, qa_index
-from tests.conftest import require
+from tests.conftest import require, send_json
 
 CORPUS = [
     {"pid": "p1", "heading": "Lima", "body": "Lima is the capital of Peru, on the Pacific coast."},
@@ -198,12 +198,7 @@ class SearchService(BaseHTTPRequestHandler):
         self._send(200, doc.__dict__)
 
     def _send(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def log_message(self, *args) -> None:  # keep the test output clean
         pass
