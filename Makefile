@@ -16,7 +16,7 @@ $(VENV)/.core: pyproject.toml
 	touch $@
 
 $(VENV)/.full: pyproject.toml $(VENV)/.core
-	$(PY) -m pip install -q -e '.[sandbox,data,vllm,train,tools,test]'
+	$(PY) -m pip install -q -e '.[sandbox,data,vllm,train,tools,scale,test]'
 	$(PY) -m pip uninstall -y -q $(BROKEN_WITH_CPU_TORCH) || true
 	touch $@
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._errors import ConfigError, ContextLengthError, ModelError
+from ._http import LoopClient
 from ._types import Completion, Message
 
 if TYPE_CHECKING:
@@ -161,9 +162,7 @@ class OpenAIPolicy:
         self.max_retries = max_retries
         self.retry_backoff = retry_backoff
         self.base_url = base_url.rstrip("/")
-        self._headers, self._timeout = headers, timeout
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._http = LoopClient(base_url=self.base_url, headers=headers, timeout=timeout)
 
     def _request_body(
         self, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int | None
@@ -205,7 +204,7 @@ class OpenAIPolicy:
             if attempt:
                 await asyncio.sleep(self.retry_backoff * 2 ** (attempt - 1))
             try:
-                response = await self._http().post("/chat/completions", json=body)
+                response = await self._http.get().post("/chat/completions", json=body)
             except httpx.TransportError as exc:
                 failure = f"request failed: {exc!r}"
                 continue
@@ -216,23 +215,9 @@ class OpenAIPolicy:
             f"{self.base_url}/chat/completions {failure} (after {self.max_retries + 1} attempts)"
         )
 
-    def _http(self) -> httpx.AsyncClient:
-        """The connection pool of the running event loop (a new loop gets a new pool)."""
-        import httpx
-
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(
-                base_url=self.base_url, headers=self._headers, timeout=self._timeout
-            )
-            self._client_loop = loop
-        return self._client
-
     async def aclose(self) -> None:
         """Close the HTTP connection pool; the policy stays usable (a new pool opens on demand)."""
-        if self._client is not None:
-            await self._client.aclose()
-        self._client = self._client_loop = None
+        await self._http.aclose()
 
 
 def _completion_from_response(data: dict[str, Any]) -> Completion:

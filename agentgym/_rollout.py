@@ -144,7 +144,21 @@ async def _play(
     trajectory.messages = messages  # grows with what every step appends
     tools = getattr(env, "tool_schemas", [])
     episode = start_episode(policy, tools, task=trajectory.task, seed=spec.seed)
+    try:
+        info, truncated = await _turns(env, episode, trajectory, max_tokens_per_turn)
+    finally:
+        end = getattr(episode, "aclose", None)  # optional: users' episode handles may lack it
+        if end is not None:
+            await end()
+    _record_outcome(trajectory, info, truncated)
+
+
+async def _turns(
+    env: Env, episode: PolicyEpisode, trajectory: Trajectory, max_tokens_per_turn: int | None
+) -> tuple[dict[str, Any], bool]:
+    """Turn after turn until the env ends the episode; returns the last info and truncation."""
     done = truncated = False
+    info: dict[str, Any] = {}
     while not done:
         t0 = time.perf_counter()
         try:
@@ -165,7 +179,7 @@ async def _play(
         trajectory.mode = episode.mode
         done = terminated or truncated
     trajectory.mode = episode.mode
-    _record_outcome(trajectory, info, truncated)
+    return info, truncated
 
 
 async def _next_turn(

@@ -7,29 +7,43 @@ is missing.
 - `VLLMPolicy`: an in-process vLLM engine, token in / token out across turns, LoRA versions.
 - `HFPolicy`: transformers `generate` with the same contract (and the logprob oracle).
 - `ChatRenderer`: prompt deltas from a chat template, and the ``concat``/``per_turn`` decision.
-- `serve_vllm` / `LocalServer`: vLLM's OpenAI-compatible server as a subprocess, for
-  `OpenAIPolicy` runs on a local model folder.
+- `RemoteVLLMPolicy` + `VLLMFleet`: the same token-in/token-out contract on N vLLM servers
+  (sticky least-loaded routing, or an existing router; adapter publish to every server).
+- `serve_vllm` / `serve_vllm_fleet` / `serve_router` / `LocalServer`: vLLM's OpenAI-compatible
+  server (one or several) and vllm-router as subprocesses, on a local model folder.
 - `tiny`: tiny local models and tokenizers built offline and deterministically.
 """
 
 from __future__ import annotations
 
 from ._episode import SamplingConfig, TokenEpisode, TokenPolicy
+from ._fleet import AdapterPublishError, PublishReport, VLLMFleet, stage_adapter
 from ._hf import HFPolicy
+from ._remote import RemoteVLLMPolicy
 from ._render import ChatRenderer, ModeDecision, TemplateError
-from ._serve import LocalServer, serve_vllm
+from ._router import StickyLeastLoaded
+from ._serve import LocalServer, ServerOptions, serve_router, serve_vllm, serve_vllm_fleet
 from ._vllm import AdapterVersion, VLLMPolicy
 
 __all__ = [
+    "AdapterPublishError",
     "AdapterVersion",
     "ChatRenderer",
     "HFPolicy",
     "LocalServer",
     "ModeDecision",
+    "PublishReport",
+    "RemoteVLLMPolicy",
     "SamplingConfig",
+    "ServerOptions",
+    "StickyLeastLoaded",
     "TemplateError",
     "TokenEpisode",
     "TokenPolicy",
+    "VLLMFleet",
     "VLLMPolicy",
+    "serve_router",
     "serve_vllm",
+    "serve_vllm_fleet",
+    "stage_adapter",
 ]

@@ -8,6 +8,7 @@ A backend (vLLM in-process, transformers) only has to sample one turn from exact
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -96,9 +97,17 @@ class TokenPolicy:
         max_tokens: int | None = None,
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
+        session: str | None = None,
     ) -> Completion:
-        """Sample one turn that continues ``prompt_ids`` exactly (``sampling``: this call's)."""
+        """Sample one turn that continues ``prompt_ids`` exactly (``sampling``: this call's).
+
+        ``session`` names the episode, so a backend of several servers can keep its turns on
+        one (its prefix cache); a single engine ignores it.
+        """
         raise NotImplementedError
+
+    async def end_session(self, session: str) -> None:
+        """The episode ``session`` ended (a router forgets it); nothing to do for one engine."""
 
     def turn_limit(
         self, prompt_ids: Sequence[int], max_tokens: int | None, sampling: SamplingConfig
@@ -186,6 +195,7 @@ class TokenEpisode:
         self._ids: list[int] = []
         self._last_ids: list[int] = []
         self._seen = 0
+        self.session = uuid.uuid4().hex
 
     async def generate(
         self, messages: list[Message], *, max_tokens: int | None = None
@@ -195,13 +205,18 @@ class TokenEpisode:
         base = self.policy.sampling.seed
         seed = None if base is None else base + 1000 * self._episode_seed + self._turn
         completion = await self.policy.generate_ids(
-            prompt, max_tokens=max_tokens, seed=seed, sampling=self.policy.sampling
-        )
+            prompt, max_tokens=max_tokens, seed=seed, sampling=self.policy.sampling,
+            session=self.session,
+        )  # fmt: skip
         self._turn += 1
         self._last_ids = list(completion.completion_ids or [])
         self._ids = prompt + self._last_ids
         self._seen = len(messages)
         return completion
+
+    async def aclose(self) -> None:
+        """The episode is over: the policy may forget it (the rollout calls this, always)."""
+        await self.policy.end_session(self.session)
 
     def _next_prompt(self, messages: list[Message]) -> list[int]:
         renderer = self.policy.renderer
@@ -236,10 +251,21 @@ class _SamplingView(TokenPolicy):
         max_tokens: int | None = None,
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
+        session: str | None = None,
     ) -> Completion:
         return await self._parent.generate_ids(
-            prompt_ids, max_tokens=max_tokens, seed=seed, sampling=sampling or self.sampling
-        )
+            prompt_ids, max_tokens=max_tokens, seed=seed, sampling=sampling or self.sampling,
+            session=session,
+        )  # fmt: skip
+
+    async def end_session(self, session: str) -> None:
+        await self._parent.end_session(session)
+
+    async def aclose(self) -> None:
+        """Close the parent's connection pools, if it has any (they reopen on demand)."""
+        close = getattr(self._parent, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def probe_conversation(tools: list[dict[str, Any]]) -> list[Message]:

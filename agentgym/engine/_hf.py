@@ -80,6 +80,7 @@ class HFPolicy(TokenPolicy):
         max_tokens: int | None = None,
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
+        session: str | None = None,
     ) -> Completion:
         """Sample one turn from exact prompt ids (in a thread: the caller's loop keeps going)."""
         s = sampling or self.sampling

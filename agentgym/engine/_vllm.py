@@ -270,6 +270,7 @@ class VLLMPolicy(TokenPolicy):
         max_tokens: int | None = None,
         seed: int | None = None,
         sampling: SamplingConfig | None = None,
+        session: str | None = None,
     ) -> Completion:
         """Sample one turn from exact prompt ids with the current adapter version."""
         thread, _ = self._started()

@@ -6,20 +6,17 @@ One engine serves the whole module (starting one takes 20-90 s on two cores).
 from __future__ import annotations
 
 import asyncio
-import string
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import agentgym
-from agentgym import Env
 from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy
 from tests.conftest import require
+from tests.engine.episodes import NudgeEnv, letters_only, make_adapter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-LETTERS = " " + string.ascii_lowercase
 
 
 @pytest.fixture(scope="module")
@@ -39,47 +36,6 @@ def policy(tiny_model_dir: Path) -> Any:
 @pytest.fixture(scope="module")
 def hf(tiny_model_dir: Path) -> HFPolicy:
     return HFPolicy(tiny_model_dir, dtype="float32")
-
-
-class NudgeEnv(Env):
-    """Every assistant turn is answered by a user nudge; three turns, then truncated.
-
-    ``release`` (optional) is awaited in the step of episodes whose task is ``"slow"``, to
-    hold one episode at its env step while the others run.
-    """
-
-    def __init__(self, release: asyncio.Event | None = None) -> None:
-        super().__init__()
-        self.release = release
-        self.turn = 0
-
-    async def areset(self, *, seed=None, options=None):
-        await super().areset(seed=seed)
-        self.task = (options or {}).get("task")
-        self.turn = 0
-        self.messages = [
-            {"role": "system", "content": "Write letters."},
-            {"role": "user", "content": "go"},
-        ]
-        return list(self.messages), {"task": self.task}
-
-    async def astep(self, action):
-        self.turn += 1
-        if self.task == "slow" and self.release is not None:
-            await self.release.wait()
-        new = [
-            {"role": "assistant", "content": action.text},
-            {"role": "user", "content": f"more {self.turn}"},
-        ]
-        self.messages += new
-        return new, 0.0, False, self.turn >= 3, {"step_reward": 0.0}
-
-
-def letters_only(policy: VLLMPolicy) -> dict[str, Any]:
-    """Sampling limited to lowercase letters, space and <|im_end|>: text that round-trips."""
-    tok = policy.tokenizer
-    allowed = [tok.convert_tokens_to_ids(ch) for ch in LETTERS] + [tok.eos_token_id]
-    return {"allowed_token_ids": allowed}
 
 
 def test_three_turn_episode_is_token_exact(policy: VLLMPolicy) -> None:
@@ -116,20 +72,6 @@ async def test_logprobs_are_the_sampling_distributions_and_match_transformers(
     assert completion.logprobs == pytest.approx(reference, abs=2e-3)
     raw = hf.token_logprobs(prompt, completion.completion_ids, temperature=1.0)
     assert completion.logprobs != pytest.approx(raw, abs=2e-3)  # not the pre-temperature ones
-
-
-def make_adapter(model_dir: Path, out: Path, seed: int) -> Path:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(
-        r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False
-    )
-    get_peft_model(base, config).save_pretrained(out)
-    return out
 
 
 async def test_a_new_adapter_version_is_served_while_the_engine_runs(

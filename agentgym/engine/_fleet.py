@@ -1,0 +1,298 @@
+"""`VLLMFleet`: N OpenAI-compatible vLLM servers used as one rollout engine.
+
+Two planes, as in SkyRL and prime-rl:
+
+- *Data plane*: each request goes to the replica `StickyLeastLoaded` picks (an episode stays
+  where its prefix is cached). A replica that fails in transit or answers 5xx is routed around
+  for ``cool_off`` seconds; after that it is probed, and it takes traffic again only once it
+  serves every adapter version the fleet keeps (a restarted server comes back empty).
+- *Control plane*: `publish` loads a new adapter version on every healthy server at once
+  (``/v1/load_lora_adapter``; the servers need ``--enable-lora`` and
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``), retrying "not found" while shared storage catches
+  up. Traffic switches to the new version only when every healthy server acknowledged;
+  otherwise it is unloaded where it was loaded and `AdapterPublishError` fails the step. A
+  server that cannot be reached at all is marked down instead (it gets the version when it
+  comes back), so one dead server does not stop a run. The newest ``keep_versions`` are kept
+  loaded, so requests still in flight on the previous one finish on it.
+
+Why not let the servers' own router fan the load out: vllm-router forwards requests, not
+adapter loads, and a load that reached one replica is the bug peers ship (TRL refuses adapter
+sync with DP > 1 for that reason). Adapter names carry the version (``agentgym-v7``): vLLM
+refuses to reload a name, and keys its prefix cache by adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._errors import ConfigError, ModelError
+from .._http import LoopClient
+from ._router import ReplicaState, StickyLeastLoaded
+from ._vllm import AdapterVersion
+
+log = logging.getLogger(__name__)
+#: What vLLM answers while an adapter folder is not (yet) visible on its storage.
+_NOT_FOUND_HINTS = ("not found", "does not exist", "no such file", "no adapter", "cannot find")
+
+
+class AdapterPublishError(ModelError):
+    """A new adapter version did not reach every server; it was unloaded where it was loaded."""
+
+
+def adapter_name(version: int) -> str:
+    """The served name of adapter ``version`` (the in-process engine uses the same names)."""
+    return f"agentgym-v{version}"
+
+
+def server_root(url: str) -> str:
+    """``http://host:port`` from a server URL given with or without ``/v1``."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    """How one `publish` went: the version, where it is served, and how long it took."""
+
+    version: int
+    servers: tuple[str, ...]
+    down: tuple[str, ...]  # unreachable servers, marked down (they load it when they return)
+    seconds: float
+
+
+class VLLMFleet:
+    """N vLLM servers (one replica each) behind a client-side sticky least-loaded router.
+
+    Args:
+        servers: the servers' URLs (``http://host:port`` or ``.../v1``).
+        model: the base model's served name (``--served-model-name``).
+        api_key: sent as a bearer token when given.
+        timeout: seconds per request.
+        max_imbalance: see `StickyLeastLoaded`.
+        cool_off: seconds a failed server is routed around before it is probed again.
+        load_timeout: seconds to keep retrying an adapter load that answers "not found".
+        keep_versions: adapter versions kept loaded on every server (``max_staleness + 1``;
+            the servers' ``--max-loras`` must be at least this).
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        max_imbalance: int = 8,
+        cool_off: float = 5.0,
+        load_timeout: float = 120.0,
+        keep_versions: int = 2,
+    ) -> None:
+        if keep_versions < 1:
+            raise ConfigError(f"keep_versions must be >= 1, got {keep_versions}")
+        self.urls = [server_root(u) for u in servers]
+        self.router = StickyLeastLoaded(self.urls, max_imbalance)
+        self.model = model
+        self.cool_off = cool_off
+        self.timeout = timeout
+        self.load_timeout = load_timeout
+        self.keep_versions = keep_versions
+        #: Adapter versions every healthy server serves, oldest first.
+        self.adapters: list[AdapterVersion] = []
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = LoopClient(headers=headers, timeout=timeout)
+        #: Adapter loads retried because a server did not see the folder yet (shared storage lag).
+        self.not_found_retries = 0
+        self._probing: set[str] = set()
+
+    @property
+    def adapter_version(self) -> int:
+        """The version new requests sample with (0: the base model)."""
+        return self.adapters[-1].version if self.adapters else 0
+
+    def served_name(self, version: int) -> str:
+        """The ``model`` field of a request for ``version``."""
+        return self.model if version == 0 else adapter_name(version)
+
+    # ---- data plane ---------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def replica(self, session: str | None) -> AsyncIterator[ReplicaState]:
+        """A replica for one request of ``session``, counted in flight while the block runs."""
+        await self._probe_due()
+        chosen = self.router.choose(session)
+        try:
+            yield chosen
+        finally:
+            self.router.release(chosen)
+
+    def mark_down(self, url: str, reason: str) -> None:
+        """Route around ``url`` until it answers a probe and serves the kept adapters."""
+        log.warning("rollout server %s is down: %s", url, reason)
+        self.router.mark_down(url, reason, self.cool_off)
+
+    def finish_session(self, session: str) -> None:
+        """The episode ended: its pin is forgotten."""
+        self.router.finish(session)
+
+    async def _probe_due(self) -> None:
+        """Bring back down servers whose cool-off passed, once they serve the kept adapters."""
+        due = [r for r in self.router.due_for_probe() if r.url not in self._probing]
+        if due:
+            await asyncio.gather(*(self._rejoin(r.url) for r in due))
+
+    async def _rejoin(self, url: str) -> None:
+        self._probing.add(url)
+        try:
+            served = await self.served_names(url)
+            for adapter in self.adapters:
+                if adapter.name not in served:
+                    await self._load(url, adapter.name, adapter.path)
+        except (ModelError, OSError) as exc:
+            self.router.mark_down(url, f"probe failed: {exc}", self.cool_off)
+        else:
+            log.info("rollout server %s is back (serves v%d)", url, self.adapter_version)
+            self.router.mark_up(url)
+        finally:
+            self._probing.discard(url)
+
+    # ---- control plane ------------------------------------------------------------------
+    async def served_names(self, url: str) -> set[str]:
+        """Model and adapter names ``url`` serves now (``/v1/models``)."""
+        import httpx
+
+        try:
+            response = await self._http.get().get(f"{url}/v1/models")
+        except httpx.TransportError as exc:
+            raise ModelError(f"{url} is unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise ModelError(f"{url}/v1/models answered {response.status_code}")
+        return {entry["id"] for entry in response.json().get("data", [])}
+
+    async def served_versions(self) -> dict[str, set[int]]:
+        """Adapter versions each healthy server reports loaded (to check a publish)."""
+        healthy = self.router.healthy_urls()
+        names = await asyncio.gather(*(self.served_names(url) for url in healthy))
+        known = {a.name: a.version for a in self.adapters}
+        return {
+            url: {known[n] for n in served if n in known} for url, served in zip(healthy, names)
+        }
+
+    async def publish(self, path: str | os.PathLike[str], version: int) -> PublishReport:
+        """Load adapter folder ``path`` as ``version`` on every healthy server, or on none.
+
+        ``path`` must be readable by every server under the same name (shared storage; see
+        `stage_adapter`). Raises `AdapterPublishError` when a server refused it (after
+        unloading it from the others) and `ConfigError` for a version not above the last.
+        """
+        if version <= self.adapter_version:
+            raise ConfigError(
+                f"adapter version {version} is not above the last one published "
+                f"({self.adapter_version}); every version needs a fresh number"
+            )
+        name, started = adapter_name(version), time.perf_counter()
+        targets = self.router.healthy_urls()
+        results = await asyncio.gather(
+            *(self._load(url, name, str(path)) for url in targets), return_exceptions=True
+        )
+        loaded, down, refused = [], [], []
+        for url, result in zip(targets, results):
+            if result is None:
+                loaded.append(url)
+            elif isinstance(result, _Unreachable):
+                down.append(url)
+                self.mark_down(url, str(result))
+            elif isinstance(result, Exception):
+                refused.append(f"{url}: {result}")
+            else:
+                raise result  # cancellation and other BaseExceptions go on up
+        if refused or not loaded:
+            await asyncio.gather(*(self._unload(url, name) for url in loaded))
+            why = "; ".join(refused) or "no server is reachable"
+            raise AdapterPublishError(f"adapter v{version} was not published ({why})")
+        self.adapters.append(
+            AdapterVersion(version, name, str(path), time.perf_counter() - started)
+        )
+        await self._retire_old()
+        return PublishReport(version, tuple(loaded), tuple(down), self.adapters[-1].load_seconds)
+
+    async def _retire_old(self) -> None:
+        """Unload versions beyond ``keep_versions`` from every healthy server."""
+        old, self.adapters = (
+            self.adapters[: -self.keep_versions],
+            self.adapters[-self.keep_versions :],
+        )
+        healthy = self.router.healthy_urls()
+        await asyncio.gather(*(self._unload(url, a.name) for a in old for url in healthy))
+
+    async def _load(self, url: str, name: str, path: str) -> None:
+        """Load ``name`` on ``url``, retrying "not found" until ``load_timeout`` has passed."""
+        import httpx
+
+        body = {"lora_name": name, "lora_path": path}
+        deadline, backoff = time.monotonic() + self.load_timeout, 0.1
+        while True:
+            try:
+                response = await self._http.get().post(f"{url}/v1/load_lora_adapter", json=body)
+            except httpx.TransportError as exc:
+                raise _Unreachable(f"{url} is unreachable: {exc!r}") from exc
+            text = response.text
+            if response.status_code == 200 or "already been loaded" in text:
+                return
+            missing = any(hint in text.lower() for hint in _NOT_FOUND_HINTS)
+            if not missing or time.monotonic() + backoff > deadline:
+                raise ModelError(f"loading {name} answered {response.status_code}: {text[:300]}")
+            self.not_found_retries += 1
+            await asyncio.sleep(backoff)  # shared storage has not caught up yet: back off
+            backoff = min(backoff * 2, 5.0)
+
+    async def _unload(self, url: str, name: str) -> None:
+        """Unload ``name`` from ``url``; a failure is logged (the server may be gone)."""
+        import httpx
+
+        try:
+            response = await self._http.get().post(
+                f"{url}/v1/unload_lora_adapter", json={"lora_name": name}
+            )
+            if response.status_code != 200:
+                log.warning("unloading %s on %s answered %s", name, url, response.status_code)
+        except httpx.TransportError as exc:
+            log.warning("unloading %s on %s failed: %r", name, url, exc)
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool (a new one opens on demand)."""
+        await self._http.aclose()
+
+
+class _Unreachable(ModelError):
+    """A server did not answer at all (as opposed to refusing)."""
+
+
+def stage_adapter(
+    source: str | os.PathLike[str], shared_dir: str | os.PathLike[str], version: int
+) -> Path:
+    """Copy adapter folder ``source`` to ``shared_dir/agentgym-v{version}``, atomically.
+
+    The copy is written under a temporary name and renamed into place, so a server never
+    reads a half-written adapter; a rename is atomic on one filesystem (NFS included).
+    Returns the final path; it exists already when this version was staged before (resume).
+    """
+    final = Path(shared_dir) / adapter_name(version)
+    if final.is_dir():
+        return final
+    staging = Path(shared_dir) / f".{adapter_name(version)}.{uuid.uuid4().hex}.tmp"
+    shutil.copytree(source, staging)
+    try:
+        os.rename(staging, final)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not final.is_dir():  # a concurrent stager won the rename: that copy serves
+            raise
+    return final

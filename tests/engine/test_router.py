@@ -1,0 +1,87 @@
+"""The client-side router's policy and adapter staging, without servers (pure bookkeeping)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentgym import ConfigError, ModelError
+from agentgym.engine import StickyLeastLoaded, stage_adapter
+
+A, B, C = "http://a", "http://b", "http://c"
+
+
+def test_an_episode_stays_on_its_replica_and_new_ones_go_to_the_least_loaded() -> None:
+    router = StickyLeastLoaded([A, B])
+    first = router.choose("e1")
+    second = router.choose("e2")  # e1 holds one request on `first`: e2 goes elsewhere
+    assert {first.url, second.url} == {A, B}
+    router.release(first)
+    again = router.choose("e1")
+    assert again is first and router.stats.sticky == 1 and router.stats.placed == 2
+
+
+def test_ties_go_to_the_replica_chosen_least_recently_so_a_quiet_run_spreads() -> None:
+    router = StickyLeastLoaded([A, B, C])
+    chosen = []
+    for k in range(6):  # one episode at a time: every replica idle at each choice
+        replica = router.choose(f"e{k}")
+        chosen.append(replica.url)
+        router.release(replica)
+        router.finish(f"e{k}")
+    assert chosen == [A, B, C, A, B, C]
+
+
+def test_a_pinned_episode_moves_when_its_replica_is_overloaded() -> None:
+    router = StickyLeastLoaded([A, B], max_imbalance=2)
+    home = router.choose("pinned")
+    router.release(home)
+    for k in range(3):  # three other episodes land on `home` (B is made to look busy)
+        router.replicas[B if home.url == A else A].in_flight += 10
+        router.choose(f"x{k}")
+        router.replicas[B if home.url == A else A].in_flight -= 10
+    assert home.in_flight == 3
+    moved = router.choose("pinned")
+    assert moved is not home and router.stats.moved == 1
+    assert "pinned" in moved.sessions and "pinned" not in home.sessions
+
+
+def test_a_down_replica_is_routed_around_and_none_left_is_a_model_error() -> None:
+    router = StickyLeastLoaded([A, B])
+    home = router.choose("e")
+    router.release(home)
+    router.mark_down(home.url, "connection refused", cool_off=60)
+    other = router.choose("e")
+    assert other is not home and router.stats.moved == 1
+    router.release(other)
+    router.mark_down(other.url, "killed", cool_off=60)
+    with pytest.raises(ModelError, match="no rollout server is up.*killed"):
+        router.choose("e")
+    assert router.due_for_probe() == []  # cool-off not over: nobody probes yet
+    router.mark_down(A, "refused", cool_off=0)
+    assert [r.url for r in router.due_for_probe()] == [A]
+    router.mark_up(A)
+    assert router.choose("e").url == A
+
+
+def test_bad_router_input_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="at least one"):
+        StickyLeastLoaded([])
+    with pytest.raises(ConfigError, match="distinct"):
+        StickyLeastLoaded([A, A])
+
+
+def test_an_adapter_is_staged_by_rename_and_a_second_stage_reuses_it(tmp_path: Path) -> None:
+    source = tmp_path / "adapter"
+    source.mkdir()
+    (source / "adapter_config.json").write_text("{}")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    staged = stage_adapter(source, shared, 3)
+    assert staged == shared / "agentgym-v3"
+    assert (staged / "adapter_config.json").read_text() == "{}"
+    assert [p.name for p in shared.iterdir()] == ["agentgym-v3"]  # no temporary left behind
+    (source / "adapter_config.json").write_text('{"changed": true}')
+    assert stage_adapter(source, shared, 3) == staged  # a resumed run keeps what servers read
+    assert (staged / "adapter_config.json").read_text() == "{}"
