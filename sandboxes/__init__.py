@@ -9,6 +9,9 @@ Backends behind one `Sandbox` protocol:
 - `SandboxPool`: warm DockerSandboxes leased per episode (`SandboxLease`: calls still running
   when it ends are killed first), reset between leases, recycled after N uses or a failure,
   bounded concurrent creation, leaked containers reaped.
+- `DockerHost`: where a pool's sandboxes run; one pool can span the local daemon, daemons
+  over mutual TLS and over ssh, with a warm share on each, capped creation, reaping on every
+  host, and routing around a host that fails.
 - `LocalSandbox`: a subprocess with rlimits for machines without Docker; NOT a security
   boundary, and it says so.
 
@@ -21,10 +24,11 @@ Importing this package does not import ``docker``; the first Docker call does.
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
 from ._docker import DockerSandbox, Snapshot
 from ._env import SandboxToolEnv, close_shared_pools
+from ._hosts import DockerHost
 from ._image import build_image
 from ._lease import SandboxLease
 from ._local import LocalSandbox, LocalSandboxConfig
-from ._pool import PoolStats, SandboxPool
+from ._pool import HostStats, PoolStats, SandboxPool
 from ._protocol import Sandbox
 from ._reap import reap_leaked
 from ._result import ExecResult, ExecStatus
@@ -32,10 +36,12 @@ from ._verify import TestResult, VerifyResult, averify, verify
 
 __all__ = [
     "DEFAULT_IMAGE",
+    "DockerHost",
     "DockerSandbox",
     "DockerSandboxConfig",
     "ExecResult",
     "ExecStatus",
+    "HostStats",
     "LocalSandbox",
     "LocalSandboxConfig",
     "PoolStats",

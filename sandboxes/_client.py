@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from agentgym._errors import SandboxError
@@ -20,18 +21,56 @@ def import_docker() -> Any:
     return docker
 
 
-def docker_client(timeout: float = 60.0) -> Any:
-    """A connected ``docker.DockerClient`` from the environment (``DOCKER_HOST`` or the socket).
+@functools.cache
+def _client_class() -> Any:
+    """``docker.DockerClient`` whose HTTP session ignores requests' environment settings.
 
-    Raises `SandboxError` when the daemon does not answer a ping.
+    Why: docker-py's API client is a ``requests.Session``, and requests lets
+    ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` override the session's CA per request, so a
+    machine-wide bundle replaced the daemon's CA and every TLS call failed with
+    CERTIFICATE_VERIFY_FAILED. ``trust_env`` must be off before the constructor's first
+    request (the API version probe), hence a class, not an attribute set afterwards; it
+    also keeps ``HTTPS_PROXY`` and ``.netrc`` away from the daemon connection.
     """
     docker = import_docker()
+    api_base: Any = docker.APIClient
+    client_base: Any = docker.DockerClient
+
+    class APIClient(api_base):
+        @property
+        def trust_env(self) -> bool:
+            return False
+
+        @trust_env.setter
+        def trust_env(self, value: bool) -> None:  # requests.Session.__init__ sets it
+            pass
+
+    class DockerClient(client_base):
+        def __init__(self, **kwargs: Any) -> None:  # the parent only builds ``api``
+            self.api = APIClient(**kwargs)
+
+    return DockerClient
+
+
+def docker_client(timeout: float = 60.0, *, base_url: str | None = None,
+                  tls: Any = None, where: str = "") -> Any:
+    """A connected ``docker.DockerClient``; raises `SandboxError` when the daemon does not answer.
+
+    ``base_url`` None: the environment's daemon, as the ``docker`` CLI finds it
+    (``DOCKER_HOST``, ``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``, or the local socket).
+    Otherwise ``base_url`` and ``tls`` (a ``docker.tls.TLSConfig``) say where; ``where``
+    names the daemon in the error.
+    """
+    cls = _client_class()
     try:
-        client = docker.from_env(timeout=int(timeout))
+        if base_url is None:
+            client = cls.from_env(timeout=int(timeout))
+        else:
+            client = cls(base_url=base_url, tls=tls or False, timeout=int(timeout))
         client.ping()
     except Exception as exc:
+        hint = "start dockerd or set DOCKER_HOST" if base_url is None else "is it running there?"
         raise SandboxError(
-            f"cannot reach the Docker daemon ({type(exc).__name__}: {exc}); start dockerd "
-            "or set DOCKER_HOST"
+            f"cannot reach the Docker daemon{where} ({type(exc).__name__}: {exc}); {hint}"
         ) from exc
     return client

@@ -84,6 +84,11 @@ class DockerSandboxConfig:
     """OCI runtime (e.g. ``"runsc"`` for gVisor); None = the daemon's default (runc)."""
     environment: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for the code (the base set is PATH, HOME, LANG)."""
+    max_lifetime_s: float | None = 24 * 3600.0
+    """Seconds after creation when any agentgym reaper may remove the container even though
+    its owner lives (label ``agentgym.expires``): the owner's machine alone can tell whether
+    the owner lives, so this frees the containers of a wedged process on another machine that
+    shares the daemon. Pools replace a sandbox when a tenth of this is left. None: no expiry."""
 
     def __post_init__(self) -> None:
         """Check values and cross-field rules before any container starts."""
@@ -92,6 +97,8 @@ class DockerSandboxConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_lifetime_s is not None and self.max_lifetime_s <= 0:
+            raise ConfigError(f"max_lifetime_s must be > 0 or None, got {self.max_lifetime_s!r}")
         if self.cpus <= 0 or self.default_timeout <= 0 or self.host_grace_s <= 0:
             raise ConfigError("cpus, default_timeout and host_grace_s must be > 0, got "
                               f"{self.cpus!r}, {self.default_timeout!r}, {self.host_grace_s!r}")

@@ -26,8 +26,9 @@ from agentgym._errors import SandboxError
 
 from . import _reap
 from ._channel import ChannelClosed, ChannelDeadline, ServerChannel
-from ._client import docker_client, import_docker
+from ._client import import_docker
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
+from ._hosts import DockerHost
 from ._protocol import Files, SandboxBase, check_relative, language_argv, to_bytes
 from ._result import ExecResult, ExecStatus
 
@@ -65,15 +66,19 @@ class DockerSandbox(SandboxBase):
             sb.run("print(x + 1)").stdout                # '43\n': the session persists
 
     ``config`` holds every hardening knob (`DockerSandboxConfig`); ``labels`` are added to the
-    ownership labels. The container starts on ``start()``, on entering the context, or on the
-    first call. Calls on one sandbox are serialised (a lock); use a `SandboxPool` for
-    parallelism.
+    ownership labels. ``host`` says which daemon runs it (default: the environment's);
+    ``client``, a connected docker-py client of that host, saves a connection. The container
+    starts on ``start()``, on entering the context, or on the first call. Calls on one sandbox
+    are serialised (a lock); use a `SandboxPool` for parallelism.
     """
 
     def __init__(self, image: str = DEFAULT_IMAGE, config: DockerSandboxConfig | None = None,
-                 *, labels: Mapping[str, str] | None = None, client: Any = None) -> None:
+                 *, labels: Mapping[str, str] | None = None, client: Any = None,
+                 host: DockerHost | None = None) -> None:
         self.image = image
         self.config = config or DockerSandboxConfig()
+        self.host = host or DockerHost()
+        """The daemon the container runs on."""
         self._labels = dict(labels or {})
         self._client = client
         self._container: Any = None
@@ -81,12 +86,27 @@ class DockerSandbox(SandboxBase):
         self._lock = threading.RLock()
         self.needs_recycle = False
         """True after a host-side intervention or a backend failure (pools replace it)."""
+        self.left_behind: str | None = None
+        """Id of a container `close` could not remove (its daemon did not answer): whoever
+        reaches the daemon later should remove it (pools do when the host is back)."""
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
     def container_id(self) -> str | None:
         """The container's id once started."""
         return self._container.id if self._container is not None else None
+
+    @property
+    def expiring(self) -> bool:
+        """True once a tenth of ``config.max_lifetime_s`` is left (pools replace it then).
+
+        Past its expiry any agentgym reaper may remove the container, live owner or not.
+        """
+        lifetime = self.config.max_lifetime_s
+        container = self._container
+        expiry = _reap.expires_at(container.labels) if container is not None else None
+        return (lifetime is not None and expiry is not None
+                and time.time() > expiry - lifetime / 10)
 
     def start(self) -> DockerSandbox:
         """Create the container and start its code server (idempotent)."""
@@ -100,7 +120,7 @@ class DockerSandbox(SandboxBase):
     def _create_container(self) -> None:
         cfg = self.config
         if self._client is None:
-            self._client = docker_client()
+            self._client = self.host.connect()
         loosened = cfg.loosened()
         if loosened:
             log.warning("sandbox hardening loosened explicitly: %s", ", ".join(loosened))
@@ -186,7 +206,9 @@ class DockerSandbox(SandboxBase):
         if container is not None:
             try:
                 container.remove(force=True)
-            except Exception as exc:  # already gone: fine; anything else: reaped later
+            except Exception as exc:  # already gone: fine; anything else: removed later
+                if not isinstance(exc, import_docker().errors.NotFound):
+                    self.left_behind = container.id
                 log.debug("removing %s: %s", container.short_id, exc)
 
     def interrupt(self) -> None:
@@ -371,7 +393,7 @@ def container_options(cfg: DockerSandboxConfig, labels: Mapping[str, str]) -> di
         shm_size=cfg.shm_size_mb * mib,
         working_dir=cfg.workdir,
         environment=base_env(cfg),
-        labels=_reap.ownership_labels(dict(labels)),
+        labels=_reap.ownership_labels(dict(labels), cfg.max_lifetime_s),
         log_config=docker.types.LogConfig(type="none"),
         stdin_open=False,
     )

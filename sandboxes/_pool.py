@@ -5,6 +5,15 @@ One implementation for both worlds: the pool's state is guarded by a lock, block
 the next free sandbox directly, through a ``threading.Event`` (sync) or an ``asyncio`` future
 set with ``call_soon_threadsafe`` (async), so async waiters never hold a thread. A waiter that
 gives up (timeout, cancellation) after the hand-off passes the sandbox on.
+
+Several Docker hosts: each host keeps its own warm share (``_HostSlot``: idle sandboxes,
+creations in flight, caps). A lease takes a free sandbox from the up host with the fewest
+leases out; a sandbox coming back goes to the oldest waiter, whatever its host. A host whose
+creation fails or that misses a health check is down for a cool-off: its idle sandboxes are
+dropped and nothing is created or leased there; the health check after the cool-off brings
+it back and refills it. A one-host pool never marks its host down: as before, a lease that
+finds the pool short starts a creation, so it heals when the daemon does; with every host of
+several down, a lease does the same on the host whose cool-off ends first.
 """
 
 from __future__ import annotations
@@ -13,34 +22,124 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym._errors import ConfigError, SandboxError
 
 from . import _reap
-from ._client import docker_client
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
 from ._docker import DockerSandbox, Snapshot
+from ._hosts import DockerHost
 from ._lease import SandboxLease
 
 POOL_LABEL = _reap.POOL
+HEALTH_TIMEOUT_S = 5.0  # a health check that takes longer counts as failed
 log = logging.getLogger("agentgym.sandboxes")
 
 
 @dataclass
+class HostStats:
+    """Counters of one Docker host of a pool (the same names as `PoolStats`, per host)."""
+
+    created: int = 0
+    recycled: int = 0
+    leases: int = 0
+    reap_removed: int = 0
+    create_failures: int = 0
+    marked_down: int = 0  # times the pool started routing around this host
+    down: bool = False  # in its cool-off now: nothing is created or leased there
+
+
+@dataclass
 class PoolStats:
-    """Counters of one pool (log them under ``sandbox/``)."""
+    """Counters of one pool (log them under ``sandbox/``); ``hosts`` splits them per host."""
 
     created: int = 0  # containers started, replacements included
     recycled: int = 0  # containers replaced after max_uses or a failure
     leases: int = 0  # leases handed out
-    reap_removed: int = 0  # leaked containers of dead owners removed at start
+    reap_removed: int = 0  # leaked containers (dead owner, or expired) removed at start
     create_failures: int = 0  # container creations that failed
+    hosts: dict[str, HostStats] = field(default_factory=dict)  # by `DockerHost.name`
+
+
+class _TokenBucket:
+    """At most ``rate`` grants per second on average, in bursts of up to ``max(1, rate)``.
+
+    Each `take` reserves the next token at once (the count may go negative) and waits until
+    that token is due, so callers are served in order without polling.
+    """
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.capacity = max(1.0, rate)
+        self._tokens = self.capacity
+        self._stamp = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, cancel: threading.Event) -> None:
+        """Wait for a token; raise `SandboxError` if ``cancel`` is set meanwhile."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self._tokens -= 1
+            wait = -self._tokens / self.rate
+        if wait > 0 and cancel.wait(wait):
+            raise SandboxError("the sandbox pool was closed")
+
+
+class _HostSlot:
+    """One host's share of a pool; the pool's lock guards its counters and collections."""
+
+    def __init__(self, host: DockerHost, size: int, max_starting: int,
+                 creates_per_second: float | None, client: Any = None) -> None:
+        self.host, self.size = host, size
+        self.client = client  # for containers; connected at start (or when the host returns)
+        self.owns_client = client is None
+        self.health: Any = None  # a client with a short timeout, for health checks
+        self.left_behind: set[str] = set()  # containers whose removal failed (host away)
+        self.stats = HostStats()
+        self.idle: deque[DockerSandbox] = deque()
+        self.all: set[DockerSandbox] = set()
+        self.creating = 0  # creations in flight (initial ones, replacements and refills)
+        self.leased = 0
+        self.down = False
+        self.retry_at = 0.0  # monotonic time its cool-off ends
+        self.starting = threading.Semaphore(max_starting)
+        self.bucket = _TokenBucket(creates_per_second) if creates_per_second else None
+
+    @property
+    def short(self) -> int:
+        """Sandboxes missing from its share (neither live nor being created)."""
+        return self.size - len(self.all) - self.creating
+
+    def connect(self) -> Any:
+        """The container client, connected on first use."""
+        if self.client is None:
+            self.client = self.host.connect()
+        return self.client
+
+    def ping(self) -> None:
+        """Raise when the daemon does not answer within `HEALTH_TIMEOUT_S`."""
+        if self.health is None:
+            self.health = self.host.connect(timeout=min(HEALTH_TIMEOUT_S, self.host.timeout))
+        else:
+            self.health.ping()
+
+    def close_clients(self) -> None:
+        """Close the HTTP connections this slot opened."""
+        for client in ([self.client] if self.owns_client else []) + [self.health]:
+            if client is not None:
+                client.close()
+        self.health = None
+        if self.owns_client:
+            self.client = None
 
 
 class _Waiter:
@@ -54,7 +153,7 @@ class _Waiter:
 
 
 class SandboxPool:
-    """Warm, hardened sandboxes; one lease per episode.
+    """Warm, hardened sandboxes; one lease per episode; on one Docker host or several.
 
     Example::
 
@@ -66,48 +165,87 @@ class SandboxPool:
         with SandboxPool(size=2) as pool, pool.lease() as sb:
             sb.run("print(1)")
 
+        hosts = [DockerHost(), DockerHost.from_cert_dir("tcp://10.0.0.5:2376", "certs/gpu-1")]
+        with SandboxPool(size=8, hosts=hosts, max_creates_per_second=5) as pool: ...
+
     A lease is a `SandboxLease`: when it ends, calls still running are killed and awaited
     before the sandbox returns, and later calls through it raise `SandboxError`.
 
     Between leases a sandbox is reset (every code process killed, work dir and /tmp emptied,
     new Python session). It is replaced by a fresh container after ``max_uses`` leases, after
-    any host-side intervention or backend failure (`DockerSandbox.needs_recycle`), and when
-    the lease's body raised. At most ``max_concurrent_creates`` containers are created at once
-    (the daemon slows sharply under concurrent creates). Leaked agentgym containers whose owner
-    process is gone (even one killed with -9) are removed at `start`; this pool's own
-    containers are removed at `close` and at interpreter exit.
+    any host-side intervention or backend failure (`DockerSandbox.needs_recycle`), when the
+    lease's body raised, and when it nears its expiry (``config.max_lifetime_s``). Leaked
+    agentgym containers (owner process gone, even one killed with -9, or past their expiry)
+    are removed at `start` on every host; this pool's own containers are removed at `close`
+    and at interpreter exit.
+
+    ``hosts`` (default: the environment's daemon, as before) each keep a warm share of
+    ``size`` (split evenly, the first hosts taking the remainder). Caps, both per host since
+    each daemon is its own bottleneck: at most ``max_concurrent_creates`` sandboxes starting
+    at once (the daemon slows sharply under concurrent creates) and, if set, at most
+    ``max_creates_per_second`` container creates per second (bursts of up to one second's
+    worth). With several hosts, every ``health_interval_s`` each host is pinged; a host that
+    fails a ping or a creation is routed around for ``host_cooloff_s`` and refilled when it
+    answers again. Calls of a lease on a host that died return ``infra_error`` results, and
+    the lease ends without waiting on that host.
     """
 
     def __init__(self, size: int = 4, image: str = DEFAULT_IMAGE,
                  config: DockerSandboxConfig | None = None, *, max_concurrent_creates: int = 2,
-                 max_uses: int = 100, client: Any = None) -> None:
+                 max_uses: int = 100, client: Any = None,
+                 hosts: Sequence[DockerHost | str] | None = None,
+                 max_creates_per_second: float | None = None, host_cooloff_s: float = 30.0,
+                 health_interval_s: float = 5.0) -> None:
         if size < 1 or max_concurrent_creates < 1 or max_uses < 1:
             raise ConfigError(f"size, max_concurrent_creates and max_uses must be >= 1, got "
                               f"{size}, {max_concurrent_creates}, {max_uses}")
+        if max_creates_per_second is not None and max_creates_per_second <= 0:
+            raise ConfigError(f"max_creates_per_second must be > 0 or None, got "
+                              f"{max_creates_per_second!r}")
+        if host_cooloff_s <= 0 or health_interval_s <= 0:
+            raise ConfigError(f"host_cooloff_s and health_interval_s must be > 0, got "
+                              f"{host_cooloff_s!r}, {health_interval_s!r}")
+        targets = _check_hosts(hosts, client, size)
         self.size, self.image, self.max_uses = size, image, max_uses
         self.config = config or DockerSandboxConfig()
-        self.stats = PoolStats()
+        self.host_cooloff_s, self.health_interval_s = host_cooloff_s, health_interval_s
         self.pool_id = uuid.uuid4().hex[:12]
-        self._client = client
-        self._owns_client = client is None
-        self._create_sem = threading.Semaphore(max_concurrent_creates)
+        n = len(targets)
+        self._slots = [_HostSlot(host, size // n + (i < size % n), max_concurrent_creates,
+                                 max_creates_per_second, client)
+                       for i, host in enumerate(targets)]
+        self.stats = PoolStats(hosts={slot.host.name: slot.stats for slot in self._slots})
+        self._routing = n > 1  # with one host there is nowhere to route to: never "down"
         self._lock = threading.Lock()
-        self._idle: deque[DockerSandbox] = deque()
         self._waiters: deque[_Waiter] = deque()
-        self._all: set[DockerSandbox] = set()
+        self._host_of: dict[DockerSandbox, _HostSlot] = {}  # every live sandbox's host
         self._uses: dict[DockerSandbox, int] = {}  # leases returned, per live sandbox
-        self._creating = 0  # creations in flight (initial ones, replacements and refills)
-        self._workers = ThreadPoolExecutor(max_workers=min(size, 16) + max_concurrent_creates,
-                                           thread_name_prefix="agentgym-pool")
+        self._workers = ThreadPoolExecutor(
+            max_workers=min(size, 16) + max_concurrent_creates * n,
+            thread_name_prefix="agentgym-pool")
+        self._closing = threading.Event()  # wakes the health checks and paced creations
+        self._monitor: threading.Thread | None = None
         self._started = self._closed = False
         self._start_lock = threading.Lock()
 
+    @property
+    def hosts(self) -> list[DockerHost]:
+        """The pool's hosts, in the order given."""
+        return [slot.host for slot in self._slots]
+
+    @property
+    def _client(self) -> Any:
+        """The first host's container client (the only one by default; `_bench` uses it)."""
+        return self._slots[0].client
+
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> SandboxPool:
-        """Reap leaked containers, then create ``size`` warm sandboxes (bounded concurrency).
+        """Reap leaked containers and create the warm sandboxes, on every host.
 
         Safe to call from many threads at once (episodes sharing a pool all call it): the
-        first caller starts the pool, the others wait for it and return.
+        first caller starts the pool, the others wait for it and return. Raises
+        `SandboxError` when no host started cleanly; a host that failed while another
+        succeeded starts down (routed around) and joins when it answers a health check.
         """
         with self._start_lock:
             return self._start_once()
@@ -117,39 +255,72 @@ class SandboxPool:
             return self
         if self._closed:
             raise SandboxError("this sandbox pool was closed; create a new SandboxPool")
-        if self._client is None:
-            self._client = docker_client()
-        self.stats.reap_removed = len(_reap.reap_leaked(self._client))
+        with ThreadPoolExecutor(len(self._slots)) as connecting:  # a dead host costs a timeout
+            problems = dict(zip(self._slots, connecting.map(self._connect_and_reap, self._slots)))
+        self.stats.reap_removed = sum(slot.stats.reap_removed for slot in self._slots)
+        problems.update(self._fill([slot for slot, p in problems.items() if p is None]))
+        failed = {slot: p for slot, p in problems.items() if p is not None}
+        if len(failed) == len(self._slots):
+            self.close()
+            first = next(iter(failed.values()))
+            raise SandboxError(f"sandboxes failed to start on every host ({self.size} asked): "
+                               f"{first}") from first
+        for slot, problem in failed.items():
+            self._mark_down(slot, problem)
+        if self._routing:
+            self._monitor = threading.Thread(target=self._watch, daemon=True,
+                                             name="agentgym-pool-health")
+            self._monitor.start()
+        return self
+
+    def _fill(self, slots: list[_HostSlot]) -> dict[_HostSlot, BaseException | None]:
+        """Create the share of every slot in ``slots`` at once; return each one's first error."""
         with self._lock:  # counted, so a lease made meanwhile does not create extra ones
             self._started = True
-            self._creating += self.size
-        futures = [self._workers.submit(self._create) for _ in range(self.size)]
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        for f in futures:
-            if f.exception() is None:
-                self._deliver(f.result())
-        if errors:
-            self.close()
-            raise SandboxError(f"{len(errors)} of {self.size} sandboxes failed to start: "
-                               f"{errors[0]}") from errors[0]
-        return self
+            for slot in slots:
+                slot.creating += slot.size
+        futures = {slot: [self._workers.submit(self._create, slot) for _ in range(slot.size)]
+                   for slot in slots}
+        first_error: dict[_HostSlot, BaseException | None] = {}
+        for slot, created in futures.items():
+            errors = [f.exception() for f in created if f.exception() is not None]
+            for f in created:
+                if f.exception() is None:
+                    self._deliver(f.result())
+            first_error[slot] = errors[0] if errors else None
+        return first_error
+
+    def _connect_and_reap(self, slot: _HostSlot) -> BaseException | None:
+        """Connect to the host and reap its leaked containers; return what failed, if anything."""
+        try:
+            slot.stats.reap_removed = len(_reap.reap_leaked(slot.connect()))
+        except Exception as exc:
+            return exc
+        return None
 
     def close(self) -> None:
         """Remove every container of the pool; leases still out are closed on return."""
+        self._closing.set()
+        if self._monitor is not None:
+            self._monitor.join()
         with self._lock:
             self._closed = True
-            self._idle.clear()
+            for slot in self._slots:
+                slot.idle.clear()
             waiters, self._waiters = list(self._waiters), deque()
         for waiter in waiters:
             self._hand(waiter, SandboxError("the sandbox pool was closed"))
         self._workers.shutdown(wait=True, cancel_futures=True)  # in-flight resets/creates end
         with self._lock:
-            everything, self._all = list(self._all), set()
+            everything = [sandbox for slot in self._slots for sandbox in slot.all]
+            for slot in self._slots:
+                slot.all.clear()
         for sandbox in everything:
             sandbox.close()
-        if self._owns_client and self._client is not None:
-            self._client.close()  # its HTTP connections to the daemon
-            self._client = None
+        for slot in self._slots:
+            if not slot.down:
+                self._remove_left_behind(slot)
+            slot.close_clients()
 
     def __enter__(self) -> SandboxPool:
         return self.start()
@@ -166,7 +337,7 @@ class SandboxPool:
     @property
     def idle(self) -> int:
         """Sandboxes ready to lease right now."""
-        return len(self._idle)
+        return sum(len(slot.idle) for slot in self._slots)
 
     @property
     def closed(self) -> bool:
@@ -216,25 +387,76 @@ class SandboxPool:
             if self._closed or not self._started:
                 raise SandboxError("the sandbox pool is not running (use `with pool:` or "
                                    "pool.start())")
-            if self._idle:
-                self.stats.leases += 1
-                return self._idle.popleft()
+            sandbox = self._take_idle()
+            if sandbox is not None:
+                return sandbox
             self._waiters.append(waiter)
-            refill = len(self._all) + self._creating < self.size
-            if refill:  # an earlier creation failed: try again for this waiter
-                self._creating += 1
-        if refill:
-            self._workers.submit(self._refill)
+            slot = self._claim_refill()  # an earlier creation failed: try again for this waiter
+        if slot is not None:
+            self._workers.submit(self._refill, slot)
         return None
 
-    def _refill(self) -> None:
-        """Create one sandbox (already counted in ``_creating``) and deliver it or the error."""
+    def _take_idle(self) -> DockerSandbox | None:
+        """Lease an idle sandbox of the up host with the fewest leases out (lock held).
+
+        One near its expiry is replaced instead (another agentgym may reap it soon).
+        """
+        while True:
+            ready = [slot for slot in self._slots if slot.idle and not slot.down]
+            if not ready:
+                return None
+            slot = min(ready, key=lambda s: s.leased)
+            sandbox = slot.idle.popleft()
+            if not sandbox.expiring:
+                self._note_lease(slot)
+                return sandbox
+            self._workers.submit(self._recycle, sandbox, True)
+
+    def _note_lease(self, slot: _HostSlot) -> None:
+        slot.leased += 1
+        self.stats.leases += 1
+        slot.stats.leases += 1
+
+    def _claim_refill(self) -> _HostSlot | None:
+        """Count a creation on a host short of its share and return that host (lock held).
+
+        Up hosts come first (the fewest leases out); when every host is down, the one whose
+        cool-off ends first is tried anyway: a lease should not wait for a health check.
+        """
+        short = [slot for slot in self._slots if slot.short > 0]
+        up = [slot for slot in short if not slot.down]
+        if up:
+            slot = min(up, key=lambda s: s.leased)
+        elif short and all(slot.down for slot in self._slots):
+            slot = min(short, key=lambda s: s.retry_at)
+        else:
+            return None
+        slot.creating += 1
+        return slot
+
+    def _refill(self, slot: _HostSlot) -> None:
+        """Create one sandbox on ``slot`` (already counted) and deliver it or the error."""
         try:
-            sandbox = self._create()
+            sandbox = self._create(slot)
         except Exception as exc:
-            self._deliver(exc)
+            self._creation_failed(slot, exc)
             return
         self._deliver(sandbox)
+
+    def _creation_failed(self, slot: _HostSlot, exc: BaseException) -> None:
+        """Route around ``slot``: retry on another host, or give the error to the oldest waiter.
+
+        The oldest waiter gets the error only when no other host is up (always so with one
+        host), so a failing host costs no lease while another can serve it.
+        """
+        self._mark_down(slot, exc)
+        with self._lock:
+            others_up = any(not s.down for s in self._slots if s is not slot)
+            retry = self._claim_refill() if others_up and self._waiters else None
+        if retry is not None:
+            self._refill(retry)  # on this worker: a failure marks that host down too
+        elif not others_up:
+            self._deliver(exc)
 
     def _acquire_sync(self, timeout: float | None) -> DockerSandbox:
         waiter = _Waiter()
@@ -267,7 +489,9 @@ class SandboxPool:
         return self._unwrap(item)
 
     def _no_sandbox(self, timeout: float | None) -> SandboxError:
-        return SandboxError(f"no sandbox free within {timeout}s (pool size {self.size})")
+        down = [slot.host.name for slot in self._slots if slot.down]
+        return SandboxError(f"no sandbox free within {timeout}s (pool size {self.size}"
+                            + (f"; hosts down: {', '.join(down)})" if down else ")"))
 
     def _withdraw(self, waiter: _Waiter) -> None:
         """Take a waiter that gave up out of the queue, or pass on what it was handed.
@@ -289,7 +513,7 @@ class SandboxPool:
         if isinstance(item, BaseException):
             raise SandboxError(f"sandbox creation failed: {item}") from item
         with self._lock:
-            self.stats.leases += 1
+            self._note_lease(self._host_of[item])
         return item
 
     # -- returning, recycling ---------------------------------------------------------------
@@ -297,6 +521,7 @@ class SandboxPool:
         with self._lock:
             closed = self._closed
             self._uses[sandbox] = uses = self._uses.get(sandbox, 0) + 1
+            self._host_of[sandbox].leased -= 1
         if not closed:
             try:
                 self._workers.submit(self._recycle, sandbox, failed or uses >= self.max_uses)
@@ -306,61 +531,184 @@ class SandboxPool:
         sandbox.close()
 
     def _recycle(self, sandbox: DockerSandbox, replace: bool) -> None:
-        """Reset ``sandbox`` and deliver it, or replace it with a fresh one."""
-        if not (replace or sandbox.needs_recycle):
+        """Reset ``sandbox`` and deliver it, or replace it with a fresh one on its host.
+
+        On a host that is down it is dropped: the host is refilled when it answers again.
+        """
+        slot = self._host_of[sandbox]
+        replace = replace or sandbox.expiring
+        if not (replace or sandbox.needs_recycle or slot.down):
             try:
                 sandbox.reset()
             except Exception as exc:  # the daemon failed even the replacement: drop it
                 log.warning("reset of a pooled sandbox failed, replacing it: %s", exc)
                 replace = True
-        if replace or sandbox.needs_recycle:
+        if slot.down:
+            self._drop(sandbox)
+        elif replace or sandbox.needs_recycle:
             with self._lock:
-                self._creating += 1
-                self._all.discard(sandbox)
-                self._uses.pop(sandbox, None)
-                self.stats.recycled += 1
-            sandbox.close()
-            self._refill()
-            return
-        self._deliver(sandbox)
+                slot.creating += 1
+                self._count(slot, "recycled")
+            self._drop(sandbox)
+            self._refill(slot)
+        else:
+            self._deliver(sandbox)
 
-    def _create(self) -> DockerSandbox:
-        """Start one sandbox; the caller added it to ``_creating`` beforehand."""
-        try:
-            with self._create_sem:
-                sandbox = DockerSandbox(self.image, self.config, client=self._client,
-                                        labels={POOL_LABEL: self.pool_id})
-                try:
-                    sandbox.start()
-                except Exception:
-                    with self._lock:
-                        self.stats.create_failures += 1
-                    sandbox.close()
-                    raise
+    def _drop(self, sandbox: DockerSandbox) -> None:
+        """Forget ``sandbox`` and remove its container."""
+        with self._lock:
+            slot = self._forget(sandbox)
+        self._remove(slot, sandbox)
+
+    def _remove(self, slot: _HostSlot | None, sandbox: DockerSandbox) -> None:
+        """Remove ``sandbox``'s container; note it on its host if the daemon did not answer."""
+        sandbox.close()
+        if sandbox.left_behind is not None and slot is not None:
             with self._lock:
-                self._all.add(sandbox)
-                self.stats.created += 1
+                slot.left_behind.add(sandbox.left_behind)
+
+    def _remove_left_behind(self, slot: _HostSlot) -> None:
+        """Remove the containers of ``slot`` whose removal failed while the host was away.
+
+        Why: after a network cut they may still run, and no reaper takes a live owner's
+        containers before their expiry. One try each: one still there waits for its expiry.
+        """
+        with self._lock:
+            ids, slot.left_behind = slot.left_behind, set()
+        for container_id in ids:
+            try:
+                slot.connect().api.remove_container(container_id, force=True)
+            except Exception as exc:  # gone already, or the host went away again
+                log.debug("removing left-behind container %s: %s", container_id[:12], exc)
+
+    def _forget(self, sandbox: DockerSandbox) -> _HostSlot | None:
+        """Take ``sandbox`` out of the pool's books (lock held); return its host's slot."""
+        slot = self._host_of.pop(sandbox, None)
+        if slot is not None:
+            slot.all.discard(sandbox)
+        self._uses.pop(sandbox, None)
+        return slot
+
+    def _count(self, slot: _HostSlot, name: str) -> None:
+        """Add one to counter ``name`` of the pool and of ``slot``'s host (lock held)."""
+        setattr(self.stats, name, getattr(self.stats, name) + 1)
+        setattr(slot.stats, name, getattr(slot.stats, name) + 1)
+
+    def _create(self, slot: _HostSlot) -> DockerSandbox:
+        """Start one sandbox on ``slot``; the caller counted it in ``slot.creating``.
+
+        Within the host's caps: its ``starting`` semaphore, then its token bucket (in this
+        order, so tokens are not spent by creations still queued behind the semaphore).
+        """
+        try:
+            with slot.starting:
+                if slot.bucket is not None:
+                    slot.bucket.take(self._closing)
+                sandbox = self._start_sandbox(slot)
+            with self._lock:
+                self._host_of[sandbox] = slot
+                slot.all.add(sandbox)
+                self._count(slot, "created")
+                back = slot.down
+                if back:  # it works again (a creation tried while every host was down)
+                    self._set_down(slot, False)
+            if back:
+                log.warning("Docker host %r is back", slot.host.name)
         finally:
             with self._lock:
-                self._creating -= 1
+                slot.creating -= 1
         return sandbox
 
+    def _start_sandbox(self, slot: _HostSlot) -> DockerSandbox:
+        """Create and start one container on ``slot``'s host; a failure is counted there."""
+        sandbox = None
+        try:
+            sandbox = DockerSandbox(self.image, self.config, client=slot.connect(),
+                                    host=slot.host, labels={POOL_LABEL: self.pool_id})
+            return sandbox.start()
+        except Exception:
+            with self._lock:
+                self._count(slot, "create_failures")
+            if sandbox is not None:
+                self._remove(slot, sandbox)
+            raise
+
     def _deliver(self, item: DockerSandbox | BaseException) -> None:
-        """Hand ``item`` to the oldest waiter, or park a sandbox as idle."""
+        """Hand ``item`` to the oldest waiter, or park a sandbox as idle on its host.
+
+        A sandbox whose host went down meanwhile is dropped instead (nothing leased there).
+        """
         with self._lock:
-            if self._closed:
-                waiter = None
-            elif self._waiters:
-                waiter = self._waiters.popleft()
-            else:
-                if isinstance(item, DockerSandbox):
-                    self._idle.append(item)
+            sandbox = item if isinstance(item, DockerSandbox) else None
+            usable = not self._closed and (sandbox is None or not self._host_of[sandbox].down)
+            waiter = self._waiters.popleft() if usable and self._waiters else None
+            if usable and waiter is None:
+                if sandbox is not None:
+                    self._host_of[sandbox].idle.append(sandbox)
                 return
-        if waiter is None:
-            if isinstance(item, DockerSandbox):
-                item.close()
+        if waiter is not None:
+            self._hand(waiter, item)
+        elif sandbox is not None:
+            self._drop(sandbox)
+
+    # -- host health --------------------------------------------------------------------------
+    def _set_down(self, slot: _HostSlot, down: bool) -> None:
+        """Flip ``slot``'s state (lock held); going down starts its cool-off."""
+        if down:
+            slot.retry_at = time.monotonic() + self.host_cooloff_s
+            if not slot.down:
+                slot.stats.marked_down += 1
+        slot.down = slot.stats.down = down
+
+    def _mark_down(self, slot: _HostSlot, reason: BaseException) -> None:
+        """Route around ``slot`` for a cool-off and remove its idle sandboxes.
+
+        With one host it does nothing: the pool keeps its warm sandboxes and, as before, a
+        lease that finds it short tries a new creation.
+        """
+        if not self._routing:
             return
-        self._hand(waiter, item)
+        with self._lock:
+            newly = not slot.down
+            self._set_down(slot, True)
+            evicted, slot.idle = list(slot.idle), deque()
+            for sandbox in evicted:
+                self._forget(sandbox)
+        if newly:
+            log.warning("Docker host %r is down, routing around it for %gs: %s",
+                        slot.host.name, self.host_cooloff_s, reason)
+        for sandbox in evicted:  # on the workers: each removal may take the host's timeout
+            try:
+                self._workers.submit(self._remove, slot, sandbox)
+            except RuntimeError:  # the pool is closing: its workers are gone
+                self._remove(slot, sandbox)
+
+    def _watch(self) -> None:
+        """Health checks, every ``health_interval_s`` until `close` (own thread)."""
+        while not self._closing.wait(self.health_interval_s):
+            for slot in self._slots:
+                self._check(slot)
+
+    def _check(self, slot: _HostSlot) -> None:
+        """Ping ``slot``'s daemon: down on failure; after a cool-off, back; refilled if short."""
+        if slot.down and time.monotonic() < slot.retry_at:
+            return
+        try:
+            slot.ping()
+        except Exception as exc:
+            self._mark_down(slot, exc)
+            return
+        self._remove_left_behind(slot)
+        with self._lock:
+            back = slot.down
+            self._set_down(slot, False)
+            missing = max(0, slot.short)
+            slot.creating += missing
+        if back:
+            log.warning("Docker host %r answers again; refilling %d sandbox(es)",
+                        slot.host.name, missing)
+        for _ in range(missing):
+            self._workers.submit(self._refill, slot)
 
     def _hand(self, waiter: _Waiter, item: Any) -> None:
         if waiter.loop is None:
@@ -381,3 +729,21 @@ class SandboxPool:
         except RuntimeError:  # the waiter's loop is closed
             if isinstance(item, DockerSandbox):
                 self._deliver(item)
+
+
+def _check_hosts(hosts: Sequence[DockerHost | str] | None, client: Any,
+                 size: int) -> list[DockerHost]:
+    """The pool's hosts (default: the environment's daemon), or a one-line `ConfigError`."""
+    if hosts is None:
+        return [DockerHost()]
+    if client is not None:
+        raise ConfigError("pass either hosts= or client= to SandboxPool, not both")
+    targets = [DockerHost.parse(host) for host in hosts]
+    names = [host.name for host in targets]
+    if not targets or size < len(targets):
+        raise ConfigError(f"SandboxPool needs 1 to size={size} hosts (one sandbox each at "
+                          f"least), got {len(targets)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"Docker host names must be unique in a pool, got {names}: "
+                          "set DockerHost(name=...)")
+    return targets

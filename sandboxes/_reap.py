@@ -2,10 +2,14 @@
 
 Every container carries ``agentgym.managed=1``, ``agentgym.owner=<pid>``,
 ``agentgym.owner_start=<start time of that pid>`` (so a recycled pid is not mistaken for the
-owner), ``agentgym.host=<hostname>`` and ``agentgym.session=<id>``. Reaping removes the
-containers whose owner on this host is gone: at pool start, at interpreter exit (atexit, for
-this process's own containers) and from ``agentgym sandbox prune``. A process killed with
-``-9`` runs no atexit hook; its containers are reaped by the next start or prune.
+owner), ``agentgym.host=<hostname>``, ``agentgym.session=<id>`` and, unless the config
+says otherwise, ``agentgym.expires=<unix time>``. Reaping removes the containers whose owner
+on this host is gone, and those past their expiry whoever owns them: at pool start (on every
+host of the pool), at interpreter exit (atexit, for this process's own containers) and from
+``agentgym sandbox prune``. A process killed with ``-9`` runs no atexit hook; its containers
+are reaped by the next start or prune. Only the owner's machine can tell whether the owner
+lives, so the expiry is what frees the containers of a wedged (or vanished) process on
+another machine that shares a daemon.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import atexit
 import os
 import socket
 import threading
+import time
 import uuid
 import weakref
 from typing import Any
@@ -24,6 +29,7 @@ OWNER_START = "agentgym.owner_start"
 HOST = "agentgym.host"
 SESSION = "agentgym.session"
 POOL = "agentgym.pool"  # set by SandboxPool: the pool_id a container belongs to
+EXPIRES = "agentgym.expires"  # unix time after which anyone may reap it, live owner or not
 
 PROCESS_SESSION = uuid.uuid4().hex[:12]
 """Identifies this interpreter's containers (one value per process)."""
@@ -41,17 +47,34 @@ def process_start_time(pid: int) -> str | None:
         return None
 
 
-def ownership_labels(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Labels for a container owned by this process."""
+def ownership_labels(extra: dict[str, str] | None = None,
+                     lifetime_s: float | None = None) -> dict[str, str]:
+    """Labels for a container owned by this process; it expires ``lifetime_s`` from now."""
     pid = os.getpid()
+    expiry = {} if lifetime_s is None else {EXPIRES: f"{time.time() + lifetime_s:.3f}"}
     return {
         MANAGED: "1",
         OWNER: str(pid),
         OWNER_START: process_start_time(pid) or "",
         HOST: socket.gethostname(),
         SESSION: PROCESS_SESSION,
+        **expiry,
         **(extra or {}),
     }
+
+
+def expires_at(labels: dict[str, str]) -> float | None:
+    """The container's expiry (unix time), or None when it has none."""
+    try:
+        return float(labels[EXPIRES])
+    except (KeyError, ValueError):
+        return None
+
+
+def expired(labels: dict[str, str]) -> bool:
+    """True once the container is past its expiry (by this machine's clock)."""
+    expiry = expires_at(labels)
+    return expiry is not None and expiry < time.time()
 
 
 def owner_alive(labels: dict[str, str]) -> bool:
@@ -91,10 +114,14 @@ def managed_containers(client: Any) -> list[Any]:
 
 
 def reap_leaked(client: Any, everything: bool = False) -> list[str]:
-    """Remove containers whose owner is gone (or all of them); return their short ids."""
+    """Remove containers whose owner is gone or that expired (or all); return their short ids.
+
+    ``client`` is one daemon's; a pool calls this for each of its hosts.
+    """
     removed = []
     for container in managed_containers(client):
-        if everything or not owner_alive(container.labels):
+        labels = container.labels
+        if everything or expired(labels) or not owner_alive(labels):
             try:
                 container.remove(force=True)
                 removed.append(container.short_id)

@@ -1,7 +1,8 @@
 """Fixtures for the sandbox tests: a real Docker daemon, one shared warm pool, no leftovers.
 
 `require_docker()` skips a test when the daemon (or the image) is missing, and fails it
-instead when ``AGENTGYM_STRICT_DEPS=1`` (CI), so CI cannot go green by skipping.
+instead when ``AGENTGYM_STRICT_DEPS=1`` (CI), so CI cannot go green by skipping. The
+multi-host tests add a second daemon over mutual TLS (`tls_daemon`, see ``tls_daemon.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import os
 
 import pytest
 
-from agentgym.sandboxes import DEFAULT_IMAGE, SandboxPool, _reap
+from agentgym.sandboxes import DEFAULT_IMAGE, DockerHost, SandboxPool, _reap
 from tests.conftest import skip_or_fail
+from tests.sandboxes.tls_daemon import TlsDaemon, Unavailable
 
 
 @functools.cache
@@ -68,9 +70,9 @@ def alive(sb, pid: int) -> bool:
     return sb._container.exec_run(["sh", "-c", check]).exit_code == 0
 
 
-def own_containers() -> list:
-    """Agentgym containers owned by this test process."""
-    return [c for c in _reap.managed_containers(_client())
+def own_containers(client=None) -> list:
+    """Agentgym containers owned by this test process (on ``client``'s daemon; default local)."""
+    return [c for c in _reap.managed_containers(client or _client())
             if c.labels.get(_reap.OWNER) == str(os.getpid())]
 
 
@@ -111,3 +113,33 @@ def no_leftover_containers():
         return
     left = own_containers()
     assert not left, f"leaked containers: {[c.short_id for c in left]}"
+
+
+@pytest.fixture(scope="session")
+def tls_daemon():
+    """A second dockerd on loopback over mutual TLS, with the sandbox image loaded.
+
+    Skips (fails under AGENTGYM_STRICT_DEPS=1) where it cannot run: not root, no dockerd. At
+    the end no container of this process may be left on it; then it is stopped and deleted.
+    """
+    require_docker()
+    try:
+        daemon = TlsDaemon()
+    except Unavailable as exc:
+        skip_or_fail(str(exc))
+    try:
+        daemon.start()
+        daemon.load_image(DEFAULT_IMAGE)
+        yield daemon
+        daemon.start()  # a test may have stopped it: the check below needs it
+        left = own_containers(daemon.host().connect())
+        assert not left, f"leaked containers on the TLS daemon: {[c.short_id for c in left]}"
+    finally:
+        daemon.remove()
+
+
+@pytest.fixture
+def tls_host(tls_daemon) -> DockerHost:
+    """The TLS daemon as a pool host, running (a test before may have stopped it)."""
+    tls_daemon.start()
+    return tls_daemon.host()

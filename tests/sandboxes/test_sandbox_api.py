@@ -14,10 +14,10 @@ from agentgym.sandboxes import DockerSandboxConfig, ExecResult, ExecStatus, Sand
 
 def test_public_names_are_pinned():
     assert sorted(sandboxes.__all__) == sorted([
-        "DEFAULT_IMAGE", "DockerSandbox", "DockerSandboxConfig", "ExecResult", "ExecStatus",
-        "LocalSandbox", "LocalSandboxConfig", "PoolStats", "Sandbox", "SandboxLease",
-        "SandboxPool", "SandboxToolEnv", "Snapshot", "TestResult", "VerifyResult", "averify",
-        "build_image", "close_shared_pools", "reap_leaked", "verify",
+        "DEFAULT_IMAGE", "DockerHost", "DockerSandbox", "DockerSandboxConfig", "ExecResult",
+        "ExecStatus", "HostStats", "LocalSandbox", "LocalSandboxConfig", "PoolStats", "Sandbox",
+        "SandboxLease", "SandboxPool", "SandboxToolEnv", "Snapshot", "TestResult",
+        "VerifyResult", "averify", "build_image", "close_shared_pools", "reap_leaked", "verify",
     ])
     for name in sandboxes.__all__:
         assert getattr(sandboxes, name) is not None
