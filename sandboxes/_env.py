@@ -17,7 +17,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +26,7 @@ from agentgym._tool_env import ToolEnv
 from agentgym._tools import Tool
 
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
+from ._hosts import DockerHost
 from ._lease import SandboxLease
 from ._local import LocalSandbox
 from ._pool import SandboxPool
@@ -47,6 +48,8 @@ class SandboxToolEnv(ToolEnv):
         image: the Docker image (build the default with ``agentgym sandbox build``).
         sandbox_config: the containers' hardening knobs; None: `DockerSandboxConfig()`.
         pool_size: warm containers in the shared pool; episodes wait when all are out.
+        sandbox_hosts: Docker hosts the pool spreads over (`DockerHost`s, addresses, or
+            ``{url, cert_dir}`` mappings from a config file); None: the local daemon.
         lease_timeout: seconds an episode waits for a free sandbox, then `SandboxError`
             (the episode is ``infra_error``); None waits as long as it takes.
         kwargs: any `ToolEnv` option (``tasks``, ``rubric``, ``parser``, ``max_turns`` ...).
@@ -75,6 +78,7 @@ class SandboxToolEnv(ToolEnv):
         sandbox_config: DockerSandboxConfig | None = None,
         pool_size: int = 4,
         lease_timeout: float | None = None,
+        sandbox_hosts: Sequence[str | Mapping[str, Any] | DockerHost] | None = None,
         **kwargs: Any,
     ) -> None:
         if backend not in ("docker", "local"):
@@ -87,6 +91,9 @@ class SandboxToolEnv(ToolEnv):
         self.backend, self.image, self.pool_size = backend, image, pool_size
         self.sandbox_config = sandbox_config or DockerSandboxConfig()
         self.lease_timeout = lease_timeout
+        self.sandbox_hosts = (
+            tuple(DockerHost.parse(h) for h in sandbox_hosts) if sandbox_hosts else None
+        )
         # what a machine must offer to run this env (tests and tools read it)
         self.metadata = {**self.metadata, "requires": ["docker"] if backend == "docker" else []}
         self.sandbox: SandboxLease | None = None
@@ -103,7 +110,8 @@ class SandboxToolEnv(ToolEnv):
             local = LocalSandbox()
             self.sandbox = SandboxLease(local, lambda failed: local.close())
             return
-        self.pool = await _slot(self.image, self.sandbox_config, self.pool_size).apool()
+        slot = _slot(self.image, self.sandbox_config, self.pool_size, self.sandbox_hosts)
+        self.pool = await slot.apool()
         lease = self.pool.alease(timeout=self.lease_timeout)
         self.sandbox = await lease.__aenter__()
         self._lease_exit = lease
@@ -132,6 +140,7 @@ class _PoolSlot:
     image: str
     config: DockerSandboxConfig
     size: int
+    hosts: tuple[DockerHost, ...] | None = None
     pool: SandboxPool | None = None
     attempts: int = 0
     failures: int = 0  # consecutive failed starts
@@ -157,7 +166,10 @@ class _PoolSlot:
                 raise SandboxError(f"the sandbox pool for {self.image!r} failed to start: "
                                    f"{self.error}")
             self.attempts += 1
-            pool = SandboxPool(size=self.size, image=self.image, config=self.config)
+            pool = SandboxPool(
+                size=self.size, image=self.image, config=self.config,
+                hosts=list(self.hosts) if self.hosts else None,
+            )  # fmt: skip
             try:
                 pool.start()
             except Exception as exc:
@@ -172,16 +184,18 @@ class _PoolSlot:
             return pool
 
 
-_SLOTS: dict[tuple[str, str, int], _PoolSlot] = {}
+_SLOTS: dict[tuple[str, str, int, str], _PoolSlot] = {}
 _SLOTS_LOCK = threading.Lock()
 
 
-def _slot(image: str, config: DockerSandboxConfig, size: int) -> _PoolSlot:
-    key = (image, json.dumps(asdict(config), sort_keys=True), size)
+def _slot(
+    image: str, config: DockerSandboxConfig, size: int, hosts: tuple[DockerHost, ...] | None
+) -> _PoolSlot:
+    key = (image, json.dumps(asdict(config), sort_keys=True), size, repr(hosts))
     with _SLOTS_LOCK:
         slot = _SLOTS.get(key)
         if slot is None:
-            slot = _SLOTS[key] = _PoolSlot(image, config, size)
+            slot = _SLOTS[key] = _PoolSlot(image, config, size, hosts)
             _close_at_exit()
         return slot
 

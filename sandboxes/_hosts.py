@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,10 +110,24 @@ class DockerHost:
                    client_key=str(d / "key.pem"), name=name, timeout=timeout)
 
     @classmethod
-    def parse(cls, spec: str | DockerHost | None) -> DockerHost:
-        """``spec`` as a host: a `DockerHost` as is, an address string, or None (the default)."""
+    def parse(cls, spec: str | Mapping[str, Any] | DockerHost | None) -> DockerHost:
+        """``spec`` as a host: a `DockerHost`, an address, None (the default), or a mapping.
+
+        A mapping comes from a config file: ``{url, cert_dir}`` or `DockerHost`'s fields.
+        """
         if isinstance(spec, DockerHost):
             return spec
+        if isinstance(spec, Mapping):
+            fields = dict(spec)
+            try:
+                if "cert_dir" in fields:
+                    return cls.from_cert_dir(fields.pop("url"), fields.pop("cert_dir"), **fields)
+                return cls(**fields)
+            except (KeyError, TypeError) as exc:
+                raise ConfigError(
+                    f"Docker host {dict(spec)!r} is not understood ({exc}); give "
+                    "{url, cert_dir} or DockerHost's fields (url, ca_cert, client_cert, ...)"
+                ) from exc
         return cls(spec)
 
     def connect(self, timeout: float | None = None) -> Any:

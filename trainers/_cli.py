@@ -7,6 +7,7 @@ line and exits 2.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -55,9 +56,14 @@ def train(
         typer.Option("--set", help="Override a config key: --set max_steps=5 (repeatable)."),
     ] = None,
 ) -> None:
-    """Train a LoRA adapter with GRPO on vLLM rollouts (SFT warm start first if configured)."""
+    """Train a LoRA adapter with GRPO on vLLM rollouts (SFT warm start first if configured).
+
+    Several processes: ``torchrun --standalone --nproc_per_node N --no-python agentgym train
+    CONFIG`` (docs/trainer.md); rank 0 alone indexes the run and prints its figures.
+    """
     _quiet_backends()
     from ._config import GRPOConfig
+    from ._distributed import World
     from ._grpo import GRPOTrainer
 
     if not config.is_file():
@@ -67,8 +73,13 @@ def train(
     cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
     from agentgym.runs import track_run
 
-    with track_run("train", Path(cfg.output_dir).name, cfg.to_dict(), cfg.output_dir):
+    main = World.from_env().is_main
+    run_name = Path(cfg.output_dir).name
+    tracking = track_run("train", run_name, cfg.to_dict(), cfg.output_dir) if main else None
+    with tracking or contextlib.nullcontext():
         figures = GRPOTrainer(cfg, resume=resume).train()
+    if not main:
+        return
     for name, value in figures.items():
         console.print(f"{name}: {value:.3f}")
     console.print(f"run folder: {cfg.output_dir}")

@@ -34,6 +34,7 @@ ImportanceSamplingLevel = Literal["token", "sequence"]
 ScaleRewards = Literal["group", "batch", "none"]
 RolloutMode = Literal["auto", "concat", "per_turn"]
 LatePolicy = Literal["drop", "drop_group"]
+ServerFailure = Literal["retry", "fail"]
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -180,6 +181,35 @@ class GRPOConfig:
         "scored on the rest, like an infra_error); 'drop_group': its whole group leaves.",
     )
 
+    # --- rollout servers (scale-out; default: one in-process engine) ---------------------
+    rollout_servers: list[str] = _knob(
+        [],
+        "URLs of vLLM servers to roll out on instead of the in-process engine (each started "
+        "with `--enable-lora --logprobs-mode processed_logprobs`, "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, on `model`). Episodes are routed sticky and "
+        "least-loaded; each step's adapter is published to all of them. Empty: in-process.",
+    )
+    rollout_router_url: str | None = _knob(
+        None,
+        "An existing router before `rollout_servers` (vllm-router with --policy "
+        "sticky_least_loaded): requests go there with the episode id as X-Session-ID. None: "
+        "route on the client.",
+    )
+    rollout_model_name: str | None = _knob(
+        None, "The servers' --served-model-name. None: the model folder's name."
+    )
+    adapter_storage: str | None = _knob(
+        None,
+        "A folder every rollout server reads (shared storage): each adapter version is copied "
+        "there atomically before the servers load it. None: the run folder (one machine).",
+    )
+    on_server_failure: ServerFailure = _knob(
+        "retry",
+        "A rollout server failing mid-turn: 'retry' sends the turn to another server (exact: "
+        "the prompt ids are the whole state); 'fail' ends the episode as infra_error (dropped "
+        "from its group). Either way the server is routed around until it serves the adapter.",
+    )
+
     # --- algorithm ------------------------------------------------------------------------
     learning_rate: float = _knob(
         1e-5,
@@ -315,7 +345,7 @@ class GRPOConfig:
     #: Checks run in this order by `__post_init__`; each raises `ConfigError`.
     _CHECKS: ClassVar[tuple[str, ...]] = (
         "_check_types", "_check_ranges", "_check_clipping", "_check_tasks",
-        "_check_lora", "_check_hardware", "_check_schedule",
+        "_check_lora", "_check_hardware", "_check_rollout_servers", "_check_schedule",
     )
 
     def __post_init__(self) -> None:
@@ -528,6 +558,19 @@ class GRPOConfig:
             raise ConfigError(
                 "load_in_4bit=True with device='cpu': QLoRA needs bitsandbytes on CUDA; "
                 "set device 'cuda' or load_in_4bit false"
+            )
+
+    def _check_rollout_servers(self) -> None:
+        if self.rollout_servers and self.sft_steps:
+            raise ConfigError(
+                "rollout_servers with sft_steps > 0: the servers serve `model`, not the warm "
+                "start's output; start the servers on a model folder that has it (a run's sft/ "
+                "folder) and train with model set to that folder and sft_steps 0"
+            )
+        if self.rollout_router_url and not self.rollout_servers:
+            raise ConfigError(
+                "rollout_router_url needs rollout_servers too: adapters are published to each "
+                "server directly (routers forward requests, not adapter loads)"
             )
 
     def _check_schedule(self) -> None:

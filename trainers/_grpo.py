@@ -7,6 +7,11 @@ One step, in run order (each stage is one call below)::
       -> loss + optimiser step (LoRA only) -> adapter sync (new version into the engine)
       -> metrics, eval, checkpoint
 
+Under torchrun (`_distributed.World`) each process rolls out whole groups of its share of the
+step's tasks on its own engine; advantages and episode metrics are computed over every rank's
+episodes, gradients are summed over the ranks, and rank 0 alone writes the run folder and
+evaluates. One process runs the same loop with identity collectives.
+
 Why our own loop rather than TRL's `GRPOTrainer` with a `rollout_func`: with its own engine
 off (`use_vllm=False`), TRL 1.16 drops the importance-sampling correction, returns one row per
 trajectory (no per-turn samples) and never pushes adapters; with it on, it merges the LoRA
@@ -17,6 +22,7 @@ definitions, which `tests/trainers/test_loss.py` checks ours against) and own th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -27,22 +33,32 @@ from typing import Any
 from agentgym import Trajectory, arollout, make
 from agentgym._check import reference_conversation
 from agentgym._errors import Error
-from agentgym.engine import VLLMPolicy
+from agentgym.engine import RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
+from agentgym.engine._episode import ModeChoice
 
 from ._advantages import trajectory_advantages
 from ._config import GRPOConfig
+from ._distributed import World
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import episode_metrics, eval_metrics
 from ._preflight import preflight
 from ._report import plot_curves, write_summary
-from ._run_dir import RunDir
+from ._run_dir import RunDir, load_training_state
 from ._samples import Batch, build_samples, collate, rollout_mode_metrics
 from ._sft import SFTConfig, sft_warm_start
 from ._tracking import Trackers, TrainingConsole
 
 log = logging.getLogger(__name__)
+#: The engines a run rolls out on: in-process, or OpenAI-compatible vLLM servers.
+RolloutPolicy = VLLMPolicy | RemoteVLLMPolicy
 #: Train tasks kept out of the SFT data to decide when the warm start stops.
 _SFT_VALIDATION = 128
+#: Per-rank step metrics that add up to the step's (the rest are averaged over the ranks).
+#: ``loss/value`` adds up too: each rank's loss is divided by the whole step's counts.
+_SUMMED_METRICS = frozenset({
+    "train/samples", "train/tokens", "loss/value",
+    "rollout/per_turn_episodes", "rollout/train_samples", "rollout/trained_tokens",
+})  # fmt: skip
 
 
 class StaleAdapterError(Error):
@@ -58,6 +74,9 @@ class GRPOTrainer:
             step count, optimiser, RNG state and data order; the engine serves the resumed
             adapter).
 
+    Under torchrun every process builds one (``torchrun --nproc_per_node N --no-python
+    agentgym train CONFIG``); ``tasks_per_step`` must divide by N.
+
     Example::
 
         config = GRPOConfig(env="calculator", max_steps=20, output_dir="runs/calc")
@@ -67,81 +86,85 @@ class GRPOTrainer:
     def __init__(self, config: GRPOConfig, *, resume: bool = False) -> None:
         self.config = config
         self.resume = resume
+        self.world = World.from_env()
+        self.world.check_divides("tasks_per_step", config.tasks_per_step)
+        if config.device != "cpu":
+            self.world.pin_gpu()  # before anything initialises CUDA
         self.model_dir = preflight(config)  # clear errors before any model loads
         self.env_max_turns = config.max_turns or getattr(make(config.env), "max_turns", 1)
 
     # ---- the run ------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
-        """Run (or resume) training; returns the headline figures (eval success ...)."""
-        cfg = self.config
-        run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume)
-        trackers = Trackers(cfg.report_to, run.path, cfg.to_dict(), resume_step=run.resume_step)
-        try:
-            figures = self._train(run, trackers)
-        except BaseException as exc:
-            run.mark_failed(exc)
-            raise
-        finally:
-            trackers.close()
-        run.mark_finished()
-        return figures
+        """Run (or resume) training; returns the headline figures (eval success ...).
 
-    def _train(self, run: RunDir, trackers: Trackers) -> dict[str, float]:
+        Under torchrun every rank calls it; ranks other than 0 return ``{}``.
+        """
+        cfg = self.config
+        with self.world.joined(self._device()):
+            if not self.world.is_main:
+                return self._train(None, None)  # rank 0 owns the run folder and trackers
+            run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume)
+            trackers = Trackers(cfg.report_to, run.path, cfg.to_dict(), resume_step=run.resume_step)
+            try:
+                figures = self._train(run, trackers)
+            except BaseException as exc:
+                run.mark_failed(exc)
+                raise
+            finally:
+                trackers.close()
+            run.mark_finished()
+            return figures
+
+    def _train(self, run: RunDir | None, trackers: Trackers | None) -> dict[str, float]:
+        """The loop; ``run`` and ``trackers`` are None on ranks other than 0."""
         import torch
 
-        cfg = self.config
+        cfg, world = self.config, self.world
         figures: dict[str, float] = {}
-        if cfg.sft_steps and not run.resumed:
+        if run and cfg.sft_steps and not run.resumed:
             figures["base/success"] = self._evaluate_model(self.model_dir, run, "base")
-        start_model = self._warm_start(run)
+        start_model: Path = world.broadcast(self._warm_start(run) if run else None)
         model, optimizer = self._trainable(start_model)
         state = {"step": 0}
-        checkpoint = run.latest_checkpoint() if run.resumed else None
-        if checkpoint is not None:
-            state = run.load_checkpoint(checkpoint, model, optimizer)
+        checkpoint = world.broadcast(run.latest_checkpoint() if run and run.resumed else None)
+        if checkpoint is not None:  # the run folder was rolled back to it when it was opened
+            state = load_training_state(checkpoint, model, optimizer)
             log.info("resumed from %s at step %d", checkpoint, state["step"])
-        policy = VLLMPolicy(
-            start_model,
-            sampling={
-                "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
-                "min_p": cfg.min_p or 0.0, "max_tokens": cfg.max_completion_length,
-                "seed": cfg.seed,
-            },
-            dtype="float32" if self._device() == "cpu" else "bfloat16",
-            max_model_len=cfg.max_model_len,
-            enable_lora=True,
-            max_lora_rank=cfg.lora_r,
-            chat_template_kwargs=cfg.chat_template_kwargs,
-            rollout_mode="per_turn" if cfg.rollout_mode == "per_turn" else "auto",
-        )  # fmt: skip
+        policy = self._policy(start_model, world.broadcast(run.run_id if run else None))
         spec = LossSpec.from_config(cfg, max_turns=self.env_max_turns)
         console = TrainingConsole(cfg.max_steps, start_step=state["step"])
         with policy, console:
             self._decide_mode(policy)
             version = self._sync(policy, model, run, state.get("adapter_version", 0) + 1)
-            if state["step"] == 0:
+            if run and state["step"] == 0:
                 success = self._evaluate(policy, run, step=0, num_tasks=None)  # a headline
                 figures["sft/success" if cfg.sft_steps else "base/success"] = success
             for step in range(state["step"] + 1, cfg.max_steps + 1):
                 torch.manual_seed(cfg.seed * 100_003 + step)
                 t0 = time.perf_counter()
-                trajectories = self._rollouts(policy, step)
+                trajectories = self._rollouts(policy, step)  # this rank's share of the step
                 t1 = time.perf_counter()
                 check_versions(trajectories, version)
-                advantages = trajectory_advantages(
-                    trajectories, cfg.scale_rewards, cfg.late_policy
-                )
-                samples = build_samples(trajectories, advantages.values, cfg.rollout_mode)
+                shares = world.gather([_without_token_ids(t) for t in trajectories])
+                episodes = [t for share in shares for t in share]  # every rank's, in plan order
+                advantages = trajectory_advantages(episodes, cfg.scale_rewards, cfg.late_policy)
+                first = sum(len(share) for share in shares[: world.rank])
+                mine = advantages.values[first : first + len(trajectories)]
+                samples = build_samples(trajectories, mine, cfg.rollout_mode)
                 train_metrics = self._update(model, optimizer, samples, spec)
                 t2 = time.perf_counter()
                 version = self._sync(policy, model, run, version + 1)
                 t3 = time.perf_counter()
+                learned = world.merge_metrics(
+                    {**rollout_mode_metrics(samples), **train_metrics}, _SUMMED_METRICS
+                )
+                if run is None or trackers is None:
+                    continue  # rank 0 alone evaluates, logs and checkpoints
                 metrics: dict[str, Any] = {
                     "data/tasks": self._tasks_for(step),
-                    **episode_metrics(trajectories),
+                    **episode_metrics(episodes),
                     **advantages.metrics(),
-                    **rollout_mode_metrics(samples),
-                    **train_metrics,
+                    **learned,
                     "time/rollout": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2,
                     "sync/adapter_version": float(version),
                     "sync/load_seconds": policy.adapters[-1].load_seconds,
@@ -154,6 +177,8 @@ class GRPOTrainer:
                 console.update(step, metrics)
                 if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
                     run.save_checkpoint(step, model, optimizer, {"adapter_version": version})
+            if run is None:
+                return figures
             final = self._evaluate(policy, run, cfg.max_steps, num_tasks=None, label="final")
         figures["grpo/success"] = final
         plot_curves(run.path / "metrics.jsonl", run.path / "reward_curve.png", title=cfg.env)
@@ -182,7 +207,36 @@ class GRPOTrainer:
             scripts=cfg.sft_scripts,
         )  # fmt: skip
 
-    def _decide_mode(self, policy: VLLMPolicy) -> None:
+    def _policy(self, model_dir: Path, run_id: str) -> RolloutPolicy:
+        """The rollout policy: an in-process engine serving ``model_dir`` + LoRA, or servers.
+
+        With ``rollout_servers`` episodes run on those servers, adapters named after
+        ``run_id`` (a new run never meets an old run's versions there). Under torchrun each
+        rank has its own and rolls out only its share of each step.
+        """
+        cfg = self.config
+        sampling = {
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+            "min_p": cfg.min_p or 0.0, "max_tokens": cfg.max_completion_length, "seed": cfg.seed,
+        }  # fmt: skip
+        mode: ModeChoice = "per_turn" if cfg.rollout_mode == "per_turn" else "auto"
+        if cfg.rollout_servers:
+            name = cfg.rollout_model_name or model_dir.name
+            fleet = VLLMFleet(cfg.rollout_servers, name, namespace=run_id)
+            return RemoteVLLMPolicy(
+                model_dir, fleet, router_url=cfg.rollout_router_url, sampling=sampling,
+                max_model_len=cfg.max_model_len, chat_template_kwargs=cfg.chat_template_kwargs,
+                rollout_mode=mode, on_server_failure=cfg.on_server_failure,
+                adapter_storage=cfg.adapter_storage,
+            )  # fmt: skip
+        return VLLMPolicy(
+            model_dir, sampling=sampling, max_model_len=cfg.max_model_len,
+            dtype="float32" if self._device() == "cpu" else "bfloat16",
+            enable_lora=True, max_lora_rank=cfg.lora_r,
+            chat_template_kwargs=cfg.chat_template_kwargs, rollout_mode=mode,
+        )  # fmt: skip
+
+    def _decide_mode(self, policy: RolloutPolicy) -> None:
         """Decide ``concat``/``per_turn`` on the env's reference episode, as `check` does."""
         cfg = self.config
         env = make(cfg.env, **self._env_kwargs())
@@ -247,15 +301,27 @@ class GRPOTrainer:
             tasks.append(order[offset])
         return tasks
 
-    def _rollouts(self, policy: VLLMPolicy, step: int) -> list[Trajectory]:
+    def _rollouts(self, policy: RolloutPolicy, step: int) -> list[Trajectory]:
+        """The rank's episodes: all ``num_generations`` of each task in its share of the step.
+
+        Every rank plans the whole step and skips the other ranks' tasks, so each episode keeps
+        the seed and task position (its group key) it has when one process plays the step.
+        """
         cfg = self.config
+        tasks = self._tasks_for(step)
+        mine = self.world.shard(len(tasks))
+        others = [
+            (position, g)
+            for position in range(len(tasks)) if position not in mine
+            for g in range(cfg.num_generations)
+        ]  # fmt: skip
         return _run(
             arollout(
-                cfg.env, policy, tasks=self._tasks_for(step), group_size=cfg.num_generations,
+                cfg.env, policy, tasks=tasks, group_size=cfg.num_generations,
                 seed=cfg.seed * 1_000_003 + step * cfg.episodes_per_step,
                 env_kwargs=self._env_kwargs(),
                 max_concurrency=cfg.max_concurrency or cfg.episodes_per_step,
-                deadline=cfg.episode_deadline_s,
+                deadline=cfg.episode_deadline_s, skip=others,
             )
         )  # fmt: skip
 
@@ -268,38 +334,72 @@ class GRPOTrainer:
         return kwargs
 
     def _update(self, model: Any, optimizer: Any, samples: list[Any], spec: LossSpec) -> dict:
-        """``num_iterations`` optimiser steps on the step's samples; returns loss metrics."""
+        """``num_iterations`` optimiser steps on the step's samples; returns loss metrics.
+
+        Under torchrun ``samples`` are this rank's: the loss is divided by the counts of the
+        whole step (every rank's) and the gradients are summed over the ranks, so each rank
+        makes the update one process makes on the union (tests/trainers/test_distributed.py).
+        """
         import torch
 
         cfg = self.config
-        if not samples:  # every group had zero variance or was dropped: nothing to learn
+        tokens = sum(s.num_trained_tokens for s in samples)
+        counts = self.world.gather((len(samples), tokens))
+        num_sequences, num_items = (float(sum(column)) for column in zip(*counts))
+        if not num_sequences:  # every group had zero variance or was dropped: nothing to learn
             return {"train/samples": 0.0}
-        pad = int(getattr(model.config, "pad_token_id", None) or 0)
-        batch = collate(samples, pad_token_id=pad).to(self._device())
-        micro = batch.split(cfg.gradient_accumulation_steps)
+        micro = self._micro_batches(model, samples)
         olds: list[torch.Tensor | None] = [None] * len(micro)
+        trainable = [p for p in model.parameters() if p.requires_grad]
         metrics: dict[str, list[float]] = {}
         for iteration in range(cfg.num_iterations):
             optimizer.zero_grad(set_to_none=True)
             for k, part in enumerate(micro):
-                out, logps = self._micro_loss(model, part, spec, olds[k], batch)
+                out, logps = self._micro_loss(
+                    model, part, spec, olds[k], num_sequences=num_sequences, num_items=num_items
+                )
                 out.loss.backward()
                 if iteration == 0:
                     olds[k] = logps.detach()  # the sampling-time policy, for later iterations
                 for name, value in out.metrics.items():
                     metrics.setdefault(name, []).append(value)
+            self.world.sum_gradients(trainable)
             if cfg.max_grad_norm is not None:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 metrics.setdefault("train/grad_norm", []).append(float(norm))
             optimizer.step()
         summary = {name: sum(v) / len(v) for name, v in metrics.items()}
         summary["train/samples"] = float(len(samples))
-        summary["train/tokens"] = float(batch.num_items)
+        summary["train/tokens"] = float(tokens)
         return summary
 
+    def _micro_batches(self, model: Any, samples: list[Any]) -> list[Batch]:
+        """``samples`` padded onto the device, in ``gradient_accumulation_steps`` parts.
+
+        No parts for a rank without samples while its peers have some: it still takes part
+        in the gradient sum, with zeros.
+        """
+        if not samples:
+            return []
+        pad = int(getattr(model.config, "pad_token_id", None) or 0)
+        batch = collate(samples, pad_token_id=pad).to(self._device())
+        return batch.split(self.config.gradient_accumulation_steps)
+
     def _micro_loss(
-        self, model: Any, part: Batch, spec: LossSpec, old: Any, whole: Batch
+        self,
+        model: Any,
+        part: Batch,
+        spec: LossSpec,
+        old: Any,
+        *,
+        num_sequences: float,
+        num_items: float,
     ) -> tuple[Any, Any]:
+        """One micro-batch's part of the step's loss.
+
+        ``num_sequences`` and ``num_items`` (trained tokens) count the whole step's samples,
+        every rank's: the loss's normalisers.
+        """
         import torch
 
         temperature = self.config.temperature
@@ -315,19 +415,25 @@ class GRPOTrainer:
         out = grpo_loss(
             logps, part.advantages, part.loss_mask, spec,
             old_logps=old, engine_logps=part.engine_logprobs, ref_logps=ref,
-            entropies=entropies, num_sequences=float(whole.advantages.numel()),
-            num_items=float(whole.num_items),
+            entropies=entropies, num_sequences=num_sequences, num_items=num_items,
         )  # fmt: skip
         return out, logps
 
-    def _sync(self, policy: VLLMPolicy, model: Any, run: RunDir, expected: int) -> int:
+    def _sync(self, policy: RolloutPolicy, model: Any, run: RunDir | None, expected: int) -> int:
         """Save the adapter as version ``expected`` and make the engine serve it, or stop.
 
         Refuses to go on when the engine does not report the new version: rollouts that
-        silently keep sampling an old adapter are the worst bug users report in peers.
+        silently keep sampling an old adapter are the worst bug users report in peers. Rank 0
+        saves the adapter (every rank holds the same weights) and loads it first: on shared
+        rollout servers that publishes it, so when the other ranks load the folder whose path
+        it broadcasts, their own engines load it, and shared servers already serve it.
         """
-        path = run.save_adapter(model, expected)
-        version = policy.load_adapter(path, version=expected)
+        path = run.save_adapter(model, expected) if run else None
+        if path is not None:
+            version = policy.load_adapter(path, version=expected)
+        path = self.world.broadcast(path)
+        if run is None:
+            version = policy.load_adapter(path, version=expected)
         served = _run(policy.served_adapters())
         if version != expected or policy.adapter_version != expected or expected not in served:
             raise StaleAdapterError(
@@ -383,6 +489,18 @@ def _log_sft_progress(record: dict[str, Any]) -> None:
         log.info("sft step %d: loss %.4f", record["step"], record.get("loss", float("nan")))
 
 
+def _without_token_ids(trajectory: Trajectory) -> Trajectory:
+    """A copy without prompt ids and logprobs, to send to the other ranks.
+
+    Advantages and episode metrics do not read them, and they are most of an episode's bytes.
+    """
+    turns = [
+        dataclasses.replace(turn, prompt_ids=None, logprobs=None, completion_mask=None)
+        for turn in trajectory.turns
+    ]
+    return dataclasses.replace(trajectory, turns=turns)
+
+
 def check_versions(trajectories: Sequence[Trajectory], version: int) -> None:
     """Every turn must come from ``version``; otherwise the step would train off-policy."""
     stale = {
@@ -401,4 +519,3 @@ def check_versions(trajectories: Sequence[Trajectory], version: int) -> None:
 def _run(coro: Any) -> Any:
     """Run a coroutine from the (sync) training loop; the engine lives on its own loop."""
     return asyncio.run(coro)
-

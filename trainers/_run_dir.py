@@ -132,6 +132,11 @@ class RunDir:
         self._status = _new_status(previous, self.resume_step)
         self._write_status()
 
+    @property
+    def run_id(self) -> str:
+        """An id made when the run started and kept when it resumes."""
+        return str(self._status["run_id"])
+
     # ---- paths --------------------------------------------------------------------------
     @property
     def config_path(self) -> Path:
@@ -314,15 +319,7 @@ class RunDir:
         Raises:
             ConfigError: the checkpoint's adapter does not fit ``model``.
         """
-        import torch
-
-        path = Path(path)
-        state: dict[str, Any] = _read_json(path / "trainer_state.json")
-        _load_adapter_weights(model, path / "adapter")
-        optimizer.load_state_dict(
-            torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-        )
-        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        state = load_training_state(path, model, optimizer)
         self.rollback(int(state["step"]))
         return state
 
@@ -408,6 +405,27 @@ def read_jsonl_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return []
     complete = data[: data.rfind(b"\n") + 1]
     return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+def load_training_state(path: str | os.PathLike[str], model: Any, optimizer: Any) -> dict:
+    """Restore a checkpoint's adapter weights, optimizer and RNG states; returns trainer_state.
+
+    Writes nothing, so every training process can load the same checkpoint
+    (`RunDir.load_checkpoint` also rolls the run's lines back).
+
+    Raises:
+        ConfigError: the checkpoint's adapter does not fit ``model``.
+    """
+    import torch
+
+    path = Path(path)
+    state: dict[str, Any] = _read_json(path / "trainer_state.json")
+    _load_adapter_weights(model, path / "adapter")
+    optimizer.load_state_dict(
+        torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    )
+    _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+    return state
 
 
 # ---- helpers: files --------------------------------------------------------------------------
@@ -578,6 +596,8 @@ def _new_status(previous: Mapping[str, Any], resume_step: int | None) -> dict[st
         "step": resume_step,
         "checkpoint_step": resume_step,
         "attempt": int(previous.get("attempt", 0)) + 1,
+        # kept across resumes: names this run's adapters on long-lived rollout servers
+        "run_id": previous.get("run_id") or uuid.uuid4().hex[:12],
     }
     if previous:
         before = previous.get("state")

@@ -48,9 +48,9 @@ class AdapterPublishError(ModelError):
     """A new adapter version did not reach every server; it was unloaded where it was loaded."""
 
 
-def adapter_name(version: int) -> str:
-    """The served name of adapter ``version`` (the in-process engine uses the same names)."""
-    return f"agentgym-v{version}"
+def adapter_name(version: int, namespace: str = "") -> str:
+    """The served name of adapter ``version`` (``agentgym-v7``, or ``agentgym-<ns>-v7``)."""
+    return f"agentgym-{namespace}-v{version}" if namespace else f"agentgym-v{version}"
 
 
 def server_root(url: str) -> str:
@@ -81,7 +81,9 @@ class VLLMFleet:
         cool_off: seconds a failed server is routed around before it is probed again.
         load_timeout: seconds to keep retrying an adapter load that answers "not found".
         keep_versions: adapter versions kept loaded on every server (``max_staleness + 1``;
-            the servers' ``--max-loras`` must be at least this).
+            the servers' ``--max-loras`` must be above this).
+        namespace: part of every adapter name (a run's id), so a new run on long-lived
+            servers never meets an old run's ``v1`` under the same name.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class VLLMFleet:
         cool_off: float = 5.0,
         load_timeout: float = 120.0,
         keep_versions: int = 2,
+        namespace: str = "",
     ) -> None:
         if keep_versions < 1:
             raise ConfigError(f"keep_versions must be >= 1, got {keep_versions}")
@@ -105,6 +108,7 @@ class VLLMFleet:
         self.timeout = timeout
         self.load_timeout = load_timeout
         self.keep_versions = keep_versions
+        self.namespace = namespace
         #: Adapter versions every healthy server serves, oldest first.
         self.adapters: list[AdapterVersion] = []
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -120,7 +124,7 @@ class VLLMFleet:
 
     def served_name(self, version: int) -> str:
         """The ``model`` field of a request for ``version``."""
-        return self.model if version == 0 else adapter_name(version)
+        return self.model if version == 0 else adapter_name(version, self.namespace)
 
     # ---- data plane ---------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -197,10 +201,10 @@ class VLLMFleet:
                 f"adapter version {version} is not above the last one published "
                 f"({self.adapter_version}); every version needs a fresh number"
             )
-        name, started = adapter_name(version), time.perf_counter()
+        name, started = self.served_name(version), time.perf_counter()
         targets = self.router.healthy_urls()
         results = await asyncio.gather(
-            *(self._load(url, name, str(path)) for url in targets), return_exceptions=True
+            *(self._load_once(url, name, str(path)) for url in targets), return_exceptions=True
         )
         loaded, down, refused = [], [], []
         for url, result in zip(targets, results):
@@ -232,6 +236,21 @@ class VLLMFleet:
         healthy = self.router.healthy_urls()
         await asyncio.gather(*(self._unload(url, a.name) for a in old for url in healthy))
 
+    async def _load_once(self, url: str, name: str, path: str) -> None:
+        """Load ``name`` on ``url`` unless it serves it already.
+
+        Another trainer rank may have published this version a moment ago: the name holds the
+        run's namespace and the version, so serving it means serving these weights.
+        """
+        if name not in await self._names_or_unreachable(url):
+            await self._load(url, name, path)
+
+    async def _names_or_unreachable(self, url: str) -> set[str]:
+        try:
+            return await self.served_names(url)
+        except ModelError as exc:
+            raise _Unreachable(str(exc)) from exc
+
     async def _load(self, url: str, name: str, path: str) -> None:
         """Load ``name`` on ``url``, retrying "not found" until ``load_timeout`` has passed."""
         import httpx
@@ -261,7 +280,7 @@ class VLLMFleet:
             response = await self._http.get().post(
                 f"{url}/v1/unload_lora_adapter", json={"lora_name": name}
             )
-            if response.status_code != 200:
+            if response.status_code not in (200, 404):  # 404: unloaded already (another rank)
                 log.warning("unloading %s on %s answered %s", name, url, response.status_code)
         except httpx.TransportError as exc:
             log.warning("unloading %s on %s failed: %r", name, url, exc)
@@ -276,18 +295,19 @@ class _Unreachable(ModelError):
 
 
 def stage_adapter(
-    source: str | os.PathLike[str], shared_dir: str | os.PathLike[str], version: int
-) -> Path:
-    """Copy adapter folder ``source`` to ``shared_dir/agentgym-v{version}``, atomically.
+    source: str | os.PathLike[str], shared_dir: str | os.PathLike[str], version: int,
+    namespace: str = "",
+) -> Path:  # fmt: skip
+    """Copy adapter folder ``source`` to ``shared_dir/<adapter name>``, atomically.
 
     The copy is written under a temporary name and renamed into place, so a server never
     reads a half-written adapter; a rename is atomic on one filesystem (NFS included).
     Returns the final path; it exists already when this version was staged before (resume).
     """
-    final = Path(shared_dir) / adapter_name(version)
+    final = Path(shared_dir) / adapter_name(version, namespace)
     if final.is_dir():
         return final
-    staging = Path(shared_dir) / f".{adapter_name(version)}.{uuid.uuid4().hex}.tmp"
+    staging = Path(shared_dir) / f".{final.name}.{uuid.uuid4().hex}.tmp"
     shutil.copytree(source, staging)
     try:
         os.rename(staging, final)

@@ -95,6 +95,13 @@ class RemoteVLLMPolicy(TokenPolicy):
         self._renderer: ChatRenderer | None = None
         self._http = LoopClient(timeout=fleet.timeout)
 
+    def __enter__(self) -> RemoteVLLMPolicy:
+        """Nothing starts here (the servers run already); kept so engines swap in a ``with``."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The servers keep running; connection pools close with their event loops."""
+
     # ---- the model's tokenizer -----------------------------------------------------------
     @property
     def renderer(self) -> ChatRenderer:
@@ -142,7 +149,7 @@ class RemoteVLLMPolicy(TokenPolicy):
             "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
             "spaces_between_special_tokens": False,
             # a version's own prefix cache: KV of another version's weights is never reused
-            "cache_salt": f"agentgym-v{version}", **s.extra,
+            "cache_salt": self.fleet.served_name(version), **s.extra,
         }  # fmt: skip
 
     async def _send(
@@ -238,7 +245,7 @@ class RemoteVLLMPolicy(TokenPolicy):
         if not (Path(path) / "adapter_config.json").is_file():
             raise ConfigError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
         if self.adapter_storage is not None:
-            path = stage_adapter(path, self.adapter_storage, version)
+            path = stage_adapter(path, self.adapter_storage, version, self.fleet.namespace)
         await self.fleet.publish(Path(path).resolve(), version)
         return version
 

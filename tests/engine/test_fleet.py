@@ -9,6 +9,7 @@ module's last test kills one server and starts it again.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import threading
@@ -199,6 +200,38 @@ async def test_a_publish_waits_for_shared_storage_to_show_the_folder(
     assert fleet.not_found_retries >= 1
     assert await fleet.served_versions() == {s.root: {4} for s in servers}
     await fleet.aclose()
+
+
+def test_grpo_rolls_out_on_both_servers_and_publishes_each_step_to_both(
+    servers: list[LocalServer], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from agentgym.trainers import GRPOConfig, GRPOTrainer
+
+    before = [served_requests(s) for s in servers]
+    config = GRPOConfig(
+        model=str(tiny_model_dir), env="calculator", env_kwargs={"num_tasks": 40},
+        train_tasks="10:40", eval_tasks="0:2", tasks_per_step=2, num_generations=2,
+        max_completion_length=16, max_turns=2, max_model_len=1024, lora_r=8, lora_alpha=16,
+        device="cpu", report_to=["none"], episode_deadline_s=None, max_steps=2, eval_steps=None,
+        output_dir=str(tmp_path / "run"), rollout_servers=[s.base_url for s in servers],
+        rollout_model_name="tiny", adapter_storage=str(tmp_path / "shared"),
+    )  # fmt: skip
+    GRPOTrainer(config).train()
+    run = tmp_path / "run"
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in steps if "sync/adapter_version" in m]
+    assert [m["sync/adapter_version"] for m in trained] == [2.0, 3.0]
+    run_id = json.loads((run / "status.json").read_text())["run_id"]
+    kept = {f"agentgym-{run_id}-v2", f"agentgym-{run_id}-v3"}  # keep_versions=2: v1 unloaded
+    fleet = VLLMFleet([s.root for s in servers], "tiny")
+    for server in servers:
+        adapters = {n for n in asyncio.run(fleet.served_names(server.root)) if run_id in n}
+        assert adapters == kept, server.root
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == sorted(
+        f"agentgym-{run_id}-v{v}" for v in (1, 2, 3)
+    )  # staged atomically on the shared storage, no temporary left
+    served = [served_requests(s) - b for s, b in zip(servers, before)]
+    assert min(served) > 0  # both servers rolled out (and evaluated) episodes
 
 
 async def test_a_server_killed_mid_run_ends_its_episodes_and_comes_back_with_the_adapter(

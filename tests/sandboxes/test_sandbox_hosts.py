@@ -20,8 +20,18 @@ from typing import Any
 
 import pytest
 
+from agentgym import ScriptedPolicy, rollout, tool
 from agentgym._errors import ConfigError, SandboxError
-from agentgym.sandboxes import DockerHost, DockerSandbox, DockerSandboxConfig, SandboxPool, _reap
+from agentgym.sandboxes import (
+    DockerHost,
+    DockerSandbox,
+    DockerSandboxConfig,
+    Sandbox,
+    SandboxPool,
+    SandboxToolEnv,
+    _reap,
+    close_shared_pools,
+)
 from tests.sandboxes.tls_daemon import make_certs
 
 BOTH = ("local", "tls")
@@ -238,3 +248,37 @@ def test_a_host_down_at_start_is_routed_around_then_joins(tls_daemon, tls_host):
         tls_daemon.start()
         wait_for(lambda: pool.idle == 4, 30, "the TLS host joined and filled its share")
         assert not pool.stats.hosts["tls"].down and pool.stats.hosts["tls"].created == 2
+
+
+@tool
+async def where(sandbox: Sandbox) -> str:
+    """Say which host runs this sandbox."""
+    return str(sandbox.host.name)  # type: ignore[attr-defined]  # the lease's DockerSandbox
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_sandbox_env_spreads_its_episodes_over_hosts_named_in_a_config(tls_daemon, tls_host):
+    tls = {"url": tls_daemon.url, "cert_dir": str(tls_daemon.certs), "name": "tls"}
+    local = {"url": "unix:///var/run/docker.sock", "name": "local"}
+    hosts = [local, tls]  # as a YAML config gives them
+    call = '<tool_call>{"name": "where", "arguments": {}}</tool_call>'
+    envs: list[SandboxToolEnv] = []
+
+    def make_env() -> SandboxToolEnv:
+        envs.append(SandboxToolEnv([where], tasks=[{"prompt": "where?"}] * 4, pool_size=4,
+                                   sandbox_hosts=hosts, lease_timeout=60))  # fmt: skip
+        return envs[-1]
+
+    try:
+        trajectories = rollout(
+            make_env, ScriptedPolicy([call, "done"]), tasks=list(range(4)), max_concurrency=4
+        )
+    finally:
+        close_shared_pools()
+    assert [t.status for t in trajectories] == ["ok"] * 4, trajectories[0].error
+    answers = Counter(t.messages[3]["content"] for t in trajectories)
+    assert set(answers) == set(BOTH), answers  # four episodes at once: both hosts served
+    pool = envs[-1].pool
+    assert pool is not None and all(pool.stats.hosts[name].leases >= 1 for name in BOTH)
+    assert len({id(env.pool) for env in envs if env.pool is not None}) == 1  # one shared pool

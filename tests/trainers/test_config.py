@@ -46,6 +46,9 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"eval_steps": 0}, "eval_steps=0"),
         ({"episode_deadline_s": 0}, "episode_deadline_s=0"),
         ({"vllm_importance_sampling_clip_max": 0.0}, "vllm_importance_sampling_clip_max=0.0"),
+        ({"rollout_servers": ["http://a:8000"], "sft_steps": 10}, "start the servers on"),
+        ({"rollout_router_url": "http://r:30000"}, "rollout_router_url needs rollout_servers"),
+        ({"on_server_failure": "ignore"}, "on_server_failure='ignore'"),
     ],
 )
 def test_bad_knobs_raise_one_line_with_value_and_fix(knobs: dict[str, Any], fragment: str) -> None:
