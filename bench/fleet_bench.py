@@ -92,6 +92,8 @@ async def request_latencies(
 async def publish_seconds(
     roots: list[str], adapter: Path, publishes: int
 ) -> dict[int, list[float]]:
+    # each fleet keeps 2 versions; the first server holds both fleets' (4 <= --max-loras 6),
+    # so no load waits for an eviction
     fleets = {1: VLLMFleet(roots[:1], "tiny"), 2: VLLMFleet(roots, "tiny")}
     seconds: dict[int, list[float]] = {1: [], 2: []}
     for version in range(1, publishes + 1):
@@ -112,7 +114,7 @@ def main() -> None:
     model_dir = build_tiny_model()
     adapter = make_adapter(model_dir, Path(tempfile.mkdtemp()) / "adapter")
     options = ServerOptions(served_name="tiny", max_model_len=2048, enable_lora=True,
-                            max_lora_rank=8, max_loras=3)  # fmt: skip
+                            max_lora_rank=8, max_loras=6)  # fmt: skip
     with serve_vllm_fleet(model_dir, 2, options) as servers:
         roots = [s.root for s in servers]
         with serve_router(roots) as router_url:
