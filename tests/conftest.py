@@ -84,6 +84,30 @@ def tiny_model_dir() -> Path:
     return build_tiny_model()
 
 
+# --- a GRPO run small enough for a test --------------------------------------------------------
+
+#: A GRPO config on the tiny model: 2 tasks x G=2, short turns. It proves wiring and
+#: invariants, not learning (`make quickstart` shows learning); tests add output_dir and changes.
+TINY_RUN = {
+    "model": "tiny",
+    "env": "calculator",
+    "env_kwargs": {"num_tasks": 40},
+    "train_tasks": "10:40",
+    "eval_tasks": "0:4",
+    "tasks_per_step": 2,
+    "num_generations": 2,
+    "max_completion_length": 24,
+    "max_turns": 2,
+    "max_model_len": 1024,
+    "learning_rate": 1e-2,
+    "lora_r": 8,
+    "lora_alpha": 16,
+    "device": "cpu",
+    "report_to": ["none"],
+    "episode_deadline_s": None,
+}
+
+
 # --- vLLM's OpenAI-compatible server ---------------------------------------------------------
 
 

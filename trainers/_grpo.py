@@ -1,4 +1,4 @@
-"""`GRPOTrainer`: multi-turn GRPO + LoRA on an in-process vLLM engine, top to bottom.
+"""`GRPOTrainer`: multi-turn GRPO + LoRA on vLLM rollouts, top to bottom.
 
 One step, in run order (each stage is one call below)::
 
@@ -6,6 +6,9 @@ One step, in run order (each stage is one call below)::
       -> group advantages (infra_error / late dropped) -> samples (concat | per_turn)
       -> loss + optimiser step (LoRA only) -> adapter sync (new version into the engine)
       -> metrics, eval, checkpoint
+
+The engine is in process (`VLLMPolicy`) or, with ``rollout_servers``, N vLLM servers
+(`RemoteVLLMPolicy`: the same token-in/token-out contract; each sync publishes to all).
 
 Under torchrun (`_distributed.World`) each process rolls out whole groups of its share of the
 step's tasks on its own engine; advantages and episode metrics are computed over every rank's

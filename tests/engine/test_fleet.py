@@ -32,7 +32,7 @@ from agentgym.engine import (
     serve_router,
     serve_vllm_fleet,
 )
-from tests.conftest import require, send_json
+from tests.conftest import TINY_RUN, require, send_json
 from tests.engine.episodes import NudgeEnv, letters_only, make_adapter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -208,14 +208,12 @@ def test_grpo_rolls_out_on_both_servers_and_publishes_each_step_to_both(
     from agentgym.trainers import GRPOConfig, GRPOTrainer
 
     before = [served_requests(s) for s in servers]
-    config = GRPOConfig(
-        model=str(tiny_model_dir), env="calculator", env_kwargs={"num_tasks": 40},
-        train_tasks="10:40", eval_tasks="0:2", tasks_per_step=2, num_generations=2,
-        max_completion_length=16, max_turns=2, max_model_len=1024, lora_r=8, lora_alpha=16,
-        device="cpu", report_to=["none"], episode_deadline_s=None, max_steps=2, eval_steps=None,
-        output_dir=str(tmp_path / "run"), rollout_servers=[s.base_url for s in servers],
-        rollout_model_name="tiny", adapter_storage=str(tmp_path / "shared"),
-    )  # fmt: skip
+    config = GRPOConfig.from_dict({
+        **TINY_RUN, "model": str(tiny_model_dir), "eval_tasks": "0:2", "max_completion_length": 16,
+        "max_steps": 2, "eval_steps": None, "output_dir": str(tmp_path / "run"),
+        "rollout_servers": [s.base_url for s in servers], "rollout_model_name": "tiny",
+        "adapter_storage": str(tmp_path / "shared"),
+    })  # fmt: skip
     GRPOTrainer(config).train()
     run = tmp_path / "run"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -22,28 +22,9 @@ import yaml
 import agentgym
 from agentgym import Trajectory, Turn
 from agentgym.trainers import GRPOConfig
-from tests.conftest import require
+from tests.conftest import TINY_RUN, require
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-TINY_RUN = {
-    "model": "tiny",
-    "env": "calculator",
-    "env_kwargs": {"num_tasks": 40},
-    "train_tasks": "10:40",
-    "eval_tasks": "0:4",
-    "tasks_per_step": 2,
-    "num_generations": 2,
-    "max_completion_length": 24,
-    "max_turns": 2,
-    "max_model_len": 1024,
-    "learning_rate": 1e-2,
-    "lora_r": 8,
-    "lora_alpha": 16,
-    "device": "cpu",
-    "report_to": ["none"],
-    "episode_deadline_s": None,
-}
 
 
 def config(tmp_path: Path, **changes) -> GRPOConfig:
