@@ -44,6 +44,7 @@ from ._config import GRPOConfig
 from ._distributed import World
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import episode_metrics, eval_metrics
+from ._prefix import policy_logits
 from ._preflight import preflight
 from ._report import plot_curves, write_summary
 from ._run_dir import RunDir, load_training_state
@@ -406,13 +407,13 @@ class GRPOTrainer:
         import torch
 
         temperature = self.config.temperature
-        logits = model(input_ids=part.input_ids, attention_mask=part.attention_mask).logits
+        logits = policy_logits(model, part.input_ids, part.attention_mask)
         logps = token_logprobs(logits, part.input_ids, temperature)
         ref = None
         if spec.beta:
             with torch.no_grad(), model.disable_adapter():  # the base model, no second copy
-                ref_logits = model(input_ids=part.input_ids, attention_mask=part.attention_mask)
-                ref = token_logprobs(ref_logits.logits, part.input_ids, temperature)
+                ref_logits = policy_logits(model, part.input_ids, part.attention_mask)
+                ref = token_logprobs(ref_logits, part.input_ids, temperature)
         with torch.no_grad():
             entropies = token_entropy(logits.detach(), temperature)
         out = grpo_loss(

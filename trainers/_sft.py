@@ -264,7 +264,9 @@ def masked_loss(model: Any, batch: dict[str, Any]) -> Any:
     """Mean next-token cross-entropy over the tokens whose label is not -100."""
     import torch
 
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    from ._prefix import policy_logits
+
+    logits = policy_logits(model, batch["input_ids"], batch["attention_mask"])
     targets = batch["labels"][:, 1:]
     return torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
