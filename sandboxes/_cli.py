@@ -33,6 +33,20 @@ def _fail(exc: Exception) -> NoReturn:
     raise typer.Exit(1)
 
 
+HostOption = Annotated[str | None, typer.Option(
+    "--host", help="Docker host: unix://, tcp:// (with --cert-dir) or ssh://. Default: this "
+    "machine's daemon (DOCKER_HOST).")]  # fmt: skip
+CertDirOption = Annotated[str | None, typer.Option(
+    "--cert-dir", help="Folder with ca.pem, cert.pem, key.pem for a tcp:// host (mutual TLS).")]
+
+
+def _client(host: str | None, cert_dir: str | None) -> object:
+    """A client of the daemon the command looks at (`DockerHost` checks the address)."""
+    from ._hosts import DockerHost
+
+    return DockerHost.parse({"url": host, "cert_dir": cert_dir} if cert_dir else host).connect()
+
+
 @app.command()
 def build(
     method: Annotated[Method, typer.Option(help="auto | debootstrap | dockerfile")] = Method.auto,
@@ -66,12 +80,10 @@ def build(
 
 
 @app.command("ls")
-def list_containers() -> None:
+def list_containers(host: HostOption = None, cert_dir: CertDirOption = None) -> None:
     """List agentgym containers and whether their owner process is alive."""
-    from ._client import docker_client
-
     try:
-        containers = _reap.managed_containers(docker_client())
+        containers = _reap.managed_containers(_client(host, cert_dir))
     except Error as exc:
         _fail(exc)
     table = Table("image", "status", "owner pid", "owner alive", "pool")
@@ -89,12 +101,12 @@ def list_containers() -> None:
 def prune(
     all_: Annotated[bool, typer.Option(
         "--all", help="Remove every agentgym container, even those of live owners.")] = False,
+    host: HostOption = None,
+    cert_dir: CertDirOption = None,
 ) -> None:
-    """Remove agentgym containers whose owner process is gone (or all with --all)."""
-    from ._client import docker_client
-
+    """Remove agentgym containers whose owner is gone or that expired (or all with --all)."""
     try:
-        removed = _reap.reap_leaked(docker_client(), everything=all_)
+        removed = _reap.reap_leaked(_client(host, cert_dir), everything=all_)
     except Error as exc:
         _fail(exc)
     console.print(f"removed {len(removed)} container(s)" +

@@ -282,3 +282,26 @@ def test_a_sandbox_env_spreads_its_episodes_over_hosts_named_in_a_config(tls_dae
     pool = envs[-1].pool
     assert pool is not None and all(pool.stats.hosts[name].leases >= 1 for name in BOTH)
     assert len({id(env.pool) for env in envs if env.pool is not None}) == 1  # one shared pool
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_sandbox_ls_and_prune_look_at_a_remote_host(tls_daemon, tls_host):
+    from typer.testing import CliRunner
+
+    from agentgym.sandboxes._cli import app
+
+    remote = ["--host", tls_daemon.url, "--cert-dir", str(tls_daemon.certs)]
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # its pid is now a dead owner
+    labels = {**_reap.ownership_labels(), _reap.OWNER: str(child.pid)}
+    leaked = tls_host.connect().containers.create("agentgym-sandbox:py3", "true", labels=labels)
+    listed = CliRunner().invoke(app, ["ls", *remote])
+    assert listed.exit_code == 0 and leaked.short_id in listed.output, listed.output
+    local = CliRunner().invoke(app, ["ls"])
+    assert leaked.short_id not in local.output  # the default daemon does not have it
+    pruned = CliRunner().invoke(app, ["prune", *remote])
+    assert pruned.exit_code == 0 and leaked.short_id in pruned.output, pruned.output
+    assert leaked.id not in {c.id for c in _reap.managed_containers(tls_host.connect())}
+    bad = CliRunner().invoke(app, ["ls", "--host", "tcp://10.1.2.3:2375"])
+    assert bad.exit_code == 1 and "TLS" in bad.output  # plain tcp off loopback: refused
