@@ -14,6 +14,7 @@ import contextlib
 import json
 import sys
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -153,7 +154,10 @@ def evaluate(
     base_url: Annotated[
         str, typer.Option(help="OpenAI-compatible server root.")
     ] = "http://127.0.0.1:8000/v1",
-    model: Annotated[str | None, typer.Option(help="Served model name (openai policy).")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Served model name (openai; vllm with --server: default the folder's)."),
+    ] = None,
     api_key: Annotated[
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token.")
     ] = None,
@@ -184,6 +188,14 @@ def evaluate(
         int,
         typer.Option(min=16, help="vllm: context window; a longer episode ends truncated."),
     ] = 4096,
+    server: Annotated[
+        list[str],
+        typer.Option(help="vllm: a vLLM server to sample on instead of the in-process engine "
+                     "(repeatable; token ids in and out, episodes routed sticky)."),
+    ] = [],  # noqa: B006
+    router_url: Annotated[
+        str | None, typer.Option(help="vllm: a router before the --server URLs (vllm-router).")
+    ] = None,
     out: Annotated[
         Path, typer.Option(help="Folder for trajectories.jsonl, summary.json and run.json.")
     ] = Path("runs/eval"),
@@ -200,6 +212,10 @@ def evaluate(
         raise ConfigError("--chat-template-kwargs applies to --policy vllm only")
     if policy is PolicyKind.openai and not model:
         raise ConfigError("--policy openai needs --model NAME (the served model name)")
+    if (server or router_url) and policy is not PolicyKind.vllm:
+        raise ConfigError("--server and --router-url apply to --policy vllm (token ids in/out)")
+    if router_url and not server:
+        raise ConfigError("--router-url needs the --server URLs too (adapters and checks)")
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
     env_kwargs_built = (
         _with_model(model_path, env_kwargs) if policy is PolicyKind.vllm else env_kwargs
@@ -228,7 +244,7 @@ def evaluate(
             sampling = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens}
             engine = _prepare_engine(
                 model_path, env_id, env_kwargs_built, sampling, template_kwargs, rollout_mode,
-                max_model_len,
+                max_model_len, _Servers(server, router_url, model),
             )
             agent = stack.enter_context(engine)  # shut down on leaving
         else:
@@ -254,6 +270,15 @@ def _with_model(model_path: Path | None, env_kwargs: dict[str, Any]) -> dict[str
     return with_model_tokenizer(env_kwargs, str(model_path))
 
 
+@dataclass(frozen=True)
+class _Servers:
+    """``--server`` URLs (empty: the in-process engine), ``--router-url``, the served name."""
+
+    urls: list[str]
+    router_url: str | None
+    served_name: str | None
+
+
 def _prepare_engine(
     model_path: Path,
     env_id: str,
@@ -262,15 +287,16 @@ def _prepare_engine(
     template_kwargs: dict[str, Any],
     rollout_mode: RolloutModeChoice,
     max_model_len: int,
+    servers: _Servers,
 ) -> Any:
-    """A started `VLLMPolicy` whose rollout mode for the env is decided and printed.
+    """A started engine (`VLLMPolicy`, or `RemoteVLLMPolicy` on ``servers``), mode decided.
 
     The mode is decided on the conversation `agentgym check --model` reports on (the env's
     reference episode with a second call after text). Chat-template kwargs the template never
     reads, and ``--rollout-mode concat`` with a template that cannot, are refused on the
     tokenizer alone, before the slow engine start.
     """
-    from .engine import ChatRenderer, SamplingConfig, VLLMPolicy
+    from .engine import ChatRenderer, RemoteVLLMPolicy, SamplingConfig, VLLMFleet, VLLMPolicy
     from .engine._episode import probe_conversation
 
     probe = make(env_id, **env_kwargs)
@@ -282,13 +308,18 @@ def _prepare_engine(
         raise ConfigError(f"--chat-template-kwargs: {problem}")
     example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
     example = example or probe_conversation(tools)
-    policy = VLLMPolicy(
-        model_path,
-        sampling=SamplingConfig(**{k: v for k, v in sampling.items() if v is not None}),
-        chat_template_kwargs=template_kwargs,
-        rollout_mode=rollout_mode.value,
-        max_model_len=max_model_len,
-    )
+    options: dict[str, Any] = {
+        "sampling": SamplingConfig(**{k: v for k, v in sampling.items() if v is not None}),
+        "chat_template_kwargs": template_kwargs,
+        "rollout_mode": rollout_mode.value,
+        "max_model_len": max_model_len,
+    }
+    policy: VLLMPolicy | RemoteVLLMPolicy
+    if servers.urls:
+        fleet = VLLMFleet(servers.urls, servers.served_name or model_path.name)
+        policy = RemoteVLLMPolicy(model_path, fleet, router_url=servers.router_url, **options)
+    else:
+        policy = VLLMPolicy(model_path, **options)
     if rollout_mode is RolloutModeChoice.concat:
         decision = ChatRenderer(tokenizer, template_kwargs).decide_mode(example, tools)
         if decision.mode != "concat":
@@ -296,7 +327,8 @@ def _prepare_engine(
                 f"--rollout-mode concat, but the chat template cannot: {decision.reason}; "
                 "use --rollout-mode auto (or per_turn)"
             )
-    with console.status(f"starting vLLM on {model_path}"):
+    where = ", ".join(servers.urls) or model_path
+    with console.status(f"starting vLLM on {where}"):
         policy.start()
     try:
         decision = policy.mode_for(tools, example)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentgym import read_jsonl
-from tests.conftest import require
+from tests.conftest import VLLMServer, require
 from tests.test_check import HISTORY_REWRITING_TEMPLATE
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
@@ -106,3 +106,28 @@ def test_eval_vllm_refuses_before_the_engine_starts(
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_eval_vllm_on_a_server_keeps_token_ids_in_and_out(
+    vllm_server: VLLMServer, tmp_path: Path
+) -> None:
+    """``--server``: the prompts go to a running vLLM server as ids; the same record comes back."""
+    out = tmp_path / "run"
+    proc = run(
+        "eval", "calculator", "--policy", "vllm", "--model-path", str(vllm_server.model_dir),
+        "--server", vllm_server.base_url, "--model", vllm_server.model,
+        "-n", "2", "-g", "2", "--max-tokens", "12", "--out", str(out), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trajectories = list(read_jsonl(out / "trajectories.jsonl"))
+    assert len(trajectories) == 4
+    for trajectory in trajectories:
+        assert trajectory.status in ("ok", "truncated"), trajectory.error
+        for turn in trajectory.turns:
+            assert turn.prompt_ids and turn.completion_ids and len(turn.completion_ids) <= 12
+            assert len(turn.logprobs or []) == len(turn.completion_ids)
+    wrong = run(
+        "eval", "calculator", "--policy", "vllm", "--model-path", str(vllm_server.model_dir),
+        "--server", vllm_server.base_url, "--model", "not-served", "--out", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert wrong.returncode == 2 and "not 'not-served'" in wrong.stderr, wrong.stderr

@@ -95,12 +95,37 @@ class RemoteVLLMPolicy(TokenPolicy):
         self._renderer: ChatRenderer | None = None
         self._http = LoopClient(timeout=fleet.timeout)
 
+    def start(self) -> None:
+        """Check that every server answers and serves the model now, not mid-run.
+
+        Also loads the tokenizer. Raises `ConfigError` naming the fix, or `ModelError` when a
+        server is unreachable.
+        """
+
+        async def check() -> None:
+            try:
+                for url in self.fleet.urls:
+                    names = await self.fleet.served_names(url)
+                    if self.fleet.model not in names:
+                        raise ConfigError(
+                            f"{url} serves {sorted(names)}, not {self.fleet.model!r}; give the "
+                            "servers' --served-model-name as the model name"
+                        )
+            finally:
+                await self.fleet.aclose()
+
+        asyncio.run(check())
+        _ = self.renderer
+
+    def close(self) -> None:
+        """Nothing to shut down: the servers are not ours and keep running."""
+
     def __enter__(self) -> RemoteVLLMPolicy:
-        """Nothing starts here (the servers run already); kept so engines swap in a ``with``."""
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """The servers keep running; connection pools close with their event loops."""
+        self.close()
 
     # ---- the model's tokenizer -----------------------------------------------------------
     @property
