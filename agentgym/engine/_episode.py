@@ -11,7 +11,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from .._errors import ConfigError, ContextLengthError
 from .._types import Completion, Message
@@ -89,6 +89,28 @@ class TokenPolicy:
     def renderer(self) -> ChatRenderer:
         """The chat-template renderer of the model's tokenizer."""
         raise NotImplementedError
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer."""
+        return self.renderer.tokenizer
+
+    # ---- lifecycle: ``with policy:`` starts it and closes it ------------------------------
+    def start(self) -> None:
+        """Make the policy ready now, not on first use; nothing to do by default.
+
+        An in-process engine starts here; a server policy checks its servers.
+        """
+
+    def close(self) -> None:
+        """Release what `start` took; nothing by default."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     async def generate_ids(
         self,

@@ -120,13 +120,6 @@ class RemoteVLLMPolicy(TokenPolicy):
     def close(self) -> None:
         """Nothing to shut down: the servers are not ours and keep running."""
 
-    def __enter__(self) -> RemoteVLLMPolicy:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- the model's tokenizer -----------------------------------------------------------
     @property
     def renderer(self) -> ChatRenderer:
@@ -137,10 +130,6 @@ class RemoteVLLMPolicy(TokenPolicy):
             tokenizer = AutoTokenizer.from_pretrained(self.model)
             self._renderer = ChatRenderer(tokenizer, self._chat_template_kwargs)
         return self._renderer
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.renderer.tokenizer
 
     # ---- sampling -----------------------------------------------------------------------
     async def generate_ids(

@@ -233,13 +233,6 @@ class VLLMPolicy(TokenPolicy):
     async def aclose(self) -> None:
         """Kept for the `Policy` convention; the engine outlives event loops, see `close`."""
 
-    def __enter__(self) -> VLLMPolicy:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     @property
     def renderer(self) -> ChatRenderer:
         """The chat-template renderer of the model's tokenizer (starts the engine)."""
@@ -250,11 +243,6 @@ class VLLMPolicy(TokenPolicy):
         """Sequences the engine runs per step (starts the engine); `arollout` sizes by it."""
         self._started()
         return int(self._engine.vllm_config.scheduler_config.max_num_seqs)
-
-    @property
-    def tokenizer(self) -> Any:
-        """The model's tokenizer (starts the engine)."""
-        return self.renderer.tokenizer
 
     def _started(self) -> tuple[_EngineThread, ChatRenderer]:
         if self._engine is None:
