@@ -6,7 +6,7 @@ the next free sandbox directly, through a ``threading.Event`` (sync) or an ``asy
 set with ``call_soon_threadsafe`` (async), so async waiters never hold a thread. A waiter that
 gives up (timeout, cancellation) after the hand-off passes the sandbox on.
 
-Several Docker hosts: each host keeps its own warm share (``_HostSlot``: idle sandboxes,
+Several Docker hosts: each host keeps its own warm share (``HostSlot``: idle sandboxes,
 creations in flight, caps). A lease takes a free sandbox from the up host with the fewest
 leases out; a sandbox coming back goes to the oldest waiter, whatever its host. A host whose
 creation fails or that misses a health check is down for a cool-off: its idle sandboxes are
@@ -35,25 +35,12 @@ from agentgym._errors import ConfigError, SandboxError
 from . import _reap
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
 from ._docker import DockerSandbox, Snapshot
+from ._host_slot import HostSlot, HostStats
 from ._hosts import DockerHost
 from ._lease import SandboxLease
 
 POOL_LABEL = _reap.POOL
-HEALTH_TIMEOUT_S = 5.0  # a health check that takes longer counts as failed
 log = logging.getLogger("agentgym.sandboxes")
-
-
-@dataclass
-class HostStats:
-    """Counters of one Docker host of a pool (the same names as `PoolStats`, per host)."""
-
-    created: int = 0
-    recycled: int = 0
-    leases: int = 0
-    reap_removed: int = 0
-    create_failures: int = 0
-    marked_down: int = 0  # times the pool started routing around this host
-    down: bool = False  # in its cool-off now: nothing is created or leased there
 
 
 @dataclass
@@ -66,80 +53,6 @@ class PoolStats:
     reap_removed: int = 0  # leaked containers (dead owner, or expired) removed at start
     create_failures: int = 0  # container creations that failed
     hosts: dict[str, HostStats] = field(default_factory=dict)  # by `DockerHost.name`
-
-
-class _TokenBucket:
-    """At most ``rate`` grants per second on average, in bursts of up to ``max(1, rate)``.
-
-    Each `take` reserves the next token at once (the count may go negative) and waits until
-    that token is due, so callers are served in order without polling.
-    """
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.capacity = max(1.0, rate)
-        self._tokens = self.capacity
-        self._stamp = time.monotonic()
-        self._lock = threading.Lock()
-
-    def take(self, cancel: threading.Event) -> None:
-        """Wait for a token; raise `SandboxError` if ``cancel`` is set meanwhile."""
-        with self._lock:
-            now = time.monotonic()
-            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
-            self._stamp = now
-            self._tokens -= 1
-            wait = -self._tokens / self.rate
-        if wait > 0 and cancel.wait(wait):
-            raise SandboxError("the sandbox pool was closed")
-
-
-class _HostSlot:
-    """One host's share of a pool; the pool's lock guards its counters and collections."""
-
-    def __init__(self, host: DockerHost, size: int, max_starting: int,
-                 creates_per_second: float | None, client: Any = None) -> None:
-        self.host, self.size = host, size
-        self.client = client  # for containers; connected at start (or when the host returns)
-        self.owns_client = client is None
-        self.health: Any = None  # a client with a short timeout, for health checks
-        self.left_behind: set[str] = set()  # containers whose removal failed (host away)
-        self.stats = HostStats()
-        self.idle: deque[DockerSandbox] = deque()
-        self.all: set[DockerSandbox] = set()
-        self.creating = 0  # creations in flight (initial ones, replacements and refills)
-        self.leased = 0
-        self.down = False
-        self.retry_at = 0.0  # monotonic time its cool-off ends
-        self.starting = threading.Semaphore(max_starting)
-        self.bucket = _TokenBucket(creates_per_second) if creates_per_second else None
-
-    @property
-    def short(self) -> int:
-        """Sandboxes missing from its share (neither live nor being created)."""
-        return self.size - len(self.all) - self.creating
-
-    def connect(self) -> Any:
-        """The container client, connected on first use."""
-        if self.client is None:
-            self.client = self.host.connect()
-        return self.client
-
-    def ping(self) -> None:
-        """Raise when the daemon does not answer within `HEALTH_TIMEOUT_S`."""
-        if self.health is None:
-            self.health = self.host.connect(timeout=min(HEALTH_TIMEOUT_S, self.host.timeout))
-        else:
-            self.health.ping()
-
-    def close_clients(self) -> None:
-        """Close the HTTP connections this slot opened."""
-        for client in ([self.client] if self.owns_client else []) + [self.health]:
-            if client is not None:
-                client.close()
-        self.health = None
-        if self.owns_client:
-            self.client = None
 
 
 class _Waiter:
@@ -211,14 +124,14 @@ class SandboxPool:
         self.host_cooloff_s, self.health_interval_s = host_cooloff_s, health_interval_s
         self.pool_id = uuid.uuid4().hex[:12]
         n = len(targets)
-        self._slots = [_HostSlot(host, size // n + (i < size % n), max_concurrent_creates,
+        self._slots = [HostSlot(host, size // n + (i < size % n), max_concurrent_creates,
                                  max_creates_per_second, client)
                        for i, host in enumerate(targets)]
         self.stats = PoolStats(hosts={slot.host.name: slot.stats for slot in self._slots})
         self._routing = n > 1  # with one host there is nowhere to route to: never "down"
         self._lock = threading.Lock()
         self._waiters: deque[_Waiter] = deque()
-        self._host_of: dict[DockerSandbox, _HostSlot] = {}  # every live sandbox's host
+        self._host_of: dict[DockerSandbox, HostSlot] = {}  # every live sandbox's host
         self._uses: dict[DockerSandbox, int] = {}  # leases returned, per live sandbox
         self._workers = ThreadPoolExecutor(
             max_workers=min(size, 16) + max_concurrent_creates * n,
@@ -273,7 +186,7 @@ class SandboxPool:
             self._monitor.start()
         return self
 
-    def _fill(self, slots: list[_HostSlot]) -> dict[_HostSlot, BaseException | None]:
+    def _fill(self, slots: list[HostSlot]) -> dict[HostSlot, BaseException | None]:
         """Create the share of every slot in ``slots`` at once; return each one's first error."""
         with self._lock:  # counted, so a lease made meanwhile does not create extra ones
             self._started = True
@@ -281,7 +194,7 @@ class SandboxPool:
                 slot.creating += slot.size
         futures = {slot: [self._workers.submit(self._create, slot) for _ in range(slot.size)]
                    for slot in slots}
-        first_error: dict[_HostSlot, BaseException | None] = {}
+        first_error: dict[HostSlot, BaseException | None] = {}
         for slot, created in futures.items():
             errors = [f.exception() for f in created if f.exception() is not None]
             for f in created:
@@ -290,7 +203,7 @@ class SandboxPool:
             first_error[slot] = errors[0] if errors else None
         return first_error
 
-    def _connect_and_reap(self, slot: _HostSlot) -> BaseException | None:
+    def _connect_and_reap(self, slot: HostSlot) -> BaseException | None:
         """Connect to the host and reap its leaked containers; return what failed, if anything."""
         try:
             slot.stats.reap_removed = len(_reap.reap_leaked(slot.connect()))
@@ -412,12 +325,12 @@ class SandboxPool:
                 return sandbox
             self._workers.submit(self._recycle, sandbox, True)
 
-    def _note_lease(self, slot: _HostSlot) -> None:
+    def _note_lease(self, slot: HostSlot) -> None:
         slot.leased += 1
         self.stats.leases += 1
         slot.stats.leases += 1
 
-    def _claim_refill(self) -> _HostSlot | None:
+    def _claim_refill(self) -> HostSlot | None:
         """Count a creation on a host short of its share and return that host (lock held).
 
         Up hosts come first (the fewest leases out); when every host is down, the one whose
@@ -434,7 +347,7 @@ class SandboxPool:
         slot.creating += 1
         return slot
 
-    def _refill(self, slot: _HostSlot) -> None:
+    def _refill(self, slot: HostSlot) -> None:
         """Create one sandbox on ``slot`` (already counted) and deliver it or the error."""
         try:
             sandbox = self._create(slot)
@@ -443,7 +356,7 @@ class SandboxPool:
             return
         self._deliver(sandbox)
 
-    def _creation_failed(self, slot: _HostSlot, exc: BaseException) -> None:
+    def _creation_failed(self, slot: HostSlot, exc: BaseException) -> None:
         """Route around ``slot``: retry on another host, or give the error to the oldest waiter.
 
         The oldest waiter gets the error only when no other host is up (always so with one
@@ -560,14 +473,14 @@ class SandboxPool:
             slot = self._forget(sandbox)
         self._remove(slot, sandbox)
 
-    def _remove(self, slot: _HostSlot | None, sandbox: DockerSandbox) -> None:
+    def _remove(self, slot: HostSlot | None, sandbox: DockerSandbox) -> None:
         """Remove ``sandbox``'s container; note it on its host if the daemon did not answer."""
         sandbox.close()
         if sandbox.left_behind is not None and slot is not None:
             with self._lock:
                 slot.left_behind.add(sandbox.left_behind)
 
-    def _remove_left_behind(self, slot: _HostSlot) -> None:
+    def _remove_left_behind(self, slot: HostSlot) -> None:
         """Remove the containers of ``slot`` whose removal failed while the host was away.
 
         Why: after a network cut they may still run, and no reaper takes a live owner's
@@ -581,7 +494,7 @@ class SandboxPool:
             except Exception as exc:  # gone already, or the host went away again
                 log.debug("removing left-behind container %s: %s", container_id[:12], exc)
 
-    def _forget(self, sandbox: DockerSandbox) -> _HostSlot | None:
+    def _forget(self, sandbox: DockerSandbox) -> HostSlot | None:
         """Take ``sandbox`` out of the pool's books (lock held); return its host's slot."""
         slot = self._host_of.pop(sandbox, None)
         if slot is not None:
@@ -589,12 +502,12 @@ class SandboxPool:
         self._uses.pop(sandbox, None)
         return slot
 
-    def _count(self, slot: _HostSlot, name: str) -> None:
+    def _count(self, slot: HostSlot, name: str) -> None:
         """Add one to counter ``name`` of the pool and of ``slot``'s host (lock held)."""
         setattr(self.stats, name, getattr(self.stats, name) + 1)
         setattr(slot.stats, name, getattr(slot.stats, name) + 1)
 
-    def _create(self, slot: _HostSlot) -> DockerSandbox:
+    def _create(self, slot: HostSlot) -> DockerSandbox:
         """Start one sandbox on ``slot``; the caller counted it in ``slot.creating``.
 
         Within the host's caps: its ``starting`` semaphore, then its token bucket (in this
@@ -619,7 +532,7 @@ class SandboxPool:
                 slot.creating -= 1
         return sandbox
 
-    def _start_sandbox(self, slot: _HostSlot) -> DockerSandbox:
+    def _start_sandbox(self, slot: HostSlot) -> DockerSandbox:
         """Create and start one container on ``slot``'s host; a failure is counted there."""
         sandbox = None
         try:
@@ -652,7 +565,7 @@ class SandboxPool:
             self._drop(sandbox)
 
     # -- host health --------------------------------------------------------------------------
-    def _set_down(self, slot: _HostSlot, down: bool) -> None:
+    def _set_down(self, slot: HostSlot, down: bool) -> None:
         """Flip ``slot``'s state (lock held); going down starts its cool-off."""
         if down:
             slot.retry_at = time.monotonic() + self.host_cooloff_s
@@ -660,7 +573,7 @@ class SandboxPool:
                 slot.stats.marked_down += 1
         slot.down = slot.stats.down = down
 
-    def _mark_down(self, slot: _HostSlot, reason: BaseException) -> None:
+    def _mark_down(self, slot: HostSlot, reason: BaseException) -> None:
         """Route around ``slot`` for a cool-off and remove its idle sandboxes.
 
         With one host it does nothing: the pool keeps its warm sandboxes and, as before, a
@@ -689,7 +602,7 @@ class SandboxPool:
             for slot in self._slots:
                 self._check(slot)
 
-    def _check(self, slot: _HostSlot) -> None:
+    def _check(self, slot: HostSlot) -> None:
         """Ping ``slot``'s daemon: down on failure; after a cool-off, back; refilled if short."""
         if slot.down and time.monotonic() < slot.retry_at:
             return
