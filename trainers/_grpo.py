@@ -172,6 +172,7 @@ class GRPOTrainer:
                     "time/rollout": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2,
                     "sync/adapter_version": float(version),
                     "sync/load_seconds": policy.adapters[-1].load_seconds,
+                    **(policy.fleet.metrics() if isinstance(policy, RemoteVLLMPolicy) else {}),
                 }  # fmt: skip
                 if cfg.eval_steps and step % cfg.eval_steps == 0 and step < cfg.max_steps:
                     success = self._evaluate(policy, run, step, num_tasks=cfg.eval_num_tasks)

@@ -122,6 +122,21 @@ class VLLMFleet:
         """The version new requests sample with (0: the base model)."""
         return self.adapters[-1].version if self.adapters else 0
 
+    def metrics(self) -> dict[str, float]:
+        """Routing counters to log each step (``router/...``), since the fleet was made.
+
+        Sticky, placed and moved turns, servers up, and requests per server (`urls` order).
+        """
+        replicas = [self.router.replicas[url] for url in self.urls]
+        stats = self.router.stats
+        return {
+            "router/sticky_turns": float(stats.sticky),
+            "router/placed_episodes": float(stats.placed),
+            "router/moved_episodes": float(stats.moved),
+            "router/servers_up": float(sum(r.healthy for r in replicas)),
+            **{f"router/requests_server{k}": float(r.requests) for k, r in enumerate(replicas)},
+        }
+
     def served_name(self, version: int) -> str:
         """The ``model`` field of a request for ``version``."""
         return self.model if version == 0 else adapter_name(version, self.namespace)

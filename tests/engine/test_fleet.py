@@ -219,6 +219,9 @@ def test_grpo_rolls_out_on_both_servers_and_publishes_each_step_to_both(
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in steps if "sync/adapter_version" in m]
     assert [m["sync/adapter_version"] for m in trained] == [2.0, 3.0]
+    last = trained[-1]  # rank 0's rollouts, routed (requests count since the run started)
+    assert last["router/servers_up"] == 2.0 and last["router/moved_episodes"] == 0.0
+    assert last["router/requests_server0"] > 0 and last["router/requests_server1"] > 0
     run_id = json.loads((run / "status.json").read_text())["run_id"]
     kept = {f"agentgym-{run_id}-v2", f"agentgym-{run_id}-v3"}  # keep_versions=2: v1 unloaded
     fleet = VLLMFleet([s.root for s in servers], "tiny")
