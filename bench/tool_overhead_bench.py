@@ -32,6 +32,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from agentgym.engine._serve import free_port
+
 HOST = "127.0.0.1"
 
 
@@ -82,12 +84,6 @@ def serve_openapi(port: int) -> None:
         return {"sum": add(a, b)}
 
     uvicorn.run(app, host=HOST, port=port, log_level="warning", access_log=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

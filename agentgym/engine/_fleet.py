@@ -105,14 +105,14 @@ class VLLMFleet:
         self.router = StickyLeastLoaded(self.urls, max_imbalance)
         self.model = model
         self.cool_off = cool_off
-        self.timeout = timeout
         self.load_timeout = load_timeout
         self.keep_versions = keep_versions
         self.namespace = namespace
         #: Adapter versions every healthy server serves, oldest first.
         self.adapters: list[AdapterVersion] = []
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = LoopClient(headers=headers, timeout=timeout)
+        #: The connection pool of both planes (requests carry the bearer token, if any).
+        self.http = LoopClient(headers=headers, timeout=timeout)
         #: Adapter loads retried because a server did not see the folder yet (shared storage lag).
         self.not_found_retries = 0
         self._probing: set[str] = set()
@@ -188,7 +188,7 @@ class VLLMFleet:
         import httpx
 
         try:
-            response = await self._http.get().get(f"{url}/v1/models")
+            response = await self.http.get().get(f"{url}/v1/models")
         except httpx.TransportError as exc:
             raise ModelError(f"{url} is unreachable: {exc!r}") from exc
         if response.status_code != 200:
@@ -274,7 +274,7 @@ class VLLMFleet:
         deadline, backoff = time.monotonic() + self.load_timeout, 0.1
         while True:
             try:
-                response = await self._http.get().post(f"{url}/v1/load_lora_adapter", json=body)
+                response = await self.http.get().post(f"{url}/v1/load_lora_adapter", json=body)
             except httpx.TransportError as exc:
                 raise _Unreachable(f"{url} is unreachable: {exc!r}") from exc
             text = response.text
@@ -292,7 +292,7 @@ class VLLMFleet:
         import httpx
 
         try:
-            response = await self._http.get().post(
+            response = await self.http.get().post(
                 f"{url}/v1/unload_lora_adapter", json={"lora_name": name}
             )
             if response.status_code not in (200, 404):  # 404: unloaded already (another rank)
@@ -302,7 +302,7 @@ class VLLMFleet:
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool (a new one opens on demand)."""
-        await self._http.aclose()
+        await self.http.aclose()
 
 
 class _Unreachable(ModelError):

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._errors import ConfigError, ContextLengthError, ModelError
-from .._http import LoopClient
 from .._types import Completion
 from ._episode import ModeChoice, SamplingConfig, TokenPolicy
 from ._fleet import AdapterVersion, VLLMFleet, server_root, stage_adapter
@@ -93,7 +92,8 @@ class RemoteVLLMPolicy(TokenPolicy):
         self.adapter_storage = Path(adapter_storage) if adapter_storage else None
         self._chat_template_kwargs = chat_template_kwargs
         self._renderer: ChatRenderer | None = None
-        self._http = LoopClient(timeout=fleet.timeout)
+        # the fleet's pool: one set of connections (and its bearer token) for both planes
+        self._http = fleet.http
 
     def start(self) -> None:
         """Check that every server answers and serves the model now, not mid-run.
@@ -273,6 +273,5 @@ class RemoteVLLMPolicy(TokenPolicy):
         return set.intersection(*per_server.values()) if per_server else set()
 
     async def aclose(self) -> None:
-        """Close connection pools (they reopen on demand; the servers keep running)."""
-        await self._http.aclose()
+        """Close the connection pool (it reopens on demand; the servers keep running)."""
         await self.fleet.aclose()

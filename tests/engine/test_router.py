@@ -1,13 +1,16 @@
-"""The client-side router's policy and adapter staging, without servers (pure bookkeeping)."""
+"""The client-side router's policy, adapter staging, and the request a turn sends (no vLLM)."""
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from agentgym import ConfigError, ModelError
-from agentgym.engine import StickyLeastLoaded, stage_adapter
+from agentgym.engine import RemoteVLLMPolicy, StickyLeastLoaded, VLLMFleet, stage_adapter
+from tests.conftest import send_json
 
 A, B, C = "http://a", "http://b", "http://c"
 
@@ -85,3 +88,39 @@ def test_an_adapter_is_staged_by_rename_and_a_second_stage_reuses_it(tmp_path: P
     (source / "adapter_config.json").write_text('{"changed": true}')
     assert stage_adapter(source, shared, 3) == staged  # a resumed run keeps what servers read
     assert (staged / "adapter_config.json").read_text() == "{}"
+
+
+class CompletionServer(ThreadingHTTPServer):
+    """A stand-in completions endpoint (token ids back) that records the headers it got."""
+
+    def __init__(self) -> None:
+        self.headers_seen: list[dict[str, str]] = []
+        seen = self.headers_seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                seen.append(dict(self.headers))
+                choice = {"text": "a", "token_ids": [97], "finish_reason": "stop",
+                          "logprobs": {"token_logprobs": [-0.5]}}  # fmt: skip
+                send_json(self, 200, {"choices": [choice]})
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+async def test_turns_carry_the_fleets_bearer_token(tiny_model_dir: Path) -> None:
+    server = CompletionServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fleet = VLLMFleet([server.url], "tiny", api_key="s3cret")
+        policy = RemoteVLLMPolicy(tiny_model_dir, fleet, sampling={"max_tokens": 4})
+        turn = await policy.generate_ids([1, 2, 3], session="e")
+        await policy.aclose()
+    finally:
+        server.shutdown()
+    assert (turn.completion_ids, turn.logprobs, turn.adapter_version) == ([97], [-0.5], 0)
+    assert server.headers_seen[0]["Authorization"] == "Bearer s3cret"

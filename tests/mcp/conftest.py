@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -79,12 +78,6 @@ def venv_server(name: str) -> str:
 
         skip_or_fail(f"{name} is not installed (the 'test' extra installs it)")
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pid_alive(pid: int) -> bool:

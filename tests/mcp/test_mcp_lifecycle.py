@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from agentgym import EpisodeSpec, ScriptedPolicy, arollout, rollout, run_episode
+from agentgym.engine._serve import free_port
 from agentgym.mcp import MCPServer, MCPServerError, MCPToolEnv
-from tests.mcp.conftest import EXAMPLE_SERVER, MISBEHAVING_SERVER, call, free_port, pid_alive
+from tests.mcp.conftest import EXAMPLE_SERVER, MISBEHAVING_SERVER, call, pid_alive
 
 TASK = [{"prompt": "use the tools"}]
 

@@ -15,12 +15,12 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from agentgym.engine._serve import free_port
 from tests.conftest import require, skip_or_fail
 
 _names = itertools.count()
@@ -69,7 +69,7 @@ def _server_port() -> int:
          "-E", "UTF8"],
         check=True, capture_output=True,
     )  # fmt: skip
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [*as_user, postgres, "-D", str(data), "-p", str(port), "-k", str(root),
          "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"],
@@ -95,9 +95,3 @@ def _stop(server: subprocess.Popen[bytes], root: Path) -> None:
     except subprocess.TimeoutExpired:
         server.kill()
     shutil.rmtree(root, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import IO
 
+from agentgym.engine._serve import free_port
 from agentgym.sandboxes import DockerHost
 
 START_TIMEOUT_S = 60.0
@@ -58,12 +58,6 @@ def make_certs(out: Path) -> None:
     os.replace(out / "client-key.pem", out / "key.pem")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class TlsDaemon:
     """``dockerd --tlsverify`` on ``tcp://127.0.0.1:<port>`` with its own data and exec roots.
 
@@ -86,7 +80,7 @@ class TlsDaemon:
         except BaseException:
             shutil.rmtree(self.root)
             raise
-        self.url = f"tcp://127.0.0.1:{_free_port()}"
+        self.url = f"tcp://127.0.0.1:{free_port()}"
         self.socket_url = f"unix://{self.root}/docker.sock"
         self._process: subprocess.Popen[bytes] | None = None
 
