@@ -75,6 +75,8 @@ class HostSlot:
         self.all: set[DockerSandbox] = set()
         self.creating = 0  # creations in flight (initial ones, replacements and refills)
         self.leased = 0
+        self.last_lease = 0  # the pool's lease count when it last leased here: ties go to the
+        # host chosen least recently, so episodes one after another spread over the hosts too
         self.down = False
         self.retry_at = 0.0  # monotonic time its cool-off ends
         self.starting = threading.Semaphore(max_starting)

@@ -312,13 +312,14 @@ class SandboxPool:
     def _take_idle(self) -> DockerSandbox | None:
         """Lease an idle sandbox of the up host with the fewest leases out (lock held).
 
-        One near its expiry is replaced instead (another agentgym may reap it soon).
+        Ties go to the host leased from least recently. One near its expiry is replaced
+        instead (another agentgym may reap it soon).
         """
         while True:
             ready = [slot for slot in self._slots if slot.idle and not slot.down]
             if not ready:
                 return None
-            slot = min(ready, key=lambda s: s.leased)
+            slot = min(ready, key=_least_busy)
             sandbox = slot.idle.popleft()
             if not sandbox.expiring:
                 self._note_lease(slot)
@@ -328,6 +329,7 @@ class SandboxPool:
     def _note_lease(self, slot: HostSlot) -> None:
         slot.leased += 1
         self.stats.leases += 1
+        slot.last_lease = self.stats.leases
         slot.stats.leases += 1
 
     def _claim_refill(self) -> HostSlot | None:
@@ -339,7 +341,7 @@ class SandboxPool:
         short = [slot for slot in self._slots if slot.short > 0]
         up = [slot for slot in short if not slot.down]
         if up:
-            slot = min(up, key=lambda s: s.leased)
+            slot = min(up, key=_least_busy)
         elif short and all(slot.down for slot in self._slots):
             slot = min(short, key=lambda s: s.retry_at)
         else:
@@ -642,6 +644,10 @@ class SandboxPool:
         except RuntimeError:  # the waiter's loop is closed
             if isinstance(item, DockerSandbox):
                 self._deliver(item)
+
+
+def _least_busy(slot: HostSlot) -> tuple[int, int]:
+    return slot.leased, slot.last_lease
 
 
 def _check_hosts(hosts: Sequence[DockerHost | str] | None, client: Any,

@@ -112,9 +112,15 @@ def test_tls_host_serves_the_same_pool_as_the_local_one(tls_host):
                 assert sb.run(f"print(6 * 7, {sb.host.name!r})").stdout == f"42 {sb.host.name}\n"
             on_tls = {sb.container_id for sb in leases if sb.host.name == "tls"}
             assert on_tls == pool_containers(tls_client, pool)  # really on the other daemon
+        one_after_another = []
+        for _ in range(4):  # nothing out between leases: ties go to the host used least lately
+            wait_for(lambda: pool.idle == 4, 30, "the returned sandboxes were reset")
+            with pool.lease(timeout=30) as sb:
+                one_after_another.append(sb.host.name)
+        assert one_after_another == ["local", "tls"] * 2
         per_host = pool.stats.hosts
         assert [per_host[n].created for n in BOTH] == [2, 2]
-        assert [per_host[n].leases for n in BOTH] == [2, 2] and pool.stats.leases == 4
+        assert [per_host[n].leases for n in BOTH] == [4, 4] and pool.stats.leases == 8
     assert pool_containers(tls_client, pool) == set()
 
 
