@@ -300,6 +300,26 @@ def test_adapters_are_saved_atomically_and_pruned(tmp_path: Path) -> None:
     assert all(torch.equal(saved[k], v) for k, v in lora_weights(other).items())
 
 
+def test_every_adapter_save_writes_what_peft_would_after_training_steps(tmp_path: Path) -> None:
+    """Saves after the first read the live parameters (the layout is worked out once)."""
+    model, optimizer = lora_model(seed=0)
+    torch = require("torch")
+    peft = require("peft")
+    safetensors = require("safetensors.torch")
+    run = RunDir(tmp_path, CONFIG)
+    for version in range(1, 4):
+        train_step(model, optimizer)  # the optimiser moves the LoRA weights in place
+        folder = run.save_adapter(model, version)
+        written = safetensors.load_file(str(folder / "adapter_model.safetensors"))
+        expected = peft.get_peft_model_state_dict(model)
+        assert written.keys() == expected.keys() and len(written) == 4
+        assert all(torch.equal(written[k], v) for k, v in expected.items()), version
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert config["r"] == 2 and config["target_modules"] in (["0", "2"], ["2", "0"])
+    assert not torch.equal(written[k := next(iter(written))], safetensors.load_file(
+        str(run.adapter_dir(2) / "adapter_model.safetensors"))[k])  # fmt: skip
+
+
 def test_mark_failed_records_the_error(tmp_path: Path) -> None:
     run = RunDir(tmp_path, CONFIG)
     try:
