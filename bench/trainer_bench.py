@@ -286,12 +286,18 @@ def our_seconds_per_step(model_dir: Path, workload: Workload) -> float:
         lora_r=workload.lora_r, lora_alpha=2 * workload.lora_r,
         learning_rate=workload.learning_rate, max_steps=workload.steps + 1, sft_steps=0,
         eval_steps=None, save_steps=None, report_to=["none"], device="cpu",
-        max_model_len=2048, output_dir=str(out),
+        max_model_len=_context(model_dir), output_dir=str(out),
     )  # fmt: skip
     GRPOTrainer(config).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/rollout" in r][1:]
     return _median([r["time/rollout"] + r["time/train"] + r["time/sync"] for r in steps])
+
+
+def _context(model_dir: Path) -> int:
+    """The model's context, at most 2048 tokens (the quickstart's model has 1024)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return min(2048, int(config.get("max_position_embeddings", 2048)))
 
 
 def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:

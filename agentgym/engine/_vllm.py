@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from .._errors import ConfigError, ModelError
 from .._types import Completion
+from . import _cpu_lora
 from ._episode import ModeChoice, SamplingConfig, TokenPolicy
 from ._render import ChatRenderer
 
@@ -104,7 +105,9 @@ class VLLMPolicy(TokenPolicy):
             ``truncated`` (`ContextLengthError`).
         dtype: weights' dtype (``"auto"``, ``"float32"``, ``"bfloat16"``); float32 makes
             logprobs comparable with a float32 transformers forward pass.
-        enable_lora: serve LoRA adapters (`load_adapter`).
+        enable_lora: serve LoRA adapters (`load_adapter`). On the CPU build a batch whose
+            tokens all use one adapter takes agentgym's fast path (`_cpu_lora`: ~2x faster
+            decode steps); ``AGENTGYM_CPU_LORA_FAST_PATH=0`` keeps vLLM's own.
         max_lora_rank: largest adapter rank to serve; one of `LORA_RANKS`.
         max_loras: adapter versions kept loaded at once (older idle ones are retired).
         chat_template_kwargs: extra chat-template variables (``{"enable_thinking": False}``).
@@ -160,6 +163,8 @@ class VLLMPolicy(TokenPolicy):
             **(engine_kwargs or {}),
         }
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        if enable_lora:
+            _cpu_lora.enable_for_engines()  # one adapter per batch: two matmuls per slice
         self._chat_template_kwargs = chat_template_kwargs
         self._thread: _EngineThread | None = None
         self._engine: Any = None

@@ -54,15 +54,16 @@ def letters_only(policy: TokenPolicy) -> dict[str, Any]:
     return {"allowed_token_ids": allowed}
 
 
-def make_adapter(model_dir: Path, out: Path, seed: int) -> Path:
+def make_adapter(
+    model_dir: Path, out: Path, seed: int, targets: str | list[str] = ("q_proj", "v_proj")
+) -> Path:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(
-        r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False
-    )
+    modules = targets if isinstance(targets, str) else list(targets)
+    config = LoraConfig(r=8, lora_alpha=64, target_modules=modules, init_lora_weights=False)
     get_peft_model(base, config).save_pretrained(out)
     return out

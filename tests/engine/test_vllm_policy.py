@@ -6,13 +6,14 @@ One engine serves the whole module (starting one takes 20-90 s on two cores).
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import agentgym
-from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy
+from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy, _cpu_lora
 from tests.conftest import require
 from tests.engine.episodes import NudgeEnv, letters_only, make_adapter
 
@@ -93,6 +94,25 @@ async def test_a_new_adapter_version_is_served_while_the_engine_runs(
     oracle = HFPolicy(tiny_model_dir, adapter=tmp_path / "a2", sampling={"temperature": 0})
     expected = await oracle.generate_ids(prompt, max_tokens=12)
     assert second.completion_ids == expected.completion_ids
+
+
+async def test_an_adapter_on_every_linear_layer_samples_what_transformers_computes(
+    policy: VLLMPolicy, hf: HFPolicy, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """One adapter per batch runs agentgym's CPU LoRA path (`_cpu_lora`), packed q/k/v and
+    gate/up slices included: its logprobs are the adapter's, as transformers + PEFT compute."""
+    assert os.environ[_cpu_lora.ENV_VAR] == "1"  # VLLMPolicy set it for the engine it started
+    adapter = make_adapter(tiny_model_dir, tmp_path / "all", seed=3, targets="all-linear")
+    await policy.aload_adapter(adapter)
+    prompt = policy.renderer.prompt_ids([{"role": "user", "content": "What is 12 + 30?"}], [])
+    completion = await policy.with_sampling(temperature=0.7).generate_ids(
+        prompt, max_tokens=16, seed=5
+    )
+    oracle = HFPolicy(tiny_model_dir, adapter=adapter, dtype="float32")
+    reference = oracle.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
+    assert completion.logprobs == pytest.approx(reference, abs=2e-3)  # as the base model's test
+    base = hf.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
+    assert completion.logprobs != pytest.approx(base, abs=2e-3)  # the adapter mattered
 
 
 def test_group_samples_differ_and_a_waiting_episode_does_not_hold_the_others(

@@ -1,0 +1,111 @@
+"""Decode speed on the vLLM CPU build with a LoRA adapter: vLLM's own path vs agentgym's.
+
+Two engines on the same model run side by side in one process, one started with
+``AGENTGYM_CPU_LORA_FAST_PATH=0`` (vLLM's multi-adapter torch ops) and one with ``=1``
+(`agentgym.engine._cpu_lora`: two matrix products per slice when one adapter serves the
+batch). Trials alternate between them, so machine noise hits both alike. Each trial samples
+``--sequences`` calculator prompts x ``--tokens`` tokens (``ignore_eos``), with no adapter
+(the base model) and then with the same rank-16 adapter on every linear layer (as the
+trainer's LoRA). Printed: ms per decode step (median trial), and the ratios.
+
+    python bench/cpu_lora_bench.py [--shape quickstart|tiny] [--trials 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from agentgym.engine import SamplingConfig, VLLMPolicy, _cpu_lora
+from agentgym.engine.tiny import PRESETS, build_tiny_model
+from agentgym.envs.calculator import CalculatorEnv
+
+SHAPES = {"tiny": {}, "quickstart": PRESETS["quickstart"]}
+
+
+def make_adapter(model_dir: Path, out: Path) -> Path:
+    """A non-zero rank-16 LoRA on every linear layer (the trainer's target modules)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                        init_lora_weights=False)  # fmt: skip
+    get_peft_model(base, config).save_pretrained(str(out))
+    return out
+
+
+def engine(model_dir: Path, tokens: int, fast: bool) -> VLLMPolicy:
+    """An engine started with the fast path switched on or off (its processes read the env)."""
+    os.environ[_cpu_lora.ENV_VAR] = "1" if fast else "0"
+    policy = VLLMPolicy(
+        model_dir, dtype="float32", max_model_len=1024, enable_lora=True, max_lora_rank=16,
+        sampling=SamplingConfig(temperature=1.0, max_tokens=tokens, extra={"ignore_eos": True}),
+    )  # fmt: skip
+    policy.start()
+    return policy
+
+
+def seconds(policy: VLLMPolicy, prompts: list[list[int]]) -> float:
+    async def batch() -> None:
+        await asyncio.gather(*(policy.generate_ids(ids) for ids in prompts))
+
+    started = time.perf_counter()
+    asyncio.run(batch())
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="quickstart", choices=sorted(SHAPES))
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--sequences", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=48)
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    model_dir = build_tiny_model(**SHAPES[args.shape])
+    env = CalculatorEnv(num_tasks=64)
+    engines = {"vLLM's path": engine(model_dir, args.tokens, False),
+               "agentgym's path": engine(model_dir, args.tokens, True)}  # fmt: skip
+    try:
+        any_engine = next(iter(engines.values()))
+        prompts = []
+        for i in range(args.sequences):
+            messages, _ = env.reset(options={"task": i})
+            prompts.append(any_engine.renderer.prompt_ids(messages, env.tool_schemas))
+        times: dict[str, list[float]] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            adapter = make_adapter(model_dir, Path(tmp) / "adapter")
+            for phase in ("base model", "adapter"):
+                if phase == "adapter":
+                    for policy in engines.values():
+                        policy.load_adapter(adapter)
+                for policy in engines.values():
+                    seconds(policy, prompts)  # warm-up, off the clock
+                for _ in range(args.trials):
+                    for name, policy in engines.items():
+                        times.setdefault(f"{phase}, {name}", []).append(seconds(policy, prompts))
+    finally:
+        for policy in engines.values():
+            policy.close()
+    step_ms = {k: statistics.median(v) / args.tokens * 1000 for k, v in times.items()}
+    print(f"\n{args.shape} model, {args.sequences} sequences x {args.tokens} tokens, "
+          f"median of {args.trials} alternating trials: ms per decode step")  # fmt: skip
+    for key, value in step_ms.items():
+        print(f"  {key:<34} {value:6.2f}")
+    slow, fast = step_ms["adapter, vLLM's path"], step_ms["adapter, agentgym's path"]
+    base = step_ms["base model, agentgym's path"]
+    print(f"  with an adapter: agentgym's path {slow / fast:.2f}x faster than vLLM's; "
+          f"the adapter costs {fast / base:.2f}x a base-model step (vLLM's path "
+          f"{slow / base:.2f}x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

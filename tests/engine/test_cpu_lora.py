@@ -1,0 +1,80 @@
+"""agentgym's CPU LoRA fast path does vLLM's arithmetic, and vLLM loads it only when asked.
+
+The end-to-end check (an engine sampling what transformers + PEFT compute with an adapter on
+every linear layer) is in test_vllm_policy.py, which shares its engine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from agentgym.engine import _cpu_lora
+from tests.conftest import require
+
+pytestmark = pytest.mark.vllm
+
+
+def stacked(torch: Any, max_loras: int, rank: int, inputs: int, slices: list[int]) -> tuple:
+    """Random weights stacked as vLLM does: A (loras, 1, rank, in), B (loras, 1, out, rank)."""
+    a = tuple(torch.randn(max_loras, 1, rank, inputs) for _ in slices)
+    b = tuple(torch.randn(max_loras, 1, out, rank) for out in slices)
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fast_path_equals_vllms_ops_for_packed_slices(dtype: str) -> None:
+    torch = require("torch")
+    ops = require("vllm.lora.ops.torch_ops.lora_ops")
+    torch.manual_seed(0)
+    kind = getattr(torch, dtype)
+    slices, tokens, inputs, slot, scale = [24, 8, 8], 5, 16, 1, 0.5  # q, k, v packed
+    a, b = stacked(torch, 3, 4, inputs, slices)
+    b = tuple(w.to(kind) for w in b)
+    x = torch.randn(tokens, inputs).to(kind)
+    y = torch.randn(tokens, sum(slices)).to(kind)
+    expected, ours = y.clone(), y.clone()
+    indices = torch.full((tokens,), slot, dtype=torch.long)
+    offset = 0
+    for a_i, b_i, size in zip(a, b, slices):  # vLLM's path: float32 buffer, then expand
+        buffer = torch.zeros(tokens, 4, dtype=torch.float32)
+        ops.bgmv_shrink(x, a_i, buffer, indices, scale)
+        ops.bgmv_expand_slice(buffer, b_i, expected, indices, offset, size, add_inputs=True)
+        offset += size
+    _cpu_lora.single_adapter_linear(ours, x, a, b, scale, slices, slot)
+    tolerance = 1e-5 if dtype == "float32" else 3e-2  # bf16: a different summation order
+    assert torch.allclose(ours.float(), expected.float(), atol=tolerance, rtol=tolerance)
+    assert not torch.allclose(ours.float(), y.float(), atol=tolerance)  # it added something
+
+
+def test_only_batches_of_one_adapter_take_the_fast_path() -> None:
+    torch = require("torch")
+
+    def slot(*indices: int) -> int | None:
+        return _cpu_lora.batch_slot(torch.tensor(indices, dtype=torch.long))
+
+    assert slot(2, 2, 2) == 2 and slot(0) == 0
+    assert slot(1, 2) is None  # two adapter versions in one batch (a sync mid-rollout)
+    assert slot(-1, 1) is None  # the base model beside an adapter
+    assert slot(-1, -1) is None and slot() is None  # no adapter: nothing to add
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", ["1", "0", None])
+def test_vllm_loads_the_fast_path_only_where_the_environment_asks(switch: str | None) -> None:
+    require("vllm")
+    env = {k: v for k, v in os.environ.items() if k != _cpu_lora.ENV_VAR}
+    if switch is not None:
+        env[_cpu_lora.ENV_VAR] = switch
+    probe = (
+        "from vllm.plugins import load_general_plugins; load_general_plugins(); "
+        "from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU as W; "
+        "print(getattr(W, '_agentgym_fast_path', False))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)  # fmt: skip
+    assert out.stdout.strip().splitlines()[-1] == str(switch == "1")
