@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -75,6 +76,14 @@ class Workload:
     lora_r: int = 16
     learning_rate: float = 1e-4
     steps: int = 4  # timed steps; one more runs first as warm-up
+    system_prompt: str | None = None  # None: the calculator env's own
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"num_tasks": 64}
+        if self.system_prompt is not None:
+            kwargs["system_prompt"] = self.system_prompt
+        return kwargs
 
     @property
     def episodes(self) -> int:
@@ -264,22 +273,25 @@ def bench_step_time(model_dir: Path, workload: Workload = WORKLOAD) -> dict[str,
           f"median of {workload.steps} steps after a warm-up)")  # fmt: skip
     print(f"  TRL GRPOTrainer (tools=[calculate], {trl['generation']}): {trl['seconds']:.2f} s "
           f"(tool calls per completion {trl['tool_calls']:.2f})")  # fmt: skip
-    print(f"  agentgym GRPOTrainer: {ours:.2f} s  ->  {ours / trl['seconds']:.2f}x TRL's "
-          "(goal <= 1.0x)")  # fmt: skip
-    return {"trl": trl["seconds"], "ours": ours}
+    print(f"  agentgym GRPOTrainer: {ours['seconds']:.2f} s (tool calls per episode "
+          f"{ours['tool_calls']:.2f}, turns per episode {ours['turns']:.2f}: a malformed call "
+          f"gets an error message and another turn)  ->  {ours['seconds'] / trl['seconds']:.2f}x "
+          "TRL's (goal <= 1.0x)")  # fmt: skip
+    return {"trl": trl["seconds"], "ours": ours["seconds"]}
 
 
-def our_seconds_per_step(model_dir: Path, workload: Workload) -> float:
+def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float]:
     """agentgym's `GRPOTrainer` on ``workload``: median seconds per step after a warm-up.
 
     A step is rollouts (vLLM, token-exact) + loss and optimiser step + adapter sync, read
-    from the run's ``metrics.jsonl`` (``time/rollout + time/train + time/sync``).
+    from the run's ``metrics.jsonl`` (``time/rollout + time/train + time/sync``); with the
+    median tool calls and turns per episode.
     """
     from agentgym.trainers import GRPOConfig, GRPOTrainer
 
     out = Path(tempfile.mkdtemp(prefix="agentgym-bench-")) / "run"
     config = GRPOConfig(
-        model=str(model_dir), env=workload.env, env_kwargs={"num_tasks": 64},
+        model=str(model_dir), env=workload.env, env_kwargs=workload.env_kwargs,
         train_tasks="8:64", eval_tasks="0:8", eval_num_tasks=1,
         tasks_per_step=workload.tasks_per_step, num_generations=workload.num_generations,
         max_completion_length=workload.max_completion_length, max_turns=workload.max_turns,
@@ -291,7 +303,11 @@ def our_seconds_per_step(model_dir: Path, workload: Workload) -> float:
     GRPOTrainer(config).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/rollout" in r][1:]
-    return _median([r["time/rollout"] + r["time/train"] + r["time/sync"] for r in steps])
+    return {
+        "seconds": _median([r["time/rollout"] + r["time/train"] + r["time/sync"] for r in steps]),
+        "tool_calls": _median([r["rollout/tool_calls_per_episode"] for r in steps]),
+        "turns": _median([r["rollout/turns_per_episode"] for r in steps]),
+    }
 
 
 def _context(model_dir: Path) -> int:
@@ -317,7 +333,7 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
 
     from agentgym.envs.calculator import CalculatorEnv, calculate, correct_answer
 
-    env = CalculatorEnv(num_tasks=64)
+    env = CalculatorEnv(**workload.env_kwargs)
     tasks = env.tasks
     system = env.system_prompt
     dataset = Dataset.from_list([
@@ -398,6 +414,8 @@ def main() -> None:
     parser.add_argument("--warm-start", type=int, default=0, metavar="STEPS",
                         help="SFT the model on oracle calculator traces first, so episodes "
                         "call the tool (0: the random model, which never does)")  # fmt: skip
+    parser.add_argument("--system-prompt", help="the calculator env's system prompt for both "
+                        "trainers (a quickstart model was warm-started on the quickstart's)")
     parser.add_argument("--restart", action="store_true", help="also time an engine restart")
     parser.add_argument("--skip-step", action="store_true", help="only the sync bench (b)")
     parser.add_argument("--skip-sync", action="store_true", help="only the step bench (a)")
@@ -411,7 +429,7 @@ def main() -> None:
     if not args.skip_sync:
         bench_sync(model_dir, args.trials, args.lora_r, args.restart)
     if not args.skip_step:
-        bench_step_time(model_dir, WORKLOAD)
+        bench_step_time(model_dir, dataclasses.replace(WORKLOAD, system_prompt=args.system_prompt))
 
 
 if __name__ == "__main__":
