@@ -72,9 +72,10 @@ def main() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     model_dir = build_tiny_model(**SHAPES[args.shape])
     env = CalculatorEnv(num_tasks=64)
-    engines = {"vLLM's path": engine(model_dir, args.tokens, False),
-               "agentgym's path": engine(model_dir, args.tokens, True)}  # fmt: skip
+    engines: dict[str, VLLMPolicy] = {}
     try:
+        engines["vLLM's path"] = engine(model_dir, args.tokens, False)
+        engines["agentgym's path"] = engine(model_dir, args.tokens, True)
         any_engine = next(iter(engines.values()))
         prompts = []
         for i in range(args.sequences):

@@ -4,19 +4,18 @@ Why: vLLM's CPU build applies LoRA with generic multi-adapter torch ops. Each ca
 every sequence's adapter index per token, gathers a copy of that adapter's weights for every
 token and multiplies them one token at a time (a batched einsum): ~100 us, twice per output
 slice (q, k, v, o, gate, up, down) per layer per decode step. On the quickstart model that
-more than doubles a step (``python bench/cpu_lora_bench.py`` times both paths side by
-side). During a GRPO rollout one adapter version
-serves nearly every batch, and then two plain matrix products per slice do the same
-arithmetic. Batches that mix adapters (two versions, or the base model beside an adapter)
-keep vLLM's own path.
+more than doubles a step (``python bench/cpu_lora_bench.py`` times both paths side by side).
+During a GRPO rollout one adapter version serves nearly every batch, and then two plain
+matrix products per slice do the same arithmetic. Batches that mix adapters (two versions,
+or the base model beside an adapter) keep vLLM's own path.
 
 How it gets into vLLM: vLLM loads ``vllm.general_plugins`` entry points in each of its
 processes (the engine core and its workers run in their own); agentgym's entry point is
 `register`. It patches `PunicaWrapperCPU` only where ``AGENTGYM_CPU_LORA_FAST_PATH=1`` is in
 the environment: `VLLMPolicy` and `serve_vllm_fleet` set it for the engines they start
 (unless it is already set; ``0`` keeps vLLM's path), so another vLLM started in the same
-environment is left alone. It is written against vLLM 0.32 (the pinned range);
-`register` refuses quietly (vLLM's path stays) when the class no longer looks as expected.
+environment is left alone. It is written against vLLM 0.32 (the pinned range); where the
+class no longer has the methods it wraps, `register` logs a warning and vLLM's path stays.
 """
 
 from __future__ import annotations
