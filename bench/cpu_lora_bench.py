@@ -22,24 +22,10 @@ import time
 from pathlib import Path
 
 from agentgym.engine import SamplingConfig, VLLMPolicy, _cpu_lora
-from agentgym.engine.tiny import PRESETS, build_tiny_model
+from agentgym.engine.tiny import PRESETS, build_tiny_model, save_random_adapter
 from agentgym.envs.calculator import CalculatorEnv
 
 SHAPES = {"tiny": {}, "quickstart": PRESETS["quickstart"]}
-
-
-def make_adapter(model_dir: Path, out: Path) -> Path:
-    """A non-zero rank-16 LoRA on every linear layer (the trainer's target modules)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
-                        init_lora_weights=False)  # fmt: skip
-    get_peft_model(base, config).save_pretrained(str(out))
-    return out
 
 
 def engine(model_dir: Path, tokens: int, fast: bool) -> VLLMPolicy:
@@ -83,7 +69,7 @@ def main() -> None:
             prompts.append(any_engine.renderer.prompt_ids(messages, env.tool_schemas))
         times: dict[str, list[float]] = {}
         with tempfile.TemporaryDirectory() as tmp:
-            adapter = make_adapter(model_dir, Path(tmp) / "adapter")
+            adapter = save_random_adapter(model_dir, Path(tmp) / "adapter", rank=16, alpha=32)
             for phase in ("base model", "adapter"):
                 if phase == "adapter":
                     for policy in engines.values():

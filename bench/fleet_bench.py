@@ -33,24 +33,12 @@ from agentgym.engine import (
     serve_router,
     serve_vllm_fleet,
 )
-from agentgym.engine.tiny import build_tiny_model
+from agentgym.engine.tiny import build_tiny_model, save_random_adapter
 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def make_adapter(model_dir: Path, out: Path) -> Path:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    get_peft_model(base, config).save_pretrained(out)
-    return out
 
 
 async def request_latencies(
@@ -112,7 +100,8 @@ def main() -> None:
     parser.add_argument("--publishes", type=int, default=8)
     args = parser.parse_args()
     model_dir = build_tiny_model()
-    adapter = make_adapter(model_dir, Path(tempfile.mkdtemp()) / "adapter")
+    adapter = save_random_adapter(model_dir, Path(tempfile.mkdtemp()) / "adapter",
+                                  targets=["q_proj", "v_proj"])
     options = ServerOptions(served_name="tiny", max_model_len=2048, enable_lora=True,
                             max_lora_rank=8, max_loras=6)  # fmt: skip
     with serve_vllm_fleet(model_dir, 2, options) as servers:

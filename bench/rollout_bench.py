@@ -39,7 +39,7 @@ import numpy as np
 import agentgym
 from agentgym import Env, Trajectory
 from agentgym.engine import SamplingConfig, VLLMPolicy
-from agentgym.engine.tiny import build_tiny_model
+from agentgym.engine.tiny import build_tiny_model, save_random_adapter
 
 
 @dataclass(frozen=True)
@@ -234,19 +234,6 @@ async def one_round(
     return results
 
 
-def make_adapter(model_dir: Path, out: Path) -> Path:
-    """A random-init rank-8 LoRA adapter on the tiny model, saved by peft."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    get_peft_model(base, config).save_pretrained(str(out))
-    return out
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
@@ -297,7 +284,9 @@ def main() -> None:
         load_seconds = None
         if not args.no_lora:
             with tempfile.TemporaryDirectory() as tmp:
-                policy.load_adapter(make_adapter(model, Path(tmp) / "adapter"))
+                qv = ["q_proj", "v_proj"]
+                adapter = save_random_adapter(model, Path(tmp) / "adapter", targets=qv)
+                policy.load_adapter(adapter)
                 load_seconds = policy.adapters[-1].load_seconds
     report(args, work, batch, rounds, load_seconds)
 

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.engine import VLLMPolicy
-from agentgym.engine.tiny import PRESETS, build_tiny_model
+from agentgym.engine.tiny import PRESETS, build_tiny_model, random_lora_model
 from agentgym.trainers._run_dir import RunDir
 
 #: Model shapes for `--shape`: the tiny test model, the quickstart's, and a Qwen2.5-0.5B-shaped
@@ -105,19 +105,6 @@ def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, An
 
 
 # ---- (b) sync -------------------------------------------------------------------------------
-
-
-def _lora_model(model_dir: Path, lora_r: int) -> Any:
-    """The tiny model in float32 with a non-zero LoRA on every linear layer (as after training)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear",
-                      init_lora_weights=False, task_type="CAUSAL_LM")  # fmt: skip
-    return get_peft_model(base, lora)
 
 
 def _nudge(model: Any) -> None:
@@ -189,7 +176,7 @@ def _greedy(policy: VLLMPolicy, prompt_ids: list[int], version: int) -> list[int
 
 def bench_sync(model_dir: Path, trials: int, lora_r: int, restart: bool) -> dict[str, float]:
     """Median seconds of each sync path on the same weights; prints a table."""
-    model = _lora_model(model_dir, lora_r)
+    model = random_lora_model(model_dir, rank=lora_r, alpha=2 * lora_r)  # as after training
     work = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
     run = RunDir(work / "run", {"bench": "sync"})
     shm = Path(tempfile.mkdtemp(prefix="trainer-bench-", dir=_tmpfs()))

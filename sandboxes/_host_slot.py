@@ -77,10 +77,14 @@ class HostSlot:
         self.leased = 0
         self.last_lease = 0  # the pool's lease count when it last leased here: ties go to the
         # host chosen least recently, so episodes one after another spread over the hosts too
-        self.down = False
         self.retry_at = 0.0  # monotonic time its cool-off ends
         self.starting = threading.Semaphore(max_starting)
         self.bucket = TokenBucket(creates_per_second) if creates_per_second else None
+
+    @property
+    def down(self) -> bool:
+        """In its cool-off now: nothing is created or leased there (kept in `stats`)."""
+        return self.stats.down
 
     @property
     def short(self) -> int:

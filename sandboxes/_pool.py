@@ -573,7 +573,7 @@ class SandboxPool:
             slot.retry_at = time.monotonic() + self.host_cooloff_s
             if not slot.down:
                 slot.stats.marked_down += 1
-        slot.down = slot.stats.down = down
+        slot.stats.down = down
 
     def _mark_down(self, slot: HostSlot, reason: BaseException) -> None:
         """Route around ``slot`` for a cool-off and remove its idle sandboxes.

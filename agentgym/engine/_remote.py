@@ -92,8 +92,6 @@ class RemoteVLLMPolicy(TokenPolicy):
         self.adapter_storage = Path(adapter_storage) if adapter_storage else None
         self._chat_template_kwargs = chat_template_kwargs
         self._renderer: ChatRenderer | None = None
-        # the fleet's pool: one set of connections (and its bearer token) for both planes
-        self._http = fleet.http
 
     def start(self) -> None:
         """Check that every server answers and serves the model now, not mid-run.
@@ -175,7 +173,7 @@ class RemoteVLLMPolicy(TokenPolicy):
         if self.router_url is not None:
             headers = {"X-Session-ID": session} if session else {}
             try:
-                response = await self._http.get().post(
+                response = await self.fleet.http.get().post(
                     f"{self.router_url}/v1/completions", json=body, headers=headers
                 )
             except httpx.TransportError as exc:
@@ -183,8 +181,9 @@ class RemoteVLLMPolicy(TokenPolicy):
                 return None
             return self._checked(response, self.router_url, failures)
         async with self.fleet.replica(session) as replica:
-            try:
-                response = await self._http.get().post(f"{replica.url}/v1/completions", json=body)
+            url = f"{replica.url}/v1/completions"
+            try:  # the fleet's pool: one set of connections (and its bearer token)
+                response = await self.fleet.http.get().post(url, json=body)
             except httpx.TransportError as exc:
                 self.fleet.mark_down(replica.url, repr(exc))
                 self._failed(failures, f"{replica.url}: {exc!r}")
@@ -235,7 +234,7 @@ class RemoteVLLMPolicy(TokenPolicy):
             import httpx
 
             try:
-                await self._http.get().post(
+                await self.fleet.http.get().post(
                     f"{self.router_url}/finish_session", params={"session_id": session},
                     headers={"X-Session-ID": session},
                 )  # fmt: skip

@@ -12,6 +12,8 @@ vLLM and transformers to load, serve and train.
 - `build_tiny_model()` writes model + tokenizer into a cache folder keyed by a hash of the config
   (``~/.cache/agentgym/tiny/<hash>``, or ``$AGENTGYM_CACHE/tiny/<hash>``) and reuses it when
   present. Same arguments, same weights.
+- `random_lora_model()` / `save_random_adapter()`: a non-zero LoRA on such a model, for tests
+  and benchmarks of adapter loading and syncing.
 
 Example::
 
@@ -455,3 +457,36 @@ def build_preset(
     if name not in PRESETS:
         raise ConfigError(f"unknown tiny model preset {name!r}; presets: {sorted(PRESETS)}")
     return build_tiny_model(out_dir, seed=seed, **PRESETS[name])
+
+
+def random_lora_model(
+    model_dir: str | os.PathLike[str],
+    *,
+    rank: int = 8,
+    alpha: int | None = None,
+    targets: str | list[str] = "all-linear",
+    seed: int = 0,
+) -> Any:
+    """The model in float32 with a non-zero PEFT LoRA, as an adapter looks after training.
+
+    For tests and benchmarks of loading, syncing and serving adapters: PEFT's own start
+    (B = 0) would serve exactly the base model, so no test could tell it was applied.
+    ``alpha`` defaults to PEFT's (8).
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=alpha or 8, target_modules=targets,
+                        init_lora_weights=False, task_type="CAUSAL_LM")  # fmt: skip
+    return get_peft_model(base, config)
+
+
+def save_random_adapter(
+    model_dir: str | os.PathLike[str], out: str | os.PathLike[str], **kwargs: Any
+) -> Path:
+    """`random_lora_model`'s adapter saved as a PEFT folder at ``out``; returns ``out``."""
+    random_lora_model(model_dir, **kwargs).save_pretrained(str(out))
+    return Path(out)

@@ -57,13 +57,8 @@ def letters_only(policy: TokenPolicy) -> dict[str, Any]:
 def make_adapter(
     model_dir: Path, out: Path, seed: int, targets: str | list[str] = ("q_proj", "v_proj")
 ) -> Path:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    """A rank-8 adapter (alpha 64: outputs change visibly) on ``targets``, saved at ``out``."""
+    from agentgym.engine.tiny import save_random_adapter
 
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     modules = targets if isinstance(targets, str) else list(targets)
-    config = LoraConfig(r=8, lora_alpha=64, target_modules=modules, init_lora_weights=False)
-    get_peft_model(base, config).save_pretrained(out)
-    return out
+    return save_random_adapter(model_dir, out, rank=8, alpha=64, targets=modules, seed=seed)

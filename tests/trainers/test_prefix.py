@@ -7,17 +7,6 @@ from pathlib import Path
 from tests.conftest import require
 
 
-def lora_model(model_dir: Path):
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)
-    return get_peft_model(base, config)
-
-
 def batch(shared: int, lengths: list[int]):
     """Right-padded rows that share their first ``shared`` tokens, then differ."""
     import torch
@@ -43,9 +32,10 @@ def masked_logprob_sum(logits, ids, mask):
 def test_shared_prefix_logits_and_gradients_equal_the_plain_pass(tiny_model_dir: Path) -> None:
     torch = require("torch")
     require("peft")
+    from agentgym.engine.tiny import random_lora_model
     from agentgym.trainers._prefix import common_prefix_length, policy_logits
 
-    model = lora_model(tiny_model_dir)
+    model = random_lora_model(tiny_model_dir, rank=8)
     ids, mask = batch(shared=48, lengths=[60, 71, 55, 64])
     ids[1, 48] = ids[0, 48]  # two rows agree one token further: the common prefix is still 48
     assert common_prefix_length(ids, mask) == 48
