@@ -18,11 +18,13 @@
   both paths serve the same weights.
 
 (a) Seconds per GRPO step, ours vs TRL's GRPOTrainer with its own tool loop, on the same
-  workload (`WORKLOAD`): `bench_step_time`, both trainers timed in this process.
+  workload (`WORKLOAD`): `bench_step_time`, both trainers timed in this process. ``--engine
+  hf`` rolls ours out with transformers (`HFPolicy`) and keeps TRL on transformers too: the
+  comparison for a machine without vLLM (the GPU image of the device machine has none).
 
     python bench/trainer_bench.py [--trials 5] [--lora-r 16] [--restart] [--skip-step]
         [--shape tiny|quickstart|qwen2.5-0.5b | --model-dir DIR] [--warm-start STEPS]
-        [--skip-sync]
+        [--skip-sync] [--engine vllm|hf] [--device auto|cpu|cuda]
 
 The random tiny model never calls the tool, so TRL's tool loop idles in (a); give a model
 that does (``--model-dir`` of a warm-started model, or ``--warm-start STEPS``) to time
@@ -77,6 +79,8 @@ class Workload:
     learning_rate: float = 1e-4
     steps: int = 4  # timed steps; one more runs first as warm-up
     system_prompt: str | None = None  # None: the calculator env's own
+    engine: str = "vllm"  # our rollout engine: "vllm" or "hf" (then TRL generates with HF too)
+    device: str = "auto"  # where both trainers train: "auto" is CUDA when there is one
 
     @property
     def env_kwargs(self) -> dict[str, Any]:
@@ -254,17 +258,33 @@ def bench_step_time(model_dir: Path, workload: Workload = WORKLOAD) -> dict[str,
     Both run `workload` on the same tiny model: same tasks per step, generations, completion
     length, turns, LoRA rank and learning rate.
     """
-    trl = trl_seconds_per_step(model_dir, workload)
-    ours = our_seconds_per_step(model_dir, workload)
+    trl = _peak_memory(trl_seconds_per_step, model_dir, workload)
+    ours = _peak_memory(our_seconds_per_step, model_dir, workload)
     print(f"\n(a) seconds per GRPO step ({workload.episodes} episodes of {workload.env}, "
-          f"median of {workload.steps} steps after a warm-up)")  # fmt: skip
+          f"median of {workload.steps} steps after a warm-up, on {_device(workload)})")  # fmt: skip
     print(f"  TRL GRPOTrainer (tools=[calculate], {trl['generation']}): {trl['seconds']:.2f} s "
           f"(tool calls per completion {trl['tool_calls']:.2f})")  # fmt: skip
-    print(f"  agentgym GRPOTrainer: {ours['seconds']:.2f} s (tool calls per episode "
-          f"{ours['tool_calls']:.2f}, turns per episode {ours['turns']:.2f}: a malformed call "
-          f"gets an error message and another turn)  ->  {ours['seconds'] / trl['seconds']:.2f}x "
-          "TRL's (goal <= 1.0x)")  # fmt: skip
+    print(f"  agentgym GRPOTrainer (rollout_engine {workload.engine}): {ours['seconds']:.2f} s "
+          f"= rollout {ours['rollout']:.2f} + train {ours['train']:.2f} + sync {ours['sync']:.3f} "
+          f"(tool calls per episode {ours['tool_calls']:.2f}, turns per episode "
+          f"{ours['turns']:.2f}: a malformed call gets an error message and another turn)  ->  "
+          f"{ours['seconds'] / trl['seconds']:.2f}x TRL's (goal <= 1.0x)")  # fmt: skip
+    if "peak_gib" in ours:
+        print(f"  peak GPU memory: TRL {trl['peak_gib']:.1f} GiB, ours {ours['peak_gib']:.1f} GiB "
+              "(ours: trainer and rollout engine each hold the weights)")  # fmt: skip
     return {"trl": trl["seconds"], "ours": ours["seconds"]}
+
+
+def _peak_memory(trainer: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``trainer(*args)``'s figures, with its peak CUDA memory (GiB) where it ran on CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return trainer(*args)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    figures = trainer(*args)
+    return {**figures, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float]:
@@ -284,17 +304,29 @@ def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float
         max_completion_length=workload.max_completion_length, max_turns=workload.max_turns,
         lora_r=workload.lora_r, lora_alpha=2 * workload.lora_r,
         learning_rate=workload.learning_rate, max_steps=workload.steps + 1, sft_steps=0,
-        eval_steps=None, save_steps=None, report_to=["none"], device="cpu",
-        max_model_len=_context(model_dir), output_dir=str(out),
+        eval_steps=None, save_steps=None, report_to=["none"], device=_device(workload),
+        rollout_engine=workload.engine, max_model_len=_context(model_dir), output_dir=str(out),
     )  # fmt: skip
     GRPOTrainer(config).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/rollout" in r][1:]
     return {
         "seconds": _median([r["time/rollout"] + r["time/train"] + r["time/sync"] for r in steps]),
+        **{stage: _median([r[f"time/{stage}"] for r in steps]) for stage in _STAGES},
         "tool_calls": _median([r["rollout/tool_calls_per_episode"] for r in steps]),
         "turns": _median([r["rollout/turns_per_episode"] for r in steps]),
     }
+
+
+_STAGES = ("rollout", "train", "sync")
+
+
+def _device(workload: Workload) -> str:
+    import torch
+
+    if workload.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return workload.device
 
 
 def _context(model_dir: Path) -> int:
@@ -309,7 +341,8 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
     TRL's tool loop runs batch-synchronously: generate for every prompt, run the tool calls
     it parsed, generate again for those, up to ``max_tool_calling_iterations``. Generation is
     transformers' ``generate`` (``use_vllm=False``): TRL's vLLM modes need CUDA or a
-    ``trl vllm-serve`` server; where CUDA is present, ``use_vllm=True`` (colocate) is used.
+    ``trl vllm-serve`` server; on CUDA with our engine on vLLM, ``use_vllm=True`` (colocate)
+    is used. On CUDA both trainers hold the weights in bfloat16.
     """
     import torch
     from datasets import Dataset
@@ -339,7 +372,8 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
         tokenizer.response_template = qwen3_template
     else:
         tokenizer.response_schema = qwen3_schema
-    cuda = torch.cuda.is_available()
+    cuda = _device(workload) == "cuda"
+    colocate = cuda and workload.engine == "vllm"
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
         per_device_train_batch_size=workload.episodes,
@@ -349,10 +383,11 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
         learning_rate=workload.learning_rate,
         max_steps=workload.steps + 1,
         logging_steps=1, save_strategy="no", report_to="none",
-        use_vllm=cuda, vllm_mode="colocate", use_cpu=not cuda, bf16=cuda,
+        use_vllm=colocate, vllm_mode="colocate", use_cpu=not cuda, bf16=cuda,
         temperature=1.0, seed=0, dataloader_num_workers=0,
     )  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     peft = LoraConfig(r=workload.lora_r, lora_alpha=2 * workload.lora_r,
                       target_modules="all-linear", task_type="CAUSAL_LM")  # fmt: skip
     step_ends: list[float] = []
@@ -372,7 +407,7 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
     logs = [h for h in trainer.state.log_history if "tools/call_frequency" in h][1:]
     calls = _median([float(h["tools/call_frequency"]) for h in logs])
     return {"seconds": _median(durations), "steps": durations, "tool_calls": calls,
-            "generation": "vLLM colocate" if cuda else "transformers generate"}  # fmt: skip
+            "generation": "vLLM colocate" if colocate else "transformers generate"}  # fmt: skip
 
 
 def warm_start(model_dir: Path, steps: int) -> Path:
@@ -406,6 +441,12 @@ def main() -> None:
     parser.add_argument("--restart", action="store_true", help="also time an engine restart")
     parser.add_argument("--skip-step", action="store_true", help="only the sync bench (b)")
     parser.add_argument("--skip-sync", action="store_true", help="only the step bench (a)")
+    parser.add_argument("--engine", default="vllm", choices=("vllm", "hf"),
+                        help="our rollout engine in (a); 'hf' keeps TRL on transformers too")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where both trainers train in (a)")
+    parser.add_argument("--tasks-per-step", type=int, default=WORKLOAD.tasks_per_step)
+    parser.add_argument("--num-generations", type=int, default=WORKLOAD.num_generations)
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     model_dir = args.model_dir or build_tiny_model(**SHAPES[args.shape])
@@ -416,7 +457,11 @@ def main() -> None:
     if not args.skip_sync:
         bench_sync(model_dir, args.trials, args.lora_r, args.restart)
     if not args.skip_step:
-        bench_step_time(model_dir, dataclasses.replace(WORKLOAD, system_prompt=args.system_prompt))
+        workload = dataclasses.replace(
+            WORKLOAD, system_prompt=args.system_prompt, engine=args.engine, device=args.device,
+            tasks_per_step=args.tasks_per_step, num_generations=args.num_generations,
+        )  # fmt: skip
+        bench_step_time(model_dir, workload)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ ScaleRewards = Literal["group", "batch", "none"]
 RolloutMode = Literal["auto", "concat", "per_turn"]
 LatePolicy = Literal["drop", "drop_group"]
 ServerFailure = Literal["retry", "fail"]
+RolloutEngine = Literal["vllm", "hf"]
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -181,7 +182,15 @@ class GRPOConfig:
         "scored on the rest, like an infra_error); 'drop_group': its whole group leaves.",
     )
 
-    # --- rollout servers (scale-out; default: one in-process engine) ---------------------
+    # --- rollout engine: in process, or servers (scale-out) -------------------------------
+    rollout_engine: RolloutEngine = _knob(
+        "vllm",
+        "The in-process rollout engine. 'vllm' (`VLLMPolicy`): continuous batching, LoRA "
+        "versions hot-loaded. 'hf' (`HFPolicy`): transformers `generate` on `device`, the turns "
+        "queued together sampled as one batch (which waits for its longest turn), adapter "
+        "versions loaded from the same folders; for machines without vLLM. Both record each "
+        "turn's ids, logprobs and adapter version.",
+    )
     rollout_servers: list[str] = _knob(
         [],
         "URLs of vLLM servers to roll out on instead of the in-process engine (each started "
@@ -561,6 +570,11 @@ class GRPOConfig:
             )
 
     def _check_rollout_servers(self) -> None:
+        if self.rollout_servers and self.rollout_engine != "vllm":
+            raise ConfigError(
+                f"rollout_engine={self.rollout_engine!r} with rollout_servers: servers are vLLM; "
+                "drop rollout_servers to roll out in process, or set rollout_engine 'vllm'"
+            )
         if self.rollout_servers and self.sft_steps:
             raise ConfigError(
                 "rollout_servers with sft_steps > 0: the servers serve `model`, not the warm "

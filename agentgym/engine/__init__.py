@@ -16,14 +16,14 @@ is missing.
 
 from __future__ import annotations
 
-from ._episode import SamplingConfig, TokenEpisode, TokenPolicy
+from ._episode import AdapterVersion, SamplingConfig, TokenEpisode, TokenPolicy
 from ._fleet import AdapterPublishError, PublishReport, VLLMFleet, stage_adapter
 from ._hf import HFPolicy
 from ._remote import RemoteVLLMPolicy
 from ._render import ChatRenderer, ModeDecision, TemplateError
 from ._router import StickyLeastLoaded
 from ._serve import LocalServer, ServerOptions, serve_router, serve_vllm, serve_vllm_fleet
-from ._vllm import AdapterVersion, VLLMPolicy
+from ._vllm import VLLMPolicy
 
 __all__ = [
     "AdapterPublishError",

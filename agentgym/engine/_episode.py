@@ -8,9 +8,11 @@ A backend (vLLM in-process, transformers) only has to sample one turn from exact
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal, Self
 
 from .._errors import ConfigError, ContextLengthError
@@ -19,6 +21,34 @@ from ._render import ChatRenderer, ModeDecision, RolloutMode
 
 log = logging.getLogger(__name__)
 ModeChoice = Literal["auto", "concat", "per_turn"]
+
+
+@dataclass(frozen=True)
+class AdapterVersion:
+    """One loaded LoRA adapter: the version number turns record, and its load time."""
+
+    version: int
+    name: str
+    path: str
+    load_seconds: float
+
+
+def next_adapter_version(path: str | os.PathLike[str], last: int, version: int | None) -> int:
+    """The version an adapter load gets (default ``last + 1``), after checking the request.
+
+    Raises `ConfigError` when ``path`` is not a PEFT adapter folder or ``version`` is not
+    above ``last``: an engine that reuses a number would skip reloading it and serve stale
+    weights under the new version's name.
+    """
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise ConfigError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
+    version = last + 1 if version is None else version
+    if version <= last:
+        raise ConfigError(
+            f"adapter version {version} is not above the last one loaded ({last}); "
+            "every version needs a fresh number"
+        )
+    return version
 
 
 @dataclass

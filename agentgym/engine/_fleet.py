@@ -36,8 +36,8 @@ from pathlib import Path
 
 from .._errors import ConfigError, ModelError
 from .._http import LoopClient
+from ._episode import AdapterVersion
 from ._router import ReplicaState, StickyLeastLoaded
-from ._vllm import AdapterVersion
 
 log = logging.getLogger(__name__)
 #: What vLLM answers while an adapter folder is not (yet) visible on its storage.

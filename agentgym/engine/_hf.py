@@ -1,7 +1,13 @@
 """`HFPolicy`: transformers `generate` behind the same token-in/token-out contract as vLLM.
 
-For machines without vLLM, and as the oracle for vLLM's numbers in tests: `token_logprobs`
-scores given tokens with a plain forward pass, the way a trainer does.
+For machines without vLLM (the trainer's ``rollout_engine: hf``), and as the oracle for
+vLLM's numbers in tests: `token_logprobs` scores given tokens with a plain forward pass, the
+way a trainer does.
+
+Turns that episodes ask for while a batch runs are sampled together in the next one (left
+padded, one `generate` call): with G episodes per task that is most of the speed a GPU gives.
+LoRA versions load from adapter folders (`load_adapter`), as into vLLM, so a trainer checks
+the served version the same way on both engines.
 """
 
 from __future__ import annotations
@@ -9,16 +15,36 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
 from .._types import Completion
-from ._episode import ModeChoice, SamplingConfig, TokenPolicy
+from ._episode import (
+    AdapterVersion,
+    ModeChoice,
+    SamplingConfig,
+    TokenPolicy,
+    next_adapter_version,
+)
 from ._render import ChatRenderer
 
 
+@dataclass
+class _Turn:
+    """One queued turn: what to sample, and where the caller waits for it."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    seed: int | None
+    sampling: SamplingConfig
+    future: asyncio.Future[Completion] = field(repr=False)
+
+
 class HFPolicy(TokenPolicy):
-    """A `Policy` sampling with `transformers` (one turn at a time, in a worker thread).
+    """A `Policy` sampling with `transformers` (queued turns batched, in a worker thread).
 
     Args:
         model: a local model folder.
@@ -29,6 +55,8 @@ class HFPolicy(TokenPolicy):
         max_model_len: context window; a longer prompt ends the episode as ``truncated``.
         chat_template_kwargs: extra chat-template variables.
         rollout_mode: see `TokenPolicy`.
+        max_batch_size: most turns sampled in one `generate` call. A batch shares one seed
+            (the first turn's), so a seeded turn repeats exactly only with the same batch.
     """
 
     def __init__(
@@ -42,6 +70,7 @@ class HFPolicy(TokenPolicy):
         max_model_len: int = 4096,
         chat_template_kwargs: dict[str, Any] | None = None,
         rollout_mode: ModeChoice = "auto",
+        max_batch_size: int = 64,
     ) -> None:
         super().__init__(sampling, rollout_mode)
         if self.sampling.min_p or self.sampling.extra:
@@ -49,6 +78,8 @@ class HFPolicy(TokenPolicy):
                 "HFPolicy supports neither min_p nor extra vLLM sampling fields; "
                 "drop them or use VLLMPolicy"
             )
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -57,6 +88,7 @@ class HFPolicy(TokenPolicy):
                 f"HFPolicy needs transformers: pip install 'agentgym[train]' ({exc})"
             ) from exc
         self.max_model_len = max_model_len
+        self.max_batch_size = max_batch_size
         tokenizer = AutoTokenizer.from_pretrained(str(model))
         self._renderer = ChatRenderer(tokenizer, chat_template_kwargs)
         net: Any = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
@@ -66,7 +98,12 @@ class HFPolicy(TokenPolicy):
             net = PeftModel.from_pretrained(net, str(adapter))
         self.model = net.to(device).eval()
         self.device = device
+        #: Loaded LoRA versions (the last one serves; 0 is the model as given).
+        self.adapters: list[AdapterVersion] = []
+        self.adapter_version = 0
         self._lock = threading.Lock()  # one forward pass at a time; torch uses every core
+        self._queue: list[_Turn] = []
+        self._drainer: asyncio.Task[None] | None = None
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -82,48 +119,155 @@ class HFPolicy(TokenPolicy):
         sampling: SamplingConfig | None = None,
         session: str | None = None,
     ) -> Completion:
-        """Sample one turn from exact prompt ids (in a thread: the caller's loop keeps going)."""
+        """Sample one turn from exact prompt ids, batched with the turns queued beside it."""
         s = sampling or self.sampling
         limit = self.turn_limit(prompt_ids, max_tokens, s)
-        return await asyncio.to_thread(self._sample, prompt_ids, limit, seed, s)
+        loop = asyncio.get_running_loop()
+        turn = _Turn(list(prompt_ids), limit, seed, s, loop.create_future())
+        self._queue.append(turn)
+        if self._drainer is None or self._drainer.done() or self._drainer.get_loop() is not loop:
+            self._drainer = loop.create_task(self._drain())
+        return await turn.future
 
-    def _sample(
-        self, prompt_ids: list[int], max_tokens: int, seed: int | None, s: SamplingConfig
-    ) -> Completion:
+    async def _drain(self) -> None:
+        """Sample queued turns in batches until none is left (one task per event loop)."""
+        while self._queue:
+            await asyncio.sleep(0)  # the turns other episodes ask for in this tick join in
+            batch = self._next_batch()
+            try:
+                results = await asyncio.to_thread(self._sample_batch, batch)
+            except BaseException as exc:
+                for turn in batch:
+                    if not turn.future.done():
+                        if isinstance(exc, Exception):
+                            turn.future.set_exception(exc)
+                        else:
+                            turn.future.cancel()
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for turn, completion in zip(batch, results):
+                if not turn.future.done():  # its episode may have been cancelled meanwhile
+                    turn.future.set_result(completion)
+
+    def _next_batch(self) -> list[_Turn]:
+        """The oldest live turn and those queued after it with the same sampling knobs.
+
+        Turns with stop strings go alone: `generate` pads a row that stops on one, and only
+        a stop token marks where a row of a batch ended.
+        """
+        self._queue = [t for t in self._queue if not t.future.done()]
+        if not self._queue:
+            return []
+        first = self._queue[0]
+        if first.sampling.stop:
+            batch = [first]
+        else:
+            same = [t for t in self._queue if t.sampling == first.sampling]
+            batch = same[: self.max_batch_size]
+        self._queue = [t for t in self._queue if t not in batch]
+        return batch
+
+    def _sample_batch(self, batch: list[_Turn]) -> list[Completion]:
+        """One `generate` call for ``batch`` (left padded); each row cut at its stop or limit."""
         import torch
 
+        if not batch:
+            return []
         tokenizer = self._renderer.tokenizer
+        s, stops = batch[0].sampling, self._renderer.stop_token_ids
+        width = max(len(t.prompt_ids) for t in batch)
+        limit = max(t.max_tokens for t in batch)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        rows = [[pad] * (width - len(t.prompt_ids)) + t.prompt_ids for t in batch]
+        mask = [[0] * (width - len(t.prompt_ids)) + [1] * len(t.prompt_ids) for t in batch]
         greedy = s.temperature == 0
         options: dict[str, Any] = {
-            "max_new_tokens": max_tokens,
+            "max_new_tokens": limit,
             "do_sample": not greedy,
             "output_scores": True,
             "return_dict_in_generate": True,
-            "pad_token_id": tokenizer.pad_token_id,
-            "eos_token_id": sorted(self._renderer.stop_token_ids) or None,
+            "pad_token_id": pad,
+            "eos_token_id": sorted(stops) or None,
         }
         if not greedy:
             options |= {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or None}
         if s.stop:
             options |= {"stop_strings": list(s.stop), "tokenizer": tokenizer}
         with self._lock, torch.no_grad():
-            if seed is not None:
-                torch.manual_seed(seed)
-            inputs = torch.tensor([prompt_ids], device=self.device)
-            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **options)
-        ids = out.sequences[0, len(prompt_ids) :].tolist()
-        logprobs = [
-            torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(out.scores, ids)
+            if batch[0].seed is not None:
+                torch.manual_seed(batch[0].seed)
+            inputs = torch.tensor(rows, device=self.device)
+            attention = torch.tensor(mask, device=self.device)
+            out = self.model.generate(inputs, attention_mask=attention, **options)
+            version = self.adapter_version
+            new = out.sequences[:, width:]
+            picked = [
+                torch.log_softmax(step.float(), -1).gather(-1, new[:, k : k + 1])[:, 0]
+                for k, step in enumerate(out.scores)
+            ]
+            logprobs = torch.stack(picked, 1).tolist() if picked else [[] for _ in batch]
+        return [
+            self._completion(turn, new[row].tolist(), logprobs[row], version)
+            for row, turn in enumerate(batch)
         ]
-        stopped = bool(ids) and ids[-1] in self._renderer.stop_token_ids
+
+    def _completion(
+        self, turn: _Turn, ids: list[int], logprobs: list[float], version: int
+    ) -> Completion:
+        """A row of a batch as one turn: cut after its first stop token or at its own limit."""
+        stops = self._renderer.stop_token_ids
+        end = next((k + 1 for k, t in enumerate(ids) if t in stops), len(ids))
+        end = min(end, turn.max_tokens)
+        ids = ids[:end]
+        stopped = bool(ids) and ids[-1] in stops
+        text = self._renderer.tokenizer.decode(ids, skip_special_tokens=False)
         return Completion(
-            text=self._renderer.visible_text(tokenizer.decode(ids, skip_special_tokens=False), ids),
-            prompt_ids=list(prompt_ids),
+            text=self._renderer.visible_text(text, ids),
+            prompt_ids=turn.prompt_ids,
             completion_ids=ids,
-            logprobs=logprobs,
-            finish_reason="stop" if stopped or len(ids) < max_tokens else "length",
-            adapter_version=0,
+            logprobs=logprobs[:end],
+            finish_reason="stop" if stopped or len(ids) < turn.max_tokens else "length",
+            adapter_version=version,
         )
+
+    # ---- LoRA versions ------------------------------------------------------------------
+    def load_adapter(self, path: str | os.PathLike[str], version: int | None = None) -> int:
+        """Load a PEFT adapter folder as a new version; later turns sample with it.
+
+        The same contract as `VLLMPolicy.load_adapter` (a version above every earlier one,
+        timed in ``adapters[-1].load_seconds``). Older versions are unloaded: turns are
+        sampled one batch at a time, so none is still using them.
+        """
+        from peft import PeftModel
+
+        last = self.adapters[-1].version if self.adapters else 0
+        version = next_adapter_version(path, last, version)
+        name = f"agentgym-v{version}"
+        with self._lock:
+            started = time.perf_counter()
+            if isinstance(self.model, PeftModel):
+                self.model.load_adapter(str(path), adapter_name=name)
+                self.model.set_adapter(name)
+                for old in [n for n in self.model.peft_config if n != name]:
+                    self.model.delete_adapter(old)
+            else:
+                self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
+            self.model.eval()
+            self.adapters = [
+                AdapterVersion(version, name, str(Path(path)), time.perf_counter() - started)
+            ]
+            self.adapter_version = version
+        return version
+
+    async def aload_adapter(self, path: str | os.PathLike[str], version: int | None = None) -> int:
+        """`load_adapter` from async code (in a thread: the caller's loop keeps going)."""
+        return await asyncio.to_thread(self.load_adapter, path, version)
+
+    async def served_adapters(self) -> set[int]:
+        """Versions whose weights the model holds now (to check a sync really happened)."""
+        loaded = set(getattr(self.model, "peft_config", {}))
+        return {a.version for a in self.adapters if a.name in loaded}
 
     def token_logprobs(
         self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0

@@ -31,8 +31,14 @@ from typing import Any, Literal
 
 from .._errors import ConfigError, ContextLengthError, ModelError
 from .._types import Completion
-from ._episode import ModeChoice, SamplingConfig, TokenPolicy
-from ._fleet import AdapterVersion, VLLMFleet, server_root, stage_adapter
+from ._episode import (
+    AdapterVersion,
+    ModeChoice,
+    SamplingConfig,
+    TokenPolicy,
+    next_adapter_version,
+)
+from ._fleet import VLLMFleet, server_root, stage_adapter
 from ._render import ChatRenderer
 
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length|context_length_exceeded|too long")
@@ -254,9 +260,7 @@ class RemoteVLLMPolicy(TokenPolicy):
 
     async def aload_adapter(self, path: str | os.PathLike[str], version: int | None = None) -> int:
         """Publish adapter folder ``path`` to every server as ``version`` (default: next)."""
-        version = self.adapter_version + 1 if version is None else version
-        if not (Path(path) / "adapter_config.json").is_file():
-            raise ConfigError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
+        version = next_adapter_version(path, self.adapter_version, version)
         if self.adapter_storage is not None:
             path = stage_adapter(path, self.adapter_storage, version, self.fleet.namespace)
         await self.fleet.publish(Path(path).resolve(), version)

@@ -28,30 +28,25 @@ import os
 import threading
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .._errors import ConfigError, ModelError
 from .._types import Completion
 from . import _cpu_lora
-from ._episode import ModeChoice, SamplingConfig, TokenPolicy
+from ._episode import (
+    AdapterVersion,
+    ModeChoice,
+    SamplingConfig,
+    TokenPolicy,
+    next_adapter_version,
+)
 from ._render import ChatRenderer
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 #: vLLM's allowed LoRA ranks (`vllm/config/lora.py`).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-@dataclass(frozen=True)
-class AdapterVersion:
-    """One loaded LoRA adapter: the version number turns record, and its load time."""
-
-    version: int
-    name: str
-    path: str
-    load_seconds: float
 
 
 class _EngineThread:
@@ -377,15 +372,8 @@ class VLLMPolicy(TokenPolicy):
     async def _load(self, path: Path, version: int | None) -> int:
         from vllm.lora.request import LoRARequest
 
-        if not (path / "adapter_config.json").is_file():
-            raise ConfigError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
         last = self.adapters[-1].version if self.adapters else 0
-        version = last + 1 if version is None else version
-        if version <= last:
-            raise ConfigError(
-                f"adapter version {version} is not above the last one loaded ({last}); "
-                "every version needs a fresh number (vLLM would skip reloading it)"
-            )
+        version = next_adapter_version(path, last, version)
         name = f"agentgym-v{version}"
         started = time.perf_counter()
         if not await self._engine.add_lora(LoRARequest(name, version, str(path))):

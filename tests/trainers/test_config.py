@@ -49,6 +49,8 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"rollout_servers": ["http://a:8000"], "sft_steps": 10}, "start the servers on"),
         ({"rollout_router_url": "http://r:30000"}, "rollout_router_url needs rollout_servers"),
         ({"on_server_failure": "ignore"}, "on_server_failure='ignore'"),
+        ({"rollout_engine": "hf", "rollout_servers": ["http://a:8000"]}, "servers are vLLM"),
+        ({"rollout_engine": "sglang"}, "rollout_engine='sglang'"),
     ],
 )
 def test_bad_knobs_raise_one_line_with_value_and_fix(knobs: dict[str, Any], fragment: str) -> None:

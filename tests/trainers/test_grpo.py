@@ -56,11 +56,18 @@ class ChatterEnv(agentgym.ToolEnv):
 agentgym.register("test/Chatter-v0", ChatterEnv)
 
 
-def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(tmp_path) -> None:
-    require("vllm")
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
+    tmp_path, engine: str
+) -> None:
+    if engine == "vllm":
+        require("vllm")
     from agentgym.trainers import GRPOTrainer
 
-    cfg = config(tmp_path, env="test/Chatter-v0", max_steps=2, eval_steps=None, save_steps=None)
+    cfg = config(
+        tmp_path, env="test/Chatter-v0", max_steps=2, eval_steps=None, save_steps=None,
+        rollout_engine=engine,
+    )  # fmt: skip
     trainer = GRPOTrainer(cfg)
     base = trainer.model_dir / "model.safetensors"
     before = digest(base)

@@ -33,6 +33,18 @@ def test_task_ranges_beyond_the_env_name_the_fix() -> None:
     _refusal(config, "pass a larger num_tasks")
 
 
+def test_a_vllm_engine_without_vllm_installed_names_both_fixes(monkeypatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec  # vLLM is installed here: hide it from this check
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name)
+    )
+    _refusal(GRPOConfig(**SMALL_TASKS), "set rollout_engine: hf")
+    preflight_ok = GRPOConfig(rollout_engine="hf", **SMALL_TASKS)
+    assert preflight(preflight_ok).is_dir()  # the transformers engine needs no vLLM
+
+
 def test_a_path_that_is_not_a_model_folder_is_refused(tmp_path: Path) -> None:
     _refusal(GRPOConfig(model=str(tmp_path), **SMALL_TASKS), "no config.json")
 

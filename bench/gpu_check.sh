@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The device machine's checks in one run: the trainer on CUDA, ours next to TRL's.
+#
+# That machine has torch, transformers and peft but no vLLM (its wheel is over the 64 MiB a
+# run may carry) and no registry, so this carries wheels in .whl/ (agentgym's own, built by
+# `pip wheel --no-deps -w .whl .`, plus what its image lacks: docs/engine.md lists them) and
+# rolls out with transformers (`rollout_engine: hf`) on both sides.
+#   one real GRPO step of a Qwen2.5-0.5B-shaped model (random weights), ours vs TRL, then the
+#   same with 8x the episodes, then the tiny model; each log lands in $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 - <<'PY'
+import importlib.metadata as md, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())
+print(", ".join(f"{p} {md.version(p)}" for p in ("transformers", "peft", "trl", "accelerate",
+                                                   "datasets", "pyarrow", "agentgym")))
+PY
+run() {  # NAME ARGS...: one bench run, its log kept whole in $OUT and its figures shown here
+    local name=$1; shift
+    echo "== $name: trainer_bench.py $*"
+    python3 bench/trainer_bench.py --skip-sync --engine hf --device cuda "$@" \
+        >"$OUT/$name.log" 2>&1
+    echo "exit $?"
+    grep -A6 "^(a) seconds per GRPO step" "$OUT/$name.log" || tail -20 "$OUT/$name.log"
+}
+run qwen05b --shape qwen2.5-0.5b
+run qwen05b-64 --shape qwen2.5-0.5b --tasks-per-step 8 --num-generations 8
+run tiny --shape tiny

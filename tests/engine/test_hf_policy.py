@@ -1,0 +1,81 @@
+"""HFPolicy (transformers `generate`) as a rollout engine: batched turns and LoRA versions.
+
+The trainer's ``rollout_engine: hf`` rests on these: turns queued together are sampled as one
+left-padded batch and must equal the turns sampled alone; adapter versions load from folders
+and every turn records the one that sampled it, as with vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from agentgym._errors import ConfigError
+from agentgym.engine import HFPolicy
+from tests.engine.episodes import make_adapter
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def greedy(tiny_model_dir: Path) -> HFPolicy:
+    return HFPolicy(tiny_model_dir, sampling={"temperature": 0.0, "max_tokens": 16})
+
+
+def test_turns_queued_together_equal_the_same_turns_sampled_alone(greedy: HFPolicy) -> None:
+    prompts = [greedy.tokenizer.encode("hello there " * k) for k in (1, 4, 2)]
+
+    async def alone() -> list:
+        return [await greedy.generate_ids(p) for p in prompts]
+
+    async def together() -> list:  # different lengths: left padding must not change a token
+        return await asyncio.gather(
+            *(greedy.generate_ids(p, max_tokens=16 if i else 5) for i, p in enumerate(prompts))
+        )
+
+    one_by_one, batched = asyncio.run(alone()), asyncio.run(together())
+    assert batched[0].completion_ids == one_by_one[0].completion_ids[:5]  # cut at its own limit
+    assert batched[0].finish_reason == "length"
+    for a, b in zip(one_by_one, batched):
+        assert b.prompt_ids == a.prompt_ids
+        assert b.completion_ids == a.completion_ids[: len(b.completion_ids)]
+        assert b.logprobs == pytest.approx(a.logprobs[: len(b.logprobs)], abs=1e-4)  # fp32
+
+
+def test_a_cancelled_turn_leaves_the_others_of_its_batch_served(greedy: HFPolicy) -> None:
+    prompt = greedy.tokenizer.encode("hello there")
+
+    async def main() -> tuple:
+        doomed = asyncio.ensure_future(greedy.generate_ids(prompt))
+        kept = asyncio.ensure_future(greedy.generate_ids(prompt))
+        await asyncio.sleep(0)
+        doomed.cancel()
+        return await asyncio.gather(doomed, kept, return_exceptions=True)
+
+    doomed, kept = asyncio.run(main())
+    assert isinstance(doomed, asyncio.CancelledError)
+    assert len(kept.completion_ids) > 0
+    assert greedy._queue == []  # nothing left waiting for a batch
+
+
+def test_adapter_versions_change_outputs_and_turns_record_them(
+    greedy: HFPolicy, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    prompt = greedy.tokenizer.encode("hello there")
+    base = asyncio.run(greedy.generate_ids(prompt))
+    assert base.adapter_version == 0
+    assert greedy.load_adapter(make_adapter(tiny_model_dir, tmp_path / "a1", seed=1)) == 1
+    v1 = asyncio.run(greedy.generate_ids(prompt))
+    adapter2 = make_adapter(tiny_model_dir, tmp_path / "a2", seed=2)
+    assert asyncio.run(greedy.aload_adapter(adapter2, version=5)) == 5  # a resumed run's numbering
+    v5 = asyncio.run(greedy.generate_ids(prompt))
+    assert (v1.adapter_version, v5.adapter_version) == (1, 5)
+    assert v1.completion_ids != base.completion_ids and v5.completion_ids != v1.completion_ids
+    assert asyncio.run(greedy.served_adapters()) == {5}  # the old version was unloaded
+    assert greedy.adapters[-1].load_seconds > 0
+    with pytest.raises(ConfigError, match="not above the last one loaded"):
+        greedy.load_adapter(tmp_path / "a1", version=5)
+    with pytest.raises(ConfigError, match="not a PEFT adapter folder"):
+        greedy.load_adapter(tmp_path)
