@@ -21,14 +21,14 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_dev
 print(", ".join(f"{p} {md.version(p)}" for p in ("transformers", "peft", "trl", "accelerate",
                                                    "datasets", "pyarrow", "agentgym")))
 PY
-run() {  # NAME ARGS...: one bench run, its log kept whole in $OUT and its figures shown here
-    local name=$1; shift
+run() {  # NAME SECONDS ARGS...: one bench run, its log kept whole in $OUT, its figures here
+    local name=$1 limit=$2; shift 2
     echo "== $name: trainer_bench.py $*"
-    python3 bench/trainer_bench.py --skip-sync --engine hf --device cuda "$@" \
+    timeout "$limit" python3 bench/trainer_bench.py --skip-sync --engine hf --device cuda "$@" \
         >"$OUT/$name.log" 2>&1
     echo "exit $?"
     grep -A6 "^(a) seconds per GRPO step" "$OUT/$name.log" || tail -20 "$OUT/$name.log"
 }
-run qwen05b --shape qwen2.5-0.5b
-run qwen05b-64 --shape qwen2.5-0.5b --tasks-per-step 8 --num-generations 8
-run tiny --shape tiny
+run qwen05b 240 --shape qwen2.5-0.5b
+run qwen05b-64 150 --shape qwen2.5-0.5b --tasks-per-step 8 --num-generations 8
+run tiny 90 --shape tiny
