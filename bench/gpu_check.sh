@@ -29,6 +29,6 @@ run() {  # NAME SECONDS ARGS...: one bench run, its log kept whole in $OUT, its 
     echo "exit $?"
     grep -A6 "^(a) seconds per GRPO step" "$OUT/$name.log" || tail -20 "$OUT/$name.log"
 }
-run qwen05b 240 --shape qwen2.5-0.5b
-run qwen05b-64 150 --shape qwen2.5-0.5b --tasks-per-step 8 --num-generations 8
-run tiny 90 --shape tiny
+run qwen05b 150 --shape qwen2.5-0.5b
+run qwen05b-64 130 --shape qwen2.5-0.5b --tasks-per-step 8 --num-generations 8
+run tiny 70 --shape tiny

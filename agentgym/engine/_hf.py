@@ -44,7 +44,7 @@ class _Turn:
 
 
 class HFPolicy(TokenPolicy):
-    """A `Policy` sampling with `transformers` (queued turns batched, in a worker thread).
+    """A `Policy` sampling with `transformers` (queued turns batched).
 
     Args:
         model: a local model folder.
@@ -130,25 +130,25 @@ class HFPolicy(TokenPolicy):
         return await turn.future
 
     async def _drain(self) -> None:
-        """Sample queued turns in batches until none is left (one task per event loop)."""
+        """Sample queued turns in batches until none is left (one task per event loop).
+
+        `generate` runs on the loop's own thread, blocking it for the batch: torch called
+        from a worker thread ran 2.6x slower on the CPU here and about 10x slower on an H200
+        machine (two thread pools fighting over the cores; bench/gpu_check.sh), and one model
+        samples one batch at a time anyway. Tools running in threads or sandboxes go on; their
+        episodes resume after the batch.
+        """
         while self._queue:
             await asyncio.sleep(0)  # the turns other episodes ask for in this tick join in
             batch = self._next_batch()
             try:
-                results = await asyncio.to_thread(self._sample_batch, batch)
-            except BaseException as exc:
+                results = self._sample_batch(batch)
+            except Exception as exc:
                 for turn in batch:
-                    if not turn.future.done():
-                        if isinstance(exc, Exception):
-                            turn.future.set_exception(exc)
-                        else:
-                            turn.future.cancel()
-                if not isinstance(exc, Exception):
-                    raise
+                    turn.future.set_exception(exc)
                 continue
             for turn, completion in zip(batch, results):
-                if not turn.future.done():  # its episode may have been cancelled meanwhile
-                    turn.future.set_result(completion)
+                turn.future.set_result(completion)
 
     def _next_batch(self) -> list[_Turn]:
         """The oldest live turn and those queued after it with the same sampling knobs.
@@ -261,8 +261,8 @@ class HFPolicy(TokenPolicy):
         return version
 
     async def aload_adapter(self, path: str | os.PathLike[str], version: int | None = None) -> int:
-        """`load_adapter` from async code (in a thread: the caller's loop keeps going)."""
-        return await asyncio.to_thread(self.load_adapter, path, version)
+        """`load_adapter` from async code (on the loop's thread, as sampling is)."""
+        return self.load_adapter(path, version)
 
     async def served_adapters(self) -> set[int]:
         """Versions whose weights the model holds now (to check a sync really happened)."""
