@@ -258,6 +258,13 @@ class GRPOConfig:
     gradient_accumulation_steps: int = _knob(
         1, "Micro-batches a step's samples are split into, to bound memory; one update per step."
     )
+    micro_batch_tokens: int | None = _knob(
+        None,
+        "Most tokens (rows x padded length) in one forward/backward pass: samples, sorted by "
+        "length, are cut into micro-batches under it, so memory stays bounded however long "
+        "the episodes get (see `train/pad_fraction`). None: no cap beyond "
+        "`gradient_accumulation_steps`. The update is the same either way.",
+    )
     max_grad_norm: float | None = _knob(
         1.0, "Gradient-norm clip per update. None: no clipping."
     )
@@ -494,6 +501,8 @@ class GRPOConfig:
             ("sft_steps", self.sft_steps >= 0, "use 0 to skip the warm start"),
             ("sft_batch_size", self.sft_batch_size >= 1, "set it to 1 or more"),
             ("sft_num_traces", self.sft_num_traces >= 1, "set it to 1 or more"),
+            ("micro_batch_tokens", self.micro_batch_tokens is None or self.micro_batch_tokens >= 1,
+             "use a token count such as 16384, or null for no cap"),
             ("sft_scripts",
              bool(self.sft_scripts) and all(
                  isinstance(v, (int, float)) and v > 0 for v in self.sft_scripts.values()),

@@ -49,7 +49,7 @@ from ._prefix import policy_logits
 from ._preflight import preflight
 from ._report import plot_curves, write_summary
 from ._run_dir import RunDir, load_training_state
-from ._samples import Batch, build_samples, collate, rollout_mode_metrics
+from ._samples import Batch, build_samples, collate, micro_batches, rollout_mode_metrics
 from ._sft import SFTConfig, sft_warm_start
 from ._tracking import Trackers, TrainingConsole
 
@@ -386,19 +386,20 @@ class GRPOTrainer:
         summary = {name: sum(v) / len(v) for name, v in metrics.items()}
         summary["train/samples"] = float(len(samples))
         summary["train/tokens"] = float(tokens)
+        summary["train/micro_batches"] = float(len(micro))
+        summary["train/pad_fraction"] = _mean([part.pad_fraction for part in micro])
         return summary
 
     def _micro_batches(self, model: Any, samples: list[Any]) -> list[Batch]:
-        """``samples`` padded onto the device, in ``gradient_accumulation_steps`` parts.
+        """``samples`` padded onto the device, in micro-batches (`micro_batches`).
 
         No parts for a rank without samples while its peers have some: it still takes part
         in the gradient sum, with zeros.
         """
-        if not samples:
-            return []
+        cfg = self.config
         pad = int(getattr(model.config, "pad_token_id", None) or 0)
-        batch = collate(samples, pad_token_id=pad).to(self._device())
-        return batch.split(self.config.gradient_accumulation_steps)
+        groups = micro_batches(samples, cfg.gradient_accumulation_steps, cfg.micro_batch_tokens)
+        return [collate(group, pad_token_id=pad).to(self._device()) for group in groups if group]
 
     def _micro_loss(
         self,
@@ -499,6 +500,10 @@ class GRPOTrainer:
             )  # fmt: skip
         with policy:
             return self._evaluate(policy, run, 0, num_tasks=None, label=label)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def _log_sft_progress(record: dict[str, Any]) -> None:

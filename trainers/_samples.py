@@ -73,10 +73,10 @@ class Batch:
         """The same batch on ``device``."""
         return Batch(*(t.to(device) for t in self._tensors()))
 
-    def split(self, chunks: int) -> list[Batch]:
-        """At most ``chunks`` micro-batches of consecutive rows, for gradient accumulation."""
-        parts = [t.chunk(chunks) for t in self._tensors()]
-        return [Batch(*rows) for rows in zip(*parts)]
+    @property
+    def pad_fraction(self) -> float:
+        """Share of the ``(B, L)`` positions that are padding (computed for nothing)."""
+        return 1.0 - float(self.attention_mask.float().mean())
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.input_ids, self.attention_mask, self.loss_mask, self.engine_logprobs,
@@ -167,6 +167,34 @@ def build_samples(
         if advantage is not None
         for sample in episode_samples(trajectory, advantage, mode, i)
     ]
+
+
+def micro_batches(
+    samples: Sequence[Sample], parts: int = 1, max_tokens: int | None = None
+) -> list[list[Sample]]:
+    """``samples`` grouped into the forward/backward passes of one update.
+
+    Sorted by length, so each group pads only to the width of rows like it: one long
+    multi-turn episode no longer pads every short one. ``parts`` groups of near-equal row
+    counts (`gradient_accumulation_steps`), each cut further so that rows x width stays
+    within ``max_tokens`` (a sample longer than that goes alone). The loss normalisers count
+    the whole step, so how the samples are grouped does not change the update.
+    """
+    ordered = sorted(samples, key=lambda sample: len(sample.input_ids))
+    size = -(-len(ordered) // parts)  # ceil: at most ``parts`` groups
+    groups = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    if max_tokens is None:
+        return groups
+    cut: list[list[Sample]] = []
+    for group in groups:
+        current: list[Sample] = []
+        for sample in group:  # ascending lengths: the newest sample sets the width
+            if current and (len(current) + 1) * len(sample.input_ids) > max_tokens:
+                cut.append(current)
+                current = []
+            current.append(sample)
+        cut.append(current)
+    return cut
 
 
 def collate(samples: Sequence[Sample], pad_token_id: int = 0) -> Batch:

@@ -171,6 +171,26 @@ def test_two_ranks_make_the_one_process_update_on_the_union_of_their_samples(tmp
             assert distance(alone, union, weights) > 0.1 * update, name
 
 
+@pytest.mark.slow
+def test_a_micro_batch_token_cap_leaves_the_update_unchanged(tmp_path) -> None:
+    """Five samples in one pass vs one or two per pass (a 16-token cap): the same gradient."""
+    torch = require("torch")
+    require("peft")
+    from agentgym.trainers import GRPOTrainer
+
+    samples = synthetic_samples()
+    changes = {"loss_type": "grpo", "max_grad_norm": None, "gradient_accumulation_steps": 1}
+    whole = update_once(GRPOTrainer(update_config(tmp_path, changes)), samples)
+    capped_trainer = GRPOTrainer(update_config(tmp_path, {**changes, "micro_batch_tokens": 16}))
+    capped = update_once(capped_trainer, samples)
+    for key in (k for k in whole if k.startswith("grad/")):
+        torch.testing.assert_close(capped[key], whole[key], rtol=1e-4, atol=1e-7)
+    model, _ = capped_trainer._trainable(capped_trainer.model_dir)
+    parts = capped_trainer._micro_batches(model, samples)
+    assert len(parts) >= 3
+    assert all(part.input_ids.numel() <= 16 or len(part.input_ids) == 1 for part in parts)
+
+
 # ---- end to end ------------------------------------------------------------------------------
 
 

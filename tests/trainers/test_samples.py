@@ -9,9 +9,11 @@ import pytest
 from agentgym import Trajectory, Turn
 from agentgym._trajectory import PrefixMismatchError
 from agentgym.trainers._samples import (
+    Sample,
     build_samples,
     collate,
     episode_samples,
+    micro_batches,
     rollout_mode_metrics,
 )
 from tests.conftest import require
@@ -113,6 +115,25 @@ def test_collate_right_pads_with_neutral_values() -> None:
     assert batch.engine_logprobs[0, 3].item() == pytest.approx(-0.1)
     assert batch.advantages.tolist() == [1.0, -1.0, -1.0]
     assert batch.num_items == 5 + 3 + 2
-    assert [part.input_ids.shape[0] for part in batch.split(2)] == [2, 1]
+    real = sum(len(s.input_ids) for s in samples)
+    assert batch.pad_fraction == pytest.approx(1 - real / (3 * width))
     with pytest.raises(ValueError, match="empty"):
         collate([])
+
+
+def _sample(length: int) -> Sample:
+    return Sample(list(range(length)), [1] * length, [None] * length, 1.0, episode=length)
+
+
+def test_micro_batches_group_by_length_and_stay_under_the_token_cap() -> None:
+    samples = [_sample(n) for n in (10, 3, 7, 5, 2, 9, 30)]
+    lengths = [[len(s.input_ids) for s in group] for group in micro_batches(samples, parts=2)]
+    assert lengths == [[2, 3, 5, 7], [9, 10, 30]]  # short rows no longer pad to 30
+    capped = micro_batches(samples, max_tokens=20)
+    assert [[len(s.input_ids) for s in group] for group in capped] == [
+        [2, 3, 5], [7, 9], [10], [30]  # a sample over the cap goes alone
+    ]
+    for group in capped[:-1]:
+        assert len(group) * max(len(s.input_ids) for s in group) <= 20
+    assert sorted(s.episode for g in capped for s in g) == sorted(s.episode for s in samples)
+    assert micro_batches(samples) == [sorted(samples, key=lambda s: len(s.input_ids))]
