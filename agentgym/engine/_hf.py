@@ -16,6 +16,7 @@ import asyncio
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,13 @@ class HFPolicy(TokenPolicy):
         self.adapters: list[AdapterVersion] = []
         self.adapter_version = 0
         self._lock = threading.Lock()  # one forward pass at a time; torch uses every core
-        self._queue: list[_Turn] = []
-        self._drainer: asyncio.Task[None] | None = None
+        # turns waiting for a batch, and the task sampling them, per event loop: a future is
+        # only ever resolved on the thread of the loop that awaits it
+        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Turn]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._drainers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]]
+        self._drainers = weakref.WeakKeyDictionary()
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -124,23 +130,24 @@ class HFPolicy(TokenPolicy):
         limit = self.turn_limit(prompt_ids, max_tokens, s)
         loop = asyncio.get_running_loop()
         turn = _Turn(list(prompt_ids), limit, seed, s, loop.create_future())
-        self._queue.append(turn)
-        if self._drainer is None or self._drainer.done() or self._drainer.get_loop() is not loop:
-            self._drainer = loop.create_task(self._drain())
+        queue = self._queues.setdefault(loop, [])
+        queue.append(turn)
+        drainer = self._drainers.get(loop)
+        if drainer is None or drainer.done():
+            self._drainers[loop] = loop.create_task(self._drain(queue))
         return await turn.future
 
-    async def _drain(self) -> None:
-        """Sample queued turns in batches until none is left (one task per event loop).
+    async def _drain(self, queue: list[_Turn]) -> None:
+        """Sample ``queue``'s turns in batches until none is left (one task per event loop).
 
         `generate` runs on the loop's own thread, blocking it for the batch: torch called
-        from a worker thread ran 2.6x slower on the CPU here and about 10x slower on an H200
-        machine (two thread pools fighting over the cores; bench/gpu_check.sh), and one model
-        samples one batch at a time anyway. Tools running in threads or sandboxes go on; their
-        episodes resume after the batch.
+        from a worker thread ran 2.2x slower on the CPU here and 5x slower on an H200 machine
+        (docs/engine.md), and one model samples one batch at a time anyway. Tools running in
+        threads or sandboxes go on; their episodes resume after the batch.
         """
-        while self._queue:
+        while queue:
             await asyncio.sleep(0)  # the turns other episodes ask for in this tick join in
-            batch = self._next_batch()
+            batch = self._next_batch(queue)
             try:
                 results = self._sample_batch(batch)
             except Exception as exc:
@@ -150,22 +157,21 @@ class HFPolicy(TokenPolicy):
             for turn, completion in zip(batch, results):
                 turn.future.set_result(completion)
 
-    def _next_batch(self) -> list[_Turn]:
-        """The oldest live turn and those queued after it with the same sampling knobs.
+    def _next_batch(self, queue: list[_Turn]) -> list[_Turn]:
+        """Take the oldest live turn of ``queue`` and those after it with the same sampling.
 
         Turns with stop strings go alone: `generate` pads a row that stops on one, and only
         a stop token marks where a row of a batch ended.
         """
-        self._queue = [t for t in self._queue if not t.future.done()]
-        if not self._queue:
+        queue[:] = [t for t in queue if not t.future.done()]  # their episodes were cancelled
+        if not queue:
             return []
-        first = self._queue[0]
+        first = queue[0]
         if first.sampling.stop:
             batch = [first]
         else:
-            same = [t for t in self._queue if t.sampling == first.sampling]
-            batch = same[: self.max_batch_size]
-        self._queue = [t for t in self._queue if t not in batch]
+            batch = [t for t in queue if t.sampling == first.sampling][: self.max_batch_size]
+        queue[:] = [t for t in queue if t not in batch]
         return batch
 
     def _sample_batch(self, batch: list[_Turn]) -> list[Completion]:

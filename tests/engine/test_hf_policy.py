@@ -57,7 +57,25 @@ def test_a_cancelled_turn_leaves_the_others_of_its_batch_served(greedy: HFPolicy
     doomed, kept = asyncio.run(main())
     assert isinstance(doomed, asyncio.CancelledError)
     assert len(kept.completion_ids) > 0
-    assert greedy._queue == []  # nothing left waiting for a batch
+    assert not any(greedy._queues.values())  # nothing left waiting for a batch
+
+
+def test_two_event_loops_in_two_threads_each_get_their_own_turns(greedy: HFPolicy) -> None:
+    import threading
+
+    prompts = [greedy.tokenizer.encode("hello there " * k) for k in (1, 3)]
+    alone = [asyncio.run(greedy.generate_ids(p)).completion_ids for p in prompts]
+    got: dict[int, list[int]] = {}
+
+    def play(i: int) -> None:  # asyncio.run in a thread: a second loop, as a caller may have
+        got[i] = asyncio.run(greedy.generate_ids(prompts[i])).completion_ids
+
+    threads = [threading.Thread(target=play, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [got.get(0), got.get(1)] == alone
 
 
 def test_adapter_versions_change_outputs_and_turns_record_them(
