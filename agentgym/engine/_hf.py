@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, ModelError
 from .._types import Completion
 from ._episode import (
     AdapterVersion,
@@ -150,9 +150,10 @@ class HFPolicy(TokenPolicy):
             batch = self._next_batch(queue)
             try:
                 results = self._sample_batch(batch)
-            except Exception as exc:
+            except Exception as exc:  # out of memory, a driver error: never the model's doing
                 for turn in batch:
-                    turn.future.set_exception(exc)
+                    failure = ModelError(f"transformers generate failed: {exc!r}")
+                    turn.future.set_exception(failure.with_traceback(exc.__traceback__))
                 continue
             for turn, completion in zip(batch, results):
                 turn.future.set_result(completion)

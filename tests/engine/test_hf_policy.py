@@ -60,6 +60,22 @@ def test_a_cancelled_turn_leaves_the_others_of_its_batch_served(greedy: HFPolicy
     assert not any(greedy._queues.values())  # nothing left waiting for a batch
 
 
+def test_a_failing_generate_makes_its_batch_infra_errors(
+    greedy: HFPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA out-of-memory cannot be had on this CPU machine: `generate` is made to raise it."""
+    import agentgym
+    from tests.engine.episodes import NudgeEnv
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(greedy.model, "generate", out_of_memory)
+    trajectories = agentgym.rollout(NudgeEnv, greedy, tasks=[{"id": 1}, {"id": 2}])
+    assert [t.status for t in trajectories] == ["infra_error", "infra_error"]  # not "error"
+    assert "out of memory" in trajectories[0].error
+
+
 def test_two_event_loops_in_two_threads_each_get_their_own_turns(greedy: HFPolicy) -> None:
     import threading
 
