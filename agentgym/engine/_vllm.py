@@ -279,16 +279,20 @@ class VLLMPolicy(TokenPolicy):
         seed: int | None,
         s: SamplingConfig,
     ) -> Completion:
+        from vllm.exceptions import VLLMServerError
         from vllm.inputs import TokensPrompt
 
         params = self.sampling_params(max_tokens, seed, s)
         prompt = TokensPrompt(prompt_token_ids=prompt_ids, cache_salt=f"agentgym-v{version}")
         lora = self._lora_request(version)
         final = None
-        async for output in self._engine.generate(
-            prompt, params, request_id=f"agentgym-{next(self._request_ids)}", lora_request=lora
-        ):
-            final = output
+        try:
+            async for output in self._engine.generate(
+                prompt, params, request_id=f"agentgym-{next(self._request_ids)}", lora_request=lora
+            ):
+                final = output
+        except VLLMServerError as exc:  # the engine died or failed: infra, not the model's doing
+            raise ModelError(f"the vLLM engine failed: {exc!r}") from exc
         if final is None or not final.outputs:
             raise ModelError("vLLM returned no output for a request")
         sample = final.outputs[0]

@@ -139,3 +139,21 @@ def test_group_samples_differ_and_a_waiting_episode_does_not_hold_the_others(
     fast = [t for t in trajectories if t.task == "fast"]
     assert all(t.status == "truncated" for t in trajectories)
     assert len({tuple(t.turns[0].completion_ids) for t in fast}) == 4  # G distinct samples
+
+
+def test_an_engine_killed_mid_run_ends_episodes_as_infra_errors(tiny_model_dir: Path) -> None:
+    """The engine's processes die (as an out-of-memory kill would take them): the episode is
+    the machinery's failure, `infra_error`, which trainers drop, never the model's `error`."""
+    require("vllm")
+    psutil = require("psutil")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with VLLMPolicy(tiny_model_dir, sampling={"max_tokens": 8}, dtype="float32",
+                    max_model_len=1024) as doomed:  # fmt: skip
+        engine = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        assert engine  # vLLM's engine core (and its worker) run in processes of their own
+        for process in engine:
+            process.kill()
+        psutil.wait_procs(engine, timeout=30)
+        [trajectory] = agentgym.rollout(NudgeEnv, doomed, tasks=[{"id": 1}])
+    assert trajectory.status == "infra_error", trajectory.error
+    assert "vLLM engine failed" in (trajectory.error or "")
