@@ -2,9 +2,14 @@
 # The device machine's checks in one run: the trainer on CUDA, ours next to TRL's.
 #
 # That machine has torch, transformers and peft but no vLLM (its wheel is over the 64 MiB a
-# run may carry) and no registry, so this carries wheels in .whl/ (agentgym's own, built by
-# `pip wheel --no-deps -w .whl .`, plus what its image lacks: docs/engine.md lists them) and
-# rolls out with transformers (`rollout_engine: hf`) on both sides.
+# run may carry) and no registry, so this installs wheels carried in .whl/ (git-ignored) and
+# rolls out with transformers (`rollout_engine: hf`) on both sides. Fill .whl/ here first:
+#   pip wheel --no-deps --no-build-isolation -w .whl .        # agentgym itself
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     gymnasium farama-notifications jsonschema jsonschema-specifications referencing rpds-py \
+#     docstring-parser pydantic pydantic-core annotated-types typing-inspection sqlalchemy \
+#     greenlet trl datasets dill multiprocess jmespath      # what that image lacks (~11 MB)
 #   one real GRPO step of a Qwen2.5-0.5B-shaped model (random weights), ours vs TRL, then the
 #   same with 8x the episodes, then the tiny model; each log lands in $OUT.
 set -uo pipefail
