@@ -180,6 +180,8 @@ def micro_batches(
     within ``max_tokens`` (a sample longer than that goes alone). The loss normalisers count
     the whole step, so how the samples are grouped does not change the update.
     """
+    if not samples:  # a rank without samples still joins the gradient sum, with zeros
+        return []
     ordered = sorted(samples, key=lambda sample: len(sample.input_ids))
     size = -(-len(ordered) // parts)  # ceil: at most ``parts`` groups
     groups = [ordered[i : i + size] for i in range(0, len(ordered), size)]

@@ -137,3 +137,4 @@ def test_micro_batches_group_by_length_and_stay_under_the_token_cap() -> None:
         assert len(group) * max(len(s.input_ids) for s in group) <= 20
     assert sorted(s.episode for g in capped for s in g) == sorted(s.episode for s in samples)
     assert micro_batches(samples) == [sorted(samples, key=lambda s: len(s.input_ids))]
+    assert micro_batches([], parts=2, max_tokens=20) == []  # a rank with no samples this step
