@@ -143,7 +143,8 @@ class HFPolicy(TokenPolicy):
         `generate` runs on the loop's own thread, blocking it for the batch: torch called
         from a worker thread ran 2.2x slower on the CPU here and 5x slower on an H200 machine
         (docs/engine.md), and one model samples one batch at a time anyway. Tools running in
-        threads or sandboxes go on; their episodes resume after the batch.
+        threads or sandboxes go on; their episodes resume after the batch (and a tool timeout
+        counts the batch's time: the loop's clock runs on).
         """
         while queue:
             await asyncio.sleep(0)  # the turns other episodes ask for in this tick join in
