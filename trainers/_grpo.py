@@ -235,21 +235,27 @@ class GRPOTrainer:
                 rollout_mode=mode, on_server_failure=cfg.on_server_failure,
                 adapter_storage=cfg.adapter_storage,
             )  # fmt: skip
-        if cfg.rollout_engine == "hf":
-            return HFPolicy(
-                model_dir, sampling=sampling, max_model_len=cfg.max_model_len,
-                device=self._device(), dtype=self._engine_dtype(),
-                chat_template_kwargs=cfg.chat_template_kwargs, rollout_mode=mode,
-            )  # fmt: skip
-        return VLLMPolicy(
-            model_dir, sampling=sampling, max_model_len=cfg.max_model_len,
-            dtype=self._engine_dtype(), enable_lora=True, max_lora_rank=cfg.lora_r,
-            chat_template_kwargs=cfg.chat_template_kwargs, rollout_mode=mode,
-        )  # fmt: skip
+        return self._in_process_engine(model_dir, sampling, lora=True, rollout_mode=mode)
 
-    def _engine_dtype(self) -> str:
-        """The rollout engine's weights: float32 on the CPU (exact logprobs), else bfloat16."""
-        return "float32" if self._device() == "cpu" else "bfloat16"
+    def _in_process_engine(
+        self, model_dir: Path, sampling: dict[str, Any], *, lora: bool, rollout_mode: ModeChoice
+    ) -> HFPolicy | VLLMPolicy:
+        """The ``rollout_engine`` policy on ``model_dir`` (training rollouts and evals).
+
+        Float32 on the CPU (exact logprobs), bfloat16 elsewhere; ``lora`` makes room in vLLM
+        for the adapter versions each sync loads (`HFPolicy` loads them on demand).
+        """
+        cfg = self.config
+        dtype = "float32" if self._device() == "cpu" else "bfloat16"
+        common: dict[str, Any] = {
+            "sampling": sampling, "max_model_len": cfg.max_model_len, "dtype": dtype,
+            "chat_template_kwargs": cfg.chat_template_kwargs, "rollout_mode": rollout_mode,
+        }  # fmt: skip
+        if cfg.rollout_engine == "hf":
+            return HFPolicy(model_dir, device=self._device(), **common)
+        if lora:
+            common |= {"enable_lora": True, "max_lora_rank": cfg.lora_r}
+        return VLLMPolicy(model_dir, **common)
 
     def _decide_mode(self, policy: RolloutPolicy) -> None:
         """Decide ``concat``/``per_turn`` on the env's reference episode, as `check` does."""
@@ -399,7 +405,7 @@ class GRPOTrainer:
         cfg = self.config
         pad = int(getattr(model.config, "pad_token_id", None) or 0)
         groups = micro_batches(samples, cfg.gradient_accumulation_steps, cfg.micro_batch_tokens)
-        return [collate(group, pad_token_id=pad).to(self._device()) for group in groups if group]
+        return [collate(group, pad_token_id=pad).to(self._device()) for group in groups]
 
     def _micro_loss(
         self,
@@ -485,20 +491,8 @@ class GRPOTrainer:
 
     def _evaluate_model(self, model_dir: Path, run: RunDir, label: str) -> float:
         """Eval of a model folder without an adapter (the base model, before SFT)."""
-        cfg = self.config
-        greedy = {"max_tokens": cfg.max_completion_length, "temperature": 0.0}
-        policy: HFPolicy | VLLMPolicy
-        if cfg.rollout_engine == "hf":
-            policy = HFPolicy(
-                model_dir, sampling=greedy, device=self._device(), dtype=self._engine_dtype(),
-                max_model_len=cfg.max_model_len, chat_template_kwargs=cfg.chat_template_kwargs,
-            )  # fmt: skip
-        else:
-            policy = VLLMPolicy(
-                model_dir, sampling=greedy, dtype=self._engine_dtype(),
-                max_model_len=cfg.max_model_len, chat_template_kwargs=cfg.chat_template_kwargs,
-            )  # fmt: skip
-        with policy:
+        greedy = {"max_tokens": self.config.max_completion_length, "temperature": 0.0}
+        with self._in_process_engine(model_dir, greedy, lora=False, rollout_mode="auto") as policy:
             return self._evaluate(policy, run, 0, num_tasks=None, label=label)
 
 
