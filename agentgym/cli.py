@@ -4,8 +4,9 @@ User mistakes (unknown env, bad option) print one line naming the fix and exit w
 before anything is written; results are written atomically at the end of a run.
 
 ``eval --policy vllm`` samples with the in-process engine (`agentgym.engine.VLLMPolicy`, token
-in / token out, no server); its rollout mode is decided on the same conversation that
-``check --model`` reports on, so the two agree.
+in / token out, no server; ``--policy hf``: `HFPolicy`, transformers, where vLLM is missing);
+its rollout mode is decided on the same conversation that ``check --model`` reports on, so the
+two agree.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ class PolicyKind(StrEnum):
     reference = "reference"
     openai = "openai"
     vllm = "vllm"
+    hf = "hf"
+
+    @property
+    def local(self) -> bool:
+        """Samples from a local model folder (``--model-path``), token in / token out."""
+        return self in (PolicyKind.vllm, PolicyKind.hf)
 
 
 class RolloutModeChoice(StrEnum):
@@ -145,7 +152,8 @@ def evaluate(
         PolicyKind,
         typer.Option(
             help="reference: the env's own solution; openai: a running server (--base-url, "
-            "--model); vllm: --model-path in the in-process engine, token in / token out."
+            "--model); vllm: --model-path in the in-process engine, token in / token out; "
+            "hf: the same with transformers (no vLLM needed)."
         ),
     ] = PolicyKind.reference,
     model_path: Annotated[
@@ -208,8 +216,8 @@ def evaluate(
     env_id = resolve_id(env)
     env_kwargs = _parse_env_args(env_arg)
     template_kwargs = _parse_template_kwargs(chat_template_kwargs)
-    if template_kwargs and policy is not PolicyKind.vllm:
-        raise ConfigError("--chat-template-kwargs applies to --policy vllm only")
+    if template_kwargs and not policy.local:
+        raise ConfigError("--chat-template-kwargs applies to --policy vllm or hf only")
     if policy is PolicyKind.openai and not model:
         raise ConfigError("--policy openai needs --model NAME (the served model name)")
     if (server or router_url) and policy is not PolicyKind.vllm:
@@ -218,7 +226,7 @@ def evaluate(
         raise ConfigError("--router-url needs the --server URLs too (adapters and checks)")
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
     env_kwargs_built = (
-        _with_model(model_path, env_kwargs) if policy is PolicyKind.vllm else env_kwargs
+        _with_model(model_path, env_kwargs, policy) if policy.local else env_kwargs
     )
     probe = make(env_id, **env_kwargs_built)  # validates options before any work
     available = len(getattr(probe, "tasks", ()))
@@ -228,7 +236,7 @@ def evaluate(
         raise ConfigError("this env has no reference solution; use --policy openai or vllm")
     run_config = {
         "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value,
-        "model": str(model_path) if policy is PolicyKind.vllm else model,
+        "model": str(model_path) if policy.local else model,
         "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
@@ -240,12 +248,13 @@ def evaluate(
         stack.enter_context(track_run("eval", out.name, run_config, out))
         if policy is PolicyKind.reference:
             agent: Policy = ScriptedPolicy(reference)
-        elif policy is PolicyKind.vllm and model_path is not None:
+        elif policy.local and model_path is not None:
             sampling = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens}
             engine = _prepare_engine(
                 model_path, env_id, env_kwargs_built, sampling, template_kwargs, rollout_mode,
                 max_model_len, _Servers(server, router_url, model),
-            )
+                transformers=policy is PolicyKind.hf,
+            )  # fmt: skip
             agent = stack.enter_context(engine)  # shut down on leaving
         else:
             assert model is not None  # checked above; narrows the type
@@ -261,10 +270,12 @@ def evaluate(
     _print_summary(summary, out)
 
 
-def _with_model(model_path: Path | None, env_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Env options for ``--policy vllm``: a model folder, and vllm: parsers get its tokenizer."""
+def _with_model(
+    model_path: Path | None, env_kwargs: dict[str, Any], policy: PolicyKind
+) -> dict[str, Any]:
+    """Env options for a local model: a model folder, and vllm: parsers get its tokenizer."""
     if model_path is None:
-        raise ConfigError("--policy vllm needs --model-path DIR (a local model folder)")
+        raise ConfigError(f"--policy {policy.value} needs --model-path DIR (a local model folder)")
     if not (model_path / "config.json").is_file():
         raise ConfigError(f"{model_path} is not a model folder (no config.json)")
     return with_model_tokenizer(env_kwargs, str(model_path))
@@ -288,15 +299,26 @@ def _prepare_engine(
     rollout_mode: RolloutModeChoice,
     max_model_len: int,
     servers: _Servers,
+    *,
+    transformers: bool = False,
 ) -> Any:
-    """A started engine (`VLLMPolicy`, or `RemoteVLLMPolicy` on ``servers``), mode decided.
+    """A started engine, its rollout mode decided.
+
+    `VLLMPolicy`; `RemoteVLLMPolicy` on ``servers``; `HFPolicy` with ``transformers``.
 
     The mode is decided on the conversation `agentgym check --model` reports on (the env's
     reference episode with a second call after text). Chat-template kwargs the template never
     reads, and ``--rollout-mode concat`` with a template that cannot, are refused on the
     tokenizer alone, before the slow engine start.
     """
-    from .engine import ChatRenderer, RemoteVLLMPolicy, SamplingConfig, VLLMFleet, VLLMPolicy
+    from .engine import (
+        ChatRenderer,
+        HFPolicy,
+        RemoteVLLMPolicy,
+        SamplingConfig,
+        VLLMFleet,
+        VLLMPolicy,
+    )
     from .engine._episode import probe_conversation
 
     probe = make(env_id, **env_kwargs)
@@ -314,10 +336,18 @@ def _prepare_engine(
         "rollout_mode": rollout_mode.value,
         "max_model_len": max_model_len,
     }
-    policy: VLLMPolicy | RemoteVLLMPolicy
+    policy: VLLMPolicy | RemoteVLLMPolicy | HFPolicy
     if servers.urls:
         fleet = VLLMFleet(servers.urls, servers.served_name or model_path.name)
         policy = RemoteVLLMPolicy(model_path, fleet, router_url=servers.router_url, **options)
+    elif transformers:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        policy = HFPolicy(
+            model_path, device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
+            **options,
+        )  # fmt: skip
     else:
         policy = VLLMPolicy(model_path, **options)
     if rollout_mode is RolloutModeChoice.concat:
@@ -328,7 +358,7 @@ def _prepare_engine(
                 "use --rollout-mode auto (or per_turn)"
             )
     where = ", ".join(servers.urls) or model_path
-    with console.status(f"starting vLLM on {where}"):
+    with console.status(f"starting {'transformers' if transformers else 'vLLM'} on {where}"):
         policy.start()
     try:
         decision = policy.mode_for(tools, example)

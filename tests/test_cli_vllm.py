@@ -1,4 +1,4 @@
-"""``agentgym eval --policy vllm``: the in-process engine, through the installed console script.
+"""``agentgym eval --policy vllm|hf``: in-process engines, through the installed console script.
 
 The engine starts once per run (20-90 s on two cores, more on a busy machine); the tiny local
 model samples noise, so the episodes are short, but every turn must carry what a trainer reads.
@@ -80,6 +80,28 @@ def test_eval_vllm_records_token_ids_mode_and_adapter_version(
     run_config = json.loads((out / "run.json").read_text())
     assert run_config["policy"] == "vllm" and run_config["rollout_mode"] == "auto"
     assert run_config["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+@pytest.mark.slow
+def test_eval_hf_samples_token_exact_turns_without_vllm(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``--policy hf``: the same records from transformers, for machines without vLLM."""
+    out = tmp_path / "run"
+    proc = run(
+        "eval", "calculator", "--policy", "hf", "--model-path", str(tiny_model_dir),
+        "-n", "2", "-g", "2", "--max-tokens", "12", "--seed", "3", "--out", str(out), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rollout mode concat" in proc.stderr
+    trajectories = list(read_jsonl(out / "trajectories.jsonl"))
+    assert len(trajectories) == 4
+    for trajectory in trajectories:
+        assert trajectory.status in ("ok", "truncated"), trajectory.error
+        for turn in trajectory.turns:
+            assert turn.prompt_ids and 0 < len(turn.completion_ids) <= 12
+            assert len(turn.logprobs or []) == len(turn.completion_ids)
+    assert json.loads((out / "run.json").read_text())["policy"] == "hf"
 
 
 @pytest.mark.parametrize(
