@@ -265,6 +265,13 @@ class GRPOConfig:
         "the episodes get (see `train/pad_fraction`). None: no cap beyond "
         "`gradient_accumulation_steps`. The update is the same either way.",
     )
+    gradient_checkpointing: bool = _knob(
+        False,
+        "Recompute each decoder layer's activations in the backward pass instead of keeping "
+        "them: much less memory for roughly a third more train time (TRL's GRPOConfig turns "
+        "it on by default). The rows' shared prompt prefix is then computed per row: the "
+        "shared-prefix pass needs the KV cache that checkpointing turns off.",
+    )
     max_grad_norm: float | None = _knob(
         1.0, "Gradient-norm clip per update. None: no clipping."
     )

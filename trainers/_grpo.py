@@ -304,6 +304,9 @@ class GRPOTrainer:
             target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM",
         )  # fmt: skip
         model = get_peft_model(base, lora)
+        model.train()  # lora_dropout applies; transformers checkpoints in train mode only
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
         trainable = [p for p in model.parameters() if p.requires_grad]
         return model, torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=0.0)
 
@@ -424,13 +427,13 @@ class GRPOTrainer:
         """
         import torch
 
-        temperature = self.config.temperature
-        logits = policy_logits(model, part.input_ids, part.attention_mask)
+        temperature, share = self.config.temperature, not self.config.gradient_checkpointing
+        logits = policy_logits(model, part.input_ids, part.attention_mask, share)
         logps = token_logprobs(logits, part.input_ids, temperature)
         ref = None
         if spec.beta:
             with torch.no_grad(), model.disable_adapter():  # the base model, no second copy
-                ref_logits = policy_logits(model, part.input_ids, part.attention_mask)
+                ref_logits = policy_logits(model, part.input_ids, part.attention_mask, share)
                 ref = token_logprobs(ref_logits, part.input_ids, temperature)
         with torch.no_grad():
             entropies = token_entropy(logits.detach(), temperature)

@@ -33,11 +33,14 @@ def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) 
 
 
 def policy_logits(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, share_prefix: bool = True
 ) -> torch.Tensor:
-    """``(B, L, V)`` logits of ``input_ids``, the rows' shared prefix computed once."""
+    """``(B, L, V)`` logits of ``input_ids``, the rows' shared prefix computed once.
+
+    ``share_prefix=False`` runs the plain pass (gradient checkpointing disables the cache).
+    """
     rows, width = input_ids.shape
-    shared = common_prefix_length(input_ids, attention_mask)
+    shared = common_prefix_length(input_ids, attention_mask) if share_prefix else 0
     if shared < MIN_SHARED_PREFIX:
         return model(input_ids=input_ids, attention_mask=attention_mask).logits
     prefix = model(input_ids=input_ids[:1, :shared], use_cache=True)

@@ -191,6 +191,41 @@ def test_a_micro_batch_token_cap_leaves_the_update_unchanged(tmp_path) -> None:
     assert all(part.input_ids.numel() <= 16 or len(part.input_ids) == 1 for part in parts)
 
 
+@pytest.mark.slow
+def test_gradient_checkpointing_recomputes_the_layers_and_leaves_the_update_unchanged(
+    tmp_path, monkeypatch
+) -> None:
+    torch = require("torch")
+    require("peft")
+    from agentgym.trainers import GRPOTrainer, LossSpec
+
+    def update(checkpointing: bool) -> tuple[dict[str, Any], int]:
+        changes = {"loss_type": "dapo", "max_grad_norm": None, "gradient_accumulation_steps": 1,
+                   "gradient_checkpointing": checkpointing}  # fmt: skip
+        trainer = GRPOTrainer(update_config(tmp_path, changes))
+        model, optimizer = trainer._trainable(trainer.model_dir)
+        forwards: list[int] = []
+        layer_class = type(model.get_base_model().model.layers[0])
+        forward = layer_class.forward  # counted in the class: hooks skip the recomputation
+
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            forwards.append(1)
+            return forward(self, *args, **kwargs)
+
+        monkeypatch.setattr(layer_class, "forward", counted)
+        trainer._update(model, optimizer, synthetic_samples(),
+                        LossSpec.from_config(trainer.config, max_turns=trainer.env_max_turns))
+        monkeypatch.setattr(layer_class, "forward", forward)
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return grads, len(forwards)
+
+    plain, plain_forwards = update(False)
+    checkpointed, checkpointed_forwards = update(True)
+    assert checkpointed_forwards == 2 * plain_forwards  # each layer ran again in backward
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, rtol=1e-4, atol=1e-7)
+
+
 # ---- end to end ------------------------------------------------------------------------------
 
 
