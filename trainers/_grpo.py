@@ -148,7 +148,6 @@ class GRPOTrainer:
                 torch.manual_seed(cfg.seed * 100_003 + step)
                 t0 = time.perf_counter()
                 trajectories = self._rollouts(policy, step)  # this rank's share of the step
-                policy.idle()  # the engine stops busy-waiting: the cores go to training
                 t1 = time.perf_counter()
                 check_versions(trajectories, version)
                 shares = world.gather([_without_token_ids(t) for t in trajectories])

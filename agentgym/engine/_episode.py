@@ -135,12 +135,6 @@ class TokenPolicy:
     def close(self) -> None:
         """Release what `start` took; nothing by default."""
 
-    def idle(self) -> None:
-        """A hint that no turn is coming for a while (a trainer's optimiser step).
-
-        An engine that busy-waits for work stops now; nothing by default. The next turn ends it.
-        """
-
     def __enter__(self) -> Self:
         self.start()
         return self

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from .._errors import ConfigError, ModelError
 from .._types import Completion
-from . import _cpu_lora, _engine_idle
+from . import _cpu_lora
 from ._episode import (
     AdapterVersion,
     ModeChoice,
@@ -170,7 +170,6 @@ class VLLMPolicy(TokenPolicy):
         self.adapters: list[AdapterVersion] = []
         self.adapter_version = 0
         self._in_flight: dict[int, int] = {}
-        self._idle_switch: _engine_idle.IdleSwitch | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -197,21 +196,12 @@ class VLLMPolicy(TokenPolicy):
                 # LLM_CLASS: vLLM's offline batch defaults for max_num_seqs and the token budget
                 return AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
 
-            switch = _engine_idle.IdleSwitch()  # the engine's processes inherit its path
-            inherited = os.environ.get(_engine_idle.ENV_VAR)
-            os.environ[_engine_idle.ENV_VAR] = switch.path
             try:
                 self._engine = thread.submit(build()).result()
             except Exception as exc:
                 thread.stop()
-                switch.close()
                 raise ModelError(f"vLLM could not start on {self.model}: {exc}") from exc
-            finally:  # engines started later get switches of their own
-                if inherited is None:
-                    del os.environ[_engine_idle.ENV_VAR]
-                else:
-                    os.environ[_engine_idle.ENV_VAR] = inherited
-            self._thread, self._idle_switch = thread, switch
+            self._thread = thread
 
     @staticmethod
     def _cpu_safe(engine_args: dict[str, Any]) -> dict[str, Any]:
@@ -239,19 +229,6 @@ class VLLMPolicy(TokenPolicy):
             if self._thread is not None:
                 self._thread.stop()
                 self._thread = None
-            if self._idle_switch is not None:
-                self._idle_switch.close()
-                self._idle_switch = None
-
-    def idle(self) -> None:
-        """No turn is coming for a while: the engine's processes stop busy-waiting now.
-
-        vLLM's processes poll for work with ``sched_yield`` for a second after each batch; on
-        a 2-core machine that takes a core from the trainer's optimiser step that follows a
-        rollout (`_engine_idle`). The next turn ends the idle state before it is sent.
-        """
-        if self._idle_switch is not None:
-            self._idle_switch.set(True)
 
     async def aclose(self) -> None:
         """Kept for the `Policy` convention; the engine outlives event loops, see `close`."""
@@ -285,8 +262,6 @@ class VLLMPolicy(TokenPolicy):
     ) -> Completion:
         """Sample one turn from exact prompt ids with the current adapter version."""
         thread, _ = self._started()
-        if self._idle_switch is not None:
-            self._idle_switch.set(False)  # before the request: the processes spin for it again
         sampling = sampling or self.sampling
         limit = self.turn_limit(prompt_ids, max_tokens, sampling)
         version = self.adapter_version
