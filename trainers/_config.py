@@ -268,8 +268,8 @@ class GRPOConfig:
     gradient_checkpointing: bool = _knob(
         False,
         "Recompute each decoder layer's activations in the backward pass instead of keeping "
-        "them: much less memory for roughly a third more train time (TRL's GRPOConfig turns "
-        "it on by default). The rows' shared prompt prefix is then computed per row: the "
+        "them: less memory for a second forward pass per layer (TRL's GRPOConfig turns it "
+        "on by default). The rows' shared prompt prefix is then computed per row: the "
         "shared-prefix pass needs the KV cache that checkpointing turns off.",
     )
     max_grad_norm: float | None = _knob(

@@ -149,6 +149,8 @@ class HFPolicy(TokenPolicy):
         while queue:
             await asyncio.sleep(0)  # the turns other episodes ask for in this tick join in
             batch = self._next_batch(queue)
+            if not batch:  # every queued turn's episode was cancelled
+                break
             try:
                 results = self._sample_batch(batch)
             except Exception as exc:  # out of memory, a driver error: never the model's doing
@@ -180,8 +182,6 @@ class HFPolicy(TokenPolicy):
         """One `generate` call for ``batch`` (left padded); each row cut at its stop or limit."""
         import torch
 
-        if not batch:
-            return []
         tokenizer = self._renderer.tokenizer
         s, stops = batch[0].sampling, self._renderer.stop_token_ids
         width = max(len(t.prompt_ids) for t in batch)
