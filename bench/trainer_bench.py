@@ -26,6 +26,9 @@
         [--shape tiny|quickstart|qwen2.5-0.5b | --model-dir DIR] [--warm-start STEPS]
         [--skip-sync] [--engine vllm|hf] [--device auto|cpu|cuda]
 
+Each sync trial runs both paths on the same weights back to back (the machine's drift hits
+both alike); the medians of the trials are compared.
+
 The random tiny model never calls the tool, so TRL's tool loop idles in (a); give a model
 that does (``--model-dir`` of a warm-started model, or ``--warm-start STEPS``) to time
 multi-turn episodes. On a shared 2-core machine the timings move with its load: compare
@@ -192,15 +195,13 @@ def bench_sync(model_dir: Path, trials: int, lora_r: int, restart: bool) -> dict
                     max_model_len=1024, enable_lora=True, max_lora_rank=lora_r) as policy:
         prompt = policy.renderer.tokenizer.encode("What is 12 + 30?")
         for _ in range(trials + 1):  # the first trial warms up, and is dropped
-            _nudge(model)
+            _nudge(model)  # then each path syncs these weights, side by side in one trial
             version = policy.adapter_version + 1
             save_s, path = _timed(run.save_adapter, model, version)
             load_s, _ = _timed(policy.load_adapter, path)
             for key, value in (("adapter: save", save_s), ("adapter: load", load_s),
                                ("adapter: total", save_s + load_s)):  # fmt: skip
                 times[key].append(value)
-        adapter_ids = _greedy(policy, prompt, policy.adapter_version)
-        for _ in range(trials + 1):  # the same (last) adapter weights, merged
             for transport, folder in (("shm", shm), ("disk", work / "merged")):
                 folder.mkdir(exist_ok=True)
                 file = folder / "model.safetensors"
@@ -209,7 +210,9 @@ def bench_sync(model_dir: Path, trials: int, lora_r: int, restart: bool) -> dict
                 times[f"{transport}: merge+save"].append(save_s)
                 times[f"{transport}: reload"].append(reload_s)
                 times[f"{transport} total"].append(save_s + reload_s)
-        merged_ids = _greedy(policy, prompt, 0)
+        merged_ids = _greedy(policy, prompt, 0)  # the engine's base weights: the last merge
+        _reload(policy, weights_path=str(model_dir))  # the original base under the adapter
+        adapter_ids = _greedy(policy, prompt, policy.adapter_version)
     if restart:
         times["restart total"].append(_restart_seconds(model_dir, model, work))
     shutil.rmtree(shm, ignore_errors=True)

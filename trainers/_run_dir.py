@@ -667,17 +667,35 @@ def _save_adapter_files(model: Any, folder: Path) -> None:
     if not peft_config:
         model.save_pretrained(folder)  # not a PEFT model: whatever it saves
         return
-    from safetensors.torch import save_file
-
     name = getattr(model, "active_adapter", "default")
     layout = _adapter_layout(model, name)
     weights = {key: t.detach().contiguous() for key, t in layout.tensors(model).items()}
-    save_file(weights, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    _save_safetensors(weights, folder / "adapter_model.safetensors")
     if layout.config_json is None:
         peft_config[name].save_pretrained(str(folder))
         layout.config_json = (folder / "adapter_config.json").read_text()
     else:
         (folder / "adapter_config.json").write_text(layout.config_json)
+
+
+def _save_safetensors(weights: dict[str, Any], file: Path) -> None:
+    """``safetensors`` file of ``weights``; CPU float32/float16 ones go through its numpy front end.
+
+    Both front ends write the same bytes, but safetensors 0.8's torch one builds a ctypes view
+    per tensor: 1.08 ms vs 0.62 ms for the tiny model's 28 LoRA tensors, a third of the
+    adapter sync. Other dtypes (bfloat16: numpy has none) and GPU tensors take the torch one.
+    """
+    import torch
+
+    fast = (torch.float32, torch.float16)
+    if all(t.device.type == "cpu" and t.dtype in fast for t in weights.values()):
+        from safetensors.numpy import save_file as save_numpy
+
+        save_numpy({k: t.numpy() for k, t in weights.items()}, str(file), metadata={"format": "pt"})
+    else:
+        from safetensors.torch import save_file
+
+        save_file(weights, str(file), metadata={"format": "pt"})
 
 
 @dataclasses.dataclass

@@ -13,8 +13,10 @@ a cancelled caller aborts its request in the engine.
 LoRA: `load_adapter(path)` adds a new version under a fresh name and integer id (vLLM skips
 loading an id it already has, and keys its prefix cache by adapter name, so reusing either
 would serve stale weights or stale KV); each request also carries the version as cache salt.
-Requests in flight finish on the version they started with; versions beyond ``max_loras``
-are retired once idle.
+Requests in flight finish on the version they started with. vLLM's adapter cache holds
+``max_loras`` versions and evicts the least recently used one inside the load that needs the
+room (no second engine round trip on the sync path); an evicted version asked for again is
+re-read from its folder, so a request in flight never loses its weights.
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ class VLLMPolicy(TokenPolicy):
             tokens all use one adapter takes agentgym's fast path (`_cpu_lora`: ~2x faster
             decode steps); ``AGENTGYM_CPU_LORA_FAST_PATH=0`` keeps vLLM's own.
         max_lora_rank: largest adapter rank to serve; one of `LORA_RANKS`.
-        max_loras: adapter versions kept loaded at once (older idle ones are retired).
+        max_loras: adapter versions kept loaded at once (vLLM's ``max_loras`` and
+            ``max_cpu_loras``: the least recently used one is evicted by the next load).
         chat_template_kwargs: extra chat-template variables (``{"enable_thinking": False}``).
         rollout_mode: ``"auto"`` decides per env from the template (see `ChatRenderer`);
             ``"concat"`` refuses a template that cannot do it; ``"per_turn"`` always renders
@@ -152,6 +155,7 @@ class VLLMPolicy(TokenPolicy):
             "enable_lora": enable_lora,
             "max_lora_rank": max_lora_rank,
             "max_loras": max_loras,
+            "max_cpu_loras": max_loras,
             # per-step metrics cost ~20% of this process's CPU per token (measured by
             # bench/rollout_bench.py); turns record their own timings
             "disable_log_stats": True,
@@ -385,15 +389,18 @@ class VLLMPolicy(TokenPolicy):
         adapter = AdapterVersion(version, name, str(path), time.perf_counter() - started)
         self.adapters.append(adapter)
         self.adapter_version = version
-        await self._retire_idle()
+        self._forget_evicted()
         log.info("adapter v%d loaded in %.3f s", version, adapter.load_seconds)
         return version
 
-    async def _retire_idle(self) -> None:
-        """Unload versions beyond ``max_loras`` that no request is still using."""
+    def _forget_evicted(self) -> None:
+        """Drop versions beyond ``max_loras`` that no request still uses from `adapters`.
+
+        vLLM evicted them already (or will re-read one asked for again); an explicit
+        ``remove_lora`` would only add a round trip through the engine's processes.
+        """
         for adapter in list(self.adapters[: -self.max_loras]):
             if self._in_flight.get(adapter.version, 0) == 0:
-                await self._engine.remove_lora(adapter.version)
                 self.adapters.remove(adapter)
 
     async def served_adapters(self) -> set[int]:

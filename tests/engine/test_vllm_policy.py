@@ -96,6 +96,34 @@ async def test_a_new_adapter_version_is_served_while_the_engine_runs(
     assert second.completion_ids == expected.completion_ids
 
 
+async def test_old_versions_leave_the_engine_and_one_still_running_keeps_its_weights(
+    policy: VLLMPolicy, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """No ``remove_lora`` round trip: vLLM's cache evicts inside the load that needs room, so
+    the engine holds at most ``max_loras`` versions, and a request that started on an old
+    version finishes on that version's weights (vLLM re-reads an evicted one's folder)."""
+    prompt = policy.renderer.prompt_ids([{"role": "user", "content": "hello"}], [])
+    greedy = policy.with_sampling(temperature=0.0, extra={"ignore_eos": True})
+    old = await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "old", seed=4))
+    alone = await greedy.generate_ids(prompt, max_tokens=256)
+    running = asyncio.ensure_future(greedy.generate_ids(prompt, max_tokens=256))
+    await asyncio.sleep(0)  # one pass of the loop: the request is submitted, not timed
+    still_running = []
+    for seed in (5, 6):  # two newer versions: the old one is past max_loras (2)
+        adapter = make_adapter(tiny_model_dir, tmp_path / f"v{seed}", seed)
+        newest = await policy.aload_adapter(adapter)
+        still_running.append(policy._in_flight.get(old, 0))
+    assert still_running == [1, 1]  # both loads happened while the old version was sampling
+    assert old in [a.version for a in policy.adapters]  # kept while a request uses it
+    done = await running
+    assert (done.adapter_version, done.completion_ids) == (old, alone.completion_ids)
+    served = await policy.served_adapters()
+    assert newest in served and len(served) <= policy.max_loras
+    await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "last", seed=7))
+    assert old not in [a.version for a in policy.adapters]  # idle now: forgotten
+    assert len(await policy.served_adapters()) <= policy.max_loras
+
+
 async def test_an_adapter_on_every_linear_layer_samples_what_transformers_computes(
     policy: VLLMPolicy, hf: HFPolicy, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

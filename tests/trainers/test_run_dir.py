@@ -320,6 +320,22 @@ def test_every_adapter_save_writes_what_peft_would_after_training_steps(tmp_path
         str(run.adapter_dir(2) / "adapter_model.safetensors"))[k])  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_adapter_file_is_byte_for_byte_what_safetensors_torch_writes(
+    tmp_path: Path, dtype: str
+) -> None:
+    """float32/float16 take safetensors' numpy front end (faster), bfloat16 its torch one."""
+    torch = require("torch")
+    peft = require("peft")
+    safetensors = require("safetensors.torch")
+    model, _ = lora_model(seed=0)
+    model.to(getattr(torch, dtype))
+    folder = RunDir(tmp_path, CONFIG).save_adapter(model, 1)
+    expected = {k: v.contiguous() for k, v in peft.get_peft_model_state_dict(model).items()}
+    written = (folder / "adapter_model.safetensors").read_bytes()
+    assert written == safetensors.save(expected, metadata={"format": "pt"})
+
+
 def test_mark_failed_records_the_error(tmp_path: Path) -> None:
     run = RunDir(tmp_path, CONFIG)
     try:
