@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from .._errors import ConfigError, ModelError
 from .._types import Completion
-from . import _cpu_lora
+from . import _cpu_lora, _engine_spin
 from ._episode import (
     AdapterVersion,
     ModeChoice,
@@ -196,6 +196,7 @@ class VLLMPolicy(TokenPolicy):
             thread = _EngineThread()
 
             async def build() -> Any:
+                _engine_spin.enable_for_cpu_engines()  # its processes give the cores back sooner
                 args = AsyncEngineArgs(**self._cpu_safe(self._engine_args))
                 # LLM_CLASS: vLLM's offline batch defaults for max_num_seqs and the token budget
                 return AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)

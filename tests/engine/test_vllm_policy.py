@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import agentgym
-from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy, _cpu_lora
+from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy, _cpu_lora, _engine_spin
 from tests.conftest import require
 from tests.engine.episodes import NudgeEnv, letters_only, make_adapter
 
@@ -141,6 +142,25 @@ async def test_an_adapter_on_every_linear_layer_samples_what_transformers_comput
     assert completion.logprobs == pytest.approx(reference, abs=2e-3)  # as the base model's test
     base = hf.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
     assert completion.logprobs != pytest.approx(base, abs=2e-3)  # the adapter mattered
+
+
+def test_the_engines_processes_stop_busy_waiting_soon_after_a_turn(policy: VLLMPolicy) -> None:
+    """vLLM's processes poll for a second after each message; agentgym's plugin makes it 20 ms
+    on the CPU build, so a trainer's optimiser step right after the rollouts gets the cores."""
+    psutil = require("psutil")
+    assert os.environ[_engine_spin.ENV_VAR] == str(_engine_spin.SPIN_SECONDS)
+    engine = psutil.Process().children(recursive=True)  # the engine core and its worker
+    assert engine
+
+    def cpu_seconds() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in engine)
+
+    prompt = policy.renderer.prompt_ids([{"role": "user", "content": "hello"}], [])
+    asyncio.run(policy.generate_ids(prompt, max_tokens=4))
+    before = cpu_seconds()
+    time.sleep(0.5)  # the window measured (not a wait for something to happen)
+    spent = cpu_seconds() - before
+    assert spent < 0.2, f"vLLM's processes used {spent:.2f} s of CPU in the 0.5 s after a turn"
 
 
 def test_group_samples_differ_and_a_waiting_episode_does_not_hold_the_others(
