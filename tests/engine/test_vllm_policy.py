@@ -149,8 +149,10 @@ def test_the_engines_processes_stop_busy_waiting_soon_after_a_turn(policy: VLLMP
     on the CPU build, so a trainer's optimiser step right after the rollouts gets the cores."""
     psutil = require("psutil")
     assert os.environ[_engine_spin.ENV_VAR] == str(_engine_spin.SPIN_SECONDS)
-    engine = psutil.Process().children(recursive=True)  # the engine core and its worker
-    assert engine
+    engine = [  # the engine core and its worker (vLLM titles them), not other test processes
+        p for p in psutil.Process().children(recursive=True) if "VLLM::" in " ".join(p.cmdline())
+    ]
+    assert len(engine) >= 2, [p.cmdline() for p in engine]
 
     def cpu_seconds() -> float:
         return sum(sum(p.cpu_times()[:2]) for p in engine)
