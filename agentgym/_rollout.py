@@ -10,6 +10,11 @@ Episodes share nothing but the policy, so one waiting on a slow tool or a long g
 never holds up the others, and a failing episode is recorded (``error`` / ``infra_error``
 with its traceback) while the rest of the run goes on.
 
+Envs are built once per concurrent slot, not once per episode: an env whose episode ended
+cleanly starts the next one with ``reset`` (Gymnasium's contract), so task lists, tool
+schemas and tool servers are made once per rollout. An env whose episode raised, was cut by
+the deadline or was cancelled is closed and never reused.
+
 Throughput: admission is continuous (a semaphore over per-episode tasks: a finished episode's
 slot goes to the next one at once), so while some episodes wait on tools the others keep the
 model busy. An optional deadline bounds a rollout's wall time: episodes still running then are
@@ -20,6 +25,7 @@ cancelled through the normal path (their env is closed, releasing sandboxes) and
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import traceback
 from collections.abc import Callable, Collection, Sequence
@@ -37,6 +43,8 @@ EnvFactory = Callable[[], Env]
 
 #: Episodes in flight when the policy does not say how large the engine's batch is.
 DEFAULT_CONCURRENCY = 256
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -95,14 +103,32 @@ async def run_episode(
     passes first, the episode is cancelled where it stands, its env closed as usual, and it is
     returned with status ``late``, its finished turns and no reward. None: no deadline.
     """
+    return await _run_episode(
+        _OneEnvPerEpisode(make_env), policy, spec, env_id=env_id,
+        max_tokens_per_turn=max_tokens_per_turn, deadline_at=deadline_at,
+    )  # fmt: skip
+
+
+async def _run_episode(
+    envs: _OneEnvPerEpisode,
+    policy: Policy,
+    spec: EpisodeSpec,
+    *,
+    env_id: str,
+    max_tokens_per_turn: int | None,
+    deadline_at: float | None,
+) -> Trajectory:
+    """`run_episode` on an env from ``envs``, handed back with whether it may be reused."""
     trajectory = _new_trajectory(spec, env_id)
     started = time.perf_counter()
     env: Env | None = None
+    reusable = False
     clock = asyncio.timeout_at(deadline_at)
     try:
-        env = make_env()
+        env = envs.take()
         async with clock:
             await _play(env, policy, spec, trajectory, max_tokens_per_turn)
+        reusable = True
     except Exception as exc:
         if clock.expired():  # our deadline (whatever the cut raised), not the env's own timeout
             trajectory.status = "late"
@@ -112,7 +138,7 @@ async def run_episode(
             trajectory.status, trajectory.error = "error", traceback.format_exc()
     finally:
         if env is not None:
-            await _close_quietly(env, trajectory)
+            await envs.give_back(env, trajectory, reusable)
     trajectory.timings = {
         "total": time.perf_counter() - started,
         "policy": sum(t.policy_seconds for t in trajectory.turns),
@@ -219,11 +245,55 @@ def _record_outcome(trajectory: Trajectory, info: dict[str, Any], truncated: boo
         trajectory.status = "truncated"
 
 
-async def _close_quietly(env: Env, trajectory: Trajectory) -> None:
-    try:
-        await env.aclose()
-    except Exception:
-        trajectory.info["close_error"] = traceback.format_exc()
+class _OneEnvPerEpisode:
+    """A new env for each episode, closed when it ends: `run_episode` alone."""
+
+    def __init__(self, make_env: EnvFactory) -> None:
+        self.make_env = make_env
+
+    def take(self) -> Env:
+        return self.make_env()
+
+    async def give_back(self, env: Env, trajectory: Trajectory, reusable: bool) -> None:
+        """Close ``env``; a close that fails is recorded on the episode it served."""
+        try:
+            await env.aclose()
+        except Exception:
+            trajectory.info["close_error"] = traceback.format_exc()
+
+
+class _EnvPool(_OneEnvPerEpisode):
+    """Envs kept between the episodes of one rollout, so each is built once per slot.
+
+    Building an env can cost more than playing an episode on it (ToolAPI-v0 starts an HTTP
+    service, ~90 ms, and stops it on close, ~140 ms; the quickstart's calculator generates
+    2,200 tasks, ~14 ms), and `make` runs on the event loop, holding up every episode.
+    Only an env whose episode ended cleanly comes back; it holds no episode resources then
+    (`ToolEnv` releases them when the episode ends), and its next ``reset`` starts afresh.
+    """
+
+    def __init__(self, make_env: EnvFactory) -> None:
+        super().__init__(make_env)
+        self.idle: list[Env] = []
+
+    def take(self) -> Env:
+        return self.idle.pop() if self.idle else self.make_env()
+
+    async def give_back(self, env: Env, trajectory: Trajectory, reusable: bool) -> None:
+        if reusable:
+            self.idle.append(env)
+        else:
+            await super().give_back(env, trajectory, reusable)
+
+    async def aclose(self) -> None:
+        """Close the idle envs; a close that fails is logged (its episodes are recorded)."""
+        while self.idle:
+            env = self.idle.pop()
+            try:
+                await env.aclose()
+            except Exception:
+                log.warning("closing a %s after the rollout failed", type(env).__name__,
+                            exc_info=True)  # fmt: skip
 
 
 async def arollout(
@@ -243,6 +313,9 @@ async def arollout(
 ) -> list[Trajectory]:
     """Run ``group_size`` episodes for each task, up to ``max_concurrency`` at a time.
 
+    An env is made for each slot and ``reset`` for each of its episodes; one whose episode
+    failed, was cut or was cancelled is closed and replaced. All are closed on return.
+
     Args:
         env: a registered env id (resolved by `agentgym.make`) or a zero-argument factory.
         policy: produces assistant turns (`OpenAIPolicy`, `ScriptedPolicy`, your own).
@@ -253,8 +326,9 @@ async def arollout(
             episode's slot goes to the next at once). For throughput, keep more episodes in
             flight than the engine batches, since episodes waiting on tools generate nothing:
             about the engine's batch (vLLM's ``max_num_seqs``) x (1 + tool time / generation
-            time per turn). More only queues requests in the engine, but each in-flight
-            episode holds an env instance (and its sandbox): lower it when those are scarce.
+            time per turn). More only queues requests in the engine, but each slot keeps
+            an env instance until the rollout ends (envs are reused, see above) and each
+            playing episode holds its sandbox: lower it when those are scarce.
             None: twice the policy's ``max_num_seqs`` when it has one (`VLLMPolicy`), else
             `DEFAULT_CONCURRENCY` (256).
         seed: base seed; episode i of the plan gets ``seed + i``.
@@ -283,11 +357,7 @@ async def arollout(
     if deadline is not None and not deadline > 0:
         raise ConfigError(f"deadline must be > 0 seconds or None, got {deadline}")
     deadline_at = None if deadline is None else started + deadline
-    if tasks is None:
-        probe = make_env()  # fails fast on an unknown id or bad kwargs
-        count = len(getattr(probe, "tasks", ()))
-        await probe.aclose()
-        tasks = list(range(count if num_tasks is None else min(num_tasks, count)))
+    envs = _EnvPool(make_env)
     limit = asyncio.Semaphore(max_concurrency)
 
     async def bounded(spec: EpisodeSpec) -> Trajectory:
@@ -300,8 +370,8 @@ async def arollout(
             trajectory.timings = {"total": 0.0, "policy": 0.0, "env": 0.0}
         else:
             try:
-                trajectory = await run_episode(
-                    make_env, policy, spec, env_id=env_id,
+                trajectory = await _run_episode(
+                    envs, policy, spec, env_id=env_id,
                     max_tokens_per_turn=max_tokens_per_turn, deadline_at=deadline_at,
                 )  # fmt: skip
             finally:
@@ -310,8 +380,16 @@ async def arollout(
             on_episode(trajectory)
         return trajectory
 
-    plan = [spec for spec in plan_episodes(tasks, group_size, seed) if spec.key not in skip]
-    return list(await asyncio.gather(*map(bounded, plan)))
+    try:
+        if tasks is None:
+            probe = envs.take()  # fails fast on an unknown id or bad kwargs; plays later
+            count = len(getattr(probe, "tasks", ()))
+            envs.idle.append(probe)
+            tasks = list(range(count if num_tasks is None else min(num_tasks, count)))
+        plan = [spec for spec in plan_episodes(tasks, group_size, seed) if spec.key not in skip]
+        return list(await asyncio.gather(*(bounded(spec) for spec in plan)))
+    finally:
+        await envs.aclose()
 
 
 def _default_concurrency(policy: Policy) -> int:

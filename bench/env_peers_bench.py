@@ -115,21 +115,26 @@ def _expect(reward: float, who: str) -> None:
 # ---- agentgym --------------------------------------------------------------------------------
 
 
+def slow_multiply(seconds: float) -> Callable[[int, int], int]:
+    """A sync ``multiply`` tool that sleeps ``seconds`` first (the concurrency figure's)."""
+
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers, slowly.
+
+        Args:
+            a: the first factor.
+            b: the second factor.
+        """
+        time.sleep(seconds)
+        return a * b
+
+    return multiply
+
+
 def agentgym_env(tool: Callable[..., Any], seconds: float = 0.0) -> agentgym.ToolEnv:
     """The calculator env; ``seconds`` > 0 makes the (sync) tool sleep that long."""
     if seconds:
-
-        def slow_multiply(a: int, b: int) -> int:
-            """Multiply two integers, slowly.
-
-            Args:
-                a: the first factor.
-                b: the second factor.
-            """
-            time.sleep(seconds)
-            return a * b
-
-        tool = agentgym.tool(name="multiply")(slow_multiply)
+        tool = agentgym.tool(slow_multiply(seconds))
     return agentgym.ToolEnv(
         [tool],
         tasks=[{"prompt": PROMPT, "answer": ANSWER}],
@@ -436,18 +441,7 @@ def concurrent_skyrl(n: int, seconds: float) -> float:
 
 
 def concurrent_verifiers(n: int, seconds: float) -> float:
-    def slow_multiply(a: int, b: int) -> int:
-        """Multiply two integers, slowly.
-
-        Args:
-            a: the first factor.
-            b: the second factor.
-        """
-        time.sleep(seconds)
-        return a * b
-
-    slow_multiply.__name__ = "multiply"
-    env, client = verifiers_env(slow_multiply)
+    env, client = verifiers_env(slow_multiply(seconds))
 
     async def play() -> float:
         start = time.perf_counter()

@@ -55,19 +55,27 @@ def calculate(expression: str) -> str:
     return str(int(value) if float(value).is_integer() else round(value, 6))
 
 
+_TASK_OPS: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+}
+
+
 def make_tasks(num_tasks: int, seed: int) -> list[dict[str, Any]]:
-    """``num_tasks`` two-number problems; the same seed always gives the same list."""
+    """``num_tasks`` two-number problems; the same seed always gives the same list.
+
+    Answers are computed directly, not through `calculate` (whose parse made the quickstart's
+    2,200 tasks take 14 ms); tests check both agree.
+    """
     rng = random.Random(seed)
     tasks = []
     for _ in range(num_tasks):
         a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-*")
         expression = f"{a} {op} {b}"
+        answer = str(_TASK_OPS[op](a, b))
         tasks.append(
-            {
-                "prompt": f"What is {expression}?",
-                "answer": calculate(expression),
-                "expression": expression,
-            }
+            {"prompt": f"What is {expression}?", "answer": answer, "expression": expression}
         )
     return tasks
 

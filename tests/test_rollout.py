@@ -25,6 +25,7 @@ from agentgym import (
     summarize,
     tool,
 )
+from agentgym._rollout import plan_episodes
 
 TASKS = [{"prompt": f"task {i}", "answer": str(i)} for i in range(4)]
 WAIT = get_parser("hermes").render("", [ToolCall("wait", {})])
@@ -153,6 +154,64 @@ def test_env_failure_marks_only_that_episode() -> None:
     assert "KeyError: 'step exploded'" in trajectories[2].error
     assert trajectories[0].error is None and trajectories[3].error is None
     assert [trajectories[i].final_reward for i in (0, 3)] == [1.0, 1.0]
+
+
+class CountedEnv(FlakyEnv):
+    """`FlakyEnv` that numbers its instances and logs ``(instance, event)`` into ``log``."""
+
+    def __init__(self, log: list[tuple[int, str]]) -> None:
+        super().__init__()
+        self.log, self.number = log, 1 + sum(event == "made" for _, event in log)
+        log.append((self.number, "made"))
+
+    async def areset(self, *, seed=None, options=None):
+        self.log.append((self.number, f"reset {(options or {}).get('task')} seed {seed}"))
+        await asyncio.sleep(0)  # a real env waits somewhere: the slots' episodes overlap
+        return await super().areset(seed=seed, options=options)
+
+    async def aclose(self) -> None:
+        self.log.append((self.number, "closed"))
+        await super().aclose()
+
+
+def test_envs_are_made_once_per_slot_and_reset_for_each_episode() -> None:
+    log: list[tuple[int, str]] = []
+    answers = ScriptedPolicy(lambda task: [task["answer"]])
+    trajectories = rollout(lambda: CountedEnv(log), answers, tasks=[0, 3], group_size=3,
+                           max_concurrency=2, seed=5)  # fmt: skip
+    assert [(t.status, t.final_reward) for t in trajectories] == [("ok", 1.0)] * 6
+    assert [n for n, event in log if event == "made"] == [1, 2]  # two at a time: two envs
+    resets = sorted(event for _, event in log if event.startswith("reset"))
+    assert resets == sorted(f"reset {s.task} seed {s.seed}" for s in plan_episodes([0, 3], 3, 5))
+    assert sorted(n for n, event in log if event == "closed") == [1, 2]  # closed at the end
+    # the same records as a fresh env per episode (`run_episode` makes and closes its own)
+    fresh = [
+        asyncio.run(agentgym.run_episode(lambda: CountedEnv([]), answers, spec, env_id="<lambda>"))
+        for spec in plan_episodes([0, 3], 3, 5)
+    ]
+    assert [_record(t) for t in trajectories] == [_record(t) for t in fresh]
+
+
+def _record(trajectory: Trajectory) -> dict[str, Any]:
+    """What an episode recorded, without its timings."""
+    record = trajectory.to_dict()
+    del record["timings"]
+    for turn in record["turns"]:
+        del turn["policy_seconds"], turn["env_seconds"]
+    return record
+
+
+def test_an_env_whose_episode_failed_is_closed_and_never_reused() -> None:
+    log: list[tuple[int, str]] = []
+    trajectories = rollout(lambda: CountedEnv(log), ScriptedPolicy(lambda task: [task["answer"]]),
+                           tasks=[0, 1, 2, 3], max_concurrency=1)  # fmt: skip
+    assert [t.status for t in trajectories] == ["ok", "error", "error", "ok"]
+    # env 1 plays task 0 and fails task 1's reset: closed; env 2 fails task 2's step: closed
+    assert log == [
+        (1, "made"), (1, "reset 0 seed 0"), (1, "reset 1 seed 1"), (1, "closed"),
+        (2, "made"), (2, "reset 2 seed 2"), (2, "closed"),
+        (3, "made"), (3, "reset 3 seed 3"), (3, "closed"),
+    ]  # fmt: skip
 
 
 class FailingPolicy:

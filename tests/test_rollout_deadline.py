@@ -129,6 +129,21 @@ async def test_cancelling_the_rollout_still_cancels_it_and_closes_envs() -> None
     assert log == [("slow", "created"), ("slow", "cancelled"), ("slow", "closed")]
 
 
+async def test_cancelling_the_rollout_closes_the_envs_waiting_for_a_next_episode() -> None:
+    log: Log = []
+    waiting = asyncio.Event()
+    run = asyncio.create_task(arollout(gate_env(log, waiting), POLICY, tasks=[SLOW, FAST]))
+    await waiting.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    # the fast episode's env finished and waited in the pool for another episode
+    assert log == [
+        ("slow", "created"), ("fast", "created"), ("slow", "cancelled"), ("slow", "closed"),
+        ("fast", "closed"),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("deadline", [0, -1.0])
 async def test_a_deadline_must_be_positive(deadline: float) -> None:
     with pytest.raises(ConfigError, match="deadline must be > 0"):
