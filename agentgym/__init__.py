@@ -22,7 +22,7 @@ from ._errors import (
 from ._openapi import openapi_tools
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import ENTRY_POINT_GROUP, load_plugins, make, register, registered_envs
-from ._rollout import EpisodeSpec, arollout, rollout, run_episode
+from ._rollout import EnvPool, EpisodeSpec, arollout, rollout, run_episode
 from ._rubric import Rubric, RubricResult
 from ._summary import summarize
 from ._tasks import TaskSplits, load_tasks, select_split, split_tasks
@@ -49,6 +49,7 @@ __all__ = [
     "ConfigError",
     "ContextLengthError",
     "Env",
+    "EnvPool",
     "EpisodeSpec",
     "EpisodeState",
     "Error",

@@ -262,22 +262,48 @@ class _OneEnvPerEpisode:
             trajectory.info["close_error"] = traceback.format_exc()
 
 
-class _EnvPool(_OneEnvPerEpisode):
-    """Envs kept between the episodes of one rollout, so each is built once per slot.
+class EnvPool(_OneEnvPerEpisode):
+    """Envs kept between episodes, so each is built once per concurrent slot, not per episode.
 
     Building an env can cost more than playing an episode on it (ToolAPI-v0 starts an HTTP
-    service, ~90 ms, and stops it on close, ~140 ms; the quickstart's calculator generates
-    2,200 tasks, ~14 ms), and `make` runs on the event loop, holding up every episode.
+    service, ~90 ms, and stops it on close, ~140 ms), and `make` runs on the event loop,
+    holding up every episode. `arollout` makes a pool for each call and closes it on return;
+    pass your own to keep the envs across calls (a trainer's steps), and close it when done::
+
+        async with EnvPool("calculator", {"num_tasks": 2200}) as envs:
+            for step in range(steps):
+                trajectories = await arollout(envs, policy, tasks=..., group_size=8)
+
     Only an env whose episode ended cleanly comes back; it holds no episode resources then
     (`ToolEnv` releases them when the episode ends), and its next ``reset`` starts afresh.
+    One whose episode raised, was cut or was cancelled is closed. The envs may hold objects of
+    the event loop they were made on, so a pool serves one loop: taking an env from another
+    raises `ConfigError`.
+
+    Args:
+        env: a registered env id (resolved by `agentgym.make`) or a zero-argument factory.
+        env_kwargs: keyword arguments for `make` when ``env`` is an id.
     """
 
-    def __init__(self, make_env: EnvFactory) -> None:
+    def __init__(self, env: str | EnvFactory, env_kwargs: dict[str, Any] | None = None) -> None:
+        self.env_id, make_env = _env_factory(env, env_kwargs or {})
         super().__init__(make_env)
         self.idle: list[Env] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def take(self) -> Env:
         return self.idle.pop() if self.idle else self.make_env()
+
+    def check_loop(self) -> None:
+        """Bind the pool to the running event loop, or raise if it serves another one."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise ConfigError(
+                "this EnvPool's envs were made on another event loop; "
+                "use one pool per loop (e.g. one asyncio.Runner for all rollouts)"
+            )
 
     async def give_back(self, env: Env, trajectory: Trajectory, reusable: bool) -> None:
         if reusable:
@@ -295,9 +321,15 @@ class _EnvPool(_OneEnvPerEpisode):
                 log.warning("closing a %s after the rollout failed", type(env).__name__,
                             exc_info=True)  # fmt: skip
 
+    async def __aenter__(self) -> EnvPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
 
 async def arollout(
-    env: str | EnvFactory,
+    env: str | EnvFactory | EnvPool,
     policy: Policy,
     *,
     tasks: Sequence[int | dict[str, Any]] | None = None,
@@ -314,10 +346,12 @@ async def arollout(
     """Run ``group_size`` episodes for each task, up to ``max_concurrency`` at a time.
 
     An env is made for each slot and ``reset`` for each of its episodes; one whose episode
-    failed, was cut or was cancelled is closed and replaced. All are closed on return.
+    failed, was cut or was cancelled is closed and replaced (`EnvPool`). All are closed on
+    return, unless ``env`` is a pool of the caller's.
 
     Args:
-        env: a registered env id (resolved by `agentgym.make`) or a zero-argument factory.
+        env: a registered env id (resolved by `agentgym.make`), a zero-argument factory, or
+            an `EnvPool` to take envs from (kept open on return, for the next call).
         policy: produces assistant turns (`OpenAIPolicy`, `ScriptedPolicy`, your own).
         tasks: task indices or task dicts; None plays the env's first ``num_tasks`` tasks.
         num_tasks: how many of the env's tasks to play when ``tasks`` is None; None = all.
@@ -333,7 +367,7 @@ async def arollout(
             `DEFAULT_CONCURRENCY` (256).
         seed: base seed; episode i of the plan gets ``seed + i``.
         max_tokens_per_turn: passed to the policy as ``max_tokens``.
-        env_kwargs: keyword arguments for `make` when ``env`` is an id.
+        env_kwargs: keyword arguments for `make` when ``env`` is an id (a pool has its own).
         on_episode: called with each finished trajectory (progress bars, streaming writes).
         skip: episode keys not to play (already done, when resuming): ``(task_position,
             group_index)`` pairs, ``task_position`` being the task's position in ``tasks``
@@ -349,7 +383,11 @@ async def arollout(
         Trajectories in plan order (task-major, then group index), one per episode.
     """
     started = asyncio.get_running_loop().time()
-    env_id, make_env = _env_factory(env, env_kwargs or {})
+    if isinstance(env, EnvPool) and env_kwargs:
+        raise ConfigError("env_kwargs belong to EnvPool(env, env_kwargs) when env is a pool")
+    envs = env if isinstance(env, EnvPool) else EnvPool(env, env_kwargs)
+    envs.check_loop()
+    env_id = envs.env_id
     if max_concurrency is None:
         max_concurrency = _default_concurrency(policy)
     if max_concurrency < 1:
@@ -357,7 +395,6 @@ async def arollout(
     if deadline is not None and not deadline > 0:
         raise ConfigError(f"deadline must be > 0 seconds or None, got {deadline}")
     deadline_at = None if deadline is None else started + deadline
-    envs = _EnvPool(make_env)
     limit = asyncio.Semaphore(max_concurrency)
 
     async def bounded(spec: EpisodeSpec) -> Trajectory:
@@ -389,7 +426,8 @@ async def arollout(
         plan = [spec for spec in plan_episodes(tasks, group_size, seed) if spec.key not in skip]
         return list(await asyncio.gather(*(bounded(spec) for spec in plan)))
     finally:
-        await envs.aclose()
+        if envs is not env:  # the caller's pool stays open for its next rollout
+            await envs.aclose()
 
 
 def _default_concurrency(policy: Policy) -> int:
@@ -398,7 +436,7 @@ def _default_concurrency(policy: Policy) -> int:
     return 2 * batch if isinstance(batch, int) and batch > 0 else DEFAULT_CONCURRENCY
 
 
-def rollout(env: str | EnvFactory, policy: Policy, **kwargs: Any) -> list[Trajectory]:
+def rollout(env: str | EnvFactory | EnvPool, policy: Policy, **kwargs: Any) -> list[Trajectory]:
     """Sync adapter over `arollout` (same arguments); inside async code, await `arollout`."""
     try:
         asyncio.get_running_loop()
@@ -408,7 +446,7 @@ def rollout(env: str | EnvFactory, policy: Policy, **kwargs: Any) -> list[Trajec
 
 
 async def _rollout_and_close(
-    env: str | EnvFactory, policy: Policy, **kwargs: Any
+    env: str | EnvFactory | EnvPool, policy: Policy, **kwargs: Any
 ) -> list[Trajectory]:
     """`arollout`, then release the policy's connections while their event loop still runs."""
     try:

@@ -16,6 +16,7 @@ PUBLIC_NAMES = [
     "ContextLengthError",
     "ENTRY_POINT_GROUP",
     "Env",
+    "EnvPool",
     "EpisodeSpec",
     "EpisodeState",
     "Error",

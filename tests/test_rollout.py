@@ -12,6 +12,7 @@ import agentgym
 from agentgym import (
     Completion,
     ConfigError,
+    EnvPool,
     ModelError,
     Rubric,
     ScriptedPolicy,
@@ -212,6 +213,29 @@ def test_an_env_whose_episode_failed_is_closed_and_never_reused() -> None:
         (2, "made"), (2, "reset 2 seed 2"), (2, "closed"),
         (3, "made"), (3, "reset 3 seed 3"), (3, "closed"),
     ]  # fmt: skip
+
+
+async def test_a_pool_of_the_callers_keeps_its_envs_across_rollouts_until_closed() -> None:
+    log: list[tuple[int, str]] = []
+    answers = ScriptedPolicy(lambda task: [task["answer"]])
+    async with EnvPool(lambda: CountedEnv(log)) as envs:
+        first = await arollout(envs, answers, tasks=[0, 3], group_size=2, max_concurrency=2)
+        second = await arollout(envs, answers, tasks=[3, 0], group_size=2, max_concurrency=2)
+        assert [t.status for t in first + second] == ["ok"] * 8
+        assert not [event for _, event in log if event == "closed"]  # still the caller's
+        made = [n for n, event in log if event == "made"]
+        assert len(made) == 2 and sum(event.startswith("reset") for _, event in log) == 8
+        with pytest.raises(ConfigError, match="env_kwargs belong to EnvPool"):
+            await arollout(envs, answers, tasks=[0], env_kwargs={"x": 1})
+    assert sorted(n for n, event in log if event == "closed") == made
+
+
+def test_a_pool_serves_one_event_loop() -> None:
+    envs = EnvPool(lambda: CountedEnv([]))
+    rollout(envs, ScriptedPolicy(["0"]), tasks=[0])
+    with pytest.raises(ConfigError, match="made on another event loop"):
+        rollout(envs, ScriptedPolicy(["0"]), tasks=[0])  # a new asyncio.run: a new loop
+    asyncio.run(envs.aclose())  # closing needs no particular loop
 
 
 class FailingPolicy:

@@ -26,15 +26,16 @@ definitions, which `tests/trainers/test_loss.py` checks ours against) and own th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym import Trajectory, arollout, make
+from agentgym import EnvPool, Trajectory, arollout, make
 from agentgym._check import reference_conversation
 from agentgym._errors import Error
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
@@ -97,6 +98,9 @@ class GRPOTrainer:
             self.world.pin_gpu()  # before anything initialises CUDA
         self.model_dir = preflight(config)  # clear errors before any model loads
         self.env_max_turns = config.max_turns or getattr(make(config.env), "max_turns", 1)
+        #: The run's event loop and the envs its rollouts reuse across steps (`train` sets them).
+        self._loop: asyncio.Runner | None = None
+        self._envs = EnvPool(config.env, self._env_kwargs())
 
     # ---- the run ------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -105,7 +109,7 @@ class GRPOTrainer:
         Under torchrun every rank calls it; ranks other than 0 return ``{}``.
         """
         cfg = self.config
-        with self.world.joined(self._device()):
+        with self.world.joined(self._device()), self._rollout_loop():
             if not self.world.is_main:
                 return self._train(None, None)  # rank 0 owns the run folder and trackers
             run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume)
@@ -119,6 +123,27 @@ class GRPOTrainer:
                 trackers.close()
             run.mark_finished()
             return figures
+
+    @contextlib.contextmanager
+    def _rollout_loop(self) -> Iterator[None]:
+        """One event loop for the run's rollouts, so one `EnvPool` serves every step.
+
+        The engine runs on a loop of its own; this one plays episodes. Envs are built once
+        per concurrent episode for the whole run instead of once per episode (ToolAPI-v0
+        starts an HTTP service for each), and closed when the run ends.
+        """
+        with asyncio.Runner() as loop:
+            self._loop, self._envs = loop, EnvPool(self.config.env, self._env_kwargs())
+            try:
+                yield
+            finally:
+                loop.run(self._envs.aclose())
+                self._loop = None
+
+    def _run(self, coro: Any) -> Any:
+        """Run a coroutine from the (sync) training loop on the run's event loop."""
+        assert self._loop is not None, "only inside train()"
+        return self._loop.run(coro)
 
     def _train(self, run: RunDir | None, trackers: Trackers | None) -> dict[str, float]:
         """The loop; ``run`` and ``trackers`` are None on ranks other than 0."""
@@ -339,11 +364,10 @@ class GRPOTrainer:
             for position in range(len(tasks)) if position not in mine
             for g in range(cfg.num_generations)
         ]  # fmt: skip
-        return _run(
+        return self._run(
             arollout(
-                cfg.env, policy, tasks=tasks, group_size=cfg.num_generations,
+                self._envs, policy, tasks=tasks, group_size=cfg.num_generations,
                 seed=cfg.seed * 1_000_003 + step * cfg.episodes_per_step,
-                env_kwargs=self._env_kwargs(),
                 max_concurrency=cfg.max_concurrency or cfg.episodes_per_step,
                 deadline=cfg.episode_deadline_s, skip=others,
             )
@@ -459,7 +483,7 @@ class GRPOTrainer:
         path = self.world.broadcast(path)
         if run is None:
             version = policy.load_adapter(path, version=expected)
-        served = _run(policy.served_adapters())
+        served = self._run(policy.served_adapters())
         if version != expected or policy.adapter_version != expected or expected not in served:
             raise StaleAdapterError(
                 f"the engine did not take adapter v{expected} (it reports v{version}, "
@@ -477,11 +501,10 @@ class GRPOTrainer:
         """
         cfg = self.config
         tasks = cfg.eval_task_indices[:num_tasks] if num_tasks else cfg.eval_task_indices
-        trajectories = _run(
+        trajectories = self._run(
             arollout(
-                cfg.env, policy.with_sampling(temperature=0.0), tasks=tasks, group_size=1,
-                seed=cfg.seed, env_kwargs=self._env_kwargs(),
-                max_concurrency=max(len(tasks), 1),
+                self._envs, policy.with_sampling(temperature=0.0), tasks=tasks, group_size=1,
+                seed=cfg.seed, max_concurrency=max(len(tasks), 1),
             )
         )  # fmt: skip
         run.append_eval(step, trajectories)
@@ -539,8 +562,3 @@ def check_versions(trajectories: Sequence[Trajectory], version: int) -> None:
             f"turns were sampled with adapter version(s) {sorted(map(str, stale))} where "
             f"v{version} was just trained; refusing to train on them"
         )
-
-
-def _run(coro: Any) -> Any:
-    """Run a coroutine from the (sync) training loop; the engine lives on its own loop."""
-    return asyncio.run(coro)

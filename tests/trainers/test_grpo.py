@@ -46,11 +46,26 @@ def text_length(completion: str) -> float:
 
 
 class ChatterEnv(agentgym.ToolEnv):
-    """One turn, no tools: the reward is the reply's length."""
+    """One turn, no tools: the reward is the reply's length.
+
+    ``made`` lists every instance; each counts its resets and notes its close.
+    """
+
+    made: list[ChatterEnv] = []
 
     def __init__(self, num_tasks: int = 40, **kwargs) -> None:
         tasks = [{"prompt": f"Say something ({i})."} for i in range(num_tasks)]
         super().__init__([], tasks=tasks, rubric=agentgym.Rubric([text_length]), **kwargs)
+        self.resets, self.closed = 0, False
+        ChatterEnv.made.append(self)
+
+    async def areset(self, *, seed=None, options=None):
+        self.resets += 1
+        return await super().areset(seed=seed, options=options)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await super().aclose()
 
 
 agentgym.register("test/Chatter-v0", ChatterEnv)
@@ -71,6 +86,7 @@ def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
     trainer = GRPOTrainer(cfg)
     base = trainer.model_dir / "model.safetensors"
     before = digest(base)
+    ChatterEnv.made.clear()
     figures = trainer.train()
     run = Path(cfg.output_dir)
     assert digest(base) == before  # never merged into the base weights
@@ -85,6 +101,11 @@ def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
     assert 0.0 <= figures["grpo/success"] <= 1.0
     assert (run / "reward_curve.png").stat().st_size > 1000
     assert (run / "eval_trajectories.jsonl").read_text().count("\n") == 4 + 4  # before, after
+    # the reference episode that picks the rollout mode on an env of its own, then 16
+    # episodes (eval 4, two steps of 2 tasks x 2, eval 4) on the run's pool of 4 envs
+    played = sorted(env.resets for env in ChatterEnv.made if env.resets)
+    assert played[0] == 1 and sum(played[1:]) == 16 and len(played) <= 1 + 4
+    assert all(env.closed for env in ChatterEnv.made)
 
 
 def test_check_versions_refuses_turns_of_another_adapter() -> None:
