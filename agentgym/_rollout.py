@@ -265,10 +265,11 @@ class _OneEnvPerEpisode:
 class EnvPool(_OneEnvPerEpisode):
     """Envs kept between episodes, so each is built once per concurrent slot, not per episode.
 
-    Building an env can cost more than playing an episode on it (ToolAPI-v0 starts an HTTP
-    service, ~90 ms, and stops it on close, ~140 ms), and `make` runs on the event loop,
-    holding up every episode. `arollout` makes a pool for each call and closes it on return;
-    pass your own to keep the envs across calls (a trainer's steps), and close it when done::
+    Building an env can cost more than playing an episode on it (a ToolAPI-v0 env that no
+    other env shares the shop service with starts it, ~90 ms, and stops it on close,
+    ~140 ms), and `make` runs on the event loop, holding up every episode. `arollout` makes
+    a pool for each call and closes it on return; pass your own to keep the envs across
+    calls (a trainer's steps), and close it when done::
 
         async with EnvPool("calculator", {"num_tasks": 2200}) as envs:
             for step in range(steps):

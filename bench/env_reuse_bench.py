@@ -3,10 +3,11 @@
 `arollout` makes one env per concurrent slot and ``reset``s it for each episode; before, it
 made (and closed) one env per episode, which is what `run_episode` alone still does. Both are
 timed here side by side, in interleaved rounds, on built-in envs whose construction costs
-something: the quickstart's calculator (2,200 generated tasks) and ToolAPI-v0 (an HTTP service
-started per env). The policy is each env's own reference script (`ScriptedPolicy` of
-``reference_turns``), so no model time hides the env's: what is left is env construction,
-reset, tool calls and scoring. Every episode must score 1.0, or the bench stops.
+something: the quickstart's calculator (2,200 generated tasks) and ToolAPI-v0 (12 OpenAPI
+tools over a shop service that its live envs share). The policy is each env's own reference
+script (`ScriptedPolicy` of ``reference_turns``), so no model time hides the env's: what is
+left is env construction, reset, tool calls and scoring. Every episode must score 1.0, or
+the bench stops.
 
     python bench/env_reuse_bench.py [--episodes 64] [--concurrency 16] [--rounds 3]
 """
@@ -25,7 +26,7 @@ from agentgym import EpisodeSpec, ScriptedPolicy, Trajectory, arollout, make, ru
 #: (label, env id, env kwargs): the envs timed.
 ENVS: list[tuple[str, str, dict[str, Any]]] = [
     ("calculator, 2,200 tasks (the quickstart's)", "calculator", {"num_tasks": 2200}),
-    ("ToolAPI-v0 (an HTTP service per env)", "agentgym/ToolAPI-v0", {}),
+    ("ToolAPI-v0 (12 OpenAPI tools, a shared service)", "agentgym/ToolAPI-v0", {}),
 ]
 
 

@@ -129,8 +129,8 @@ class GRPOTrainer:
         """One event loop for the run's rollouts, so one `EnvPool` serves every step.
 
         The engine runs on a loop of its own; this one plays episodes. Envs are built once
-        per concurrent episode for the whole run instead of once per episode (ToolAPI-v0
-        starts an HTTP service for each), and closed when the run ends.
+        per concurrent episode for the whole run instead of once per episode, and closed
+        when the run ends.
         """
         with asyncio.Runner() as loop:
             self._loop, self._envs = loop, EnvPool(self.config.env, self._env_kwargs())
