@@ -12,8 +12,9 @@ with its traceback) while the rest of the run goes on.
 
 Envs are built once per concurrent slot, not once per episode: an env whose episode ended
 cleanly starts the next one with ``reset`` (Gymnasium's contract), so task lists, tool
-schemas and tool servers are made once per rollout. An env whose episode raised, was cut by
-the deadline or was cancelled is closed and never reused.
+schemas and tool servers are made once per rollout, or once per `EnvPool` the caller keeps
+across rollouts. An env whose episode raised, was cut by the deadline or was cancelled is
+closed and never reused.
 
 Throughput: admission is continuous (a semaphore over per-episode tasks: a finished episode's
 slot goes to the next one at once), so while some episodes wait on tools the others keep the
@@ -278,8 +279,8 @@ class EnvPool(_OneEnvPerEpisode):
     Only an env whose episode ended cleanly comes back; it holds no episode resources then
     (`ToolEnv` releases them when the episode ends), and its next ``reset`` starts afresh.
     One whose episode raised, was cut or was cancelled is closed. The envs may hold objects of
-    the event loop they were made on, so a pool serves one loop: taking an env from another
-    raises `ConfigError`.
+    the event loop they were made on, so a pool serves one loop: `arollout` on another raises
+    `ConfigError`.
 
     Args:
         env: a registered env id (resolved by `agentgym.make`) or a zero-argument factory.

@@ -12,8 +12,10 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from datetime import date
 from typing import Any, Literal, Optional
 
+import jsonschema
 import pytest
 
 from agentgym import (
@@ -701,3 +703,18 @@ async def test_sync_tool_works_in_a_forked_child() -> None:
         child.join(10)
         if child.is_alive():
             child.kill()
+
+
+def test_a_raw_schema_is_checked_each_time_and_validates_like_jsonschema() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}},
+              "required": ["n"]}  # fmt: skip
+    first, second = (Tool(lambda n: n, "f", "", dict(schema)) for _ in range(2))
+    for t in (first, second):  # the second is built from the cached check of the first
+        t.validate({"n": 2})
+        with pytest.raises(ToolArgumentsError, match="n: 0 is less than the minimum of 1"):
+            t.validate({"n": 0})
+    for _ in range(2):  # a broken schema is refused every time, not cached as checked
+        with pytest.raises(jsonschema.SchemaError):
+            Tool(lambda n: n, "f", "", {"type": "object", "required": "n"})
+    dated = {"type": "object", "properties": {"d": {"type": "string", "default": date(2026, 1, 1)}}}
+    Tool(lambda d: d, "g", "", dated).validate({"d": "2026-01-02"})  # not JSON: as is
