@@ -279,8 +279,8 @@ class EnvPool(_OneEnvPerEpisode):
     Only an env whose episode ended cleanly comes back; it holds no episode resources then
     (`ToolEnv` releases them when the episode ends), and its next ``reset`` starts afresh.
     One whose episode raised, was cut or was cancelled is closed. The envs may hold objects of
-    the event loop they were made on, so a pool serves one loop: `arollout` on another raises
-    `ConfigError`.
+    the event loop they were made on, so a pool serves one loop until it is closed: `arollout`
+    on another raises `ConfigError`. A closed pool holds no env and serves the next loop.
 
     Args:
         env: a registered env id (resolved by `agentgym.make`) or a zero-argument factory.
@@ -314,7 +314,8 @@ class EnvPool(_OneEnvPerEpisode):
             await super().give_back(env, trajectory, reusable)
 
     async def aclose(self) -> None:
-        """Close the idle envs; a close that fails is logged (its episodes are recorded)."""
+        """Close the idle envs, freeing the pool for another loop; failed closes are logged."""
+        self._loop = None
         while self.idle:
             env = self.idle.pop()
             try:

@@ -235,7 +235,10 @@ def test_a_pool_serves_one_event_loop() -> None:
     rollout(envs, ScriptedPolicy(["0"]), tasks=[0])
     with pytest.raises(ConfigError, match="made on another event loop"):
         rollout(envs, ScriptedPolicy(["0"]), tasks=[0])  # a new asyncio.run: a new loop
-    asyncio.run(envs.aclose())  # closing needs no particular loop
+    asyncio.run(envs.aclose())  # closing needs no particular loop, and frees the pool
+    [again] = rollout(envs, ScriptedPolicy(["0"]), tasks=[0])  # on yet another loop
+    assert again.status == "ok" and len(envs.idle) == 1  # the caller's pool stays open
+    asyncio.run(envs.aclose())
 
 
 class FailingPolicy:

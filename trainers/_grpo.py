@@ -98,7 +98,7 @@ class GRPOTrainer:
             self.world.pin_gpu()  # before anything initialises CUDA
         self.model_dir = preflight(config)  # clear errors before any model loads
         self.env_max_turns = config.max_turns or getattr(make(config.env), "max_turns", 1)
-        #: The run's event loop and the envs its rollouts reuse across steps (`train` sets them).
+        #: The run's event loop (`train` sets it) and the envs its rollouts reuse across steps.
         self._loop: asyncio.Runner | None = None
         self._envs = EnvPool(config.env, self._env_kwargs())
 
@@ -133,7 +133,7 @@ class GRPOTrainer:
         when the run ends.
         """
         with asyncio.Runner() as loop:
-            self._loop, self._envs = loop, EnvPool(self.config.env, self._env_kwargs())
+            self._loop = loop
             try:
                 yield
             finally:
