@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 
@@ -81,6 +82,59 @@ def test_cache_is_keyed_by_config_and_reused(tmp_path, monkeypatch) -> None:
     assert build_tiny_model(seed=1, **SMALL) != first
     config = json.loads((first / "config.json").read_text())
     assert config["head_dim"] == 64 and config["vocab_size"] == 261
+
+
+def test_a_second_build_of_the_same_folder_waits_then_reuses_the_first(
+    tmp_path, monkeypatch
+) -> None:
+    """torchrun ranks build one cached model at once: one builds, the others wait and reuse it.
+
+    Before the lock, a rank that found no build could delete the one another rank had just
+    put in place, while that rank loaded it. Here the first builder does not write until the
+    second is blocked on the lock (its lock taken without blocking fails first, and says so).
+    """
+    require("torch")
+    import fcntl
+    import threading
+
+    from agentgym.engine import tiny
+
+    monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path))
+    building, contended, builds = threading.Event(), threading.Event(), []
+    write_model, flock = tiny._write_model, fcntl.flock
+
+    def flock_noting_contention(handle, operation):
+        try:
+            flock(handle, operation | fcntl.LOCK_NB)
+        except BlockingIOError:
+            contended.set()
+            flock(handle, operation)
+
+    def write_once_the_other_waits(out, spec):
+        builds.append(out)
+        building.set()
+        assert contended.wait(timeout=60), "the second build never waited for the lock"
+        write_model(out, spec)
+
+    monkeypatch.setattr(tiny.fcntl, "flock", flock_noting_contention)
+    monkeypatch.setattr(tiny, "_write_model", write_once_the_other_waits)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(tiny.build_tiny_model, **SMALL)
+        assert building.wait(timeout=60)
+        second = pool.submit(tiny.build_tiny_model, **SMALL)
+        assert first.result() == second.result()
+    assert len(builds) == 1  # the second found the first's build and reused it
+
+
+def test_a_build_that_lost_its_weights_is_rebuilt(tmp_path, monkeypatch) -> None:
+    require("torch")
+    from agentgym.engine.tiny import build_tiny_model
+
+    monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path))
+    first = build_tiny_model(**SMALL)
+    (first / "model.safetensors").unlink()  # the marker stays, as an old race could leave it
+    assert build_tiny_model(**SMALL) == first
+    assert (first / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize(

@@ -26,11 +26,14 @@ torch and transformers are imported inside the functions, so importing this modu
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,8 @@ FORMAT_VERSION = 3
 
 #: File written last into a model folder: the spec it was built from (marks a complete build).
 MARKER = "agentgym_tiny.json"
+#: What transformers and vLLM load from a build besides the tokenizer.
+_MODEL_FILES = ("config.json", "model.safetensors")
 
 #: Special tokens (skipped by ``decode(skip_special_tokens=True)``), after the 256 byte ids.
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -363,31 +368,47 @@ def build_tiny_model(
     out = Path(out_dir) if out_dir is not None else cache_root() / "tiny" / digest
     if _is_build_of(out, spec):
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        _write_model(tmp, spec)
-        (tmp / MARKER).write_text(json.dumps(spec, sort_keys=True))
-        if _is_build_of(out, spec):  # another process finished the same build meanwhile
+    with _build_lock(out):
+        if _is_build_of(out, spec):  # another process built it while this one waited
             return out
-        if out.exists():  # an incomplete or different build: replace it
-            shutil.rmtree(out, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
         try:
+            _write_model(tmp, spec)
+            (tmp / MARKER).write_text(json.dumps(spec, sort_keys=True))
+            if out.exists():  # an incomplete or different build: replace it
+                shutil.rmtree(out)
             tmp.rename(out)
-        except OSError:  # another process finished the same build first
-            if not _is_build_of(out, spec):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
+@contextlib.contextmanager
+def _build_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on building ``out``, across processes.
+
+    torchrun's ranks all build the same cached model at once. Without the lock, a rank that
+    found no build yet could delete the complete one another rank had just renamed into
+    place, while that rank was loading it. The lock file stays beside the folder (removing it
+    would let a third process lock a different file of the same name).
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
 def _is_build_of(out: Path, spec: dict[str, Any]) -> bool:
-    """True when ``out`` holds a complete build of ``spec`` (its marker is written last)."""
+    """True when ``out`` holds a complete build of ``spec`` (its marker is written last).
+
+    The weights are looked for too: builds before `_build_lock` could lose them to a
+    concurrent build and keep the marker.
+    """
     try:
-        return bool(json.loads((out / MARKER).read_text()) == spec)
+        marked = json.loads((out / MARKER).read_text()) == spec
     except (OSError, ValueError):
         return False
+    return marked and all((out / name).is_file() for name in _MODEL_FILES)
 
 
 def _write_model(out: Path, spec: dict[str, Any]) -> None:
