@@ -11,7 +11,8 @@ vLLM and transformers to load, serve and train.
   tool calls in hermes format, tool results as ``<tool_response>`` in a user turn).
 - `build_tiny_model()` writes model + tokenizer into a cache folder keyed by a hash of the config
   (``~/.cache/agentgym/tiny/<hash>``, or ``$AGENTGYM_CACHE/tiny/<hash>``) and reuses it when
-  present. Same arguments, same weights.
+  present. Same arguments, same weights. Processes building one folder at once (torchrun's
+  ranks) take turns on a file lock: one builds, the others reuse its build.
 - `random_lora_model()` / `save_random_adapter()`: a non-zero LoRA on such a model, for tests
   and benchmarks of adapter loading and syncing.
 
