@@ -6,7 +6,9 @@ action it was given (token ids included) in `EpisodeState.turns`, so a reward fu
 asks for ``trajectory`` gets `ToolEnv.as_trajectory`, built from the env's own inputs.
 
 Model mistakes (a malformed call, an unknown tool, bad arguments, a tool that raises or times
-out) become tool messages the model can read and react to; they never end the episode.
+out) become tool messages the model can read and react to; they never end the episode, unless
+``malformed_call_ends_episode`` makes a turn with only unparseable calls its last (TRL's tool
+loop takes such a turn as the final answer).
 Infrastructure failures (`InfraError`) propagate so the rollout marks the episode
 ``infra_error``.
 
@@ -89,6 +91,11 @@ class ToolEnv(Env):
         stop_conditions: predicates ``(state, messages) -> bool`` ending the episode
             (terminated) after a turn, besides the final answer.
         tool_timeout: overrides every tool's own timeout (seconds) when given.
+        malformed_call_ends_episode: a turn whose tool calls could not be parsed, and that has
+            no call that could, ends the episode (terminated, scored by the rubric) instead of
+            getting the error and another turn. Off by default: the error teaches the format.
+            On, episodes end as in TRL's tool loop, which takes such a turn as the answer (for
+            strict-format rewards, and for comparing the two on the same workload).
     """
 
     #: Sync tool calls of one episode that run at once; more wait, and waiting is not timed.
@@ -107,6 +114,7 @@ class ToolEnv(Env):
         max_episode_tokens: int | None = None,
         stop_conditions: Sequence[StopCondition] = (),
         tool_timeout: float | None = None,
+        malformed_call_ends_episode: bool = False,
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -131,6 +139,7 @@ class ToolEnv(Env):
         self.max_turns = max_turns
         self.max_episode_tokens = max_episode_tokens
         self.stop_conditions = list(stop_conditions)
+        self.malformed_call_ends_episode = malformed_call_ends_episode
         self.state = EpisodeState()
         self.state.done = True
         self._tool_schemas = [t.schema for t in self.tools.values()]
@@ -218,7 +227,7 @@ class ToolEnv(Env):
         step_reward = float(self.step_reward(state, new_messages))
         turn = Turn.from_completion(completion, reward=step_reward, tool_errors=list(errors))
         state.turns.append(turn)  # before scoring: the rubric's trajectory ends with this turn
-        final_answer = not calls and not parsed.errors
+        final_answer = not calls and (not parsed.errors or self.malformed_call_ends_episode)
         terminated = final_answer or any(
             stop(state, self.messages) for stop in self.stop_conditions
         )

@@ -21,10 +21,13 @@
   workload (`WORKLOAD`): `bench_step_time`, both trainers timed in this process. ``--engine
   hf`` rolls ours out with transformers (`HFPolicy`) and keeps TRL on transformers too: the
   comparison for a machine without vLLM (the GPU image of the device machine has none).
+  Our env answers a malformed tool call with the error and another turn, where TRL's loop
+  takes that turn as the answer; ``--malformed-ends-episode`` makes ours end there too, so
+  both play the same episodes (`ToolEnv`'s ``malformed_call_ends_episode``).
 
     python bench/trainer_bench.py [--trials 5] [--lora-r 16] [--restart] [--skip-step]
         [--shape tiny|quickstart|qwen2.5-0.5b | --model-dir DIR] [--warm-start STEPS]
-        [--skip-sync] [--engine vllm|hf] [--device auto|cpu|cuda]
+        [--skip-sync] [--engine vllm|hf] [--device auto|cpu|cuda] [--malformed-ends-episode]
 
 Each sync trial runs both paths on the same weights back to back (the machine's drift hits
 both alike); the medians of the trials are compared.
@@ -82,12 +85,15 @@ class Workload:
     learning_rate: float = 1e-4
     steps: int = 4  # timed steps; one more runs first as warm-up
     system_prompt: str | None = None  # None: the calculator env's own
+    malformed_call_ends_episode: bool = False  # True: our episodes end on one, as TRL's do
     engine: str = "vllm"  # our rollout engine: "vllm" or "hf" (then TRL generates with HF too)
     device: str = "auto"  # where both trainers train: "auto" is CUDA when there is one
 
     @property
     def env_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"num_tasks": 64}
+        if self.malformed_call_ends_episode:
+            kwargs["malformed_call_ends_episode"] = True
         if self.system_prompt is not None:
             kwargs["system_prompt"] = self.system_prompt
         return kwargs
@@ -270,7 +276,7 @@ def bench_step_time(model_dir: Path, workload: Workload = WORKLOAD) -> dict[str,
     print(f"  agentgym GRPOTrainer (rollout_engine {workload.engine}): {ours['seconds']:.2f} s "
           f"= rollout {ours['rollout']:.2f} + train {ours['train']:.2f} + sync {ours['sync']:.3f} "
           f"(tool calls per episode {ours['tool_calls']:.2f}, turns per episode "
-          f"{ours['turns']:.2f}: a malformed call gets an error message and another turn)  ->  "
+          f"{ours['turns']:.2f}: {_MALFORMED[workload.malformed_call_ends_episode]})  ->  "
           f"{ours['seconds'] / trl['seconds']:.2f}x TRL's (goal <= 1.0x)")  # fmt: skip
     if "peak_gib" in ours:
         print(f"  peak GPU memory: TRL {trl['peak_gib']:.1f} GiB, ours {ours['peak_gib']:.1f} GiB "
@@ -322,6 +328,11 @@ def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float
 
 
 _STAGES = ("rollout", "train", "sync")
+#: What our env does with a malformed call, by ``Workload.malformed_call_ends_episode``.
+_MALFORMED = {
+    False: "a malformed call gets an error message and another turn",
+    True: "a malformed call ends the episode, as in TRL's loop",
+}
 
 
 def _device(workload: Workload) -> str:
@@ -441,6 +452,9 @@ def main() -> None:
                         "call the tool (0: the random model, which never does)")  # fmt: skip
     parser.add_argument("--system-prompt", help="the calculator env's system prompt for both "
                         "trainers (a quickstart model was warm-started on the quickstart's)")
+    parser.add_argument("--malformed-ends-episode", action="store_true",
+                        help="our env ends an episode on a malformed call, as TRL's tool loop "
+                        "does (the same workload; by default ours answers with the error)")
     parser.add_argument("--restart", action="store_true", help="also time an engine restart")
     parser.add_argument("--skip-step", action="store_true", help="only the sync bench (b)")
     parser.add_argument("--skip-sync", action="store_true", help="only the step bench (a)")
@@ -463,6 +477,7 @@ def main() -> None:
         workload = dataclasses.replace(
             WORKLOAD, system_prompt=args.system_prompt, engine=args.engine, device=args.device,
             tasks_per_step=args.tasks_per_step, num_generations=args.num_generations,
+            malformed_call_ends_episode=args.malformed_ends_episode,
         )  # fmt: skip
         bench_step_time(model_dir, workload)
 

@@ -109,6 +109,27 @@ def test_bad_input_goes_back_to_model(env: ToolEnv, text: str, expected: str) ->
     assert terminated and reward == 1.0 and info["final_reward"] == 1.0
 
 
+def test_a_malformed_call_ends_the_episode_only_when_asked() -> None:
+    """``malformed_call_ends_episode``: a turn of unparseable calls is the last, scored as is;
+    a turn with a call that parses, and every other mistake, still get another turn."""
+    malformed = "The answer is 5. <tool_call>{not json</tool_call>"
+    env = make_env(malformed_call_ends_episode=True)
+    env.reset(seed=0, options={"task": 0})
+    obs, reward, terminated, truncated, info = env.step(malformed)
+    assert terminated and not truncated
+    assert reward == info["final_reward"] == 1.0  # the rubric scored the turn's text
+    assert "malformed" in info["tool_errors"][0] and env.state.tool_error_count == 1
+    assert [m["role"] for m in obs] == ["assistant", "tool"]  # the error is still on record
+    other_mistakes = [text for text, _ in BAD_INPUTS.values() if "not json" not in text]
+    for going_on in [call("add", a=2, b=3) + malformed, *other_mistakes]:
+        env.reset(seed=0, options={"task": 0})
+        _, _, terminated, truncated, info = env.step(going_on)
+        assert not terminated and not truncated and info["tool_errors"], going_on
+    default = make_env()
+    default.reset(seed=0, options={"task": 0})
+    assert not default.step(malformed)[2]  # off by default: the error and another turn
+
+
 def test_unknown_tool_message_lists_available_tools(env: ToolEnv) -> None:
     obs, *_ = env.step(call("subtract"))
     assert "available tools: add, boom, hang, whoami, infra" in obs[-1]["content"]
