@@ -16,7 +16,9 @@ the prefix cache:
 - (d) one turn alone: one of those calls with nothing else in the engine. No schedule plays
   an episode faster than its tools plus ``turns`` such turns, so (b) takes at least the longest
   tool chain + ``turns`` x (d), and (b)/(a) is at most (a) over that: the ceiling the goal is
-  measured under (a faster engine shrinks (a), not the tools).
+  measured under (a faster engine shrinks (a), not the tools). The longest-chain episode's own
+  turn and tool times in (b) are printed too: how far its turns are from (d) is what sharing
+  the engine costs it.
 
 Goals: (b)/(a) >= 0.8 and (b)/(c) >= 1.5. Then a PEFT adapter is made on the tiny model and
 loaded into the running engine; its load time is printed.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -68,7 +71,12 @@ class Workload:
 
     def longest_chain(self) -> float:
         """The largest total tool time of one episode (a floor under any schedule)."""
-        return max(sum(row) for row in self.latencies())
+        return sum(self.latencies()[self.longest_chain_episode()])
+
+    def longest_chain_episode(self) -> int:
+        """The episode whose tools take longest in all (the one that ends (b) last, at best)."""
+        totals = [sum(row) for row in self.latencies()]
+        return totals.index(max(totals))
 
     @property
     def tokens(self) -> int:
@@ -118,6 +126,8 @@ class Phase:
     name: str
     tokens: int
     seconds: float
+    #: (b) only: (generating, tool) seconds of each turn of the episode with the longest chain.
+    critical_turns: tuple[tuple[float, float], ...] = ()
 
     @property
     def tokens_per_second(self) -> float:
@@ -132,7 +142,7 @@ async def timed(name: str, run: Callable[[], Awaitable[int]]) -> Phase:
 
 async def ours(
     policy: VLLMPolicy, work: Workload, concurrency: int | None, record: list[list[int]]
-) -> int:
+) -> list[Trajectory]:
     """(b): `arollout`; the prompts it sent are appended to ``record`` for (a)."""
     latencies = work.latencies()
     trajectories = await agentgym.arollout(
@@ -141,7 +151,7 @@ async def ours(
     )  # fmt: skip
     check(trajectories, work)
     record.extend(list(turn.prompt_ids or []) for t in trajectories for turn in t.turns)
-    return sum(len(turn.completion_ids or ()) for t in trajectories for turn in t.turns)
+    return trajectories
 
 
 def check(trajectories: list[Trajectory], work: Workload) -> None:
@@ -214,11 +224,15 @@ async def one_round(
     prompts of the last (b) (replaced in ``prompts`` when (b) runs); their lengths are fixed.
     """
 
+    critical: list[tuple[float, float]] = []
+
     async def run_b() -> int:
         recorded: list[list[int]] = []
-        tokens = await ours(policy, work, concurrency, recorded)
+        trajectories = await ours(policy, work, concurrency, recorded)
         prompts[:] = recorded
-        return tokens
+        turns = trajectories[work.longest_chain_episode()].turns
+        critical[:] = [(turn.policy_seconds, turn.env_seconds) for turn in turns]
+        return sum(len(turn.completion_ids or ()) for t in trajectories for turn in t.turns)
 
     phases = {
         "b": ("(b) ours: arollout", run_b),
@@ -236,6 +250,7 @@ async def one_round(
         reset_prefix_cache(policy)
         name, run = phases[key]
         results[key] = await timed(name, run)
+    results["b"] = dataclasses.replace(results["b"], critical_turns=tuple(critical))
     return results
 
 
@@ -331,6 +346,13 @@ def report(
         f" at this (a); (b) cannot end before its longest tool chain + {work.turns} x (d), "
         f"{work.longest_chain():.2f} + {floor - work.longest_chain():.2f} = {floor:.2f} s, so "
         f"(b)/(a) <= {raw_seconds / floor:.2f} at this (a)"
+    )
+    middle = sorted(rounds, key=lambda r: r["b"].seconds)[len(rounds) // 2]["b"]
+    generating = " / ".join(f"{g:.2f}" for g, _ in middle.critical_turns)
+    tools = " / ".join(f"{t:.2f}" for _, t in middle.critical_turns[:-1])
+    print(
+        f"  the longest-chain episode in the median (b): its turns took {generating} s, its "
+        f"tools {tools} s (one turn alone: (d))"
     )
     if load_seconds is not None:
         print(f"  LoRA adapter load (rank 8, q/v): {load_seconds * 1e3:.0f} ms")
