@@ -126,13 +126,34 @@ def test_a_second_build_of_the_same_folder_waits_then_reuses_the_first(
     assert len(builds) == 1  # the second found the first's build and reused it
 
 
+def test_a_build_on_a_distributed_rank_other_than_0_writes_the_whole_model(tmp_path) -> None:
+    """torchrun's ranks each build the model they train; transformers' ``save_pretrained``
+    writes nothing on a rank other than 0, which left builds with a tokenizer and no model.
+    torch's fake process-group backend puts this process at rank 1 of 2 without a peer."""
+    require("torch")
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from agentgym.engine.tiny import build_tiny_model
+
+    dist.init_process_group("fake", rank=1, world_size=2, store=FakeStore())
+    try:
+        out = build_tiny_model(tmp_path / "rank1", **SMALL)
+    finally:
+        dist.destroy_process_group()
+    assert _weights_hash(out) == _weights_hash(build_tiny_model(tmp_path / "alone", **SMALL))
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    assert (out / "generation_config.json").is_file()
+
+
 def test_a_build_that_lost_its_weights_is_rebuilt(tmp_path, monkeypatch) -> None:
     require("torch")
     from agentgym.engine.tiny import build_tiny_model
 
     monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path))
     first = build_tiny_model(**SMALL)
-    (first / "model.safetensors").unlink()  # the marker stays, as an old race could leave it
+    (first / "model.safetensors").unlink()  # the marker stays, as a rank > 0 build left it
     assert build_tiny_model(**SMALL) == first
     assert (first / "model.safetensors").is_file()
 

@@ -402,8 +402,8 @@ def _build_lock(out: Path) -> Iterator[None]:
 def _is_build_of(out: Path, spec: dict[str, Any]) -> bool:
     """True when ``out`` holds a complete build of ``spec`` (its marker is written last).
 
-    The weights are looked for too: builds before `_build_lock` could lose them to a
-    concurrent build and keep the marker.
+    The model files are looked for too: a build made on a torch.distributed rank other than 0
+    before `_save_model_files` has the marker and no model (transformers wrote none there).
     """
     try:
         marked = json.loads((out / MARKER).read_text()) == spec
@@ -443,7 +443,31 @@ def _write_model(out: Path, spec: dict[str, Any]) -> None:
     finally:
         torch.random.set_rng_state(generator_state)
     model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
-    model.save_pretrained(out)
+    _save_model_files(model, out)
+
+
+def _save_model_files(model: Any, out: Path) -> None:
+    """What ``model.save_pretrained(out)`` writes for this model, written on any process.
+
+    transformers' ``save_pretrained`` writes nothing on a torch.distributed rank other than 0,
+    and under torchrun every rank builds the model it trains: the rank that built first could
+    leave a folder with a tokenizer and no model. So the config, the generation config and the
+    weights are written here as transformers writes them (``architectures`` set; the tied
+    ``lm_head.weight`` left out; ``format: pt`` metadata).
+    """
+    from safetensors.torch import save_file
+
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    weights = model.state_dict()
+    if model.config.tie_word_embeddings:
+        del weights["lm_head.weight"]
+    save_file(
+        {name: t.contiguous() for name, t in weights.items()},
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
 #: Named shapes for `build_preset`. ``quickstart`` is the model `make quickstart` trains on a
