@@ -69,13 +69,17 @@ class Workload:
         """Seconds a lock-step loop waits on tools: each turn's slowest, summed."""
         return sum(max(column) for column in zip(*self.latencies())) if self.turns > 1 else 0.0
 
+    def chain_totals(self) -> list[float]:
+        """Each episode's total tool time."""
+        return [sum(row) for row in self.latencies()]
+
     def longest_chain(self) -> float:
         """The largest total tool time of one episode (a floor under any schedule)."""
-        return sum(self.latencies()[self.longest_chain_episode()])
+        return max(self.chain_totals())
 
     def longest_chain_episode(self) -> int:
         """The episode whose tools take longest in all (the one that ends (b) last, at best)."""
-        totals = [sum(row) for row in self.latencies()]
+        totals = self.chain_totals()
         return totals.index(max(totals))
 
     @property
