@@ -6,7 +6,9 @@ token and multiplies them one token at a time (a batched einsum): ~100 us, twice
 slice (q, k, v, o, gate, up, down) per layer per decode step. On the quickstart model that
 more than doubles a step (``python bench/cpu_lora_bench.py`` times both paths side by side).
 During a GRPO rollout one adapter version serves nearly every batch, and then two plain
-matrix products per slice do the same arithmetic. Batches that mix adapters (two versions,
+matrix products per layer do the same arithmetic: one for all of a packed layer's slices side
+by side (q, k and v; gate and up), one with their B matrices block-diagonal, both cached until
+vLLM writes new weights into the slot. Batches that mix adapters (two versions,
 or the base model beside an adapter) keep vLLM's own path.
 
 How it gets into vLLM: vLLM loads ``vllm.general_plugins`` entry points in each of its
@@ -44,20 +46,57 @@ def single_adapter_linear(
     scale: float,
     output_slices: Sequence[int],
     slot: int,
-) -> None:
+) -> bool:
     """``y[:, slice i] += (x @ A_i.T * scale) @ B_i.T`` for the adapter in ``slot``, in place.
 
     The arithmetic of vLLM's ``add_lora_linear`` when every token uses ``slot``: the shrink
     in float32 (vLLM's buffer dtype), the expand in ``y``'s dtype. ``lora_a_stacked[i]`` is
-    ``(max_loras, 1, rank, in)`` and ``lora_b_stacked[i]`` ``(max_loras, 1, out_i, rank)``.
+    ``(max_loras, 1, rank, in)`` and ``lora_b_stacked[i]`` ``(max_loras, 1, out_i, rank)``;
+    the slices fill ``y``'s last dimension. All slices go through one shrink and one expand
+    (`fused_weights`): per-slice products cost more in op dispatch than in arithmetic here.
+    Returns False, having done nothing, where the weights cannot be fused safely.
     """
-    rows = x.reshape(-1, x.shape[-1]).float()
     out = y.view(-1, y.shape[-1])
-    offset = 0
-    for a, b, size in zip(lora_a_stacked, lora_b_stacked, output_slices):
-        hidden = (rows @ a[slot, 0].float().T) * scale
-        out[:, offset : offset + size] += hidden.to(out.dtype) @ b[slot, 0].to(out.dtype).T
-        offset += size
+    fused = fused_weights(lora_a_stacked, lora_b_stacked, slot, out.dtype)
+    if fused is None:
+        return False
+    rows = x.reshape(-1, x.shape[-1]).float()
+    out.addmm_((rows @ fused[0]).mul_(scale).to(out.dtype), fused[1])
+    return True
+
+
+#: Per packed layer (keyed by its first A tensor's id): that tensor, the slot, the version
+#: counters of every A and B tensor, and the fused A and B built from them.
+_fused: dict[int, tuple[Any, int, tuple[int, ...], Any, Any]] = {}
+
+
+def fused_weights(
+    lora_a_stacked: Sequence[Any], lora_b_stacked: Sequence[Any], slot: int, dtype: Any
+) -> tuple[Any, Any] | None:
+    """A packed layer's LoRA for ``slot`` as two matrices, cached per layer.
+
+    The slot's A matrices side by side ``(in, sum of ranks)`` in float32, and its B matrices
+    block-diagonal ``(sum of ranks, sum of outputs)`` in ``dtype``. vLLM writes a new adapter
+    version into a slot in place (``copy_``), which bumps the tensors' version counters; a
+    cached pair is reused only while every counter, the slot and the tensors themselves are
+    the ones it was built from, so a sync is never served stale weights. None where the
+    tensors keep no version counter (made in inference mode): then nothing tells a stale pair
+    apart, and vLLM's own path runs.
+    """
+    import torch
+
+    first = lora_a_stacked[0]
+    try:
+        versions = tuple(t._version for t in (*lora_a_stacked, *lora_b_stacked))
+    except RuntimeError:
+        return None
+    hit = _fused.get(id(first))
+    if hit and hit[0] is first and hit[1] == slot and hit[2] == versions and hit[4].dtype == dtype:
+        return hit[3], hit[4]
+    a = torch.cat([w[slot, 0] for w in lora_a_stacked]).float().T.contiguous()
+    b = torch.block_diag(*(w[slot, 0].to(dtype).T for w in lora_b_stacked)).contiguous()
+    _fused[id(first)] = (first, slot, versions, a, b)
+    return a, b
 
 
 def batch_slot(token_lora_indices: Any) -> int | None:
@@ -94,11 +133,13 @@ def register() -> None:
         output_slices: Any, *, buffer: Any = None, **kwargs: Any,
     ) -> None:  # fmt: skip
         slot = getattr(self, "_agentgym_slot", None)
-        if slot is None or buffer is not None:
+        if (
+            slot is None or buffer is not None or y.shape[-1] != sum(output_slices)
+            or not single_adapter_linear(y, x, lora_a_stacked, lora_b_stacked, scale,
+                                         output_slices, slot)
+        ):  # fmt: skip
             add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices,
                             buffer=buffer, **kwargs)  # fmt: skip
-            return
-        single_adapter_linear(y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, slot)
 
     wrapper: Any = PunicaWrapperCPU  # patched in place: vLLM builds it itself
     wrapper.update_metadata = update_metadata_and_slot

@@ -51,6 +51,42 @@ def test_fast_path_equals_vllms_ops_for_packed_slices(dtype: str) -> None:
     assert not torch.allclose(ours.float(), y.float(), atol=tolerance)  # it added something
 
 
+def reference(torch: Any, y: Any, x: Any, a: tuple, b: tuple, scale: float, slot: int) -> Any:
+    """``y`` plus each slice's ``(x @ A.T * scale) @ B.T``, slice by slice (float32)."""
+    parts = [(x @ a_i[slot, 0].T * scale) @ b_i[slot, 0].T for a_i, b_i in zip(a, b)]
+    return y + torch.cat(parts, dim=1)
+
+
+def test_new_weights_written_into_a_slot_are_used_at_once() -> None:
+    """The fused weights are cached per layer; vLLM loads the next adapter version into a slot
+    in place, and the next call must compute with it, not with the cached copy."""
+    torch = require("torch")
+    torch.manual_seed(0)
+    slices, slot, scale = [24, 8, 8], 1, 0.5
+    a, b = stacked(torch, 2, 4, 16, slices)
+    x, y = torch.randn(3, 16), torch.zeros(3, sum(slices))
+    first = y.clone()
+    assert _cpu_lora.single_adapter_linear(first, x, a, b, scale, slices, slot)
+    for a_i, b_i in zip(a, b):  # what vLLM's set_lora does for the next version
+        a_i[slot, 0].copy_(torch.randn_like(a_i[slot, 0]))
+        b_i[slot, 0].copy_(torch.randn_like(b_i[slot, 0]))
+    second = y.clone()
+    assert _cpu_lora.single_adapter_linear(second, x, a, b, scale, slices, slot)
+    assert torch.allclose(second, reference(torch, y, x, a, b, scale, slot), atol=1e-5)
+    assert not torch.allclose(second, first, atol=1e-3)
+
+
+def test_tensors_without_version_counters_keep_vllms_path() -> None:
+    """Inference-mode tensors have no version counter, so a cache could not see a new
+    version: the fast path declines and leaves the output to vLLM's path."""
+    torch = require("torch")
+    with torch.inference_mode():
+        a, b = stacked(torch, 2, 4, 16, [8])
+        x, y = torch.randn(3, 16), torch.zeros(3, 8)
+        assert not _cpu_lora.single_adapter_linear(y, x, a, b, 0.5, [8], 0)
+        assert not y.any()
+
+
 def test_only_batches_of_one_adapter_take_the_fast_path() -> None:
     torch = require("torch")
 

@@ -129,19 +129,26 @@ async def test_an_adapter_on_every_linear_layer_samples_what_transformers_comput
     policy: VLLMPolicy, hf: HFPolicy, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """One adapter per batch runs agentgym's CPU LoRA path (`_cpu_lora`), packed q/k/v and
-    gate/up slices included: its logprobs are the adapter's, as transformers + PEFT compute."""
+    gate/up slices included: its logprobs are the adapter's, as transformers + PEFT compute.
+    Two versions one after the other: the path caches fused weights per layer, and the second
+    version must not be served the first one's."""
     assert os.environ[_cpu_lora.ENV_VAR] == "1"  # VLLMPolicy set it for the engine it started
-    adapter = make_adapter(tiny_model_dir, tmp_path / "all", seed=3, targets="all-linear")
-    await policy.aload_adapter(adapter)
     prompt = policy.renderer.prompt_ids([{"role": "user", "content": "What is 12 + 30?"}], [])
-    completion = await policy.with_sampling(temperature=0.7).generate_ids(
-        prompt, max_tokens=16, seed=5
-    )
-    oracle = HFPolicy(tiny_model_dir, adapter=adapter, dtype="float32")
-    reference = oracle.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
-    assert completion.logprobs == pytest.approx(reference, abs=2e-3)  # as the base model's test
-    base = hf.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
-    assert completion.logprobs != pytest.approx(base, abs=2e-3)  # the adapter mattered
+    sampled = []
+    for seed in (3, 4):
+        adapter = make_adapter(tiny_model_dir, tmp_path / f"all{seed}", seed=seed,
+                               targets="all-linear")  # fmt: skip
+        await policy.aload_adapter(adapter)
+        completion = await policy.with_sampling(temperature=0.7).generate_ids(
+            prompt, max_tokens=16, seed=5
+        )
+        oracle = HFPolicy(tiny_model_dir, adapter=adapter, dtype="float32")
+        reference = oracle.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
+        assert completion.logprobs == pytest.approx(reference, abs=2e-3)  # as the base model's
+        base = hf.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
+        assert completion.logprobs != pytest.approx(base, abs=2e-3)  # the adapter mattered
+        sampled.append(completion.logprobs)
+    assert sampled[0] != pytest.approx(sampled[1], abs=2e-3)  # two adapters, two distributions
 
 
 def test_the_engines_processes_stop_busy_waiting_soon_after_a_turn(policy: VLLMPolicy) -> None:
