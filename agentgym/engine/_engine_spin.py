@@ -13,8 +13,12 @@ notification, vLLM's own idle path.
 How: vLLM loads ``vllm.general_plugins`` entry points in each of its processes; `register`
 (agentgym's entry point) sets the readers' window to ``AGENTGYM_VLLM_SPIN_S`` seconds where that
 is in the environment. `enable_for_cpu_engines` sets it for engines started from this process
-on the CPU build (unless already set; an empty value keeps vLLM's second). Written against
-vLLM 0.32; where ``SpinCondition`` no longer has the window, `register` logs a warning.
+on the CPU build (unless already set; an empty value keeps vLLM's second). Windows under
+`MIN_SPIN_SECONDS` are refused: the readers then sleep between decode steps, and waking a
+sleeping process on a busy machine costs more than the spin saves (on two cores, 1 ms made
+``bench/rollout_bench.py``'s multi-turn phase take 8.7 s instead of 4.6 s, and 0 made vLLM's
+worker exit mid-run). Written against vLLM 0.32; where ``SpinCondition`` no longer has the
+window, `register` logs a warning.
 """
 
 from __future__ import annotations
@@ -24,20 +28,44 @@ import logging
 import os
 from typing import Any
 
+from .._errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 #: Environment variable read in vLLM's processes: the readers' busy-wait window in seconds.
 ENV_VAR = "AGENTGYM_VLLM_SPIN_S"
 #: The window `enable_for_cpu_engines` asks for.
 SPIN_SECONDS = 0.02
+#: The shortest window accepted (5 ms measured as fast as 20 ms; 1 ms starved the engine).
+MIN_SPIN_SECONDS = 0.005
+
+
+def window_seconds(value: str) -> float | None:
+    """The window ``value`` asks for, or None when it is not seconds >= `MIN_SPIN_SECONDS`."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= MIN_SPIN_SECONDS else None
 
 
 def enable_for_cpu_engines() -> None:
-    """Shorten the busy-wait of engines started from this process, on the CPU build only."""
+    """Shorten the busy-wait of engines started from this process, on the CPU build only.
+
+    Raises:
+        ConfigError: the environment already asks for a window that is not seconds >=
+            `MIN_SPIN_SECONDS` (checked here, before vLLM's processes would ignore it).
+    """
     from vllm.platforms import current_platform
 
-    if current_platform.is_cpu():
-        os.environ.setdefault(ENV_VAR, str(SPIN_SECONDS))
+    if not current_platform.is_cpu():
+        return
+    value = os.environ.setdefault(ENV_VAR, str(SPIN_SECONDS))
+    if value and window_seconds(value) is None:
+        raise ConfigError(
+            f"{ENV_VAR}={value!r} is not a busy-wait window vLLM can run with: give seconds "
+            f">= {MIN_SPIN_SECONDS}, e.g. {SPIN_SECONDS}, or leave it empty for vLLM's 1 s"
+        )
 
 
 def register() -> None:
@@ -45,10 +73,10 @@ def register() -> None:
     value = os.environ.get(ENV_VAR)
     if not value:
         return
-    try:
-        seconds = float(value)
-    except ValueError:
-        log.warning("%s=%r is not seconds; vLLM's busy-wait is unchanged", ENV_VAR, value)
+    seconds = window_seconds(value)
+    if seconds is None:
+        log.warning("%s=%r is not seconds >= %s; vLLM's busy-wait is unchanged",
+                    ENV_VAR, value, MIN_SPIN_SECONDS)  # fmt: skip
         return
     try:
         from vllm.distributed.device_communicators.shm_broadcast import SpinCondition

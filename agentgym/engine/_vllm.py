@@ -193,10 +193,10 @@ class VLLMPolicy(TokenPolicy):
                 ) from exc
             tokenizer = AutoTokenizer.from_pretrained(self.model)
             self._renderer = ChatRenderer(tokenizer, self._chat_template_kwargs)
+            _engine_spin.enable_for_cpu_engines()  # its processes give the cores back sooner
             thread = _EngineThread()
 
             async def build() -> Any:
-                _engine_spin.enable_for_cpu_engines()  # its processes give the cores back sooner
                 args = AsyncEngineArgs(**self._cpu_safe(self._engine_args))
                 # LLM_CLASS: vLLM's offline batch defaults for max_num_seqs and the token budget
                 return AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
