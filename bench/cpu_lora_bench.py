@@ -2,7 +2,7 @@
 
 Two engines on the same model run side by side in one process, one started with
 ``AGENTGYM_CPU_LORA_FAST_PATH=0`` (vLLM's multi-adapter torch ops) and one with ``=1``
-(`agentgym.engine._cpu_lora`: two matrix products per slice when one adapter serves the
+(`agentgym.engine._cpu_lora`: two matrix products per layer when one adapter serves the
 batch). Trials alternate between them, so machine noise hits both alike. Each trial samples
 ``--sequences`` calculator prompts x ``--tokens`` tokens (``ignore_eos``), with no adapter
 (the base model) and then with the same rank-16 adapter on every linear layer (as the

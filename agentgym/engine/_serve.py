@@ -141,7 +141,7 @@ def _start_vllm(model_dir: Path, options: ServerOptions, port: int | None) -> Lo
         command += ["--enable-lora", "--max-lora-rank", str(options.max_lora_rank),
                     "--max-loras", str(options.max_loras)]  # fmt: skip
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # the load/unload endpoints
-        env.setdefault(_cpu_lora.ENV_VAR, "1")  # one adapter per batch: two matmuls per slice
+        env.setdefault(_cpu_lora.ENV_VAR, "1")  # one adapter per batch: two matmuls per layer
     proc, log_path = _spawn(command, env, "agentgym-vllm-")
     return LocalServer(f"http://127.0.0.1:{port}/v1", name, log_path, proc)
 

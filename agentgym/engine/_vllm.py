@@ -163,7 +163,7 @@ class VLLMPolicy(TokenPolicy):
         }
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         if enable_lora:
-            _cpu_lora.enable_for_engines()  # one adapter per batch: two matmuls per slice
+            _cpu_lora.enable_for_engines()  # one adapter per batch: two matmuls per layer
         self._chat_template_kwargs = chat_template_kwargs
         self._thread: _EngineThread | None = None
         self._engine: Any = None
