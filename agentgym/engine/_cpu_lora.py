@@ -83,8 +83,6 @@ def fused_weights(
     tensors keep no version counter (made in inference mode): then nothing tells a stale pair
     apart, and vLLM's own path runs.
     """
-    import torch
-
     first = lora_a_stacked[0]
     try:
         versions = tuple(t._version for t in (*lora_a_stacked, *lora_b_stacked))
@@ -93,6 +91,8 @@ def fused_weights(
     hit = _fused.get(id(first))
     if hit and hit[0] is first and hit[1] == slot and hit[2] == versions and hit[4].dtype == dtype:
         return hit[3], hit[4]
+    import torch  # here, not above: the hit above is every layer's every decode step
+
     a = torch.cat([w[slot, 0] for w in lora_a_stacked]).float().T.contiguous()
     b = torch.block_diag(*(w[slot, 0].to(dtype).T for w in lora_b_stacked)).contiguous()
     _fused[id(first)] = (first, slot, versions, a, b)

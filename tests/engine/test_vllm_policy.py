@@ -148,7 +148,8 @@ async def test_an_adapter_on_every_linear_layer_samples_what_transformers_comput
         base = hf.token_logprobs(prompt, completion.completion_ids, temperature=0.7)
         assert completion.logprobs != pytest.approx(base, abs=2e-3)  # the adapter mattered
         sampled.append(completion.logprobs)
-    assert sampled[0] != pytest.approx(sampled[1], abs=2e-3)  # two adapters, two distributions
+    # same prompt, seed and temperature: equal only if the second version ran the first's weights
+    assert sampled[0] != pytest.approx(sampled[1], abs=2e-3)
 
 
 def test_the_engines_processes_stop_busy_waiting_soon_after_a_turn(policy: VLLMPolicy) -> None:
