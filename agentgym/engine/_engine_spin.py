@@ -16,9 +16,9 @@ is in the environment. `enable_for_cpu_engines` sets it for engines started from
 on the CPU build (unless already set; an empty value keeps vLLM's second). Windows under
 `MIN_SPIN_SECONDS` are refused: the readers then sleep between decode steps, and waking a
 sleeping process on a busy machine costs more than the spin saves (on two cores, 1 ms made
-``bench/rollout_bench.py``'s multi-turn phase take 8.7 s instead of 4.6 s, and 0 made vLLM's
-worker exit mid-run). Written against vLLM 0.32; where ``SpinCondition`` no longer has the
-window, `register` logs a warning.
+``bench/rollout_bench.py``'s multi-turn phase, run with that window, take 8.7 s instead of
+4.6 s, and 0 made vLLM's worker exit mid-run: docs/engine.md). Written against vLLM 0.32;
+where ``SpinCondition`` no longer has the window, `register` logs a warning.
 """
 
 from __future__ import annotations

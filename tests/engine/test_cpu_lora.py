@@ -26,10 +26,24 @@ def stacked(torch: Any, max_loras: int, rank: int, inputs: int, slices: list[int
     return a, b
 
 
+def vllms_result(torch: Any, y: Any, x: Any, a: tuple, b: tuple, scale: float, slot: int) -> Any:
+    """What vLLM's own CPU ops add to ``y`` (a float32 buffer per slice, then the expand)."""
+    ops = require("vllm.lora.ops.torch_ops.lora_ops")
+    out = y.clone()
+    indices = torch.full((x.shape[0],), slot, dtype=torch.long)
+    offset = 0
+    for a_i, b_i in zip(a, b):
+        size = b_i.shape[2]
+        buffer = torch.zeros(x.shape[0], a_i.shape[2], dtype=torch.float32)
+        ops.bgmv_shrink(x, a_i, buffer, indices, scale)
+        ops.bgmv_expand_slice(buffer, b_i, out, indices, offset, size, add_inputs=True)
+        offset += size
+    return out
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fast_path_equals_vllms_ops_for_packed_slices(dtype: str) -> None:
     torch = require("torch")
-    ops = require("vllm.lora.ops.torch_ops.lora_ops")
     torch.manual_seed(0)
     kind = getattr(torch, dtype)
     slices, tokens, inputs, slot, scale = [24, 8, 8], 5, 16, 1, 0.5  # q, k, v packed
@@ -37,24 +51,11 @@ def test_fast_path_equals_vllms_ops_for_packed_slices(dtype: str) -> None:
     b = tuple(w.to(kind) for w in b)
     x = torch.randn(tokens, inputs).to(kind)
     y = torch.randn(tokens, sum(slices)).to(kind)
-    expected, ours = y.clone(), y.clone()
-    indices = torch.full((tokens,), slot, dtype=torch.long)
-    offset = 0
-    for a_i, b_i, size in zip(a, b, slices):  # vLLM's path: float32 buffer, then expand
-        buffer = torch.zeros(tokens, 4, dtype=torch.float32)
-        ops.bgmv_shrink(x, a_i, buffer, indices, scale)
-        ops.bgmv_expand_slice(buffer, b_i, expected, indices, offset, size, add_inputs=True)
-        offset += size
+    expected, ours = vllms_result(torch, y, x, a, b, scale, slot), y.clone()
     _cpu_lora.single_adapter_linear(ours, x, a, b, scale, slices, slot)
     tolerance = 1e-5 if dtype == "float32" else 3e-2  # bf16: a different summation order
     assert torch.allclose(ours.float(), expected.float(), atol=tolerance, rtol=tolerance)
     assert not torch.allclose(ours.float(), y.float(), atol=tolerance)  # it added something
-
-
-def reference(torch: Any, y: Any, x: Any, a: tuple, b: tuple, scale: float, slot: int) -> Any:
-    """``y`` plus each slice's ``(x @ A.T * scale) @ B.T``, slice by slice (float32)."""
-    parts = [(x @ a_i[slot, 0].T * scale) @ b_i[slot, 0].T for a_i, b_i in zip(a, b)]
-    return y + torch.cat(parts, dim=1)
 
 
 def test_new_weights_written_into_a_slot_are_used_at_once() -> None:
@@ -72,7 +73,7 @@ def test_new_weights_written_into_a_slot_are_used_at_once() -> None:
         b_i[slot, 0].copy_(torch.randn_like(b_i[slot, 0]))
     second = y.clone()
     assert _cpu_lora.single_adapter_linear(second, x, a, b, scale, slices, slot)
-    assert torch.allclose(second, reference(torch, y, x, a, b, scale, slot), atol=1e-5)
+    assert torch.allclose(second, vllms_result(torch, y, x, a, b, scale, slot), atol=1e-5)
     assert not torch.allclose(second, first, atol=1e-3)
 
 
