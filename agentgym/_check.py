@@ -116,14 +116,18 @@ def load_tokenizer(tokenizer: Any) -> Any:
         raise ConfigError(
             "checking a tokenizer needs transformers: pip install 'agentgym[train]'"
         ) from exc
+    from .engine._render import TOKENIZER_FILES, require_vocabulary
+
     try:
-        return AutoTokenizer.from_pretrained(tokenizer)
+        loaded = AutoTokenizer.from_pretrained(tokenizer)
     except Exception as exc:  # OSError, ValueError ... all mean "not a tokenizer folder"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
             f"cannot load a tokenizer from {tokenizer!r} ({reason}); pass a model folder "
-            "with tokenizer files (tokenizer.json or tokenizer_config.json)"
+            f"with its tokenizer files ({TOKENIZER_FILES}, beside tokenizer_config.json)"
         ) from None
+    require_vocabulary(loaded)
+    return loaded
 
 
 def with_model_tokenizer(env_kwargs: dict[str, Any], tokenizer: Any) -> dict[str, Any]:

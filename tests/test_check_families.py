@@ -249,6 +249,12 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, template in [("hermes3", HERMES3_LIKE), ("switch", THINKING_SWITCH)]:
         tokenizer(template).save_pretrained(root / name)
         folders[name] = root / name
+    # what a user gets copying tokenizer_config.json alone: it loads, with no vocabulary
+    config = json.loads((folders["hermes3"] / "tokenizer_config.json").read_text())
+    (root / "vocabless").mkdir()
+    config_only = {**config, "tokenizer_class": "Qwen2Tokenizer"}
+    (root / "vocabless" / "tokenizer_config.json").write_text(json.dumps(config_only))
+    folders["vocabless"] = root / "vocabless"
     return folders
 
 
@@ -298,6 +304,17 @@ def test_cli_check_user_errors_are_one_line_exit_2(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], proc.stderr
+
+
+def test_cli_check_refuses_a_tokenizer_that_lost_its_vocabulary(
+    family_dirs: dict[str, Path],
+) -> None:
+    # it loads and encodes every text to no ids, so each template row would pass on nothing
+    proc = cli("check", "calculator", "--model", str(family_dirs["vocabless"]))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "its vocabulary is missing" in lines[0], proc.stderr
+    assert "tokenizer.json" in lines[0] and "rollout mode" not in proc.stdout
 
 
 @pytest.mark.vllm

@@ -52,6 +52,30 @@ class TemplateError(ConfigError):
     """The chat template cannot render what the engine needs (no template, no tool support)."""
 
 
+#: Plain text every LLM tokenizer writes back as it was.
+_VOCABULARY_PROBE = "The answer is 42, said Ada."
+#: Where a tokenizer's vocabulary lives, for the error that says it is missing.
+TOKENIZER_FILES = "tokenizer.json, or vocab.json + merges.txt, or tokenizer.model"
+
+
+def require_vocabulary(tokenizer: Any) -> None:
+    """Refuse a tokenizer that cannot write plain text back.
+
+    Why: a folder with only ``tokenizer_config.json`` (the vocabulary files left behind)
+    loads without complaint, then encodes every text to nothing or to unknown tokens; every
+    template check would then pass on empty ids, and a rollout would sample from empty prompts.
+    """
+    ids = tokenizer.encode(_VOCABULARY_PROBE, add_special_tokens=False)
+    back = tokenizer.decode(ids, skip_special_tokens=True)
+    if back.strip() != _VOCABULARY_PROBE:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ConfigError(
+            f"the tokenizer {name!r} cannot write text ({_VOCABULARY_PROBE!r} comes back as "
+            f"{back!r}): its vocabulary is missing; use the model's full tokenizer files "
+            f"({TOKENIZER_FILES}), not tokenizer_config.json alone"
+        )
+
+
 def template_messages(messages: Sequence[Message], as_text: bool = False) -> list[Message]:
     """Messages as a chat template expects them: tool-call arguments as dicts or JSON text.
 
@@ -92,6 +116,7 @@ class ChatRenderer:
                 "the tokenizer has no chat template; pick an instruct/chat model or set "
                 "tokenizer.chat_template before rolling out"
             )
+        require_vocabulary(tokenizer)
         self.tokenizer = tokenizer
         self.template_kwargs = dict(chat_template_kwargs or {})
         self._arguments_as_text = False

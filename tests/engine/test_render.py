@@ -4,8 +4,13 @@ Mistral v0.3 moves the system prompt; Hermes-3 renders the last tool message dif
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import pytest
+from transformers import AutoTokenizer
+
+from agentgym import ConfigError
 from agentgym.engine import ChatRenderer, TemplateError
 from agentgym.engine._episode import probe_conversation
 from agentgym.engine.tiny import make_tokenizer
@@ -151,6 +156,19 @@ def test_missing_or_broken_template_is_a_clear_error() -> None:
         ChatRenderer(tok)
     with pytest.raises(TemplateError, match="failed to render"):
         renderer("{{ raise_exception('no tools here') }}")
+
+
+def test_a_tokenizer_without_its_vocabulary_is_refused_naming_the_files(tmp_path: Path) -> None:
+    # tokenizer_config.json alone (a common partial copy) loads, and encodes text to no ids
+    make_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "Qwen2Tokenizer"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    vocabless = AutoTokenizer.from_pretrained(tmp_path)
+    assert vocabless.encode("The answer is 42.") == []  # what every template check would see
+    with pytest.raises(ConfigError, match=r"vocabulary is missing; use .*tokenizer\.json"):
+        ChatRenderer(vocabless)
 
 
 def test_a_template_that_wants_arguments_as_text_gets_json_text() -> None:
