@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -103,10 +104,10 @@ def list_envs() -> None:
         env = make(env_id)
         doc = (type(env).__doc__ or "").strip().splitlines()
         table.add_row(
-            env_id,
-            ", ".join(getattr(env, "tools", {})) or "-",
+            escape(env_id),
+            escape(", ".join(getattr(env, "tools", {})) or "-"),
             str(len(getattr(env, "tasks", ()))),
-            doc[0] if doc else "",
+            escape(doc[0] if doc else ""),
         )
         env.close()
     Console().print(table)
@@ -139,7 +140,8 @@ def check_env(
     )
     table = Table("check", "result", "detail")
     for r in results:
-        table.add_row(r.name, "[green]pass[/]" if r.passed else "[red]FAIL[/]", r.detail)
+        verdict = "[green]pass[/]" if r.passed else "[red]FAIL[/]"
+        table.add_row(escape(r.name), verdict, escape(r.detail))  # details quote templates
     Console().print(table)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
@@ -198,8 +200,10 @@ def evaluate(
     ] = 4096,
     server: Annotated[
         list[str],
-        typer.Option(help="vllm: a vLLM server to sample on instead of the in-process engine "
-                     "(repeatable; token ids in and out, episodes routed sticky)."),
+        typer.Option(
+            help="vllm: a vLLM server to sample on instead of the in-process engine "
+            "(repeatable; token ids in and out, episodes routed sticky)."
+        ),
     ] = [],  # noqa: B006
     router_url: Annotated[
         str | None, typer.Option(help="vllm: a router before the --server URLs (vllm-router).")
@@ -225,9 +229,7 @@ def evaluate(
     if router_url and not server:
         raise ConfigError("--router-url needs the --server URLs too (adapters and checks)")
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
-    env_kwargs_built = (
-        _with_model(model_path, env_kwargs, policy) if policy.local else env_kwargs
-    )
+    env_kwargs_built = _with_model(model_path, env_kwargs, policy) if policy.local else env_kwargs
     probe = make(env_id, **env_kwargs_built)  # validates options before any work
     available = len(getattr(probe, "tasks", ()))
     reference: Any = getattr(probe, "reference_turns", None)
@@ -365,7 +367,7 @@ def _prepare_engine(
     except BaseException:
         policy.close()
         raise
-    console.print(f"rollout mode {decision.mode}: {decision.reason}", highlight=False)
+    console.print(f"rollout mode {decision.mode}: {decision.reason}", markup=False, highlight=False)
     return policy
 
 
@@ -441,9 +443,9 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         if key in ("env", "policy", "model"):
             continue
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-        table.add_row(key, shown)
+        table.add_row(escape(key), escape(shown))
     Console().print(table)
-    console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}")
+    console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}", markup=False)
 
 
 def _mount_sandbox_commands() -> None:
@@ -494,9 +496,9 @@ def main() -> None:
     except (ConfigError, typer.TyperException) as exc:  # typer's usage errors derive from it
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         if message:  # empty when typer already printed the help (no arguments given)
-            console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except Error as exc:  # infrastructure (a server that would not start ...): not the user's
-        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)  # a command's return value is no code

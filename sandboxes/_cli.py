@@ -8,6 +8,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column, Table
 
 from agentgym._errors import Error
@@ -29,7 +30,7 @@ class Method(enum.StrEnum):
 
 
 def _fail(exc: Exception) -> NoReturn:
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {escape(str(exc))}")
     raise typer.Exit(1)
 
 
@@ -72,7 +73,7 @@ def build(
     try:
         with console.status(f"building {tag} ({method.value})"):
             image_id = build_image(tag=tag, method=method.value, mirror=mirror,
-                                   log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+                                   log=lambda msg: console.print(f"[dim]{escape(msg)}[/dim]"))
     except Error as exc:
         _fail(exc)
     console.print(f"[green]built[/green] {tag} {image_id[:19]} in "
@@ -126,8 +127,8 @@ def bench(
 
     try:
         result = run_bench(image=image, pool_size=pool_size, n=n, humaneval=humaneval,
-                           log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+                           log=lambda msg: console.print(f"[dim]{escape(msg)}[/dim]"))
     except Error as exc:
         _fail(exc)
     for line in result.lines():
-        console.print(line)
+        console.print(line, markup=False)

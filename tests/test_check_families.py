@@ -246,7 +246,12 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tokenizer folders (as a user's model folder holds them) for the templates above."""
     root = tmp_path_factory.mktemp("families")
     folders = {}
-    for name, template in [("hermes3", HERMES3_LIKE), ("switch", THINKING_SWITCH)]:
+    families = [
+        ("hermes3", HERMES3_LIKE),
+        ("switch", THINKING_SWITCH),
+        ("mistral", MISTRAL_V03_LIKE),
+    ]
+    for name, template in families:
         tokenizer(template).save_pretrained(root / name)
         folders[name] = root / name
     # what a user gets copying tokenizer_config.json alone: it loads, with no vocabulary
@@ -293,6 +298,8 @@ def test_cli_check_passes_chat_template_kwargs(family_dirs: dict[str, Path]) -> 
                      id="model-without-tokenizer"),
         pytest.param(["--env-arg", "parser=qwen3_codr"], "Did you mean 'qwen3_coder'",
                      id="parser-typo"),
+        pytest.param(["--env-arg", "parser=[/INST]"], "parser '[/INST]'",
+                     id="input-that-looks-like-console-markup"),
     ],
 )  # fmt: skip
 def test_cli_check_user_errors_are_one_line_exit_2(
@@ -304,6 +311,15 @@ def test_cli_check_user_errors_are_one_line_exit_2(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], proc.stderr
+
+
+def test_cli_check_prints_template_text_as_written(family_dirs: dict[str, Path]) -> None:
+    # Mistral's markers look like the console's markup ('[/INST]' closes a tag never opened)
+    proc = cli("check", "calculator", "--model", str(family_dirs["mistral"]),
+               "--env-arg", "parser=mistral")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # its round trip fails, nothing else
+    assert "Traceback" not in proc.stderr and "[/INST]" in proc.stdout, proc.stderr
+    assert "[TOOL_CALLS]" in proc.stdout and "drops the text before a tool call" in proc.stdout
 
 
 def test_cli_check_refuses_a_tokenizer_that_lost_its_vocabulary(

@@ -81,5 +81,5 @@ def train(
     if not main:
         return
     for name, value in figures.items():
-        console.print(f"{name}: {value:.3f}")
-    console.print(f"run folder: {cfg.output_dir}")
+        console.print(f"{name}: {value:.3f}", markup=False)
+    console.print(f"run folder: {cfg.output_dir}", markup=False)

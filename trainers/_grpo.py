@@ -213,7 +213,7 @@ class GRPOTrainer:
             final = self._evaluate(policy, run, cfg.max_steps, num_tasks=None, label="final")
         figures["grpo/success"] = final
         plot_curves(run.path / "metrics.jsonl", run.path / "reward_curve.png", title=cfg.env)
-        console.console.print(write_summary(run.path, figures))
+        console.console.print(write_summary(run.path, figures), markup=False)
         return figures
 
     # ---- stages -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentgym._errors import ConfigError
@@ -49,9 +50,9 @@ def list_runs(
     for run in store.list_runs(limit, status=status):
         shown = {k: v for k, v in run["figures"].items() if k in _HEADLINE}
         table.add_row(
-            run["id"], run["kind"], run["name"], _coloured(run["status"]),
+            run["id"], run["kind"], _text(run["name"]), _coloured(run["status"]),
             _text(run["exit_code"]), _text(run["step"]), run["created_at"][:16],
-            ", ".join(f"{k}={_text(v)}" for k, v in shown.items()),
+            ", ".join(f"{_text(k)}={_text(v)}" for k, v in shown.items()),
         )  # fmt: skip
     console.print(table)
 
@@ -68,9 +69,11 @@ def show_run(
                 "created_at", "started_at", "ended_at", "step", "attempt", "sweep_id"):  # fmt: skip
         table.add_row(key, _coloured(run[key]) if key == "status" else _text(run[key]))
     for key, value in sorted(run["figures"].items()):
-        table.add_row(key, _text(value))
+        table.add_row(_text(key), _text(value))
     console.print(table)
-    console.print(yaml.safe_dump(run["config"], sort_keys=False).rstrip(), highlight=False)
+    console.print(
+        yaml.safe_dump(run["config"], sort_keys=False).rstrip(), highlight=False, markup=False
+    )
     if run["error_tail"]:
         console.print("[red]last log lines:[/]")
         console.print(run["error_tail"], highlight=False, markup=False)
@@ -89,12 +92,12 @@ def compare_runs(
     for key in ("kind", "name", "status", "step"):
         table.add_row(key, _text(a[key]), _text(b[key]))
     for key in sorted(a["figures"].keys() | b["figures"].keys()):
-        table.add_row(key, _text(a["figures"].get(key)), _text(b["figures"].get(key)))
+        table.add_row(_text(key), _text(a["figures"].get(key)), _text(b["figures"].get(key)))
     console.print(table)
     differ = Table("config key", a["id"], b["id"], title="config differences")
     for key in sorted(a["config"].keys() | b["config"].keys()):
         if a["config"].get(key) != b["config"].get(key):
-            differ.add_row(key, _text(a["config"].get(key)), _text(b["config"].get(key)))
+            differ.add_row(_text(key), _text(a["config"].get(key)), _text(b["config"].get(key)))
     console.print(differ if differ.row_count else "configs are identical")
 
 
@@ -137,8 +140,8 @@ def sweep(
     for run in sorted(rows, key=lambda r: r["name"]):
         tail = (run["error_tail"] or "").splitlines()[-1:] or [""]
         table.add_row(
-            run["id"], run["name"], _coloured(run["status"]), _text(run["exit_code"]),
-            str(run["attempt"]), tail[0][:80],
+            run["id"], _text(run["name"]), _coloured(run["status"]), _text(run["exit_code"]),
+            str(run["attempt"]), _text(tail[0][:80]),
         )  # fmt: skip
     console.print(table)
     if any(run["status"] != RunStatus.finished for run in rows):
@@ -194,10 +197,11 @@ def _coloured(status: str) -> str:
 
 
 def _text(value: Any) -> str:
+    """A cell as text, escaped: names, configs and log lines may hold '[...]' (markup)."""
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict | list):
-        return json.dumps(value)
-    return str(value)
+        return escape(json.dumps(value))
+    return escape(str(value))

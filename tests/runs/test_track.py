@@ -73,6 +73,19 @@ def test_runs_ls_show_and_compare(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "agentgym runs ls" in missing.stderr
 
 
+def test_runs_print_names_and_configs_as_written(tmp_path: Path) -> None:
+    # a run's name (its folder), config and log lines are the user's text, not console markup
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    out = tmp_path / "calc[/INST]" / "[bold]run"  # the run's name is its folder's
+    assert agentgym("eval", "calculator", "-n", "1", "--out", str(out), db=db).returncode == 0
+    [run] = RunStore(db).list_runs()
+    listed = agentgym("runs", "ls", db=db)
+    assert listed.returncode == 0 and "[bold]run" in listed.stdout, listed.stderr
+    shown = agentgym("runs", "show", run["id"], db=db)
+    assert shown.returncode == 0 and "[bold]run" in shown.stdout, shown.stderr
+    assert "calc[/INST]" in shown.stdout  # the config's out path
+
+
 @pytest.mark.parametrize(
     ("raised", "code", "status"),
     [
