@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.logging import RichHandler
 
 from agentgym._errors import ConfigError
+from agentgym._yaml import load_yaml
 
 console = Console()
 
@@ -32,7 +32,7 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set takes key=value, got {pair!r}")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = load_yaml(value, f"--set {pair!r}")
     return out
 
 

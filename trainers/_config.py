@@ -420,12 +420,13 @@ class GRPOConfig:
         Raises:
             ConfigError: the file is missing or not YAML, or see `from_dict`.
         """
-        import yaml  # pyyaml; imported here so importing the trainer package stays light
+        from agentgym._yaml import load_yaml
 
         try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config {str(path)!r}: {exc}") from exc
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {str(path)!r}: {exc.strerror}") from None
+        data = load_yaml(text, f"config {str(path)!r}") or {}
         if isinstance(data, Mapping):
             data = {**data, **(overrides or {})}
         return cls.from_dict(data)

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from agentgym._errors import ConfigError
+from agentgym._yaml import load_yaml
 
 from ._jobs import parse_config, submit_job
 from ._queue import JobQueue
@@ -180,7 +181,7 @@ def _grid_axis(item: str) -> tuple[str, list[Any]]:
     key, sep, values = item.partition("=")
     if not sep or not key or not values:
         raise ConfigError(f"--grid takes key=v1,v2,..., got {item!r}")
-    return key.strip(), [yaml.safe_load(v) for v in values.split(",")]
+    return key.strip(), [load_yaml(v, f"--grid {item!r}") for v in values.split(",")]
 
 
 def _find(store: RunStore, run_id: str) -> dict[str, Any]:

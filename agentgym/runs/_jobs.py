@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from agentgym._errors import ConfigError
+from agentgym._yaml import load_yaml
 
 from ._store import RunStore, new_run_id
 
@@ -39,11 +40,7 @@ _AGENTGYM = [sys.executable, "-c", "from agentgym.cli import main; main()"]
 def parse_config(config: Mapping[str, Any] | str) -> dict[str, Any]:
     """A job config as a dict: a mapping as is, or YAML/JSON text parsed."""
     if isinstance(config, str):
-        try:
-            config = yaml.safe_load(config)
-        except yaml.YAMLError as exc:
-            reason = " ".join(str(exc).split())  # one line
-            raise ConfigError(f"the config is not valid YAML/JSON: {reason}") from None
+        config = load_yaml(config, "the config")
     if not isinstance(config, Mapping):
         raise ConfigError(f"a config must be a mapping of key: value, got {type(config).__name__}")
     return dict(config)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,26 @@ def test_yaml_that_is_not_a_mapping_is_a_config_error(tmp_path: Path) -> None:
         GRPOConfig.from_yaml(path)
     with pytest.raises(ConfigError, match="cannot read config"):
         GRPOConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+def test_broken_yaml_is_one_line_naming_the_file_and_place(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("model: tiny\nenv: [calculator\n")
+    with pytest.raises(ConfigError) as caught:
+        GRPOConfig.from_yaml(path)
+    message = str(caught.value)
+    assert "\n" not in message and "broken.yaml" in message and "not valid YAML at line" in message
+
+
+def test_cli_set_with_broken_yaml_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text("model: tiny\nenv: calculator\n")
+    agentgym = Path(sys.executable).with_name("agentgym")
+    proc = subprocess.run([str(agentgym), "train", str(path), "--set", "num_generations=[2"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr  # was a traceback
+    assert "--set 'num_generations=[2' is not valid YAML" in lines[0], proc.stderr
 
 
 def test_mutable_defaults_are_not_shared() -> None:
