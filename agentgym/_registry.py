@@ -14,15 +14,20 @@ agentgym never imports someone else's package.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 import re
+import typing
 import warnings
-from collections.abc import Callable
+from collections import abc
+from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union
 
 import gymnasium
+from pydantic import TypeAdapter, ValidationError
 
 from ._env import Env
 from ._errors import ConfigError, UnknownEnvError
@@ -139,27 +144,86 @@ def _load_entry_point(entry_point: Any) -> Callable[..., Env]:
         raise ConfigError(f"cannot load entry point {entry_point!r}: {exc}") from exc
 
 
-def _accepted_kwargs(factory: Callable[..., Env]) -> set[str] | None:
-    """Keyword names ``factory`` takes, following ``**kwargs`` up a class's bases; None = any."""
-    names: set[str] = set()
+def _constructors(factory: Callable[..., Env]) -> Iterator[Callable[..., Any]]:
+    """``factory``'s signature, then its bases' ``__init__`` while each passes ``**kwargs`` up.
+
+    Ends with ``object.__init__`` where the chain reaches it (then any keyword is accepted).
+    """
     classes = inspect.getmro(factory) if inspect.isclass(factory) else (factory,)
     for owner in classes:
         fn = owner.__init__ if inspect.isclass(owner) else owner
+        yield fn
+        params = () if fn is object.__init__ else inspect.signature(fn).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return
+
+
+def _accepted_kwargs(factory: Callable[..., Env]) -> set[str] | None:
+    """Keyword names ``factory`` takes, following ``**kwargs`` up a class's bases; None = any."""
+    names: set[str] = set()
+    for fn in _constructors(factory):
         if fn is object.__init__:
             return None
         params = inspect.signature(fn).parameters.values()
         names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            return names - {"self"}
-    return None
+    return names - {"self"}
 
 
 def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
     accepted = _accepted_kwargs(factory)
-    if accepted is None:
-        return
-    unknown = sorted(set(kwargs) - accepted)
-    if unknown:
+    unknown = sorted(set(kwargs) - accepted) if accepted is not None else []
+    if accepted is not None and unknown:
         raise ConfigError(
             f"{env_id} does not take option(s) {unknown}; it takes: {', '.join(sorted(accepted))}"
         )
+    for name, value in kwargs.items():
+        adapter = _plain_option_types(factory).get(name)
+        if adapter is None or not isinstance(value, _PLAIN_VALUES):
+            continue  # an object from Python code: the env's own business
+        try:
+            adapter.validate_python(value, strict=True)
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"]
+            raise ConfigError(
+                f"{env_id}: option {name}={value!r} is not valid: {reason[0].lower()}{reason[1:]}"
+            ) from None
+
+
+#: Values a config file or the command line can hold; only these are type-checked.
+_PLAIN_VALUES = (str, int, float, bool, list, dict, type(None))
+_PLAIN_TYPES = (str, int, float, bool, type(None))
+_CONTAINERS = (Union, UnionType, list, dict, abc.Sequence, abc.Mapping)  # no tuple: YAML has none
+
+
+@functools.cache
+def _plain_option_types(factory: Callable[..., Env]) -> dict[str, TypeAdapter[Any]]:
+    """Validators for the options annotated with plain types (int, str | None, Literal ...).
+
+    Why: ``--env-arg max_turns=abc`` reached the env as a string and failed deep inside it
+    with a TypeError. Options of other types (tools, rubrics, parsers) are not checked, nor
+    are annotations that cannot be resolved.
+    """
+    adapters: dict[str, TypeAdapter[Any]] = {}
+    seen = {"return"}  # a subclass's annotation of an option wins over its bases'
+    for fn in _constructors(factory):
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:  # a forward reference that only resolves for type checkers
+            continue
+        for name, hint in hints.items():
+            if name not in seen and _is_plain(hint):
+                adapters[name] = TypeAdapter(hint)
+            seen.add(name)
+    return adapters
+
+
+def _is_plain(hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is None:
+        return hint in _PLAIN_TYPES
+    if origin is Literal:
+        return True
+    args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+    return origin in _CONTAINERS and all(_is_plain(a) for a in args)
+
+

@@ -300,6 +300,8 @@ def test_cli_check_passes_chat_template_kwargs(family_dirs: dict[str, Path]) -> 
                      id="parser-typo"),
         pytest.param(["--env-arg", "parser=[/INST]"], "parser '[/INST]'",
                      id="input-that-looks-like-console-markup"),
+        pytest.param(["--env-arg", "max_turns=abc"], "max_turns='abc' is not valid",
+                     id="option-of-the-wrong-type"),
     ],
 )  # fmt: skip
 def test_cli_check_user_errors_are_one_line_exit_2(

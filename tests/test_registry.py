@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -72,6 +73,31 @@ def test_calculator_short_name_and_kwargs() -> None:
     assert len(env.tasks) == 3 and env.max_turns == 2
     with pytest.raises(ConfigError, match="bogus"):
         agentgym.make("calculator", bogus=1)
+
+
+@pytest.mark.parametrize(
+    ("option", "fragment"),
+    [
+        ({"max_turns": "abc"}, "max_turns='abc' is not valid: input should be a valid integer"),
+        ({"max_turns": True}, "max_turns=True is not valid"),  # bool is an int to Python
+        ({"tool_prompt": "sys"}, "input should be 'template' or 'system'"),  # a Literal
+        ({"tool_timeout": "2s"}, "tool_timeout='2s' is not valid"),  # float | None
+        ({"seed": 1.5}, "seed=1.5 is not valid"),  # the subclass's own option
+    ],
+)
+def test_make_refuses_an_option_of_the_wrong_type_naming_it(
+    option: dict[str, object], fragment: str
+) -> None:
+    # what --env-arg and a config's env_kwargs hand over: strings, numbers, booleans
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        agentgym.make("calculator", **option)
+
+
+def test_make_takes_options_of_the_annotated_types_and_objects_unchecked() -> None:
+    env = agentgym.make("calculator", max_turns=3, tool_timeout=2, system_prompt=None)
+    assert env.max_turns == 3 and env.tools["calculate"].timeout == 2  # an int is a float
+    parser = agentgym.parsers.get_parser("hermes")
+    assert agentgym.make("calculator", parser=parser).parser is parser  # not plain: not checked
 
 
 def test_make_rejects_kwargs_the_env_sets_itself() -> None:
