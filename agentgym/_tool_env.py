@@ -123,6 +123,9 @@ class ToolEnv(Env):
             raise ConfigError(f"tool_prompt must be 'template' or 'system', got {tool_prompt!r}")
         if max_episode_tokens is not None and max_episode_tokens < 1:
             raise ConfigError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
+        if callable(tools) or isinstance(tools, str):  # one tool, not a list of them
+            name = getattr(tools, "name", None) or getattr(tools, "__name__", "tool")
+            raise ConfigError(f"tools must be a list of tools, e.g. [{name}], got one")
         self.tools: dict[str, Tool] = {}
         for t in map(as_tool, tools):
             if tool_timeout is not None:
@@ -148,6 +151,11 @@ class ToolEnv(Env):
     # ---- hooks -------------------------------------------------------------------------
     def build_prompt(self, task: dict[str, Any]) -> list[Message]:
         """The opening messages for ``task``: the system prompt, then the task's prompt."""
+        if "prompt" not in task:
+            raise ConfigError(
+                f"the task has no 'prompt' (its keys: {sorted(task)}); give each task one, "
+                "e.g. load_tasks(..., fields={'question': 'prompt'}), or override build_prompt"
+            )
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return messages + [{"role": "user", "content": task["prompt"]}]
 

@@ -280,6 +280,18 @@ def test_env_without_tasks_needs_task_option() -> None:
     assert obs[-1]["content"] == "hi"
 
 
+def test_a_task_without_a_prompt_names_its_keys_and_the_rename() -> None:
+    env = ToolEnv([add], tasks=[{"question": "What is 2 + 3?"}])
+    with pytest.raises(ConfigError, match=r"no 'prompt' \(its keys: \['question'\]\).*fields="):
+        env.reset()  # was a bare KeyError: 'prompt'
+
+
+def test_one_tool_instead_of_a_list_is_named() -> None:
+    for one in (add, add.fn):
+        with pytest.raises(ConfigError, match=r"a list of tools, e.g. \[add\]"):
+            ToolEnv(one, tasks=TASKS)  # type: ignore[arg-type]
+
+
 def test_step_before_reset_raises() -> None:
     with pytest.raises(ConfigError, match="reset"):
         make_env().step("hello")

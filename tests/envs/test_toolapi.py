@@ -58,7 +58,9 @@ def test_tasks_are_deterministic_split_and_each_changes_the_state(toolapi: Modul
         "reship",
         "address",
     }
-    with pytest.raises(ConfigError, match="split must be"):
+    with pytest.raises(
+        ConfigError, match="split='test' is not valid: input should be 'train' or 'eval'"
+    ):
         agentgym.make("agentgym/ToolAPI-v0", split="test")
 
 
