@@ -40,6 +40,8 @@ Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 #: LoRA ranks vLLM can serve (``max_lora_rank`` choices in ``vllm/config/lora.py``).
+#: Held-out tasks when `eval_tasks` is not set: a tenth of the env's, at most this many.
+DEFAULT_EVAL_TASKS = 100
 VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: Modules vLLM cannot hot-load as LoRA targets, so an adapter on them cannot be synced alone.
 _UNSERVABLE_TARGETS = frozenset({"lm_head", "embed_tokens"})
@@ -101,14 +103,16 @@ class GRPOConfig:
     )
     env: str = _knob("calculator", "Env id or short name, as accepted by `agentgym.make`.")
     env_kwargs: dict[str, Any] = _knob({}, "Keyword arguments for `agentgym.make(env, ...)`.")
-    train_tasks: str | list[int] = _knob(
-        "100:1100",
-        "Task indices trained on: 'start:stop' (half-open) or a list. The data order is a "
-        "shuffle of these by `seed`, reshuffled each pass; must not overlap `eval_tasks`.",
+    train_tasks: str | list[int] | None = _knob(
+        None,
+        "Task indices trained on: 'start:stop' (half-open) or a list. None: every task of the "
+        "env not in `eval_tasks`. The data order is a shuffle of these by `seed`, reshuffled "
+        "each pass; must not overlap `eval_tasks`.",
     )
-    eval_tasks: str | list[int] = _knob(
-        "0:100",
-        "Held-out task indices for evaluation: 'start:stop' (half-open) or a list.",
+    eval_tasks: str | list[int] | None = _knob(
+        None,
+        "Held-out task indices for evaluation: 'start:stop' (half-open) or a list. None: the "
+        f"env's first tasks not in `train_tasks`, a tenth of them, at most {DEFAULT_EVAL_TASKS}.",
     )
     eval_num_tasks: int | None = _knob(
         None,
@@ -450,15 +454,34 @@ class GRPOConfig:
         """Episodes played per step: ``tasks_per_step * num_generations``."""
         return self.tasks_per_step * self.num_generations
 
-    @property
-    def train_task_indices(self) -> list[int]:
-        """`train_tasks` as a list of task indices."""
-        return parse_tasks(self.train_tasks, "train_tasks")
+    def task_split(self, task_count: int | None) -> tuple[list[int], list[int]]:
+        """The (train, eval) task indices for an env with ``task_count`` tasks.
 
-    @property
-    def eval_task_indices(self) -> list[int]:
-        """`eval_tasks` as a list of task indices."""
-        return parse_tasks(self.eval_tasks, "eval_tasks")
+        ``task_count`` None (the env is not known yet) checks only the ranges given and
+        leaves a None one empty.
+
+        Raises:
+            ConfigError: a malformed or overlapping range, one past the env's last task, or
+                too few tasks for `tasks_per_step` / `eval_num_tasks`.
+        """
+        given = {"train_tasks": self.train_tasks, "eval_tasks": self.eval_tasks}
+        train, held_out = (None if v is None else parse_tasks(v, k) for k, v in given.items())
+        if task_count is not None:
+            if held_out is None:
+                taken = set(train or ())
+                free = [i for i in range(task_count) if i not in taken]
+                held_out = free[: min(DEFAULT_EVAL_TASKS, max(1, task_count // 10))]
+            if train is None:
+                train = [i for i in range(task_count) if i not in set(held_out)]
+            reach = max([*train, *held_out], default=-1)
+            if reach >= task_count:
+                raise ConfigError(
+                    f"train_tasks/eval_tasks reach task {reach} but {self.env!r} has "
+                    f"{task_count} tasks; shrink the ranges, leave them unset (null) to split "
+                    "the env's tasks, or pass a larger num_tasks in env_kwargs"
+                )
+        self._check_split(train, held_out)
+        return train or [], held_out or []
 
     # --- checks ---------------------------------------------------------------------------
 
@@ -540,21 +563,24 @@ class GRPOConfig:
             )
 
     def _check_tasks(self) -> None:
-        train = self.train_task_indices
-        held_out = self.eval_task_indices
-        overlap = sorted(set(train) & set(held_out))
+        self.task_split(None)
+
+    def _check_split(self, train: list[int] | None, held_out: list[int] | None) -> None:
+        """The checks `task_split` runs on what it knows (None: not known yet)."""
+        overlap = sorted(set(train or ()) & set(held_out or ()))
         if overlap:
             raise ConfigError(
                 f"train_tasks={self.train_tasks!r} and eval_tasks={self.eval_tasks!r} share "
                 f"{len(overlap)} tasks (first: {overlap[0]}); make the ranges disjoint so "
                 "evaluation is held out"
             )
-        if self.eval_num_tasks is not None and not 1 <= self.eval_num_tasks <= len(held_out):
-            raise ConfigError(
-                f"eval_num_tasks={self.eval_num_tasks!r} must be between 1 and the "
-                f"{len(held_out)} eval_tasks; lower it or null to use all"
-            )
-        if self.tasks_per_step > len(train):
+        if held_out is not None and self.eval_num_tasks is not None:
+            if not 1 <= self.eval_num_tasks <= len(held_out):
+                raise ConfigError(
+                    f"eval_num_tasks={self.eval_num_tasks!r} must be between 1 and the "
+                    f"{len(held_out)} eval_tasks; lower it or null to use all"
+                )
+        if train is not None and self.tasks_per_step > len(train):
             raise ConfigError(
                 f"tasks_per_step={self.tasks_per_step} exceeds the {len(train)} train_tasks; "
                 "lower it or widen train_tasks"

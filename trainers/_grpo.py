@@ -96,7 +96,10 @@ class GRPOTrainer:
         self.world.check_divides("tasks_per_step", config.tasks_per_step)
         if config.device != "cpu":
             self.world.pin_gpu()  # before anything initialises CUDA
-        self.model_dir = preflight(config)  # clear errors before any model loads
+        checked = preflight(config)  # clear errors before any model loads
+        self.model_dir = checked.model_dir
+        #: Task indices trained on and held out (the config's, or the env's split).
+        self.train_tasks, self.eval_tasks = checked.train_tasks, checked.eval_tasks
         self.env_max_turns = config.max_turns or getattr(make(config.env), "max_turns", 1)
         #: The run's event loop (`train` sets it) and the envs its rollouts reuse across steps.
         self._loop: asyncio.Runner | None = None
@@ -225,8 +228,8 @@ class GRPOTrainer:
         out = run.path / "sft"
         if (out / "sft.json").is_file():
             return out
-        validation = cfg.train_task_indices[-_SFT_VALIDATION:] if cfg.sft_target_accuracy else []
-        traces = [t for t in cfg.train_task_indices if t not in set(validation)]
+        validation = self.train_tasks[-_SFT_VALIDATION:] if cfg.sft_target_accuracy else []
+        traces = [t for t in self.train_tasks if t not in set(validation)]
         sft = SFTConfig(
             steps=cfg.sft_steps, lr=cfg.sft_learning_rate, batch_size=cfg.sft_batch_size,
             seed=cfg.seed, log=_log_sft_progress, target_accuracy=cfg.sft_target_accuracy,
@@ -340,7 +343,7 @@ class GRPOTrainer:
 
         A pure function of (seed, step), so a resumed run sees the same data order.
         """
-        cfg, pool = self.config, self.config.train_task_indices
+        cfg, pool = self.config, self.train_tasks
         first = (step - 1) * cfg.tasks_per_step
         tasks = []
         for position in range(first, first + cfg.tasks_per_step):
@@ -500,7 +503,7 @@ class GRPOTrainer:
         model), ``base`` (the model before the SFT warm start), ``final`` (all eval tasks).
         """
         cfg = self.config
-        tasks = cfg.eval_task_indices[:num_tasks] if num_tasks else cfg.eval_task_indices
+        tasks = self.eval_tasks[:num_tasks] if num_tasks else self.eval_tasks
         trajectories = self._run(
             arollout(
                 self._envs, policy.with_sampling(temperature=0.0), tasks=tasks, group_size=1,

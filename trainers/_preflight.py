@@ -11,7 +11,7 @@ import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentgym import make
 from agentgym._errors import ConfigError
@@ -24,19 +24,27 @@ from ._config import GRPOConfig
 _BYTES_PER_PARAM_CPU = 8
 
 
-def preflight(config: GRPOConfig) -> Path:
-    """Run every check; returns the resolved model folder. Raises `ConfigError`."""
+class Checked(NamedTuple):
+    """What the checks resolved: the model folder and the env's task split."""
+
+    model_dir: Path
+    train_tasks: list[int]
+    eval_tasks: list[int]
+
+
+def preflight(config: GRPOConfig) -> Checked:
+    """Run every check; returns what they resolved. Raises `ConfigError`."""
     resolve_id(config.env)  # unknown env: "did you mean ..."
     _check_engine(config)
     env = make(config.env, **config.env_kwargs)
     tools = list(getattr(env, "tool_schemas", []))
-    task_count = len(getattr(env, "tasks", ()))
-    needed = max(config.train_task_indices + config.eval_task_indices) + 1
-    if task_count and needed > task_count:
+    task_count = len(getattr(env, "tasks", ())) or None
+    if task_count is None and (config.train_tasks is None or config.eval_tasks is None):
         raise ConfigError(
-            f"train_tasks/eval_tasks reach task {needed - 1} but {config.env!r} has "
-            f"{task_count} tasks; shrink the ranges or pass a larger num_tasks in env_kwargs"
+            f"{config.env!r} has no task list to split; set train_tasks and eval_tasks to "
+            "task indices its reset takes"
         )
+    train_tasks, eval_tasks = config.task_split(task_count)
     if config.sft_steps:
         missing = [n for n in config.sft_scripts if not callable(getattr(env, f"{n}_turns", None))]
         if missing:
@@ -49,7 +57,7 @@ def preflight(config: GRPOConfig) -> Path:
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_template(model_dir, tools, config.chat_template_kwargs)
     _check_memory(model_dir, config)
-    return model_dir
+    return Checked(model_dir, train_tasks, eval_tasks)
 
 
 def resolve_model(model: str, seed: int = 0) -> Path:

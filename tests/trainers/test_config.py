@@ -37,10 +37,10 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"temperature": 0.0}, "temperature=0.0"),
         ({"top_p": 0.0}, "top_p=0.0"),
         ({"beta": -0.1}, "beta=-0.1"),
-        ({"eval_tasks": "50:150"}, "share 50 tasks (first: 100)"),
+        ({"train_tasks": "100:1100", "eval_tasks": "50:150"}, "share 50 tasks (first: 100)"),
         ({"train_tasks": "5:5"}, "train_tasks='5:5'"),
-        ({"eval_num_tasks": 101}, "eval_num_tasks=101"),
-        ({"tasks_per_step": 2000}, "tasks_per_step=2000 exceeds"),
+        ({"eval_tasks": "0:100", "eval_num_tasks": 101}, "eval_num_tasks=101"),
+        ({"train_tasks": "100:1100", "tasks_per_step": 2000}, "tasks_per_step=2000 exceeds"),
         ({"device": "cpu", "dtype": "float16"}, "dtype='float16' with device='cpu'"),
         ({"device": "cpu", "load_in_4bit": True}, "load_in_4bit=True"),
         ({"gradient_accumulation_steps": 33}, "gradient_accumulation_steps=33"),
@@ -134,6 +134,21 @@ def test_mutable_defaults_are_not_shared() -> None:
     first, second = GRPOConfig(), GRPOConfig()
     first.env_kwargs["num_tasks"] = 10
     assert second.env_kwargs == {}
+
+
+def test_unset_task_ranges_split_the_envs_tasks() -> None:
+    # the defaults fit any env: a tenth held out (at most 100), the rest trained on
+    assert GRPOConfig().task_split(100) == (list(range(10, 100)), list(range(10)))
+    assert GRPOConfig().task_split(2200) == (list(range(100, 2200)), list(range(100)))
+    held_out_first = GRPOConfig(train_tasks="0:5").task_split(20)
+    assert held_out_first == (list(range(5)), [5, 6])  # the first tasks not trained on
+    assert GRPOConfig(eval_tasks=[3], tasks_per_step=2).task_split(4) == ([0, 1, 2], [3])
+    with pytest.raises(ConfigError, match="reach task 99 but 'calculator' has 50 tasks"):
+        GRPOConfig(eval_tasks="0:100").task_split(50)
+    with pytest.raises(ConfigError, match="tasks_per_step=8 exceeds the 2 train_tasks"):
+        GRPOConfig(tasks_per_step=8).task_split(3)  # known only once the env is
+    with pytest.raises(ConfigError, match="eval_num_tasks=20 must be between 1 and the 10"):
+        GRPOConfig(eval_num_tasks=20).task_split(100)
 
 
 def test_parse_tasks() -> None:

@@ -81,7 +81,7 @@ def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
 
     cfg = config(
         tmp_path, env="test/Chatter-v0", max_steps=2, eval_steps=None, save_steps=None,
-        rollout_engine=engine,
+        rollout_engine=engine, train_tasks=None, eval_tasks=None,  # the split: eval 0-3
     )  # fmt: skip
     trainer = GRPOTrainer(cfg)
     base = trainer.model_dir / "model.safetensors"
@@ -100,7 +100,10 @@ def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
     assert changed and all("lora_" in k for k in v1)
     assert 0.0 <= figures["grpo/success"] <= 1.0
     assert (run / "reward_curve.png").stat().st_size > 1000
-    assert (run / "eval_trajectories.jsonl").read_text().count("\n") == 4 + 4  # before, after
+    evals = [
+        json.loads(line) for line in (run / "eval_trajectories.jsonl").read_text().splitlines()
+    ]
+    assert [t["task_index"] for t in evals] == [0, 1, 2, 3] * 2  # before, after; held out
     # the reference episode that picks the rollout mode on an env of its own, then 16
     # episodes (eval 4, two steps of 2 tasks x 2, eval 4) on the run's pool of 4 envs
     played = sorted(env.resets for env in ChatterEnv.made if env.resets)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import agentgym
 from agentgym._errors import ConfigError
 from tests.conftest import require
 from trainers._config import GRPOConfig
@@ -30,7 +31,7 @@ def test_unknown_env_suggests_the_close_id() -> None:
 def test_task_ranges_beyond_the_env_name_the_fix() -> None:
     config = GRPOConfig(env="calculator", env_kwargs={"num_tasks": 20}, train_tasks="10:40",
                         eval_tasks="0:10")  # fmt: skip
-    _refusal(config, "pass a larger num_tasks")
+    _refusal(config, "leave them unset (null) to split the env's tasks, or pass a larger num_tasks")
 
 
 def test_a_vllm_engine_without_vllm_installed_names_both_fixes(monkeypatch) -> None:
@@ -42,7 +43,19 @@ def test_a_vllm_engine_without_vllm_installed_names_both_fixes(monkeypatch) -> N
     )
     _refusal(GRPOConfig(**SMALL_TASKS), "set rollout_engine: hf")
     preflight_ok = GRPOConfig(rollout_engine="hf", **SMALL_TASKS)
-    assert preflight(preflight_ok).is_dir()  # the transformers engine needs no vLLM
+    assert preflight(preflight_ok).model_dir.is_dir()  # the transformers engine needs no vLLM
+
+
+def test_the_default_config_runs_on_the_default_env_splitting_its_tasks() -> None:
+    # the README's GRPOConfig(model=..., env="calculator"): the env has 100 tasks by default
+    checked = preflight(GRPOConfig(env="calculator"))
+    assert checked.train_tasks == list(range(10, 100)) and checked.eval_tasks == list(range(10))
+    _refusal(GRPOConfig(eval_tasks="0:150"), "reach task 149 but 'calculator' has 100 tasks")
+
+
+def test_an_env_without_a_task_list_needs_both_ranges() -> None:
+    agentgym.register("tests/NoTasks-v0", lambda: agentgym.ToolEnv([]))
+    _refusal(GRPOConfig(env="tests/NoTasks-v0"), "has no task list to split; set train_tasks")
 
 
 def test_a_path_that_is_not_a_model_folder_is_refused(tmp_path: Path) -> None:
