@@ -278,9 +278,9 @@ def _with_model(
     """Env options for a local model: a model folder, and vllm: parsers get its tokenizer."""
     if model_path is None:
         raise ConfigError(f"--policy {policy.value} needs --model-path DIR (a local model folder)")
-    if not (model_path / "config.json").is_file():
-        raise ConfigError(f"{model_path} is not a model folder (no config.json)")
-    return with_model_tokenizer(env_kwargs, str(model_path))
+    from .engine._model_dir import require_model_folder
+
+    return with_model_tokenizer(env_kwargs, str(require_model_folder(model_path)))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from ._episode import (
     TokenPolicy,
     next_adapter_version,
 )
+from ._model_dir import model_source
 from ._render import ChatRenderer
 
 
@@ -90,9 +91,10 @@ class HFPolicy(TokenPolicy):
             ) from exc
         self.max_model_len = max_model_len
         self.max_batch_size = max_batch_size
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
+        model = model_source(model)
+        tokenizer = AutoTokenizer.from_pretrained(model)
         self._renderer = ChatRenderer(tokenizer, chat_template_kwargs)
-        net: Any = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
+        net: Any = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
         if adapter is not None:
             from peft import PeftModel
 

@@ -27,6 +27,7 @@ import httpx
 
 from .._errors import ConfigError, ModelError
 from . import _cpu_lora
+from ._model_dir import require_model_folder
 
 
 @dataclass(frozen=True)
@@ -147,9 +148,7 @@ def _start_vllm(model_dir: Path, options: ServerOptions, port: int | None) -> Lo
 
 
 def _checked_model_dir(model_dir: str | Path) -> Path:
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").exists():
-        raise ConfigError(f"{model_dir} is not a model folder (no config.json)")
+    model_dir = require_model_folder(model_dir)
     try:
         import vllm  # noqa: F401
     except ImportError as exc:

@@ -43,6 +43,7 @@ from ._episode import (
     TokenPolicy,
     next_adapter_version,
 )
+from ._model_dir import model_source
 from ._render import ChatRenderer
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ class VLLMPolicy(TokenPolicy):
             raise ConfigError(f"max_lora_rank must be one of {LORA_RANKS}, got {max_lora_rank}")
         if max_loras < 1:
             raise ConfigError(f"max_loras must be >= 1, got {max_loras}")
-        self.model = str(model)
+        self.model = model_source(model)
         self.max_model_len = max_model_len
         self.enable_lora = enable_lora
         self.max_loras = max_loras

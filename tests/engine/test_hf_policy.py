@@ -113,3 +113,20 @@ def test_adapter_versions_change_outputs_and_turns_record_them(
         greedy.load_adapter(tmp_path / "a1", version=5)
     with pytest.raises(ConfigError, match="not a PEFT adapter folder"):
         greedy.load_adapter(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["/nonexistent/model", "./typo-model", "~/no-such-model"])
+def test_a_local_path_without_a_model_is_refused_by_both_engines(where: str) -> None:
+    # transformers and vLLM took it for a hub id: "Repo id must use alphanumeric chars"
+    from agentgym.engine import VLLMPolicy
+
+    for engine in (HFPolicy, VLLMPolicy):
+        with pytest.raises(ConfigError, match=f"{where} is not a model folder"):
+            engine(where)
+
+
+def test_a_hub_id_is_left_to_the_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentgym.engine import VLLMPolicy
+
+    monkeypatch.chdir(tmp_path)  # no folder of that name here
+    assert VLLMPolicy("Qwen/Qwen2.5-0.5B-Instruct").model == "Qwen/Qwen2.5-0.5B-Instruct"
