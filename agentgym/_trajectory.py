@@ -160,8 +160,12 @@ def to_json_line(trajectory: Trajectory) -> str:
 
 
 def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
-    """Write one trajectory per line, atomically (temp file, then rename); return the count."""
+    """Write one trajectory per line, atomically (temp file, then rename); return the count.
+
+    Missing parent folders are made (``runs/eval.jsonl`` in a fresh checkout).
+    """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     count = 0
     try:

@@ -33,12 +33,12 @@ from ._check import (
     unread_template_kwargs,
     with_model_tokenizer,
 )
-from ._errors import ConfigError, Error
+from ._errors import ConfigError, Error, InfraError
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
-from ._trajectory import Trajectory, recover_jsonl, to_json_line
+from ._trajectory import Trajectory, recover_jsonl, to_json_line, write_jsonl
 
 app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -269,6 +269,7 @@ def evaluate(
             "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs_built,
         }  # fmt: skip
         summary = _run_eval(out, env_id, agent, run_config, done, total * group_size, plan)
+        _refuse_all_infra_errors(summary, out, played=summary["episodes"] - len(done))
     _print_summary(summary, out)
 
 
@@ -434,7 +435,21 @@ def _previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> l
             f"--resume: settings {differ} differ from {saved_path}; "
             "rerun with the same settings or choose another --out"
         )
-    return recover_jsonl(results)
+    episodes = recover_jsonl(results)
+    kept = [t for t in episodes if t.status != "infra_error"]
+    if len(kept) < len(episodes):  # the machinery failed them, not the model: play them again
+        write_jsonl(kept, results)
+    return kept
+
+
+def _refuse_all_infra_errors(summary: dict[str, Any], out: Path, played: int) -> None:
+    """A run whose every episode the machinery failed did not evaluate anything: say so."""
+    if played and summary["status"].get("infra_error", 0) == played:
+        raise InfraError(
+            f"all {played} episodes played ended in infra_error (the model server or sandbox "
+            f"failed; see {out / 'trajectories.jsonl'}); fix it, then rerun with --resume to "
+            "play them again"
+        )
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:

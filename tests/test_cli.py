@@ -157,6 +157,30 @@ def test_eval_refuses_to_mix_into_an_existing_run(tmp_path: Path) -> None:
     assert (out / "trajectories.jsonl").read_bytes() == before
 
 
+def test_an_eval_whose_every_episode_the_backend_failed_exits_as_infra(tmp_path: Path) -> None:
+    # nothing listens on the discard port: every turn is a ModelError, every episode infra_error
+    dead = ["--policy", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]
+    proc = run("eval", "calculator", "-n", "2", *dead, "--out", str(tmp_path / "run"))
+    assert proc.returncode == 75, proc.stderr  # EXIT_INFRA: a queue retries it (was 0)
+    assert "all 2 episodes played ended in infra_error" in proc.stderr
+    statuses = [t.status for t in read_jsonl(tmp_path / "run" / "trajectories.jsonl")]
+    assert statuses == ["infra_error"] * 2  # kept, for --resume to play again
+
+
+def test_resume_plays_again_the_episodes_the_backend_failed(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert run("eval", "calculator", "-n", "3", "--out", str(out)).returncode == 0
+    results = out / "trajectories.jsonl"
+    lines = results.read_text().splitlines(keepends=True)
+    failed = json.loads(lines[1]) | {"status": "infra_error", "turns": []}
+    results.write_text(lines[0] + json.dumps(failed) + "\n" + lines[2])
+    proc = run("eval", "calculator", "-n", "3", "--out", str(out), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    resumed = list(read_jsonl(results))
+    assert [t.status for t in resumed] == ["ok"] * 3  # the failed one replayed, not kept
+    assert sorted(t.task_index for t in resumed) == [0, 1, 2]
+
+
 def test_resume_plays_only_missing_episodes_after_a_torn_write(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert run("eval", "calculator", "-n", "4", "-g", "2", "--out", str(out)).returncode == 0

@@ -94,6 +94,12 @@ def test_write_jsonl_is_atomic_for_new_file(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [], "no partial or temporary file is left behind"
 
 
+def test_write_jsonl_makes_missing_folders(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "eval.jsonl"  # the README's path in a fresh checkout
+    assert write_jsonl([Trajectory(env_id="a")], path) == 1
+    assert [t.env_id for t in read_jsonl(path)] == ["a"]
+
+
 def test_write_jsonl_keeps_previous_content_on_failure(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     write_jsonl([Trajectory(env_id="old")], path)
