@@ -11,6 +11,10 @@ anything with ``://`` is a SQLAlchemy URL (``postgresql+psycopg://user@host/db``
 SQLite is opened in WAL mode and every transaction starts with ``BEGIN IMMEDIATE``: the CLI,
 the server and its workers are separate processes writing the same file, and an immediate
 transaction waits for the lock (``busy_timeout``) instead of failing on a lock upgrade.
+
+A database that cannot be opened (unknown scheme, missing driver, host down or unresolvable,
+folder that cannot be made) is a `ConfigError` of one line naming it, password hidden, and the
+fix (``--db`` / ``$AGENTGYM_RUNS_DB``), not a traceback.
 """
 
 from __future__ import annotations
@@ -18,14 +22,18 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import socket
 import uuid
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import sqlalchemy as sa
+
+from agentgym._errors import ConfigError
 
 from ._schema import migrate, runs
 
@@ -61,7 +69,11 @@ def resolve_db_url(url: str | None = None) -> str:
     if "://" in chosen:
         return chosen
     path = Path(chosen).expanduser().resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = f"cannot create its folder {path.parent}: {exc.strerror or exc}"
+        raise _cannot_open(str(path), reason) from exc
     return f"sqlite:///{path}"
 
 
@@ -104,8 +116,16 @@ class RunStore:
     """
 
     def __init__(self, url: str | None = None) -> None:
-        self.engine = _make_engine(resolve_db_url(url))
-        self.schema_version = migrate(self.engine)
+        resolved = resolve_db_url(url)
+        try:  # parses the URL and imports the driver; connects later
+            self.engine = _make_engine(resolved)
+        except (sa.exc.ArgumentError, ValueError, ImportError) as exc:
+            raise _cannot_open(resolved, exc) from exc
+        try:  # the first connection
+            self.schema_version = migrate(self.engine)
+        except sa.exc.DBAPIError as exc:
+            self.engine.dispose()
+            raise _cannot_open(resolved, exc.orig if exc.orig is not None else exc) from exc
 
     @property
     def url(self) -> str:
@@ -270,6 +290,26 @@ def _as_dict(row: sa.Row[Any]) -> dict[str, Any]:
 def _owner_pid(owner: str) -> int | None:
     _, _, pid = owner.rpartition(":")
     return int(pid) if pid.isdigit() else None
+
+
+def _cannot_open(url: str, reason: BaseException | str) -> ConfigError:
+    """The one-line error for a database that cannot be opened, its password hidden."""
+    password: str | None
+    try:
+        parsed = sa.engine.make_url(url)
+        shown, password = parsed.render_as_string(hide_password=True), parsed.password
+    except (sa.exc.ArgumentError, ValueError):  # unparsable: hide what stands where one would
+        match = re.search(r"://[^/@]*?:([^/@]*)@", url)
+        shown, password = url, match.group(1) if match else None
+        if match:
+            shown = f"{url[: match.start(1)]}***{url[match.end(1) :]}"
+    text = " ".join(str(reason).split()) or type(reason).__name__  # may span lines
+    if password:  # a driver's message could quote it, as typed or %-encoded
+        for secret in {password, quote(password, safe="")}:
+            text = text.replace(secret, "***")
+    return ConfigError(
+        f"cannot open the runs database {shown} ({text}); check --db / $AGENTGYM_RUNS_DB"
+    )
 
 
 def _make_engine(url: str) -> sa.Engine:

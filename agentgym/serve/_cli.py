@@ -1,8 +1,8 @@
 """``agentgym serve``: start the job API; mounted by `agentgym.cli`.
 
 Refuses to start, with one line naming the fix, when the address is not loopback and no token
-is given, or when the port is taken. Prints ``listening on http://HOST:PORT`` once it accepts
-connections (``--port 0`` picks a free port).
+is given, when the run database cannot be opened, or when the port is taken. Prints
+``listening on http://HOST:PORT`` once it accepts connections (``--port 0`` picks a free port).
 """
 
 from __future__ import annotations
@@ -43,12 +43,16 @@ def serve(
             f"--host {host} makes the API reachable from other machines; pass --token SECRET "
             "(clients send 'Authorization: Bearer SECRET') or bind 127.0.0.1"
         )
-    sock = _listen(host, port)
+    store = RunStore(db)  # a database it cannot open: a ConfigError, before the port is taken
+    try:
+        sock = _listen(host, port)
+    except ConfigError:
+        store.close()
+        raise
     import uvicorn
 
     from ._app import create_app
 
-    store = RunStore(db)
     app = create_app(
         store, runs_root=runs_dir or agentgym_home() / "runs", workers=workers, token=token
     )

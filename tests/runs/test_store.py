@@ -37,6 +37,28 @@ def test_a_database_newer_than_this_code_is_refused(db_url: str) -> None:
         RunStore(db_url)
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("foo://x", "sqlalchemy.dialects:foo"),  # no such kind of database
+        ("postgresql+psycopg://me:pw-s3cret@127.0.0.1:notaport/db", "notaport"),  # unparsable
+        ("postgresql+psycopg://me:pw-s3cret@127.0.0.1:1/db", "127.0.0.1"),  # nothing listens
+        ("{file}/runs.db", "cannot create its folder"),  # a file stands where the folder goes
+        ("sqlite:///{file}/runs.db", "unable to open database file"),
+    ],
+)
+def test_a_database_that_cannot_be_opened_is_a_one_line_config_error(
+    url: str, reason: str, tmp_path: Path
+) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError) as caught:
+        RunStore(url.format(file=tmp_path / "file"))
+    message = str(caught.value)
+    assert message.startswith("cannot open the runs database ") and reason in message
+    assert message.endswith("check --db / $AGENTGYM_RUNS_DB") and "\n" not in message
+    assert "pw-s3cret" not in message
+
+
 def test_rows_round_trip_and_guarded_updates_lose_races(db_url: str) -> None:
     store = RunStore(db_url)
     first = store.create_run(kind="train", name="one", config={}, source="cli")

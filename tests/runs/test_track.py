@@ -55,6 +55,25 @@ def test_an_unreachable_database_is_a_warning_not_a_failed_run(tmp_path: Path) -
     assert "not indexed" in proc.stderr and (out / "summary.json").exists()
 
 
+#: A PostgreSQL URL nothing answers at (port 1 refuses at once), with a password to keep secret.
+DEAD_DB = "postgresql+psycopg://nobody:pw-s3cret@127.0.0.1:1/none"
+
+
+@pytest.mark.parametrize(
+    "command", [("runs", "ls"), ("runs", "show", "abc"), ("runs", "compare", "abc", "def")]
+)
+def test_runs_on_an_unreachable_database_is_one_line_exit_2(
+    command: tuple[str, ...], tmp_path: Path
+) -> None:
+    good = f"sqlite:///{tmp_path / 'runs.db'}"  # --db wins over $AGENTGYM_RUNS_DB
+    proc = agentgym(*command, "--db", DEAD_DB, db=good, AGENTGYM_HOME=str(tmp_path))
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "cannot open the runs database" in lines[0] and "127.0.0.1:1" in lines[0]
+    assert "--db" in lines[0] and "Traceback" not in proc.stderr
+    assert "pw-s3cret" not in proc.stdout + proc.stderr
+
+
 def test_runs_ls_show_and_compare(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
     for n in ("1", "3"):
