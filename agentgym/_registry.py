@@ -17,7 +17,9 @@ import difflib
 import functools
 import importlib
 import inspect
+import os
 import re
+import sys
 import typing
 import warnings
 from collections import abc
@@ -93,6 +95,10 @@ def resolve_id(name: str) -> str:
     load_plugins()
     if name in gymnasium.registry:
         return name
+    module, colon, env_name = name.partition(":")
+    if colon and module and env_name:  # Gymnasium's "module:Env-v0": the import registers it
+        _import_env_module(module)
+        return resolve_id(env_name)
     short = name.lower()
     matches = [i for i in _OUR_IDS if _short_name(i) == short]
     if matches:
@@ -103,9 +109,28 @@ def resolve_id(name: str) -> str:
     hint = f" Did you mean {close[0]!r}?" if close else ""
     known = ", ".join(sorted(_OUR_IDS)) or "none"
     raise UnknownEnvError(
-        f"unknown env {name!r}.{hint} Registered: {known}. "
-        "Register yours with agentgym.register(id, 'pkg.module:Class')"
+        f"unknown env {name!r}.{hint} Registered: {known}. Register yours with "
+        "agentgym.register(id, 'pkg.module:Class') in a module, and name it 'module:id'"
     )
+
+
+def _import_env_module(module: str) -> None:
+    """Import ``module``, which registers envs; the working directory is searched last.
+
+    Why: ``agentgym train`` runs as a console script, whose import path does not hold the
+    folder it was started in, where a user's ``myenv.py`` usually is.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # last: never shadows an installed package
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module and not module.startswith(f"{exc.name}."):
+            raise  # the module imports something missing: its own error says what
+        raise ConfigError(
+            f"cannot import {module!r} to register its envs ({exc}); run from the folder that "
+            "holds it or add that folder to PYTHONPATH"
+        ) from None
 
 
 def _short_name(env_id: str) -> str:

@@ -279,6 +279,31 @@ def test_entry_point_plugin(tmp_path: Path) -> None:
     assert out["short"] == "myplugin/Echo-v0"
 
 
+def test_module_colon_id_imports_a_users_env_from_the_working_folder(tmp_path: Path) -> None:
+    # Gymnasium's "module:Env-v0", from the console script (whose import path lacks the cwd)
+    (tmp_path / "myenvs.py").write_text(
+        PLUGIN_MODULE.replace("myplugin:EchoEnv", "myenvs:EchoEnv") + "\nregister_envs()\n"
+    )
+    agentgym_cli = str(Path(sys.executable).with_name("agentgym"))
+    proc = subprocess.run([agentgym_cli, "check", "myenvs:myplugin/Echo-v0"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and "gymnasium check_env" in proc.stdout, proc.stderr
+    missing = subprocess.run([agentgym_cli, "check", "nosuchmod:myplugin/Echo-v0"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert missing.returncode == 2 and "cannot import 'nosuchmod'" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_a_users_module_missing_a_dependency_keeps_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "needsdep.py").write_text("import not_installed_anywhere\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the cwd it appends goes with the test
+    with pytest.raises(ModuleNotFoundError, match="not_installed_anywhere"):
+        agentgym.make("needsdep:x/Y-v0")  # not blamed on the module name
+
+
 @pytest.mark.slow
 def test_broken_plugin_warns_and_agentgym_still_works(tmp_path: Path) -> None:
     site = _install(tmp_path, "brokenplugin", BROKEN_MODULE)
