@@ -29,15 +29,44 @@ importable in the image, a minimal built-in runner calls every top-level ``test_
 instead (no fixtures, no parametrize) and reports ``runner="builtin"``.
 """
 
+# ruff: noqa: E402 (the imports below wait until sys.path is safe)
+import os
+import sys
+
+ORIGINAL_PATH = list(sys.path)  # what the candidate's code gets, as any program would
+
+
+def _trusted_imports():
+    """Drop sys.path entries the candidate (same uid) could plant a module in.
+
+    Entries inside the interpreter's own installation stay (read-only in the image).
+    """
+    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+
+    def trusted(entry):
+        real = os.path.realpath(entry) if entry else ""
+        if not real or real == os.path.realpath(os.getcwd()):
+            return False
+        if any(real == root or real.startswith(root + os.sep) for root in roots):
+            return True
+        return os.path.isdir(real) and not os.access(real, os.W_OK)
+
+    sys.path[:] = [entry for entry in sys.path if trusted(entry)]
+
+
+# Before any other import. The runner runs in a fork of the code server, whose cwd is the
+# work dir and whose sys.path starts with '' (the cwd): a tempfile.py, ast.py or pytest.py
+# that the code left there (a tool call earlier in the lease, a restored snapshot) would be
+# imported into the runner itself, which writes the report. os and sys are loaded already.
+_trusted_imports()
+
 import ast
 import builtins
 import importlib
 import json
-import os
 import select
 import signal
 import struct
-import sys
 import tempfile
 import time
 import types
@@ -46,7 +75,7 @@ MARKER = "\x00agentgym-verify\x00"
 STATUSES = ("passed", "failed", "timeout", "skipped")
 OUTPUT_CAP = 1 << 20
 FRAME_CAP = 16 << 20
-ORIGINAL_PATH = list(sys.path)
+ALARM_EARLY_S = 0.005  # a per-test SIGALRM this early is still the timer's (clock slack)
 PLAIN = "None, bool, int, float, complex, str, bytes and lists, tuples, sets, dicts of them"
 
 
@@ -234,24 +263,6 @@ def _answer(namespace, request):
 
 class CandidateError(Exception):
     """The candidate's code failed a call in a way no builtin exception describes."""
-
-
-def _trusted_imports():
-    """Drop sys.path entries the candidate (same uid) could plant a module in.
-
-    Entries inside the interpreter's own installation stay (read-only in the image).
-    """
-    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-
-    def trusted(entry):
-        real = os.path.realpath(entry) if entry else ""
-        if not real or real == os.path.realpath(os.getcwd()):
-            return False
-        if any(real == root or real.startswith(root + os.sep) for root in roots):
-            return True
-        return os.path.isdir(real) and not os.access(real, os.W_OK)
-
-    sys.path[:] = [entry for entry in sys.path if trusted(entry)]
 
 
 class Solution:
@@ -609,6 +620,7 @@ def run_stdio(req, total_deadline):
     for i, case in enumerate(req["tests"]):
 
         def body(_res_w):
+            sys.path[:] = ORIGINAL_PATH  # the program may import from its cwd, as before
             exec(compile(req["code"], "solution.py", "exec"), {"__name__": "__main__"})
 
         data = case.get("input", "").encode()
@@ -627,7 +639,21 @@ def _workspace(req):
     d = tempfile.mkdtemp(prefix="agentgym-verify-")
     with open(os.path.join(d, "test_solution.py"), "w") as fh:
         fh.write(_test_module(req))
+    with open(os.path.join(d, "pytest.ini"), "w") as fh:  # see _pytest_args
+        fh.write("[pytest]\n")
     return d
+
+
+def _pytest_args(d):
+    """The arguments of pytest.main: the workspace is its whole world.
+
+    Why: without them pytest looks for a config file (pytest.ini, setup.py ...) and for
+    conftest.py files in every parent of the workspace, /tmp included, where the code may
+    have left one (earlier in the lease): a conftest.py is imported into the judge and could
+    make every test pass.
+    """
+    return [os.path.join(d, "test_solution.py"), "-q", "-p", "no:cacheprovider",
+            "-c", os.path.join(d, "pytest.ini"), "--rootdir", d, "--confcutdir", d]
 
 
 def _test_module(req):
@@ -647,8 +673,7 @@ def run_pytest(req, total_deadline):
 
         sys.modules["solution"] = _solution_module(Solution(req["code"], "solution", d))
         _trusted_imports()
-        args = [os.path.join(d, "test_solution.py"), "-q", "-p", "no:cacheprovider"]
-        rc = pytest.main(args, plugins=[_outcomes_plugin(req, res_w)])
+        rc = pytest.main(_pytest_args(d), plugins=[_outcomes_plugin(req, res_w)])
         if int(rc) not in (0, 1, 5):
             raise RuntimeError(f"pytest exit code {int(rc)}")
 
@@ -685,8 +710,14 @@ def _outcomes_plugin(req, res_w):
 
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_call(self, item):
+            deadline = time.monotonic() + req["per_test_timeout"] - ALARM_EARLY_S
+
             def on_alarm(*_):
-                raise TimeoutError("test exceeded {:g}s".format(req["per_test_timeout"]))
+                # The candidate's process (same uid) can send this judge a SIGALRM: raised
+                # early, the TimeoutError would pass `pytest.raises(Exception)` for a function
+                # that never raised. Only the timer's alarm, at the deadline, counts.
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("test exceeded {:g}s".format(req["per_test_timeout"]))
 
             old = signal.signal(signal.SIGALRM, on_alarm)
             signal.setitimer(signal.ITIMER_REAL, req["per_test_timeout"])

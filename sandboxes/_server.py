@@ -39,7 +39,8 @@ import time
 import traceback
 
 WORKDIR = sys.argv[1] if len(sys.argv) > 1 else "/work"
-WIPE = ("/tmp", "/dev/shm", WORKDIR)
+# /dev/mqueue: POSIX message queues are files there, and outlive every process like /tmp's.
+WIPE = ("/tmp", "/dev/shm", "/dev/mqueue", WORKDIR)
 KILL_WAIT_S = 2.0
 CTL_CAP = 1 << 16  # bytes of unparsed control data kept (a reply line is ~100)
 
@@ -118,8 +119,22 @@ def _state_uid(pid):
 
 
 def _wipe():
+    """Empty every place the code can leave state in for the next lease.
+
+    Files (the WIPE dirs, whatever their modes) and the container's System V IPC objects:
+    shared memory, message queues and semaphores outlive the processes that made them, so an
+    episode could pass data to a later one or leave the memory limit full for it.
+    """
+    try:
+        os.chmod(WORKDIR, 0o700)  # the code owns it: a 000 work dir must not stop the wipe
+    except OSError:
+        pass
     for root in WIPE:
-        for name in os.listdir(root):
+        try:
+            names = os.listdir(root)
+        except OSError:  # /dev/mqueue is missing in some runtimes
+            continue
+        for name in names:
             path = os.path.join(root, name)
             try:
                 if os.path.isdir(path) and not os.path.islink(path):
@@ -129,9 +144,45 @@ def _wipe():
                     os.unlink(path)
             except OSError:
                 pass
+    _remove_sysv_ipc()
+
+
+def _remove_sysv_ipc():
+    """IPC_RMID every System V shared memory segment, message queue and semaphore set.
+
+    The container has its own IPC namespace, so all of them are the code's. A segment still
+    attached goes once its last process detaches (every code process is dead by now).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except Exception:
+        return
+    ipc_rmid = 0
+    remove = {"shm": lambda i: libc.shmctl(i, ipc_rmid, None),
+              "msg": lambda i: libc.msgctl(i, ipc_rmid, None),
+              "sem": lambda i: libc.semctl(i, 0, ipc_rmid)}
+    for kind, rm in remove.items():
+        try:
+            with open(f"/proc/sysvipc/{kind}") as fh:
+                ids = [int(line.split()[1]) for line in list(fh)[1:] if line.strip()]
+        except (OSError, ValueError, IndexError):
+            continue
+        for ident in ids:
+            rm(ident)
 
 
 def _chmod_tree(path):
+    """Make every directory under ``path``, ``path`` included, ours to list and empty.
+
+    ``path`` too: a top-level directory the code made 000 (or r-x) would otherwise survive
+    ``rmtree`` with its files, into the next lease.
+    """
+    try:
+        os.chmod(path, 0o700)
+    except OSError:
+        pass
     for dirpath, dirnames, _ in os.walk(path):
         for d in dirnames:
             try:
@@ -306,6 +357,7 @@ class Server:
     def __init__(self):
         self.kernel = None  # pid of the current session kernel
         self.ctl = None  # our end of the socket pair shared with the kernel lineage
+        self.session_lost = False  # the next cell says its session is new (`_end_session`)
         self.inbox = b""
 
     # -- session kernel ------------------------------------------------------------------
@@ -327,6 +379,19 @@ class Server:
         if self.ctl is not None:
             self.ctl.close()
         self.kernel, self.ctl = None, None
+
+    def _end_session(self):
+        """Kill the session kernel, its threads and children, and wait until they are gone."""
+        kernel = self.kernel
+        self._drop_kernel()
+        self.session_lost = True
+        if kernel is not None:
+            try:
+                os.kill(kernel, signal.SIGKILL)
+                os.waitpid(kernel, 0)  # it is our child (or reparented to us, the subreaper)
+            except OSError:
+                pass
+        _kill_strays({os.getpid()})
 
     def _kernel_alive(self):
         if self.kernel is None:
@@ -356,7 +421,7 @@ class Server:
             note = self._send_cell(req, in_fd, out_w, err_w)
             ctl, child = self.ctl, None
         else:
-            (ctl, child), note = self._fork_fresh(req, in_fd, out_w, err_w), ""
+            ctl, child, note = self._fork_fresh(req, in_fd, out_w, err_w)
         for fd in (in_fd, out_w, err_w):
             os.close(fd)
         replies = _Replies(ctl, req.get("id"), {os.getpid(), self.kernel})
@@ -378,8 +443,9 @@ class Server:
         """Hand a cell to the session kernel (started if needed); return a note or ''."""
         note = ""
         if not self._kernel_alive():
-            if self.kernel is not None:
+            if self.kernel is not None or self.session_lost:
                 note = "[sandbox] the Python session was lost; this cell ran in a new one\n"
+            self.session_lost = False
             self._drop_kernel()
             self._start_kernel()
         code_fd = os.memfd_create("code")
@@ -391,13 +457,33 @@ class Server:
         return note
 
     def _fork_fresh(self, req, in_fd, out_w, err_w):
-        """Fork a fresh child for the request; return (control pipe, child pid)."""
+        """Fork a fresh child for the request; return (control pipe, child pid, note)."""
         ctl_r, ctl_w = os.pipe()
-        child = os.fork()
+        note = ""
+        try:
+            child = os.fork()
+        except OSError:
+            # Between calls only the session kernel is left of the code, and its threads (or
+            # zombie children) can fill the pids limit: that is the code's doing, not a
+            # failure of the sandbox (which the host would score as infra_error). End the
+            # session to make room; a second failure is the sandbox's.
+            if self.kernel is None:
+                os.close(ctl_r)
+                os.close(ctl_w)
+                raise
+            self._end_session()
+            note = ("[sandbox] the Python session was ended: its threads or processes left "
+                    "no room to start this call\n")
+            try:
+                child = os.fork()
+            except OSError:
+                os.close(ctl_r)
+                os.close(ctl_w)
+                raise
         if child == 0:
             _child_run(req, in_fd, out_w, err_w, ctl_w)
         os.close(ctl_w)
-        return ctl_r, child
+        return ctl_r, child, note
 
     def _settle(self, session, replies, child, msg, killed):
         """Kill what must not outlive the call; return the call's final control message."""
@@ -549,11 +635,30 @@ def _drain(out_r, err_r, outs, limit):
 
 
 def _tar_workdir():
+    """The work dir as a base64 tar; what the code made unreadable is left out.
+
+    Why not fail: the code owns the work dir, and a file it chmod'ed to 000 must not make a
+    snapshot raise (the caller would take that for a failure of the sandbox).
+    """
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in sorted(os.listdir(WORKDIR)):
-            tar.add(os.path.join(WORKDIR, name), arcname=name)
+        _tar_tree(tar, WORKDIR, "")
     return {"data": base64.b64encode(buf.getvalue()).decode()}
+
+
+def _tar_tree(tar, path, arcname):
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return
+    for name in names:
+        full, arc = os.path.join(path, name), f"{arcname}/{name}".lstrip("/")
+        try:
+            tar.add(full, arcname=arc, recursive=False)  # opens a file before writing its header
+        except OSError:
+            continue
+        if os.path.isdir(full) and not os.path.islink(full):
+            _tar_tree(tar, full, arc)
 
 
 def _untar_workdir(data):
@@ -593,6 +698,7 @@ def main():
                 reply = server.call(req)
             elif req["op"] == "reset":
                 server._drop_kernel()
+                server.session_lost = False  # a new lease starts with a new session anyway
                 _kill_strays({os.getpid()})
                 _wipe()
                 reply = {"ok": True}
