@@ -2,31 +2,38 @@
 
 Reads ``{"code", "tests", "mode", "per_test_timeout", "total_timeout"}`` as JSON on stdin and
 writes one line ``MARKER + JSON`` with per-test results to its original stdout. Each test runs
-in its own forked child (new session, killed at its deadline), so a test that hangs, crashes
-or exits cannot take the others with it. The candidate's output never reaches the runner's
+in its own process (new session, killed at its deadline), so a test that hangs, crashes or
+exits cannot take the others with it. The candidate's output never reaches the runner's
 stdout: in ``assert`` and ``pytest`` modes it goes to /dev/null, in ``stdio`` mode to a pipe
 that the runner compares with the expected output.
 
 Who decides a verdict (the reward hack this design closes): in ``assert`` and ``pytest``
-modes a test's child is a *judge* that never runs the candidate's code. The judge forks a
-*solution* process that executes the code and serves calls (function name and arguments in,
-result out) over a pipe pair, in length-prefixed JSON frames that carry plain data only
-(`encode`/`decode`). The test runs in the judge with each candidate function replaced by a
-`_Remote` proxy, so its pass or fail is the judge's own execution: the candidate can patch
-``json``, ``AssertionError`` or ``sys.settrace`` in its own process only, holds no fd of the
-judge's result pipe or of the runner, and a result that is not plain data (an object whose
-``__eq__`` always says True) fails the test. A solution process that dies, exits or hangs
-fails (or times out) the call that needed it. Both the runner and its children are
-non-dumpable, so the candidate (same uid) can neither open their fds through /proc nor
-ptrace them, and the judge imports nothing from a directory the candidate could write.
+modes a test's child is a *judge* that never runs the candidate's code. The candidate's code
+runs in a *solution* process that serves calls (function name and arguments in, result out)
+over a pipe pair, in length-prefixed frames that carry plain data only (`encode`/`decode`;
+JSON from the candidate's side). The test runs in the judge with each candidate function
+replaced by a `_Remote` proxy, so its pass or fail is the judge's own execution: the
+candidate can patch ``json``, ``AssertionError`` or ``sys.settrace`` in its own process only,
+holds no fd of the judge's result pipe or of the runner, and a result that is not plain data
+(an object whose ``__eq__`` always says True) fails the test. A solution process that dies,
+exits or hangs fails (or times out) the call that needed it. The runner and its judges are
+non-dumpable, so the candidate (same uid) can neither read their memory or fds through /proc
+nor ptrace them, and the judge imports nothing from a directory the candidate could write.
 
-``pytest`` mode writes the tests to ``test_solution.py`` in a temp dir and runs real pytest
-in the judge, with ``solution`` a module whose attributes are proxies (the solution process
-starts at the first call, after collection, and restarts after a call that failed midway). A
-plugin streams per-test outcomes to the runner and sets a SIGALRM per-test timeout; a skip,
-xfail or deselection the task did not declare counts as a failure. If pytest is not
-importable in the image, a minimal built-in runner calls every top-level ``test_*`` function
-instead (no fixtures, no parametrize) and reports ``runner="builtin"``.
+Where the candidate's processes come from (the expected answers stay out of its reach): not
+from the runner or a judge, whose memory holds every test of the sample (and so does any fork
+of the code server, which received them), but from a *factory*: a fresh interpreter started
+with ``posix_spawn`` once per sample, which is only ever given the code and forks a solution
+process (or, in ``stdio`` mode, the program's process) on request; see `Factory`. In
+``pytest`` mode the test module exists only in the judge's memory (`_link_tests`).
+
+``pytest`` mode runs real pytest in the judge on ``test_solution.py`` in a temp dir, with
+``solution`` a module whose attributes are proxies (the solution process starts at the first
+call, after collection, and restarts after a call that failed midway). A plugin streams
+per-test outcomes to the runner and sets a SIGALRM per-test timeout; a skip, xfail or
+deselection the task did not declare counts as a failure. If pytest is not importable in the
+image, a minimal built-in runner calls every top-level ``test_*`` function instead (no
+fixtures, no parametrize) and reports ``runner="builtin"``.
 """
 
 # ruff: noqa: E402 (the imports below wait until sys.path is safe)
@@ -34,6 +41,7 @@ import os
 import sys
 
 ORIGINAL_PATH = list(sys.path)  # what the candidate's code gets, as any program would
+FACTORY_NAME = "agentgym_factory"  # __name__ of this module in the factory (see Factory)
 
 
 def _trusted_imports():
@@ -60,33 +68,58 @@ def _trusted_imports():
 # imported into the runner itself, which writes the report. os and sys are loaded already.
 _trusted_imports()
 
-import ast
+import _signal as signal  # signal.py would bring enum: a third of the factory's start-up
 import builtins
-import importlib
-import json
+import marshal
 import select
-import signal
 import struct
-import tempfile
 import time
 import types
+
+if __name__ != FACTORY_NAME:  # the factory and the candidate's processes do without (_dumps)
+    import importlib
+    import json
+    import socket
 
 MARKER = "\x00agentgym-verify\x00"
 STATUSES = ("passed", "failed", "timeout", "skipped")
 OUTPUT_CAP = 1 << 20
 FRAME_CAP = 16 << 20
 ALARM_EARLY_S = 0.005  # a per-test SIGALRM this early is still the timer's (clock slack)
+TESTS_FD = 100  # lowest fd of the judge's memfd of the pytest module (see _link_tests)
 PLAIN = "None, bool, int, float, complex, str, bytes and lists, tuples, sets, dicts of them"
 
 
-def _not_dumpable():
-    """PR_SET_DUMPABLE 0: test children (same uid) cannot open this process's fds via /proc."""
+def _prctl(option, value):
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
-        pass
+        return -1
+
+
+def _not_dumpable():
+    """PR_SET_DUMPABLE 0: the candidate (same uid) cannot read this process.
+
+    Neither ptrace nor its /proc files (mem, fd, environ, maps). Forks keep it; an execve
+    resets it.
+    """
+    _prctl(4, 0)
+
+
+def _close_fds_except(keep):
+    """Close every fd from 3 up except those in ``keep``."""
+    low = 3
+    for fd in sorted(set(keep)) + [1 << 16]:
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 # --- plain data: the only values that cross from the candidate's process to the judge -------
@@ -148,11 +181,43 @@ def decode_reply(obj, what):
         raise CandidateError(f"{what} is not plain data ({PLAIN}): {exc}") from None
 
 
-# --- frames: a 4-byte big-endian length, then that many bytes of JSON -----------------------
+# --- frames: a 4-byte big-endian length, then that many bytes ------------------------------
+#
+# The judge's requests are marshal (the candidate's process may trust the judge); what comes
+# back from the candidate's side is JSON, which the judge parses and checks.
 
 
-def send(fd, obj):
-    data = json.dumps(obj).encode()
+def _dumps(obj):
+    """JSON text of plain data, as ``json.dumps`` writes it, without importing json.
+
+    Why: the candidate's processes come from the factory, which starts once per sample; json
+    brings re and enum, half of its start-up. ``_json`` is the C encoder json itself uses.
+    """
+    try:
+        import _json
+
+        encoder = _json.make_encoder(None, _not_json, _json.encode_basestring_ascii, None,
+                                     ":", ",", False, False, True)
+    except (ImportError, AttributeError, TypeError):  # not CPython
+        import json
+
+        return json.dumps(obj)
+    return "".join(encoder(obj, 0))
+
+
+def _not_json(value):
+    raise TypeError(f"a {type(value).__name__} is not JSON")
+
+
+def _json_object(data):
+    """A JSON object from the candidate's side; ValueError for anything else."""
+    obj = json.loads(data)
+    if type(obj) is not dict:
+        raise ValueError("a frame that is not a JSON object")
+    return obj
+
+
+def send(fd, data):
     data = struct.pack(">I", len(data)) + data
     while data:
         data = data[os.write(fd, data) :]
@@ -169,14 +234,11 @@ def _read_exact(fd, n):
 
 
 def recv(fd):
-    """One frame as a dict; EOFError at end of stream, ValueError for anything garbled."""
+    """One frame's bytes; EOFError at end of stream, ValueError for an oversized frame."""
     (size,) = struct.unpack(">I", _read_exact(fd, 4))
     if size > FRAME_CAP:
         raise ValueError(f"a frame of {size} bytes (the cap is {FRAME_CAP})")
-    obj = json.loads(_read_exact(fd, size))
-    if type(obj) is not dict:
-        raise ValueError("a frame that is not a JSON object")
-    return obj
+    return _read_exact(fd, size)
 
 
 # --- the solution process: runs the candidate's code, trusted with nothing -------------------
@@ -187,26 +249,30 @@ def _serve(code, module_name, workdir, req_r, resp_w):
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    keep = sorted({req_r, resp_w})
-    os.closerange(3, keep[0])
-    os.closerange(keep[0] + 1, keep[1])
-    os.closerange(keep[1] + 1, 1 << 16)
+    _close_fds_except({req_r, resp_w})
+    if workdir:
+        try:
+            os.chdir(workdir)
+        except OSError:
+            pass
     sys.path[:] = ([workdir] if workdir else []) + ORIGINAL_PATH
     module = types.ModuleType(module_name)
     if module_name != "__main__":
         sys.modules[module_name] = module
     try:
         exec(compile(code, "solution.py", "exec"), module.__dict__)
-        send(resp_w, {"ready": _manifest(module.__dict__)})
+        reply = {"ready": _manifest(module.__dict__)}
     except BaseException as exc:
-        send(resp_w, {"error": f"{_describe(exc)} in the code, before the test finished"})
+        reply = {"error": f"{_describe(exc)} in the code, before the test finished"}
+    send(resp_w, _dumps(reply).encode())
+    if "error" in reply:
         return
     while True:
         try:
-            request = recv(req_r)
+            request = marshal.loads(recv(req_r))
         except EOFError:
             return
-        send(resp_w, _answer(module.__dict__, request))
+        send(resp_w, _dumps(_answer(module.__dict__, request)).encode())
 
 
 def _describe(exc):
@@ -258,6 +324,262 @@ def _answer(namespace, request):
         }
 
 
+# --- the factory: where every process that runs the candidate's code comes from --------------
+
+# This module's own code object, which the factory (a fresh interpreter) runs to get the same
+# functions as the runner without the runner's memory.
+_MODULE_CODE = sys._getframe().f_code
+FACTORY_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM,
+                   signal.SIGUSR1, signal.SIGUSR2)
+FACTORY_WAIT_S = 2.0  # how long the runner waits for the factory to end the candidate's processes
+FACTORY_BOOT = f"""\
+import marshal, os
+blob = b''
+while True:
+    chunk = os.read(0, 1 << 20)
+    if not chunk:
+        break
+    blob += chunk
+module, args = marshal.loads(blob)
+del blob, chunk
+g = {{'__name__': {FACTORY_NAME!r}, '__builtins__': __builtins__}}
+exec(module, g)
+g['_factory_main'](*args)
+"""
+
+
+class Factory:
+    """The runner's side of its factory process, which forks every candidate process.
+
+    Why a separate, freshly executed interpreter: a fork of the runner (or of the judge) holds
+    every test of the sample, and so does every fork of the code server, whose request carried
+    them; the candidate could find the expected answers there (``gc.get_objects()``, frames,
+    or its own heap). The factory is started with ``posix_spawn``, once per sample, and is
+    only ever sent the code, ``sys.path`` and ``sys.argv``; its children (the candidate's
+    processes) start from its clean state. Requests and replies are JSON datagrams on a
+    SOCK_SEQPACKET socket pair, with the candidate's pipes passed as fds (SCM_RIGHTS). The
+    runner and its judges (forks, one at a time) share the socket; replies carry the
+    request's id, so one left by a judge killed mid-request is skipped.
+    """
+
+    def __init__(self, code):
+        self.code = code
+        self.pid = None
+        self.sock = None
+        self.problem = None  # why the factory could not start
+        self.count = 0
+
+    def fds(self):
+        return () if self.sock is None else (self.sock.fileno(),)
+
+    def ensure(self):
+        """Start the factory unless it runs; on failure `problem` says why."""
+        if self.sock is not None:
+            return
+        try:
+            self._start()
+            self.problem = None
+        except OSError as exc:  # no pid left (the code's fork bomb), no memory
+            self.problem = f"cannot start a process for the code ({_describe(exc)})"
+
+    def _start(self):
+        args = (None, self.code, list(ORIGINAL_PATH), list(sys.argv))
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        blob = os.memfd_create("factory")
+        try:
+            args = (theirs.fileno(),) + args[1:]
+            _write_all(blob, marshal.dumps((_MODULE_CODE, args)))
+            os.lseek(blob, 0, os.SEEK_SET)
+            theirs.set_inheritable(True)  # fds 0-2 and this socket are all it inherits
+            argv = [sys.executable, "-s", "-c", FACTORY_BOOT]
+            actions = [(os.POSIX_SPAWN_DUP2, blob, 0),
+                       (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                       (os.POSIX_SPAWN_DUP2, 1, 2)]
+            self.pid = os.posix_spawn(sys.executable, argv, os.environ, file_actions=actions)
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            os.close(blob)
+            theirs.close()
+        self.sock = mine
+
+    def request(self, msg, fds=(), wait=None):
+        """Send one request; its reply, or None if the factory is gone or silent for ``wait`` s."""
+        if self.sock is None:
+            return None
+        self.count += 1
+        msg = dict(msg, id=f"{os.getpid()}.{self.count}")
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+        try:
+            self.sock.sendmsg([marshal.dumps(msg)], ancillary if fds else [],
+                              socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+        except OSError:
+            return None
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([self.sock], [], [], remaining)[0]:
+                    return None
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                return None
+            if not data:
+                return None
+            try:
+                reply = json.loads(data)
+            except ValueError:
+                continue
+            if type(reply) is dict and reply.get("id") == msg["id"]:
+                return reply
+
+    def spawn(self, role, fds, wait=None, **args):
+        """Start a candidate process (`CandidateError` if none starts); return its pid."""
+        reply = self.request({"op": "spawn", "role": role, **args}, fds, wait)
+        if reply is None:
+            raise CandidateError(self.problem or "the process for the code could not be "
+                                 "started: its factory is gone or did not answer")
+        if type(reply.get("pid")) is not int:
+            raise CandidateError(str(reply.get("error"))[:1000])
+        return reply["pid"]
+
+    def end(self):
+        """Kill every candidate process; a factory that does not answer is stopped.
+
+        A new one starts at the next `ensure`: the candidate (same uid) can stop or kill its
+        factory, and that must cost it this test only.
+        """
+        if self.sock is not None and self.request({"op": "end"}, wait=FACTORY_WAIT_S) is None:
+            self.stop()
+
+    def stop(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except OSError:
+                pass
+            self.pid = None
+
+
+def _factory_main(ctl_fd, code, original_path, argv):
+    """The factory's loop (in a fresh interpreter): fork candidate processes, end them."""
+    _not_dumpable()  # an execve made it dumpable again; the candidate must not reach its fds
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    _close_fds_except({ctl_fd})
+    # The candidate (its child, same uid) can signal it: a SIGALRM or SIGTERM must not end
+    # it (and every call of the test in progress with it). Its children reset them.
+    for sig in FACTORY_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
+    # what the candidate saw as a fork of the runner: big ints, the code server's sys.path
+    # and sys.argv
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
+    ORIGINAL_PATH[:] = original_path
+    sys.argv[:] = argv
+    import _socket  # socket.py would bring enum (see _dumps)
+
+    ctl = _socket.socket(fileno=ctl_fd)
+    room = _socket.CMSG_SPACE(4 * struct.calcsize("i"))
+    children = []
+    while True:
+        try:
+            msg, ancillary, _, _ = ctl.recvmsg(1 << 16, room)
+        except OSError:
+            break
+        fds = []
+        for level, kind, data in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds += struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])
+        if not msg:
+            break
+        try:
+            req = marshal.loads(msg)
+            if req["op"] == "spawn":
+                reply = _factory_spawn(code, req, fds, children)
+            else:
+                _end_children(children)
+                reply = {}
+            reply["id"] = req["id"]
+        except (ValueError, KeyError, TypeError, IndexError, EOFError) as exc:
+            reply = {"error": f"a bad request ({_describe(exc)})"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            ctl.send(_dumps(reply).encode())
+        except OSError:
+            break
+    _end_children(children)
+    os._exit(0)
+
+
+def _factory_spawn(code, req, fds, children):
+    factory = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        return {"error": f"cannot start a process for the code ({_describe(exc)})"}
+    if pid == 0:
+        try:
+            # its own process group, so that ending it ends the processes it forked too
+            os.setsid()
+            _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed factory takes it along
+            if os.getppid() != factory:
+                os._exit(0)
+            for sig in (*FACTORY_IGNORES, signal.SIGPIPE):  # as in a fork of the runner
+                signal.signal(sig, signal.SIG_DFL)
+            if req["role"] == "program":
+                in_fd, out_w, res_w = fds
+                _child(_program(code), in_fd, out_w, res_w, exit_ok=True)
+            else:
+                req_r, resp_w = fds
+                _serve(code, str(req["module"]), req.get("workdir"), req_r, resp_w)
+        finally:
+            os._exit(0)
+    children.append(pid)
+    return {"pid": pid}
+
+
+def _end_children(children):
+    for pid in children:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+    children.clear()
+
+
+def _program(code):
+    """The body of a ``stdio`` program's process (see `_child`)."""
+
+    def body(_res_w):
+        sys.path[:] = ORIGINAL_PATH  # the program may import from its cwd, as before
+        sys.stdin = _stdin()
+        exec(compile(code, "solution.py", "exec"), {"__name__": "__main__"})
+
+    return body
+
+
+def _stdin():
+    """A fresh ``sys.stdin`` on fd 0, as the code server gives every run."""
+    import io
+
+    return io.TextIOWrapper(os.fdopen(0, "rb", closefd=False))
+
+
 # --- the judge's side: proxies to the solution process ---------------------------------------
 
 
@@ -266,14 +588,14 @@ class CandidateError(Exception):
 
 
 class Solution:
-    """The candidate's code in a forked process, reached by calls over a pipe pair.
+    """The candidate's code in a process of the factory, reached by calls over a pipe pair.
 
     A call that fails midway (the process died, a garbled frame, a timeout while waiting)
     kills the process; the next call starts a fresh one.
     """
 
-    def __init__(self, code, module_name, workdir=None):
-        self.code, self.module_name, self.workdir = code, module_name, workdir
+    def __init__(self, factory, module_name, workdir=None):
+        self.factory, self.module_name, self.workdir = factory, module_name, workdir
         self.pid = None
         self.manifest = None
 
@@ -281,16 +603,16 @@ class Solution:
         _trusted_imports()
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(req_w)
-                os.close(resp_r)
-                _serve(self.code, self.module_name, self.workdir, req_r, resp_w)
-            finally:
-                os._exit(0)
-        os.close(req_r)
-        os.close(resp_w)
+        try:
+            pid = self.factory.spawn("serve", [req_r, resp_w], module=self.module_name,
+                                     workdir=self.workdir)
+        except BaseException:
+            os.close(req_w)
+            os.close(resp_r)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(resp_w)
         self.pid, self.req, self.resp = pid, req_w, resp_r
         reply = self._exchange(None, "while running the code")
         if set(reply) != {"ready"} or type(reply["ready"]) is not dict:
@@ -319,8 +641,8 @@ class Solution:
     def _exchange(self, request, when):
         try:
             if request is not None:
-                send(self.req, request)
-            return recv(self.resp)
+                send(self.req, marshal.dumps(request))
+            return _json_object(recv(self.resp))
         except (EOFError, BrokenPipeError):
             self.stop()
             raise CandidateError(f"the solution process exited {when}") from None
@@ -336,12 +658,8 @@ class Solution:
             return
         for fd in (self.req, self.resp):
             os.close(fd)
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-        except OSError:
-            pass
         self.pid = None
+        self.factory.request({"op": "end"}, wait=FACTORY_WAIT_S)  # this judge's only one
 
 
 def _error_of(reply, what):
@@ -448,22 +766,18 @@ def _solution_module(solution):
 # --- one test's process: deadline, new session, fds closed, output capped ---------------------
 
 
-def _child(body, stdin_data, out_w, res_w, exit_ok):
-    """A test's process. It keeps fds 0-2 and ``res_w`` only.
+def _child(body, in_fd, out_w, res_w, exit_ok, keep=()):
+    """A test's process. It keeps fds 0-2, ``res_w`` and ``keep`` (the factory's socket).
 
-    Why: in ``stdio`` mode the candidate runs here; in the other modes the judge does, and
-    the solution process it forks must reach neither this pipe nor any fd of the harness.
+    Why: a judge holds no fd of the harness (the runner's report, its stdin with every test);
+    a ``stdio`` program (a process of the factory) holds only its stdin, stdout and result
+    pipe.
     """
-    os.setsid()
-    fd = os.memfd_create("stdin")
-    os.write(fd, stdin_data)
-    os.lseek(fd, 0, os.SEEK_SET)
     null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(fd, 0)
+    os.dup2(in_fd if in_fd is not None else null, 0)
     os.dup2(out_w if out_w is not None else null, 1)
     os.dup2(null, 2)
-    os.closerange(3, res_w)
-    os.closerange(res_w + 1, 1 << 16)
+    _close_fds_except({res_w, *keep})
     result = {"passed": True}
     try:
         body(res_w)
@@ -477,37 +791,64 @@ def _child(body, stdin_data, out_w, res_w, exit_ok):
         sys.stdout.flush()
     except Exception:
         pass
-    os.write(res_w, (json.dumps(result) + "\n").encode())
+    os.write(res_w, (_dumps(result) + "\n").encode())
     os._exit(0)
 
 
-def _isolated(body, stdin_data, timeout, capture, exit_ok=False, stream=False):
-    """Run ``body(result_fd)`` in a forked child.
+def _isolated(body, factory, timeout, stream=False):
+    """Run the judge ``body(result_fd)`` in a forked child, then end the candidate's processes.
 
-    Returns (lines of its result pipe, captured stdout, duration, problem): the first line,
-    or every line until the child ends with ``stream``; ``problem`` says why it ended early.
+    Returns (lines of its result pipe, duration, problem): the first line, or every line
+    until the child ends with ``stream``; ``problem`` says why it ended early.
     """
+    factory.ensure()
     res_r, res_w = os.pipe()
-    out_r, out_w = os.pipe() if capture else (None, None)
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:
+        os.setsid()
         os.close(res_r)
-        if out_r is not None:
-            os.close(out_r)
-        _child(body, stdin_data, out_w, res_w, exit_ok)
+        _child(body, None, None, res_w, False, factory.fds())
     os.close(res_w)
-    if out_w is not None:
-        os.close(out_w)
-    lines, out, problem = _wait(res_r, out_r, started + timeout, stream)
+    lines, _, problem = _wait(res_r, None, started + timeout, stream)
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
     os.waitpid(pid, 0)
-    for fd in (res_r, out_r):
-        if fd is not None:
+    os.close(res_r)
+    factory.end()
+    return lines, time.monotonic() - started, problem
+
+
+def _program_run(factory, data, timeout):
+    """Run the ``stdio`` program on ``data`` in a process of the factory.
+
+    Returns (lines of its result pipe, its stdout, duration, problem), as `_isolated`.
+    """
+    started = time.monotonic()
+    in_fd = os.memfd_create("stdin")
+    _write_all(in_fd, data)
+    os.lseek(in_fd, 0, os.SEEK_SET)
+    res_r, res_w = os.pipe()
+    out_r, out_w = os.pipe()
+    try:
+        factory.ensure()
+        factory.spawn("program", [in_fd, out_w, res_w], wait=timeout)
+    except CandidateError as exc:
+        factory.end()  # a request it answers late must not leave a program running
+        os.close(res_r)
+        os.close(out_r)
+        if time.monotonic() >= started + timeout:
+            return [], b"", time.monotonic() - started, "timed out"
+        return [json.dumps({"passed": False, "error": str(exc)}).encode()], b"", 0.0, None
+    finally:
+        for fd in (in_fd, out_w, res_w):
             os.close(fd)
+    lines, out, problem = _wait(res_r, out_r, started + timeout, False)
+    factory.end()
+    os.close(res_r)
+    os.close(out_r)
     return lines, out, time.monotonic() - started, problem
 
 
@@ -591,41 +932,36 @@ def _deadline_for(req, total_deadline):
     return max(0.0, min(req["per_test_timeout"], total_deadline - time.monotonic()))
 
 
-def _judged(body, req, total_deadline):
+def _judged(body, factory, req, total_deadline):
     """(verdict, duration) of one judge process."""
-    lines, _, dur, problem = _isolated(body, b"", _deadline_for(req, total_deadline), False)
+    lines, dur, problem = _isolated(body, factory, _deadline_for(req, total_deadline))
     return _verdict(lines, problem), dur
 
 
 # --- the modes --------------------------------------------------------------------------------
 
 
-def run_assert(req, total_deadline):
+def run_assert(req, factory, total_deadline):
     out = []
     for i, test in enumerate(req["tests"]):
 
         def body(_res_w, test=test, i=i):
-            solution = Solution(req["code"], "__main__")
+            solution = Solution(factory, "__main__")
             g = {"__name__": "__main__", **_namespace(solution, solution.start())}
             exec(compile(test, f"test_{i}", "exec"), g)
 
-        result, dur = _judged(body, req, total_deadline)
+        result, dur = _judged(body, factory, req, total_deadline)
         out.append(_record(f"test_{i}", result, dur))
     return out
 
 
-def run_stdio(req, total_deadline):
-    """The program runs in the test's process; the runner compares what it printed."""
+def run_stdio(req, factory, total_deadline):
+    """The program runs in a process of the factory; the runner compares what it printed."""
     out = []
     for i, case in enumerate(req["tests"]):
-
-        def body(_res_w):
-            sys.path[:] = ORIGINAL_PATH  # the program may import from its cwd, as before
-            exec(compile(req["code"], "solution.py", "exec"), {"__name__": "__main__"})
-
         data = case.get("input", "").encode()
         timeout = _deadline_for(req, total_deadline)
-        lines, got, dur, problem = _isolated(body, data, timeout, True, exit_ok=True)
+        lines, got, dur, problem = _program_run(factory, data, timeout)
         result = _verdict(lines, problem)
         if result.get("passed"):
             got_text = got.decode("utf-8", "replace")
@@ -635,13 +971,34 @@ def run_stdio(req, total_deadline):
     return out
 
 
-def _workspace(req):
+def _workspace():
+    """The pytest workspace: ``pytest.ini`` only; the judge links ``test_solution.py`` in."""
+    import tempfile
+
     d = tempfile.mkdtemp(prefix="agentgym-verify-")
-    with open(os.path.join(d, "test_solution.py"), "w") as fh:
-        fh.write(_test_module(req))
     with open(os.path.join(d, "pytest.ini"), "w") as fh:  # see _pytest_args
         fh.write("[pytest]\n")
     return d
+
+
+def _link_tests(d, source):
+    """Make ``d/test_solution.py`` a link to a memfd that only this judge can open.
+
+    Why: a file on disk is readable by the candidate (same uid). ``/proc/self/fd/N`` resolves
+    in the process that opens it: here to the memfd, in the candidate's process to its own
+    fd N (none, or a pipe of its own); ``/proc/<judge>/fd`` is closed to it (not dumpable).
+    """
+    import fcntl
+
+    fd = os.memfd_create("test_solution.py")
+    _write_all(fd, source.encode())
+    try:
+        # a number the candidate's process does not hold (its pipes are low ones): opening
+        # one of its own pipes through the link would only block its call
+        fd = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, TESTS_FD)
+    except OSError:  # an fd limit below TESTS_FD
+        pass
+    os.symlink(f"/proc/self/fd/{fd}", os.path.join(d, "test_solution.py"))
 
 
 def _pytest_args(d):
@@ -660,27 +1017,37 @@ def _test_module(req):
     return req["tests"] if isinstance(req["tests"], str) else "\n".join(req["tests"])
 
 
-def run_pytest(req, total_deadline):
-    d = _workspace(req)
-    try:
-        import pytest  # noqa: F401
-    except ImportError:
-        return run_builtin_pytest(req, d, total_deadline), "builtin"
+def run_pytest(req, factory, total_deadline):
+    import shutil
 
+    d = _workspace()
+    try:
+        try:
+            import pytest  # noqa: F401
+        except ImportError:
+            return run_builtin_pytest(req, factory, d, total_deadline), "builtin"
+        return _run_real_pytest(req, factory, d, total_deadline), "pytest"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _run_real_pytest(req, factory, d, total_deadline):
     def body(res_w):
         os.chdir(d)
+        sys.dont_write_bytecode = True  # a .pyc of the tests in d would be a readable copy
+        _link_tests(d, _test_module(req))
         import pytest
 
-        sys.modules["solution"] = _solution_module(Solution(req["code"], "solution", d))
+        sys.modules["solution"] = _solution_module(Solution(factory, "solution", d))
         _trusted_imports()
         rc = pytest.main(_pytest_args(d), plugins=[_outcomes_plugin(req, res_w)])
         if int(rc) not in (0, 1, 5):
             raise RuntimeError(f"pytest exit code {int(rc)}")
 
     timeout = max(0.0, total_deadline - time.monotonic())
-    lines, _, dur, problem = _isolated(body, b"", timeout, False, stream=True)
+    lines, dur, problem = _isolated(body, factory, timeout, stream=True)
     result = _verdict(lines, problem)
-    return _read_outcomes(lines, result) or [_record("pytest", result, dur)], "pytest"
+    return _read_outcomes(lines, result) or [_record("pytest", result, dur)]
 
 
 def _outcomes_plugin(req, res_w):
@@ -801,7 +1168,9 @@ def _read_outcomes(lines, result):
     ]
 
 
-def run_builtin_pytest(req, d, total_deadline):
+def run_builtin_pytest(req, factory, d, total_deadline):
+    import ast
+
     tree = ast.parse(_test_module(req))
     names = [
         n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")
@@ -811,13 +1180,13 @@ def run_builtin_pytest(req, d, total_deadline):
 
         def body(_res_w, name=name):
             os.chdir(d)
-            sys.modules["solution"] = _solution_module(Solution(req["code"], "solution", d))
+            sys.modules["solution"] = _solution_module(Solution(factory, "solution", d))
             _trusted_imports()
             g = {"__name__": "test_solution"}
             exec(compile(_test_module(req), "test_solution.py", "exec"), g)
             g[name]()
 
-        result, dur = _judged(body, req, total_deadline)
+        result, dur = _judged(body, factory, req, total_deadline)
         out.append(_record(name, result, dur))
     return out
 
@@ -831,12 +1200,16 @@ def main():
     report = os.dup(1)  # the one trusted report goes here; every test child closes it
     total_deadline = time.monotonic() + req["total_timeout"]
     runner = req["mode"]
-    if runner == "assert":
-        tests = run_assert(req, total_deadline)
-    elif runner == "stdio":
-        tests = run_stdio(req, total_deadline)
-    else:
-        tests, runner = run_pytest(req, total_deadline)
+    factory = Factory(req["code"])
+    try:
+        if runner == "assert":
+            tests = run_assert(req, factory, total_deadline)
+        elif runner == "stdio":
+            tests = run_stdio(req, factory, total_deadline)
+        else:
+            tests, runner = run_pytest(req, factory, total_deadline)
+    finally:
+        factory.stop()
     os.write(report, (MARKER + json.dumps({"tests": tests, "runner": runner}) + "\n").encode())
 
 

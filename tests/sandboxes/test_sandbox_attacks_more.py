@@ -293,10 +293,10 @@ def test_a_snapshot_of_files_the_code_made_unreadable_does_not_raise(sb):
     assert sb.run("print(open('kept').read())", session=False).stdout == "ok\n"
 
 
-# --- open: the candidate's process can read the tests -----------------------------------------
+# --- the candidate's process cannot read the tests -------------------------------------------
 
 READS_ANSWERS = {
-    # the solution process is a fork of the judge, which holds every test of the sample
+    # the solution process used to be a fork of the judge, which holds every test of the sample
     "assert": ("import gc, re\n"
                "def add(a, b):\n"
                "    for o in gc.get_objects():\n"
@@ -305,13 +305,13 @@ READS_ANSWERS = {
                "                m = re.search(r'add\\(%d, %d\\) == (\\d+)' % (a, b), str(t))\n"
                "                if m:\n"
                "                    return int(m.group(1))\n"),
-    # the program runs in a fork of the runner, which holds every case and its output
+    # the program used to run in a fork of the runner, which holds every case and its output
     "stdio": ("import gc, sys\n"
               "data = sys.stdin.read()\n"
               "for o in gc.get_objects():\n"
               "    if type(o) is dict and o.get('mode') == 'stdio':\n"
               "        print(next(c['output'] for c in o['tests'] if c['input'] == data))\n"),
-    # the test module is a file the candidate (same uid) can read
+    # the test module used to be a file the candidate (same uid) can read
     "pytest": ("import glob, re\n"
                "def add(a, b):\n"
                "    for path in glob.glob('/tmp/agentgym-verify-*/test_solution.py'):\n"
@@ -321,21 +321,89 @@ READS_ANSWERS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: the candidate's code runs in a fork of a process that holds the sample's tests "
-    "(assert: the judge; stdio: the runner) or can read the test file (pytest), so it can "
-    "return the expected answers. Closing it needs the candidate in a fresh interpreter "
-    "(execve) with the tests never in its memory or on a disk it can read: a larger change "
-    "with a cost per test."))
+def answers_suite(mode: str):
+    """Expected values no correct `add` gives: only a lookup of the tests passes them."""
+    if mode == "stdio":
+        return [{"input": "1 2", "output": "17"}, {"input": "5 5", "output": "99"}]
+    if mode == "assert":
+        return ["assert add(1, 2) == 17", "assert add(5, 5) == 99"]
+    return ("from solution import add\n\ndef test_a():\n    assert add(1, 2) == 17\n\n"
+            "def test_b():\n    assert add(5, 5) == 99\n")
+
+
 @pytest.mark.parametrize("mode", ["assert", "stdio", "pytest"])
 def test_the_candidate_cannot_read_the_expected_answers(sb, mode):
-    # expected values no correct `add` gives: only a lookup of the tests passes them
-    if mode == "stdio":
-        tests = [{"input": "1 2", "output": "17"}, {"input": "5 5", "output": "99"}]
-    elif mode == "assert":
-        tests = ["assert add(1, 2) == 17", "assert add(5, 5) == 99"]
-    else:
-        tests = ("from solution import add\n\ndef test_a():\n    assert add(1, 2) == 17\n\n"
-                 "def test_b():\n    assert add(5, 5) == 99\n")
-    res = verify(READS_ANSWERS[mode], tests, mode, sandbox=sb)
-    assert res.reward == 0.0, res.tests
+    # The candidate's processes come from a factory that never held a test (a fresh
+    # interpreter per sample), and the pytest module is a memfd of the judge.
+    res = verify(READS_ANSWERS[mode], answers_suite(mode), mode, sandbox=sb)
+    assert (res.reward, res.infra_error) == (0.0, None), res.tests
+
+
+# Everything the candidate (same uid) could read the tests from: its own memory, byte by byte
+# (gc finds objects only), the /proc files of every other process (its parent, the judge,
+# the runner, the code server) and every file in the places it can write. The needle is a
+# regex, so that the probe's own source and memory do not match it.
+PROBE = r"""
+import ctypes, os, re
+NEEDLE = re.compile(rb"98765432[1]")
+
+def probe():
+    found = []
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, so that it can read its own memory
+    mem = open("/proc/self/mem", "rb", 0)
+    for line in open("/proc/self/maps").read().splitlines():
+        span, perms = line.split()[:2]
+        if "r" not in perms or "[vvar" in line or "[vsyscall" in line:
+            continue
+        low, high = (int(x, 16) for x in span.split("-"))
+        try:
+            mem.seek(low)
+            if NEEDLE.search(mem.read(high - low)):
+                found.append("own memory " + line)
+        except (OSError, ValueError, OverflowError):
+            continue
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        for name in ("mem", "environ", "maps", "fd", "fdinfo", "cwd", "root"):
+            path = f"/proc/{pid}/{name}"
+            try:
+                if name in ("mem", "environ", "maps"):
+                    with open(path, "rb") as fh:
+                        fh.read(1)
+                else:
+                    os.listdir(path)
+                found.append(path)
+            except OSError:
+                pass
+    for root in ("/tmp", "/work", "/dev/shm", os.path.expanduser("~")):
+        for folder, _, files in os.walk(root):
+            for name in files:
+                try:
+                    with open(os.path.join(folder, name), "rb") as fh:
+                        if NEEDLE.search(fh.read()):
+                            found.append(os.path.join(folder, name))
+                except OSError:
+                    pass
+    return found
+"""
+PROBES = {
+    "assert": (PROBE + "def add(a, b):\n    return probe()\n",
+               ["found = add(1, 2)\nassert found == 987654321, found"]),
+    "stdio": (PROBE + "print(probe())\n", [{"input": "1 2", "output": "987654321"}]),
+    "pytest": (PROBE + "def add(a, b):\n    return probe()\n",
+               "from solution import add\n\ndef test_a():\n"
+               "    found = add(1, 2)\n    assert found == 987654321, found\n"),
+}
+
+
+@pytest.mark.parametrize("mode", ["assert", "stdio", "pytest"])
+def test_the_candidate_cannot_read_the_judge_through_proc_or_its_own_memory(sb, mode):
+    # /proc/<ppid>/mem, the judge's fds (the pytest module's memfd), environ, maps: every
+    # process of the harness is non-dumpable, and the factory is the candidate's parent.
+    code, tests = PROBES[mode]
+    res = verify(code, tests, mode, sandbox=sb, per_test_timeout=20, total_timeout=40)
+    assert (res.reward, res.infra_error) == (0.0, None), res.tests
+    (test,) = res.tests
+    assert test.message in ("AssertionError: []", "wrong output: '[]\\n'") or (
+        test.message.startswith("AssertionError: []\nassert [] == 987654321")), test.message

@@ -130,10 +130,13 @@ def test_skips_the_task_did_not_declare_are_failures(sb, dodge):
     assert res.reward == 0.5
 
 
-def test_runner_killed_by_code_is_a_failure_not_infra(sb):
-    code = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
-    res = verify(code, ["pass"], sandbox=sb)
+def test_killing_its_parent_process_is_the_codes_failure_not_infra(sb):
+    # its parent is the factory of the candidate's processes (the runner before): killing it
+    # ends the code's own process, and a wrong answer stays a failure, never infra_error
+    code = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + WRONG_ADD
+    res = verify(code, ["assert add(1, 1) == 2"], sandbox=sb)
     assert res.status == "failed" and res.reward == 0.0 and res.infra_error is None
+    assert verify(ADD, ["assert add(1, 1) == 2"], sandbox=sb).reward == 1.0  # a new factory
 
 
 def test_infra_error_gives_no_reward(docker_ready):
