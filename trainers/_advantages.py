@@ -7,7 +7,9 @@ enters that baseline matters more than the formula:
   they are left out of their group's statistics entirely and get no advantage (``None``,
   dropped from training). Scoring them 0 would punish the policy for a crashed container.
   ``late`` episodes (the step's deadline passed first: no reward) are dropped the same way,
-  and with ``late_policy="drop_group"`` their whole group is dropped.
+  and with ``late_policy="drop_group"`` their whole group is dropped. With ``"zero"`` they
+  stay in their group with reward 0: a policy that expects a low score could otherwise learn
+  to run out the clock, since a dropped episode is never scored.
 - ``error`` episodes (the env, a tool loop or a reward function raised) are kept: the reward
   they got is data about the policy's behaviour. They are counted so a rise is visible.
 - Groups whose kept rewards are all equal (zero variance, or a single kept episode) carry no
@@ -80,14 +82,16 @@ DROPPED: frozenset[str] = frozenset({"infra_error", "late"})
 
 
 def _kept_by_group(
-    groups: Sequence[Hashable], statuses: Sequence[Status], drop_late_groups: bool
+    groups: Sequence[Hashable], statuses: Sequence[Status], late_policy: LatePolicy
 ) -> dict[Hashable, list[int]]:
-    """Episode indices per group key, first-seen order, `DROPPED` episodes left out."""
+    """Episode indices per group key, first-seen order; what ``late_policy`` drops left out."""
+    dropped = DROPPED - {"late"} if late_policy == "zero" else DROPPED
     late_groups = {key for key, s in zip(groups, statuses) if s == "late"}
+    drop_late_groups = late_policy == "drop_group"
     members: dict[Hashable, list[int]] = {}
     for i, key in enumerate(groups):
         indices = members.setdefault(key, [])
-        if statuses[i] not in DROPPED and not (drop_late_groups and key in late_groups):
+        if statuses[i] not in dropped and not (drop_late_groups and key in late_groups):
             indices.append(i)
     return members
 
@@ -106,7 +110,8 @@ def group_advantages(
         groups: each episode's group key (e.g. its task index); any hashable.
         statuses: each episode's `agentgym.Trajectory` status.
         scale_rewards: ``group`` | ``batch`` | ``none`` (see the module docstring).
-        late_policy: ``drop`` (only late episodes leave) | ``drop_group`` (their groups do).
+        late_policy: ``drop`` (only late episodes leave) | ``drop_group`` (their groups do)
+            | ``zero`` (late episodes stay, with reward 0).
 
     Raises:
         ValueError: the three sequences differ in length.
@@ -116,7 +121,9 @@ def group_advantages(
             f"rewards, groups and statuses must be parallel lists, got lengths "
             f"{len(rewards)}, {len(groups)}, {len(statuses)}"
         )
-    members = _kept_by_group(groups, statuses, late_policy == "drop_group")
+    if late_policy == "zero":
+        rewards = [0.0 if s == "late" else r for r, s in zip(rewards, statuses)]
+    members = _kept_by_group(groups, statuses, late_policy)
     kept_rewards = [rewards[i] for indices in members.values() for i in indices]
     batch_std = unbiased_std(kept_rewards)
     values: list[float | None] = [None] * len(rewards)

@@ -33,7 +33,7 @@ LossType = Literal["grpo", "dr_grpo", "dapo"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 ScaleRewards = Literal["group", "batch", "none"]
 RolloutMode = Literal["auto", "concat", "per_turn"]
-LatePolicy = Literal["drop", "drop_group"]
+LatePolicy = Literal["drop", "drop_group", "zero"]
 ServerFailure = Literal["retry", "fail"]
 RolloutEngine = Literal["vllm", "hf"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -183,7 +183,9 @@ class GRPOConfig:
     late_policy: LatePolicy = _knob(
         "drop",
         "What a late episode costs. 'drop': only that episode leaves the step (its group is "
-        "scored on the rest, like an infra_error); 'drop_group': its whole group leaves.",
+        "scored on the rest, like an infra_error); 'drop_group': its whole group leaves; "
+        "'zero': it stays in its group with reward 0 and its finished turns train, so a "
+        "policy cannot escape a bad score by running out the clock (slow tools, long turns).",
     )
 
     # --- rollout engine: in process, or servers (scale-out) -------------------------------

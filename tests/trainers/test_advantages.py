@@ -43,6 +43,25 @@ def test_infra_error_does_not_change_its_groups_other_advantages() -> None:
     assert with_infra.num_infra_error == 1
 
 
+@pytest.mark.parametrize(
+    ("late_policy", "kept"),
+    [("drop", [0, 1, 3, 4]), ("drop_group", [3, 4]), ("zero", [0, 1, 2, 3, 4])],
+)
+def test_each_late_policy_keeps_what_it_says(late_policy: str, kept: list[int]) -> None:
+    # group 0: a success, a failure, and a late episode (its reward, if any, is not counted)
+    statuses = ["ok", "ok", "late", "ok", "ok"]
+    result = group_advantages([1.0, 0.0, 0.9, 1.0, 0.0], [0, 0, 0, 1, 1], statuses,
+                              late_policy=late_policy)  # type: ignore[arg-type]  # fmt: skip
+    assert result.kept == kept and result.num_late == 1
+
+
+def test_a_late_episode_scored_zero_is_punished_like_a_failure() -> None:
+    # running out the clock must not spare a policy its bad score
+    zero = group_advantages([1.0, 0.0, 0.9], [0, 0, 0], ["ok", "ok", "late"], late_policy="zero")
+    failed = group_advantages([1.0, 0.0, 0.0], [0, 0, 0], ["ok", "ok", "ok"])
+    assert zero.values == failed.values and zero.values[2] is not None and zero.values[2] < 0
+
+
 def test_error_episodes_are_scored_and_counted() -> None:
     result = group_advantages([1.0, 0.0], [0, 0], ["ok", "error"])
     assert result.values[1] is not None and result.values[1] < 0
