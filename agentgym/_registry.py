@@ -186,18 +186,19 @@ def _constructors(factory: Callable[..., Env]) -> Iterator[Callable[..., Any]]:
 def _accepted_kwargs(factory: Callable[..., Env]) -> set[str] | None:
     """Keyword names ``factory`` takes, following ``**kwargs`` up a class's bases; None = any."""
     names: set[str] = set()
+    open_ended = False  # the last signature passes **kwargs on to nothing we can read
     for fn in _constructors(factory):
         if fn is object.__init__:
             return None
         params = inspect.signature(fn).parameters.values()
         names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return names - {"self"}
+        open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
+    return None if open_ended else names - {"self"}
 
 
 def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
     accepted = _accepted_kwargs(factory)
-    unknown = sorted(set(kwargs) - accepted) if accepted is not None else []
-    if accepted is not None and unknown:
+    if accepted is not None and (unknown := sorted(set(kwargs) - accepted)):
         raise ConfigError(
             f"{env_id} does not take option(s) {unknown}; it takes: {', '.join(sorted(accepted))}"
         )

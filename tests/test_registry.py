@@ -93,6 +93,15 @@ def test_make_refuses_an_option_of_the_wrong_type_naming_it(
         agentgym.make("calculator", **option)
 
 
+def test_a_factory_function_taking_any_keyword_gets_every_option() -> None:
+    def factory(**options: object) -> ToolEnv:
+        return ToolEnv([], tasks=[{"prompt": str(options)}])
+
+    agentgym.register("tests/AnyOptions-v0", factory)
+    env = agentgym.make("tests/AnyOptions-v0", colour="red")
+    assert env.tasks[0]["prompt"] == "{'colour': 'red'}"
+
+
 def test_make_takes_options_of_the_annotated_types_and_objects_unchecked() -> None:
     env = agentgym.make("calculator", max_turns=3, tool_timeout=2, system_prompt=None)
     assert env.max_turns == 3 and env.tools["calculate"].timeout == 2  # an int is a float
