@@ -22,9 +22,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ._check import check as run_checks
 from ._check import (
@@ -41,7 +41,10 @@ from ._summary import summarize
 from ._trajectory import Trajectory, recover_jsonl, to_json_line, write_jsonl
 
 app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_is_help=True)
-console = Console(stderr=True)
+#: Consoles that read no markup: what they print (templates, errors, paths) is the user's text,
+#: and a '[/INST]' in it would otherwise be a markup error. Styles are `rich.text.Text`.
+console = Console(stderr=True, markup=False)
+stdout = Console(markup=False)
 
 
 class PolicyKind(StrEnum):
@@ -104,13 +107,13 @@ def list_envs() -> None:
         env = make(env_id)
         doc = (type(env).__doc__ or "").strip().splitlines()
         table.add_row(
-            escape(env_id),
-            escape(", ".join(getattr(env, "tools", {})) or "-"),
+            env_id,
+            ", ".join(getattr(env, "tools", {})) or "-",
             str(len(getattr(env, "tasks", ()))),
-            escape(doc[0] if doc else ""),
+            doc[0] if doc else "",
         )
         env.close()
-    Console().print(table)
+    stdout.print(table)
 
 
 @app.command("check")
@@ -140,9 +143,9 @@ def check_env(
     )
     table = Table("check", "result", "detail")
     for r in results:
-        verdict = "[green]pass[/]" if r.passed else "[red]FAIL[/]"
-        table.add_row(escape(r.name), verdict, escape(r.detail))  # details quote templates
-    Console().print(table)
+        verdict = Text("pass", style="green") if r.passed else Text("FAIL", style="red")
+        table.add_row(r.name, verdict, r.detail)
+    stdout.print(table)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
 
@@ -368,7 +371,7 @@ def _prepare_engine(
     except BaseException:
         policy.close()
         raise
-    console.print(f"rollout mode {decision.mode}: {decision.reason}", markup=False, highlight=False)
+    console.print(f"rollout mode {decision.mode}: {decision.reason}", highlight=False)
     return policy
 
 
@@ -404,7 +407,7 @@ def _run_eval(
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.description}", style="bold", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -458,9 +461,9 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         if key in ("env", "policy", "model"):
             continue
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-        table.add_row(escape(key), escape(shown))
-    Console().print(table)
-    console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}", markup=False)
+        table.add_row(key, shown)
+    stdout.print(table)
+    console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}")
 
 
 def _mount_sandbox_commands() -> None:
@@ -498,6 +501,10 @@ _mount_train_command()
 _mount_experiment_commands()
 
 
+def _print_error(message: str) -> None:
+    console.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 2.
 
@@ -511,9 +518,9 @@ def main() -> None:
     except (ConfigError, typer.TyperException) as exc:  # typer's usage errors derive from it
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         if message:  # empty when typer already printed the help (no arguments given)
-            console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+            _print_error(message)
         sys.exit(2)
     except Error as exc:  # infrastructure (a server that would not start ...): not the user's
-        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        _print_error(str(exc))
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)  # a command's return value is no code

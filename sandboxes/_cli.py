@@ -8,8 +8,8 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Column, Table
+from rich.text import Text
 
 from agentgym._errors import Error
 
@@ -18,7 +18,7 @@ from ._config import DEFAULT_IMAGE
 
 app = typer.Typer(help="Build the sandbox image; list, prune and benchmark sandbox containers.",
                   no_args_is_help=True)
-console = Console()
+console = Console(markup=False)  # errors and build logs are not markup
 
 
 class Method(enum.StrEnum):
@@ -29,8 +29,12 @@ class Method(enum.StrEnum):
     dockerfile = "dockerfile"  # sandboxes/Dockerfile (needs a registry)
 
 
+def _log(message: str) -> None:
+    console.print(Text(message, style="dim"))
+
+
 def _fail(exc: Exception) -> NoReturn:
-    console.print(f"[red]error:[/red] {escape(str(exc))}")
+    console.print(Text.assemble(("error:", "red"), " ", str(exc)))
     raise typer.Exit(1)
 
 
@@ -72,12 +76,11 @@ def build(
     started = time.monotonic()
     try:
         with console.status(f"building {tag} ({method.value})"):
-            image_id = build_image(tag=tag, method=method.value, mirror=mirror,
-                                   log=lambda msg: console.print(f"[dim]{escape(msg)}[/dim]"))
+            image_id = build_image(tag=tag, method=method.value, mirror=mirror, log=_log)
     except Error as exc:
         _fail(exc)
-    console.print(f"[green]built[/green] {tag} {image_id[:19]} in "
-                  f"{time.monotonic() - started:.0f} s")
+    seconds = time.monotonic() - started
+    console.print(Text.assemble(("built", "green"), f" {tag} {image_id[:19]} in {seconds:.0f} s"))
 
 
 @app.command("ls")
@@ -126,9 +129,8 @@ def bench(
     from ._bench import run_bench
 
     try:
-        result = run_bench(image=image, pool_size=pool_size, n=n, humaneval=humaneval,
-                           log=lambda msg: console.print(f"[dim]{escape(msg)}[/dim]"))
+        result = run_bench(image=image, pool_size=pool_size, n=n, humaneval=humaneval, log=_log)
     except Error as exc:
         _fail(exc)
     for line in result.lines():
-        console.print(line, markup=False)
+        console.print(line)

@@ -22,7 +22,7 @@ from rich.logging import RichHandler
 from agentgym._errors import ConfigError
 from agentgym._yaml import load_yaml
 
-console = Console()
+console = Console(markup=False)  # figures and paths, never markup
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
@@ -81,5 +81,5 @@ def train(
     if not main:
         return
     for name, value in figures.items():
-        console.print(f"{name}: {value:.3f}", markup=False)
-    console.print(f"run folder: {cfg.output_dir}", markup=False)
+        console.print(f"{name}: {value:.3f}")
+    console.print(f"run folder: {cfg.output_dir}")

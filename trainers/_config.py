@@ -39,9 +39,9 @@ RolloutEngine = Literal["vllm", "hf"]
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
-#: LoRA ranks vLLM can serve (``max_lora_rank`` choices in ``vllm/config/lora.py``).
 #: Held-out tasks when `eval_tasks` is not set: a tenth of the env's, at most this many.
 DEFAULT_EVAL_TASKS = 100
+#: LoRA ranks vLLM can serve (``max_lora_rank`` choices in ``vllm/config/lora.py``).
 VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: Modules vLLM cannot hot-load as LoRA targets, so an adapter on them cannot be synced alone.
 _UNSERVABLE_TARGETS = frozenset({"lm_head", "embed_tokens"})
@@ -474,7 +474,8 @@ class GRPOConfig:
                 free = [i for i in range(task_count) if i not in taken]
                 held_out = free[: min(DEFAULT_EVAL_TASKS, max(1, task_count // 10))]
             if train is None:
-                train = [i for i in range(task_count) if i not in set(held_out)]
+                evaluated = set(held_out)
+                train = [i for i in range(task_count) if i not in evaluated]
             reach = max([*train, *held_out], default=-1)
             if reach >= task_count:
                 raise ConfigError(

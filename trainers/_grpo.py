@@ -216,7 +216,7 @@ class GRPOTrainer:
             final = self._evaluate(policy, run, cfg.max_steps, num_tasks=None, label="final")
         figures["grpo/success"] = final
         plot_curves(run.path / "metrics.jsonl", run.path / "reward_curve.png", title=cfg.env)
-        console.console.print(write_summary(run.path, figures), markup=False)
+        console.console.print(write_summary(run.path, figures))
         return figures
 
     # ---- stages -------------------------------------------------------------------------

@@ -309,10 +309,11 @@ class TrainingConsole:
         self.max_steps = max_steps
         self.log_every = log_every or max(1, max_steps // 20)
         self.fields = tuple(fields)
-        self.console = console if console is not None else Console(stderr=True)
+        self.console = console if console is not None else Console(stderr=True, markup=False)
         self._progress = Progress(
-            TextColumn("[bold]GRPO"), BarColumn(bar_width=24), MofNCompleteColumn(),
-            TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[line]}"),
+            TextColumn("GRPO", style="bold"), BarColumn(bar_width=24), MofNCompleteColumn(),
+            TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("{task.fields[line]}", markup=False),
             console=self.console, transient=False,
         )  # fmt: skip
         self._task = self._progress.add_task("grpo", total=max_steps, completed=start_step,

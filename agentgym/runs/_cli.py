@@ -14,8 +14,8 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from agentgym._errors import ConfigError
 from agentgym._yaml import load_yaml
@@ -25,7 +25,7 @@ from ._queue import JobQueue
 from ._store import RunStatus, RunStore, agentgym_home, new_run_id
 
 app = typer.Typer(help="List, show and compare indexed runs.", no_args_is_help=True)
-console = Console()
+console = Console(markup=False)  # names, configs and log lines are the user's text
 
 DbOption = Annotated[
     str | None,
@@ -72,12 +72,10 @@ def show_run(
     for key, value in sorted(run["figures"].items()):
         table.add_row(_text(key), _text(value))
     console.print(table)
-    console.print(
-        yaml.safe_dump(run["config"], sort_keys=False).rstrip(), highlight=False, markup=False
-    )
+    console.print(yaml.safe_dump(run["config"], sort_keys=False).rstrip(), highlight=False)
     if run["error_tail"]:
-        console.print("[red]last log lines:[/]")
-        console.print(run["error_tail"], highlight=False, markup=False)
+        console.print(Text("last log lines:", style="red"))
+        console.print(run["error_tail"], highlight=False)
 
 
 @app.command("compare")
@@ -192,17 +190,16 @@ def _find(store: RunStore, run_id: str) -> dict[str, Any]:
     return run
 
 
-def _coloured(status: str) -> str:
+def _coloured(status: str) -> Text:
     colour = _STATUS_COLOURS.get(status, "yellow")
-    return f"[{colour}]{status}[/]"
+    return Text(status, style=colour)
 
 
 def _text(value: Any) -> str:
-    """A cell as text, escaped: names, configs and log lines may hold '[...]' (markup)."""
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict | list):
-        return escape(json.dumps(value))
-    return escape(str(value))
+        return json.dumps(value)
+    return str(value)
