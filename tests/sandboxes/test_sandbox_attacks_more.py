@@ -67,10 +67,21 @@ def test_a_conftest_left_in_tmp_is_not_loaded_by_pytest(sb, config):
     assert (res.reward, res.status, res.infra_error) == (0.0, "failed", None), res.tests
 
 
+BROADCAST_SIGALRM = (
+    "    for pid in os.listdir('/proc'):\n"
+    "        if pid.isdigit() and int(pid) not in (1, os.getpid()):\n"
+    "            try:\n"
+    "                os.kill(int(pid), signal.SIGALRM)\n"
+    "            except OSError:\n"
+    "                pass\n"
+)
+
+
 def test_a_forged_sigalrm_does_not_pass_a_raises_test(sb):
     # The judge turns SIGALRM into TimeoutError (the per-test timeout); the candidate, same
     # uid, sends one itself so that `pytest.raises(Exception)` sees an exception it never
-    # raised.
+    # raised. Its parent (the factory, formerly the judge) ignores it; the judge takes only
+    # the timer's alarm; one sent to every process also ends the runner: the sample fails.
     code = ("import os, signal\n"
             "def add(a, b):\n"
             "    os.kill(os.getppid(), signal.SIGALRM)\n"
@@ -85,6 +96,10 @@ def test_a_forged_sigalrm_does_not_pass_a_raises_test(sb):
     assert {t.name: t.status for t in res.tests} == {
         "test_rejects_negatives": "failed", "test_adds": "passed"}, res.tests
     assert "DID NOT RAISE" in res.tests[0].message
+    everyone = "import os, signal\ndef add(a, b):\n" + BROADCAST_SIGALRM + "    return a + b\n"
+    res = verify(everyone, tests, "pytest", sandbox=sb)
+    assert (res.reward, res.status, res.infra_error) == (0.0, "failed", None), res.tests
+    assert_still_works(sb)
 
 
 # --- state that used to outlive a lease --------------------------------------------------------
