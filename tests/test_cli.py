@@ -167,6 +167,18 @@ def test_an_eval_whose_every_episode_the_backend_failed_exits_as_infra(tmp_path:
     assert statuses == ["infra_error"] * 2  # kept, for --resume to play again
 
 
+def test_an_opening_prompt_over_the_context_is_refused_before_the_run(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    # every episode would end truncated with no turn (ToolAPI's 12 schemas passed 4,096)
+    args = ["--policy", "hf", "--model-path", str(tiny_model_dir), "-n", "1"]
+    proc = run("eval", "calculator", *args, "--max-model-len", "64", "--out", str(tmp_path / "a"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    message = proc.stderr.splitlines()[-1]  # after transformers' weight-loading bar
+    assert message.startswith("error: the env's opening prompt is") and "--max-model-len" in message
+    assert not (tmp_path / "a" / "trajectories.jsonl").exists()  # nothing was played
+
+
 def test_resume_plays_again_the_episodes_the_backend_failed(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert run("eval", "calculator", "-n", "3", "--out", str(out)).returncode == 0

@@ -7,6 +7,7 @@ A backend (vLLM in-process, transformers) only has to sample one turn from exact
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import uuid
@@ -193,6 +194,7 @@ class TokenPolicy:
         """
         key = repr(tools)
         if key not in self._modes:
+            self._check_opening_fits(tools, example)
             if self.rollout_mode == "per_turn":
                 decision = ModeDecision("per_turn", "rollout_mode='per_turn' was asked for")
             else:
@@ -206,6 +208,23 @@ class TokenPolicy:
             log.info("rollout mode %s: %s", decision.mode, decision.reason)
             self._modes[key] = decision
         return self._modes[key]
+
+    def _check_opening_fits(self, tools: list[dict[str, Any]], example: Sequence[Message]) -> None:
+        """Refuse an env whose opening prompt alone fills the context.
+
+        Why: each episode would end as ``truncated`` before its first turn, with no turn and
+        no hint in the summary (a dozen tool schemas outgrow 4,096 tokens).
+        """
+        opening = list(itertools.takewhile(lambda m: m.get("role") != "assistant", example))
+        if not opening:
+            return
+        length = len(self.renderer.prompt_ids(opening, tools or None))
+        if length >= self.max_model_len:
+            raise ConfigError(
+                f"the env's opening prompt is {length} tokens, and max_model_len is "
+                f"{self.max_model_len}: every episode would end before its first turn; raise "
+                "max_model_len (--max-model-len) to what the model allows"
+            )
 
     def start_episode(
         self, tools: list[dict[str, Any]], *, task: Any = None, seed: int | None = None
