@@ -162,7 +162,7 @@ def evaluate(
         ),
     ] = PolicyKind.reference,
     model_path: Annotated[
-        Path | None, typer.Option(help="Local model folder (vllm policy).")
+        Path | None, typer.Option(help="Local model folder (vllm and hf policies).")
     ] = None,
     base_url: Annotated[
         str, typer.Option(help="OpenAI-compatible server root.")
@@ -191,15 +191,17 @@ def evaluate(
     ] = 0,
     chat_template_kwargs: Annotated[
         str | None,
-        typer.Option(help="vllm: chat-template variables as JSON, '{\"enable_thinking\": false}'."),
+        typer.Option(
+            help="vllm, hf: chat-template variables as JSON, '{\"enable_thinking\": false}'."
+        ),
     ] = None,
     rollout_mode: Annotated[
         RolloutModeChoice,
-        typer.Option(help="vllm: concat (one sequence per episode), per_turn, or auto."),
+        typer.Option(help="vllm, hf: concat (one sequence per episode), per_turn, or auto."),
     ] = RolloutModeChoice.auto,
     max_model_len: Annotated[
         int,
-        typer.Option(min=16, help="vllm: context window; a longer episode ends truncated."),
+        typer.Option(min=16, help="vllm, hf: context window; a longer episode ends truncated."),
     ] = 4096,
     server: Annotated[
         list[str],
