@@ -218,9 +218,7 @@ def _json_object(data):
 
 
 def send(fd, data):
-    data = struct.pack(">I", len(data)) + data
-    while data:
-        data = data[os.write(fd, data) :]
+    _write_all(fd, struct.pack(">I", len(data)) + data)
 
 
 def _read_exact(fd, n):
