@@ -275,7 +275,8 @@ def evaluate(
         }  # fmt: skip
         summary = _run_eval(out, env_id, agent, run_config, done, total * group_size, plan)
         _refuse_all_infra_errors(summary, out, played=summary["episodes"] - len(done))
-    _print_summary(summary, out)
+        # inside the tracked block: a follower of the run's log stops once it is finished
+        _print_summary(summary, out)
 
 
 def _with_model(
