@@ -114,7 +114,8 @@ def load_tokenizer(tokenizer: Any) -> Any:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise ConfigError(
-            "checking a tokenizer needs transformers: pip install 'agentgym[train]'"
+            "reading a model's tokenizer needs transformers: pip install 'agentgym[train]' "
+            "(or 'agentgym[vllm]', which brings it)"
         ) from exc
     from .engine._render import TOKENIZER_FILES, require_vocabulary
 

@@ -39,6 +39,7 @@ from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
 from ._trajectory import Trajectory, recover_jsonl, to_json_line, write_jsonl
+from ._types import Message
 
 app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_is_help=True)
 #: Consoles that read no markup: what they print (templates, errors, paths) is the user's text,
@@ -101,10 +102,14 @@ def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
 
 @app.command("list")
 def list_envs() -> None:
-    """List registered environments."""
+    """List registered environments (one that cannot be built here says why)."""
     table = Table("id", "tools", "tasks", "description")
     for env_id in registered_envs():
-        env = make(env_id)
+        try:
+            env = make(env_id)
+        except Error as exc:  # a missing extra or service: the row says what to do
+            table.add_row(env_id, "-", "-", Text(f"not available here: {exc}", style="yellow"))
+            continue
         doc = (type(env).__doc__ or "").strip().splitlines()
         table.add_row(
             env_id,
@@ -225,14 +230,8 @@ def evaluate(
     env_id = resolve_id(env)
     env_kwargs = _parse_env_args(env_arg)
     template_kwargs = _parse_template_kwargs(chat_template_kwargs)
-    if template_kwargs and not policy.local:
-        raise ConfigError("--chat-template-kwargs applies to --policy vllm or hf only")
-    if policy is PolicyKind.openai and not model:
-        raise ConfigError("--policy openai needs --model NAME (the served model name)")
-    if (server or router_url) and policy is not PolicyKind.vllm:
-        raise ConfigError("--server and --router-url apply to --policy vllm (token ids in/out)")
-    if router_url and not server:
-        raise ConfigError("--router-url needs the --server URLs too (adapters and checks)")
+    servers = _Servers(server, router_url, model)
+    _refuse_option_mix(policy, template_kwargs, servers)
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
     env_kwargs_built = _with_model(model_path, env_kwargs, policy) if policy.local else env_kwargs
     probe = make(env_id, **env_kwargs_built)  # validates options before any work
@@ -253,14 +252,14 @@ def evaluate(
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(track_run("eval", out.name, run_config, out))
+        agent: Policy
         if policy is PolicyKind.reference:
-            agent: Policy = ScriptedPolicy(reference)
+            agent = ScriptedPolicy(reference)
         elif policy.local and model_path is not None:
             sampling = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens}
             engine = _prepare_engine(
                 model_path, env_id, env_kwargs_built, sampling, template_kwargs, rollout_mode,
-                max_model_len, _Servers(server, router_url, model),
-                transformers=policy is PolicyKind.hf,
+                max_model_len, servers, transformers=policy is PolicyKind.hf,
             )  # fmt: skip
             agent = stack.enter_context(engine)  # shut down on leaving
         else:
@@ -299,6 +298,20 @@ class _Servers:
     served_name: str | None
 
 
+def _refuse_option_mix(
+    policy: PolicyKind, template_kwargs: dict[str, Any], servers: _Servers
+) -> None:
+    """Options that belong to another ``--policy``, refused before anything loads."""
+    if template_kwargs and not policy.local:
+        raise ConfigError("--chat-template-kwargs applies to --policy vllm or hf only")
+    if policy is PolicyKind.openai and not servers.served_name:
+        raise ConfigError("--policy openai needs --model NAME (the served model name)")
+    if (servers.urls or servers.router_url) and policy is not PolicyKind.vllm:
+        raise ConfigError("--server and --router-url apply to --policy vllm (token ids in/out)")
+    if servers.router_url and not servers.urls:
+        raise ConfigError("--router-url needs the --server URLs too (adapters and checks)")
+
+
 def _prepare_engine(
     model_path: Path,
     env_id: str,
@@ -314,31 +327,12 @@ def _prepare_engine(
     """A started engine, its rollout mode decided.
 
     `VLLMPolicy`; `RemoteVLLMPolicy` on ``servers``; `HFPolicy` with ``transformers``.
-
-    The mode is decided on the conversation `agentgym check --model` reports on (the env's
-    reference episode with a second call after text). Chat-template kwargs the template never
-    reads, and ``--rollout-mode concat`` with a template that cannot, are refused on the
-    tokenizer alone, before the slow engine start.
     """
-    from .engine import (
-        ChatRenderer,
-        HFPolicy,
-        RemoteVLLMPolicy,
-        SamplingConfig,
-        VLLMFleet,
-        VLLMPolicy,
-    )
-    from .engine._episode import probe_conversation
+    from .engine import HFPolicy, RemoteVLLMPolicy, SamplingConfig, VLLMFleet, VLLMPolicy
 
-    probe = make(env_id, **env_kwargs)
-    tools = getattr(probe, "tool_schemas", [])
-    probe.close()
-    tokenizer = load_tokenizer(str(model_path))
-    problem = unread_template_kwargs(tokenizer, template_kwargs)
-    if problem:
-        raise ConfigError(f"--chat-template-kwargs: {problem}")
-    example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
-    example = example or probe_conversation(tools)
+    tools, example = _checked_template(
+        model_path, env_id, env_kwargs, template_kwargs, rollout_mode
+    )
     options: dict[str, Any] = {
         "sampling": SamplingConfig(**{k: v for k, v in sampling.items() if v is not None}),
         "chat_template_kwargs": template_kwargs,
@@ -359,13 +353,6 @@ def _prepare_engine(
         )  # fmt: skip
     else:
         policy = VLLMPolicy(model_path, **options)
-    if rollout_mode is RolloutModeChoice.concat:
-        decision = ChatRenderer(tokenizer, template_kwargs).decide_mode(example, tools)
-        if decision.mode != "concat":
-            raise ConfigError(
-                f"--rollout-mode concat, but the chat template cannot: {decision.reason}; "
-                "use --rollout-mode auto (or per_turn)"
-            )
     where = ", ".join(servers.urls) or model_path
     with console.status(f"starting {'transformers' if transformers else 'vLLM'} on {where}"):
         policy.start()
@@ -376,6 +363,42 @@ def _prepare_engine(
         raise
     console.print(f"rollout mode {decision.mode}: {decision.reason}", highlight=False)
     return policy
+
+
+def _checked_template(
+    model_path: Path,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    template_kwargs: dict[str, Any],
+    rollout_mode: RolloutModeChoice,
+) -> tuple[list[dict[str, Any]], list[Message]]:
+    """The env's tool schemas and the conversation the rollout mode is decided on.
+
+    That conversation is the one `agentgym check --model` reports on (the env's reference
+    episode, or a probe with a second call after text). Chat-template kwargs the template
+    never reads, and ``--rollout-mode concat`` with a template that cannot, are refused here,
+    on the tokenizer alone, before the slow engine start.
+    """
+    from .engine import ChatRenderer
+    from .engine._episode import probe_conversation
+
+    probe = make(env_id, **env_kwargs)
+    tools = getattr(probe, "tool_schemas", [])
+    probe.close()
+    tokenizer = load_tokenizer(str(model_path))
+    problem = unread_template_kwargs(tokenizer, template_kwargs)
+    if problem:
+        raise ConfigError(f"--chat-template-kwargs: {problem}")
+    example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
+    example = example or probe_conversation(tools)
+    if rollout_mode is RolloutModeChoice.concat:
+        decision = ChatRenderer(tokenizer, template_kwargs).decide_mode(example, tools)
+        if decision.mode != "concat":
+            raise ConfigError(
+                f"--rollout-mode concat, but the chat template cannot: {decision.reason}; "
+                "use --rollout-mode auto (or per_turn)"
+            )
+    return tools, example
 
 
 def _run_eval(
@@ -469,39 +492,26 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
     console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}")
 
 
-def _mount_sandbox_commands() -> None:
-    try:
-        from .sandboxes._cli import app as sandbox_app
-    except ImportError:  # the sandbox extra is optional
-        return
-    app.add_typer(sandbox_app, name="sandbox", help="Build, list, prune and benchmark sandboxes.")
+def _mount_commands() -> None:
+    """The commands of the other packages; their modules import nothing optional at the top.
 
+    So every command is listed on a base install, and one whose extra is missing says which
+    extra to install when it runs (tests/test_base_install.py).
+    """
+    from .runs._cli import app as runs_app
+    from .runs._cli import sweep
+    from .sandboxes._cli import app as sandbox_app
+    from .serve._cli import serve
+    from .trainers._cli import train
 
-def _mount_train_command() -> None:
-    try:
-        from .trainers._cli import train
-    except ImportError:  # the train extra is optional
-        return
     app.command("train")(train)
-
-
-def _mount_experiment_commands() -> None:
-    """``runs``, ``sweep`` (the run store) and ``serve`` (FastAPI: the tools extra)."""
-    try:
-        from .runs._cli import app as runs_app
-        from .runs._cli import sweep
-    except ImportError:  # SQLAlchemy missing
-        return
-    app.add_typer(runs_app, name="runs", help="List, show and compare indexed runs.")
     app.command("sweep")(sweep)
-    from .serve._cli import serve  # light: FastAPI is imported when the server starts
-
     app.command("serve")(serve)
+    app.add_typer(sandbox_app, name="sandbox", help="Build, list, prune and benchmark sandboxes.")
+    app.add_typer(runs_app, name="runs", help="List, show and compare indexed runs.")
 
 
-_mount_sandbox_commands()
-_mount_train_command()
-_mount_experiment_commands()
+_mount_commands()
 
 
 def _print_error(message: str) -> None:

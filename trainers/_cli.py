@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from agentgym._errors import ConfigError
+from agentgym._extras import needs_extra
 from agentgym._yaml import load_yaml
 
 console = Console(markup=False)  # figures and paths, never markup
@@ -64,7 +65,9 @@ def train(
     _quiet_backends()
     from ._config import GRPOConfig
     from ._distributed import World
-    from ._grpo import GRPOTrainer
+
+    with needs_extra("agentgym train", "train"):
+        from ._grpo import GRPOTrainer
 
     if not config.is_file():
         raise ConfigError(f"config file {config} does not exist")

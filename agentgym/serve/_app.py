@@ -24,6 +24,7 @@ from agentgym._errors import ConfigError
 from agentgym.runs import TERMINAL, JobQueue, RunStore, submit_job
 from agentgym.runs._folder import log_path
 
+from ._dashboard import dashboard_router
 from ._files import metric_lines
 
 #: How often a followed log or metrics file is looked at for new lines.
@@ -150,20 +151,8 @@ def create_app(
         """Liveness, and the database's schema version."""
         return {"ok": True, "schema_version": store.schema_version}
 
-    _mount_dashboard(app, store)
-    return app
-
-
-def _mount_dashboard(app: FastAPI, store: RunStore) -> None:
-    """The dashboard (``_dashboard.py``, written separately) when it is present.
-
-    Only its import is guarded: until that module exists the API runs without a dashboard.
-    """
-    try:
-        from ._dashboard import dashboard_router
-    except ImportError:
-        return
     app.include_router(dashboard_router(store))
+    return app
 
 
 def _get(store: RunStore, run_id: str) -> dict[str, Any]:

