@@ -86,3 +86,16 @@ def test_scripted_eval_runs_on_the_base_install(tmp_path: Path):
     done = agentgym_without_extras("eval", "calculator", "-n", "2", "--out", "e", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert len((tmp_path / "e" / "trajectories.jsonl").read_text().splitlines()) == 2
+
+
+def test_the_trainer_import_names_its_extra(tmp_path: Path):
+    code = _BLOCKED_CLI.split("from agentgym.cli")[0] + (
+        "from agentgym.trainers import GRPOConfig\n"  # light: no extra needed
+        "GRPOConfig(env='calculator')\n"
+        "from agentgym.trainers import GRPOTrainer\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stderr.strip().splitlines()[-1] == (
+        "agentgym._errors.ConfigError: agentgym.trainers.GRPOTrainer needs the 'train' extra "
+        "(no module 'torch'): pip install 'agentgym[train]'"
+    )

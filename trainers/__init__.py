@@ -35,7 +35,11 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    from agentgym._extras import needs_extra
+
+    with needs_extra(f"agentgym.trainers.{name}", "train"):
+        module = importlib.import_module(_LAZY[name], __name__)
+    return getattr(module, name)
 
 
 __all__ = [
