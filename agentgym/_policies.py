@@ -52,7 +52,9 @@ class PolicyEpisode(Protocol):
     engine then asks the handle, not the policy, for each turn, so a token-in/token-out engine
     (`agentgym.engine.VLLMPolicy`) can extend the previous turn's exact ids instead of
     re-rendering the conversation. ``mode`` says how the episode trains: ``"concat"`` (one
-    sequence) or ``"per_turn"`` (one sample per turn).
+    sequence) or ``"per_turn"`` (one sample per turn). A handle may also set ``mode_reason``
+    when an episode switches to ``per_turn`` midway; the rollout records it in the
+    trajectory's ``info``.
     """
 
     mode: str

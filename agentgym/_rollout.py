@@ -203,10 +203,18 @@ async def _turns(
         turn.policy_seconds, turn.env_seconds = t1 - t0, time.perf_counter() - t1
         trajectory.turns.append(turn)
         trajectory.messages.extend(new_messages)
-        trajectory.mode = episode.mode
+        _record_mode(trajectory, episode)  # after each turn: a cut episode keeps it too
         done = terminated or truncated
-    trajectory.mode = episode.mode
+    _record_mode(trajectory, episode)
     return info, truncated
+
+
+def _record_mode(trajectory: Trajectory, episode: PolicyEpisode) -> None:
+    """How the episode trains, and why it switched to ``per_turn`` midway if it did."""
+    trajectory.mode = episode.mode
+    reason = getattr(episode, "mode_reason", "")  # optional: users' episode handles may lack it
+    if reason:
+        trajectory.info["mode_reason"] = reason
 
 
 async def _next_turn(
