@@ -122,7 +122,8 @@ class Env(gymnasium.Env[list[Message], Action]):
     metadata: dict[str, Any] = {"render_modes": []}
     observation_space = MessagesSpace()
     action_space = AssistantTurnSpace()
-    _pending_seed: int | None = None  # a seed `np_random` has yet to build its generator from
+    _pending_seed: int | None = None  # a seed the generator has yet to be built from
+    _lazy_rng: np.random.Generator | None = None  # the generator, once built
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -153,22 +154,39 @@ class Env(gymnasium.Env[list[Message], Action]):
             gymnasium.Env.reset(self, seed=seed)
             self._pending_seed = None
             return
-        self._np_random = None
+        self._lazy_rng = None
         self._np_random_seed = seed
         self._pending_seed = seed
+
+    @property  # Gymnasium's attribute, built on its first read
+    def _np_random(self) -> np.random.Generator | None:
+        """Gymnasium's generator slot: a pending seed builds the generator when it is read.
+
+        Gymnasium's env checker reads this attribute right after ``reset(seed=...)``, so it must
+        not stay None for an env that never drew from `np_random`.
+        """
+        if self._lazy_rng is None and self._pending_seed is not None:
+            seed, self._pending_seed = self._pending_seed, None
+            self._lazy_rng, self._np_random_seed = seeding.np_random(seed)
+        return self._lazy_rng
+
+    @_np_random.setter
+    def _np_random(self, value: np.random.Generator | None) -> None:
+        self._lazy_rng = value
 
     @property
     def np_random(self) -> np.random.Generator:
         """The episode's generator (Gymnasium's), built from the last seed on first use."""
-        if self._np_random is None:
-            seed, self._pending_seed = self._pending_seed, None
-            self._np_random, self._np_random_seed = seeding.np_random(seed)
-        return self._np_random
+        rng = self._np_random
+        if rng is None:  # never seeded: an unseeded generator, as Gymnasium gives
+            rng, self._np_random_seed = seeding.np_random(None)
+            self._lazy_rng = rng
+        return rng
 
     @np_random.setter
     def np_random(self, value: np.random.Generator) -> None:
         self._pending_seed = None
-        self._np_random = value
+        self._lazy_rng = value
         self._np_random_seed = -1  # Gymnasium's "seed unknown"
 
     async def astep(

@@ -49,12 +49,27 @@ def register(id: str, entry_point: str | Callable[..., Env], **defaults: Any) ->
     """
     if not re.fullmatch(r"([\w.-]+/)?[\w.:-]+-v\d+", id):
         raise ConfigError(f"env id {id!r} must look like 'namespace/Name-v0'")
-    with warnings.catch_warnings():  # re-registering (e.g. module reload) is fine
+    previous = gymnasium.registry.get(id)
+    if previous is not None and _entry_name(previous.entry_point) != _entry_name(entry_point):
+        warnings.warn(
+            f"register({id!r}) replaces {_entry_name(previous.entry_point)} with "
+            f"{_entry_name(entry_point)}; give your env its own id (e.g. 'myorg/Name-v0')",
+            stacklevel=2,
+        )
+    with warnings.catch_warnings():  # re-registering the same entry point (a reload) is fine
         warnings.simplefilter("ignore")
         gymnasium.register(
             id=id, entry_point=entry_point, kwargs=defaults, disable_env_checker=True
         )
     _OUR_IDS.add(id)
+
+
+def _entry_name(entry_point: Any) -> str:
+    """``module:qualname`` of an entry point: the same after a module reload."""
+    if isinstance(entry_point, str):
+        return entry_point
+    module = getattr(entry_point, "__module__", "?")
+    return f"{module}:{getattr(entry_point, '__qualname__', repr(entry_point))}"
 
 
 def load_plugins() -> list[str]:

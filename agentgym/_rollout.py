@@ -26,7 +26,10 @@ cancelled through the normal path (their env is closed, releasing sandboxes) and
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import math
+import numbers
 import time
 import traceback
 from collections.abc import Callable, Collection, Sequence
@@ -37,6 +40,7 @@ from ._env import Env
 from ._errors import ConfigError, ContextLengthError, InfraError
 from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
+from ._tools import cancel_and_wait
 from ._trajectory import Trajectory, Turn
 from ._types import Completion
 
@@ -82,11 +86,19 @@ def plan_episodes(
     """G episodes per task, task-major, each with its own deterministic seed."""
     if group_size < 1:
         raise ConfigError(f"group_size must be >= 1, got {group_size}")
+    tasks = [_as_index(task) for task in tasks]
     return [
         EpisodeSpec(task, task if isinstance(task, int) else None, g, seed + i * group_size + g, i)
         for i, task in enumerate(tasks)
         for g in range(group_size)
     ]
+
+
+def _as_index(task: Any) -> Any:
+    """A task index of any integer type (numpy's too) as an int; a task dict as it is."""
+    if isinstance(task, numbers.Integral) and not isinstance(task, bool):
+        return int(task)
+    return task
 
 
 async def run_episode(
@@ -221,7 +233,13 @@ async def _next_turn(
     episode: PolicyEpisode, trajectory: Trajectory, max_tokens: int | None
 ) -> Completion:
     """The one place the engine asks the policy for the next assistant turn."""
-    return await episode.generate(trajectory.messages, max_tokens=max_tokens)
+    completion = await episode.generate(trajectory.messages, max_tokens=max_tokens)
+    if not isinstance(completion, Completion):  # a user's policy: name the contract
+        raise TypeError(
+            f"the policy returned {type(completion).__name__}, not an agentgym.Completion; "
+            "return Completion(text=...) from generate"
+        )
+    return completion
 
 
 def _step_reward(reward: float, info: dict[str, Any]) -> float:
@@ -249,6 +267,12 @@ def _record_outcome(trajectory: Trajectory, info: dict[str, Any], truncated: boo
         trajectory.status = "error"
         trajectory.error = "\n".join(
             f"reward function {k!r}:\n{v}" for k, v in reward_errors.items()
+        )
+    elif not math.isfinite(trajectory.total_reward):  # an env's own step or final reward
+        trajectory.status = "error"
+        trajectory.error = (
+            f"the env's rewards add up to {trajectory.total_reward}: a reward must be a finite "
+            "number (a NaN would make every advantage of the episode's group NaN)"
         )
     elif truncated:
         trajectory.status = "truncated"
@@ -405,6 +429,7 @@ async def arollout(
         raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
     if deadline is not None and not deadline > 0:
         raise ConfigError(f"deadline must be > 0 seconds or None, got {deadline}")
+    _check_plan_knobs(policy, num_tasks, max_tokens_per_turn)
     deadline_at = None if deadline is None else started + deadline
     limit = asyncio.Semaphore(max_concurrency)
 
@@ -428,17 +453,44 @@ async def arollout(
             on_episode(trajectory)
         return trajectory
 
+    running: list[asyncio.Task[Trajectory]] = []
     try:
         if tasks is None:
-            probe = envs.take()  # fails fast on an unknown id or bad kwargs; plays later
-            count = len(getattr(probe, "tasks", ()))
-            envs.idle.append(probe)
-            tasks = list(range(count if num_tasks is None else min(num_tasks, count)))
+            tasks = _env_tasks(envs, env_id, num_tasks)
         plan = [spec for spec in plan_episodes(tasks, group_size, seed) if spec.key not in skip]
-        return list(await asyncio.gather(*(bounded(spec) for spec in plan)))
-    finally:
+        running = [asyncio.ensure_future(bounded(spec)) for spec in plan]
+        return list(await asyncio.gather(*running))
+    finally:  # an on_episode that raised stops the others: each gives its env back first
+        await cancel_and_wait(running)
         if envs is not env:  # the caller's pool stays open for its next rollout
             await envs.aclose()
+
+
+def _env_tasks(envs: EnvPool, env_id: str, num_tasks: int | None) -> list[int]:
+    """The indices of the env's first ``num_tasks`` tasks (all when None)."""
+    probe = envs.take()  # fails fast on an unknown id or bad kwargs; plays later
+    envs.idle.append(probe)
+    count = len(getattr(probe, "tasks", None) or ())
+    if not count:
+        raise ConfigError(
+            f"{env_id} has no task list to play (no `tasks` attribute, or it is empty); "
+            "pass tasks=[...] (task indices or task dicts)"
+        )
+    return list(range(count if num_tasks is None else min(num_tasks, count)))
+
+
+def _check_plan_knobs(policy: Policy, num_tasks: int | None, max_tokens: int | None) -> None:
+    """Mistakes that would otherwise fail every episode, one traceback each, refused once."""
+    for name, value in (("num_tasks", num_tasks), ("max_tokens_per_turn", max_tokens)):
+        if value is not None and not (isinstance(value, int) and value >= 1):
+            raise ConfigError(f"{name} must be an int >= 1 or None, got {value!r}")
+    generate = getattr(policy, "generate", None)
+    plain_def = inspect.isroutine(generate) and not inspect.iscoroutinefunction(generate)
+    if getattr(policy, "start_episode", None) is None and (not callable(generate) or plain_def):
+        raise ConfigError(
+            f"policy {policy!r} has no `async def generate(messages, tools, *, max_tokens, "
+            "task)`; give it one (see agentgym.Policy), or pass a ScriptedPolicy / VLLMPolicy"
+        )
 
 
 def _default_concurrency(policy: Policy) -> int:

@@ -2,19 +2,24 @@
 
 A reward function declares parameters from `Rubric.INJECTABLE` (``task``, ``messages``,
 ``completion``, ``answer``, ``state``, ``sandbox``, ``env``, ``trajectory``) and gets exactly
-those; any other parameter must have a default, which it keeps (so a `functools.partial` with
-bound keywords, or a knob like ``threshold=0.5``, works). Every function's score is logged
+those; one with ``**kwargs`` gets all of them. Any other parameter must have a default, which
+it keeps (so a `functools.partial` with bound keywords, or a knob like ``threshold=0.5``,
+works). Every function's score is logged
 under its name (its ``__name__``, or one given in ``names``); names must be unique, so no
 score silently overwrites another. Weight-0 functions are metrics only.
 
-A function that raises is *recorded* (its score is None and the rubric reports the error):
-silently scoring 0 would corrupt the training signal. An `InfraError` (a sandbox or backend
-failure) propagates instead, so the episode becomes ``infra_error`` and is not scored at all.
+A function that raises, or returns something that is not a finite number (None, NaN, inf),
+is *recorded* (its score is None and the rubric reports the error): silently scoring 0 would
+corrupt the training signal, and a NaN would turn every advantage of its group into NaN. An
+`InfraError` (a sandbox or backend failure) propagates instead, so the episode becomes
+``infra_error`` and is not scored at all.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +63,7 @@ class Rubric:
         names: Sequence[str] | None = None,
     ) -> None:
         self.funcs = list(funcs)
-        self.weights = [1.0] * len(self.funcs) if weights is None else list(weights)
+        self.weights = [1.0] * len(self.funcs) if weights is None else _checked_weights(weights)
         #: The keys of the scores, one per function, in order.
         self.names = [_name_of(fn) for fn in self.funcs] if names is None else list(names)
         for what, values in (("weights", self.weights), ("names", self.names)):
@@ -68,17 +73,24 @@ class Rubric:
                     "give one each"
                 )
         _check_unique(self.names)
-        self._params: list[tuple[str, ...]] = []
-        for name, fn in zip(self.names, self.funcs):
-            signature = inspect.signature(fn).parameters.values()
-            params = tuple(p.name for p in signature if p.name in self.INJECTABLE)
-            unknown = [p.name for p in signature if p.name not in params and p.default is p.empty]
-            if unknown:
-                raise ConfigError(
-                    f"reward function {name!r} asks for {unknown}; "
-                    f"it may ask only for {sorted(self.INJECTABLE)} (others need a default)"
-                )
-            self._params.append(params)
+        self._params = [self._injected(name, fn) for name, fn in zip(self.names, self.funcs)]
+
+    def _injected(self, name: str, fn: Callable[..., Any]) -> tuple[str, ...]:
+        """The context values ``fn`` asks for: its injectable parameters, or all with **kwargs."""
+        signature = inspect.signature(fn).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in signature):
+            return tuple(sorted(self.INJECTABLE))
+        params = tuple(p.name for p in signature if p.name in self.INJECTABLE)
+        unknown = [
+            p.name for p in signature
+            if p.name not in params and p.default is p.empty and p.kind is not p.VAR_POSITIONAL
+        ]  # fmt: skip
+        if unknown:
+            raise ConfigError(
+                f"reward function {name!r} asks for {unknown}; "
+                f"it may ask only for {sorted(self.INJECTABLE)} (others need a default)"
+            )
+        return params
 
     async def score(self, context: Mapping[str, Any]) -> RubricResult:
         """Run every function with the arguments it asked for from ``context``."""
@@ -90,7 +102,7 @@ class Rubric:
                 value = fn(**{p: context.get(p) for p in params})
                 if inspect.isawaitable(value):
                     value = await value
-                value = float(value)
+                value = _finite(value)
             except InfraError:
                 raise  # the sandbox/backend failed: the episode is infra_error, not scored
             except Exception:
@@ -100,6 +112,22 @@ class Rubric:
             scores[name] = value
             total += weight * value
         return RubricResult(reward=total, scores=scores, errors=errors)
+
+
+def _finite(value: Any) -> float:
+    """``value`` as a reward; anything but a finite number raises (and is recorded)."""
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise ValueError(f"returned {reward}: a reward must be a finite number")
+    return reward
+
+
+def _checked_weights(weights: Sequence[float]) -> list[float]:
+    for i, weight in enumerate(weights):
+        is_number = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+        if not is_number or not math.isfinite(weight):
+            raise ConfigError(f"Rubric weights must be finite numbers; weight {i} is {weight!r}")
+    return [float(w) for w in weights]
 
 
 def _name_of(fn: Callable[..., Any]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from statistics import fmean, pstdev
 from typing import Any
 
@@ -10,7 +11,9 @@ from ._trajectory import STATUSES, Trajectory
 
 
 def summarize(
-    trajectories: list[Trajectory], wall_seconds: float | None = None, played: int | None = None
+    trajectories: Iterable[Trajectory],
+    wall_seconds: float | None = None,
+    played: int | None = None,
 ) -> dict[str, Any]:
     """Counts by status, reward statistics over scored episodes, per-rubric means, turn/tool stats.
 
@@ -20,6 +23,7 @@ def summarize(
     Rewards are averaged over episodes that produced one (``ok`` and ``truncated``):
     ``error``/``infra_error`` episodes say nothing about the policy and are counted apart.
     """
+    trajectories = list(trajectories)  # e.g. read_jsonl's generator
     scored = [t for t in trajectories if t.status in ("ok", "truncated")]
     rewards = [t.total_reward for t in scored]
     score_names = sorted({name for t in scored for name in t.scores})

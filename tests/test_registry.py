@@ -352,3 +352,15 @@ def test_a_typeerror_inside_an_env_is_not_blamed_on_the_options() -> None:
     with pytest.raises(TypeError, match="keyword argument") as excinfo:
         agentgym.make("tests/BuggyInside-v0", greeting="hello")
     assert not isinstance(excinfo.value, ConfigError)
+
+
+def test_registering_another_env_under_a_taken_id_warns(registered: str) -> None:
+    class Other(Tiny):
+        pass
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        agentgym.register(registered, Tiny)  # the same entry point again (a reload): silent
+    with pytest.warns(UserWarning, match=r"replaces \S*test_registry:Tiny with \S*Other"):
+        agentgym.register(registered, Other)
+    assert isinstance(agentgym.make(registered), Other)  # replaced, as Gymnasium does

@@ -123,3 +123,35 @@ def test_reward_function_cannot_edit_the_engine_record() -> None:
     assert trajectory.status == "ok" and trajectory.final_reward == 1.0
     assert len(trajectory.turns) == 1 and trajectory.turns[0].completion_ids == [7] * 30
     assert [m["role"] for m in trajectory.messages] == ["system", "user", "assistant"]
+
+
+# --- what a reward function may return and ask for --------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), None, "high"])
+def test_a_score_that_is_not_a_finite_number_is_recorded_as_an_error(bad: object) -> None:
+    good = functools.partial(contains, needle="4")
+    rubric = Rubric([lambda completion: bad, good], names=["bad", "good"])
+    result = score(rubric, completion="42")
+    assert result.scores == {"bad": None, "good": 1.0}
+    assert result.reward == 1.0  # only the good function counts; NaN would poison the group
+    assert "bad" in result.errors
+
+
+@pytest.mark.parametrize("weight", ["a", float("nan"), True, None])
+def test_weights_must_be_finite_numbers(weight: object) -> None:
+    with pytest.raises(ConfigError, match="weight 0 is"):
+        Rubric([contains], weights=[weight])  # type: ignore[list-item]
+
+
+def test_kwargs_gets_every_injectable_value_and_args_gets_nothing() -> None:
+    seen: dict[str, object] = {}
+
+    def trl_style(*args: object, **kwargs: object) -> float:
+        seen.update(kwargs, args=args)
+        return 1.0
+
+    result = score(Rubric([trl_style]), completion="x", answer="y")
+    assert result.scores == {"trl_style": 1.0}
+    assert seen["args"] == () and seen["completion"] == "x" and seen["answer"] == "y"
+    assert set(seen) - {"args"} == Rubric.INJECTABLE

@@ -1,0 +1,143 @@
+"""`arollout` with a user's mistakes: refused once up front, or recorded per episode, never hidden.
+
+Each case is something a user wrote by hand (a callback, a policy, an env of their own), and
+each must end as one clear error or as a recorded episode, with every env closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agentgym import (
+    Completion,
+    ConfigError,
+    Env,
+    Rubric,
+    ScriptedPolicy,
+    ToolEnv,
+    arollout,
+    read_jsonl,
+    summarize,
+    write_jsonl,
+)
+
+TASKS = [{"prompt": f"task {i}", "answer": str(i)} for i in range(4)]
+
+
+def says_answer(completion: str, answer: str) -> float:
+    return float(completion == answer)
+
+
+class CountedEnv(ToolEnv):
+    """Tool-less env that counts how many of its instances exist and how many were closed."""
+
+    made = 0
+    closed = 0
+
+    def __init__(self) -> None:
+        super().__init__([], tasks=TASKS, rubric=Rubric([says_answer]))
+        CountedEnv.made += 1
+
+    async def aclose(self) -> None:
+        CountedEnv.closed += 1
+        await super().aclose()
+
+
+class SlowPolicy:
+    """Answers after ``delay(task)`` seconds, so episodes end at different times."""
+
+    async def generate(self, messages, tools, *, max_tokens=None, task=None) -> Completion:
+        await asyncio.sleep(0.05 * int(task["answer"]))
+        return Completion(text=task["answer"])
+
+
+async def test_a_callback_that_raises_stops_the_rollout_and_closes_every_env() -> None:
+    CountedEnv.made = CountedEnv.closed = 0
+
+    def boom(trajectory: Any) -> None:
+        raise RuntimeError("my progress bar broke")
+
+    with pytest.raises(RuntimeError, match="progress bar"):
+        await arollout(CountedEnv, SlowPolicy(), tasks=[0, 1, 2, 3], on_episode=boom)
+    assert CountedEnv.made == 4  # one per concurrent episode
+    assert CountedEnv.closed == CountedEnv.made  # the other three did not play on, unclosed
+
+
+class NoTasksEnv(Env):
+    async def areset(self, *, seed=None, options=None):
+        await super().areset(seed=seed)
+        return [], {}
+
+    async def astep(self, action):
+        return [], 0.0, True, False, {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_tasks": 3}, "no task list to play.*tasks=\\[...\\]"),
+        ({"num_tasks": -1}, "num_tasks must be an int >= 1"),
+        ({"tasks": [{}], "max_tokens_per_turn": -1}, "max_tokens_per_turn must be an int >= 1"),
+    ],
+)
+async def test_a_plan_that_would_play_nothing_or_fail_everywhere_is_refused(
+    kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        await arollout(NoTasksEnv, ScriptedPolicy(["hi"]), **kwargs)
+
+
+class SyncPolicy:
+    def generate(self, messages, tools, *, max_tokens=None, task=None) -> Completion:
+        return Completion(text="hi")
+
+
+class TextPolicy:
+    async def generate(self, messages, tools, *, max_tokens=None, task=None) -> str:
+        return "hi"
+
+
+async def test_a_policy_without_async_generate_is_refused_up_front() -> None:
+    for policy in (SyncPolicy(), lambda messages, tools: "hi"):
+        with pytest.raises(ConfigError, match="async def generate"):
+            await arollout(CountedEnv, policy, tasks=[0])  # type: ignore[arg-type]
+
+
+async def test_a_policy_returning_text_fails_its_episodes_naming_the_contract() -> None:
+    [trajectory] = await arollout(CountedEnv, TextPolicy(), tasks=[0])  # type: ignore[arg-type]
+    assert trajectory.status == "error"
+    assert "returned str, not an agentgym.Completion" in (trajectory.error or "")
+
+
+class NanEnv(Env):
+    """An env of one step whose own reward is NaN (a bug in a user's scoring code)."""
+
+    async def areset(self, *, seed=None, options=None):
+        await super().areset(seed=seed)
+        return [{"role": "user", "content": "go"}], {}
+
+    async def astep(self, action):
+        return [{"role": "assistant", "content": "ok"}], float("nan"), True, False, {}
+
+
+async def test_an_env_reward_that_is_not_finite_marks_the_episode_error() -> None:
+    [trajectory] = await arollout(NanEnv, ScriptedPolicy(["ok"]), tasks=[{}])
+    assert trajectory.status == "error"
+    assert "finite number" in (trajectory.error or "")
+
+
+async def test_numpy_task_indices_are_recorded_as_indices() -> None:
+    trajectories = await arollout(CountedEnv, ScriptedPolicy(["0"]), tasks=np.arange(2))
+    assert [t.task_index for t in trajectories] == [0, 1]
+    assert [type(t.task_index) for t in trajectories] == [int, int]
+
+
+async def test_summarize_reads_a_written_file_back(tmp_path) -> None:
+    trajectories = await arollout(CountedEnv, ScriptedPolicy(["0"]), tasks=[0, 1])
+    write_jsonl(trajectories, tmp_path / "t.jsonl")
+    summary = summarize(read_jsonl(tmp_path / "t.jsonl"))  # a generator, as read_jsonl gives
+    assert summary["episodes"] == 2 and summary["reward/mean"] == 0.5
