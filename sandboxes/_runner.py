@@ -31,9 +31,11 @@ process (or, in ``stdio`` mode, the program's process) on request; see `Factory`
 ``solution`` a module whose attributes are proxies (the solution process starts at the first
 call, after collection, and restarts after a call that failed midway). A plugin streams
 per-test outcomes to the runner and sets a SIGALRM per-test timeout; a skip, xfail or
-deselection the task did not declare counts as a failure. If pytest is not importable in the
-image, a minimal built-in runner calls every top-level ``test_*`` function instead (no
-fixtures, no parametrize) and reports ``runner="builtin"``.
+deselection the task did not declare counts as a failure. A test module that fails to import
+or collects no tests is one failure that says so: a task whose tests are broken must never
+pass a sample, nor stop a training run. If pytest is not importable in the image, a minimal
+built-in runner calls every top-level ``test_*`` function instead (no fixtures, no
+parametrize) and reports ``runner="builtin"``.
 """
 
 # ruff: noqa: E402 (the imports below wait until sys.path is safe)
@@ -88,6 +90,13 @@ FRAME_CAP = 16 << 20
 ALARM_EARLY_S = 0.005  # a per-test SIGALRM this early is still the timer's (clock slack)
 TESTS_FD = 100  # lowest fd of the judge's memfd of the pytest module (see _link_tests)
 PLAIN = "None, bool, int, float, complex, str, bytes and lists, tuples, sets, dicts of them"
+TESTS_FILE = "test_solution.py"  # the pytest module's name in the judge's workspace
+NO_TESTS = "pytest collected no tests: name test functions test_* (or classes Test*)"
+NO_BUILTIN_TESTS = (
+    "the test file has no top-level test_* function (pytest is missing in the image and the "
+    "built-in runner takes no classes): name test functions test_*"
+)
+BROKEN_TESTS = "the test file itself failed to import or collect, before any test ran"
 
 
 def _prctl(option, value):
@@ -1045,7 +1054,12 @@ def _run_real_pytest(req, factory, d, total_deadline):
     timeout = max(0.0, total_deadline - time.monotonic())
     lines, dur, problem = _isolated(body, factory, timeout, stream=True)
     result = _verdict(lines, problem)
-    return _read_outcomes(lines, result) or [_record("pytest", result, dur)]
+    outcomes = _read_outcomes(lines, result)
+    if outcomes:
+        return outcomes
+    if result.get("passed"):  # pytest ran to its end (exit code 5) and reported nothing
+        return [_outcome(TESTS_FILE, "failed", NO_TESTS, dur)]
+    return [_record("pytest", result, dur)]
 
 
 def _outcomes_plugin(req, res_w):
@@ -1071,7 +1085,9 @@ def _outcomes_plugin(req, res_w):
         def pytest_collectreport(self, report):
             if report.failed or report.skipped:
                 name = "collecting " + (report.nodeid or "the tests")
-                write(_outcome(name, "failed", _why(report), report.duration or 0.0))
+                why = f"{BROKEN_TESTS}: {_first_error(report)}" if report.failed else _why(report)
+                # pytest's CollectReport has no duration (7.2 in the image, 9.x too)
+                write(_outcome(name, "failed", why, getattr(report, "duration", 0.0) or 0.0))
 
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_call(self, item):
@@ -1134,6 +1150,23 @@ def _why(report):
     return (crash.message if crash is not None else report.longreprtext)[:1000]
 
 
+def _first_error(report):
+    """The first line of a collection error's report that names the exception, and where.
+
+    Why: the report is a traceback through pytest's own import machinery; what the task's
+    author needs is the ``E   SyntaxError: ...`` line (and where), not the frames above it.
+    """
+    import re
+
+    errors = [line[1:].strip() for line in report.longreprtext.splitlines()
+              if line.startswith("E ")]
+    named = [line for line in errors if re.match(r"[A-Za-z_][\w.]*(:|$)", line)]
+    if not named:
+        return _why(report)
+    where = [m.group(1) for line in errors if (m := re.match(r'File ".*", line (\d+)', line))]
+    return (named[0] + (f" (line {where[0]})" if where else ""))[:1000]
+
+
 def _test_name(nodeid):
     return nodeid.split("::", 1)[-1]
 
@@ -1169,10 +1202,16 @@ def _read_outcomes(lines, result):
 def run_builtin_pytest(req, factory, d, total_deadline):
     import ast
 
-    tree = ast.parse(_test_module(req))
+    try:
+        tree = ast.parse(_test_module(req), TESTS_FILE)
+    except (SyntaxError, ValueError) as exc:  # the task's file: a failure, not a dead runner
+        return [_outcome("collecting " + TESTS_FILE, "failed",
+                         f"{BROKEN_TESTS}: {_describe(exc)}", 0.0)]
     names = [
         n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")
     ]
+    if not names:
+        return [_outcome(TESTS_FILE, "failed", NO_BUILTIN_TESTS, 0.0)]
     out = []
     for name in names:
 

@@ -80,9 +80,7 @@ def _payload(code: str, tests: Any, mode: str, per_test_timeout: float,
         raise ConfigError("assert mode takes a list of test snippets, got one string: "
                           "wrap it in a list")
     elif mode == "stdio":
-        if isinstance(tests, str) or not all(isinstance(t, Mapping) for t in tests):
-            raise ConfigError('stdio mode takes [{"input": ..., "output": ...}, ...]')
-        tests = [dict(t) for t in tests]
+        tests = _stdio_cases(tests)
     if not tests:
         raise ConfigError("verify needs at least one test")
     if per_test_timeout <= 0 or total_timeout <= 0:
@@ -90,6 +88,36 @@ def _payload(code: str, tests: Any, mode: str, per_test_timeout: float,
     return json.dumps({"code": code, "tests": tests if isinstance(tests, str) else list(tests),
                        "mode": mode, "per_test_timeout": per_test_timeout,
                        "total_timeout": total_timeout})
+
+
+STDIO_SHAPE = '{"input": str, "output": str}'
+
+
+def _stdio_cases(tests: Any) -> list[dict[str, str]]:
+    """The ``stdio`` cases as the runner reads them; `ConfigError` naming the first bad one.
+
+    Why up front: the runner reads only ``input`` and ``output``, so a case it cannot use
+    (``stdin``/``stdout`` keys, a number as output) would fail every sample and blame the
+    candidate's program. Other keys are dropped, not sent.
+    """
+    if isinstance(tests, (str, Mapping)):
+        raise ConfigError(f"stdio mode takes a list of cases {STDIO_SHAPE}, got one "
+                          f"{type(tests).__name__}: wrap it in a list")
+    return [_stdio_case(i, case) for i, case in enumerate(tests)]
+
+
+def _stdio_case(index: int, case: Any) -> dict[str, str]:
+    """One case with string ``input`` and ``output`` (``""``: a program that reads nothing)."""
+    if not isinstance(case, Mapping):
+        raise ConfigError(f"stdio test {index} is {type(case).__name__}, not a mapping; each "
+                          f"test is {STDIO_SHAPE}")
+    for key in ("input", "output"):
+        if not isinstance(case.get(key), str):
+            got = f"{type(case[key]).__name__}, not str" if key in case else "missing"
+            raise ConfigError(
+                f"stdio test {index}: {key!r} is {got} (keys {sorted(str(k) for k in case)}); "
+                f'each test is {STDIO_SHAPE}, "input": "" for a program that reads nothing')
+    return {"input": case["input"], "output": case["output"]}
 
 
 def _score(result: ExecResult, reward: str) -> VerifyResult:
@@ -133,10 +161,11 @@ def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *
 
     Modes: ``assert`` — ``tests`` is a list of Python snippets, each run after ``code`` in a
     fresh process (e.g. ``["assert add(1, 2) == 3"]``); ``stdio`` — ``code`` is a program,
-    ``tests`` a list of ``{"input", "output"}`` (output compared line by line, trailing
-    whitespace ignored); ``pytest`` — ``tests`` is a test module that imports from
-    ``solution``. Each test has ``per_test_timeout`` seconds, the whole sample
-    ``total_timeout``. The whole batch is one sandbox call.
+    ``tests`` a list of ``{"input": str, "output": str}`` (output compared line by line,
+    trailing whitespace ignored); ``pytest`` — ``tests`` is a test module that imports from
+    ``solution`` (one that collects no tests fails the sample). Each test has
+    ``per_test_timeout`` seconds, the whole sample ``total_timeout``. The whole batch is one
+    sandbox call. Malformed arguments raise `ConfigError` before anything runs.
     """
     payload = _payload(code, tests, mode, per_test_timeout, total_timeout, reward)
     kwargs = _run_kwargs(sandbox, payload, total_timeout)
