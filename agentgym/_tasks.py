@@ -10,9 +10,11 @@ back on every machine and an eval task never leaks into training. Nothing here d
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
@@ -28,7 +30,6 @@ TaskSource: TypeAlias = (
 )
 """A path (``.jsonl``, ``.json``, ``.csv``, ``.parquet``, a ``save_to_disk`` folder), a
 sequence of mappings, or a `datasets.Dataset` / `DatasetDict`."""
-_DATASETS_FILES = {".csv": "from_csv", ".parquet": "from_parquet"}
 
 
 def load_tasks(
@@ -38,8 +39,9 @@ def load_tasks(
 
     Args:
         source: a ``.jsonl`` file (one JSON object a line; blank lines skipped), a ``.json``
-            file holding a list of objects, a ``.csv`` or ``.parquet`` file (read with
-            `datasets`; CSV column types are inferred, so ``"6"`` reads as 6), a folder
+            file holding a list of objects, a ``.csv`` file (a header row, then one task a
+            row; every cell is the string it is in the file: ``"02139"`` stays ``"02139"``),
+            a ``.parquet`` file (read with `datasets`, its columns keep their types), a folder
             written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``, a
             `datasets.Dataset`/`DatasetDict`, or a sequence of mappings.
         fields: renames, ``{column in the source: key in the task}`` (e.g.
@@ -47,8 +49,8 @@ def load_tasks(
         hf_split: the split to read from a `DatasetDict` (a folder of several splits).
 
     Raises:
-        ConfigError: a missing file, an unknown format, a row that is not a JSON object, or
-            a renamed column that no row has.
+        ConfigError: a missing file, an unknown format, a row that is not a JSON object, a
+            CSV row whose cells do not match its header, or a renamed column that no row has.
     """
     renames = dict(fields or {})
     tasks: list[dict[str, Any]] = []
@@ -102,12 +104,54 @@ def _read_path(path: Path, hf_split: str) -> Iterable[Any]:
         if not isinstance(rows, list):
             raise ConfigError(f"{str(path)!r} must hold a JSON list of objects (or use .jsonl)")
         return rows
-    if suffix in _DATASETS_FILES:
-        return getattr(_datasets().Dataset, _DATASETS_FILES[suffix])(str(path))
+    if suffix == ".csv":
+        return _read_csv(path)
+    if suffix == ".parquet":
+        return _datasets().Dataset.from_parquet(str(path))
     raise ConfigError(
         f"cannot read tasks from {str(path)!r}: use .jsonl, .json, .csv, .parquet or a "
         "save_to_disk folder"
     )
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file as dicts of the header's names to each cell's text.
+
+    CSV has no types, so none are guessed: a reader that infers them (pandas, `datasets`)
+    turns an answer ``"42"`` into 42, which a reward comparing strings then fails on, and a
+    ZIP code ``"02139"`` into 2139. Rows whose cells do not line up with the header are
+    refused rather than padded or cut, for the same reason: nothing is made up or dropped.
+    """
+    with path.open(encoding="utf-8-sig", newline="") as f:  # -sig: Excel's byte-order mark
+        reader = csv.reader(f)
+        try:
+            header = next(reader, None)
+            if header is None:
+                return []
+            _check_csv_header(header, path)
+            return [_csv_row(header, row, path, reader.line_num) for row in reader if row]
+        except csv.Error as exc:
+            raise ConfigError(
+                f"{str(path)!r} line {reader.line_num} is not valid CSV ({exc}); fix that line, "
+                "or write the tasks as .jsonl"
+            ) from exc
+
+
+def _check_csv_header(header: list[str], path: Path) -> None:
+    twice = sorted(name for name, n in Counter(header).items() if n > 1)
+    if twice:
+        raise ConfigError(
+            f"{str(path)!r} names column(s) {twice} more than once; give each column its own name"
+        )
+
+
+def _csv_row(header: list[str], row: list[str], path: Path, line: int) -> dict[str, str]:
+    if len(row) != len(header):
+        raise ConfigError(
+            f"{str(path)!r} line {line} has {len(row)} cells but the header has {len(header)}; "
+            'quote cells that contain commas ("a, b") and give every row every column'
+        )
+    return dict(zip(header, row, strict=True))
 
 
 def _json_line(line: str, path: Path, number: int) -> Any:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import numbers
-from collections.abc import Callable, Iterable, Sequence
+import reprlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -34,6 +35,7 @@ from ._tools import (
     ToolThreads,
     as_tool,
     cancel_and_wait,
+    check_timeout,
     example_arguments,
     format_result,
 )
@@ -76,7 +78,7 @@ class ToolEnv(Env):
         tools: functions or `Tool`s the model may call.
         tasks: the dataset; each task is a dict with at least ``prompt`` (the user message)
             and usually ``answer``. Any indexable sequence works (a list, a `datasets.Dataset`).
-        rubric: scores the finished episode; None gives reward 0.
+        rubric: a `Rubric` scoring the finished episode; None gives reward 0.
         parser: tool-call format of the model, a name (``hermes``, ``vllm:<name>``) or parser.
         system_prompt: shown before the task; None uses a generic tool-use prompt.
         tool_prompt: how the model learns about the tools. ``"template"``: the schemas go to
@@ -90,7 +92,7 @@ class ToolEnv(Env):
             budget. (The per-turn limit is the policy's ``max_tokens``.)
         stop_conditions: predicates ``(state, messages) -> bool`` ending the episode
             (terminated) after a turn, besides the final answer.
-        tool_timeout: overrides every tool's own timeout (seconds) when given.
+        tool_timeout: overrides every tool's own timeout (seconds, > 0) when given.
         malformed_call_ends_episode: a turn whose tool calls could not be parsed, and that has
             no call that could, ends the episode (terminated, scored by the rubric) instead of
             getting the error and another turn. Off by default: the error teaches the format.
@@ -123,9 +125,14 @@ class ToolEnv(Env):
             raise ConfigError(f"tool_prompt must be 'template' or 'system', got {tool_prompt!r}")
         if max_episode_tokens is not None and max_episode_tokens < 1:
             raise ConfigError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
-        if callable(tools) or isinstance(tools, str):  # one tool, not a list of them
-            name = getattr(tools, "name", None) or getattr(tools, "__name__", "tool")
-            raise ConfigError(f"tools must be a list of tools, e.g. [{name}], got one")
+        _check_tools(tools)
+        _check_tasks(tasks)
+        if rubric is not None and not callable(getattr(rubric, "score", None)):
+            raise ConfigError(
+                f"rubric must be an agentgym.Rubric, got {_shown(rubric)}; "
+                "wrap the reward functions in one: rubric=Rubric([fn, ...])"
+            )
+        check_timeout(tool_timeout, "tool_timeout")
         self.tools: dict[str, Tool] = {}
         for t in map(as_tool, tools):
             if tool_timeout is not None:
@@ -213,7 +220,7 @@ class ToolEnv(Env):
         task, index = self._pick_task(options or {})
         self.state = EpisodeState(task=task, task_index=index)
         await self.setup_episode(task)
-        self.messages = self.build_prompt(task)
+        self.messages = self._checked_prompt(self.build_prompt(task))
         return json_copy(self.messages), {"task_index": index, "task": json_copy(task)}
 
     async def astep(
@@ -281,7 +288,24 @@ class ToolEnv(Env):
                 "options['task'] must be a task dict or an index in "
                 f"[0, {len(self.tasks)}), got {choice!r}"
             )
-        return json_copy(dict(self.tasks[int(choice)])), int(choice)
+        task = self.tasks[int(choice)]
+        _check_task(task, int(choice))
+        return json_copy(dict(task)), int(choice)
+
+    def _checked_prompt(self, messages: Any) -> list[Message]:
+        """`build_prompt`'s result, refused here when it is not a list of messages.
+
+        Unchecked, a wrong one (a str) fails later and far away, in the policy or at the first
+        step, with an error that names neither the hook nor the env.
+        """
+        if isinstance(messages, list) and all(
+            isinstance(m, dict) and "role" in m for m in messages
+        ):
+            return messages
+        raise ConfigError(
+            f"{type(self).__name__}.build_prompt must return a list of messages like "
+            f"[{{'role': 'user', 'content': ...}}], got {_shown(messages)}"
+        )
 
     def _interpret(self, completion: Completion) -> ParsedTurn:
         if completion.message is not None:
@@ -387,6 +411,49 @@ class _RewardContext(dict[str, Any]):
             raise KeyError(key)
         value = self[key] = self.build_trajectory()
         return value
+
+
+def _shown(value: Any) -> str:
+    """A value as error messages quote it: its type and a repr cut short."""
+    return "None" if value is None else f"{type(value).__name__} {reprlib.repr(value)}"
+
+
+def _check_tools(tools: Any) -> None:
+    """Refuse what is not a list of tools before its items are turned into tools."""
+    if callable(tools):  # one tool, not a list of them
+        name = getattr(tools, "name", None) or getattr(tools, "__name__", "tool")
+        raise ConfigError(f"tools must be a list of tools, e.g. [{name}], got one")
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+        raise ConfigError(
+            f"tools must be a list of tools or functions, got {_shown(tools)}; "
+            "pass tools=[...], or leave it out for an env without tools"
+        )
+
+
+def _check_tasks(tasks: Any) -> None:
+    """Refuse tasks that `reset` could not index, and a first task that is not a dict.
+
+    Only the first task is checked here (envs are built per episode, and a dataset may be
+    large); `_pick_task` checks each task it picks.
+    """
+    indexable = hasattr(tasks, "__len__") and hasattr(tasks, "__getitem__")
+    if isinstance(tasks, (str, bytes, Mapping)) or not indexable:
+        fix = (
+            "a dict is one task: wrap it in a list, tasks=[{...}]"
+            if isinstance(tasks, Mapping) and "prompt" in tasks
+            else "pass a list of task dicts (agentgym.load_tasks reads files and datasets)"
+        )
+        raise ConfigError(f"tasks must be a list of task dicts, got {_shown(tasks)}; {fix}")
+    if len(tasks):
+        _check_task(tasks[0], 0)
+
+
+def _check_task(task: Any, index: int) -> None:
+    if not isinstance(task, Mapping):
+        raise ConfigError(
+            f"task {index} is a {_shown(task)}, not a dict; each task is a dict such as "
+            "{'prompt': 'What is 2 + 3?', 'answer': '5'}"
+        )
 
 
 def describe_tools(tools: Iterable[Tool], parser: ToolCallParser) -> str:

@@ -22,6 +22,7 @@ import contextvars
 import functools
 import inspect
 import json
+import numbers
 import os
 import queue
 import threading
@@ -173,6 +174,7 @@ class Tool:
     _surely_valid: Callable[[Any], bool] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_timeout(self.timeout, f"tool {self.name!r}: timeout")
         try:
             text = json.dumps(self.parameters, sort_keys=True)
         except (TypeError, ValueError):  # not JSON (a default of another type): check it as is
@@ -317,6 +319,19 @@ class Tool:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (no validation), as a plain function."""
         return self.fn(*args, **kwargs)
+
+
+def check_timeout(timeout: Any, what: str) -> None:
+    """Refuse a timeout that is not a positive number of seconds.
+
+    Zero or less would time out every call before it runs, so every episode would see only
+    timeout messages; None is the way to say "no limit".
+    """
+    is_seconds = isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
+    if timeout is not None and not (is_seconds and timeout > 0):
+        raise ConfigError(
+            f"{what} must be a number of seconds > 0, or None for no limit; got {timeout!r}"
+        )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -539,30 +554,70 @@ async def cancel_and_wait(futures: Iterable[asyncio.Future[Any]]) -> None:
             future.exception()  # retrieved: no "exception was never retrieved" warning
 
 
+def _described_function(fn: Any) -> Callable[..., Any]:
+    """The function whose signature and docstring describe ``fn``: itself, or its ``__call__``.
+
+    An object with a ``__call__`` method (a tool holding state, such as an index) is described
+    by that method, bound, so ``self`` is not a parameter. Anything else that is not a function
+    (a class, a ``functools.partial``, a builtin) has no hints to build a schema from.
+    """
+    if inspect.isroutine(fn) and not inspect.isbuiltin(fn):
+        return fn
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    if not inspect.isclass(fn) and inspect.isfunction(call):
+        return typing.cast(Callable[..., Any], fn.__call__)
+    raise ConfigError(
+        f"tool() needs a function, a method or an object with a __call__ method, got "
+        f"{type(fn).__name__} {_short_repr(fn)}; wrap it in a def with type hints"
+    )
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_signature(label: str, fn: Callable[..., Any], hints: Mapping[str, Any]) -> None:
+    """Refuse parameters the model could not be shown, each with the way out."""
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise ConfigError(
+            f"tool {label!r} is a generator function (it yields); a tool call returns one "
+            "result: collect the items and return them, e.g. as a list"
+        )
+    for position, (pname, param) in enumerate(inspect.signature(fn).parameters.items()):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigError(f"tool {label!r}: *args/**kwargs cannot be described to a model")
+        if pname in INJECTABLE or pname in hints:
+            continue
+        if position == 0 and pname in ("self", "cls"):  # @tool on a method in a class body
+            raise ConfigError(
+                f"tool {label!r}: parameter {pname!r} has no type hint because @tool got the "
+                f"method unbound; decorate a plain function, or wrap the bound method once "
+                f"the object exists: tool(obj.{getattr(fn, '__name__', label)})"
+            )
+        raise ConfigError(
+            f"tool {label!r}: parameter {pname!r} needs a type hint to build its schema"
+        )
+
+
 def _build_tool(
     fn: Callable[..., Any], name: str | None, description: str | None, timeout: float | None
 ) -> Tool:
-    doc = docstring_parser.parse(inspect.getdoc(fn) or "")
+    described = _described_function(fn)
+    label = getattr(fn, "__name__", None) or type(fn).__name__
+    doc = docstring_parser.parse(inspect.getdoc(described) or "")
     param_docs = {p.arg_name: p.description for p in doc.params}
     try:
-        hints = typing.get_type_hints(fn, include_extras=True)
+        hints = typing.get_type_hints(described, include_extras=True)
     except NameError as exc:
         raise ConfigError(
-            f"tool {fn.__name__!r}: cannot resolve its type hints ({exc}); "
+            f"tool {label!r}: cannot resolve its type hints ({exc}); "
             "define the types at module level"
         ) from exc
-    params = inspect.signature(fn).parameters
-    for pname, param in params.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ConfigError(
-                f"tool {fn.__name__!r}: *args/**kwargs cannot be described to a model"
-            )
-        if pname not in INJECTABLE and pname not in hints:
-            raise ConfigError(
-                f"tool {fn.__name__!r}: parameter {pname!r} needs a type hint to build its schema"
-            )
+    _check_signature(label, described, hints)
+    params = inspect.signature(described).parameters
     shown = {p: hints[p] for p in params if p not in INJECTABLE}
-    properties, defs, adapters = _parameter_schemas(f"tool {fn.__name__!r}", shown)
+    properties, defs, adapters = _parameter_schemas(f"tool {label!r}", shown)
     required = []
     for pname, prop in properties.items():
         if param_docs.get(pname):
@@ -583,12 +638,12 @@ def _build_tool(
     }
     return Tool(
         fn=fn,
-        name=name or fn.__name__,
+        name=name or label,
         description=description or summary,
         parameters=parameters,
         injected=frozenset(params.keys() & INJECTABLE),
         timeout=timeout,
-        is_async=inspect.iscoroutinefunction(fn),
+        is_async=inspect.iscoroutinefunction(described),
         converters={
             p: adapters[p].validate_python for p, hint in shown.items() if not _arrives_as_is(hint)
         },
@@ -613,11 +668,14 @@ def tool(
 
     Args:
         fn: the function; its docstring's summary becomes the description and its
-            ``Args:`` section the parameter descriptions.
+            ``Args:`` section the parameter descriptions. A method must be bound
+            (``tool(obj.method)``, not ``@tool`` in the class body). An object with a
+            ``__call__`` method is described by that method and named after its class.
         name: the name the model calls; defaults to the function's name.
         description: overrides the docstring summary.
-        timeout: seconds per call before the model gets a timeout message; None disables it.
-            The clock starts when the call starts running, not while it waits for a thread.
+        timeout: seconds per call (> 0) before the model gets a timeout message; None
+            disables it. The clock starts when the call starts running, not while it waits
+            for a thread.
 
     Async functions run on the episode's event loop; when the call times out or the episode
     is cancelled they are cancelled, and their cleanup has run before the episode goes on.
@@ -661,13 +719,48 @@ def _example(prop: dict[str, Any]) -> Any:
     return _EXAMPLES.get(kind, "x") if isinstance(kind, str) else "x"
 
 
+_BYTES = (bytes, bytearray, memoryview)
+
+
 def format_result(value: Any) -> str:
-    """Render a tool's return value as the text of a ``tool`` message."""
+    """Render a tool's return value as the text of a ``tool`` message.
+
+    A str is the text itself, bytes too when they are UTF-8 (else a note of their length:
+    the model cannot read binary). Anything else is written as JSON: pydantic models as
+    their JSON data, not their repr, and floats JSON has no number for (NaN, Infinity,
+    -Infinity) as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, so the text stays
+    valid JSON without losing what the value was. Values JSON cannot carry fall back to str.
+    """
     if isinstance(value, str):
         return value
     if type(value) is int:  # what json.dumps writes, without its encoder set-up
         return int.__repr__(value)
+    if isinstance(value, _BYTES):
+        return _bytes_text(value)
     try:
-        return json.dumps(value, ensure_ascii=False, default=str)
+        text = json.dumps(value, ensure_ascii=False, default=_json_data)
     except (TypeError, ValueError):
         return str(value)
+    if "NaN" in text or "Infinity" in text:  # maybe a float JSON has no number for: quote it
+        text = json.dumps(json.loads(text, parse_constant=str), ensure_ascii=False)
+    return text
+
+
+def _json_data(value: Any) -> Any:
+    """`json.dumps`'s fallback for what it cannot write itself."""
+    if isinstance(value, _BYTES):
+        return _bytes_text(value)
+    if isinstance(value, pydantic.BaseModel):
+        try:
+            return value.model_dump(mode="json")
+        except ValueError:  # a field pydantic cannot write as JSON (bytes that are not UTF-8)
+            return value.model_dump()  # whose values come back here
+    return str(value)
+
+
+def _bytes_text(data: bytes | bytearray | memoryview) -> str:
+    raw = bytes(data)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"<{len(raw)} bytes of binary data, not UTF-8 text>"
