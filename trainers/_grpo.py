@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import random
 import time
@@ -41,7 +42,7 @@ from agentgym._errors import Error
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 
-from ._advantages import trajectory_advantages
+from ._advantages import group_key, trajectory_advantages
 from ._config import GRPOConfig
 from ._distributed import World
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
@@ -100,7 +101,9 @@ class GRPOTrainer:
         self.model_dir = checked.model_dir
         #: Task indices trained on and held out (the config's, or the env's split).
         self.train_tasks, self.eval_tasks = checked.train_tasks, checked.eval_tasks
-        self.env_max_turns = config.max_turns or getattr(make(config.env), "max_turns", 1)
+        env = make(config.env, **self._env_kwargs())  # the env as the run builds it
+        self.env_max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
+        env.close()
         #: The run's event loop (`train` sets it) and the envs its rollouts reuse across steps.
         self._loop: asyncio.Runner | None = None
         self._envs = EnvPool(config.env, self._env_kwargs())
@@ -176,6 +179,9 @@ class GRPOTrainer:
                 torch.manual_seed(cfg.seed * 100_003 + step)
                 t0 = time.perf_counter()
                 trajectories = self._rollouts(policy, step)  # this rank's share of the step
+                replayed: list[int] = []
+                if cfg.resample_zero_variance_groups:
+                    trajectories, replayed = self._replay_flat_groups(policy, step, trajectories)
                 t1 = time.perf_counter()
                 check_versions(trajectories, version)
                 shares = world.gather([_without_token_ids(t) for t in trajectories])
@@ -195,6 +201,7 @@ class GRPOTrainer:
                     continue  # rank 0 alone evaluates, logs and checkpoints
                 metrics: dict[str, Any] = {
                     "data/tasks": self._tasks_for(step),
+                    **({"data/replayed_tasks": replayed} if replayed else {}),
                     **episode_metrics(episodes),
                     **advantages.metrics(),
                     **learned,
@@ -206,8 +213,9 @@ class GRPOTrainer:
                 if cfg.eval_steps and step % cfg.eval_steps == 0 and step < cfg.max_steps:
                     success = self._evaluate(policy, run, step, num_tasks=cfg.eval_num_tasks)
                     metrics["eval/success"] = success
-                run.write_metrics(step, metrics)
-                trackers.log(step, metrics)
+                run.write_metrics(step, metrics)  # every step: the run's record
+                if _log_due(step, cfg, metrics):
+                    trackers.log(step, metrics)
                 console.update(step, metrics)
                 if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
                     run.save_checkpoint(step, model, optimizer, {"adapter_version": version})
@@ -253,7 +261,7 @@ class GRPOTrainer:
             "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
             "min_p": cfg.min_p or 0.0, "max_tokens": cfg.max_completion_length, "seed": cfg.seed,
         }  # fmt: skip
-        mode: ModeChoice = "per_turn" if cfg.rollout_mode == "per_turn" else "auto"
+        mode: ModeChoice = cfg.rollout_mode  # concat: the engine refuses a template that cannot
         if cfg.rollout_servers:
             name = cfg.rollout_model_name or model_dir.name
             fleet = VLLMFleet(cfg.rollout_servers, name, namespace=run_id)
@@ -375,6 +383,35 @@ class GRPOTrainer:
                 deadline=cfg.episode_deadline_s, skip=others,
             )
         )  # fmt: skip
+
+    def _replay_flat_groups(
+        self, policy: RolloutPolicy, step: int, trajectories: list[Trajectory]
+    ) -> tuple[list[Trajectory], list[int]]:
+        """Groups whose rewards are all equal, played again once on other train tasks.
+
+        Why: every episode of such a group gets advantage 0, so the group adds nothing to the
+        update. The replacements are train tasks this step did not draw, chosen by (seed,
+        step, rank), so a resumed run replays the same ones; their episodes take the flat
+        groups' places (task positions), and their seeds come after every step's seeds.
+        Returns the step's episodes and the replacement task indices.
+        """
+        cfg = self.config
+        advantages = trajectory_advantages(trajectories, cfg.scale_rewards, cfg.late_policy)
+        flat = advantages.zero_variance_groups
+        unused = sorted(set(self.train_tasks) - set(self._tasks_for(step)))
+        rng = random.Random(f"{cfg.seed}/{step}/{self.world.rank}")
+        tasks = rng.sample(unused, min(len(flat), len(unused)))
+        if not tasks:
+            return trajectories, []
+        replays = self._run(
+            arollout(
+                self._envs, policy, tasks=tasks, group_size=cfg.num_generations,
+                seed=cfg.seed * 1_000_003 + (cfg.max_steps + step) * cfg.episodes_per_step,
+                max_concurrency=cfg.max_concurrency or cfg.episodes_per_step,
+                deadline=cfg.episode_deadline_s,
+            )
+        )  # fmt: skip
+        return swap_groups(trajectories, dict(zip(flat, range(len(tasks)))), replays), tasks
 
     def _env_kwargs(self) -> dict[str, Any]:
         kwargs = dict(self.config.env_kwargs)
@@ -523,6 +560,34 @@ class GRPOTrainer:
         greedy = {"max_tokens": self.config.max_completion_length, "temperature": 0.0}
         with self._in_process_engine(model_dir, greedy, lora=False, rollout_mode="auto") as policy:
             return self._evaluate(policy, run, 0, num_tasks=None, label=label)
+
+
+def swap_groups(
+    episodes: list[Trajectory], replaced: dict[Any, int], replays: list[Trajectory]
+) -> list[Trajectory]:
+    """``episodes`` with some groups swapped for replayed ones.
+
+    ``replaced`` maps a group key to a task position in the replay's own plan; the replayed
+    group takes the old group's place and task position (its group key in this step).
+    """
+    by_position: dict[int | None, list[Trajectory]] = {}
+    for replay in replays:
+        by_position.setdefault(replay.task_position, []).append(replay)
+    out: list[Trajectory] = []
+    for key, group in itertools.groupby(episodes, key=group_key):
+        if key not in replaced:
+            out.extend(group)
+            continue
+        old = list(group)
+        for replay in by_position[replaced[key]]:
+            replay.task_position = old[0].task_position
+            out.append(replay)
+    return out
+
+
+def _log_due(step: int, cfg: GRPOConfig, metrics: dict[str, Any]) -> bool:
+    """Trackers get every ``logging_steps``-th step, the last one, and every eval."""
+    return step % cfg.logging_steps == 0 or step == cfg.max_steps or "eval/success" in metrics
 
 
 def _mean(values: list[float]) -> float:
