@@ -334,7 +334,7 @@ def _prepare_engine(
         model_path, env_id, env_kwargs, template_kwargs, rollout_mode
     )
     options: dict[str, Any] = {
-        "sampling": SamplingConfig(**{k: v for k, v in sampling.items() if v is not None}),
+        "sampling": SamplingConfig.from_dict({k: v for k, v in sampling.items() if v is not None}),
         "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value,
         "max_model_len": max_model_len,

@@ -7,12 +7,13 @@ A backend (vLLM in-process, transformers) only has to sample one turn from exact
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import logging
 import os
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -88,6 +89,17 @@ class SamplingConfig:
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
 
+    @classmethod
+    def from_dict(cls, knobs: Mapping[str, Any]) -> SamplingConfig:
+        """From a dict of fields; an unknown key is one `ConfigError` naming the close one."""
+        known = [f.name for f in fields(cls)]
+        for key in knobs:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known: {known}"
+                raise ConfigError(f"unknown sampling knob {key!r}{hint}")
+        return cls(**knobs)
+
 
 class TokenPolicy:
     """Base of policies that sample from token ids; subclasses implement `generate_ids`.
@@ -105,7 +117,7 @@ class TokenPolicy:
         rollout_mode: ModeChoice = "auto",
     ) -> None:
         if isinstance(sampling, dict):
-            sampling = SamplingConfig(**sampling)
+            sampling = SamplingConfig.from_dict(sampling)
         self.sampling = sampling or SamplingConfig()
         if rollout_mode not in ("auto", "concat", "per_turn"):
             raise ConfigError(
