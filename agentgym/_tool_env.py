@@ -181,7 +181,13 @@ class ToolEnv(Env):
         """Release what `setup_episode` acquired; called when the episode ends or resets."""
 
     def tool_context(self) -> dict[str, Any]:
-        """Values injected into tools and reward functions that ask for them by name."""
+        """Values injected into tools and reward functions that ask for them by name.
+
+        The names are fixed (``task``, ``state``, ``messages``, ``env``, ``sandbox``): a tool
+        parameter with any other name is shown to the model. Override this to change what
+        they hold; reach objects of your own through ``env`` (a tool asking for ``env`` can
+        use ``env.db``).
+        """
         return {
             "task": self.state.task,
             "state": self.state,
