@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ._errors import ConfigError
 from ._types import Completion
 
 #: ``ok``: ended on its own (final answer or a stop condition); ``truncated``: hit max turns or
@@ -148,10 +149,25 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
-        """Rebuild a trajectory from `to_dict` output."""
-        data = dict(data)
-        data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        """Rebuild a trajectory from `to_dict` output.
+
+        Keys this version does not know (a file from a newer agentgym) are left out, so old
+        code still reads new files; a record that is not a trajectory at all is refused.
+        """
+        if not isinstance(data, dict) or "env_id" not in data:
+            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ConfigError(
+                f"not a trajectory record (keys {keys}); trajectories are what write_jsonl "
+                "and agentgym eval write; read task files with agentgym.load_tasks"
+            )
+        data = _known(cls, data)
+        data["turns"] = [Turn(**_known(Turn, t)) for t in data.get("turns", [])]
         return cls(**data)
+
+
+def _known(kind: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(kind)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def to_json_line(trajectory: Trajectory) -> str:

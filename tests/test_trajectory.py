@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,3 +196,20 @@ def test_turn_from_completion_marks_every_token_sampled() -> None:
         text="hi", finish_reason="length", reward=0.5,
     )  # fmt: skip
     assert Turn.from_completion(Completion(text="raw")).completion_mask is None
+
+
+def test_a_record_from_a_newer_version_reads_and_a_task_file_is_refused(tmp_path) -> None:
+    from agentgym import ConfigError, read_jsonl
+
+    record = Trajectory(env_id="e", turns=[Turn(text="hi")]).to_dict()
+    record["added_later"] = 1
+    record["turns"][0]["also_later"] = 2
+    newer = tmp_path / "newer.jsonl"
+    newer.write_text(json.dumps(record) + "\n")
+    [trajectory] = read_jsonl(newer)
+    assert trajectory.env_id == "e" and trajectory.turns[0].text == "hi"
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"prompt": "2+2?", "answer": "4"}) + "\n")
+    with pytest.raises(ConfigError, match=r"not a trajectory record .*agentgym.load_tasks"):
+        list(read_jsonl(tasks))
