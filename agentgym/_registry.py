@@ -106,7 +106,15 @@ def resolve_id(name: str) -> str:
 
     A short name matches the id's name part case-insensitively, ignoring namespace and
     version; the highest version wins.
+
+    Raises:
+        ConfigError: ``name`` is not a string (e.g. an env class: register it, pass its id).
     """
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"an env id is a string such as 'calculator', got {type(name).__name__} {name!r}; "
+            "register an env class first: agentgym.register('myorg/Name-v0', MyEnv)"
+        )
     load_plugins()
     if name in gymnasium.registry:
         return name
@@ -170,6 +178,11 @@ def make(id: str, **kwargs: Any) -> Env:
         if not named:
             raise  # a TypeError from inside the env is a bug there, not a bad option
         raise ConfigError(f"{spec.id}: {exc}; drop option(s) {named}") from exc
+    if not isinstance(env, gymnasium.Env):
+        raise ConfigError(
+            f"{spec.id}'s entry point returned {type(env).__name__}, not an env; register a "
+            "class or a function that returns an agentgym.Env"
+        )
     env.spec = spec
     return env
 

@@ -364,3 +364,11 @@ def test_registering_another_env_under_a_taken_id_warns(registered: str) -> None
     with pytest.warns(UserWarning, match=r"replaces \S*test_registry:Tiny with \S*Other"):
         agentgym.register(registered, Other)
     assert isinstance(agentgym.make(registered), Other)  # replaced, as Gymnasium does
+
+
+def test_a_factory_that_returns_no_env_and_a_class_given_as_id_are_named() -> None:
+    agentgym.register("tests/NotAnEnv-v0", lambda: "oops")
+    with pytest.raises(ConfigError, match="entry point returned str, not an env"):
+        agentgym.make("tests/NotAnEnv-v0")
+    with pytest.raises(ConfigError, match="an env id is a string.*agentgym.register"):
+        agentgym.check(Tiny)  # type: ignore[arg-type]
