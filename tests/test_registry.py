@@ -368,7 +368,11 @@ def test_registering_another_env_under_a_taken_id_warns(registered: str) -> None
 
 def test_a_factory_that_returns_no_env_and_a_class_given_as_id_are_named() -> None:
     agentgym.register("tests/NotAnEnv-v0", lambda: "oops")
-    with pytest.raises(ConfigError, match="entry point returned str, not an env"):
-        agentgym.make("tests/NotAnEnv-v0")
+    try:
+        with pytest.raises(ConfigError, match="entry point returned str, not an env"):
+            agentgym.make("tests/NotAnEnv-v0")
+    finally:  # other tests make every registered env
+        del gymnasium.registry["tests/NotAnEnv-v0"]
+        registry_module._OUR_IDS.discard("tests/NotAnEnv-v0")
     with pytest.raises(ConfigError, match="an env id is a string.*agentgym.register"):
         agentgym.check(Tiny)  # type: ignore[arg-type]
