@@ -19,8 +19,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import types
 import typing
+import urllib.parse
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +48,16 @@ VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: Modules vLLM cannot hot-load as LoRA targets, so an adapter on them cannot be synced alone.
 _UNSERVABLE_TARGETS = frozenset({"lm_head", "embed_tokens"})
 REPORT_TO = ("auto", "none", "tensorboard", "trackio", "wandb")
+#: Seeds are below this: the trainer derives others from it (``seed * 1_000_003 + step *
+#: episodes_per_step`` in trainers/_grpo.py) that must fit torch's 64-bit seed.
+SEED_LIMIT = 2**31
+#: Train tasks the SFT warm start holds back for validation when `sft_target_accuracy` is set:
+#: mirrors ``_SFT_VALIDATION`` in trainers/_grpo.py (``GRPOTrainer._warm_start``).
+SFT_VALIDATION_TASKS = 128
+#: Knobs that only rollout servers read, with the value that means "not set".
+_SERVER_ONLY: dict[str, Any] = {
+    "rollout_model_name": None, "adapter_storage": None, "on_server_failure": "retry",
+}  # fmt: skip
 #: Deprecated TRL names accepted by `from_dict`, mapped to the current TRL name.
 _RENAMED = {"vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max"}
 
@@ -83,6 +95,13 @@ def parse_tasks(spec: str | list[int], name: str = "tasks") -> list[int]:
             "fix the list or use a 'start:stop' range"
         )
     return indices
+
+
+def _unknown_knob(key: Any, knobs: list[str]) -> ConfigError:
+    """The error for a key that is not a knob, with the closest knob's name when one is."""
+    close = difflib.get_close_matches(str(key), knobs, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else "see `help(GRPOConfig)`"
+    return ConfigError(f"unknown config key {key!r}; {hint}")
 
 
 @dataclass
@@ -297,7 +316,11 @@ class GRPOConfig:
         "Replay groups whose rewards are all equal (no learning signal) with new tasks, once, "
         "before training on the step. They are reported either way.",
     )
-    seed: int = _knob(42, "Seed of data order, episode seeds, LoRA init and sampling.")
+    seed: int = _knob(
+        42,
+        f"Seed of data order, episode seeds, LoRA init and sampling; 0 <= seed < 2**31 "
+        f"({SEED_LIMIT}), so every seed derived from it fits torch's.",
+    )
 
     # --- LoRA -----------------------------------------------------------------------------
     lora_r: int = _knob(16, f"LoRA rank; one of vLLM's servable ranks {VLLM_LORA_RANKS}.")
@@ -346,8 +369,8 @@ class GRPOConfig:
         None,
         "Stop the warm start early once this share of validation traces is reproduced token "
         "for token under teacher forcing (a lower bound on greedy success). The validation "
-        "traces are the last 128 train tasks, kept out of the SFT data; eval tasks are never "
-        "used. None: run all sft_steps.",
+        f"traces are the last {SFT_VALIDATION_TASKS} train tasks, kept out of the SFT data (so "
+        "train_tasks needs more than that); eval tasks are never used. None: run all sft_steps.",
     )
     sft_eval_every: int = _knob(25, "SFT steps between validation measurements (>= 1).")
 
@@ -357,7 +380,11 @@ class GRPOConfig:
         "Run folder: resolved config, metrics JSONL, eval trajectories, checkpoints, logs.",
     )
     max_steps: int = _knob(100, "GRPO steps to train (after the sft_steps of the warm start).")
-    logging_steps: int = _knob(1, "Log metrics every N steps.")
+    logging_steps: int = _knob(
+        1,
+        "Send metrics to the report_to trackers every N steps (and at the last step and every "
+        "eval); metrics.jsonl keeps every step.",
+    )
     eval_steps: int | None = _knob(
         25, "Evaluate on held-out tasks every N steps (and before and after training). "
         "None: only before and after."
@@ -367,19 +394,24 @@ class GRPOConfig:
     )
     report_to: list[str] = _knob(
         ["auto"],
-        "Trackers for metrics besides the JSONL: any of 'tensorboard', 'trackio', 'wandb'; "
-        "'auto' (each that is installed) or 'none'. A single string is accepted.",
+        "Trackers for metrics besides the JSONL: any of 'tensorboard', 'trackio', 'wandb', each "
+        "once (a named one must be installed: checked before the run folder is made); 'auto' "
+        "(each that is installed) or 'none'. An empty list [] means 'none'; a single string is "
+        "accepted.",
     )
 
     #: Checks run in this order by `__post_init__`; each raises `ConfigError`.
     _CHECKS: ClassVar[tuple[str, ...]] = (
-        "_check_types", "_check_ranges", "_check_clipping", "_check_tasks",
+        "_check_types", "_check_finite", "_check_ranges", "_check_clipping", "_check_tasks",
         "_check_lora", "_check_hardware", "_check_rollout_servers", "_check_schedule",
+        "_check_output_dir",
     )
 
     def __post_init__(self) -> None:
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
+        if self.report_to == []:
+            self.report_to = ["none"]
         for check in self._CHECKS:
             getattr(self, check)()
         self._warn_is_bias()
@@ -412,10 +444,7 @@ class GRPOConfig:
                 )
                 key = _RENAMED[key]
             if key not in hints or key.startswith("_"):
-                knobs = [f.name for f in dataclasses.fields(cls)]
-                close = difflib.get_close_matches(str(key), knobs, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else "see `help(GRPOConfig)`"
-                raise ConfigError(f"unknown config key {key!r}; {hint}")
+                raise _unknown_knob(key, [f.name for f in dataclasses.fields(cls)])
             kwargs[key] = _yaml_float(value, hints[key])
         return cls(**kwargs)
 
@@ -486,6 +515,18 @@ class GRPOConfig:
         self._check_split(train, held_out)
         return train or [], held_out or []
 
+    def sft_split(self, train_tasks: list[int]) -> tuple[list[int], list[int]]:
+        """The SFT warm start's (trace, validation) tasks out of ``train_tasks``.
+
+        Mirrors ``GRPOTrainer._warm_start`` (trainers/_grpo.py): with `sft_target_accuracy`
+        the last `SFT_VALIDATION_TASKS` train tasks validate, and the first `sft_num_traces`
+        of the others are played as traces.
+        """
+        validation = train_tasks[-SFT_VALIDATION_TASKS:] if self.sft_target_accuracy else []
+        held_back = set(validation)
+        traces = [t for t in train_tasks if t not in held_back]
+        return traces[: self.sft_num_traces], validation
+
     # --- checks ---------------------------------------------------------------------------
 
     def _check_types(self) -> None:
@@ -498,12 +539,29 @@ class GRPOConfig:
                     f"{_describe(hints[f.name])}; {f.metadata['help']}"
                 )
 
+    def _check_finite(self) -> None:
+        """NaN or inf in any float knob (``epsilon_high: .nan`` trained on to a NaN loss)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                default = "null" if f.default is None else repr(f.default)
+                raise ConfigError(
+                    f"{f.name}={value!r} is not a finite number; use a finite number (the "
+                    f"default is {default})"
+                )
+
     def _check_ranges(self) -> None:
         rules: list[tuple[str, bool, str]] = [
             ("num_generations", self.num_generations >= 2,
              "GRPO compares episodes of a task; set it to 2 or more"),
             ("tasks_per_step", self.tasks_per_step >= 1, "set it to 1 or more"),
             ("max_completion_length", self.max_completion_length >= 1, "set it to 1 or more"),
+            ("max_episode_tokens",
+             self.max_episode_tokens is None or self.max_episode_tokens >= 1,
+             "set it to 1 or more, or null for no budget but max_model_len"),
+            ("seed", 0 <= self.seed < SEED_LIMIT,
+             f"use 0 <= seed < 2**31 ({SEED_LIMIT}): the trainer derives seeds such as "
+             "seed * 1_000_003 + step * episodes_per_step that must fit torch's 64-bit seed"),
             ("sft_target_accuracy",
              self.sft_target_accuracy is None or 0 < self.sft_target_accuracy <= 1,
              "use a share in (0, 1], or null to run all sft_steps"),
@@ -538,9 +596,9 @@ class GRPOConfig:
             ("micro_batch_tokens", self.micro_batch_tokens is None or self.micro_batch_tokens >= 1,
              "use a token count such as 16384, or null for no cap"),
             ("sft_scripts",
-             bool(self.sft_scripts) and all(
-                 isinstance(v, (int, float)) and v > 0 for v in self.sft_scripts.values()),
-             "map script names to positive shares, e.g. {reference: 1.0}"),
+             bool(self.sft_scripts) and all(_is_share(v) for v in self.sft_scripts.values()),
+             "map script names to finite positive numbers (not true/false), e.g. "
+             "{reference: 1.0}"),
         ]
         for name, ok, fix in rules:
             if not ok:
@@ -588,6 +646,14 @@ class GRPOConfig:
                 f"tasks_per_step={self.tasks_per_step} exceeds the {len(train)} train_tasks; "
                 "lower it or widen train_tasks"
             )
+        if train is not None and self.sft_steps and not self.sft_split(train)[0]:
+            raise ConfigError(
+                f"sft_steps={self.sft_steps} leaves no train task for SFT traces: "
+                f"sft_target_accuracy={self.sft_target_accuracy!r} holds back the last "
+                f"{SFT_VALIDATION_TASKS} train tasks for validation and there are "
+                f"{len(train)}; give train_tasks more than {SFT_VALIDATION_TASKS} tasks or set "
+                "sft_target_accuracy null"
+            )
 
     def _check_lora(self) -> None:
         if self.lora_r not in VLLM_LORA_RANKS:
@@ -604,15 +670,32 @@ class GRPOConfig:
             )
 
     def _check_hardware(self) -> None:
-        if self.device == "cpu" and self.dtype == "float16":
+        if self.device == "cpu":
+            self.check_device("cpu")
+
+    def check_device(self, device: str) -> None:
+        """The rules of training on ``device``, what `device` resolves to ('cpu' or 'cuda').
+
+        The config checks them for ``device: cpu``; `preflight` once more for the device
+        ``auto`` resolves to on this machine.
+
+        Raises:
+            ConfigError: float16 or 4-bit loading on the CPU.
+        """
+        if device != "cpu":
+            return
+        where = "device='cpu'" if self.device == "cpu" else \
+            f"device={self.device!r}, the CPU here (torch sees no CUDA device)"
+        if self.dtype == "float16":
             raise ConfigError(
-                "dtype='float16' with device='cpu': CPU training in float16 is unsupported; "
+                f"dtype='float16' with {where}: CPU training in float16 is unsupported; "
                 "use dtype 'float32' or 'bfloat16' (or 'auto')"
             )
-        if self.device == "cpu" and self.load_in_4bit:
+        if self.load_in_4bit:
+            fix = "set device 'cuda'" if self.device == "cpu" else "run on a CUDA machine"
             raise ConfigError(
-                "load_in_4bit=True with device='cpu': QLoRA needs bitsandbytes on CUDA; "
-                "set device 'cuda' or load_in_4bit false"
+                f"load_in_4bit=True with {where}: QLoRA needs bitsandbytes on CUDA; "
+                f"{fix} or set load_in_4bit false"
             )
 
     def _check_rollout_servers(self) -> None:
@@ -632,6 +715,24 @@ class GRPOConfig:
                 "rollout_router_url needs rollout_servers too: adapters are published to each "
                 "server directly (routers forward requests, not adapter loads)"
             )
+        for name, unset in _SERVER_ONLY.items():
+            value = getattr(self, name)
+            if value != unset and not self.rollout_servers:
+                raise ConfigError(
+                    f"{name}={value!r} applies only with rollout_servers (in-process rollouts "
+                    f"never read it); set rollout_servers, or drop {name}"
+                )
+        bad = [url for url in self.rollout_servers if not _is_http_url(url)]
+        if bad:
+            raise ConfigError(
+                f"rollout_servers={self.rollout_servers!r}: {bad[0]!r} is not an http(s) URL; "
+                "write each server as e.g. 'http://gpu-a:8000'"
+            )
+        if self.rollout_router_url is not None and not _is_http_url(self.rollout_router_url):
+            raise ConfigError(
+                f"rollout_router_url={self.rollout_router_url!r} is not an http(s) URL; write "
+                "it as e.g. 'http://router:30000'"
+            )
 
     def _check_schedule(self) -> None:
         for name in ("max_steps", "logging_steps", "eval_steps", "save_steps"):
@@ -648,6 +749,18 @@ class GRPOConfig:
         if unknown or (len(self.report_to) > 1 and {"auto", "none"} & set(self.report_to)):
             raise ConfigError(
                 f"report_to={self.report_to!r}: use 'auto', 'none', or a list of {REPORT_TO[2:]}"
+            )
+        twice = [r for i, r in enumerate(self.report_to) if r in self.report_to[:i]]
+        if twice:
+            raise ConfigError(
+                f"report_to={self.report_to!r} names {twice[0]!r} twice; list each tracker once"
+            )
+
+    def _check_output_dir(self) -> None:
+        if not self.output_dir.strip():
+            raise ConfigError(
+                f"output_dir={self.output_dir!r} is empty, which would write the run into the "
+                "current folder; name a run folder, e.g. 'runs/grpo'"
             )
 
     def _warn_is_bias(self) -> None:
@@ -681,6 +794,21 @@ def _matches(value: Any, hint: Any) -> bool:
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, hint)
+
+
+def _is_share(value: Any) -> bool:
+    """A finite positive number that is not a bool (``true`` is an int to Python)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value > 0
+
+
+def _is_http_url(url: str) -> bool:
+    """``http(s)://host...``: what `VLLMFleet` and the router client can send requests to."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _yaml_float(value: Any, hint: Any) -> Any:

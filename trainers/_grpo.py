@@ -119,14 +119,17 @@ class GRPOTrainer:
             if not self.world.is_main:
                 return self._train(None, None)  # rank 0 owns the run folder and trackers
             run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume)
-            trackers = Trackers(cfg.report_to, run.path, cfg.to_dict(), resume_step=run.resume_step)
-            try:
+            trackers: Trackers | None = None
+            try:  # a tracker that fails to start marks the run failed too, never left running
+                trackers = Trackers(cfg.report_to, run.path, cfg.to_dict(),
+                                    resume_step=run.resume_step)  # fmt: skip
                 figures = self._train(run, trackers)
             except BaseException as exc:
                 run.mark_failed(exc)
                 raise
             finally:
-                trackers.close()
+                if trackers is not None:
+                    trackers.close()
             run.mark_finished()
             return figures
 

@@ -2,14 +2,22 @@
 
 An hour of training should not die at step 1 on something knowable up front: an env id that
 does not exist, a model without a chat template (or one that cannot render tools), a config
-that cannot fit in memory, a sandbox env without Docker.
+that cannot fit in memory, a sandbox env without Docker, a tracker that is not installed, a
+device this machine lacks, LoRA targets or a context the model does not have.
+
+These are the rules that need the env, the model folder or the machine; the config's own
+rules run when `GRPOConfig` is built. Nothing here writes the run folder: a refusal leaves
+nothing behind that a retry would have to ``--resume``.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
+import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,11 +25,23 @@ from agentgym import make
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
 
-from ._config import GRPOConfig
+from ._config import _UNSERVABLE_TARGETS, GRPOConfig
+from ._tracking import BACKENDS, resolve_report_to
+
+log = logging.getLogger(__name__)
 
 #: Bytes per parameter while training with LoRA in float32 on the CPU: weights (4) plus
 #: activations and the engine's own copy of the weights (4); the adapter is negligible.
 _BYTES_PER_PARAM_CPU = 8
+#: The module each tracker backend imports when it starts (`trainers._tracking`).
+_TRACKER_MODULES = {
+    "tensorboard": "torch.utils.tensorboard", "trackio": "trackio", "wandb": "wandb",
+}  # fmt: skip
+#: RoPE types whose ``max_position_embeddings`` already counts their scaling, so vLLM does not
+#: multiply it by ``factor`` (``_get_and_verify_max_len`` in ``vllm/config/model.py``).
+_PRESCALED_ROPE = frozenset(
+    {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+)
 
 
 class Checked(NamedTuple):
@@ -33,29 +53,20 @@ class Checked(NamedTuple):
 
 
 def preflight(config: GRPOConfig) -> Checked:
-    """Run every check; returns what they resolved. Raises `ConfigError`."""
+    """Run every check; returns what they resolved. Raises `ConfigError`.
+
+    Cheapest first: the env id, the engine, the trackers and the device; then the env (built
+    once, then closed); then the model folder (``tiny`` presets are built here).
+    """
     resolve_id(config.env)  # unknown env: "did you mean ..."
     _check_engine(config)
-    env = make(config.env, **config.env_kwargs)
-    tools = list(getattr(env, "tool_schemas", []))
-    task_count = len(getattr(env, "tasks", ())) or None
-    if task_count is None and (config.train_tasks is None or config.eval_tasks is None):
-        raise ConfigError(
-            f"{config.env!r} has no task list to split; set train_tasks and eval_tasks to "
-            "task indices its reset takes"
-        )
-    train_tasks, eval_tasks = config.task_split(task_count)
-    if config.sft_steps:
-        missing = [n for n in config.sft_scripts if not callable(getattr(env, f"{n}_turns", None))]
-        if missing:
-            raise ConfigError(
-                f"sft_scripts names {missing} but {config.env!r} has no "
-                f"{', '.join(n + '_turns' for n in missing)}; use scripts the env defines "
-                "(every SFT-ready env has reference)"
-            )
-    env.close()
+    _check_trackers(config)
+    _check_device(config)
+    train_tasks, eval_tasks, tools = _check_env(config)
     model_dir = resolve_model(config.model, seed=config.seed)
+    _check_context(model_dir, config)
     _check_template(model_dir, tools, config.chat_template_kwargs)
+    _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
     return Checked(model_dir, train_tasks, eval_tasks)
 
@@ -86,6 +97,179 @@ def _check_engine(config: GRPOConfig) -> None:
                 "'agentgym[vllm]' (CPU build) or vllm (CUDA), or set rollout_engine: hf to "
                 "roll out with transformers"
             )
+
+
+def _check_trackers(config: GRPOConfig) -> None:
+    """Each tracker of `report_to` is installed and imports.
+
+    `Trackers` starts them after the run folder exists (marked running), so a failure there
+    would leave a folder that refuses the retry without ``--resume``.
+    """
+    for name in resolve_report_to(config.report_to):  # not installed: names the pip install
+        try:
+            importlib.import_module(_TRACKER_MODULES[name])
+        except Exception as exc:
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())
+            via = "" if name in config.report_to else " (through 'auto')"
+            raise ConfigError(
+                f"report_to includes {name!r}{via} but it cannot be imported ({why}); "
+                f"reinstall it (pip install -U {BACKENDS[name]}) or drop it from report_to"
+            ) from None
+
+
+def _check_device(config: GRPOConfig) -> None:
+    """The device exists here, and the config's CPU rules hold where ``auto`` is the CPU."""
+    if config.device != "cpu" and importlib.util.find_spec("torch") is not None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        if config.device == "cuda" and not cuda:
+            raise ConfigError(
+                f"device='cuda' but torch {torch.__version__} sees no CUDA device on this "
+                "machine; use device: auto or cpu (or a CUDA build of torch on a GPU machine)"
+            )
+        config.check_device("cuda" if cuda else "cpu")
+    if config.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError(
+            "load_in_4bit=True but bitsandbytes is not installed; pip install bitsandbytes, "
+            "or set load_in_4bit false"
+        )
+
+
+def _check_env(config: GRPOConfig) -> tuple[list[int], list[int], list[dict[str, Any]]]:
+    """Build the env once: its (train, eval) split, SFT scripts and tool schemas."""
+    env = make(config.env, **config.env_kwargs)
+    try:
+        tools = list(getattr(env, "tool_schemas", []))
+        train_tasks, eval_tasks = config.task_split(_task_count(env, config))
+        if config.sft_steps:
+            _check_scripts(env, config)
+    finally:
+        env.close()
+    return train_tasks, eval_tasks, tools
+
+
+def _task_count(env: Any, config: GRPOConfig) -> int | None:
+    """The env's task count; None for an env without a task list (then both ranges given)."""
+    tasks = getattr(env, "tasks", None)
+    if tasks is None:
+        if config.train_tasks is None or config.eval_tasks is None:
+            raise ConfigError(
+                f"{config.env!r} has no task list to split; set train_tasks and eval_tasks to "
+                "task indices its reset takes"
+            )
+        return None
+    if not len(tasks):  # its reset takes no task index: every episode would fail
+        raise ConfigError(
+            f"{config.env!r} has no tasks with env_kwargs={config.env_kwargs!r}; pass "
+            "env_kwargs that give it tasks (e.g. num_tasks: 100), or use an env with tasks"
+        )
+    return len(tasks)
+
+
+def _check_scripts(env: Any, config: GRPOConfig) -> None:
+    missing = [n for n in config.sft_scripts if not callable(getattr(env, f"{n}_turns", None))]
+    if missing:
+        raise ConfigError(
+            f"sft_scripts names {missing} but {config.env!r} has no "
+            f"{', '.join(n + '_turns' for n in missing)}; use scripts the env defines "
+            "(every SFT-ready env has reference)"
+        )
+
+
+def _check_context(model_dir: Path, config: GRPOConfig) -> None:
+    """`max_model_len` fits the model's positions, as vLLM counts them.
+
+    vLLM refuses a longer context at engine start (reported as an infrastructure error), and
+    past its positions a model's output is garbage either way. vLLM's own escape hatch,
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``, skips the check here too.
+    """
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
+        return
+    spec = json.loads((model_dir / "config.json").read_text())
+    spec = {**spec.get("text_config", {}), **spec}  # multimodal configs nest the text model
+    positions = spec.get("max_position_embeddings")
+    if not isinstance(positions, int):
+        return
+    factor = 1.0 if "gemma3" in str(spec.get("model_type")) else _rope_factor(spec)
+    limit = int(positions * factor)
+    if config.max_model_len > limit:
+        scaled = f" x RoPE factor {factor:g} = {limit}" if limit != positions else ""
+        raise ConfigError(
+            f"max_model_len={config.max_model_len} exceeds model {config.model!r}'s "
+            f"max_position_embeddings={positions}{scaled} (its config.json); lower "
+            f"max_model_len to {limit} or less"
+        )
+
+
+def _rope_factor(spec: dict[str, Any]) -> float:
+    """The factor vLLM scales ``max_position_embeddings`` by (1.0 for most models)."""
+    rope = spec.get("rope_scaling") or spec.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        return 1.0
+    per_layer_type = [v for v in rope.values() if isinstance(v, dict)]
+    factor = 1.0
+    for params in per_layer_type or [rope]:
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind not in _PRESCALED_ROPE and isinstance(params.get("factor"), (int, float)):
+            factor = float(params["factor"])
+    return factor
+
+
+def _check_lora_targets(model_dir: Path, config: GRPOConfig) -> None:
+    """Every name in `lora_target_modules` matches a linear module of the model, as in PEFT.
+
+    Otherwise PEFT fails (or, for one name of several, quietly drops it) after the base
+    model loaded and, with a warm start, after the base eval.
+    """
+    targets = config.lora_target_modules
+    if isinstance(targets, str) and targets.lower() == "all-linear":
+        return
+    names = _linear_modules(model_dir)
+    if names is None:
+        return
+    missing = _unmatched(targets, names)
+    if missing:
+        valid = sorted({n.rpartition(".")[2] for n in names} - _UNSERVABLE_TARGETS)
+        regex = (
+            " (a string other than 'all-linear' is a regex over full module names, as in PEFT)"
+            if isinstance(targets, str) else ""
+        )  # fmt: skip
+        raise ConfigError(
+            f"lora_target_modules={targets!r}: model {config.model!r} has no linear module "
+            f"matching {missing}{regex}; use 'all-linear' or names from {valid}"
+        )
+
+
+def _unmatched(targets: str | list[str], names: list[str]) -> list[str]:
+    """The targets that match none of ``names``: PEFT's rule (a str is a full-match regex)."""
+    if isinstance(targets, str):
+        try:
+            pattern = re.compile(targets)
+        except re.error:
+            return [targets]
+        return [] if any(pattern.fullmatch(n) for n in names) else [targets]
+    return [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+
+
+def _linear_modules(model_dir: Path) -> list[str] | None:
+    """Full names of the model's linear layers, from a weightless build on the meta device.
+
+    None when the architecture cannot be built from its config here (the load reports it).
+    """
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    try:
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    except Exception as exc:
+        log.debug("lora_target_modules not checked: %s cannot be built empty: %s", model_dir, exc)
+        return None
+    linear = (torch.nn.Linear, Conv1D)  # what PEFT's 'all-linear' takes
+    return [name for name, module in model.named_modules() if isinstance(module, linear)]
 
 
 def _check_template(model_dir: Path, tools: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:

@@ -53,9 +53,18 @@ def test_the_default_config_runs_on_the_default_env_splitting_its_tasks() -> Non
     _refusal(GRPOConfig(eval_tasks="0:150"), "reach task 149 but 'calculator' has 100 tasks")
 
 
+class TasksElsewhere(agentgym.Env):
+    """An env that takes its tasks from somewhere else (it has no ``tasks`` attribute)."""
+
+
 def test_an_env_without_a_task_list_needs_both_ranges() -> None:
-    agentgym.register("tests/NoTasks-v0", lambda: agentgym.ToolEnv([]))
+    agentgym.register("tests/NoTasks-v0", TasksElsewhere)
     _refusal(GRPOConfig(env="tests/NoTasks-v0"), "has no task list to split; set train_tasks")
+
+
+def test_an_env_with_an_empty_task_list_is_refused() -> None:
+    agentgym.register("tests/EmptyTasks-v0", lambda: agentgym.ToolEnv([]))
+    _refusal(GRPOConfig(env="tests/EmptyTasks-v0"), "has no tasks with env_kwargs")
 
 
 def test_a_path_that_is_not_a_model_folder_is_refused(tmp_path: Path) -> None:
