@@ -36,6 +36,12 @@ or collects no tests is one failure that says so: a task whose tests are broken 
 pass a sample, nor stop a training run. If pytest is not importable in the image, a minimal
 built-in runner calls every top-level ``test_*`` function instead (no fixtures, no
 parametrize) and reports ``runner="builtin"``.
+
+The sample's ``total_timeout`` (see `_budget`): no test starts once it has run out, the test
+running then is cut at it, and both are ``timeout`` with `TOTAL_RAN_OUT` as their message;
+tests that finished keep their verdicts. The report must reach the host before its own
+deadline (``total_timeout`` + ``RUNNER_SLACK_S`` in ``_verify.py``), so nothing after the
+deadline waits on the candidate: ending its processes takes at most ``FACTORY_WAIT_S``.
 """
 
 # ruff: noqa: E402 (the imports below wait until sys.path is safe)
@@ -97,6 +103,7 @@ NO_BUILTIN_TESTS = (
     "built-in runner takes no classes): name test functions test_*"
 )
 BROKEN_TESTS = "the test file itself failed to import or collect, before any test ran"
+TOTAL_RAN_OUT = "the sample's total_timeout ({:g}s) ran out before this test finished"
 
 
 def _prctl(option, value):
@@ -557,16 +564,26 @@ def _factory_spawn(code, req, fds, children):
 
 def _end_children(children):
     for pid in children:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        _kill_session(pid)
         try:
             os.waitpid(pid, 0)
         except OSError:
             pass
     children.clear()
+
+
+def _kill_session(pid):
+    """SIGKILL ``pid``'s process group and ``pid`` itself.
+
+    Why both: the child calls ``setsid`` first thing, and one killed before it did (forked
+    just before its deadline) has no group yet; ``killpg`` alone misses it, and the
+    ``waitpid`` after it then waits for the whole test to run, past the host's deadline.
+    """
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _program(code):
@@ -818,10 +835,7 @@ def _isolated(body, factory, timeout, stream=False):
         _child(body, None, None, res_w, False, factory.fds())
     os.close(res_w)
     lines, _, problem = _wait(res_r, None, started + timeout, stream)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
+    _kill_session(pid)
     os.waitpid(pid, 0)
     os.close(res_r)
     factory.end()
@@ -885,7 +899,7 @@ def _wait(res_r, out_r, deadline, stream):
             if len(buf) > OUTPUT_CAP:
                 return done("the test process wrote too much")
             if not stream and b"\n" in buf:
-                _drain(out_r, out, watch)
+                _drain(out_r, out, watch, deadline)
                 return done()
 
 
@@ -904,8 +918,16 @@ def _verdict(lines, problem):
     return result
 
 
-def _drain(out_r, out, watch):
-    while out_r in watch and select.select([out_r], [], [], 0.2)[0]:
+def _drain(out_r, out, watch, deadline):
+    """Read what the program left in its stdout pipe, for 0.2 s of quiet at most.
+
+    Bounded by the test's deadline and the cap: a process the program forked can hold the
+    pipe and write to it forever after the program itself reported.
+    """
+    while out_r in watch and len(out) <= OUTPUT_CAP:
+        wait = min(0.2, deadline - time.monotonic())
+        if wait <= 0 or not select.select([out_r], [], [], wait)[0]:
+            return
         data = os.read(out_r, 65536)
         if not data:
             return
@@ -935,14 +957,38 @@ def _outcome(name, status, message, duration):
     }
 
 
-def _deadline_for(req, total_deadline):
-    return max(0.0, min(req["per_test_timeout"], total_deadline - time.monotonic()))
+def _budget(req, total_deadline):
+    """(seconds a test may run, whether the sample's total deadline is what bounds it)."""
+    left = max(0.0, total_deadline - time.monotonic())
+    return min(req["per_test_timeout"], left), left < req["per_test_timeout"]
+
+
+def _out_of_time(total_deadline):
+    """Whether the sample's total deadline has passed: no test may start any more."""
+    return time.monotonic() >= total_deadline
+
+
+def _total_ran_out(req):
+    return TOTAL_RAN_OUT.format(req["total_timeout"])
+
+
+def _not_started(name, req):
+    """A test the total deadline left no time for: a timeout, as the candidate spent it."""
+    return _outcome(name, "timeout", _total_ran_out(req), 0.0)
+
+
+def _cut_short(result, cut, req):
+    """The verdict of a test whose time ran out, blaming total_timeout when that cut it."""
+    if cut and result.get("timeout"):
+        return dict(result, error=_total_ran_out(req))
+    return result
 
 
 def _judged(body, factory, req, total_deadline):
     """(verdict, duration) of one judge process."""
-    lines, dur, problem = _isolated(body, factory, _deadline_for(req, total_deadline))
-    return _verdict(lines, problem), dur
+    timeout, cut = _budget(req, total_deadline)
+    lines, dur, problem = _isolated(body, factory, timeout)
+    return _cut_short(_verdict(lines, problem), cut, req), dur
 
 
 # --- the modes --------------------------------------------------------------------------------
@@ -951,6 +997,9 @@ def _judged(body, factory, req, total_deadline):
 def run_assert(req, factory, total_deadline):
     out = []
     for i, test in enumerate(req["tests"]):
+        if _out_of_time(total_deadline):
+            out.append(_not_started(f"test_{i}", req))
+            continue
 
         def body(_res_w, test=test, i=i):
             solution = Solution(factory, "__main__")
@@ -966,10 +1015,13 @@ def run_stdio(req, factory, total_deadline):
     """The program runs in a process of the factory; the runner compares what it printed."""
     out = []
     for i, case in enumerate(req["tests"]):
+        if _out_of_time(total_deadline):
+            out.append(_not_started(f"case_{i}", req))
+            continue
         data = case.get("input", "").encode()
-        timeout = _deadline_for(req, total_deadline)
+        timeout, cut = _budget(req, total_deadline)
         lines, got, dur, problem = _program_run(factory, data, timeout)
-        result = _verdict(lines, problem)
+        result = _cut_short(_verdict(lines, problem), cut, req)
         if result.get("passed"):
             got_text = got.decode("utf-8", "replace")
             if _normalise(got_text) != _normalise(case.get("output", "")):
@@ -1051,9 +1103,11 @@ def _run_real_pytest(req, factory, d, total_deadline):
         if int(rc) not in (0, 1, 5):
             raise RuntimeError(f"pytest exit code {int(rc)}")
 
+    if _out_of_time(total_deadline):
+        return [_not_started("pytest", req)]
     timeout = max(0.0, total_deadline - time.monotonic())
     lines, dur, problem = _isolated(body, factory, timeout, stream=True)
-    result = _verdict(lines, problem)
+    result = _cut_short(_verdict(lines, problem), True, req)  # its only deadline is the total
     outcomes = _read_outcomes(lines, result)
     if outcomes:
         return outcomes
@@ -1214,6 +1268,9 @@ def run_builtin_pytest(req, factory, d, total_deadline):
         return [_outcome(TESTS_FILE, "failed", NO_BUILTIN_TESTS, 0.0)]
     out = []
     for name in names:
+        if _out_of_time(total_deadline):
+            out.append(_not_started(name, req))
+            continue
 
         def body(_res_w, name=name):
             os.chdir(d)

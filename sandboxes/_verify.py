@@ -29,6 +29,11 @@ RewardKind = Literal["fraction", "all"]
 VerifyStatus = Literal["passed", "failed", "infra_error"]
 RUNNER_SOURCE = Path(__file__).with_name("_runner.py").read_text()
 MARKER = "\x00agentgym-verify\x00"
+# What the sandbox call's timeout adds to total_timeout. The runner stops at total_timeout
+# (no test starts after it, the running one is cut at it) and then only ends the candidate's
+# processes (at most FACTORY_WAIT_S, 2 s, in _runner.py); the slack covers that and the
+# runner's start-up before its clock starts. A call killed at this outer deadline reports
+# nothing, and every test's result is lost with it.
 RUNNER_SLACK_S = 5.0
 
 
