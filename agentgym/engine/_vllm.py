@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from .._errors import ConfigError, ModelError
 from .._types import Completion
-from . import _cpu_lora, _engine_spin
+from . import _cpu_lora, _engine_spin, _orphan_guard
 from ._episode import (
     AdapterVersion,
     ModeChoice,
@@ -195,6 +195,7 @@ class VLLMPolicy(TokenPolicy):
             tokenizer = AutoTokenizer.from_pretrained(self.model)
             self._renderer = ChatRenderer(tokenizer, self._chat_template_kwargs)
             _engine_spin.enable_for_cpu_engines()  # its processes give the cores back sooner
+            _orphan_guard.guard_engines_of_this_process()  # they end if this one is killed
             thread = _EngineThread()
 
             async def build() -> Any:

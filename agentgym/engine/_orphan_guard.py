@@ -1,0 +1,51 @@
+"""vLLM's processes end when the process that started them is killed (``kill -9``, the OOM killer).
+
+Why: a trainer or eval killed with SIGKILL cannot shut its engine down, and vLLM's engine core
+and workers then live on under init, idle, holding their memory (2.5 GB on the CPU build for
+the quickstart's tiny model; on a GPU its memory, so the ``--resume`` that follows may not fit).
+Measured: every ``kill -9`` of ``agentgym train`` while its engine was up left them running.
+
+How: vLLM loads ``vllm.general_plugins`` entry points in each of its processes; `register`
+(agentgym's entry point) starts, in each vLLM process below a process that set `ENV_VAR` to its
+own pid (`guard_engines_of_this_process`: `VLLMPolicy` and the local server launcher do), a
+daemon thread that checks once a second whether the process's parent is still the one that
+started it, and kills the process when it is not: an orphan has been adopted by init or a
+subreaper. The engine core's workers are its children, so they follow it. The process that
+set the variable is left alone, and so is every process where it is not set.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+#: Environment variable: the pid of the process whose vLLM processes must not outlive it.
+ENV_VAR = "AGENTGYM_ENGINE_OWNER"
+#: Seconds between two looks at the parent.
+POLL_SECONDS = 1.0
+_started = False
+
+
+def guard_engines_of_this_process(environ: dict[str, str] | None = None) -> None:
+    """Make the vLLM processes started from here (or with ``environ``) end with this one."""
+    (os.environ if environ is None else environ)[ENV_VAR] = str(os.getpid())
+
+
+def register() -> None:
+    """Start the parent watch in a vLLM process started by agentgym (vLLM's plugin hook)."""
+    global _started
+    owner = os.environ.get(ENV_VAR, "")
+    if _started or not owner.isdigit() or int(owner) == os.getpid():
+        return  # once; not ours; or the owner itself (vLLM loads plugins in the caller too)
+    _started = True
+    parent = os.getppid()
+    threading.Thread(target=_watch, args=(parent,), name="agentgym-orphan-guard",
+                     daemon=True).start()  # fmt: skip
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL_SECONDS)
+    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup to run: the owner is gone
