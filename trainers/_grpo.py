@@ -115,14 +115,21 @@ class GRPOTrainer:
         Under torchrun every rank calls it; ranks other than 0 return ``{}``.
         """
         cfg = self.config
+        done = RunDir.finished_figures(cfg.output_dir, cfg.max_steps) if self.resume else None
+        if done is not None:
+            log.warning("%s finished its %d steps already: nothing to resume", cfg.output_dir,
+                        cfg.max_steps)  # fmt: skip
+            return done if self.world.is_main else {}
         with self.world.joined(self._device()), self._rollout_loop():
             if not self.world.is_main:
                 return self._train(None, None)  # rank 0 owns the run folder and trackers
             run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume)
             trackers: Trackers | None = None
             try:  # a tracker that fails to start marks the run failed too, never left running
+                # a folder reopened without a checkpoint replays from step 0: hide all of it
+                replayed_after = run.resume_step if run.resumed else (-1 if run.reopened else None)
                 trackers = Trackers(cfg.report_to, run.path, cfg.to_dict(),
-                                    resume_step=run.resume_step)  # fmt: skip
+                                    resume_step=replayed_after)  # fmt: skip
                 figures = self._train(run, trackers)
             except BaseException as exc:
                 run.mark_failed(exc)
@@ -159,7 +166,8 @@ class GRPOTrainer:
         import torch
 
         cfg, world = self.config, self.world
-        figures: dict[str, float] = {}
+        start = "sft/success" if cfg.sft_steps else "base/success"  # the step-0 eval's name
+        figures: dict[str, float] = run.headline_figures(start) if run and run.resumed else {}
         if run and cfg.sft_steps and not run.resumed:
             figures["base/success"] = self._evaluate_model(self.model_dir, run, "base")
         start_model: Path = world.broadcast(self._warm_start(run) if run else None)
@@ -177,7 +185,7 @@ class GRPOTrainer:
             version = self._sync(policy, model, run, state.get("adapter_version", 0) + 1)
             if run and state["step"] == 0:
                 success = self._evaluate(policy, run, step=0, num_tasks=None)  # a headline
-                figures["sft/success" if cfg.sft_steps else "base/success"] = success
+                figures[start] = success
             for step in range(state["step"] + 1, cfg.max_steps + 1):
                 torch.manual_seed(cfg.seed * 100_003 + step)
                 t0 = time.perf_counter()
@@ -550,7 +558,7 @@ class GRPOTrainer:
                 seed=cfg.seed, max_concurrency=max(len(tasks), 1),
             )
         )  # fmt: skip
-        run.append_eval(step, trajectories)
+        run.append_eval(step, trajectories, label)
         figures = {
             k.replace("eval/", f"{label}/"): v for k, v in eval_metrics(trajectories).items()
         }

@@ -112,11 +112,15 @@ class RunDir:
         self.resumed = False
         self.resume_step: int | None = None
         existing = self.holds_run(self.path)
+        #: The folder held a run before (resumed from a checkpoint or, with none, from the start).
+        self.reopened = existing
         if existing and not resume:
             raise ConfigError(
                 f"{self.path} already holds a run ({self._describe_existing()}); pass --resume "
                 "to continue it, or choose a new output_dir"
             )
+        if resume and not existing:  # a mistyped output_dir would otherwise restart quietly
+            log.warning("--resume: %s holds no run; starting a new one there", self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints_dir.mkdir(exist_ok=True)
         previous: dict[str, Any] = {}
@@ -178,10 +182,24 @@ class RunDir:
         """Whether ``path`` already holds a run (config, status, metrics or checkpoints)."""
         return any((Path(path) / name).exists() for name in _RUN_MARKERS)
 
+    @staticmethod
+    def finished_figures(path: str | os.PathLike[str], max_steps: int) -> dict[str, float] | None:
+        """The headline figures of a run that finished ``max_steps`` in ``path``; else None.
+
+        Such a run has nothing to resume: resuming it would only run its final eval again. A
+        finished run resumed with a larger ``max_steps`` trains on, so it gets None.
+        """
+        status = _read_json(Path(path) / "status.json") or {}
+        summary = _read_json(Path(path) / "summary.json") or {}
+        done = status.get("state") == "finished" and (status.get("step") or 0) >= max_steps
+        return dict(summary["figures"]) if done and "figures" in summary else None
+
     # ---- opening an existing run ---------------------------------------------------------
     def _describe_existing(self) -> str:
         status = _read_json(self.status_path) or {}
         state = status.get("state", "unknown state")
+        if state == "running" and not _owner_alive(status):
+            state = "killed"  # its process is gone: it was killed, not running
         step = status.get("step")
         return f"{state}, last step {step}" if step is not None else str(state)
 
@@ -241,26 +259,51 @@ class RunDir:
         self._status["step"] = max(step, self._status.get("step") or 0)
         self._write_status()
 
-    def append_eval(self, step: int, trajectories: Sequence[Trajectory]) -> None:
+    def append_eval(
+        self, step: int, trajectories: Sequence[Trajectory], label: str = "eval"
+    ) -> None:
         """Append eval episodes to ``eval_trajectories.jsonl`` with ``info["step"] = step``.
 
-        The caller's trajectories are not modified.
+        ``info["eval"] = label`` says which eval they belong to (``final`` is the one after
+        the last step). The caller's trajectories are not modified.
         """
         lines = [
-            to_json_line(dataclasses.replace(t, info={**t.info, "step": step}))
+            to_json_line(dataclasses.replace(t, info={**t.info, "step": step, "eval": label}))
             for t in trajectories
         ]
         _append_lines(self.eval_path, lines)
 
     def rollback(self, after_step: int) -> int:
-        """Move lines of steps ``> after_step`` to the ``*.rolled_back.jsonl`` files.
+        """Move lines of steps ``> after_step``, and the final eval's, to ``*.rolled_back.jsonl``.
 
-        Called when the run reopens (steps after the checkpoint will be replayed) and by
+        Called when the run reopens (steps after the checkpoint will be replayed, and the final
+        eval always runs again: the last checkpoint is written before it) and by
         `load_checkpoint`; idempotent. Returns the number of lines moved.
         """
-        moved = _move_lines(self.metrics_path, lambda r: r["step"] > after_step)
-        moved += _move_lines(self.eval_path, lambda r: r["info"]["step"] > after_step)
+        moved = _move_lines(
+            self.metrics_path,
+            lambda r: r["step"] > after_step or any(k.startswith(f"{FINAL}/") for k in r),
+        )
+        moved += _move_lines(
+            self.eval_path,
+            lambda r: r["info"]["step"] > after_step or r["info"].get("eval") == FINAL,
+        )
         return moved
+
+    def headline_figures(self, start: str) -> dict[str, float]:
+        """The success figures a resumed run measured before its first step.
+
+        They are measured once (the base model's before SFT, ``base/success``; the step-0 eval,
+        reported as ``start``), so a resume does not measure them again and its summary takes
+        them from ``metrics.jsonl``.
+        """
+        figures: dict[str, float] = {}
+        for record in read_jsonl_records(self.metrics_path):
+            if "base/success" in record:
+                figures["base/success"] = record["base/success"]
+            if record["step"] == 0 and "eval/success" in record:
+                figures[start] = record["eval/success"]
+        return figures
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(
@@ -395,6 +438,9 @@ class RunDir:
 
 
 # ---- reading -------------------------------------------------------------------------------
+
+#: The label of the eval after the last step (its metrics are ``final/*``).
+FINAL = "final"
 
 
 def read_jsonl_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -610,19 +656,27 @@ def _new_status(previous: Mapping[str, Any], resume_step: int | None) -> dict[st
     return status
 
 
+def _owner_alive(status: Mapping[str, Any]) -> bool:
+    """Whether the process ``status`` names still runs (assumed so on another host)."""
+    pid = status.get("pid")
+    if not isinstance(pid, int) or status.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def _refuse_live_owner(path: Path, status: Mapping[str, Any]) -> None:
     """Refuse a run another live process on this host is still writing."""
     pid = status.get("pid")
     if status.get("state") != "running" or not isinstance(pid, int) or pid == os.getpid():
         return
-    if status.get("host") != socket.gethostname():
+    if status.get("host") != socket.gethostname() or not _owner_alive(status):
         return
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return
-    except PermissionError:
-        pass
     raise ConfigError(
         f"{path} is being written by process {pid} on this host; stop it first (or, if that "
         "pid now belongs to something else, delete status.json) before resuming"

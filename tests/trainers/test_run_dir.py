@@ -87,10 +87,24 @@ def test_a_folder_holding_a_run_is_refused_without_resume(tmp_path: Path) -> Non
         RunDir(tmp_path, CONFIG)
 
 
-def test_resume_on_a_folder_without_a_run_starts_fresh(tmp_path: Path) -> None:
+def test_a_killed_run_is_called_killed_when_a_new_run_is_refused(tmp_path: Path) -> None:
+    RunDir(tmp_path, CONFIG).write_metrics(4, {"reward/mean": 0.0})
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs: the run's writer was killed
+    status = json.loads((tmp_path / "status.json").read_text())
+    (tmp_path / "status.json").write_text(json.dumps({**status, "pid": gone.pid}))
+    with pytest.raises(ConfigError, match=r"already holds a run \(killed, last step 4\)"):
+        RunDir(tmp_path, CONFIG)
+
+
+def test_resume_on_a_folder_without_a_run_starts_fresh_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "notes.txt").write_text("not a run")
-    run = RunDir(tmp_path, CONFIG, resume=True)
+    with caplog.at_level(logging.WARNING, logger="agentgym"):
+        run = RunDir(tmp_path, CONFIG, resume=True)
     assert not run.resumed and run.resume_step is None
+    assert "holds no run; starting a new one" in caplog.text
     assert run.status["attempt"] == 1
 
 
@@ -148,7 +162,7 @@ def test_eval_lines_record_the_step_without_touching_the_caller(tmp_path: Path) 
     trajectories = [Trajectory(env_id="calc", info={"k": i}) for i in range(3)]
     run.append_eval(5, trajectories)
     records = read_jsonl_records(run.eval_path)
-    assert [r["info"] for r in records] == [{"k": i, "step": 5} for i in range(3)]
+    assert [r["info"] for r in records] == [{"k": i, "step": 5, "eval": "eval"} for i in range(3)]
     assert trajectories[0].info == {"k": 0}
 
 
@@ -276,6 +290,35 @@ def test_resume_moves_lines_after_the_checkpoint_aside(tmp_path: Path) -> None:
     assert "from checkpoint step 3; moved 3 lines of later steps aside" in (
         resumed.log_path.read_text()
     )
+
+
+def test_a_resume_after_the_last_checkpoint_runs_the_final_eval_once(tmp_path: Path) -> None:
+    # killed after the final eval was written (the last checkpoint comes before it)
+    model, optimizer = lora_model(seed=0)
+    run = RunDir(tmp_path, CONFIG)
+    run.write_metrics(0, {"base/success": 0.1})
+    run.write_metrics(0, {"eval/success": 0.2})
+    run.write_metrics(6, {"reward/mean": 1.0})
+    run.save_checkpoint(6, model, optimizer)
+    run.append_eval(6, [Trajectory(env_id="calc")] * 2, label="final")
+    run.write_metrics(6, {"final/success": 0.9})
+
+    resumed = RunDir(tmp_path, CONFIG, resume=True)
+    assert resumed.resume_step == 6
+    assert read_jsonl_records(resumed.eval_path) == []  # the final eval runs again: once
+    rows = read_jsonl_records(resumed.metrics_path)
+    assert not any("final/success" in r for r in rows) and len(rows) == 3
+    assert resumed.headline_figures("sft/success") == {"base/success": 0.1, "sft/success": 0.2}
+
+
+def test_a_finished_run_has_nothing_to_resume_unless_it_gets_more_steps(tmp_path: Path) -> None:
+    run = RunDir(tmp_path, CONFIG)
+    run.write_metrics(10, {"reward/mean": 1.0})
+    assert RunDir.finished_figures(tmp_path, 10) is None  # still running
+    (tmp_path / "summary.json").write_text(json.dumps({"figures": {"grpo/success": 0.9}}))
+    run.mark_finished()
+    assert RunDir.finished_figures(tmp_path, 10) == {"grpo/success": 0.9}
+    assert RunDir.finished_figures(tmp_path, 20) is None  # max_steps raised: it trains on
 
 
 # --- adapters and status --------------------------------------------------------------------
