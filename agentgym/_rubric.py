@@ -4,9 +4,9 @@ A reward function declares parameters from `Rubric.INJECTABLE` (``task``, ``mess
 ``completion``, ``answer``, ``state``, ``sandbox``, ``env``, ``trajectory``) and gets exactly
 those; one with ``**kwargs`` gets all of them. Any other parameter must have a default, which
 it keeps (so a `functools.partial` with bound keywords, or a knob like ``threshold=0.5``,
-works). Every function's score is logged
-under its name (its ``__name__``, or one given in ``names``); names must be unique, so no
-score silently overwrites another. Weight-0 functions are metrics only.
+works). Every function's score is logged under its name (its ``__name__``, or one given in
+``names``); names must be unique, so no score silently overwrites another. Weight-0
+functions are metrics only.
 
 A function that raises, or returns something that is not a finite number (None, NaN, inf),
 is *recorded* (its score is None and the rubric reports the error): silently scoring 0 would
@@ -78,18 +78,19 @@ class Rubric:
     def _injected(self, name: str, fn: Callable[..., Any]) -> tuple[str, ...]:
         """The context values ``fn`` asks for: its injectable parameters, or all with **kwargs."""
         signature = inspect.signature(fn).parameters.values()
-        if any(p.kind is p.VAR_KEYWORD for p in signature):
-            return tuple(sorted(self.INJECTABLE))
         params = tuple(p.name for p in signature if p.name in self.INJECTABLE)
         unknown = [
             p.name for p in signature
-            if p.name not in params and p.default is p.empty and p.kind is not p.VAR_POSITIONAL
+            if p.name not in params and p.default is p.empty
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         ]  # fmt: skip
         if unknown:
             raise ConfigError(
                 f"reward function {name!r} asks for {unknown}; "
                 f"it may ask only for {sorted(self.INJECTABLE)} (others need a default)"
             )
+        if any(p.kind is p.VAR_KEYWORD for p in signature):
+            return tuple(sorted(self.INJECTABLE))
         return params
 
     async def score(self, context: Mapping[str, Any]) -> RubricResult:

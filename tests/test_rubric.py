@@ -155,3 +155,11 @@ def test_kwargs_gets_every_injectable_value_and_args_gets_nothing() -> None:
     assert result.scores == {"trl_style": 1.0}
     assert seen["args"] == () and seen["completion"] == "x" and seen["answer"] == "y"
     assert set(seen) - {"args"} == Rubric.INJECTABLE
+
+
+def test_kwargs_does_not_excuse_a_required_parameter_it_cannot_get() -> None:
+    def trl_style(completions: list[str], **kwargs: object) -> float:  # TRL's plural name
+        return 1.0
+
+    with pytest.raises(ConfigError, match=r"asks for \['completions'\]"):
+        Rubric([trl_style])
