@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import numbers
-import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -38,6 +37,7 @@ from ._tools import (
     check_timeout,
     example_arguments,
     format_result,
+    shown,
 )
 from ._trajectory import Trajectory, Turn
 from ._types import Completion, Message
@@ -129,7 +129,7 @@ class ToolEnv(Env):
         _check_tasks(tasks)
         if rubric is not None and not callable(getattr(rubric, "score", None)):
             raise ConfigError(
-                f"rubric must be an agentgym.Rubric, got {_shown(rubric)}; "
+                f"rubric must be an agentgym.Rubric, got {shown(rubric)}; "
                 "wrap the reward functions in one: rubric=Rubric([fn, ...])"
             )
         check_timeout(tool_timeout, "tool_timeout")
@@ -310,7 +310,7 @@ class ToolEnv(Env):
             return messages
         raise ConfigError(
             f"{type(self).__name__}.build_prompt must return a list of messages like "
-            f"[{{'role': 'user', 'content': ...}}], got {_shown(messages)}"
+            f"[{{'role': 'user', 'content': ...}}], got {shown(messages)}"
         )
 
     def _interpret(self, completion: Completion) -> ParsedTurn:
@@ -419,11 +419,6 @@ class _RewardContext(dict[str, Any]):
         return value
 
 
-def _shown(value: Any) -> str:
-    """A value as error messages quote it: its type and a repr cut short."""
-    return "None" if value is None else f"{type(value).__name__} {reprlib.repr(value)}"
-
-
 def _check_tools(tools: Any) -> None:
     """Refuse what is not a list of tools before its items are turned into tools."""
     if callable(tools):  # one tool, not a list of them
@@ -431,7 +426,7 @@ def _check_tools(tools: Any) -> None:
         raise ConfigError(f"tools must be a list of tools, e.g. [{name}], got one")
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
         raise ConfigError(
-            f"tools must be a list of tools or functions, got {_shown(tools)}; "
+            f"tools must be a list of tools or functions, got {shown(tools)}; "
             "pass tools=[...], or leave it out for an env without tools"
         )
 
@@ -449,7 +444,7 @@ def _check_tasks(tasks: Any) -> None:
             if isinstance(tasks, Mapping) and "prompt" in tasks
             else "pass a list of task dicts (agentgym.load_tasks reads files and datasets)"
         )
-        raise ConfigError(f"tasks must be a list of task dicts, got {_shown(tasks)}; {fix}")
+        raise ConfigError(f"tasks must be a list of task dicts, got {shown(tasks)}; {fix}")
     if len(tasks):
         _check_task(tasks[0], 0)
 
@@ -457,7 +452,7 @@ def _check_tasks(tasks: Any) -> None:
 def _check_task(task: Any, index: int) -> None:
     if not isinstance(task, Mapping):
         raise ConfigError(
-            f"task {index} is a {_shown(task)}, not a dict; each task is a dict such as "
+            f"task {index} is a {shown(task)}, not a dict; each task is a dict such as "
             "{'prompt': 'What is 2 + 3?', 'answer': '5'}"
         )
 

@@ -25,6 +25,7 @@ import json
 import numbers
 import os
 import queue
+import reprlib
 import threading
 import types
 import typing
@@ -568,13 +569,13 @@ def _described_function(fn: Any) -> Callable[..., Any]:
         return typing.cast(Callable[..., Any], fn.__call__)
     raise ConfigError(
         f"tool() needs a function, a method or an object with a __call__ method, got "
-        f"{type(fn).__name__} {_short_repr(fn)}; wrap it in a def with type hints"
+        f"{shown(fn)}; wrap it in a def with type hints"
     )
 
 
-def _short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+def shown(value: Any) -> str:
+    """A value as error messages quote it: its type and a repr cut short."""
+    return "None" if value is None else f"{type(value).__name__} {reprlib.repr(value)}"
 
 
 def _check_signature(label: str, fn: Callable[..., Any], hints: Mapping[str, Any]) -> None:
