@@ -7,6 +7,7 @@ ids the policy saw and produced, so what is trained is what was sampled.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -166,8 +167,13 @@ class Trajectory:
 
 
 def _known(kind: type, data: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(kind)}
+    names = _field_names(kind)
     return {k: v for k, v in data.items() if k in names}
+
+
+@functools.cache
+def _field_names(kind: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(kind))
 
 
 def to_json_line(trajectory: Trajectory) -> str:
