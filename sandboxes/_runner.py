@@ -682,6 +682,7 @@ class Solution:
             return
         for fd in (self.req, self.resp):
             os.close(fd)
+        _kill_session(self.pid)  # now: a factory the candidate stopped cannot keep it running
         self.pid = None
         self.factory.request({"op": "end"}, wait=FACTORY_WAIT_S)  # this judge's only one
 
@@ -925,8 +926,8 @@ def _drain(out_r, out, watch, deadline):
     pipe and write to it forever after the program itself reported.
     """
     while out_r in watch and len(out) <= OUTPUT_CAP:
-        wait = min(0.2, deadline - time.monotonic())
-        if wait <= 0 or not select.select([out_r], [], [], wait)[0]:
+        wait = max(0.0, min(0.2, deadline - time.monotonic()))  # 0: only what is there now
+        if not select.select([out_r], [], [], wait)[0]:
             return
         data = os.read(out_r, 65536)
         if not data:

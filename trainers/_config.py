@@ -52,7 +52,6 @@ REPORT_TO = ("auto", "none", "tensorboard", "trackio", "wandb")
 #: episodes_per_step`` in trainers/_grpo.py) that must fit torch's 64-bit seed.
 SEED_LIMIT = 2**31
 #: Train tasks the SFT warm start holds back for validation when `sft_target_accuracy` is set:
-#: mirrors ``_SFT_VALIDATION`` in trainers/_grpo.py (``GRPOTrainer._warm_start``).
 SFT_VALIDATION_TASKS = 128
 #: Knobs that only rollout servers read, with the value that means "not set".
 _SERVER_ONLY: dict[str, Any] = {
@@ -518,9 +517,9 @@ class GRPOConfig:
     def sft_split(self, train_tasks: list[int]) -> tuple[list[int], list[int]]:
         """The SFT warm start's (trace, validation) tasks out of ``train_tasks``.
 
-        Mirrors ``GRPOTrainer._warm_start`` (trainers/_grpo.py): with `sft_target_accuracy`
-        the last `SFT_VALIDATION_TASKS` train tasks validate, and the first `sft_num_traces`
-        of the others are played as traces.
+        With `sft_target_accuracy` the last `SFT_VALIDATION_TASKS` train tasks validate (kept
+        out of the traces: a stopping rule tuned on eval tasks would leak them), and the first
+        `sft_num_traces` of the others are played as traces.
         """
         validation = train_tasks[-SFT_VALIDATION_TASKS:] if self.sft_target_accuracy else []
         held_back = set(validation)

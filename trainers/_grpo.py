@@ -58,8 +58,8 @@ from ._tracking import Trackers, TrainingConsole
 log = logging.getLogger(__name__)
 #: The engines a run rolls out on: in-process (vLLM or transformers), or vLLM servers.
 RolloutPolicy = VLLMPolicy | HFPolicy | RemoteVLLMPolicy
-#: Train tasks kept out of the SFT data to decide when the warm start stops.
-_SFT_VALIDATION = 128
+#: Offset of replayed groups' episode seeds, past the steps' (`resample_zero_variance_groups`).
+_REPLAY_SEEDS = 1 << 32
 #: Per-rank step metrics that add up to the step's (the rest are averaged over the ranks).
 #: ``loss/value`` adds up too: each rank's loss is divided by the whole step's counts.
 _SUMMED_METRICS = frozenset({
@@ -115,7 +115,10 @@ class GRPOTrainer:
         Under torchrun every rank calls it; ranks other than 0 return ``{}``.
         """
         cfg = self.config
-        done = RunDir.finished_figures(cfg.output_dir, cfg.max_steps) if self.resume else None
+        done = (
+            RunDir.finished_figures(cfg.output_dir, cfg.max_steps, cfg.to_dict())
+            if self.resume else None
+        )  # fmt: skip
         if done is not None:
             log.warning("%s finished its %d steps already: nothing to resume", cfg.output_dir,
                         cfg.max_steps)  # fmt: skip
@@ -205,6 +208,10 @@ class GRPOTrainer:
                 t2 = time.perf_counter()
                 version = self._sync(policy, model, run, version + 1)
                 t3 = time.perf_counter()
+                every_rank_replayed = (
+                    [t for share in world.gather(replayed) for t in share]
+                    if cfg.resample_zero_variance_groups else []
+                )  # fmt: skip
                 learned = world.merge_metrics(
                     {**rollout_mode_metrics(samples), **train_metrics}, _SUMMED_METRICS
                 )
@@ -212,7 +219,7 @@ class GRPOTrainer:
                     continue  # rank 0 alone evaluates, logs and checkpoints
                 metrics: dict[str, Any] = {
                     "data/tasks": self._tasks_for(step),
-                    **({"data/replayed_tasks": replayed} if replayed else {}),
+                    **({"data/replayed_tasks": every_rank_replayed} if every_rank_replayed else {}),
                     **episode_metrics(episodes),
                     **advantages.metrics(),
                     **learned,
@@ -247,8 +254,7 @@ class GRPOTrainer:
         out = run.path / "sft"
         if (out / "sft.json").is_file():
             return out
-        validation = self.train_tasks[-_SFT_VALIDATION:] if cfg.sft_target_accuracy else []
-        traces = [t for t in self.train_tasks if t not in set(validation)]
+        traces, validation = cfg.sft_split(self.train_tasks)
         sft = SFTConfig(
             steps=cfg.sft_steps, lr=cfg.sft_learning_rate, batch_size=cfg.sft_batch_size,
             seed=cfg.seed, log=_log_sft_progress, target_accuracy=cfg.sft_target_accuracy,
@@ -256,7 +262,7 @@ class GRPOTrainer:
         )  # fmt: skip
         return sft_warm_start(
             self.model_dir, cfg.env, cfg.env_kwargs, out, sft,
-            tasks=traces[: cfg.sft_num_traces], validation_tasks=validation,
+            tasks=traces, validation_tasks=validation,
             scripts=cfg.sft_scripts,
         )  # fmt: skip
 
@@ -401,23 +407,25 @@ class GRPOTrainer:
         """Groups whose rewards are all equal, played again once on other train tasks.
 
         Why: every episode of such a group gets advantage 0, so the group adds nothing to the
-        update. The replacements are train tasks this step did not draw, chosen by (seed,
-        step, rank), so a resumed run replays the same ones; their episodes take the flat
-        groups' places (task positions), and their seeds come after every step's seeds.
+        update. The replacements are train tasks this step did not draw, in an order fixed by
+        (seed, step), each rank taking its own share, so ranks never replay the same task and
+        a resumed run replays the same ones; their episodes take the flat groups' places (task
+        positions). Their seeds lie past every step's (`_REPLAY_SEEDS`), one block per rank.
         Returns the step's episodes and the replacement task indices.
         """
-        cfg = self.config
+        cfg, world = self.config, self.world
         advantages = trajectory_advantages(trajectories, cfg.scale_rewards, cfg.late_policy)
         flat = advantages.zero_variance_groups
         unused = sorted(set(self.train_tasks) - set(self._tasks_for(step)))
-        rng = random.Random(f"{cfg.seed}/{step}/{self.world.rank}")
-        tasks = rng.sample(unused, min(len(flat), len(unused)))
+        random.Random(f"{cfg.seed}/{step}").shuffle(unused)
+        tasks = unused[world.rank :: world.world_size][: len(flat)]
         if not tasks:
             return trajectories, []
+        first_seed = _REPLAY_SEEDS + (step * world.world_size + world.rank) * cfg.episodes_per_step
         replays = self._run(
             arollout(
                 self._envs, policy, tasks=tasks, group_size=cfg.num_generations,
-                seed=cfg.seed * 1_000_003 + (cfg.max_steps + step) * cfg.episodes_per_step,
+                seed=cfg.seed * 1_000_003 + first_seed,
                 max_concurrency=cfg.max_concurrency or cfg.episodes_per_step,
                 deadline=cfg.episode_deadline_s,
             )

@@ -187,7 +187,7 @@ def _check_context(model_dir: Path, config: GRPOConfig) -> None:
     if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
         return
     spec = json.loads((model_dir / "config.json").read_text())
-    spec = {**spec.get("text_config", {}), **spec}  # multimodal configs nest the text model
+    spec = {**spec, **spec.get("text_config", {})}  # multimodal configs nest the text model
     positions = spec.get("max_position_embeddings")
     if not isinstance(positions, int):
         return

@@ -125,7 +125,7 @@ class RunDir:
         self.checkpoints_dir.mkdir(exist_ok=True)
         previous: dict[str, Any] = {}
         if existing:
-            self._check_saved_config()
+            _refuse_changed_config(self.path, self.config)
             previous = _read_json(self.status_path) or {}
             _refuse_live_owner(self.path, previous)
         self._log_level = logging.getLogger("agentgym").level
@@ -183,7 +183,9 @@ class RunDir:
         return any((Path(path) / name).exists() for name in _RUN_MARKERS)
 
     @staticmethod
-    def finished_figures(path: str | os.PathLike[str], max_steps: int) -> dict[str, float] | None:
+    def finished_figures(
+        path: str | os.PathLike[str], max_steps: int, config: Mapping[str, Any]
+    ) -> dict[str, float] | None:
         """The headline figures of a run that finished ``max_steps`` in ``path``; else None.
 
         Such a run has nothing to resume: resuming it would only run its final eval again. A
@@ -192,7 +194,10 @@ class RunDir:
         status = _read_json(Path(path) / "status.json") or {}
         summary = _read_json(Path(path) / "summary.json") or {}
         done = status.get("state") == "finished" and (status.get("step") or 0) >= max_steps
-        return dict(summary["figures"]) if done and "figures" in summary else None
+        if not done or "figures" not in summary:
+            return None
+        _refuse_changed_config(Path(path), _normalise(config))  # as a resume would
+        return dict(summary["figures"])
 
     # ---- opening an existing run ---------------------------------------------------------
     def _describe_existing(self) -> str:
@@ -219,32 +224,6 @@ class RunDir:
         where = f"checkpoint step {after}" if self.resumed else "the start (no checkpoint)"
         log.info("resuming %s from %s; moved %d lines of later steps aside", self.path, where,
                  moved)  # fmt: skip
-
-    def _check_saved_config(self) -> None:
-        import yaml
-
-        if not self.config_path.is_file():
-            return
-        try:
-            saved = yaml.safe_load(self.config_path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"cannot read the saved config {self.config_path}: {exc}") from exc
-        now = self.config
-        differing = sorted(
-            key
-            for key in set(saved) | set(now)
-            if key not in RESUMABLE_KEYS and saved.get(key, _MISSING) != now.get(key, _MISSING)
-        )
-        if differing:
-            details = ", ".join(
-                f"{k} (saved {saved.get(k, '<absent>')!r}, now {self.config.get(k, '<absent>')!r})"
-                for k in differing
-            )
-            raise ConfigError(
-                f"cannot resume {self.path}: the config differs from the saved one in {details}; "
-                f"resume with the saved config ({self.config_path}) or choose a new output_dir. "
-                f"Only {sorted(RESUMABLE_KEYS)} may change on resume"
-            )
 
     # ---- JSONL streams -------------------------------------------------------------------
     def write_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -654,6 +633,34 @@ def _new_status(previous: Mapping[str, Any], resume_step: int | None) -> dict[st
             "exit": previous.get("exit"),
         }
     return status
+
+
+def _refuse_changed_config(path: Path, now: Mapping[str, Any]) -> None:
+    """Refuse to resume the run in ``path`` with a config that differs beyond the schedule."""
+    import yaml
+
+    config_path = path / "config.yaml"
+    if not config_path.is_file():
+        return
+    try:
+        saved = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cannot read the saved config {config_path}: {exc}") from exc
+    differing = sorted(
+        key
+        for key in set(saved) | set(now)
+        if key not in RESUMABLE_KEYS and saved.get(key, _MISSING) != now.get(key, _MISSING)
+    )
+    if differing:
+        details = ", ".join(
+            f"{k} (saved {saved.get(k, '<absent>')!r}, now {now.get(k, '<absent>')!r})"
+            for k in differing
+        )
+        raise ConfigError(
+            f"cannot resume {path}: the config differs from the saved one in {details}; "
+            f"resume with the saved config ({config_path}) or choose a new output_dir. "
+            f"Only {sorted(RESUMABLE_KEYS)} may change on resume"
+        )
 
 
 def _owner_alive(status: Mapping[str, Any]) -> bool:

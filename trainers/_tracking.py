@@ -91,7 +91,7 @@ class _TensorBoard:
         # purge_step hides events of the steps a resume replays, so curves do not fold back
         purge = resume_step + 1 if resume_step is not None else None
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
-        if resume_step is None:
+        if purge is None or purge == 0:  # a fresh run, or one replayed from its start
             lines = "\n".join(f"    {k}: {v!r}" for k, v in config.items())
             self.writer.add_text("config", lines)
 

@@ -120,10 +120,3 @@ def test_a_warm_start_without_trace_tasks_is_refused() -> None:
     assert GRPOConfig(train_tasks="0:129", **knobs).sft_steps == 10
     assert GRPOConfig(train_tasks="0:10", sft_steps=10, eval_tasks="200:210").sft_steps == 10
 
-
-def test_the_warm_start_rule_mirrors_the_trainers_validation_count() -> None:
-    from trainers._config import SFT_VALIDATION_TASKS
-    from trainers._grpo import _SFT_VALIDATION
-
-    assert SFT_VALIDATION_TASKS == _SFT_VALIDATION
-

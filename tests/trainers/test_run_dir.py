@@ -314,11 +314,13 @@ def test_a_resume_after_the_last_checkpoint_runs_the_final_eval_once(tmp_path: P
 def test_a_finished_run_has_nothing_to_resume_unless_it_gets_more_steps(tmp_path: Path) -> None:
     run = RunDir(tmp_path, CONFIG)
     run.write_metrics(10, {"reward/mean": 1.0})
-    assert RunDir.finished_figures(tmp_path, 10) is None  # still running
+    assert RunDir.finished_figures(tmp_path, 10, CONFIG) is None  # still running
     (tmp_path / "summary.json").write_text(json.dumps({"figures": {"grpo/success": 0.9}}))
     run.mark_finished()
-    assert RunDir.finished_figures(tmp_path, 10) == {"grpo/success": 0.9}
-    assert RunDir.finished_figures(tmp_path, 20) is None  # max_steps raised: it trains on
+    assert RunDir.finished_figures(tmp_path, 10, CONFIG) == {"grpo/success": 0.9}
+    assert RunDir.finished_figures(tmp_path, 20, CONFIG) is None  # max_steps raised: trains on
+    with pytest.raises(ConfigError, match="the config differs from the saved one in lora_r"):
+        RunDir.finished_figures(tmp_path, 10, {**CONFIG, "lora_r": 4})  # refused, as a resume
 
 
 # --- adapters and status --------------------------------------------------------------------
