@@ -9,7 +9,9 @@ enters that baseline matters more than the formula:
   ``late`` episodes (the step's deadline passed first: no reward) are dropped the same way,
   and with ``late_policy="drop_group"`` their whole group is dropped. With ``"zero"`` they
   stay in their group with reward 0: a policy that expects a low score could otherwise learn
-  to run out the clock, since a dropped episode is never scored.
+  to run out the clock, since a dropped episode is never scored. A late episode that never
+  started (no slot freed before the deadline) is dropped under every policy: it played no
+  turn, so its lateness says nothing about the policy.
 - ``error`` episodes (the env, a tool loop or a reward function raised) are kept: the reward
   they got is data about the policy's behaviour. They are counted so a rise is visible.
 - Groups whose kept rewards are all equal (zero variance, or a single kept episode) carry no
@@ -82,7 +84,10 @@ DROPPED: frozenset[str] = frozenset({"infra_error", "late"})
 
 
 def _kept_by_group(
-    groups: Sequence[Hashable], statuses: Sequence[Status], late_policy: LatePolicy
+    groups: Sequence[Hashable],
+    statuses: Sequence[Status],
+    late_policy: LatePolicy,
+    started: Sequence[bool] | None = None,
 ) -> dict[Hashable, list[int]]:
     """Episode indices per group key, first-seen order; what ``late_policy`` drops left out."""
     dropped = DROPPED - {"late"} if late_policy == "zero" else DROPPED
@@ -91,7 +96,10 @@ def _kept_by_group(
     members: dict[Hashable, list[int]] = {}
     for i, key in enumerate(groups):
         indices = members.setdefault(key, [])
-        if statuses[i] not in dropped and not (drop_late_groups and key in late_groups):
+        never_started = statuses[i] == "late" and started is not None and not started[i]
+        if statuses[i] not in dropped and not never_started and not (
+            drop_late_groups and key in late_groups
+        ):
             indices.append(i)
     return members
 
@@ -102,6 +110,7 @@ def group_advantages(
     statuses: Sequence[Status],
     scale_rewards: ScaleRewards = "group",
     late_policy: LatePolicy = "drop",
+    started: Sequence[bool] | None = None,
 ) -> Advantages:
     """Advantages for parallel lists of episode rewards, group keys and statuses.
 
@@ -112,6 +121,8 @@ def group_advantages(
         scale_rewards: ``group`` | ``batch`` | ``none`` (see the module docstring).
         late_policy: ``drop`` (only late episodes leave) | ``drop_group`` (their groups do)
             | ``zero`` (late episodes stay, with reward 0).
+        started: whether each episode played a turn; a late one that did not is dropped
+            under every ``late_policy``. None: every episode started.
 
     Raises:
         ValueError: the three sequences differ in length.
@@ -123,7 +134,7 @@ def group_advantages(
         )
     if late_policy == "zero":
         rewards = [0.0 if s == "late" else r for r, s in zip(rewards, statuses)]
-    members = _kept_by_group(groups, statuses, late_policy)
+    members = _kept_by_group(groups, statuses, late_policy, started)
     kept_rewards = [rewards[i] for indices in members.values() for i in indices]
     batch_std = unbiased_std(kept_rewards)
     values: list[float | None] = [None] * len(rewards)
@@ -174,4 +185,5 @@ def trajectory_advantages(
         [t.status for t in trajectories],
         scale_rewards,
         late_policy,
+        [bool(t.turns) for t in trajectories],
     )

@@ -203,7 +203,8 @@ class GRPOConfig:
         "What a late episode costs. 'drop': only that episode leaves the step (its group is "
         "scored on the rest, like an infra_error); 'drop_group': its whole group leaves; "
         "'zero': it stays in its group with reward 0 and its finished turns train, so a "
-        "policy cannot escape a bad score by running out the clock (slow tools, long turns).",
+        "policy cannot escape a bad score by running out the clock (slow tools, long turns). "
+        "A late episode that never started (no slot before the deadline) leaves under each.",
     )
 
     # --- rollout engine: in process, or servers (scale-out) -------------------------------

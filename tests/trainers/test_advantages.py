@@ -62,6 +62,18 @@ def test_a_late_episode_scored_zero_is_punished_like_a_failure() -> None:
     assert zero.values == failed.values and zero.values[2] is not None and zero.values[2] < 0
 
 
+@pytest.mark.parametrize("late_policy", ["drop", "drop_group", "zero"])
+def test_a_late_episode_that_never_started_is_dropped_under_every_policy(
+    late_policy: str,
+) -> None:
+    # the deadline came before a slot freed: no turn played, nothing the policy did
+    result = group_advantages([1.0, 0.0, 0.0], [0, 0, 0], ["ok", "ok", "late"],
+                              late_policy=late_policy,  # type: ignore[arg-type]
+                              started=[True, True, False])  # fmt: skip
+    assert result.values[2] is None and result.num_late == 1
+    assert result.kept == ([] if late_policy == "drop_group" else [0, 1])
+
+
 def test_error_episodes_are_scored_and_counted() -> None:
     result = group_advantages([1.0, 0.0], [0, 0], ["ok", "error"])
     assert result.values[1] is not None and result.values[1] < 0
