@@ -545,9 +545,10 @@ class GRPOConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 default = "null" if f.default is None else repr(f.default)
+                unset = " or null (see its help)" if "None" in str(f.type) else ""
                 raise ConfigError(
-                    f"{f.name}={value!r} is not a finite number; use a finite number (the "
-                    f"default is {default})"
+                    f"{f.name}={value!r} is not a finite number; use a finite number{unset} "
+                    f"(the default is {default})"
                 )
 
     def _check_ranges(self) -> None:
