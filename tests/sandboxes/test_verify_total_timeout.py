@@ -94,6 +94,9 @@ def test_a_stdio_program_that_floods_stdout_after_its_answer_still_gets_a_report
     res = verify(FLOOD_AFTER_ANSWER, cases, "stdio", sandbox=sb, per_test_timeout=2,
                  total_timeout=TOTAL_S)
     assert [(t.name, t.status) for t in res.tests] == [("case_0", "failed"), ("case_1", "failed")]
-    assert all(t.message.startswith("wrong output: ") and "xxxx" in t.message
+    # which limit the flood hits first (the cap while the program runs, or the wrong answer
+    # read after it reported) depends on scheduling; either way the case fails on its output
+    assert all(t.message == "output limit exceeded"
+               or (t.message.startswith("wrong output: ") and "xxxx" in t.message)
                for t in res.tests), res.tests
     assert (res.reward, res.status, res.infra_error) == (0.0, "failed", None)
