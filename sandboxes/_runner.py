@@ -1019,13 +1019,13 @@ def run_stdio(req, factory, total_deadline):
         if _out_of_time(total_deadline):
             out.append(_not_started(f"case_{i}", req))
             continue
-        data = case.get("input", "").encode()
+        data = case["input"].encode()
         timeout, cut = _budget(req, total_deadline)
         lines, got, dur, problem = _program_run(factory, data, timeout)
         result = _cut_short(_verdict(lines, problem), cut, req)
         if result.get("passed"):
             got_text = got.decode("utf-8", "replace")
-            if _normalise(got_text) != _normalise(case.get("output", "")):
+            if _normalise(got_text) != _normalise(case["output"]):
                 result = {"passed": False, "error": f"wrong output: {got_text[:200]!r}"}
         out.append(_record(f"case_{i}", result, dur))
     return out
