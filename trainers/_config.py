@@ -485,6 +485,19 @@ class GRPOConfig:
         """Episodes played per step: ``tasks_per_step * num_generations``."""
         return self.tasks_per_step * self.num_generations
 
+    @property
+    def run_env_kwargs(self) -> dict[str, Any]:
+        """The kwargs the run makes its env with (preflight checks the env the run plays).
+
+        `env_kwargs`, plus `max_turns` and `max_episode_tokens` where they are set.
+        """
+        kwargs = dict(self.env_kwargs)
+        if self.max_turns is not None:
+            kwargs["max_turns"] = self.max_turns
+        if self.max_episode_tokens is not None:
+            kwargs["max_episode_tokens"] = self.max_episode_tokens
+        return kwargs
+
     def task_split(self, task_count: int | None) -> tuple[list[int], list[int]]:
         """The (train, eval) task indices for an env with ``task_count`` tasks.
 

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym import EnvPool, Trajectory, arollout, make
+from agentgym import EnvPool, Trajectory, arollout
 from agentgym._check import reference_conversation
 from agentgym._errors import Error
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
@@ -101,12 +101,11 @@ class GRPOTrainer:
         self.model_dir = checked.model_dir
         #: Task indices trained on and held out (the config's, or the env's split).
         self.train_tasks, self.eval_tasks = checked.train_tasks, checked.eval_tasks
-        env = make(config.env, **self._env_kwargs())  # the env as the run builds it
-        self.env_max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
-        env.close()
+        #: The env's turn limit and tool schemas, read off the env preflight built.
+        self.env_max_turns, self.tools = checked.env_max_turns, checked.tools
         #: The run's event loop (`train` sets it) and the envs its rollouts reuse across steps.
         self._loop: asyncio.Runner | None = None
-        self._envs = EnvPool(config.env, self._env_kwargs())
+        self._envs = EnvPool(config.env, config.run_env_kwargs)
 
     # ---- the run ------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -313,13 +312,10 @@ class GRPOTrainer:
     def _decide_mode(self, policy: RolloutPolicy) -> None:
         """Decide ``concat``/``per_turn`` on the env's reference episode, as `check` does."""
         cfg = self.config
-        env = make(cfg.env, **self._env_kwargs())
-        tools = list(getattr(env, "tool_schemas", []))
-        env.close()
         example = reference_conversation(
-            cfg.env, self._env_kwargs(), policy.tokenizer, cfg.chat_template_kwargs
+            cfg.env, cfg.run_env_kwargs, policy.tokenizer, cfg.chat_template_kwargs
         )
-        decision = policy.mode_for(tools, example or ())
+        decision = policy.mode_for(self.tools, example or ())
         log.info("rollout mode %s: %s", decision.mode, decision.reason)
 
     def _device(self) -> str:
@@ -431,14 +427,6 @@ class GRPOTrainer:
             )
         )  # fmt: skip
         return swap_groups(trajectories, dict(zip(flat, range(len(tasks)))), replays), tasks
-
-    def _env_kwargs(self) -> dict[str, Any]:
-        kwargs = dict(self.config.env_kwargs)
-        if self.config.max_turns is not None:
-            kwargs["max_turns"] = self.config.max_turns
-        if self.config.max_episode_tokens is not None:
-            kwargs["max_episode_tokens"] = self.config.max_episode_tokens
-        return kwargs
 
     def _update(self, model: Any, optimizer: Any, samples: list[Any], spec: LossSpec) -> dict:
         """``num_iterations`` optimiser steps on the step's samples; returns loss metrics.

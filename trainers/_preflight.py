@@ -45,11 +45,15 @@ _PRESCALED_ROPE = frozenset(
 
 
 class Checked(NamedTuple):
-    """What the checks resolved: the model folder and the env's task split."""
+    """What the checks resolved: the model folder and what the env showed of itself."""
 
     model_dir: Path
     train_tasks: list[int]
     eval_tasks: list[int]
+    #: Tool schemas the env offers (what the chat template must render).
+    tools: list[dict[str, Any]]
+    #: The env's turn limit (`max_turns`, else 1): the loss normalises per-turn samples by it.
+    env_max_turns: int
 
 
 def preflight(config: GRPOConfig) -> Checked:
@@ -62,13 +66,13 @@ def preflight(config: GRPOConfig) -> Checked:
     _check_engine(config)
     _check_trackers(config)
     _check_device(config)
-    train_tasks, eval_tasks, tools = _check_env(config)
+    train_tasks, eval_tasks, tools, max_turns = _check_env(config)
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_context(model_dir, config)
     _check_template(model_dir, tools, config.chat_template_kwargs)
     _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
-    return Checked(model_dir, train_tasks, eval_tasks)
+    return Checked(model_dir, train_tasks, eval_tasks, tools, max_turns)
 
 
 def resolve_model(model: str, seed: int = 0) -> Path:
@@ -136,17 +140,18 @@ def _check_device(config: GRPOConfig) -> None:
         )
 
 
-def _check_env(config: GRPOConfig) -> tuple[list[int], list[int], list[dict[str, Any]]]:
-    """Build the env once: its (train, eval) split, SFT scripts and tool schemas."""
-    env = make(config.env, **config.env_kwargs)
+def _check_env(config: GRPOConfig) -> tuple[list[int], list[int], list[dict[str, Any]], int]:
+    """Build the env once: its (train, eval) split, SFT scripts, tool schemas, turn limit."""
+    env = make(config.env, **config.run_env_kwargs)
     try:
         tools = list(getattr(env, "tool_schemas", []))
         train_tasks, eval_tasks = config.task_split(_task_count(env, config))
         if config.sft_steps:
             _check_scripts(env, config)
+        max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
     finally:
         env.close()
-    return train_tasks, eval_tasks, tools
+    return train_tasks, eval_tasks, tools, max_turns
 
 
 def _task_count(env: Any, config: GRPOConfig) -> int | None:

@@ -125,13 +125,16 @@ def oracle_conversations(
         ConfigError: the env has no ``<script>_turns``, or no reference episode succeeded.
     """
     env: Any = make(env_id, **(env_kwargs or {}))
-    turns = getattr(env, f"{script}_turns", None)
-    if turns is None or turns(env.tasks[0]) is None:
-        raise ConfigError(
-            f"env {env_id!r} has no {script}_turns; a warm-start script names a method "
-            "<name>_turns of the env (every SFT-ready env has reference_turns)"
-        )
-    tools = list(getattr(env, "tool_schemas", []))
+    try:
+        turns = getattr(env, f"{script}_turns", None)
+        if turns is None or turns(env.tasks[0]) is None:
+            raise ConfigError(
+                f"env {env_id!r} has no {script}_turns; a warm-start script names a method "
+                "<name>_turns of the env (every SFT-ready env has reference_turns)"
+            )
+        tools = list(getattr(env, "tool_schemas", []))
+    finally:
+        env.close()  # the rollout below makes its own; this one only showed the script
     trajectories = rollout(
         env_id,
         ScriptedPolicy(turns),
@@ -345,6 +348,7 @@ def sft_warm_start(
     if tasks is None:
         env: Any = make(env_id, **(env_kwargs or {}))
         tasks = range(len(env.tasks))
+        env.close()
     conversations, tools = mixed_conversations(
         env_id, env_kwargs, tasks, scripts or {"reference": 1.0}, seed=config.seed
     )

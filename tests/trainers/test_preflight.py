@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import agentgym
 from agentgym._errors import ConfigError
+from envs.calculator import CalculatorEnv
 from tests.conftest import require
 from trainers._config import GRPOConfig
 from trainers._preflight import _check_memory, preflight
@@ -97,3 +99,44 @@ def test_a_model_too_big_for_this_machine_is_refused_on_the_cpu(tmp_path: Path) 
     (tmp_path / "config.json").write_text(json.dumps(spec))
     with pytest.raises(ConfigError, match=r"GiB to train on the CPU.*use device: cuda"):
         _check_memory(tmp_path, GRPOConfig(device="cpu"))
+
+
+class CountedCalculator(CalculatorEnv):
+    """The calculator, keeping every instance so a test can see which were built and closed."""
+
+    built: list[CountedCalculator] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.closed = False
+        CountedCalculator.built.append(self)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await super().aclose()
+
+
+@pytest.fixture
+def counted() -> list[CountedCalculator]:
+    agentgym.register("tests/CountedCalculator-v0", CountedCalculator)
+    CountedCalculator.built.clear()
+    return CountedCalculator.built
+
+
+def test_the_trainer_builds_its_env_once_at_start_up_as_the_run_plays_it(counted) -> None:
+    from trainers import GRPOTrainer
+
+    config = GRPOConfig(env="tests/CountedCalculator-v0", rollout_engine="hf", max_turns=3,
+                        **SMALL_TASKS)  # fmt: skip
+    trainer = GRPOTrainer(config)
+    assert len(counted) == 1 and counted[0].closed  # preflight's env serves the trainer too
+    assert counted[0].max_turns == 3 and trainer.env_max_turns == 3  # with the run's max_turns
+    assert [t["function"]["name"] for t in trainer.tools] == ["calculate"]
+
+
+def test_oracle_traces_close_every_env_they_build(counted) -> None:
+    from trainers._sft import oracle_conversations
+
+    conversations, _ = oracle_conversations("tests/CountedCalculator-v0", {"num_tasks": 4})
+    assert len(conversations) == 4
+    assert counted and all(env.closed for env in counted)
