@@ -38,6 +38,7 @@ from ._docker import DockerSandbox, Snapshot
 from ._host_slot import HostSlot, HostStats
 from ._hosts import DockerHost
 from ._lease import SandboxLease
+from ._protocol import enter_in_thread
 
 POOL_LABEL = _reap.POOL
 log = logging.getLogger("agentgym.sandboxes")
@@ -242,7 +243,7 @@ class SandboxPool:
         self.close()
 
     async def __aenter__(self) -> SandboxPool:
-        return await asyncio.to_thread(self.start)
+        return await enter_in_thread(self.start, self.close)  # cancelled: closed, not leaked
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.close)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from agentgym._errors import ConfigError
 
 from ._result import ExecResult
+
+_T = TypeVar("_T")
 
 Files = Mapping[str, "str | bytes"]
 LANGUAGES = ("python", "bash", "sh")
@@ -104,10 +106,32 @@ class SandboxBase:
         self.close()  # type: ignore[attr-defined]
 
     async def __aenter__(self) -> Any:
-        return await asyncio.to_thread(self.__enter__)
+        return await enter_in_thread(self.__enter__, self.close)  # type: ignore[attr-defined]
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def enter_in_thread(enter: Callable[[], _T], close: Callable[[], object]) -> _T:
+    """``await asyncio.to_thread(enter)`` for an ``__aenter__`` that starts containers.
+
+    Cancelled, it waits for ``enter`` to finish in its thread, runs ``close``, then re-raises.
+    Why: `async with` skips ``__aexit__`` when ``__aenter__`` raises, and a cancelled thread
+    runs on, so what a start cancelled midway creates would otherwise be left running.
+    """
+    entering = asyncio.ensure_future(asyncio.to_thread(enter))
+    try:
+        return await asyncio.shield(entering)
+    except asyncio.CancelledError:
+        await asyncio.shield(_close_after(entering, close))
+        raise
+
+
+async def _close_after(entering: asyncio.Future[Any], close: Callable[[], object]) -> None:
+    await asyncio.wait([entering])
+    if not entering.cancelled():
+        entering.exception()  # retrieved: a start that failed closed itself already
+    await asyncio.to_thread(close)
 
 
 def to_bytes(data: str | bytes | None) -> bytes | None:

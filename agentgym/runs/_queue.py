@@ -143,6 +143,10 @@ class JobQueue:
         self.store.update_run(job["id"], only_if={"owner": self.owner}, pid=proc.pid)
         try:
             code = await proc.wait()
+        except asyncio.CancelledError:  # the loop is closing (Ctrl-C): leave no job running
+            _signal_group(proc.pid, signal.SIGKILL)
+            await asyncio.shield(proc.wait())
+            raise
         finally:
             del self._procs[job["id"]]
             self._term_sent.pop(job["id"], None)

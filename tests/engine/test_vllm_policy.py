@@ -215,3 +215,39 @@ def test_an_engine_killed_mid_run_ends_episodes_as_infra_errors(tiny_model_dir: 
         [trajectory] = agentgym.rollout(NudgeEnv, doomed, tasks=[{"id": 1}])
     assert trajectory.status == "infra_error", trajectory.error
     assert "vLLM engine failed" in (trajectory.error or "")
+
+
+async def test_a_cancelled_turn_aborts_its_engine_request(policy: VLLMPolicy) -> None:
+    """Cancelled while the engine generates it, a turn's request is aborted there."""
+    engine, loop = policy._engine, asyncio.get_running_loop()
+    long_turn = policy.with_sampling(extra={"ignore_eos": True})  # a view: the engine is shared
+    taken, aborted = asyncio.Event(), []
+    real_add, real_abort = engine.add_request, engine.abort
+
+    async def add_request(request_id, *args, **kwargs):  # on the engine's loop
+        queue = await real_add(request_id, *args, **kwargs)
+        loop.call_soon_threadsafe(taken.set)
+        return queue
+
+    async def abort(request_id, *args, **kwargs):
+        await real_abort(request_id, *args, **kwargs)
+        aborted.append(request_id)
+        loop.call_soon_threadsafe(taken.set)  # wakes the check below again
+
+    engine.add_request, engine.abort = add_request, abort
+    try:
+        turn = asyncio.create_task(long_turn.generate_ids([1, 2, 3], max_tokens=2000))
+        await taken.wait()  # the engine is generating it; the turn waits for the final output
+        taken.clear()
+        assert not turn.done() and engine.get_num_unfinished_requests() == 1
+        turn.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+        await asyncio.wait_for(taken.wait(), 30)  # the abort ran on the engine's loop
+    finally:
+        del engine.add_request, engine.abort
+    assert len(aborted) == 1
+    assert engine.get_num_unfinished_requests() == 0
+    assert not any(policy._in_flight.values())  # no version counts the turn as running
+    done = await policy.generate_ids([1, 2, 3], max_tokens=4)  # the engine goes on serving
+    assert len(done.completion_ids) == 4
