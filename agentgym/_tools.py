@@ -201,6 +201,12 @@ class Tool:
             raise ToolArgumentsError(
                 f"arguments for {self.name!r} must be a JSON object, got {type(arguments).__name__}"
             )
+        broken = _not_unicode(arguments)
+        if broken is not None:
+            raise ToolArgumentsError(
+                f"invalid arguments for {self.name!r}: {broken} holds a lone surrogate (an "
+                "escape such as \\ud800 that is not a character); send text only"
+            )
         if self._surely_valid is not None and self._surely_valid(arguments):
             return
         problems = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
@@ -349,6 +355,35 @@ def _checked_schema_of(schema: dict[str, Any]) -> tuple[Any, Callable[[Any], boo
     """A validator and a fast check for ``schema``; raises ``SchemaError`` when it is not one."""
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema), compile_fast_check(schema)
+
+
+def _not_unicode(value: Any, where: str = "arguments") -> str | None:
+    r"""Where a string in ``value`` (parsed JSON) holds a lone surrogate; None if nowhere.
+
+    Why: JSON may spell one (``"\ud800"``), and a tool that sends its arguments on (to a
+    sandbox, an MCP server, a web API) fails to encode it as UTF-8 there, which looks like the
+    service failing (`InfraError`: the episode dropped, not scored). A model could pick how its
+    outcome counts; here it is the model's mistake, before any tool runs.
+    """
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _not_unicode(key, f"a name in {where}") or _not_unicode(item, f"{where}/{key}")
+            if found is not None:
+                return found.encode("utf-8", "backslashreplace").decode()
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _not_unicode(item, f"{where}/{i}")
+            if found is not None:
+                return found
+    return None
 
 
 def _describe(argument: str, error: Any) -> str:

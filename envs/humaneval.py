@@ -17,7 +17,7 @@ from typing import Any, Literal
 from agentgym import ConfigError, Rubric, SandboxError, ToolCall, tool
 from agentgym.sandboxes import DEFAULT_IMAGE, ExecResult, Sandbox, SandboxToolEnv, averify
 
-_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+_CODE_BLOCK = re.compile(r"```(python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
 @functools.cache
@@ -32,9 +32,14 @@ def load_problems() -> tuple[dict[str, Any], ...]:
 
 
 def extract_code(completion: str) -> str:
-    """The last fenced Python block of the reply, or the whole reply when there is none."""
+    """The last fenced Python block of the reply, or the whole reply when there is none.
+
+    A block tagged ``python``/``py`` wins over untagged ones, so a reply that ends with an
+    example of its output in a bare block is graded on its code, not on that output.
+    """
     blocks = _CODE_BLOCK.findall(completion or "")
-    return blocks[-1] if blocks else (completion or "")
+    tagged = [body for tag, body in blocks if tag]
+    return (tagged or [body for _, body in blocks] or [completion or ""])[-1]
 
 
 def describe(result: ExecResult) -> str:

@@ -441,6 +441,7 @@ class Server:
 
     def _send_cell(self, req, in_fd, out_w, err_w):
         """Hand a cell to the session kernel (started if needed); return a note or ''."""
+        code = req["code"].encode("utf-8")  # before anything starts: it may not be text
         note = ""
         if not self._kernel_alive():
             if self.kernel is not None or self.session_lost:
@@ -449,7 +450,7 @@ class Server:
             self._drop_kernel()
             self._start_kernel()
         code_fd = os.memfd_create("code")
-        os.write(code_fd, req["code"].encode("utf-8"))
+        os.write(code_fd, code)
         os.lseek(code_fd, 0, os.SEEK_SET)
         head = json.dumps({"id": req.get("id")}).encode()
         socket.send_fds(self.ctl, [head], [in_fd, out_w, err_w, code_fd])
@@ -709,6 +710,8 @@ def main():
                 reply = _untar_workdir(req["data"])
             else:
                 reply = {"pong": True}
+        except UnicodeEncodeError as exc:  # text of the request (a lone surrogate): the caller's
+            reply = {"input_error": f"the request holds text that is not Unicode: {exc}"}
         except Exception as exc:
             reply = {"server_error": f"{type(exc).__name__}: {exc}"}
         reply["id"] = req.get("id")

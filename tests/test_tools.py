@@ -718,3 +718,23 @@ def test_a_raw_schema_is_checked_each_time_and_validates_like_jsonschema() -> No
             Tool(lambda n: n, "f", "", {"type": "object", "required": "n"})
     dated = {"type": "object", "properties": {"d": {"type": "string", "default": date(2026, 1, 1)}}}
     Tool(lambda d: d, "g", "", dated).validate({"d": "2026-01-02"})  # not JSON: as is
+
+
+@pytest.mark.parametrize(
+    ("arguments", "where"),
+    [
+        ({"text": "a\ud800b"}, "arguments/text"),
+        ({"text": "é", "numbers": [1], "weights": {"\udfff": 1.0}}, "a name in arguments/weights"),
+        ({"text": "ok", "items": ["x", "\ud83d"]}, "arguments/items/1"),
+    ],
+)
+def test_a_lone_surrogate_in_the_arguments_is_the_models_error(arguments, where) -> None:
+    # JSON spells one as "\ud800"; passed on, a sandbox or server fails to encode it, which
+    # would count as the service failing (infra_error: the episode dropped, not scored)
+    with pytest.raises(ToolArgumentsError, match="lone surrogate") as excinfo:
+        everything.validate(arguments)
+    assert where in str(excinfo.value)
+    everything.validate(  # text outside ASCII is fine, as is a surrogate pair's character
+        {"text": "é 😀", "count": 1, "ratio": 0.5, "flag": True, "numbers": [1],
+         "weights": {"ü": 1.0}, "mode": "fast", "color": "red"}
+    )  # fmt: skip

@@ -42,6 +42,12 @@ def test_extract_code_takes_the_last_fenced_block():
     reply = "first:\n```python\nx = 1\n```\nfinal:\n```python\ndef f():\n    return 2\n```"
     assert extract_code(reply) == "def f():\n    return 2\n"
     assert extract_code("def g(): pass") == "def g(): pass"
+    assert extract_code("```\ndef h(): pass\n```") == "def h(): pass\n"  # untagged, alone
+
+
+def test_a_bare_block_of_example_output_after_the_code_is_not_graded():
+    reply = "```python\ndef f():\n    return 2\n```\nIt prints:\n```\n2\n```"
+    assert extract_code(reply) == "def f():\n    return 2\n"
 
 
 @pytest.mark.docker

@@ -171,3 +171,12 @@ def test_files_that_do_not_fit_are_the_callers_error_not_infra(sb):
     assert res.status == "error" and not res.infra_error
     assert "cannot write 'more.bin'" in res.stderr and "No space left" in res.stderr
     assert sb.run("import os; os.remove('fill.bin'); print('ok')").stdout == "ok\n"
+
+
+@pytest.mark.parametrize("session", [True, False])
+def test_code_that_is_not_unicode_is_the_callers_error_not_infra(sb, session):
+    # JSON can spell a lone surrogate ("\ud800"); the server cannot encode it as UTF-8
+    res = sb.run("x = 1\nprint('\ud800')", session=session)
+    assert not res.infra_error and res.status == "error", res
+    assert "not Unicode" in res.stderr or "surrogate" in res.stderr
+    assert sb.run("print(2)", session=session).stdout == "2\n"  # the server serves on
