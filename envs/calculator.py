@@ -12,6 +12,7 @@ import operator
 import random
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from agentgym import Rubric, ToolCall, ToolEnv, tool
@@ -26,7 +27,9 @@ _OPS: dict[type, Callable[..., Any]] = {
     ast.USub: operator.neg,
     ast.UAdd: operator.pos,
 }
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# A number as a reply writes it: a minus sign (ASCII or U+2212), digits with optional thousands
+# commas (1,776) and an optional decimal part (1776.0). Exponents (1.776e3) are not numbers here.
+_NUMBER = re.compile(r"[-\u2212]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
 
 
 def _evaluate(node: ast.AST) -> float | int:
@@ -80,10 +83,25 @@ def make_tasks(num_tasks: int, seed: int) -> list[dict[str, Any]]:
     return tasks
 
 
+def last_number(text: str) -> Decimal | None:
+    """The value of the last number written in ``text`` (None when there is none).
+
+    ``1,776``, ``1776.0`` and ``1776`` are the same value; ``−5`` is ``-5``. A `Decimal`, so a
+    reply of any length or size is compared exactly and never raises.
+    """
+    numbers = _NUMBER.findall(text or "")
+    if not numbers:
+        return None
+    return Decimal(numbers[-1].replace(",", "").replace("\u2212", "-"))
+
+
 def correct_answer(completion: str, answer: str) -> float:
-    """1 if the last number in the final reply equals the answer."""
-    numbers = _NUMBER.findall(completion or "")
-    return float(bool(numbers) and numbers[-1] == answer)
+    """1 if the last number in the final reply has the answer's value; every other is ignored.
+
+    The reply commits to its last number: "1776 or 1777" answers 1777.
+    """
+    value = last_number(completion)
+    return float(value is not None and value == Decimal(answer))
 
 
 def used_calculator(state: Any) -> float:

@@ -132,9 +132,23 @@ def make_tasks(num_tasks: int | None, seed: int) -> list[dict[str, Any]]:
     ]
 
 
+def named_functions(text: str) -> set[str]:
+    """The distinct candidate answers ``text`` names: dotted names of a function of `MODULES`.
+
+    A whole dotted name whose module part is one of `MODULES` (``math.gcd``,
+    ``os.path.join``), whether or not that function exists; other words and dotted names
+    (``e.g``, ``os.path``, ``numpy.mean``) are not candidates.
+    """
+    return {n for n in _NAME.findall(text or "") if n.rpartition(".")[0] in MODULES}
+
+
 def names_the_function(completion: str, answer: str) -> float:
-    """1 if the final reply names the function exactly (as a whole dotted name)."""
-    return float(answer in _NAME.findall(completion or ""))
+    """1 if the final reply names the function exactly, and names no other candidate.
+
+    A reply that hedges (lists several functions, or every name search returned) scores 0,
+    even when the answer is among them; naming the answer twice is fine.
+    """
+    return float(named_functions(completion) == {answer})
 
 
 def searched(state: Any) -> float:

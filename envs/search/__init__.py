@@ -5,7 +5,8 @@ The general search env (DocSearch is its smallest, fixed member): the documents 
 real search service over HTTP), so the same env trains on a built-in corpus and on yours.
 The built-in QA set (`tasks.make_tasks`) needs no download and has a held-out split. The
 reward is SQuAD's: the short answer after ``Answer:`` in the final reply, normalised (case,
-punctuation, articles, spaces), must equal a gold answer; token F1 is logged beside it.
+punctuation, articles, spaces; numbers by value), must equal a gold answer; token F1 is logged
+beside it.
 A backend failure is an `InfraError`, so the episode is ``infra_error``, never a 0.
 """
 
@@ -15,6 +16,7 @@ import re
 import string
 from collections import Counter
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any, Literal
 
 from agentgym import ConfigError, Rubric, ToolCall, ToolEnv, tool
@@ -27,8 +29,15 @@ __all__ = ["BM25Backend", "Doc", "HTTPBackend", "Hit", "SearchBackend", "SearchE
 
 MAX_K = 10
 ANSWER_FORMAT = "End your reply with a line `Answer: <short answer>`."
+MAX_QUERY_CHARS = 2000
+MAX_DOC_ID_CHARS = 500
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = str.maketrans("", "", string.punctuation)
+# Punctuation is dropped, except what belongs to a number: a decimal point between digits, the
+# minus sign starting a number and the one of an exponent, so "7.0" is not "70", nor "-1" "1".
+_PUNCTUATION = re.compile(
+    r"(?<=\d)\.(?=\d)|(?<![\w.])-(?=\d)|(?<=\de)-(?=\d)|([" + re.escape(string.punctuation) + "])"
+)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e-?\d{1,6})?")  # Decimal refuses huge exponents
 _ANSWER_MARK = re.compile(r"answer\s*:", re.IGNORECASE)
 
 
@@ -43,6 +52,8 @@ def search(query: str, k: int = 5, *, env: Any) -> str:
     """
     if not 1 <= k <= MAX_K:
         raise ValueError(f"k must be between 1 and {MAX_K}, got {k}")
+    if len(query) > MAX_QUERY_CHARS:  # the model's mistake, never the service's (HTTP 414)
+        raise ValueError(f"query longer than {MAX_QUERY_CHARS} characters; use fewer words")
     hits = env.backend.search(query, k)
     return "\n".join(f"[{h.id}] {h.title}\n  {' '.join(h.snippet.split())}" for h in hits) or (
         "no results; try other words"
@@ -57,6 +68,8 @@ def open_doc(doc_id: str, *, env: Any) -> str:
         doc_id: its id, as search printed it in brackets.
         env: injected (the episode's env, holding the backend); not shown to the model.
     """
+    if len(doc_id) > MAX_DOC_ID_CHARS:
+        raise ValueError(f"doc_id longer than {MAX_DOC_ID_CHARS} characters")
     doc = env.backend.open(doc_id)
     text = doc.text[: env.max_doc_chars]
     cut = " (truncated)" if len(doc.text) > len(text) else ""
@@ -64,8 +77,12 @@ def open_doc(doc_id: str, *, env: Any) -> str:
 
 
 def normalize(text: str) -> str:
-    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
-    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION)).split())
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces.
+
+    Unlike SQuAD's, it keeps the punctuation of numbers (``7.0``, ``-1``, ``1e-09``).
+    """
+    kept = _PUNCTUATION.sub(lambda m: "" if m.group(1) else m.group(0), text.lower())
+    return " ".join(_ARTICLES.sub(" ", kept).split())
 
 
 def final_answer(completion: str) -> str:
@@ -80,10 +97,26 @@ def _golds(answer: str | list[str]) -> list[str]:
     return [answer] if isinstance(answer, str) else list(answer)
 
 
+def matches(predicted: str, gold: str) -> bool:
+    """Whether the final answer ``predicted`` is the gold answer ``gold``.
+
+    Both normalised; numbers compare by value (``1.0`` is ``1``, ``7.0`` is not ``70``). A gold
+    answer that normalisation empties (``/``) must be written as is; nothing matches an
+    empty one, so an empty final answer never scores.
+    """
+    wanted = normalize(gold)
+    if not wanted:
+        return bool(gold.strip()) and predicted.strip() == gold.strip()
+    given = normalize(predicted)
+    if _NUMBER.fullmatch(wanted) and _NUMBER.fullmatch(given):
+        return Decimal(given) == Decimal(wanted)
+    return given == wanted
+
+
 def exact_match(completion: str, answer: str | list[str]) -> float:
-    """1 if the final answer equals a gold answer after normalisation."""
-    predicted = normalize(final_answer(completion))
-    return float(any(predicted == normalize(gold) for gold in _golds(answer)))
+    """1 if the final answer equals a gold answer after normalisation (`matches`)."""
+    predicted = final_answer(completion)
+    return float(any(matches(predicted, gold) for gold in _golds(answer)))
 
 
 def token_f1(completion: str, answer: str | list[str]) -> float:

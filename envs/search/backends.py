@@ -4,7 +4,9 @@ A backend answers two questions, ``search(query, k) -> list[Hit]`` and ``open(do
 Doc``, and reports failures in two kinds, because the rollout must tell them apart: an id
 nobody has is the model's mistake (`ValueError`: the model reads it as a tool error), while a
 backend that is down, slow or malformed is infrastructure (`InfraError`: the episode is
-``infra_error``, never a reward of 0).
+``infra_error``, never a reward of 0). A request the service refuses as malformed or too large
+(400, 413, 414, 422) is the model's too: a model must never be able to turn its own failure
+into an unscored episode.
 
 Two backends ship: `BM25Backend`, an in-memory bm25s index built from any JSONL file, local
 `datasets` data or a list of records (cached per process, envs are made per episode), and
@@ -31,6 +33,11 @@ from agentgym._tasks import TaskSource, load_tasks
 
 DEFAULT_FIELDS = {"id": "id", "title": "title", "text": "text"}
 """Which record column holds each part of a document."""
+
+MODEL_MISTAKES = frozenset({400, 413, 414, 422})
+"""Statuses that refuse what the model asked (a malformed or oversized query or id): tool
+errors the model reads, never `InfraError` (a model must not turn its own failure into an
+unscored episode). Every other status but 200 (and a 404 from ``/docs``) is `InfraError`."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +208,8 @@ class HTTPBackend:
 
     def open(self, doc_id: str) -> Doc:
         """``GET /docs/{id}``; a 404 is the model's mistake (`ValueError`)."""
+        if doc_id.strip(".") == "":  # "", ".", "..": the URL would leave /docs/ (dot segments)
+            raise unknown_doc(doc_id)
         data = self._get(f"/docs/{quote(doc_id, safe='')}", None, missing=doc_id)
         try:
             return Doc(str(data["id"]), str(data.get("title", "")), str(data["text"]))
@@ -218,6 +227,11 @@ class HTTPBackend:
             raise InfraError(f"search service {self.base_url} failed: {exc!r}") from exc
         if response.status_code == 404 and missing is not None:
             raise unknown_doc(missing)
+        if response.status_code in MODEL_MISTAKES:
+            raise ValueError(
+                f"the search service refused this request ({response.status_code}): "
+                f"{response.text[:200]}"
+            )
         if response.status_code != 200:
             raise InfraError(
                 f"search service {self.base_url} answered {response.status_code} for {path}"

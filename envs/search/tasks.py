@@ -70,8 +70,10 @@ def _questions(name: str, summary: str) -> list[tuple[str, str, str]]:
     for p in params:
         value = p.default
         simple = type(value) in _SIMPLE_DEFAULTS and len(repr(value)) <= 20
-        # SQuAD normalisation drops punctuation: "-1" would match "1", "" matches nothing
-        if simple and value != "" and not (isinstance(value, (int, float)) and value < 0):
+        # a blank default ("", " \t") cannot be written as an answer line; negatives are left
+        # out (the set predates normalisation keeping a number's minus sign)
+        blank = isinstance(value, str) and not value.strip()
+        if simple and not blank and not (isinstance(value, (int, float)) and value < 0):
             question = f"What is the default value of the {p.name} parameter of {described}?"
             found.append(("default", question, str(value)))
             break

@@ -188,8 +188,12 @@ class SearchService(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         if self.broken.is_set():
             return self._send(500, {"detail": "index unavailable"})
+        if url.path == "/":  # a landing page, as real services have: not JSON
+            return self._send_html()
         if url.path == "/search":
             query = parse_qs(url.query)
+            if "((" in query["q"][0]:  # a query the service cannot parse
+                return self._send(400, {"detail": "unbalanced parentheses"})
             hits = self.backend.search(query["q"][0], int(query["k"][0]))
             return self._send(200, {"hits": [h.__dict__ for h in hits]})
         doc = self.backend.docs.get(unquote(url.path.removeprefix("/docs/")))
@@ -199,6 +203,14 @@ class SearchService(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: dict) -> None:
         send_json(self, status, body)
+
+    def _send_html(self) -> None:
+        data = b"<html>search service</html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def log_message(self, *args) -> None:  # keep the test output clean
         pass
@@ -232,6 +244,22 @@ def test_http_unknown_doc_is_the_models_mistake(service):
     [trajectory] = agentgym.rollout(lambda: env, agentgym.ScriptedPolicy(turns), tasks=[1])
     assert trajectory.status == "ok" and trajectory.final_reward == 1.0
     assert "no document with id '../p9?x=1'" in trajectory.messages[3]["content"]
+
+
+def test_requests_the_service_refuses_are_the_models_mistake_not_infra_error(service):
+    # ".." left /docs/ (GET / answered a landing page: InfraError), and a 400 was InfraError
+    # too: a policy could turn an episode it was failing into an unscored infra_error
+    url, _ = service
+    env = agentgym.make("search", corpus=url, tasks=QUESTIONS, split="all")
+    turns = [call("open", doc_id=".."), call("open", doc_id="."), call("search", query="((Peru"),
+             call("search", query="Peru " * 1000), "Answer: Peru"]  # fmt: skip
+    [trajectory] = agentgym.rollout(lambda: env, agentgym.ScriptedPolicy(turns), tasks=[1])
+    assert trajectory.status == "ok" and trajectory.final_reward == 1.0
+    contents = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+    assert "no document with id '..'" in contents[0] and "no document with id '.'" in contents[1]
+    assert "refused this request (400)" in contents[2]
+    assert "query longer than 2000" in contents[3]
+    assert all(t.tool_errors for t in trajectory.turns[:4])
 
 
 def test_a_failing_or_dead_service_is_infra_error_not_reward_zero(service):
