@@ -206,6 +206,14 @@ class GRPOConfig:
         "policy cannot escape a bad score by running out the clock (slow tools, long turns). "
         "A late episode that never started (no slot before the deadline) leaves under each.",
     )
+    infra_error_patience: int | None = _knob(
+        3,
+        "Consecutive steps in which at least half the episodes ended infra_error (a sandbox, "
+        "tool service or engine failed, not the model) before the run stops with InfraError, "
+        "after a checkpoint: fix what broke and `--resume`. Each such step trains on what is "
+        "left; a run whose infrastructure is down would otherwise spend every remaining step "
+        "on nothing. None: never stop.",
+    )
 
     # --- rollout engine: in process, or servers (scale-out) -------------------------------
     rollout_engine: RolloutEngine = _knob(
@@ -592,6 +600,9 @@ class GRPOConfig:
             ("min_p", self.min_p is None or 0 <= self.min_p <= 1, "use [0, 1] or null"),
             ("max_concurrency", self.max_concurrency is None or self.max_concurrency >= 1,
              "set it to 1 or more, or null"),
+            ("infra_error_patience",
+             self.infra_error_patience is None or self.infra_error_patience >= 1,
+             "set it to 1 or more steps, or null to never stop"),
             ("episode_deadline_s", self.episode_deadline_s is None or self.episode_deadline_s > 0,
              "use seconds > 0, or null to wait for every episode"),
             ("learning_rate", self.learning_rate > 0, "use a positive rate, e.g. 1e-5"),

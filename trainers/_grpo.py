@@ -38,7 +38,7 @@ from typing import Any
 
 from agentgym import EnvPool, Trajectory, arollout
 from agentgym._check import reference_conversation
-from agentgym._errors import Error
+from agentgym._errors import Error, InfraError
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 
@@ -188,6 +188,7 @@ class GRPOTrainer:
             if run and state["step"] == 0:
                 success = self._evaluate(policy, run, step=0, num_tasks=None)  # a headline
                 figures[start] = success
+            broken_steps = 0  # consecutive steps that were mostly infra_error
             for step in range(state["step"] + 1, cfg.max_steps + 1):
                 torch.manual_seed(cfg.seed * 100_003 + step)
                 t0 = time.perf_counter()
@@ -199,6 +200,8 @@ class GRPOTrainer:
                 check_versions(trajectories, version)
                 shares = world.gather([_without_token_ids(t) for t in trajectories])
                 episodes = [t for share in shares for t in share]  # every rank's, in plan order
+                broken_steps = broken_steps + 1 if _mostly_infra_errors(episodes) else 0
+                stop = _infra_stop(episodes, broken_steps, step, cfg.infra_error_patience)
                 advantages = trajectory_advantages(episodes, cfg.scale_rewards, cfg.late_policy)
                 first = sum(len(share) for share in shares[: world.rank])
                 mine = advantages.values[first : first + len(trajectories)]
@@ -215,6 +218,8 @@ class GRPOTrainer:
                     {**rollout_mode_metrics(samples), **train_metrics}, _SUMMED_METRICS
                 )
                 if run is None or trackers is None:
+                    if stop:
+                        raise stop
                     continue  # rank 0 alone evaluates, logs and checkpoints
                 metrics: dict[str, Any] = {
                     "data/tasks": self._tasks_for(step),
@@ -234,8 +239,11 @@ class GRPOTrainer:
                 if _log_due(step, cfg, metrics):
                     trackers.log(step, metrics)
                 console.update(step, metrics)
-                if step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0):
+                if (step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0)
+                        or stop):  # fmt: skip
                     run.save_checkpoint(step, model, optimizer, {"adapter_version": version})
+                if stop:
+                    raise stop
             if run is None:
                 return figures
             final = self._evaluate(policy, run, cfg.max_steps, num_tasks=None, label="final")
@@ -590,6 +598,26 @@ def swap_groups(
             replay.task_position = old[0].task_position
             out.append(replay)
     return out
+
+
+def _mostly_infra_errors(episodes: Sequence[Trajectory]) -> bool:
+    """Whether at least half of a step's episodes ended ``infra_error``."""
+    return 0 < len(episodes) <= 2 * sum(t.status == "infra_error" for t in episodes)
+
+
+def _infra_stop(
+    episodes: Sequence[Trajectory], broken_steps: int, step: int, patience: int | None
+) -> InfraError | None:
+    """The error that stops the run once `infra_error_patience` steps in a row were broken."""
+    if patience is None or broken_steps < patience:
+        return None
+    errors = [t.error for t in episodes if t.status == "infra_error" and t.error]
+    last = (errors[0].strip().splitlines() or [""])[-1][:200] if errors else "no message"
+    return InfraError(
+        f"{broken_steps} steps in a row had at least half their episodes end infra_error "
+        f"(one said: {last}); the run stopped at step {step} after a checkpoint: fix the "
+        "infrastructure, then run again with --resume (infra_error_patience sets the steps)"
+    )
 
 
 def _log_due(step: int, cfg: GRPOConfig, metrics: dict[str, Any]) -> bool:

@@ -1,0 +1,77 @@
+"""`infra_error_patience`: a run whose infrastructure stays down stops with a checkpoint.
+
+A broken episode never stops a run, but a step whose episodes all fail on infrastructure
+trains on nothing; a run that kept going would spend every remaining step that way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentgym
+from agentgym import InfraError
+from agentgym.trainers import GRPOConfig
+from envs.calculator import CalculatorEnv
+from tests.conftest import TINY_RUN
+from trainers._grpo import _infra_stop, _mostly_infra_errors
+
+
+class FlakyCalculator(CalculatorEnv):
+    """The calculator, whose tool service is down while ``down`` is set."""
+
+    down = True
+
+    async def setup_episode(self, task: dict[str, Any]) -> None:
+        if FlakyCalculator.down:
+            raise InfraError("the calculator service refused the connection")
+        await super().setup_episode(task)
+
+
+def episodes(*statuses: str) -> list[agentgym.Trajectory]:
+    return [agentgym.Trajectory(env_id="e", status=s, error=f"{s}: boom") for s in statuses]
+
+
+def test_a_step_is_broken_from_half_its_episodes_on() -> None:
+    assert _mostly_infra_errors(episodes("infra_error", "ok"))
+    assert not _mostly_infra_errors(episodes("infra_error", "ok", "error"))
+    assert not _mostly_infra_errors([])
+    assert _infra_stop(episodes("infra_error"), 2, 7, 3) is None
+    assert _infra_stop(episodes("infra_error"), 9, 7, None) is None
+    stop = _infra_stop(episodes("ok", "infra_error"), 3, 7, 3)
+    assert isinstance(stop, InfraError) and "\n" not in str(stop)
+    assert "stopped at step 7" in str(stop) and "infra_error: boom" in str(stop)
+
+
+def test_the_knob_is_checked() -> None:
+    with pytest.raises(agentgym.ConfigError, match="infra_error_patience"):
+        GRPOConfig(infra_error_patience=0)
+
+
+@pytest.mark.slow
+def test_a_run_stops_after_broken_steps_with_a_checkpoint_and_resumes(tmp_path: Path) -> None:
+    from agentgym.trainers import GRPOTrainer
+
+    agentgym.register("tests/FlakyCalculator-v0", FlakyCalculator)
+    run = tmp_path / "run"
+    knobs = {
+        **TINY_RUN, "env": "tests/FlakyCalculator-v0", "output_dir": str(run),
+        "rollout_engine": "hf", "max_steps": 6, "eval_steps": None, "save_steps": None,
+        "eval_num_tasks": 1, "infra_error_patience": 2,
+    }  # fmt: skip
+    FlakyCalculator.down = True
+    with pytest.raises(InfraError, match="2 steps in a row.*refused the connection"):
+        GRPOTrainer(GRPOConfig.from_dict(knobs)).train()
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "failed" and status["checkpoint_step"] == 2
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert [r["step"] for r in steps if "data/tasks" in r] == [1, 2]
+    assert all(r["rollout/infra_error_episodes"] == 4.0 for r in steps if "data/tasks" in r)
+    FlakyCalculator.down = False  # fixed: the resumed run goes on from the checkpoint
+    GRPOTrainer(GRPOConfig.from_dict({**knobs, "max_steps": 3}), resume=True).train()
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert [r["step"] for r in steps if "data/tasks" in r] == [1, 2, 3]
+    assert json.loads((run / "status.json").read_text())["state"] == "finished"
