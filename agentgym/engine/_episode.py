@@ -305,13 +305,23 @@ class TokenEpisode:
         renderer = self.policy.renderer
         if self._turn == 0 or self.mode == "per_turn":
             return renderer.prompt_ids(messages, self.tools)
+        if len(messages) <= self._seen or messages[self._seen].get("role") != "assistant":
+            # a delta renders what follows the sampled turn's assistant message: without that
+            # message where the step starts, it would drop the env's new messages
+            return self._per_turn(
+                messages, "the env's step did not start with the sampled turn's assistant message"
+            )
         history, new = messages[: self._seen + 1], messages[self._seen + 1 :]
         delta = renderer.delta_ids(history, new, self.tools, self._last_ids)
         if delta is None:
-            self.mode = "per_turn"
-            self.mode_reason = f"turn {self._turn + 1}: the template rewrote the previous turn"
-            return renderer.prompt_ids(messages, self.tools)
+            return self._per_turn(messages, "the template rewrote the previous turn")
         return self._ids + delta
+
+    def _per_turn(self, messages: list[Message], why: str) -> list[int]:
+        """Switch the episode to ``per_turn`` from this turn on; this turn's fresh prompt."""
+        self.mode = "per_turn"
+        self.mode_reason = f"turn {self._turn + 1}: {why}"
+        return self.policy.renderer.prompt_ids(messages, self.tools)
 
 
 class _SamplingView(TokenPolicy):

@@ -95,6 +95,7 @@ class HFPolicy(TokenPolicy):
         tokenizer = AutoTokenizer.from_pretrained(model)
         self._renderer = ChatRenderer(tokenizer, chat_template_kwargs)
         net: Any = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+        net.generation_config = _bare_generation_config(net.generation_config)
         if adapter is not None:
             from peft import PeftModel
 
@@ -201,7 +202,8 @@ class HFPolicy(TokenPolicy):
             "eos_token_id": sorted(stops) or None,
         }
         if not greedy:
-            options |= {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or None}
+            top_k = s.top_k if s.top_k > 0 else None  # 0 and -1 both mean no top-k
+            options |= {"temperature": s.temperature, "top_p": s.top_p, "top_k": top_k}
         if s.stop:
             options |= {"stop_strings": list(s.stop), "tokenizer": tokenizer}
         with self._lock, torch.no_grad():
@@ -296,3 +298,17 @@ class HFPolicy(TokenPolicy):
         return logp.gather(-1, torch.tensor(completion_ids, device=self.device)[:, None])[
             :, 0
         ].tolist()
+
+
+def _bare_generation_config(loaded: Any) -> Any:
+    """The model folder's generation config without its sampling defaults (token ids kept).
+
+    Why: `generate` fills every knob a call leaves unset from ``generation_config.json``, so
+    a ``repetition_penalty`` or ``no_repeat_ngram_size`` shipped there (Qwen2.5-Instruct has
+    ``repetition_penalty: 1.05``) would change the distribution sampled, which `SamplingConfig`
+    does not name, vLLM does not apply, and the trainer's forward pass cannot reproduce.
+    """
+    from transformers import GenerationConfig
+
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+    return GenerationConfig(**{k: getattr(loaded, k, None) for k in ids})
