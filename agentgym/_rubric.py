@@ -2,11 +2,12 @@
 
 A reward function declares parameters from `Rubric.INJECTABLE` (``task``, ``messages``,
 ``completion``, ``answer``, ``state``, ``sandbox``, ``env``, ``trajectory``) and gets exactly
-those; one with ``**kwargs`` gets all of them. Any other parameter must have a default, which
-it keeps (so a `functools.partial` with bound keywords, or a knob like ``threshold=0.5``,
-works). Every function's score is logged under its name (its ``__name__``, or one given in
-``names``); names must be unique, so no score silently overwrites another. Weight-0
-functions are metrics only.
+those (in a `ToolEnv`, ``completion`` is the final reply without its ``<think>`` reasoning,
+see `without_reasoning`; ``messages`` keep the raw text); one with ``**kwargs`` gets all of
+them. Any other parameter must have a default, which it keeps (so a `functools.partial` with
+bound keywords, or a knob like ``threshold=0.5``, works). Every function's score is logged
+under its name (its ``__name__``, or one given in ``names``); names must be unique, so no
+score silently overwrites another. Weight-0 functions are metrics only.
 
 A function that raises, or returns something that is not a finite number (None, NaN, inf),
 is *recorded* (its score is None and the rubric reports the error): silently scoring 0 would

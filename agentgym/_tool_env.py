@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import numbers
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -385,7 +386,7 @@ class ToolEnv(Env):
         try:
             last = next((m for m in reversed(self.messages) if m["role"] == "assistant"), {})
             context = _RewardContext(self.tool_context())
-            context["completion"] = last.get("content") or ""
+            context["completion"] = without_reasoning(last.get("content") or "")
             context["answer"] = (self.state.task or {}).get("answer")
             context.build_trajectory = self.as_trajectory
             result = await self.rubric.score(context)
@@ -417,6 +418,30 @@ class _RewardContext(dict[str, Any]):
             raise KeyError(key)
         value = self[key] = self.build_trajectory()
         return value
+
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def without_reasoning(text: str) -> str:
+    """The reply as a reward reads it: without its ``<think>`` reasoning.
+
+    Why: a reasoning model weighs candidates before it answers ("math.gcd or math.lcm?"), and
+    a reward that reads the reply's last number, or refuses a reply naming two functions,
+    would score the thinking instead of the answer. Removed: every ``<think>...</think>``
+    block; text before a ``</think>`` that no ``<think>`` opens (templates that open the
+    block in the prompt, as Qwen3's and DeepSeek-R1's do); and an unclosed ``<think>`` to the
+    end (reasoning cut off before any answer). The raw text stays in ``messages``.
+    """
+    if _THINK_OPEN not in text and _THINK_CLOSE not in text:
+        return text
+    close, open_ = text.find(_THINK_CLOSE), text.find(_THINK_OPEN)
+    if close >= 0 and (open_ < 0 or close < open_):  # the prompt opened the block
+        text = text[close + len(_THINK_CLOSE) :]
+    text = _THINK_BLOCK.sub("", text)
+    cut = text.find(_THINK_OPEN)
+    return (text if cut < 0 else text[:cut]).strip()
 
 
 def _check_tools(tools: Any) -> None:

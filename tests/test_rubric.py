@@ -163,3 +163,32 @@ def test_kwargs_does_not_excuse_a_required_parameter_it_cannot_get() -> None:
 
     with pytest.raises(ConfigError, match=r"asks for \['completions'\]"):
         Rubric([trl_style])
+
+
+@pytest.mark.parametrize(
+    ("reply", "seen"),
+    [
+        ("The answer is 90.", "The answer is 90."),
+        ("<think>88? no, 66 + 24 = 90</think>\n\nThe answer is 90.", "The answer is 90."),
+        ("88 or 90? 90.\n</think>\n\nThe answer is 90.", "The answer is 90."),  # opened in prompt
+        ("<think>a</think>x <think>b</think>y", "x y"),
+        ("<think>66 + 24 = 90", ""),  # cut off while reasoning: no answer given
+        ("The answer is 90. <think>or 88", "The answer is 90."),
+    ],
+)
+def test_rewards_read_the_final_reply_without_its_reasoning(reply: str, seen: str) -> None:
+    from agentgym._tool_env import without_reasoning
+
+    assert without_reasoning(reply) == seen
+
+
+def test_a_reasoning_model_weighing_candidates_is_scored_on_its_answer() -> None:
+    # docsearch refuses a reply naming two functions; its thinking may name many
+    answer = agentgym.make("docsearch", num_tasks=1).tasks[0]["answer"]
+    [t] = agentgym.rollout(
+        "docsearch",
+        agentgym.ScriptedPolicy([f"<think>math.gcd or {answer}?</think>\n{answer}"]),
+        tasks=[0], env_kwargs={"num_tasks": 1},
+    )  # fmt: skip
+    assert t.final_reward == 1.0
+    assert "<think>" in t.messages[-1]["content"]  # the conversation keeps the raw text
