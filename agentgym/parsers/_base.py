@@ -16,6 +16,50 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ConfigError
+from .._json import loads
+
+#: The deepest nesting of JSON lists and objects (or pythonic literals) a call may hold. Deeper
+#: is a parse error: decoding it would otherwise succeed or hit RecursionError depending on how
+#: deep in the stack `parse` runs, and 100k of ``[`` would raise instead of being reported.
+MAX_DEPTH = 100
+_DECODER = json.JSONDecoder()
+
+
+def _check_depth(value: Any, text: str, start: int, end: int) -> None:
+    """Raise ValueError when ``value`` (decoded from ``text[start:end]``) nests too deep."""
+    if text.count("[", start, end) + text.count("{", start, end) <= MAX_DEPTH:
+        return  # too few brackets to nest that deep: skip the walk (the usual call)
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+def json_loads(text: str) -> Any:
+    """`json.loads` for model text: every failure is a ValueError, never RecursionError.
+
+    Nesting deeper than `MAX_DEPTH` is a ValueError too.
+    """
+    try:
+        value = loads(text)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    _check_depth(value, text, 0, len(text))
+    return value
+
+
+def json_raw_decode(text: str, pos: int = 0) -> tuple[Any, int]:
+    """`json.JSONDecoder.raw_decode` with `json_loads`'s guarantees (ValueError only)."""
+    try:
+        value, end = _DECODER.raw_decode(text, pos)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    _check_depth(value, text, pos, end)
+    return value, end
 
 
 @dataclass
@@ -65,7 +109,7 @@ def call_from_json(obj: Any, argument_keys: tuple[str, ...] = ("arguments",)) ->
     if arguments is None:
         arguments = {}
     elif isinstance(arguments, str):
-        arguments = json.loads(arguments)
+        arguments = json_loads(arguments)
     if not isinstance(arguments, dict):
         raise TypeError(f"{key!r} must be a JSON object")
     return ToolCall(name=name, arguments=arguments)

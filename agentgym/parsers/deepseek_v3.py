@@ -27,6 +27,7 @@ from ._base import (
     ToolCall,
     ToolCallParser,
     call_from_json,
+    json_raw_decode,
     refuse_call_start,
     register_parser,
 )
@@ -37,10 +38,9 @@ CALL_BEGIN = "<｜tool▁call▁begin｜>"
 CALL_END = "<｜tool▁call▁end｜>"
 SEP = "<｜tool▁sep｜>"
 _CALL_START = re.compile(f"{re.escape(CALLS_BEGIN)}|{re.escape(CALL_BEGIN)}")
-#: The V3 header after the separator: the name on its own line, then a json code fence.
-_V3_HEADER = re.compile(r"([^\n]*)\n[ \t]*```(?:json)?[ \t]*\n")
+#: The V3 header after the separator is the name on its own line, then this json code fence.
+_V3_FENCE = re.compile(r"[ \t]*```(?:json)?[ \t]*\n")
 _FENCE_END = re.compile(r"\s*```")
-_DECODER = json.JSONDecoder()
 
 
 @register_parser("deepseek_v3")
@@ -52,9 +52,9 @@ class DeepSeekV3Parser(ToolCallParser):
         if not found:
             return ParsedTurn(content=text)
         turn = ParsedTurn(content=text[: found.start()].strip())
-        pos = found.start()
+        pos, breaks = found.start(), _LineBreaks(text)
         while (begin := text.find(CALL_BEGIN, pos)) >= 0:
-            pos = _read_call(text, begin + len(CALL_BEGIN), turn)
+            pos = _read_call(text, begin + len(CALL_BEGIN), turn, breaks)
         return turn
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
@@ -69,7 +69,7 @@ class DeepSeekV3Parser(ToolCallParser):
         return f"{content}{CALLS_BEGIN}{calls}{CALLS_END}"
 
 
-def _read_call(text: str, pos: int, turn: ParsedTurn) -> int:
+def _read_call(text: str, pos: int, turn: ParsedTurn, breaks: _LineBreaks) -> int:
     """Read the call whose header starts at ``pos`` into ``turn``; return where to go on.
 
     V3's header is ``function<sep>NAME`` + a line break + a json code fence; V3.1's is
@@ -77,21 +77,41 @@ def _read_call(text: str, pos: int, turn: ParsedTurn) -> int:
     """
     sep = text.find(SEP, pos)
     if sep < 0:
-        turn.errors.append(f"malformed tool call {text[pos:][:200]!r}: no {SEP}")
+        turn.errors.append(f"malformed tool call {text[pos : pos + 200]!r}: no {SEP}")
         return len(text)
     after = sep + len(SEP)
-    header = _V3_HEADER.match(text, after)
-    name, start = (header.group(1).strip(), header.end()) if header else (text[pos:sep], after)
+    line_end = breaks.find(after)
+    header = _V3_FENCE.match(text, line_end + 1) if line_end >= 0 else None
+    if header:
+        name, start = text[after:line_end].strip(), header.end()
+    else:
+        name, start = text[pos:sep], after
     try:
-        obj, end = _DECODER.raw_decode(text, _skip_space(text, start))
+        obj, end = json_raw_decode(text, _skip_space(text, start))
         call = call_from_json({"name": name, "arguments": obj})
     except (ValueError, TypeError) as exc:
-        turn.errors.append(f"malformed tool call {text[pos:][:200]!r}: {exc}")
+        turn.errors.append(f"malformed tool call {text[pos : pos + 200]!r}: {exc}")
         close = text.find(CALL_END, start)
         return len(text) if close < 0 else close + len(CALL_END)
     turn.tool_calls.append(call)
     fence = _FENCE_END.match(text, end) if header else None
     return fence.end() if fence else end
+
+
+class _LineBreaks:
+    r"""``text.find("\n", pos)`` for growing ``pos``, scanning each stretch of text once.
+
+    A turn of many calls on one line would otherwise rescan the rest of it for every call.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text, self.asked, self.found = text, len(text) + 1, -1
+
+    def find(self, pos: int) -> int:
+        if not (self.asked <= pos and (self.found < 0 or self.found >= pos)):
+            self.found = self.text.find("\n", pos)
+        self.asked = pos
+        return self.found
 
 
 def _skip_space(text: str, pos: int) -> int:
@@ -101,6 +121,10 @@ def _skip_space(text: str, pos: int) -> int:
 
 
 def _checked_name(name: str) -> str:
-    if "\n" in name or any(marker in name for marker in (SEP, CALL_BEGIN, CALL_END)):
-        raise ValueError(f"deepseek_v3 cannot render tool name {name!r}: no newlines or markers")
+    markers = (SEP, CALL_BEGIN, CALL_END)
+    if "\n" in name or name != name.strip() or any(marker in name for marker in markers):
+        raise ValueError(
+            f"deepseek_v3 cannot render tool name {name!r}: no newlines, markers, or spaces "
+            "around it (parse strips them)"
+        )
     return name

@@ -12,12 +12,12 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from .._json import loads
 from ._base import (
     ParsedTurn,
     ToolCall,
     ToolCallParser,
     call_from_json,
+    json_loads,
     refuse_call_start,
     register_parser,
 )
@@ -37,7 +37,7 @@ class HermesParser(ToolCallParser):
         turn = ParsedTurn(content=text[:start].strip())
         for raw in _blocks(text, start):
             try:
-                turn.tool_calls.append(_call(loads(raw.strip())))
+                turn.tool_calls.append(_call(json_loads(raw.strip())))
             except (ValueError, TypeError) as exc:
                 turn.errors.append(f"malformed <tool_call> {raw.strip()[:200]!r}: {exc}")
         return turn

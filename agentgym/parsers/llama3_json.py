@@ -15,12 +15,12 @@ from ._base import (
     ToolCall,
     ToolCallParser,
     call_from_json,
+    json_raw_decode,
     refuse_call_start,
     register_parser,
 )
 
 PYTHON_TAG = "<|python_tag|>"
-_DECODER = json.JSONDecoder()
 # Where a call may start: the python tag, or a '{"name"' (or '"parameters"') object opening the
 # text or a line. A brace in mid-sentence ("use {x}") or other JSON stays content.
 _CALL_START = re.compile(r'(?:^|\n)[ \t]*(?=\{\s*"(?:name|parameters|arguments)"\s*:)')
@@ -68,8 +68,8 @@ class Llama3JsonParser(ToolCallParser):
                 turn.errors.append(f"unexpected text after the tool calls: {rest[pos:][:200]!r}")
                 break
             try:
-                obj, end = _DECODER.raw_decode(rest, pos)
-            except json.JSONDecodeError as exc:
+                obj, end = json_raw_decode(rest, pos)
+            except ValueError as exc:  # JSONDecodeError, an int too long, nesting too deep
                 turn.errors.append(f"malformed tool call {rest[pos:][:200]!r}: {exc}")
                 break
             try:

@@ -29,15 +29,16 @@ from ._base import (
     ToolCall,
     ToolCallParser,
     call_from_json,
+    json_raw_decode,
     refuse_call_start,
     register_parser,
 )
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
-_DECODER = json.JSONDecoder()
 _NAME = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[ARGS\])?\s*", re.ASCII)
-_BARE_NAME = re.compile(r"[^\s\[\]{}]+", re.ASCII)  # what the "args" style can carry
+#: What the "args" style can carry: no Unicode whitespace either, which `parse`'s strip drops.
+_BARE_NAME = re.compile(r"[^\s\[\]{}]+")
 _CALL_START = re.compile(re.escape(TOOL_CALLS))
 _CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
 _ID_ALPHABET = string.ascii_letters + string.digits
@@ -56,8 +57,8 @@ def call_id(seed: str) -> str:
 def _parse_json_style(segment: str, turn: ParsedTurn) -> None:
     """``[{"name": ..., "arguments": ...}, ...]`` or one bare object; trailing text is ignored."""
     try:
-        value, _ = _DECODER.raw_decode(segment)
-    except json.JSONDecodeError as exc:
+        value, _ = json_raw_decode(segment)
+    except ValueError as exc:  # JSONDecodeError, an int too long, nesting too deep
         turn.errors.append(f"malformed {TOOL_CALLS} {segment[:200]!r}: {exc}")
         return
     for obj in value if isinstance(value, list) else [value]:
@@ -79,8 +80,8 @@ def _parse_args_style(segment: str, turn: ParsedTurn) -> None:
         turn.errors.append(f"malformed {TOOL_CALLS} {segment[:200]!r}: expected name[ARGS]{{...}}")
         return
     try:
-        arguments, _ = _DECODER.raw_decode(segment, match.end())
-    except json.JSONDecodeError as exc:
+        arguments, _ = json_raw_decode(segment, match.end())
+    except ValueError as exc:
         turn.errors.append(f"malformed arguments of {match.group(1)!r}: {exc}")
         return
     turn.tool_calls.append(ToolCall(name=match.group(1), arguments=arguments))

@@ -10,32 +10,60 @@ from __future__ import annotations
 
 import ast
 import keyword
+import math
 import re
+import unicodedata
 from typing import Any
 
-from ._base import ParsedTurn, ToolCall, ToolCallParser, refuse_call_start, register_parser
+from ._base import (
+    MAX_DEPTH,
+    ParsedTurn,
+    ToolCall,
+    ToolCallParser,
+    refuse_call_start,
+    register_parser,
+)
 
 #: Where a call list may start: ``[`` then a (dotted) name and ``(``, at the text or a line start.
 _LIST_START = re.compile(r"(?:^|\n)[ \t]*(?=\[\s*[A-Za-z_][\w.]*\s*\()")
 _JSON_NAMES = {"true": True, "false": False, "null": None}
+#: A tool name `render` writes: `_LIST_START` only reads names that open with an ASCII letter.
+_NAME = re.compile(r"[A-Za-z_][\w.]*")
 
 
-def _literal(node: ast.expr) -> Any:
+def _identifier(name: str) -> bool:
+    """Whether ``name`` reads back as itself as a Python name.
+
+    Python NFKC-normalizes names: ``ﬁ`` reads as ``fi``, ``µ`` as ``μ``.
+    """
+    return (
+        name.isidentifier()
+        and not keyword.iskeyword(name)
+        and unicodedata.normalize("NFKC", name) == name
+    )
+
+
+def _literal(node: ast.expr, depth: int = 1) -> Any:
     """The JSON value of a literal node; ValueError for anything else (names, calls, ...)."""
+    if depth > MAX_DEPTH:  # a fixed limit, not whatever recursion the stack has left
+        raise ValueError(f"values nested deeper than {MAX_DEPTH} levels")
     if isinstance(node, ast.Constant) and (
         node.value is None or isinstance(node.value, (str, int, float))
     ):
         return node.value
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        return [_literal(e) for e in node.elts]
+        return [_literal(e, depth + 1) for e in node.elts]
     if isinstance(node, ast.Dict):
         if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys):
             raise ValueError("dict keys must be string literals")
-        return {k.value: _literal(v) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[union-attr]
+        return {
+            k.value: _literal(v, depth + 1)  # type: ignore[union-attr]
+            for k, v in zip(node.keys, node.values, strict=True)
+        }
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _literal(node.operand)
+        value = _literal(node.operand, depth + 1)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return -value if isinstance(node.op, ast.USub) else value
     raise ValueError(f"argument values must be literals, got {ast.unparse(node)[:80]!r}")
@@ -67,6 +95,8 @@ def _python_literal(value: Any) -> str:
         return "{" + items + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_python_literal(v) for v in value) + "]"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"cannot render {value!r}: Python has no literal for it")
     if value is None or isinstance(value, (bool, int, float, str)):
         return repr(value)
     raise ValueError(f"cannot render {type(value).__name__} as a literal: {value!r}")
@@ -100,9 +130,9 @@ class PythonicParser(ToolCallParser):
             return content
         rendered = []
         for call in tool_calls:
-            if not all(p.isidentifier() and not keyword.iskeyword(p) for p in call.name.split(".")):
+            if not _NAME.fullmatch(call.name) or not all(map(_identifier, call.name.split("."))):
                 raise ValueError(f"tool name {call.name!r} is not a Python (dotted) identifier")
-            bad = [k for k in call.arguments if not k.isidentifier() or keyword.iskeyword(k)]
+            bad = [k for k in call.arguments if not _identifier(k)]
             if bad:
                 raise ValueError(f"argument names {bad} of {call.name!r} are not identifiers")
             args = ", ".join(f"{k}={_python_literal(v)}" for k, v in call.arguments.items())

@@ -32,7 +32,14 @@ import json
 import re
 from typing import Any
 
-from ._base import ParsedTurn, ToolCall, ToolCallParser, refuse_call_start, register_parser
+from ._base import (
+    ParsedTurn,
+    ToolCall,
+    ToolCallParser,
+    json_loads,
+    refuse_call_start,
+    register_parser,
+)
 
 _CALL_START = re.compile(r"<tool_call>|<function=")
 _TOOL_CALL, _TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -69,19 +76,19 @@ class Qwen3CoderParser(ToolCallParser):
         if not found:
             return ParsedTurn(content=text)
         turn = ParsedTurn(content=text[: found.start()].strip())
-        pos = found.start()
+        pos, param_ends = found.start(), _Finder(text, _PARAMETER_END)
         while (found := _CALL_START.search(text, pos)) is not None:
-            pos = self._read_call(text, found.start(), turn)
+            pos = self._read_call(text, found.start(), turn, param_ends)
         return turn
 
-    def _read_call(self, text: str, start: int, turn: ParsedTurn) -> int:
+    def _read_call(self, text: str, start: int, turn: ParsedTurn, param_ends: _Finder) -> int:
         """Read the call at ``start`` into ``turn``; return where the next one may start."""
         pos = start + len(_TOOL_CALL) if text.startswith(_TOOL_CALL, start) else start
         pos = _skip_space(text, pos)
         name_end = text.find(">", pos)
         name = text[pos + len(_FUNCTION) : max(name_end, pos)]
         if not text.startswith(_FUNCTION, pos) or name_end < 0 or not name or "\n" in name:
-            snippet = text[start:][:200]
+            snippet = text[start : start + 200]
             turn.errors.append(f"malformed <tool_call> {snippet!r}: expected <function=NAME>")
             return _after_block(text, pos)
         arguments: dict[str, Any] = {}
@@ -92,13 +99,13 @@ class Qwen3CoderParser(ToolCallParser):
                 pos = _skip_space(text, pos + len(_FUNCTION_END))
                 turn.tool_calls.append(ToolCall(name=name, arguments=arguments))
                 return pos + len(_TOOL_CALL_END) if text.startswith(_TOOL_CALL_END, pos) else pos
-            key_end = text.find(">", pos)
-            value_end = text.find(_PARAMETER_END, key_end + 1) if key_end >= 0 else -1
-            if not text.startswith(_PARAMETER, pos) or value_end < 0:
-                opened = text.startswith(_PARAMETER, pos) or pos >= len(text)
-                problem = "cut off at" if opened else "unexpected text"
+            opened = text.startswith(_PARAMETER, pos)
+            key_end = text.find(">", pos) if opened else -1
+            value_end = param_ends.find(key_end + 1) if key_end >= 0 else -1
+            if value_end < 0:
+                problem = "cut off at" if opened or pos >= len(text) else "unexpected text"
                 turn.errors.append(
-                    f"malformed <function={name}>: {problem} {text[pos:][:200]!r} "
+                    f"malformed <function={name}>: {problem} {text[pos : pos + 200]!r} "
                     "(expected <parameter=NAME>...</parameter> or </function>)"
                 )
                 return _after_block(text, pos)
@@ -129,8 +136,8 @@ class Qwen3CoderParser(ToolCallParser):
         """A parameter's value from its text (see the module docstring for the rules)."""
         is_string = key in self._string_params.get(function, ())
         try:
-            value = json.loads(raw)
-        except ValueError:
+            value = json_loads(raw)
+        except ValueError:  # not JSON, or nested deeper than MAX_DEPTH: text
             return raw if is_string else _PYTHON_WORDS.get(raw, raw)
         return raw if is_string and not isinstance(value, str) else value
 
@@ -150,6 +157,23 @@ class Qwen3CoderParser(ToolCallParser):
                 f"as {decoded!r} (the tool schema types {key!r} as a string)"
             )
         return text
+
+
+class _Finder:
+    """``text.find(needle, pos)`` for growing ``pos``, scanning each stretch of text once.
+
+    Without it, every call of a turn of many calls cut off inside a parameter would search the
+    rest of the turn for a ``</parameter>`` that is not there.
+    """
+
+    def __init__(self, text: str, needle: str) -> None:
+        self.text, self.needle, self.asked, self.found = text, needle, len(text) + 1, -1
+
+    def find(self, pos: int) -> int:
+        if not (self.asked <= pos and (self.found < 0 or self.found >= pos)):
+            self.found = self.text.find(self.needle, pos)
+        self.asked = pos
+        return self.found
 
 
 def _skip_space(text: str, pos: int) -> int:

@@ -23,13 +23,12 @@ malformed call as plain content and no calls, where ours report it in ``ParsedTu
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from typing import Any
 
 from .._errors import ConfigError
 from . import deepseek_v3
-from ._base import _PARSERS, ParsedTurn, ToolCall, ToolCallParser
+from ._base import _PARSERS, ParsedTurn, ToolCall, ToolCallParser, json_loads
 
 #: Marker tokens the default tokenizer carries, so most of vLLM's parsers can be built on it.
 DEFAULT_MARKERS = (
@@ -155,12 +154,12 @@ class VLLMToolParser(ToolCallParser):
         turn = ParsedTurn(content=content or "")
         for name, raw, call_id in calls:
             try:
-                arguments = json.loads(raw or "{}")
+                arguments = json_loads(raw or "{}")  # ValueError when nested too deep, too
                 if not isinstance(arguments, dict):
                     raise TypeError(f"arguments are a {type(arguments).__name__}, not an object")
             except (ValueError, TypeError) as exc:
                 turn.errors.append(
-                    f"vLLM returned call {name!r} with bad arguments {raw[:200]!r}: {exc}"
+                    f"vLLM returned call {name!r} with bad arguments {str(raw)[:200]!r}: {exc}"
                 )
                 continue
             turn.tool_calls.append(ToolCall(name=name, arguments=arguments, id=call_id))
