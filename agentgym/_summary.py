@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
-from statistics import fmean, pstdev
+import math
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Iterable
+from statistics import fmean, pstdev, stdev
 from typing import Any
 
 from ._trajectory import STATUSES, Trajectory
@@ -22,6 +23,10 @@ def summarize(
 
     Rewards are averaged over episodes that produced one (``ok`` and ``truncated``):
     ``error``/``infra_error`` episodes say nothing about the policy and are counted apart.
+    ``reward/stderr`` is the mean's standard error, so two evals can be told apart from
+    noise. ``pass@k`` (`pass_at_k`, over the tasks with at least k scored episodes): the
+    chance that one of k episodes of a task reaches reward 1.0; ``pass@1`` with one episode
+    per task, and more k with ``group_size`` > 1.
     """
     trajectories = list(trajectories)  # e.g. read_jsonl's generator
     scored = [t for t in trajectories if t.status in ("ok", "truncated")]
@@ -35,6 +40,8 @@ def summarize(
         "status": {s: c for s, c in Counter(t.status for t in trajectories).items()},
         "reward/mean": fmean(rewards) if rewards else None,
         "reward/std": pstdev(rewards) if rewards else None,
+        "reward/stderr": stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else None,
+        **_pass_at(scored),
         "turns/mean": fmean(turns) if turns else None,
         "tools/errors": tool_errors,
         "tokens/completion": tokens,
@@ -49,3 +56,29 @@ def summarize(
     for status in STATUSES:
         summary["status"].setdefault(status, 0)
     return summary
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chance that at least one of k episodes drawn from n passes, when c of the n did.
+
+    The unbiased estimator of Chen et al. (2021, HumanEval): ``1 - C(n-c, k) / C(n, k)``;
+    playing more episodes than k and estimating beats playing exactly k (lower variance).
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _pass_at(scored: list[Trajectory]) -> dict[str, float]:
+    """``pass@k`` for k = 1, 2, 4 ... and the largest group, each over the tasks it fits."""
+    groups: dict[Hashable, list[bool]] = defaultdict(list)
+    for t in scored:
+        key = t.task_position if t.task_position is not None else t.task_index
+        groups[key if key is not None else repr(t.task)].append(t.total_reward >= 1.0)
+    largest = max((len(g) for g in groups.values()), default=0)
+    ks = sorted({1 << i for i in range(largest.bit_length()) if 1 << i <= largest} | {largest})
+    return {
+        f"pass@{k}": fmean(pass_at_k(len(g), sum(g), k) for g in groups.values() if len(g) >= k)
+        for k in ks
+        if k
+    }

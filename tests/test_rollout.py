@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import statistics
 import time
 from typing import Any
 
@@ -374,3 +376,35 @@ def test_summarize_counts_and_excludes_failed_episodes() -> None:
 def test_summarize_with_no_scored_episode() -> None:
     summary = summarize([_traj("error", None)])
     assert summary["reward/mean"] is None and summary["status"]["ok"] == 0
+
+
+def test_summary_gives_pass_at_k_per_task_and_the_means_standard_error() -> None:
+    def played(task: int, *rewards: float | None) -> list[Trajectory]:
+        return [
+            Trajectory(env_id="x", task_position=task, group_index=g, final_reward=r,
+                       status="infra_error" if r is None else "ok")
+            for g, r in enumerate(rewards)
+        ]  # fmt: skip
+
+    summary = summarize(
+        played(0, 1.0, 0.0, 0.0, 0.0) + played(1, 1.0, 1.0, 1.0, 1.0) + played(2, 0.0, 0.5, None)
+    )
+    # task 2 has two scored episodes: it counts for pass@1 and pass@2, not pass@4
+    assert summary["pass@1"] == pytest.approx((0.25 + 1 + 0) / 3)
+    assert summary["pass@2"] == pytest.approx(((1 - 3 / 6) + 1 + 0) / 3)
+    assert summary["pass@4"] == pytest.approx(1.0)
+    assert "pass@3" not in summary and "pass@8" not in summary
+    rewards = [1, 0, 0, 0, 1, 1, 1, 1, 0, 0.5]
+    stderr = statistics.stdev(rewards) / len(rewards) ** 0.5
+    assert summary["reward/stderr"] == pytest.approx(stderr)
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(10, 3, 1), (10, 3, 5), (200, 13, 100), (5, 0, 2)])
+def test_pass_at_k_is_the_humaneval_estimator(n: int, c: int, k: int) -> None:
+    from agentgym._summary import pass_at_k
+
+    # the numerically stable product form of Chen et al. (2021)
+    expected = 1.0 if n - c < k else 1.0 - math.prod(1 - k / i for i in range(n - c + 1, n + 1))
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="pass@k needs"):
+        pass_at_k(3, 4, 1)
