@@ -479,6 +479,11 @@ class GRPOConfig:
         return dataclasses.asdict(self)
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every knob's default (what a run saved before a knob existed is resumed with)."""
+        return {f.name: _default_of(f) for f in dataclasses.fields(cls)}
+
+    @classmethod
     def help(cls, name: str) -> str:
         """The help text of knob ``name``."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -858,13 +863,17 @@ def _describe(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 def _render_help(cls: type) -> str:
     """The per-knob section of the class docstring, from each field's metadata."""
     lines = ["", "    Knobs (name: type = default: help):", ""]
     for f in dataclasses.fields(cls):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
-            else f.default
-        lines.append(f"        {f.name}: {f.type} = {default!r}")
+        lines.append(f"        {f.name}: {f.type} = {_default_of(f)!r}")
         lines.append(f"            {f.metadata['help']}")
     return "\n".join(lines)
 

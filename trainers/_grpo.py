@@ -115,7 +115,8 @@ class GRPOTrainer:
         """
         cfg = self.config
         done = (
-            RunDir.finished_figures(cfg.output_dir, cfg.max_steps, cfg.to_dict())
+            RunDir.finished_figures(cfg.output_dir, cfg.max_steps, cfg.to_dict(),
+                                    GRPOConfig.defaults())  # fmt: skip
             if self.resume else None
         )  # fmt: skip
         if done is not None:
@@ -125,7 +126,8 @@ class GRPOTrainer:
         with self.world.joined(self._device()), self._rollout_loop():
             if not self.world.is_main:
                 return self._train(None, None)  # rank 0 owns the run folder and trackers
-            run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume)
+            run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume,
+                         defaults=GRPOConfig.defaults())  # fmt: skip
             trackers: Trackers | None = None
             try:  # a tracker that fails to start marks the run failed too, never left running
                 # a folder reopened without a checkpoint replays from step 0: hide all of it

@@ -102,6 +102,7 @@ class RunDir:
         resume: bool = False,
         keep: int = 2,
         keep_adapters: int = 4,
+        defaults: Mapping[str, Any] | None = None,
     ) -> None:
         if keep < 1 or keep_adapters < 1:
             raise ConfigError(f"keep={keep} and keep_adapters={keep_adapters} must be >= 1")
@@ -125,7 +126,7 @@ class RunDir:
         self.checkpoints_dir.mkdir(exist_ok=True)
         previous: dict[str, Any] = {}
         if existing:
-            _refuse_changed_config(self.path, self.config)
+            _refuse_changed_config(self.path, self.config, defaults)
             previous = _read_json(self.status_path) or {}
             _refuse_live_owner(self.path, previous)
         self._log_level = logging.getLogger("agentgym").level
@@ -184,7 +185,10 @@ class RunDir:
 
     @staticmethod
     def finished_figures(
-        path: str | os.PathLike[str], max_steps: int, config: Mapping[str, Any]
+        path: str | os.PathLike[str],
+        max_steps: int,
+        config: Mapping[str, Any],
+        defaults: Mapping[str, Any] | None = None,
     ) -> dict[str, float] | None:
         """The headline figures of a run that finished ``max_steps`` in ``path``; else None.
 
@@ -196,7 +200,7 @@ class RunDir:
         done = status.get("state") == "finished" and (status.get("step") or 0) >= max_steps
         if not done or "figures" not in summary:
             return None
-        _refuse_changed_config(Path(path), _normalise(config))  # as a resume would
+        _refuse_changed_config(Path(path), _normalise(config), defaults)  # as a resume would
         return dict(summary["figures"])
 
     # ---- opening an existing run ---------------------------------------------------------
@@ -635,8 +639,14 @@ def _new_status(previous: Mapping[str, Any], resume_step: int | None) -> dict[st
     return status
 
 
-def _refuse_changed_config(path: Path, now: Mapping[str, Any]) -> None:
-    """Refuse to resume the run in ``path`` with a config that differs beyond the schedule."""
+def _refuse_changed_config(
+    path: Path, now: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
+) -> None:
+    """Refuse to resume the run in ``path`` with a config that differs beyond the schedule.
+
+    A knob the saved config lacks (the run was started by a version without it) is accepted
+    at its value in ``defaults``: an upgrade must not strand every run made before it.
+    """
     import yaml
 
     config_path = path / "config.yaml"
@@ -646,10 +656,12 @@ def _refuse_changed_config(path: Path, now: Mapping[str, Any]) -> None:
         saved = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"cannot read the saved config {config_path}: {exc}") from exc
+    added = _normalise(defaults or {})
     differing = sorted(
         key
         for key in set(saved) | set(now)
-        if key not in RESUMABLE_KEYS and saved.get(key, _MISSING) != now.get(key, _MISSING)
+        if key not in RESUMABLE_KEYS
+        and saved.get(key, added.get(key, _MISSING)) != now.get(key, _MISSING)
     )
     if differing:
         details = ", ".join(

@@ -118,6 +118,21 @@ def test_resume_refuses_a_changed_config_and_names_the_keys(tmp_path: Path) -> N
     assert "max_steps" not in message.split("Only")[0]
 
 
+def test_a_run_saved_before_a_knob_existed_resumes_with_its_default(tmp_path: Path) -> None:
+    yaml = require("yaml")
+    # the run was made by a version without "new_knob"; an upgrade must not strand it
+    old, older = tmp_path / "a", tmp_path / "b"
+    RunDir(old, CONFIG).mark_finished()
+    RunDir(older, CONFIG).mark_finished()
+    defaults = {"new_knob": 3, "lora_r": 99}
+    run = RunDir(old, {**CONFIG, "new_knob": 3}, resume=True, defaults=defaults)
+    assert run.reopened and yaml.safe_load(run.config_path.read_text())["new_knob"] == 3
+    with pytest.raises(ConfigError, match=r"new_knob \(saved 3, now 5\)"):
+        RunDir(old, {**CONFIG, "new_knob": 5}, resume=True, defaults=defaults)
+    with pytest.raises(ConfigError, match=r"new_knob \(saved '<absent>', now 5\)"):
+        RunDir(older, {**CONFIG, "new_knob": 5}, resume=True, defaults=defaults)
+
+
 def test_resume_accepts_schedule_changes_and_saves_them(tmp_path: Path) -> None:
     yaml = require("yaml")
     assert {"max_steps", "eval_steps", "save_steps", "logging_steps", "report_to"} <= RESUMABLE_KEYS
