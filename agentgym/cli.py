@@ -205,9 +205,13 @@ def evaluate(
         typer.Option(help="vllm, hf: concat (one sequence per episode), per_turn, or auto."),
     ] = RolloutModeChoice.auto,
     max_model_len: Annotated[
-        int,
-        typer.Option(min=16, help="vllm, hf: context window; a longer episode ends truncated."),
-    ] = 4096,
+        int | None,
+        typer.Option(
+            min=16,
+            help="vllm, hf: context window; a longer episode ends truncated. "
+            "[default: 4096, or the model's positions if fewer]",
+        ),
+    ] = None,
     server: Annotated[
         list[str],
         typer.Option(
@@ -234,6 +238,10 @@ def evaluate(
     _refuse_option_mix(policy, template_kwargs, servers)
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
     env_kwargs_built = _with_model(model_path, env_kwargs, policy) if policy.local else env_kwargs
+    if policy.local and model_path is not None:  # checked before any engine starts
+        from .engine._model_dir import context_length
+
+        max_model_len = context_length(model_path, max_model_len)
     probe = make(env_id, **env_kwargs_built)  # validates options before any work
     available = len(getattr(probe, "tasks", ()))
     reference: Any = getattr(probe, "reference_turns", None)
@@ -319,7 +327,7 @@ def _prepare_engine(
     sampling: dict[str, Any],
     template_kwargs: dict[str, Any],
     rollout_mode: RolloutModeChoice,
-    max_model_len: int,
+    max_model_len: int | None,
     servers: _Servers,
     *,
     transformers: bool = False,

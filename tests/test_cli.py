@@ -179,6 +179,24 @@ def test_an_opening_prompt_over_the_context_is_refused_before_the_run(
     assert not (tmp_path / "a" / "trajectories.jsonl").exists()  # nothing was played
 
 
+def test_the_context_window_fits_the_model_by_default_and_a_longer_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    # a model of 1,024 positions (the quickstart's): vLLM refused the 4,096 default at engine
+    # start, reported as an infrastructure failure (exit 75) that queues retry
+    from agentgym.engine import HFPolicy
+    from agentgym.engine.tiny import build_tiny_model
+
+    short = build_tiny_model(max_position_embeddings=1024)
+    assert HFPolicy(short).max_model_len == 1024
+    args = ["--policy", "hf", "--model-path", str(short), "-n", "1"]
+    proc = run("eval", "calculator", *args, "--max-model-len", "2048", "--out", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    message = one_error_line(proc)
+    assert "max_model_len=2048 exceeds" in message and "max_position_embeddings=1024" in message
+    assert "lower max_model_len to 1024" in message
+
+
 def test_resume_plays_again_the_episodes_the_backend_failed(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert run("eval", "calculator", "-n", "3", "--out", str(out)).returncode == 0

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from agentgym import make
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
+from agentgym.engine._model_dir import context_length
 
 from ._config import _UNSERVABLE_TARGETS, GRPOConfig
 from ._tracking import BACKENDS, resolve_report_to
@@ -37,11 +38,6 @@ _BYTES_PER_PARAM_CPU = 8
 _TRACKER_MODULES = {
     "tensorboard": "torch.utils.tensorboard", "trackio": "trackio", "wandb": "wandb",
 }  # fmt: skip
-#: RoPE types whose ``max_position_embeddings`` already counts their scaling, so vLLM does not
-#: multiply it by ``factor`` (``_get_and_verify_max_len`` in ``vllm/config/model.py``).
-_PRESCALED_ROPE = frozenset(
-    {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
-)
 
 
 class Checked(NamedTuple):
@@ -183,42 +179,8 @@ def _check_scripts(env: Any, config: GRPOConfig) -> None:
 
 
 def _check_context(model_dir: Path, config: GRPOConfig) -> None:
-    """`max_model_len` fits the model's positions, as vLLM counts them.
-
-    vLLM refuses a longer context at engine start (reported as an infrastructure error), and
-    past its positions a model's output is garbage either way. vLLM's own escape hatch,
-    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``, skips the check here too.
-    """
-    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
-        return
-    spec = json.loads((model_dir / "config.json").read_text())
-    spec = {**spec, **spec.get("text_config", {})}  # multimodal configs nest the text model
-    positions = spec.get("max_position_embeddings")
-    if not isinstance(positions, int):
-        return
-    factor = 1.0 if "gemma3" in str(spec.get("model_type")) else _rope_factor(spec)
-    limit = int(positions * factor)
-    if config.max_model_len > limit:
-        scaled = f" x RoPE factor {factor:g} = {limit}" if limit != positions else ""
-        raise ConfigError(
-            f"max_model_len={config.max_model_len} exceeds model {config.model!r}'s "
-            f"max_position_embeddings={positions}{scaled} (its config.json); lower "
-            f"max_model_len to {limit} or less"
-        )
-
-
-def _rope_factor(spec: dict[str, Any]) -> float:
-    """The factor vLLM scales ``max_position_embeddings`` by (1.0 for most models)."""
-    rope = spec.get("rope_scaling") or spec.get("rope_parameters") or {}
-    if not isinstance(rope, dict):
-        return 1.0
-    per_layer_type = [v for v in rope.values() if isinstance(v, dict)]
-    factor = 1.0
-    for params in per_layer_type or [rope]:
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind not in _PRESCALED_ROPE and isinstance(params.get("factor"), (int, float)):
-            factor = float(params["factor"])
-    return factor
+    """`max_model_len` fits the model's positions, as vLLM counts them (`context_length`)."""
+    context_length(model_dir, config.max_model_len)
 
 
 def _check_lora_targets(model_dir: Path, config: GRPOConfig) -> None:

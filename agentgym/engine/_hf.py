@@ -30,7 +30,7 @@ from ._episode import (
     TokenPolicy,
     next_adapter_version,
 )
-from ._model_dir import model_source
+from ._model_dir import context_length, model_source
 from ._render import ChatRenderer
 
 
@@ -55,6 +55,7 @@ class HFPolicy(TokenPolicy):
         device: ``"cpu"``, ``"cuda"`` ...
         dtype: torch dtype name for the weights (``"float32"`` for exact comparisons).
         max_model_len: context window; a longer prompt ends the episode as ``truncated``.
+            None: 4096, or the model's positions if fewer (`context_length`).
         chat_template_kwargs: extra chat-template variables.
         rollout_mode: see `TokenPolicy`.
         max_batch_size: most turns sampled in one `generate` call. A batch shares one seed
@@ -69,7 +70,7 @@ class HFPolicy(TokenPolicy):
         adapter: str | os.PathLike[str] | None = None,
         device: str = "cpu",
         dtype: str = "float32",
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         rollout_mode: ModeChoice = "auto",
         max_batch_size: int = 64,
@@ -89,9 +90,9 @@ class HFPolicy(TokenPolicy):
             raise ConfigError(
                 f"HFPolicy needs transformers: pip install 'agentgym[train]' ({exc})"
             ) from exc
-        self.max_model_len = max_model_len
         self.max_batch_size = max_batch_size
         model = model_source(model)
+        self.max_model_len = context_length(model, max_model_len)
         tokenizer = AutoTokenizer.from_pretrained(model)
         self._renderer = ChatRenderer(tokenizer, chat_template_kwargs)
         net: Any = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))

@@ -1,16 +1,27 @@
-"""Where a policy's model comes from: a local model folder, or a Hugging Face id.
+"""Where a policy's model comes from (a folder or a hub id), and the context it can take.
 
 Why: transformers and vLLM read any string that is not a folder as a hub id, so a mistyped
 path failed with "Repo id must use alphanumeric chars" (or a download attempt) instead of
-saying the folder is wrong.
+saying the folder is wrong. And vLLM refuses a context longer than the model's positions at
+engine start, reported as an infrastructure failure; past them a model's output is garbage.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from .._errors import ConfigError
+
+#: The context window a policy gets when none is asked for (or the model's, when shorter).
+DEFAULT_MAX_MODEL_LEN = 4096
+#: RoPE types whose ``max_position_embeddings`` already counts their scaling, so vLLM does not
+#: multiply it by ``factor`` (``_get_and_verify_max_len`` in ``vllm/config/model.py``).
+_PRESCALED_ROPE = frozenset(
+    {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+)
 
 
 def require_model_folder(model_dir: str | os.PathLike[str]) -> Path:
@@ -34,3 +45,56 @@ def model_source(model: str | os.PathLike[str]) -> str:
     if text.startswith(("/", ".", "~")) or Path(text).exists():
         return str(require_model_folder(text))
     return text
+
+
+def context_length(model: str | os.PathLike[str], max_model_len: int | None) -> int:
+    """``max_model_len`` checked against a local model's positions, as vLLM counts them.
+
+    None gives `DEFAULT_MAX_MODEL_LEN`, or the model's limit where that is shorter. A hub id
+    (no local config) and vLLM's own escape hatch, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``, are
+    not checked. Raises `ConfigError` for a longer one, naming the limit.
+    """
+    limit = _position_limit(Path(model) / "config.json")
+    if limit is None:
+        return DEFAULT_MAX_MODEL_LEN if max_model_len is None else max_model_len
+    longest, why = limit
+    if max_model_len is None:
+        return min(DEFAULT_MAX_MODEL_LEN, longest)
+    if max_model_len > longest:
+        raise ConfigError(
+            f"max_model_len={max_model_len} exceeds {os.fspath(model)!r}'s {why} (its "
+            f"config.json); lower max_model_len to {longest} or less"
+        )
+    return max_model_len
+
+
+def _position_limit(config_path: Path) -> tuple[int, str] | None:
+    """(the longest context, how it follows from the config), or None when not known."""
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
+        return None
+    try:
+        spec = json.loads(config_path.read_text())
+    except (OSError, ValueError):
+        return None
+    spec = {**spec, **spec.get("text_config", {})}  # multimodal configs nest the text model
+    positions = spec.get("max_position_embeddings")
+    if not isinstance(positions, int):
+        return None
+    factor = 1.0 if "gemma3" in str(spec.get("model_type")) else _rope_factor(spec)
+    longest = int(positions * factor)
+    scaled = f" x RoPE factor {factor:g} = {longest}" if longest != positions else ""
+    return longest, f"max_position_embeddings={positions}{scaled}"
+
+
+def _rope_factor(spec: dict[str, Any]) -> float:
+    """The factor vLLM scales ``max_position_embeddings`` by (1.0 for most models)."""
+    rope = spec.get("rope_scaling") or spec.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        return 1.0
+    per_layer_type = [v for v in rope.values() if isinstance(v, dict)]
+    factor = 1.0
+    for params in per_layer_type or [rope]:
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind not in _PRESCALED_ROPE and isinstance(params.get("factor"), (int, float)):
+            factor = float(params["factor"])
+    return factor

@@ -43,7 +43,7 @@ from ._episode import (
     TokenPolicy,
     next_adapter_version,
 )
-from ._model_dir import model_source
+from ._model_dir import context_length, model_source
 from ._render import ChatRenderer
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,8 @@ class VLLMPolicy(TokenPolicy):
         model: a local model folder (or a hub id where a hub is reachable).
         sampling: a `SamplingConfig` or a dict of its fields.
         max_model_len: context window; a prompt that no longer fits ends the episode as
-            ``truncated`` (`ContextLengthError`).
+            ``truncated`` (`ContextLengthError`). None: 4096, or the model's positions if
+            fewer; longer than the model's positions is a `ConfigError` (`context_length`).
         dtype: weights' dtype (``"auto"``, ``"float32"``, ``"bfloat16"``); float32 makes
             logprobs comparable with a float32 transformers forward pass.
         enable_lora: serve LoRA adapters (`load_adapter`). On the CPU build a batch whose
@@ -128,7 +129,7 @@ class VLLMPolicy(TokenPolicy):
         model: str | os.PathLike[str],
         *,
         sampling: SamplingConfig | dict[str, Any] | None = None,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         dtype: str = "auto",
         enable_lora: bool = False,
         max_lora_rank: int = 16,
@@ -144,7 +145,7 @@ class VLLMPolicy(TokenPolicy):
         if max_loras < 1:
             raise ConfigError(f"max_loras must be >= 1, got {max_loras}")
         self.model = model_source(model)
-        self.max_model_len = max_model_len
+        self.max_model_len = max_model_len = context_length(self.model, max_model_len)
         self.enable_lora = enable_lora
         self.max_loras = max_loras
         self._engine_args = {
