@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Coroutine
@@ -91,6 +92,24 @@ class _EngineThread:
         self._thread.join(timeout=30)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+def unguarded_script() -> str | None:
+    """The script this process runs, when it has no ``if __name__ == "__main__":`` guard.
+
+    Why: vLLM starts its engine process with spawn, which imports the main script again; a
+    script that starts an engine at its top level fails there, and the parent sees only
+    "Engine core initialization failed" after screens of the child's traceback.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return None  # python -c, a REPL, a notebook, a console script: nothing is imported
+    try:
+        source = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return None if "__main__" in source else path
 
 
 class VLLMPolicy(TokenPolicy):
@@ -208,6 +227,13 @@ class VLLMPolicy(TokenPolicy):
                 self._engine = thread.submit(build()).result()
             except Exception as exc:
                 thread.stop()
+                script = unguarded_script()
+                if script is not None:
+                    raise ConfigError(
+                        f"vLLM could not start: {script} starts it without an "
+                        "`if __name__ == \"__main__\":` guard, and vLLM's engine process "
+                        "imports the script again; move the code that starts it under one"
+                    ) from exc
                 raise ModelError(f"vLLM could not start on {self.model}: {exc}") from exc
             self._thread = thread
 
