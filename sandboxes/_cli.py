@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
-
-from agentgym._errors import Error
 
 from . import _reap
 from ._config import DEFAULT_IMAGE
@@ -31,11 +29,6 @@ class Method(enum.StrEnum):
 
 def _log(message: str) -> None:
     console.print(Text(message, style="dim"))
-
-
-def _fail(exc: Exception) -> NoReturn:
-    console.print(Text.assemble(("error:", "red"), " ", str(exc)))
-    raise typer.Exit(1)
 
 
 HostOption = Annotated[str | None, typer.Option(
@@ -74,11 +67,8 @@ def build(
             console.print(f"{tag} exists; nothing to build (drop --if-missing to rebuild)")
             return
     started = time.monotonic()
-    try:
-        with console.status(f"building {tag} ({method.value})"):
-            image_id = build_image(tag=tag, method=method.value, mirror=mirror, log=_log)
-    except Error as exc:
-        _fail(exc)
+    with console.status(f"building {tag} ({method.value})"):
+        image_id = build_image(tag=tag, method=method.value, mirror=mirror, log=_log)
     seconds = time.monotonic() - started
     console.print(Text.assemble(("built", "green"), f" {tag} {image_id[:19]} in {seconds:.0f} s"))
 
@@ -86,10 +76,7 @@ def build(
 @app.command("ls")
 def list_containers(host: HostOption = None, cert_dir: CertDirOption = None) -> None:
     """List agentgym containers and whether their owner process is alive."""
-    try:
-        containers = _reap.managed_containers(_client(host, cert_dir))
-    except Error as exc:
-        _fail(exc)
+    containers = _reap.managed_containers(_client(host, cert_dir))
     table = Table("image", "status", "owner pid", "owner alive", "pool")
     table.columns.insert(0, Column("id", no_wrap=True, min_width=12))
     for c in containers:
@@ -109,10 +96,7 @@ def prune(
     cert_dir: CertDirOption = None,
 ) -> None:
     """Remove agentgym containers whose owner is gone or that expired (or all with --all)."""
-    try:
-        removed = _reap.reap_leaked(_client(host, cert_dir), everything=all_)
-    except Error as exc:
-        _fail(exc)
+    removed = _reap.reap_leaked(_client(host, cert_dir), everything=all_)
     console.print(f"removed {len(removed)} container(s)" +
                   (f": {' '.join(removed)}" if removed else ""))
 
@@ -128,9 +112,6 @@ def bench(
     """Measure warm vs cold latency, throughput and HumanEval verification time."""
     from ._bench import run_bench
 
-    try:
-        result = run_bench(image=image, pool_size=pool_size, n=n, humaneval=humaneval, log=_log)
-    except Error as exc:
-        _fail(exc)
+    result = run_bench(image=image, pool_size=pool_size, n=n, humaneval=humaneval, log=_log)
     for line in result.lines():
         console.print(line)
