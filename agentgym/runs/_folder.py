@@ -45,11 +45,25 @@ def read_step(run_dir: Path) -> int | None:
     return None
 
 
+def run_file(run_dir: str | Path, name: str) -> Path | None:
+    """``run_dir/name`` when it is a regular file inside the run folder, else None.
+
+    Why: what the API and the dashboard serve from a run folder must stay in it; a symlink that
+    leads out of it (``output.log -> /etc/passwd``) or a FIFO (a read would block) is not served.
+    """
+    path = Path(run_dir) / name
+    try:
+        real, root = path.resolve(strict=True), Path(run_dir).resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, a symlink loop, an unreadable folder
+        return None
+    return path if real.is_relative_to(root) and real.is_file() else None
+
+
 def log_path(run_dir: str | Path) -> Path | None:
     """A job's ``output.log``, else a train run's ``train.log``; None before either exists."""
     for name in _LOGS:
-        path = Path(run_dir) / name
-        if path.is_file():
+        path = run_file(run_dir, name)
+        if path is not None:
             return path
     return None
 
@@ -57,8 +71,10 @@ def log_path(run_dir: str | Path) -> Path | None:
 def log_tail(run_dir: Path, lines: int = TAIL_LINES) -> str | None:
     """The last ``lines`` lines of the run's log, or None when it wrote none."""
     path = log_path(run_dir)
+    if path is None:
+        return None
     try:
-        with open(path or run_dir / OUTPUT_LOG, "rb") as f:
+        with open(path, "rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - 64 * 1024))
             text = f.read().decode("utf-8", errors="replace")

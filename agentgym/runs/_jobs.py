@@ -35,15 +35,41 @@ JobKind = Literal["train", "eval"]
 _EVAL_RESERVED = frozenset({"out", "resume", "env_arg", "api_key"})
 #: How a worker starts ``agentgym``: the interpreter running this code, not whatever is on PATH.
 _AGENTGYM = [sys.executable, "-c", "from agentgym.cli import main; main()"]
+#: Most values (mappings, lists and scalars, counted as YAML aliases expand) a job config holds.
+MAX_CONFIG_NODES = 100_000
 
 
 def parse_config(config: Mapping[str, Any] | str) -> dict[str, Any]:
-    """A job config as a dict: a mapping as is, or YAML/JSON text parsed."""
-    if isinstance(config, str):
-        config = load_yaml(config, "the config")
+    """A job config as a dict: a mapping as is, or YAML/JSON text parsed.
+
+    Raises:
+        ConfigError: not a mapping, not YAML, nested too deep, or over `MAX_CONFIG_NODES`
+            values (YAML aliases make a short text a huge config: the "billion laughs").
+    """
+    try:
+        if isinstance(config, str):
+            config = load_yaml(config, "the config")
+        _check_size(config, MAX_CONFIG_NODES)
+    except RecursionError:
+        raise ConfigError("the config is nested too deep") from None
     if not isinstance(config, Mapping):
         raise ConfigError(f"a config must be a mapping of key: value, got {type(config).__name__}")
     return dict(config)
+
+
+def _check_size(value: Any, limit: int) -> int:
+    """How many values ``value`` holds (aliases counted each time); ConfigError over ``limit``."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            raise ConfigError(f"the config holds more than {limit} values; a job config is small")
+        if isinstance(item, Mapping):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple):
+            stack += item
+    return count
 
 
 def check_job(kind: str, config: Mapping[str, Any]) -> None:
@@ -122,6 +148,10 @@ def _eval_args(config: Mapping[str, Any]) -> list[str]:
                 args += ["--env-arg", f"{k}={json.dumps(v)}"]
             continue
         flag = "--" + key.replace("_", "-")
+        if isinstance(value, list):  # a repeatable option (server: [url, url])
+            for item in value:
+                args += [flag, str(item)]
+            continue
         args += [flag, json.dumps(value) if isinstance(value, Mapping) else str(value)]
     return args
 

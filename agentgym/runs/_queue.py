@@ -125,6 +125,23 @@ class JobQueue:
         task = asyncio.get_running_loop().create_task(self._run_one(job))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda done: self._start_failed(job["id"], done))
+
+    def _start_failed(self, run_id: str, task: asyncio.Task[None]) -> None:
+        """Mark ``failed``, with the reason, a job whose process could not be started.
+
+        Why: an exception before the process exists (argument list too long, a folder that
+        cannot be written) would otherwise leave the job ``running`` with no process, forever.
+        """
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("job %s: cannot start its process: %r", run_id, exc)
+        self.store.update_run(
+            run_id, only_if={"owner": self.owner, "status": "running", "pid": None},
+            status=RunStatus.failed, ended_at=now_iso(),
+            error_tail=f"the job's process could not be started: {type(exc).__name__}: {exc}",
+        )  # fmt: skip
 
     async def _run_one(self, job: dict[str, Any]) -> None:
         run_dir = Path(job["run_dir"])
@@ -182,6 +199,11 @@ class JobQueue:
         """Re-queue an ``interrupted`` job with ``--resume`` when it has a checkpoint."""
         row = self.store.get_run(run_id)
         if row is None or row["attempt"] >= row["max_attempts"]:
+            return False
+        if row["cancel_requested"]:  # cancelled while it ran: it stopped, do not resume it
+            self.store.update_run(
+                run_id, only_if={"status": "interrupted"}, status=RunStatus.cancelled
+            )
             return False
         if not has_checkpoint(row["kind"], Path(row["run_dir"])):
             return False

@@ -209,12 +209,14 @@ class RunStore:
     def request_cancel(self, run_id: str) -> dict[str, Any] | None:
         """Ask for a run to stop: a queued job is cancelled now, a running one by its queue.
 
-        Returns the row after the change, or None if there is no such run.
+        An ``interrupted`` job (its process is gone) is cancelled now too, so that no queue
+        resumes it. Returns the row after the change, or None if there is no such run.
         """
-        self.update_run(
-            run_id, only_if={"status": "queued"}, status=RunStatus.cancelled,
-            cancel_requested=True, ended_at=now_iso(),
-        )  # fmt: skip
+        for waiting in ("queued", "interrupted"):
+            self.update_run(
+                run_id, only_if={"status": waiting}, status=RunStatus.cancelled,
+                cancel_requested=True, ended_at=now_iso(),
+            )  # fmt: skip
         self.update_run(run_id, only_if={"status": "running"}, cancel_requested=True)
         return self.get_run(run_id)
 

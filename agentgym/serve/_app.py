@@ -5,6 +5,9 @@ including those started from the CLI. The queue (`agentgym.runs.JobQueue`) runs 
 event loop; the database holds it, so a restarted server carries on (see `JobQueue.recover`).
 
 With a token every request, including ``/openapi.json``, needs ``Authorization: Bearer TOKEN``.
+Without one the server answers only requests addressed to a loopback name (``Host:
+localhost``/``127.0.0.1``/``[::1]``), so a web page cannot reach it through DNS rebinding. A
+request body over `MAX_BODY` bytes is refused (413), as is one of unknown length (411).
 """
 
 from __future__ import annotations
@@ -15,24 +18,33 @@ import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentgym._errors import ConfigError
-from agentgym.runs import TERMINAL, JobQueue, RunStore, submit_job
+from agentgym.runs import TERMINAL, JobQueue, RunStatus, RunStore, submit_job
 from agentgym.runs._folder import log_path
 
+from ._cli import _is_loopback
 from ._dashboard import dashboard_router
 from ._files import metric_lines
 
 #: How often a followed log or metrics file is looked at for new lines.
 FOLLOW_POLL_S = 0.25
+#: Largest request body accepted (a job config is a few KiB).
+MAX_BODY = 1 << 20
+#: A followed line longer than this is cut (logs) or dropped (metrics), not buffered further.
+MAX_LINE = 1 << 20
 
 
 class JobRequest(BaseModel):
     """A job to queue: ``kind`` and its config (a mapping, or YAML/JSON text)."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not ignored
 
     kind: Literal["train", "eval"]
     config: dict[str, Any] | str = Field(
@@ -96,6 +108,7 @@ def create_app(
     app = FastAPI(title="agentgym", summary="Submit and watch agentgym jobs.", lifespan=lifespan)
     if token is not None:
         app.middleware("http")(_bearer_check(token))
+    app.add_middleware(_Guard, loopback_only=token is None)  # outermost: runs first
 
     @app.post("/jobs", status_code=201, response_model=Job)
     def submit(request: JobRequest) -> dict[str, Any]:
@@ -125,8 +138,19 @@ def create_app(
 
     @app.post("/jobs/{run_id}/cancel", response_model=Job)
     def cancel_job(run_id: str) -> dict[str, Any]:
-        """Cancel a job: a queued one now, a running one gets SIGTERM (SIGKILL after a grace)."""
-        _get(store, run_id)
+        """Cancel a job: a queued one now, a running one gets SIGTERM (SIGKILL after a grace).
+
+        409 for a run started from the command line (no queue holds its process) and for a job
+        that already finished or failed; cancelling a cancelled job again is a no-op.
+        """
+        run = _get(store, run_id)
+        if run["job"] is None:
+            raise HTTPException(
+                409, f"run {run_id!r} was started from the command line, not as a job; stop "
+                f"its process (pid {run['pid']} on {run['host']}) instead",
+            )  # fmt: skip
+        if run["status"] in (RunStatus.finished, RunStatus.failed):
+            raise HTTPException(409, f"job {run_id!r} already {run['status']}; nothing to cancel")
         row = store.request_cancel(run_id)
         queue.wake()
         return row or _get(store, run_id)
@@ -135,15 +159,17 @@ def create_app(
     def job_logs(run_id: str, follow: bool = False) -> StreamingResponse:
         """The job's log as text lines; ``follow``: stream new lines until the job ends."""
         run_dir = _get(store, run_id)["run_dir"]
-        lines = _follow(store, run_id, lambda: log_path(run_dir) if run_dir else None, follow, None)
+        lines = _follow(
+            store, run_id, lambda: log_path(run_dir) if run_dir else None, follow, None, True
+        )
         return StreamingResponse(lines, media_type="text/plain; charset=utf-8")
 
     @app.get("/jobs/{run_id}/metrics", response_class=StreamingResponse)
     def job_metrics(run_id: str, follow: bool = False) -> StreamingResponse:
         """NDJSON: train ``metrics.jsonl`` lines, or per-episode rewards of an eval."""
         run = _get(store, run_id)
-        path, project = metric_lines(run["kind"], run["run_dir"])
-        lines = _follow(store, run_id, lambda: path, follow, project)
+        path_of, project = metric_lines(run["kind"], run["run_dir"])
+        lines = _follow(store, run_id, path_of, follow, project, False)
         return StreamingResponse(lines, media_type="application/x-ndjson")
 
     @app.get("/health")
@@ -163,6 +189,54 @@ def _get(store: RunStore, run_id: str) -> dict[str, Any]:
 
 
 _Next = Callable[[Request], Awaitable[Response]]
+
+
+class _Guard:
+    """ASGI middleware: the Host check of a server without a token, and the body size limit.
+
+    A token-less server listens on loopback only, but a web page the user opens can still reach
+    it through DNS rebinding (its own name, re-resolved to 127.0.0.1), submit jobs and read
+    runs; such a request carries the page's name in ``Host`` and is refused here.
+    """
+
+    def __init__(self, app: ASGIApp, *, loopback_only: bool) -> None:
+        self.app, self.loopback_only = app, loopback_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refusal = _refusal(headers, self.loopback_only)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        await JSONResponse({"detail": refusal[1]}, status_code=refusal[0])(scope, receive, send)
+
+
+def _refusal(headers: dict[bytes, str], loopback_only: bool) -> tuple[int, str] | None:
+    """(status, one-line reason) when a request is refused before routing, else None."""
+    host = headers.get(b"host", "")
+    if loopback_only and not _loopback_host(host):
+        return 400, (
+            f"Host {host!r} is not a loopback name; without --token this server answers only "
+            "requests to localhost/127.0.0.1 (start it with --token to serve other names)"
+        )
+    length = headers.get(b"content-length")
+    if length is None and b"transfer-encoding" in headers:
+        return 411, "send the body with a Content-Length header"
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+        return 413, f"request body of {length} bytes; at most {MAX_BODY} are accepted"
+    return None
+
+
+def _loopback_host(host: str) -> bool:
+    """Whether a ``Host`` header (``name[:port]``) names this machine's loopback."""
+    try:
+        name = urlsplit(f"//{host}").hostname
+    except ValueError:
+        return False
+    return bool(name) and _is_loopback(str(name))
 
 
 def _bearer_check(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
@@ -187,9 +261,14 @@ async def _follow(
     path_of: Callable[[], Path | None],
     follow: bool,
     project: Callable[[bytes], bytes | None] | None,
+    partial: bool,
 ) -> AsyncIterator[bytes]:
-    """Complete lines of a growing file; with ``follow``, until the run is in a final state."""
-    offset, pending = 0, b""
+    """Complete lines of a growing file; with ``follow``, until the run is in a final state.
+
+    ``partial`` (logs): a line over `MAX_LINE` is cut into pieces and a last line without its
+    newline is sent at the end; otherwise (JSONL) such lines are dropped, as not yet records.
+    """
+    offset, pending, skipping = 0, b"", False
     while True:
         done = not follow or _finished(store, run_id)
         path = path_of()
@@ -197,11 +276,19 @@ async def _follow(
         offset += len(chunk)
         lines = (pending + chunk).split(b"\n")
         pending = lines.pop()
+        if skipping and lines:  # the end of a dropped overlong line
+            lines, skipping = lines[1:], False
+        if len(pending) > MAX_LINE:
+            lines, pending, skipping = (lines + [pending], b"", False) if partial else (
+                lines, b"", True
+            )  # fmt: skip
         for line in lines:
             out = project(line) if project is not None else line
             if out is not None:
                 yield out + b"\n"
         if not chunk and done:
+            if partial and pending:
+                yield pending + b"\n"
             return
         if not chunk:
             await asyncio.sleep(FOLLOW_POLL_S)

@@ -30,7 +30,7 @@ import math
 import statistics
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -40,6 +40,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse
 
 from .._trajectory import PrefixMismatchError, Status, Trajectory
+from ..runs._folder import run_file
 
 STATIC_DIR = Path(__file__).with_name("static")
 #: Files the page loads; nothing else under ``static/`` is served.
@@ -61,6 +62,13 @@ MAX_PAGE = 200
 _INDEX_CACHE_SIZE = 16
 #: First user message shown in the list, cut to this many characters.
 _PREVIEW_CHARS = 160
+#: A JSONL line longer than this is not parsed: a trajectory counts as a bad line, a metrics
+#: line is skipped (a runaway writer must not make one request load gigabytes).
+MAX_LINE_BYTES = 64 << 20
+#: Most bytes of ``metrics.jsonl`` one poll reads; the next poll continues from ``next``.
+MAX_METRICS_BYTES = 16 << 20
+#: What a malformed line can raise while it is read as a trajectory or shown in detail.
+_MALFORMED = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
 
 
 class RunStore(Protocol):
@@ -125,15 +133,13 @@ class TrajectoryIndex:
         with self.path.open("rb") as f:
             f.seek(self.end)
             offset = self.end
-            for line in f:
-                if not line.endswith(b"\n"):
-                    break
-                row = _row(len(self.rows), offset, line)
+            for size, line in _complete_lines(f, MAX_LINE_BYTES):
+                row = _row(len(self.rows), offset, line) if line is not None else None
                 if row is None:
-                    self.bad_lines += line.strip() != b""
+                    self.bad_lines += line is None or line.strip() != b""
                 else:
                     self.rows.append(row)
-                offset += len(line)
+                offset += size
         self.end = offset
         self._fences = None
 
@@ -149,12 +155,37 @@ class TrajectoryIndex:
         return self._fences
 
 
+def _complete_lines(f: Any, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(bytes taken, the line or None when over ``limit``) for each complete line from here.
+
+    Stops before a last line without its newline (still being written); an overlong line is
+    skipped in chunks, never held whole.
+    """
+    while True:
+        line = f.readline(limit + 1)
+        if line.endswith(b"\n"):
+            yield len(line), line
+            continue
+        if len(line) <= limit:  # end of file, maybe after a torn last line
+            return
+        size = len(line)
+        while not line.endswith(b"\n"):
+            line = f.readline(1 << 20)
+            if not line:
+                return
+            size += len(line)
+        yield size, None
+
+
 def _row(index: int, offset: int, line: bytes) -> Row | None:
-    """Summarise one JSONL line; None when it is not a trajectory."""
+    """Summarise one JSONL line; None when it is not a trajectory (any field of a wrong type)."""
     try:
-        t = Trajectory.from_dict(json.loads(line))
-    except (ValueError, TypeError, KeyError, AttributeError):
+        return _summarise(index, offset, Trajectory.from_dict(json.loads(line)))
+    except _MALFORMED:
         return None
+
+
+def _summarise(index: int, offset: int, t: Trajectory) -> Row:
     first_user = next((m for m in t.messages if m.get("role") == "user"), {})
     return Row(
         index=index,
@@ -265,27 +296,28 @@ def read_metrics(path: Path, since: int, patterns: Iterable[str]) -> dict[str, A
     wanted = list(patterns)
     size = path.stat().st_size if path.is_file() else 0
     reset = since > size
-    start = 0 if reset else since
+    start = first = 0 if reset else since
     points: list[dict[str, Any]] = []
     if size > start:
         with path.open("rb") as f:
             f.seek(start)
-            for line in f:
-                if not line.endswith(b"\n"):
-                    break
-                start += len(line)
-                point = _metric_point(line, wanted)
+            for taken, line in _complete_lines(f, MAX_LINE_BYTES):
+                start += taken
+                point = _metric_point(line, wanted) if line is not None else None
                 if point is not None and point["values"]:
                     points.append(point)
+                if start - first >= MAX_METRICS_BYTES:
+                    break
     return {"points": points, "next": start, "reset": reset}
 
 
 def _metric_point(line: bytes, patterns: list[str]) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+    step = record.get("step") if isinstance(record, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
         return None
     values = {
         key: value
@@ -324,14 +356,18 @@ def tokenizer_source(run: dict[str, Any]) -> tuple[str | None, str]:
     config's ``model`` folder; ``tiny`` models are rebuilt in memory (deterministic).
     """
     run_dir = _run_dir(run)
-    model = str((run.get("config") or {}).get("model") or "")
-    candidates: list[Path] = []
-    if run_dir is not None:
-        candidates += [run_dir / "tokenizer.json", run_dir / "tokenizer" / "tokenizer.json"]
+    config = run.get("config")
+    model = str((config if isinstance(config, dict) else {}).get("model") or "")
+    candidates: list[Path | None] = []
+    if run_dir is not None:  # in the run folder: only files inside it (`run_file`)
+        candidates += [
+            run_file(run_dir, "tokenizer.json"),
+            run_file(run_dir, "tokenizer/tokenizer.json"),
+        ]
     if model and not model.startswith("tiny"):
         candidates.append(Path(model).expanduser() / "tokenizer.json")
     for candidate in candidates:
-        if candidate.is_file():
+        if candidate is not None and candidate.is_file():
             return str(candidate), f"tokenizer {candidate}"
     if model == "tiny" or model.startswith("tiny:"):
         from ..engine.tiny import PRESETS  # a light module: torch loads only to build weights
@@ -443,7 +479,7 @@ def trajectory_file(run: dict[str, Any]) -> Path | None:
     run_dir = _run_dir(run)
     if run_dir is None:
         return None
-    return next((p for name in TRAJECTORY_FILES if (p := run_dir / name).is_file()), None)
+    return next((p for name in TRAJECTORY_FILES if (p := run_file(run_dir, name))), None)
 
 
 # ---- routes ------------------------------------------------------------------------------------
@@ -492,9 +528,10 @@ def dashboard_router(store: RunStore) -> APIRouter:
     ) -> dict[str, Any]:
         """Metric points after byte ``since``; poll again from ``next``."""
         run_dir = _run_dir(get_run(run_id))
-        if run_dir is None:
+        path = run_file(run_dir, "metrics.jsonl") if run_dir is not None else None
+        if path is None:
             return {"points": [], "next": 0, "reset": False}
-        return read_metrics(run_dir / "metrics.jsonl", since, key or [])
+        return read_metrics(path, since, key or [])
 
     @router.get("/api/runs/{run_id}/trajectories", tags=["dashboard"])
     def trajectories(
@@ -527,7 +564,14 @@ def dashboard_router(store: RunStore) -> APIRouter:
             raise HTTPException(
                 404, f"run {run_id!r} has {len(found.rows)} trajectories; there is no #{index}"
             )
-        return detail(read_line(found, found.rows[index]), index, run)
+        try:
+            return detail(read_line(found, found.rows[index]), index, run)
+        except _MALFORMED as exc:  # indexed, yet a field the detail reads has the wrong type
+            raise HTTPException(
+                422,
+                f"trajectory #{index} of run {run_id!r} is malformed ({type(exc).__name__}: "
+                f"{exc}); the list shows its summary",
+            ) from None
 
     return router
 
