@@ -4,7 +4,8 @@ A job is a run of the run store (`agentgym.runs.RunStore`); ``GET /jobs`` lists 
 including those started from the CLI. The queue (`agentgym.runs.JobQueue`) runs in the server's
 event loop; the database holds it, so a restarted server carries on (see `JobQueue.recover`).
 
-With a token every request, including ``/openapi.json``, needs ``Authorization: Bearer TOKEN``.
+With a token every request, including ``/openapi.json``, needs ``Authorization: Bearer TOKEN``
+(a browser signs in once with ``/?token=TOKEN``, which sets it as a cookie).
 Without one the server answers only requests addressed to a loopback name (``Host:
 localhost``/``127.0.0.1``/``[::1]``), so a web page cannot reach it through DNS rebinding. A
 request body over `MAX_BODY` bytes is refused (413), as is one of unknown length (411).
@@ -21,7 +22,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -33,6 +34,8 @@ from ._cli import _is_loopback
 from ._dashboard import dashboard_router
 from ._files import metric_lines
 
+#: The cookie a browser signed in with ``/?token=`` sends instead of an Authorization header.
+TOKEN_COOKIE = "agentgym_token"
 #: How often a followed log or metrics file is looked at for new lines.
 FOLLOW_POLL_S = 0.25
 #: Largest request body accepted (a job config is a few KiB).
@@ -240,19 +243,34 @@ def _loopback_host(host: str) -> bool:
 
 
 def _bearer_check(token: str) -> Callable[[Request, _Next], Awaitable[Response]]:
-    """Middleware answering 401 unless the request carries ``Authorization: Bearer token``."""
+    """Middleware answering 401 unless the request carries the token.
+
+    Clients send ``Authorization: Bearer token``. A browser cannot add that header, so it
+    signs in once with ``GET /?token=...``: the answer sets the token as a cookie (HttpOnly,
+    SameSite=Strict: another site's page cannot send it) and redirects to the same address
+    without the token, so it stays out of the address bar and history.
+    """
     expected = f"Bearer {token}".encode()
 
     async def check(request: Request, call_next: _Next) -> Response:
         given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            return JSONResponse(
-                {"detail": "missing or wrong token: send 'Authorization: Bearer <token>'"},
-                status_code=401, headers={"WWW-Authenticate": "Bearer"},
-            )  # fmt: skip
-        return await call_next(request)
+        if hmac.compare_digest(given, expected) or _same(request.cookies.get(TOKEN_COOKIE), token):
+            return await call_next(request)
+        if request.method == "GET" and _same(request.query_params.get("token"), token):
+            response = RedirectResponse(str(request.url.remove_query_params("token")), 303)
+            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+            return response
+        return JSONResponse(
+            {"detail": "missing or wrong token: send 'Authorization: Bearer <token>' (a "
+                       "browser: open /?token=<token> once)"},
+            status_code=401, headers={"WWW-Authenticate": "Bearer"},
+        )  # fmt: skip
 
     return check
+
+
+def _same(given: str | None, token: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
 async def _follow(

@@ -143,6 +143,16 @@ def test_another_address_needs_the_token(tmp_path: Path) -> None:
                 assert "Bearer" in response.json()["detail"]
         good = httpx.get(base + "/jobs", headers={"Authorization": "Bearer s3cret"}, timeout=30)
         assert good.status_code == 200 and good.json() == []
+        # a browser cannot send the header: it signs in once with ?token=, then has a cookie
+        assert httpx.get(base + "/?token=wrong", timeout=30).status_code == 401
+        with httpx.Client(base_url=base, timeout=30) as browser:
+            signed_in = browser.get("/?token=s3cret&x=1")
+            assert signed_in.status_code == 303
+            assert signed_in.headers["location"] == f"{base}/?x=1"  # the token leaves the URL
+            cookie = signed_in.headers["set-cookie"].lower()
+            assert "httponly" in cookie and "samesite=strict" in cookie
+            assert browser.get("/").status_code == 200  # the dashboard, by the cookie
+            assert browser.get("/jobs").json() == []
 
 
 def _non_loopback_address() -> str:
