@@ -363,27 +363,36 @@ def _not_unicode(value: Any, where: str = "arguments") -> str | None:
     Why: JSON may spell one (``"\ud800"``), and a tool that sends its arguments on (to a
     sandbox, an MCP server, a web API) fails to encode it as UTF-8 there, which looks like the
     service failing (`InfraError`: the episode dropped, not scored). A model could pick how its
-    outcome counts; here it is the model's mistake, before any tool runs.
+    outcome counts; here it is the model's mistake, before any tool runs. Paths are built only
+    on the way out of a find: every call of every tool pays for this check.
     """
     if isinstance(value, str):
-        if value.isascii():
-            return None
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where
-        return None
+        return None if _is_text(value) else where
     if isinstance(value, dict):
         for key, item in value.items():
-            found = _not_unicode(key, f"a name in {where}") or _not_unicode(item, f"{where}/{key}")
-            if found is not None:
-                return found.encode("utf-8", "backslashreplace").decode()
+            if not _is_text(key):
+                return f"a name in {where}"
+            if not (isinstance(item, str) and item.isascii()):
+                found = _not_unicode(item, f"{where}/{key}")
+                if found is not None:
+                    return found.encode("utf-8", "backslashreplace").decode()
     elif isinstance(value, list):
         for i, item in enumerate(value):
             found = _not_unicode(item, f"{where}/{i}")
             if found is not None:
                 return found
     return None
+
+
+def _is_text(value: Any) -> bool:
+    """Whether ``value`` is not a str holding a lone surrogate (ASCII, the usual case, is)."""
+    if not isinstance(value, str) or value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _describe(argument: str, error: Any) -> str:

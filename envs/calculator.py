@@ -83,25 +83,23 @@ def make_tasks(num_tasks: int, seed: int) -> list[dict[str, Any]]:
     return tasks
 
 
-def last_number(text: str) -> Decimal | None:
-    """The value of the last number written in ``text`` (None when there is none).
-
-    ``1,776``, ``1776.0`` and ``1776`` are the same value; ``−5`` is ``-5``. A `Decimal`, so a
-    reply of any length or size is compared exactly and never raises.
-    """
-    numbers = _NUMBER.findall(text or "")
-    if not numbers:
-        return None
-    return Decimal(numbers[-1].replace(",", "").replace("\u2212", "-"))
+def _value(number: str) -> Decimal:
+    """A number as `_NUMBER` finds it, as a value: ``1,776`` and ``1776.0`` are 1776."""
+    return Decimal(number.replace(",", "").replace("\u2212", "-"))
 
 
 def correct_answer(completion: str, answer: str) -> float:
     """1 if the last number in the final reply has the answer's value; every other is ignored.
 
-    The reply commits to its last number: "1776 or 1777" answers 1777.
+    The reply commits to its last number: "1776 or 1777" answers 1777. Values are `Decimal`,
+    so a reply of any length or size is compared exactly and never raises.
     """
-    value = last_number(completion)
-    return float(value is not None and value == Decimal(answer))
+    numbers = _NUMBER.findall(completion or "")
+    if not numbers:
+        return 0.0
+    if numbers[-1] == answer:  # the usual right reply: no arithmetic (the env loop's hot path)
+        return 1.0
+    return float(_value(numbers[-1]) == _value(answer))
 
 
 def used_calculator(state: Any) -> float:

@@ -27,8 +27,10 @@ _DECODER = json.JSONDecoder()
 
 def _check_depth(value: Any, text: str, start: int, end: int) -> None:
     """Raise ValueError when ``value`` (decoded from ``text[start:end]``) nests too deep."""
-    if text.count("[", start, end) + text.count("{", start, end) <= MAX_DEPTH:
-        return  # too few brackets to nest that deep: skip the walk (the usual call)
+    if end - start <= MAX_DEPTH or (
+        text.count("[", start, end) + text.count("{", start, end) <= MAX_DEPTH
+    ):
+        return  # too short, or too few brackets, to nest that deep: no walk (the usual call)
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
