@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import logging
+import math
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -81,9 +82,11 @@ class SamplingConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1:
+        if not 0 <= self.temperature < math.inf or not 0 < self.top_p <= 1 or not (
+            0 <= self.min_p <= 1
+        ):  # NaN fails every comparison: refused here, not sampled with
             raise ConfigError(
-                f"sampling needs temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1; got "
+                f"sampling needs a finite temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1; got "
                 f"temperature={self.temperature}, top_p={self.top_p}, min_p={self.min_p}"
             )
         if self.max_tokens < 1:
