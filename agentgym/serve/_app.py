@@ -7,7 +7,8 @@ event loop; the database holds it, so a restarted server carries on (see `JobQue
 With a token every request, including ``/openapi.json``, needs ``Authorization: Bearer TOKEN``
 (a browser signs in once with ``/?token=TOKEN``, which sets it as a cookie).
 Without one the server answers only requests addressed to a loopback name (``Host:
-localhost``/``127.0.0.1``/``[::1]``), so a web page cannot reach it through DNS rebinding. A
+localhost``/``127.0.0.1``/``[::1]``), so a web page cannot reach it through DNS rebinding, and
+no request that changes jobs may come from another site's page (``Origin``/``Sec-Fetch-Site``). A
 request body over `MAX_BODY` bytes is refused (413), as is one of unknown length (411).
 """
 
@@ -38,6 +39,8 @@ from ._files import metric_lines
 TOKEN_COOKIE = "agentgym_token"
 #: How often a followed log or metrics file is looked at for new lines.
 FOLLOW_POLL_S = 0.25
+#: Methods that change nothing (a cross-site page may still send them: they read nothing back).
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Largest request body accepted (a job config is a few KiB).
 MAX_BODY = 1 << 20
 #: A followed line longer than this is cut (logs) or dropped (metrics), not buffered further.
@@ -210,14 +213,14 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         headers = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal = _refusal(headers, self.loopback_only)
+        refusal = _refusal(headers, self.loopback_only, scope["method"])
         if refusal is None:
             await self.app(scope, receive, send)
             return
         await JSONResponse({"detail": refusal[1]}, status_code=refusal[0])(scope, receive, send)
 
 
-def _refusal(headers: dict[bytes, str], loopback_only: bool) -> tuple[int, str] | None:
+def _refusal(headers: dict[bytes, str], loopback_only: bool, method: str) -> tuple[int, str] | None:
     """(status, one-line reason) when a request is refused before routing, else None."""
     host = headers.get(b"host", "")
     if loopback_only and not _loopback_host(host):
@@ -225,12 +228,31 @@ def _refusal(headers: dict[bytes, str], loopback_only: bool) -> tuple[int, str] 
             f"Host {host!r} is not a loopback name; without --token this server answers only "
             "requests to localhost/127.0.0.1 (start it with --token to serve other names)"
         )
+    if method not in _SAFE_METHODS and _cross_site(headers, host):
+        return 403, (
+            "a request from another site's page may not change jobs (cross-site request); "
+            "submit and cancel from a client or from this server's own pages"
+        )
     length = headers.get(b"content-length")
     if length is None and b"transfer-encoding" in headers:
         return 411, "send the body with a Content-Length header"
     if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
         return 413, f"request body of {length} bytes; at most {MAX_BODY} are accepted"
     return None
+
+
+def _cross_site(headers: dict[bytes, str], host: str) -> bool:
+    """Whether a browser sent this request from a page of another origin.
+
+    Why: a page the user opens elsewhere can POST to a server on 127.0.0.1 (a form, or a fetch
+    in no-cors mode), and the Host check cannot tell; browsers say where a request comes from
+    in ``Origin`` and ``Sec-Fetch-Site``, which a page cannot forge. Clients such as httpx or
+    curl send neither, and pass.
+    """
+    origin = headers.get(b"origin")
+    if origin is not None and urlsplit(origin).netloc != host:
+        return True  # "null" (a sandboxed page, a file) has no netloc: refused too
+    return headers.get(b"sec-fetch-site", "same-origin") not in ("same-origin", "none")
 
 
 def _loopback_host(host: str) -> bool:

@@ -13,13 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
-pytest.importorskip("fastapi")
-from fastapi.testclient import TestClient  # noqa: E402
-
-from agentgym.runs import RunStatus, RunStore  # noqa: E402
-from agentgym.serve import create_app  # noqa: E402
-from agentgym.serve._app import MAX_BODY  # noqa: E402
+from agentgym.runs import RunStatus, RunStore
+from agentgym.serve import create_app
+from agentgym.serve._app import MAX_BODY
 
 
 @pytest.fixture
@@ -184,3 +182,23 @@ def test_a_log_line_without_newline_is_shown_and_a_huge_one_is_cut(
     assert len(lines) > 3 and all(len(line) <= 2 * MAX_LINE for line in lines)  # cut, bounded
     metrics = client.get(f"/jobs/{run}/metrics").text.splitlines()
     assert metrics == ['{"step": 1, "a": 1}', '{"step": 3, "a": 3}']
+
+
+def test_another_sites_page_cannot_change_jobs(client: TestClient) -> None:
+    """CSRF: a page at evil.example POSTs to 127.0.0.1 (a form, or fetch in no-cors mode).
+
+    The Host is loopback, so only what the browser adds tells it apart: ``Origin`` and
+    ``Sec-Fetch-Site``. Reading stays open (no CORS headers: the page reads nothing back).
+    """
+    job = {"kind": "eval", "config": {"env": "calculator"}}
+    for headers in ({"origin": "http://evil.example"}, {"origin": "null"},
+                    {"origin": "http://localhost:3000"}, {"sec-fetch-site": "cross-site"},
+                    {"sec-fetch-site": "same-site"}):  # fmt: skip
+        detail = _one_line_4xx(client.post("/jobs", json=job, headers=headers), 403)
+        assert "cross-site" in detail
+        _one_line_4xx(client.post("/jobs/abc/cancel", headers=headers), 403)
+    assert client.get("/jobs").json() == []  # nothing was queued
+    assert client.get("/jobs", headers={"origin": "http://evil.example"}).status_code == 200
+    same_origin = {"origin": "http://127.0.0.1:8765", "sec-fetch-site": "same-origin"}
+    assert client.post("/jobs", json=job, headers=same_origin).status_code == 201
+    assert client.post("/jobs", json=job).status_code == 201  # httpx, curl: no Origin

@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
-pytest.importorskip("fastapi")
-from fastapi import FastAPI  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
-
-from agentgym.runs import RunStatus, RunStore  # noqa: E402
-from agentgym.serve._dashboard import dashboard_router  # noqa: E402
+from agentgym.runs import RunStatus, RunStore
+from agentgym.serve._dashboard import dashboard_router
 
 GOOD = {
     "env_id": "calc",
