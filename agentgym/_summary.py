@@ -24,9 +24,11 @@ def summarize(
     Rewards are averaged over episodes that produced one (``ok`` and ``truncated``):
     ``error``/``infra_error`` episodes say nothing about the policy and are counted apart.
     ``reward/stderr`` is the mean's standard error, so two evals can be told apart from
-    noise. ``pass@k`` (`pass_at_k`, over the tasks with at least k scored episodes): the
-    chance that one of k episodes of a task reaches reward 1.0; ``pass@1`` with one episode
-    per task, and more k with ``group_size`` > 1.
+    noise; with several episodes per task it is taken over the tasks' means (episodes of one
+    task are not independent draws, and counting them as such would understate it).
+    ``pass@k`` (`pass_at_k`, over the tasks with at least k scored episodes): the chance that
+    one of k episodes of a task reaches reward 1.0; ``pass@1`` with one episode per task, and
+    more k with ``group_size`` > 1.
     """
     trajectories = list(trajectories)  # e.g. read_jsonl's generator
     scored = [t for t in trajectories if t.status in ("ok", "truncated")]
@@ -40,7 +42,7 @@ def summarize(
         "status": {s: c for s, c in Counter(t.status for t in trajectories).items()},
         "reward/mean": fmean(rewards) if rewards else None,
         "reward/std": pstdev(rewards) if rewards else None,
-        "reward/stderr": stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else None,
+        "reward/stderr": _stderr(scored),
         **_pass_at(scored),
         "turns/mean": fmean(turns) if turns else None,
         "tools/errors": tool_errors,
@@ -69,12 +71,27 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _pass_at(scored: list[Trajectory]) -> dict[str, float]:
-    """``pass@k`` for k = 1, 2, 4 ... and the largest group, each over the tasks it fits."""
-    groups: dict[Hashable, list[bool]] = defaultdict(list)
+def _by_task(scored: list[Trajectory]) -> dict[Hashable, list[float]]:
+    """Each task's rewards (a task listed twice is two tasks, as in the rollout's plan)."""
+    groups: dict[Hashable, list[float]] = defaultdict(list)
     for t in scored:
         key = t.task_position if t.task_position is not None else t.task_index
-        groups[key if key is not None else repr(t.task)].append(t.total_reward >= 1.0)
+        groups[key if key is not None else repr(t.task)].append(t.total_reward)
+    return groups
+
+
+def _stderr(scored: list[Trajectory]) -> float | None:
+    """The reward mean's standard error: over episodes, or over task means when tasks repeat."""
+    groups = list(_by_task(scored).values())
+    values = [fmean(g) for g in groups] if any(len(g) > 1 for g in groups) else [
+        r for g in groups for r in g
+    ]
+    return stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+
+
+def _pass_at(scored: list[Trajectory]) -> dict[str, float]:
+    """``pass@k`` for k = 1, 2, 4 ... and the largest group, each over the tasks it fits."""
+    groups = {key: [r >= 1.0 for r in rewards] for key, rewards in _by_task(scored).items()}
     largest = max((len(g) for g in groups.values()), default=0)
     ks = sorted({1 << i for i in range(largest.bit_length()) if 1 << i <= largest} | {largest})
     return {

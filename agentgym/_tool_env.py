@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 from ._env import Action, Env, json_copy
 from ._errors import ConfigError, InfraError, ToolError
-from ._json import loads
 from ._rubric import Rubric
 from ._tools import (
     Tool,
@@ -43,6 +42,7 @@ from ._tools import (
 from ._trajectory import Trajectory, Turn
 from ._types import Completion, Message
 from .parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
+from .parsers._base import json_loads
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant that can call tools. Call a tool when it helps; "
@@ -512,7 +512,7 @@ def _parse_message(message: Message) -> ParsedTurn:
         arguments = function.get("arguments", {})
         try:
             if isinstance(arguments, str):
-                arguments = loads(arguments) if arguments.strip() else {}
+                arguments = json_loads(arguments) if arguments.strip() else {}
             if not isinstance(arguments, dict):
                 raise TypeError("arguments must be a JSON object")
         except (ValueError, TypeError) as exc:

@@ -375,7 +375,7 @@ def _not_unicode(value: Any, where: str = "arguments") -> str | None:
             if not (isinstance(item, str) and item.isascii()):
                 found = _not_unicode(item, f"{where}/{key}")
                 if found is not None:
-                    return found.encode("utf-8", "backslashreplace").decode()
+                    return found
     elif isinstance(value, list):
         for i, item in enumerate(value):
             found = _not_unicode(item, f"{where}/{i}")

@@ -394,9 +394,12 @@ def test_summary_gives_pass_at_k_per_task_and_the_means_standard_error() -> None
     assert summary["pass@2"] == pytest.approx(((1 - 3 / 6) + 1 + 0) / 3)
     assert summary["pass@4"] == pytest.approx(1.0)
     assert "pass@3" not in summary and "pass@8" not in summary
-    rewards = [1, 0, 0, 0, 1, 1, 1, 1, 0, 0.5]
-    stderr = statistics.stdev(rewards) / len(rewards) ** 0.5
+    # episodes of one task are not independent: the error is over the three tasks' means
+    task_means = [0.25, 1.0, 0.25]
+    stderr = statistics.stdev(task_means) / len(task_means) ** 0.5
     assert summary["reward/stderr"] == pytest.approx(stderr)
+    one_each = summarize(played(0, 1.0) + played(1, 0.0) + played(2, 0.5))
+    assert one_each["reward/stderr"] == pytest.approx(statistics.stdev([1, 0, 0.5]) / 3**0.5)
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(10, 3, 1), (10, 3, 5), (200, 13, 100), (5, 0, 2)])

@@ -171,6 +171,22 @@ def test_failing_conversion_is_a_tool_message_not_a_crash() -> None:
     assert terminated
 
 
+@pytest.mark.parametrize("depth", [150, 5000])
+def test_deep_arguments_in_a_server_parsed_message_are_the_models_error(depth: int) -> None:
+    # a backend that parsed the calls (OpenAI message) hands arguments over as JSON text; 5000
+    # levels raised RecursionError out of the step, and 150 parsed or not by stack depth
+    from agentgym import Completion
+
+    env = episode_env(paint)()
+    env.reset(options={"task": 0})
+    deep = '{"colors": ' + "[" * depth + "]" * depth + "}"
+    message = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "paint", "arguments": deep}}]}
+    _, _, terminated, _, info = env.step(Completion(text="", message=message))
+    assert not terminated and len(info["tool_errors"]) == 1
+    assert "nested deeper than 100 levels" in info["tool_errors"][0]
+
+
 # ---- the env's own threads for sync tools (item 9) ----------------------------------------------
 
 

@@ -347,8 +347,10 @@ def sft_warm_start(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tasks is None:
         env: Any = make(env_id, **(env_kwargs or {}))
-        tasks = range(len(env.tasks))
-        env.close()
+        try:
+            tasks = range(len(env.tasks))
+        finally:
+            env.close()
     conversations, tools = mixed_conversations(
         env_id, env_kwargs, tasks, scripts or {"reference": 1.0}, seed=config.seed
     )

@@ -97,9 +97,10 @@ class _EngineThread:
 def unguarded_script() -> str | None:
     """The script this process runs, when it has no ``if __name__ == "__main__":`` guard.
 
-    Why: vLLM starts its engine process with spawn, which imports the main script again; a
-    script that starts an engine at its top level fails there, and the parent sees only
-    "Engine core initialization failed" after screens of the child's traceback.
+    Why: where vLLM starts its engine process with spawn (always on the CPU build; on a GPU
+    once CUDA is initialised), the child imports the main script again; a script that starts
+    an engine at its top level fails there, and the parent sees only "Engine core
+    initialization failed" after screens of the child's traceback.
     """
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
@@ -228,7 +229,8 @@ class VLLMPolicy(TokenPolicy):
             except Exception as exc:
                 thread.stop()
                 script = unguarded_script()
-                if script is not None:
+                spawned = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn"
+                if script is not None and spawned:  # (vLLM forces spawn on the CPU build)
                     raise ConfigError(
                         f"vLLM could not start: {script} starts it without an "
                         "`if __name__ == \"__main__\":` guard, and vLLM's engine process "

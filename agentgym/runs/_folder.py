@@ -56,7 +56,8 @@ def run_file(run_dir: str | Path, name: str) -> Path | None:
         real, root = path.resolve(strict=True), Path(run_dir).resolve(strict=True)
     except (OSError, RuntimeError):  # missing, a symlink loop, an unreadable folder
         return None
-    return path if real.is_relative_to(root) and real.is_file() else None
+    # the resolved path: a symlink swapped after this check cannot point the open elsewhere
+    return real if real.is_relative_to(root) and real.is_file() else None
 
 
 def log_path(run_dir: str | Path) -> Path | None:

@@ -64,7 +64,10 @@ def _check_size(value: Any, limit: int) -> int:
         item = stack.pop()
         count += 1
         if count > limit:
-            raise ConfigError(f"the config holds more than {limit} values; a job config is small")
+            raise ConfigError(
+                f"the config holds more than {limit} values; a job config is small: put long "
+                "task lists in a file and name it"
+            )
         if isinstance(item, Mapping):
             stack += [*item.keys(), *item.values()]
         elif isinstance(item, list | tuple):

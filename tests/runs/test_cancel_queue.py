@@ -22,8 +22,14 @@ async def test_a_job_task_cancelled_at_its_wait_kills_the_job(
     store = RunStore(f"sqlite:///{tmp_path / 'runs.db'}")
     store.create_run(kind="eval", name="long", config={}, source="test",
                      run_dir=tmp_path / "run", job={"kind": "eval", "config": {}})  # fmt: skip
-    # the job's command: a process (with a child, in its group) that runs for an hour
-    sleeper = "import subprocess, time; subprocess.Popen(['sleep', '3600']); time.sleep(3600)"
+    # the job's command: a process (with a child, in its group) that runs for an hour; it
+    # names its child in a file once the child exists
+    marker = tmp_path / "child.pid"
+    sleeper = (
+        "import os, subprocess, time; child = subprocess.Popen(['sleep', '3600']); "
+        f"open({str(marker)!r} + '.tmp', 'w').write(str(child.pid)); "
+        f"os.replace({str(marker)!r} + '.tmp', {str(marker)!r}); time.sleep(3600)"
+    )
     monkeypatch.setattr(_queue, "job_command", lambda *a: [sys.executable, "-c", sleeper])
     queue = JobQueue(store, workers=1)
     job = store.claim_next(queue.owner)
@@ -39,6 +45,11 @@ async def test_a_job_task_cancelled_at_its_wait_kills_the_job(
     task = asyncio.create_task(queue._run_one(job))
     await started.wait()
     proc = queue._procs[job["id"]]
+    deadline = time.monotonic() + 30  # the job's interpreter starts and spawns its child
+    while not marker.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    child = int(marker.read_text())
+    assert child in live_members(proc.pid)  # the group holds the child: the check below bites
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
