@@ -317,7 +317,20 @@ class ToolEnv(Env):
     def _interpret(self, completion: Completion) -> ParsedTurn:
         if completion.message is not None:
             return _parse_message(completion.message)
-        return self.parser.parse(completion.text)
+        text = completion.text
+        turn = self.parser.parse(text)
+        end = _reasoning_end(text) if turn.tool_calls or turn.errors else 0
+        if end:  # calls written while reasoning are not run (as vLLM's reasoning parsers do)
+            thought = self.parser.parse(text[:end])
+            if thought.tool_calls or thought.errors:
+                rest = text[end:]
+                turn = self.parser.parse(rest)
+                if turn.tool_calls or turn.errors:  # content: the text before the first call
+                    gap = rest[: len(rest) - len(rest.lstrip())]
+                    turn.content = (text[:end] + gap + turn.content).strip()
+                else:
+                    turn.content = text[:end] + turn.content
+        return turn
 
     def _assistant_message(self, parsed: ParsedTurn) -> tuple[Message, list[ToolCall]]:
         calls = [
@@ -422,6 +435,23 @@ class _RewardContext(dict[str, Any]):
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def _reasoning_end(text: str) -> int:
+    """Where the reply's opening reasoning block ends (after its ``</think>``); 0 if it has none.
+
+    The block opens the reply (``<think>`` first, or opened by the template in the prompt, as
+    Qwen3's and DeepSeek-R1's are). Why: a tool call the model writes while thinking is not a
+    call: vLLM's server, with a reasoning parser, drops it, and an env that ran it would train
+    a habit that does nothing when the model is deployed.
+    """
+    close = text.find(_THINK_CLOSE)
+    if close < 0:
+        return 0
+    opened = text.find(_THINK_OPEN)
+    if 0 <= opened < close and text[:opened].strip():
+        return 0  # text before the block: it does not open the reply
+    return close + len(_THINK_CLOSE)
 
 
 def without_reasoning(text: str) -> str:

@@ -437,3 +437,24 @@ def test_trajectory_is_built_only_for_reward_functions_that_ask_for_it(
         *_, info = env.step("5")
         assert info["final_reward"] == reward  # `turns` saw both turns
         assert len(built) == builds
+
+
+@pytest.mark.parametrize(
+    ("reply", "runs"),
+    [
+        (f"<think>I could {call('add', a=2, b=2)} but I know it.</think>\n\nIt is 4.", False),
+        (f"I know it, {call('add', a=2, b=2)}</think>\n\nIt is 4.", False),  # opened in prompt
+        (f"<think>Use the tool.</think>\n\n{call('add', a=2, b=2)}", True),
+        (f"First: <think>x</think> {call('add', a=2, b=2)}", True),  # no opening block
+        (f"<think>{call('add', a=1, b=1)}?</think>\n{call('add', a=2, b=2)}", True),
+    ],
+)
+def test_a_call_written_while_reasoning_is_not_run(env: ToolEnv, reply: str, runs: bool) -> None:
+    # vLLM's server, with a reasoning parser, drops such a call: running it would train a
+    # habit that does nothing once the model is deployed
+    messages, _, terminated, _, _ = env.step(reply)
+    assert (messages[-1]["role"] == "tool") is runs
+    assert terminated is not runs
+    assert [m["content"] for m in messages if m["role"] == "tool"] == (["4"] if runs else [])
+    if not runs:
+        assert messages[0]["content"] == reply.strip()  # the reply is kept whole
