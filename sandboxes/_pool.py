@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -38,7 +39,7 @@ from ._docker import DockerSandbox, Snapshot
 from ._host_slot import HostSlot, HostStats
 from ._hosts import DockerHost
 from ._lease import SandboxLease
-from ._protocol import enter_in_thread
+from ._protocol import enter_in_thread, in_thread_to_the_end
 
 POOL_LABEL = _reap.POOL
 log = logging.getLogger("agentgym.sandboxes")
@@ -286,8 +287,8 @@ class SandboxPool:
         lease = self._lease(sandbox)
         ok = False
         try:
-            if snapshot is not None:
-                await asyncio.to_thread(sandbox.restore, snapshot)
+            if snapshot is not None:  # cancelled, the restore ends before the sandbox goes back
+                await in_thread_to_the_end(functools.partial(sandbox.restore, snapshot))
             yield lease
             ok = True
         finally:

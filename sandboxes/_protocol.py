@@ -112,26 +112,38 @@ class SandboxBase:
         await self.aclose()
 
 
-async def enter_in_thread(enter: Callable[[], _T], close: Callable[[], object]) -> _T:
-    """``await asyncio.to_thread(enter)`` for an ``__aenter__`` that starts containers.
+async def in_thread_to_the_end(
+    fn: Callable[[], _T], after_cancel: Callable[[], object] | None = None
+) -> _T:
+    """``await asyncio.to_thread(fn)`` that, cancelled, lets ``fn`` finish before it re-raises.
 
-    Cancelled, it waits for ``enter`` to finish in its thread, runs ``close``, then re-raises.
-    Why: `async with` skips ``__aexit__`` when ``__aenter__`` raises, and a cancelled thread
-    runs on, so what a start cancelled midway creates would otherwise be left running.
+    A cancelled thread runs on: a container start or a snapshot restore cancelled midway would
+    go on touching the container after the caller let go of it (a restore restarts a container
+    the pool has just removed: a leak). So a cancel waits for ``fn`` to end, then runs
+    ``after_cancel`` (e.g. closing what a cancelled start made), then re-raises.
     """
-    entering = asyncio.ensure_future(asyncio.to_thread(enter))
+    running = asyncio.ensure_future(asyncio.to_thread(fn))
     try:
-        return await asyncio.shield(entering)
+        return await asyncio.shield(running)
     except asyncio.CancelledError:
-        await asyncio.shield(_close_after(entering, close))
+        await asyncio.shield(_settle(running, after_cancel))
         raise
 
 
-async def _close_after(entering: asyncio.Future[Any], close: Callable[[], object]) -> None:
-    await asyncio.wait([entering])
-    if not entering.cancelled():
-        entering.exception()  # retrieved: a start that failed closed itself already
-    await asyncio.to_thread(close)
+async def enter_in_thread(enter: Callable[[], _T], close: Callable[[], object]) -> _T:
+    """An ``__aenter__`` that starts containers in a thread; cancelled, it closes them.
+
+    Why: `async with` skips ``__aexit__`` when ``__aenter__`` raises.
+    """
+    return await in_thread_to_the_end(enter, after_cancel=close)
+
+
+async def _settle(running: asyncio.Future[Any], after: Callable[[], object] | None) -> None:
+    await asyncio.wait([running])
+    if not running.cancelled():
+        running.exception()  # retrieved: a call that failed cleaned up after itself
+    if after is not None:
+        await asyncio.to_thread(after)
 
 
 def to_bytes(data: str | bytes | None) -> bytes | None:
