@@ -136,13 +136,7 @@ def test_run_files_that_lead_out_of_the_folder_are_not_served(
     run_dir.mkdir()
     (run_dir / "output.log").symlink_to(secret)
     (run_dir / "metrics.jsonl").symlink_to(secret)
-    run = store.create_run(
-        kind="train", name="x", config={}, source="cli", status=RunStatus.finished,
-        run_dir=run_dir,
-    )  # fmt: skip
-    assert client.get(f"/jobs/{run}/logs").text == ""
-    assert client.get(f"/jobs/{run}/metrics").text == ""
-    assert client.get(f"/api/runs/{run}/metrics").json()["points"] == []
+    _nothing_is_served(client, _finished_cli_run(store, run_dir))
 
 
 def test_a_fifo_or_endless_file_does_not_hang_the_server(
@@ -152,12 +146,19 @@ def test_a_fifo_or_endless_file_does_not_hang_the_server(
     run_dir.mkdir()
     os.mkfifo(run_dir / "metrics.jsonl")
     (run_dir / "output.log").symlink_to("/dev/zero")
-    run = store.create_run(
+    _nothing_is_served(client, _finished_cli_run(store, run_dir))
+
+
+def _finished_cli_run(store: RunStore, run_dir: Path) -> str:
+    return store.create_run(
         kind="train", name="x", config={}, source="cli", status=RunStatus.finished,
         run_dir=run_dir,
     )  # fmt: skip
-    assert client.get(f"/jobs/{run}/metrics").text == ""
+
+
+def _nothing_is_served(client: TestClient, run: str) -> None:
     assert client.get(f"/jobs/{run}/logs").text == ""
+    assert client.get(f"/jobs/{run}/metrics").text == ""
     assert client.get(f"/api/runs/{run}/metrics").json()["points"] == []
 
 
@@ -173,10 +174,7 @@ def test_a_log_line_without_newline_is_shown_and_a_huge_one_is_cut(
         b'{"step": 1, "a": 1}\n{"step": 2, "pad": "' + b"y" * (2 * MAX_LINE) + b'"}\n'
         b'{"step": 3, "a": 3}\n'
     )
-    run = store.create_run(
-        kind="train", name="x", config={}, source="cli", status=RunStatus.finished,
-        run_dir=run_dir,
-    )  # fmt: skip
+    run = _finished_cli_run(store, run_dir)
     lines = client.get(f"/jobs/{run}/logs").text.splitlines()
     assert lines[0] == "start" and lines[-1] == "boom: no newline"
     assert len(lines) > 3 and all(len(line) <= 2 * MAX_LINE for line in lines)  # cut, bounded
