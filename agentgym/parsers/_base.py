@@ -64,6 +64,30 @@ def json_raw_decode(text: str, pos: int = 0) -> tuple[Any, int]:
     return value, end
 
 
+class ForwardFinder:
+    """``text.find(needle, pos)`` for growing ``pos``, scanning each stretch of text once.
+
+    Why: a turn of many calls (or many cut-off calls) would otherwise search the rest of the
+    text again for every call, quadratic in the turn (2.3 s on 100 KB).
+    """
+
+    def __init__(self, text: str, needle: str) -> None:
+        self.text, self.needle, self.asked, self.found = text, needle, len(text) + 1, -1
+
+    def find(self, pos: int) -> int:
+        if not (self.asked <= pos and (self.found < 0 or self.found >= pos)):
+            self.found = self.text.find(self.needle, pos)
+        self.asked = pos
+        return self.found
+
+
+def skip_space(text: str, pos: int) -> int:
+    """The first position at or after ``pos`` that is not whitespace (``len(text)`` if none)."""
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
 @dataclass
 class ToolCall:
     """One function call the model asked for; ``arguments`` is already decoded JSON."""

@@ -23,6 +23,7 @@ import json
 import re
 
 from ._base import (
+    ForwardFinder,
     ParsedTurn,
     ToolCall,
     ToolCallParser,
@@ -30,6 +31,7 @@ from ._base import (
     json_raw_decode,
     refuse_call_start,
     register_parser,
+    skip_space,
 )
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -52,7 +54,7 @@ class DeepSeekV3Parser(ToolCallParser):
         if not found:
             return ParsedTurn(content=text)
         turn = ParsedTurn(content=text[: found.start()].strip())
-        pos, breaks = found.start(), _LineBreaks(text)
+        pos, breaks = found.start(), ForwardFinder(text, "\n")
         while (begin := text.find(CALL_BEGIN, pos)) >= 0:
             pos = _read_call(text, begin + len(CALL_BEGIN), turn, breaks)
         return turn
@@ -69,7 +71,7 @@ class DeepSeekV3Parser(ToolCallParser):
         return f"{content}{CALLS_BEGIN}{calls}{CALLS_END}"
 
 
-def _read_call(text: str, pos: int, turn: ParsedTurn, breaks: _LineBreaks) -> int:
+def _read_call(text: str, pos: int, turn: ParsedTurn, breaks: ForwardFinder) -> int:
     """Read the call whose header starts at ``pos`` into ``turn``; return where to go on.
 
     V3's header is ``function<sep>NAME`` + a line break + a json code fence; V3.1's is
@@ -87,7 +89,7 @@ def _read_call(text: str, pos: int, turn: ParsedTurn, breaks: _LineBreaks) -> in
     else:
         name, start = text[pos:sep], after
     try:
-        obj, end = json_raw_decode(text, _skip_space(text, start))
+        obj, end = json_raw_decode(text, skip_space(text, start))
         call = call_from_json({"name": name, "arguments": obj})
     except (ValueError, TypeError) as exc:
         turn.errors.append(f"malformed tool call {text[pos : pos + 200]!r}: {exc}")
@@ -96,28 +98,6 @@ def _read_call(text: str, pos: int, turn: ParsedTurn, breaks: _LineBreaks) -> in
     turn.tool_calls.append(call)
     fence = _FENCE_END.match(text, end) if header else None
     return fence.end() if fence else end
-
-
-class _LineBreaks:
-    r"""``text.find("\n", pos)`` for growing ``pos``, scanning each stretch of text once.
-
-    A turn of many calls on one line would otherwise rescan the rest of it for every call.
-    """
-
-    def __init__(self, text: str) -> None:
-        self.text, self.asked, self.found = text, len(text) + 1, -1
-
-    def find(self, pos: int) -> int:
-        if not (self.asked <= pos and (self.found < 0 or self.found >= pos)):
-            self.found = self.text.find("\n", pos)
-        self.asked = pos
-        return self.found
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
 
 
 def _checked_name(name: str) -> str:

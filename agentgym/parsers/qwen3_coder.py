@@ -33,12 +33,14 @@ import re
 from typing import Any
 
 from ._base import (
+    ForwardFinder,
     ParsedTurn,
     ToolCall,
     ToolCallParser,
     json_loads,
     refuse_call_start,
     register_parser,
+    skip_space,
 )
 
 _CALL_START = re.compile(r"<tool_call>|<function=")
@@ -76,15 +78,15 @@ class Qwen3CoderParser(ToolCallParser):
         if not found:
             return ParsedTurn(content=text)
         turn = ParsedTurn(content=text[: found.start()].strip())
-        pos, param_ends = found.start(), _Finder(text, _PARAMETER_END)
+        pos, param_ends = found.start(), ForwardFinder(text, _PARAMETER_END)
         while (found := _CALL_START.search(text, pos)) is not None:
             pos = self._read_call(text, found.start(), turn, param_ends)
         return turn
 
-    def _read_call(self, text: str, start: int, turn: ParsedTurn, param_ends: _Finder) -> int:
+    def _read_call(self, text: str, start: int, turn: ParsedTurn, param_ends: ForwardFinder) -> int:
         """Read the call at ``start`` into ``turn``; return where the next one may start."""
         pos = start + len(_TOOL_CALL) if text.startswith(_TOOL_CALL, start) else start
-        pos = _skip_space(text, pos)
+        pos = skip_space(text, pos)
         name_end = text.find(">", pos)
         name = text[pos + len(_FUNCTION) : max(name_end, pos)]
         if not text.startswith(_FUNCTION, pos) or name_end < 0 or not name or "\n" in name:
@@ -94,9 +96,9 @@ class Qwen3CoderParser(ToolCallParser):
         arguments: dict[str, Any] = {}
         pos = name_end + 1
         while True:
-            pos = _skip_space(text, pos)
+            pos = skip_space(text, pos)
             if text.startswith(_FUNCTION_END, pos):
-                pos = _skip_space(text, pos + len(_FUNCTION_END))
+                pos = skip_space(text, pos + len(_FUNCTION_END))
                 turn.tool_calls.append(ToolCall(name=name, arguments=arguments))
                 return pos + len(_TOOL_CALL_END) if text.startswith(_TOOL_CALL_END, pos) else pos
             opened = text.startswith(_PARAMETER, pos)
@@ -157,29 +159,6 @@ class Qwen3CoderParser(ToolCallParser):
                 f"as {decoded!r} (the tool schema types {key!r} as a string)"
             )
         return text
-
-
-class _Finder:
-    """``text.find(needle, pos)`` for growing ``pos``, scanning each stretch of text once.
-
-    Without it, every call of a turn of many calls cut off inside a parameter would search the
-    rest of the turn for a ``</parameter>`` that is not there.
-    """
-
-    def __init__(self, text: str, needle: str) -> None:
-        self.text, self.needle, self.asked, self.found = text, needle, len(text) + 1, -1
-
-    def find(self, pos: int) -> int:
-        if not (self.asked <= pos and (self.found < 0 or self.found >= pos)):
-            self.found = self.text.find(self.needle, pos)
-        self.asked = pos
-        return self.found
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
 
 
 def _after_block(text: str, pos: int) -> int:
