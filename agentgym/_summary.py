@@ -37,13 +37,14 @@ def summarize(
     turns = [len(t.turns) for t in trajectories]
     tool_errors = sum(len(turn.tool_errors) for t in trajectories for turn in t.turns)
     tokens = sum(len(turn.completion_ids or ()) for t in trajectories for turn in t.turns)
+    by_task = list(_by_task(scored).values())
     summary: dict[str, Any] = {
         "episodes": len(trajectories),
         "status": {s: c for s, c in Counter(t.status for t in trajectories).items()},
         "reward/mean": fmean(rewards) if rewards else None,
         "reward/std": pstdev(rewards) if rewards else None,
-        "reward/stderr": _stderr(scored),
-        **_pass_at(scored),
+        "reward/stderr": _stderr(by_task),
+        **_pass_at(by_task),
         "turns/mean": fmean(turns) if turns else None,
         "tools/errors": tool_errors,
         "tokens/completion": tokens,
@@ -80,22 +81,21 @@ def _by_task(scored: list[Trajectory]) -> dict[Hashable, list[float]]:
     return groups
 
 
-def _stderr(scored: list[Trajectory]) -> float | None:
+def _stderr(by_task: list[list[float]]) -> float | None:
     """The reward mean's standard error: over episodes, or over task means when tasks repeat."""
-    groups = list(_by_task(scored).values())
-    values = [fmean(g) for g in groups] if any(len(g) > 1 for g in groups) else [
-        r for g in groups for r in g
-    ]
+    repeated = any(len(rewards) > 1 for rewards in by_task)
+    values = [fmean(r) for r in by_task] if repeated else [r for rs in by_task for r in rs]
     return stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
-def _pass_at(scored: list[Trajectory]) -> dict[str, float]:
+def _pass_at(by_task: list[list[float]]) -> dict[str, float]:
     """``pass@k`` for k = 1, 2, 4 ... and the largest group, each over the tasks it fits."""
-    groups = {key: [r >= 1.0 for r in rewards] for key, rewards in _by_task(scored).items()}
-    largest = max((len(g) for g in groups.values()), default=0)
-    ks = sorted({1 << i for i in range(largest.bit_length()) if 1 << i <= largest} | {largest})
+    passed = [[r >= 1.0 for r in rewards] for rewards in by_task]
+    largest = max(map(len, passed), default=0)
+    if not largest:
+        return {}
+    ks = sorted({1 << i for i in range(largest.bit_length())} | {largest})
     return {
-        f"pass@{k}": fmean(pass_at_k(len(g), sum(g), k) for g in groups.values() if len(g) >= k)
+        f"pass@{k}": fmean(pass_at_k(len(g), sum(g), k) for g in passed if len(g) >= k)
         for k in ks
-        if k
     }

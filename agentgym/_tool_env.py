@@ -325,11 +325,10 @@ class ToolEnv(Env):
             if thought.tool_calls or thought.errors:
                 rest = text[end:]
                 turn = self.parser.parse(rest)
-                if turn.tool_calls or turn.errors:  # content: the text before the first call
-                    gap = rest[: len(rest) - len(rest.lstrip())]
-                    turn.content = (text[:end] + gap + turn.content).strip()
-                else:
-                    turn.content = text[:end] + turn.content
+                if not (turn.tool_calls or turn.errors):
+                    return ParsedTurn(content=text)
+                gap = rest[: len(rest) - len(rest.lstrip())]  # content: the text before the call
+                turn.content = (text[:end] + gap + turn.content).strip()
         return turn
 
     def _assistant_message(self, parsed: ParsedTurn) -> tuple[Message, list[ToolCall]]:
@@ -466,10 +465,7 @@ def without_reasoning(text: str) -> str:
     """
     if _THINK_OPEN not in text and _THINK_CLOSE not in text:
         return text
-    close, open_ = text.find(_THINK_CLOSE), text.find(_THINK_OPEN)
-    if close >= 0 and (open_ < 0 or close < open_):  # the prompt opened the block
-        text = text[close + len(_THINK_CLOSE) :]
-    text = _THINK_BLOCK.sub("", text)
+    text = _THINK_BLOCK.sub("", text[_reasoning_end(text) :])
     cut = text.find(_THINK_OPEN)
     return (text if cut < 0 else text[:cut]).strip()
 

@@ -357,30 +357,33 @@ def _checked_schema_of(schema: dict[str, Any]) -> tuple[Any, Callable[[Any], boo
     return jsonschema.Draft202012Validator(schema), compile_fast_check(schema)
 
 
-def _not_unicode(value: Any, where: str = "arguments") -> str | None:
-    r"""Where a string in ``value`` (parsed JSON) holds a lone surrogate; None if nowhere.
+def _not_unicode(value: Any) -> str | None:
+    r"""Where in ``value`` (parsed JSON) a string holds a lone surrogate; None if nowhere.
 
     Why: JSON may spell one (``"\ud800"``), and a tool that sends its arguments on (to a
     sandbox, an MCP server, a web API) fails to encode it as UTF-8 there, which looks like the
     service failing (`InfraError`: the episode dropped, not scored). A model could pick how its
-    outcome counts; here it is the model's mistake, before any tool runs. Paths are built only
-    on the way out of a find: every call of every tool pays for this check.
+    outcome counts; here it is the model's mistake, before any tool runs. Every call of every
+    tool pays for this check, so a path (``arguments/a/1``) is built only once one is found.
     """
+    found = _surrogate_at(value)
+    return None if found is None else "arguments" + found
+
+
+def _surrogate_at(value: Any) -> str | None:
+    """The path below ``value`` to a string holding a lone surrogate ("" for ``value``)."""
     if isinstance(value, str):
-        return None if _is_text(value) else where
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not _is_text(key):
-                return f"a name in {where}"
-            if not (isinstance(item, str) and item.isascii()):
-                found = _not_unicode(item, f"{where}/{key}")
-                if found is not None:
-                    return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _not_unicode(item, f"{where}/{i}")
+        return None if _is_text(value) else ""
+    items: Any = value.items() if isinstance(value, dict) else (
+        enumerate(value) if isinstance(value, list) else ()
+    )  # fmt: skip
+    for key, item in items:
+        if not _is_text(key):
+            return " (a name)"
+        if isinstance(item, (str, dict, list)) and not (isinstance(item, str) and item.isascii()):
+            found = _surrogate_at(item)
             if found is not None:
-                return found
+                return f"/{key}{found}"
     return None
 
 

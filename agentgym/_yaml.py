@@ -56,11 +56,13 @@ def load_yaml(text: str, source: str) -> Any:
     """The value ``text`` holds; ``source`` names it in the error (``"config 'a.yaml'"``).
 
     Raises:
-        ConfigError: ``text`` is not YAML (JSON is YAML, so JSON text is read too), or it
-            gives a key twice.
+        ConfigError: ``text`` is not YAML (JSON is YAML, so JSON text is read too), it gives a
+            key twice, or it nests deeper than the parser can follow.
     """
     try:
         return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader subclass)
+    except RecursionError:
+        raise ConfigError(f"{source} is nested too deep to read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -724,7 +724,7 @@ def test_a_raw_schema_is_checked_each_time_and_validates_like_jsonschema() -> No
     ("arguments", "where"),
     [
         ({"text": "a\ud800b"}, "arguments/text"),
-        ({"text": "é", "numbers": [1], "weights": {"\udfff": 1.0}}, "a name in arguments/weights"),
+        ({"text": "é", "numbers": [1], "weights": {"\udfff": 1.0}}, "arguments/weights (a name)"),
         ({"text": "ok", "items": ["x", "\ud83d"]}, "arguments/items/1"),
     ],
 )

@@ -7,9 +7,10 @@ event loop; the database holds it, so a restarted server carries on (see `JobQue
 With a token every request, including ``/openapi.json``, needs ``Authorization: Bearer TOKEN``
 (a browser signs in once with ``/?token=TOKEN``, which sets it as a cookie).
 Without one the server answers only requests addressed to a loopback name (``Host:
-localhost``/``127.0.0.1``/``[::1]``), so a web page cannot reach it through DNS rebinding, and
-no request that changes jobs may come from another site's page (``Origin``/``Sec-Fetch-Site``). A
-request body over `MAX_BODY` bytes is refused (413), as is one of unknown length (411).
+localhost``/``127.0.0.1``/``[::1]``), so a web page cannot reach it through DNS rebinding.
+With a token or without, no request that changes jobs may come from another site's page
+(``Origin``/``Sec-Fetch-Site``), and a request body over `MAX_BODY` bytes is refused (413), as
+is one of unknown length (411).
 """
 
 from __future__ import annotations
@@ -165,9 +166,8 @@ def create_app(
     def job_logs(run_id: str, follow: bool = False) -> StreamingResponse:
         """The job's log as text lines; ``follow``: stream new lines until the job ends."""
         run_dir = _get(store, run_id)["run_dir"]
-        lines = _follow(
-            store, run_id, lambda: log_path(run_dir) if run_dir else None, follow, None, True
-        )
+        lines = _follow(store, run_id, lambda: log_path(run_dir) if run_dir else None, follow,
+                        None, partial=True)  # fmt: skip
         return StreamingResponse(lines, media_type="text/plain; charset=utf-8")
 
     @app.get("/jobs/{run_id}/metrics", response_class=StreamingResponse)
@@ -175,7 +175,7 @@ def create_app(
         """NDJSON: train ``metrics.jsonl`` lines, or per-episode rewards of an eval."""
         run = _get(store, run_id)
         path_of, project = metric_lines(run["kind"], run["run_dir"])
-        lines = _follow(store, run_id, path_of, follow, project, False)
+        lines = _follow(store, run_id, path_of, follow, project, partial=False)
         return StreamingResponse(lines, media_type="application/x-ndjson")
 
     @app.get("/health")
@@ -198,11 +198,13 @@ _Next = Callable[[Request], Awaitable[Response]]
 
 
 class _Guard:
-    """ASGI middleware: the Host check of a server without a token, and the body size limit.
+    """ASGI middleware: the checks of `_refusal`, before any route runs.
 
-    A token-less server listens on loopback only, but a web page the user opens can still reach
-    it through DNS rebinding (its own name, re-resolved to 127.0.0.1), submit jobs and read
-    runs; such a request carries the page's name in ``Host`` and is refused here.
+    They are: the Host check of a server without a token, the cross-site check of requests
+    that change jobs, and the body size limit. A token-less server listens on loopback only,
+    but a web page the user opens can still reach it through DNS rebinding (its own name,
+    re-resolved to 127.0.0.1), submit jobs and read runs; such a request carries the page's
+    name in ``Host``.
     """
 
     def __init__(self, app: ASGIApp, *, loopback_only: bool) -> None:
@@ -272,11 +274,9 @@ def _bearer_check(token: str) -> Callable[[Request, _Next], Awaitable[Response]]
     SameSite=Strict: another site's page cannot send it) and redirects to the same address
     without the token, so it stays out of the address bar and history.
     """
-    expected = f"Bearer {token}".encode()
-
     async def check(request: Request, call_next: _Next) -> Response:
-        given = request.headers.get("authorization", "").encode()
-        if hmac.compare_digest(given, expected) or _same(request.cookies.get(TOKEN_COOKIE), token):
+        header, cookie = request.headers.get("authorization"), request.cookies.get(TOKEN_COOKIE)
+        if _same(header, f"Bearer {token}") or _same(cookie, token):
             return await call_next(request)
         if request.method == "GET" and _same(request.query_params.get("token"), token):
             response = RedirectResponse(str(request.url.remove_query_params("token")), 303)
@@ -301,6 +301,7 @@ async def _follow(
     path_of: Callable[[], Path | None],
     follow: bool,
     project: Callable[[bytes], bytes | None] | None,
+    *,
     partial: bool,
 ) -> AsyncIterator[bytes]:
     """Complete lines of a growing file; with ``follow``, until the run is in a final state.
@@ -319,9 +320,11 @@ async def _follow(
         if skipping and lines:  # the end of a dropped overlong line
             lines, skipping = lines[1:], False
         if len(pending) > MAX_LINE:
-            lines, pending, skipping = (lines + [pending], b"", False) if partial else (
-                lines, b"", True
-            )  # fmt: skip
+            if partial:
+                lines.append(pending)  # a log: sent in pieces
+            else:
+                skipping = True  # a JSONL record: dropped, up to its end
+            pending = b""
         for line in lines:
             out = project(line) if project is not None else line
             if out is not None:
