@@ -17,7 +17,7 @@ from typing import Any, Literal
 from agentgym import ConfigError, Rubric, SandboxError, ToolCall, tool
 from agentgym.sandboxes import DEFAULT_IMAGE, ExecResult, Sandbox, SandboxToolEnv, averify
 
-_CODE_BLOCK = re.compile(r"```(python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_CODE_BLOCK = re.compile(r"```(python|py)?[ \t\r]*\n(.*?)```", re.DOTALL)
 
 
 @functools.cache

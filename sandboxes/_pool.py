@@ -39,7 +39,7 @@ from ._docker import DockerSandbox, Snapshot
 from ._host_slot import HostSlot, HostStats
 from ._hosts import DockerHost
 from ._lease import SandboxLease
-from ._protocol import enter_in_thread, in_thread_to_the_end
+from ._protocol import in_thread_to_the_end
 
 POOL_LABEL = _reap.POOL
 log = logging.getLogger("agentgym.sandboxes")
@@ -244,7 +244,8 @@ class SandboxPool:
         self.close()
 
     async def __aenter__(self) -> SandboxPool:
-        return await enter_in_thread(self.start, self.close)  # cancelled: closed, not leaked
+        # cancelled midway, what the start made is closed, not leaked (`__aexit__` never runs)
+        return await in_thread_to_the_end(self.start, after_cancel=self.close)
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.close)

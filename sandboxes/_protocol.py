@@ -106,7 +106,7 @@ class SandboxBase:
         self.close()  # type: ignore[attr-defined]
 
     async def __aenter__(self) -> Any:
-        return await enter_in_thread(self.__enter__, self.close)  # type: ignore[attr-defined]
+        return await in_thread_to_the_end(self.__enter__, after_cancel=self.close)  # type: ignore[attr-defined]
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -128,14 +128,6 @@ async def in_thread_to_the_end(
     except asyncio.CancelledError:
         await asyncio.shield(_settle(running, after_cancel))
         raise
-
-
-async def enter_in_thread(enter: Callable[[], _T], close: Callable[[], object]) -> _T:
-    """An ``__aenter__`` that starts containers in a thread; cancelled, it closes them.
-
-    Why: `async with` skips ``__aexit__`` when ``__aenter__`` raises.
-    """
-    return await in_thread_to_the_end(enter, after_cancel=close)
 
 
 async def _settle(running: asyncio.Future[Any], after: Callable[[], object] | None) -> None:

@@ -86,7 +86,7 @@ def normalize(text: str) -> str:
 
 
 def final_answer(completion: str) -> str:
-    """The first line after the reply's last ``Answer:``; the whole reply when there is none."""
+    """The first line after the reply's last ``Answer:``; its first line when it has none."""
     marks = list(_ANSWER_MARK.finditer(completion or ""))
     rest = completion[marks[-1].end() :] if marks else (completion or "")
     lines = [line.strip() for line in rest.strip().splitlines()]

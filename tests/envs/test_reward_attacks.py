@@ -57,8 +57,9 @@ def test_calculator_answer_only_in_a_tool_call_or_a_huge_reply_scores_zero_witho
 
 
 def test_calculator_tool_failures_are_tool_errors_never_infra_errors():
-    expressions = ["1/0", "2**99999", "(" * 100 + "1" + ")" * 100, "9e999 - 9e999", "x"]
-    turns = [call("calculate", expression=e) for e in expressions[:3]] + ["0"]
+    # division by zero, a power (not allowed), 201 characters (over the 200 limit)
+    expressions = ["1/0", "2**99999", "(" * 100 + "1" + ")" * 100]
+    turns = [call("calculate", expression=e) for e in expressions] + ["0"]
     trajectory = play("calculator", turns)
     assert trajectory.status == "ok" and trajectory.final_reward == 0.0
     assert all(t.tool_errors for t in trajectory.turns[:3])

@@ -43,7 +43,7 @@ async def test_a_job_task_cancelled_at_its_wait_kills_the_job(
 
     monkeypatch.setattr(store, "update_run", update_run)
     task = asyncio.create_task(queue._run_one(job))
-    await started.wait()
+    await asyncio.wait_for(started.wait(), 60)
     proc = queue._procs[job["id"]]
     deadline = time.monotonic() + 30  # the job's interpreter starts and spawns its child
     while not marker.exists() and time.monotonic() < deadline:

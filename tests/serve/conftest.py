@@ -222,3 +222,13 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     app.include_router(dashboard_router(store))
     with serve(app) as url:
         yield Dashboard(url, store)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Any]:
+    """An empty SQLite run store (`agentgym.runs.RunStore`) in the test's folder, then closed."""
+    from agentgym.runs import RunStore
+
+    store = RunStore(str(tmp_path / "runs.db"))
+    yield store
+    store.close()

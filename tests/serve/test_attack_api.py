@@ -13,18 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from agentgym.runs import RunStatus, RunStore
-from agentgym.serve import create_app
-from agentgym.serve._app import MAX_BODY
+from tests.conftest import require
 
+require("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402  (needs fastapi)
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RunStore]:
-    store = RunStore(str(tmp_path / "runs.db"))
-    yield store
-    store.close()
+from agentgym.serve import create_app  # noqa: E402
+from agentgym.serve._app import MAX_BODY  # noqa: E402
 
 
 def _client(store: RunStore, tmp_path: Path, **kwargs: Any) -> TestClient:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
 
 from agentgym.runs import RunStatus, RunStore
-from agentgym.serve._dashboard import dashboard_router
+from tests.conftest import require
+
+require("fastapi")
+from fastapi import FastAPI  # noqa: E402  (needs fastapi)
+from fastapi.testclient import TestClient  # noqa: E402
+
+from agentgym.serve._dashboard import dashboard_router  # noqa: E402
 
 GOOD = {
     "env_id": "calc",
@@ -24,13 +27,6 @@ GOOD = {
 
 def _line(record: Any) -> bytes:
     return (json.dumps(record) + "\n").encode()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RunStore]:
-    store = RunStore(str(tmp_path / "runs.db"))
-    yield store
-    store.close()
 
 
 @pytest.fixture
