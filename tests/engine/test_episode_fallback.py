@@ -11,53 +11,20 @@ test is the episode's token bookkeeping, the real renderer and the rollout's rec
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentgym import arollout
-from agentgym._types import Completion
-from agentgym.engine import ChatRenderer, TokenPolicy
 from agentgym.engine.tiny import make_tokenizer
-from tests.engine.episodes import NudgeEnv
-
-# ChatML, except that once a second user message exists the first one is marked: history is
-# rewritten by a user turn, a shape the probe conversation (one user message) never shows.
-MARKS_FIRST_USER = (
-    "{%- set users = messages | selectattr('role', 'equalto', 'user') | list %}"
-    "{%- for m in messages %}"
-    "{%- set mark = '(first) ' if m.role == 'user' and users | length > 1 "
-    "and m.content == users[0].content else '' %}"
-    "{{- '<|im_start|>' + m.role + '\\n' + mark + (m.content or '') + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+from tests.engine.episodes import MARKS_FIRST_USER, IdsPolicy, NudgeEnv
 
 
-class ScriptedTokenPolicy(TokenPolicy):
-    """Answers ``text`` every turn, as token ids; remembers each prompt it was given."""
-
-    def __init__(self, template: str, text: str = "abc") -> None:
-        super().__init__({"max_tokens": 16})
-        tokenizer = make_tokenizer()
-        tokenizer.chat_template = template
-        self._renderer = ChatRenderer(tokenizer)
-        self.text = text
-        self.prompts: list[list[int]] = []
-
-    @property
-    def renderer(self) -> ChatRenderer:
-        return self._renderer
-
-    async def generate_ids(self, prompt_ids: list[int], **_: Any) -> Completion:
-        self.prompts.append(list(prompt_ids))
-        ids = [*self._renderer.encode(self.text), self.tokenizer.eos_token_id]
-        return Completion(
-            text=self.text, prompt_ids=list(prompt_ids), completion_ids=ids,
-            logprobs=[0.0] * len(ids), finish_reason="stop",
-        )  # fmt: skip
+def scripted(template: str, text: str = "abc") -> IdsPolicy:
+    """A policy answering ``text`` and EOS every turn, as token ids, with ``template``."""
+    tokenizer = make_tokenizer()
+    answer = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    return IdsPolicy([answer], template=template)
 
 
 async def test_a_rewrite_the_check_did_not_see_switches_the_episode_to_per_turn() -> None:
-    policy = ScriptedTokenPolicy(MARKS_FIRST_USER)
+    policy = scripted(MARKS_FIRST_USER)
     assert policy.mode_for([]).mode == "concat"  # the probe has one user message: no rewrite
 
     [trajectory] = await arollout(NudgeEnv, policy, tasks=[{}], seed=0)
@@ -75,7 +42,7 @@ async def test_a_rewrite_the_check_did_not_see_switches_the_episode_to_per_turn(
 
 
 async def test_an_episode_the_template_renders_as_deltas_stays_concat() -> None:
-    policy = ScriptedTokenPolicy(MARKS_FIRST_USER.replace("'(first) '", "''"))
+    policy = scripted(MARKS_FIRST_USER.replace("'(first) '", "''"))
 
     [trajectory] = await arollout(NudgeEnv, policy, tasks=[{}], seed=0)
 
