@@ -20,6 +20,11 @@ import pytest
 # --- optional dependencies -------------------------------------------------------------------
 
 
+def hermes_call(tool: str, /, **arguments: object) -> str:
+    """A tool-call turn in the hermes format (the default parser's), as a scripted policy writes."""
+    return f"<tool_call>{json.dumps({'name': tool, 'arguments': arguments})}</tool_call>"
+
+
 def skip_or_fail(reason: str) -> NoReturn:
     """Skip the test, or fail it under ``AGENTGYM_STRICT_DEPS=1`` (CI sets it), so a broken
     install cannot turn into a green run of skips."""

@@ -7,13 +7,12 @@ writes may turn its own mistake into ``infra_error``, and nothing it claims may 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 import agentgym
 from agentgym.envs.humaneval import load_problems
 from agentgym.sandboxes import close_shared_pools
+from tests.conftest import hermes_call as call
 from tests.conftest import require
 from tests.sandboxes.conftest import require_docker
 
@@ -23,10 +22,6 @@ SURROGATE = "\\ud800"
 
 def raw_call(name: str, arguments_json: str) -> str:
     return f'<tool_call>{{"name": "{name}", "arguments": {arguments_json}}}</tool_call>'
-
-
-def call(tool: str, **arguments: object) -> str:
-    return f"<tool_call>{json.dumps({'name': tool, 'arguments': arguments})}</tool_call>"
 
 
 @pytest.fixture(autouse=True, scope="module")

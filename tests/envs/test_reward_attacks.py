@@ -6,19 +6,14 @@ earns nothing, while the honest, right answer written in any reasonable form sti
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 import agentgym
 from agentgym.envs.calculator import correct_answer
 from agentgym.envs.docsearch import corpus, names_the_function
 from agentgym.envs.search import exact_match, final_answer, normalize, token_f1
+from tests.conftest import hermes_call as call
 from tests.conftest import require
-
-
-def call(name: str, **arguments) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def play(env_id: str, turns, task: int = 0, **env_kwargs) -> agentgym.Trajectory:

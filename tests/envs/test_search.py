@@ -17,6 +17,7 @@ from agentgym._tasks import load_tasks
 from agentgym.envs.search import exact_match, final_answer, normalize, token_f1
 from agentgym.envs.search.backends import BM25Backend, Doc, bm25_from
 from agentgym.envs.search.tasks import make_tasks, qa_index
+from tests.conftest import hermes_call as call
 from tests.conftest import require, send_json
 
 CORPUS = [
@@ -45,10 +46,6 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def reference(env_id: str = "search", **kwargs) -> agentgym.ScriptedPolicy:
     return agentgym.ScriptedPolicy(agentgym.make(env_id, **kwargs).reference_turns)
-
-
-def call(name: str, **arguments) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 # --- the built-in QA set ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 
 import agentgym
 from agentgym import Completion, ConfigError, InfraError, ScriptedPolicy, ToolCall
+from tests.conftest import hermes_call as call
 from tests.conftest import require
 
 
@@ -30,10 +31,6 @@ def env(toolapi: ModuleType) -> Iterator[Any]:
     env = agentgym.make("agentgym/ToolAPI-v0")
     yield env
     env.close()
-
-
-def call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def task_of(env: Any, kind: str) -> dict[str, Any]:

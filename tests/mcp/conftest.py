@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -63,11 +61,6 @@ def _mcp_sdk() -> Iterator[None]:
 
     yield
     close_shared_servers()
-
-
-def call(tool: str, /, **arguments: Any) -> str:
-    """A hermes tool-call turn."""
-    return f"<tool_call>{json.dumps({'name': tool, 'arguments': arguments})}</tool_call>"
 
 
 def venv_server(name: str) -> str:

@@ -16,7 +16,8 @@ import pytest
 from agentgym import EpisodeSpec, ScriptedPolicy, arollout, rollout, run_episode
 from agentgym.engine._serve import free_port
 from agentgym.mcp import MCPServer, MCPServerError, MCPToolEnv
-from tests.mcp.conftest import EXAMPLE_SERVER, MISBEHAVING_SERVER, call, pid_alive
+from tests.conftest import hermes_call as call
+from tests.mcp.conftest import EXAMPLE_SERVER, MISBEHAVING_SERVER, pid_alive
 
 TASK = [{"prompt": "use the tools"}]
 

@@ -6,7 +6,7 @@ import pytest
 
 import agentgym
 from agentgym.envs.mcp import make_tasks
-from tests.mcp.conftest import call
+from tests.conftest import hermes_call as call
 
 
 @pytest.mark.slow  # five episodes, a notes server each

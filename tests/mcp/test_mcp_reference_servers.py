@@ -11,7 +11,8 @@ from pathlib import Path
 
 from agentgym import ScriptedPolicy, rollout
 from agentgym.mcp import MCPServer, MCPToolEnv
-from tests.mcp.conftest import call, venv_server
+from tests.conftest import hermes_call as call
+from tests.mcp.conftest import venv_server
 
 
 def tool_replies(trajectory) -> list[str]:
