@@ -20,6 +20,7 @@ from rich.text import Text
 from agentgym._errors import ConfigError
 from agentgym._yaml import load_yaml
 
+from ._folder import _read_json
 from ._jobs import parse_config, submit_job
 from ._queue import JobQueue
 from ._store import RunStatus, RunStore, agentgym_home, new_run_id
@@ -183,11 +184,32 @@ def _grid_axis(item: str) -> tuple[str, list[Any]]:
 
 
 def _find(store: RunStore, run_id: str) -> dict[str, Any]:
-    run = store.find_run(run_id)
+    run = store.find_run(run_id) or _by_folder(store, run_id)
     if run is None:
         raise ConfigError(f"no run with id {run_id!r} (or it is an ambiguous prefix); see "
                           "`agentgym runs ls`")  # fmt: skip
     return run
+
+
+def _by_folder(store: RunStore, key: str) -> dict[str, Any] | None:
+    """The newest run whose folder is ``key``, or whose folder's own run id starts with it.
+
+    Why: a train run's folder names the run by its own id (``status.json``), which a user
+    copies from there; the index gives each process its own row id.
+    """
+    folder = Path(key).expanduser()
+    matches: list[tuple[str, dict[str, Any]]] = []  # (the folder's own id, its newest row)
+    for run in store.list_runs(limit=None):  # newest first
+        if not run["run_dir"]:
+            continue
+        run_dir = Path(run["run_dir"])
+        if folder.is_dir() and run_dir.resolve() == folder.resolve():
+            return run
+        status = _read_json(run_dir / "status.json")
+        own = status.get("run_id") if isinstance(status, dict) else None
+        if isinstance(own, str) and own.startswith(key):
+            matches.append((own, run))
+    return matches[0][1] if len({own for own, _ in matches}) == 1 else None
 
 
 def _coloured(status: str) -> Text:

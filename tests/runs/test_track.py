@@ -90,6 +90,13 @@ def test_runs_ls_show_and_compare(tmp_path: Path) -> None:
     assert "num_tasks" in compared.stdout and "episodes" in compared.stdout
     missing = agentgym("runs", "show", "zzz", db=db)
     assert missing.returncode == 2 and "agentgym runs ls" in missing.stderr
+    # a run is also found by its folder, and by the id its folder gives it (a train run's
+    # status.json), which is what a user copies from there
+    by_folder = agentgym("runs", "show", str(tmp_path / "calc3"), db=db)
+    assert by_folder.returncode == 0 and f"run {second}" in by_folder.stdout
+    (tmp_path / "calc1" / "status.json").write_text('{"run_id": "feedface1234"}')
+    by_own_id = agentgym("runs", "show", "feedf", db=db)
+    assert by_own_id.returncode == 0 and f"run {first}" in by_own_id.stdout
 
 
 def test_runs_print_names_and_configs_as_written(tmp_path: Path) -> None:
