@@ -27,8 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentgym.parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
+from tests.parsers.test_parsers import PARSERS as EVERY_PARSER
 
-# (id, name, kwargs): every parser and render style, plus qwen3_coder typed by a schema.
+#: One tool whose schema types its argument ``s`` as a string (Qwen3-Coder reads values by it).
 SCHEMA = [
     {
         "type": "function",
@@ -38,16 +39,9 @@ SCHEMA = [
         },
     }
 ]
+#: Every parser and render style of the parser tests, and Qwen3-Coder typing values by schema.
 PARSERS: list[tuple[str, str, dict[str, Any]]] = [
-    ("hermes", "hermes", {}),
-    ("llama3_json", "llama3_json", {}),
-    ("llama3_json-tag", "llama3_json", {"python_tag": True}),
-    ("mistral-json", "mistral", {}),
-    ("mistral-args", "mistral", {"style": "args"}),
-    ("pythonic", "pythonic", {}),
-    ("qwen3_coder", "qwen3_coder", {}),
-    ("qwen3_coder-typed", "qwen3_coder", {"tools": SCHEMA}),
-    ("deepseek_v3", "deepseek_v3", {}),
+    *EVERY_PARSER, ("qwen3_coder-typed", "qwen3_coder", {"tools": SCHEMA})
 ]
 IDS = [p[0] for p in PARSERS]
 
