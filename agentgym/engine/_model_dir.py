@@ -98,3 +98,36 @@ def _rope_factor(spec: dict[str, Any]) -> float:
         if kind not in _PRESCALED_ROPE and isinstance(params.get("factor"), (int, float)):
             factor = float(params["factor"])
     return factor
+
+
+def generation_eos_ids(model: str | os.PathLike[str]) -> frozenset[int]:
+    """The ``eos_token_id`` s of a model's ``generation_config.json`` (none when it has none).
+
+    Why: vLLM stops a request on these as well as on the tokenizer's EOS (Qwen2.5-Instruct
+    lists ``<|endoftext|>`` beside ``<|im_end|>``), so a policy that stopped only on the
+    tokenizer's would sample past a token vLLM ends on. Read from a local folder or the hub
+    cache; never downloads.
+    """
+    path = _generation_config_file(os.fspath(model))
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id") if path else None
+    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object
+        return frozenset()
+    ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+    return frozenset(i for i in ids if isinstance(i, int) and not isinstance(i, bool))
+
+
+def _generation_config_file(model: str) -> Path | None:
+    """``generation_config.json`` of a local model folder, or of a hub id already cached."""
+    if not model:
+        return None
+    local = Path(model) / "generation_config.json"
+    if local.is_file():
+        return local
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model, "generation_config.json")
+    except ValueError:  # neither a folder nor a repo id
+        return None
+    return Path(cached) if isinstance(cached, str) else None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._errors import ConfigError
+from ._model_dir import generation_eos_ids
 
 Message = dict[str, Any]
 RolloutMode = Literal["concat", "per_turn"]
@@ -306,8 +307,12 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
 
 
 def _stop_token_ids(tokenizer: Any) -> frozenset[int]:
-    """Token ids that end a turn when sampled: the EOS token(s) of the tokenizer."""
-    ids = set()
+    """Token ids that end a turn when sampled, as vLLM counts them.
+
+    The tokenizer's EOS token(s) and those of the ``generation_config.json`` beside it
+    (``name_or_path``: the folder or hub id it was loaded from, the model's for every policy).
+    """
+    ids = set(generation_eos_ids(getattr(tokenizer, "name_or_path", "") or ""))
     eos = getattr(tokenizer, "eos_token_id", None)
     if isinstance(eos, int):
         ids.add(eos)
