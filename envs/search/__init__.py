@@ -54,6 +54,7 @@ def search(query: str, k: int = 5, *, env: Any) -> str:
         raise ValueError(f"k must be between 1 and {MAX_K}, got {k}")
     if len(query) > MAX_QUERY_CHARS:  # the model's mistake, never the service's (HTTP 414)
         raise ValueError(f"query longer than {MAX_QUERY_CHARS} characters; use fewer words")
+    k = int(k)  # JSON schema's integers include 1.0, which a service may not parse as one
     hits = env.backend.search(query, k)
     return "\n".join(f"[{h.id}] {h.title}\n  {' '.join(h.snippet.split())}" for h in hits) or (
         "no results; try other words"

@@ -6,7 +6,9 @@ nobody has is the model's mistake (`ValueError`: the model reads it as a tool er
 backend that is down, slow or malformed is infrastructure (`InfraError`: the episode is
 ``infra_error``, never a reward of 0). A request the service refuses as malformed or too large
 (400, 413, 414, 422) is the model's too: a model must never be able to turn its own failure
-into an unscored episode.
+into an unscored episode. So is any other failure of a request the model shaped (a 5xx, a hang,
+a redirect, a dropped connection) while the service still answers a plain query: only a
+service that fails that probe too is infrastructure.
 
 Two backends ship: `BM25Backend`, an in-memory bm25s index built from any JSONL file, local
 `datasets` data or a list of records (cached per process, envs are made per episode), and
@@ -22,10 +24,10 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 from urllib.parse import quote
 
 from agentgym import ConfigError, InfraError
@@ -37,7 +39,16 @@ DEFAULT_FIELDS = {"id": "id", "title": "title", "text": "text"}
 MODEL_MISTAKES = frozenset({400, 413, 414, 422})
 """Statuses that refuse what the model asked (a malformed or oversized query or id): tool
 errors the model reads, never `InfraError` (a model must not turn its own failure into an
-unscored episode). Every other status but 200 (and a 404 from ``/docs``) is `InfraError`."""
+unscored episode). Every other status but 200 (and a 404 from ``/docs``) fails the request, an
+`InfraError` only when the service fails a plain query too (`HTTPBackend._blamed`)."""
+
+PROBE_QUERY = "search"
+"""A plain query any search service answers: `HTTPBackend` asks it to tell a service that
+failed on the model's request from one that is down."""
+PROBE_TIMEOUT = 5.0
+"""Seconds the probe may take; a service slower than that on a plain query is down."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -180,8 +191,9 @@ class HTTPBackend:
 
     Args:
         base_url: where the service lives, e.g. ``http://127.0.0.1:8000``.
-        timeout: seconds per request; a slower answer is an `InfraError`. Keep it below the
-            tools' own timeout (30 s), so a hung service is infrastructure, not the model's.
+        timeout: seconds per request; a slower answer fails the request. Keep it plus twice
+            `PROBE_TIMEOUT` below the tools' own timeout (30 s), so that a hung service is
+            infrastructure, not the model's.
         headers: sent with every request (e.g. an API key).
     """
 
@@ -192,11 +204,57 @@ class HTTPBackend:
 
         self._httpx = httpx
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def search(self, query: str, k: int) -> list[Hit]:
-        """``GET /search?q=&k=``; any failure of the service is an `InfraError`."""
-        data = self._get("/search", {"q": query, "k": k})
+        """``GET /search?q=&k=``; a failure is the query's unless the service fails `_healthy`."""
+        return self._blamed(lambda: self._search(query, k))
+
+    def open(self, doc_id: str) -> Doc:
+        """``GET /docs/{id}``; a 404 is the model's mistake (`ValueError`)."""
+        if doc_id.strip(".") == "":  # "", ".", "..": the URL would leave /docs/ (dot segments)
+            raise unknown_doc(doc_id)
+        return self._blamed(lambda: self._open(doc_id))
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+    def _blamed(self, request: Callable[[], T]) -> T:
+        """Run a request the model shaped; its failure is the model's while the service is up.
+
+        Why: a query or id can break a service (a 5xx on a character it cannot handle, a
+        wildcard that hangs it, a path it redirects); as an `InfraError` the episode would be
+        dropped, not scored, so a model could escape a low reward by breaking the service. Only
+        when the service also fails a plain query (`_healthy`) is the failure infrastructure.
+        """
+        try:
+            return request()
+        except InfraError as exc:
+            if not self._healthy():
+                raise
+            raise ValueError(
+                f"the search service failed on this request ({exc}); the service itself "
+                "works, so try other words or an id that search printed"
+            ) from exc
+
+    def _healthy(self) -> bool:
+        """Whether the service answers a plain query (`PROBE_QUERY`) within `PROBE_TIMEOUT`.
+
+        Asked twice: a service often closes the connection a failed request came on (uvicorn
+        does after an unhandled error), and the first probe may be sent on it as it closes.
+        """
+        for _ in range(2):
+            try:
+                self._search(PROBE_QUERY, 1, timeout=min(PROBE_TIMEOUT, self.timeout))
+            except (InfraError, ValueError):
+                continue
+            return True
+        return False
+
+    def _search(self, query: str, k: int, timeout: float | None = None) -> list[Hit]:
+        data = self._get("/search", {"q": query, "k": k}, timeout=timeout)
         try:
             return [
                 Hit(str(h["id"]), str(h.get("title", "")), str(h.get("snippet", "")),
@@ -206,23 +264,22 @@ class HTTPBackend:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InfraError(f"{self.base_url}/search answered malformed hits: {exc!r}") from exc
 
-    def open(self, doc_id: str) -> Doc:
-        """``GET /docs/{id}``; a 404 is the model's mistake (`ValueError`)."""
-        if doc_id.strip(".") == "":  # "", ".", "..": the URL would leave /docs/ (dot segments)
-            raise unknown_doc(doc_id)
+    def _open(self, doc_id: str) -> Doc:
         data = self._get(f"/docs/{quote(doc_id, safe='')}", None, missing=doc_id)
         try:
             return Doc(str(data["id"]), str(data.get("title", "")), str(data["text"]))
         except (KeyError, TypeError, AttributeError) as exc:
             raise InfraError(f"{self.base_url}/docs answered a malformed doc: {exc!r}") from exc
 
-    def close(self) -> None:
-        """Close the connection pool."""
-        self._client.close()
-
-    def _get(self, path: str, params: dict[str, Any] | None, missing: str | None = None) -> Any:
+    def _get(
+        self,
+        path: str,
+        params: dict[str, Any] | None,
+        missing: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         try:
-            response = self._client.get(path, params=params)
+            response = self._client.get(path, params=params, timeout=timeout or self.timeout)
         except self._httpx.HTTPError as exc:
             raise InfraError(f"search service {self.base_url} failed: {exc!r}") from exc
         if response.status_code == 404 and missing is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 import random
 import secrets
 import socket
@@ -29,6 +30,9 @@ from typing import Any
 import httpx
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from agentgym import InfraError
@@ -229,6 +233,7 @@ class QuantityChange(BaseModel):
 def create_app(admin_token: str) -> FastAPI:
     """The shop as an ASGI app; ``admin_token`` guards the hidden ``/admin`` routes."""
     app = FastAPI(title="Shop", version="1.0")
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     tenants: dict[str, Tenant] = {}
 
     @contextmanager
@@ -267,6 +272,31 @@ def create_app(admin_token: str) -> FastAPI:
 
     _add_routes(app, locked)
     return app
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    r"""FastAPI's 422 for a request that fails validation, its echoed inputs made JSON-safe.
+
+    Why: the 422 names each invalid input, and FastAPI's own handler fails on one that JSON
+    cannot carry (a number Python's JSON reads as infinity or NaN: ``1e309``, ``NaN``; a string
+    holding a lone surrogate: ``"\ud800"``), answering HTTP 500. A 5xx is the service failing,
+    so a request's own mistake could end an episode as ``infra_error`` instead of a tool error.
+    """
+    assert isinstance(exc, RequestValidationError)  # registered for it alone
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` (JSON-like) with non-finite floats as their repr and lone surrogates escaped."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_json_safe(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _add_routes(app: FastAPI, locked: Any) -> None:
