@@ -23,6 +23,8 @@ import atexit
 import concurrent.futures
 import functools
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -106,11 +108,28 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _copy_workspace(template: str) -> str:
+    """A fresh copy of ``template`` in a new temporary folder; returns the copy's path.
+
+    Copied on the hub loop, which waits for it (small folders: a repository, a database
+    file): a copy made in a thread would be left behind by a start cancelled meanwhile.
+    """
+    copy = tempfile.mkdtemp(prefix="agentgym-mcp-")
+    try:
+        shutil.copytree(template, copy, symlinks=True, dirs_exist_ok=True)
+    except OSError as exc:
+        shutil.rmtree(copy, ignore_errors=True)
+        raise MCPServerError(f"could not copy the MCP workspace {template!r}: {exc}") from exc
+    return copy
+
+
 class MCPConnection:
     """One MCP session with one server; its coroutines run on the hub loop (`on_hub`)."""
 
     def __init__(self, spec: MCPServer) -> None:
         self.spec = spec
+        #: This server's copy of ``spec.workspace`` (removed by `close`); None without one.
+        self.workspace: str | None = None
         #: True once the server died, hung, or the session was closed: never use it again.
         self.broken = False
         self._client: mcp.Client | None = None
@@ -123,8 +142,11 @@ class MCPConnection:
         mcp = _import_mcp()
         connection = cls(spec)
         ready = asyncio.get_running_loop().create_future()
-        connection._owner = asyncio.create_task(connection._own(mcp, ready))
         try:
+            if spec.workspace is not None:  # no await: a cancel cannot leave a copy behind
+                connection.workspace = _copy_workspace(spec.workspace)
+                connection.spec = spec.in_workspace(connection.workspace)
+            connection._owner = asyncio.create_task(connection._own(mcp, ready))
             async with asyncio.timeout(spec.start_timeout):
                 await ready
         except TimeoutError:
@@ -169,6 +191,9 @@ class MCPConnection:
             if self._client is None:  # still starting: nothing to stop cleanly
                 owner.cancel()
             await asyncio.wait([owner])
+        if self.workspace is not None:  # the server is gone: nothing writes there any more
+            copy, self.workspace = self.workspace, None
+            await asyncio.to_thread(shutil.rmtree, copy, ignore_errors=True)
 
     async def list_tools(self) -> list[mcp_types.Tool]:
         """Every tool the server lists, all pages."""

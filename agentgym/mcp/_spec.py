@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -11,6 +13,8 @@ from agentgym._errors import ConfigError
 
 Transport = Literal["stdio", "http"]
 Scope = Literal["episode", "shared"]
+#: Replaced by the path of the episode's copy of `MCPServer.workspace`.
+WORKSPACE = "{workspace}"
 
 
 @dataclass(frozen=True)
@@ -23,17 +27,25 @@ class MCPServer:
         args: its command-line arguments.
         env: extra environment variables for it (over the MCP SDK's safe defaults: ``PATH``,
             ``HOME`` ...; the rest of this process's environment is not passed on).
-        cwd: its working directory; None: this process's.
+        cwd: its working directory; None: this process's (the workspace copy's, with one).
         url: the endpoint of a streamable HTTP server, e.g. ``"http://127.0.0.1:8000/mcp"``.
             Give ``command`` or ``url``, not both.
         transport: ``"stdio"`` or ``"http"``; None: ``"stdio"`` with a command, ``"http"``
             with a url.
         scope: ``"episode"``: a fresh process and session per episode, started in
             `MCPToolEnv.setup_episode` and stopped in ``teardown_episode``, so no state leaks
-            from one episode to the next (an HTTP server is not ours to start: only its session
-            is per episode). ``"shared"``: one process and session for every episode of every
+            from one episode to the next in the process (state a server keeps on disk needs a
+            ``workspace``; an HTTP server is not ours to start: only its session is per
+            episode). ``"shared"``: one process and session for every episode of every
             env in this Python process with an equal spec, for stateless servers; it starts
             with the first env and is restarted by the next episode after it died or hung.
+        workspace: a folder copied afresh for every start of an ``"episode"`` stdio server,
+            for servers that keep state on disk (a git repository, a database file): a new
+            process alone would reopen the same files, and what one episode wrote would be
+            there for the next, and for the other episodes of its group. The server runs in
+            the copy (unless ``cwd`` is given), ``{workspace}`` in ``args``, ``env`` values and
+            ``cwd`` is replaced by the copy's path, and the copy is removed when the server
+            stops. None: no copy.
         tools: offer only these tools (by the server's names); None: every tool it lists.
         prefix: prepended to each tool's name, so two servers may both have a ``search``.
         start_timeout: seconds to start the server and finish the MCP handshake.
@@ -44,6 +56,7 @@ class MCPServer:
 
         MCPServer(command=".venv/bin/mcp-server-time", scope="shared")
         MCPServer(url="http://127.0.0.1:8000/mcp", prefix="notes_")
+        MCPServer(command="mcp-server-git", workspace="fixtures/repo")  # a repo per episode
     """
 
     command: str | None = None
@@ -53,6 +66,7 @@ class MCPServer:
     url: str | None = None
     transport: Transport | None = None
     scope: Scope = "episode"
+    workspace: str | None = None
     tools: Sequence[str] | None = None
     prefix: str = ""
     start_timeout: float = 30.0
@@ -84,11 +98,14 @@ class MCPServer:
                     "MCPServer with transport 'stdio' needs command=..., the server's "
                     "executable (e.g. command=sys.executable, args=['server.py'])"
                 )
-            if shutil.which(self.command) is None:
+            found = shutil.which(self.command)
+            if found is None:
                 raise ConfigError(
                     f"MCPServer command {self.command!r} is not an executable file or on PATH; "
                     "give its full path"
                 )
+            # a relative command is found from here; the server may start in another cwd
+            object.__setattr__(self, "command", os.path.abspath(found))
         elif not (self.url or "").startswith(("http://", "https://")):
             raise ConfigError(
                 "MCPServer with transport 'http' needs url='http://HOST:PORT/mcp', "
@@ -96,10 +113,39 @@ class MCPServer:
             )
         if self.scope not in ("episode", "shared"):
             raise ConfigError(f"MCPServer scope must be 'episode' or 'shared', got {self.scope!r}")
+        if self.workspace is not None:
+            self._check_workspace()
         for name in ("start_timeout", "call_timeout"):
             value = getattr(self, name)
             if not value > 0:
                 raise ConfigError(f"MCPServer {name} must be > 0 seconds, got {value!r}")
+
+    def _check_workspace(self) -> None:
+        if self.scope != "episode" or self.transport != "stdio":
+            raise ConfigError(
+                "MCPServer workspace= copies a folder for each episode's own server process: "
+                "it needs scope='episode' and a stdio command (an HTTP server is not ours to "
+                "start)"
+            )
+        if not os.path.isdir(self.workspace or ""):
+            raise ConfigError(
+                f"MCPServer workspace {self.workspace!r} is not a folder; give the folder to "
+                "copy for each episode"
+            )
+        object.__setattr__(self, "workspace", os.path.abspath(self.workspace or ""))
+
+    def in_workspace(self, copy: str) -> MCPServer:
+        """The spec as started in ``copy`` (a fresh copy of `workspace`): no copy to make."""
+        def fill(text: str) -> str:
+            return text.replace(WORKSPACE, copy)
+
+        return dataclasses.replace(
+            self,
+            args=[fill(a) for a in self.args],
+            env={k: fill(v) for k, v in self.env.items()},
+            cwd=copy if self.cwd is None else fill(self.cwd),
+            workspace=None,
+        )
 
     @property
     def label(self) -> str:
@@ -112,4 +158,4 @@ class MCPServer:
     def key(self) -> tuple[object, ...]:
         """What makes two specs the same server (the shared-process registry's key)."""
         return (self.transport, self.command, self.args, tuple(sorted(self.env.items())),
-                self.cwd, self.url)  # fmt: skip
+                self.cwd, self.url, self.workspace)  # fmt: skip
