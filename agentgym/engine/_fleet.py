@@ -33,11 +33,15 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._errors import ConfigError, ModelError
 from .._http import LoopClient
 from ._episode import AdapterVersion
 from ._router import ReplicaState, StickyLeastLoaded
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 #: What vLLM answers while an adapter folder is not (yet) visible on its storage.
@@ -141,6 +145,17 @@ class VLLMFleet:
         """The ``model`` field of a request for ``version``."""
         return self.model if version == 0 else adapter_name(version, self.namespace)
 
+    def version_of(self, name: str) -> int | None:
+        """The version served as ``name`` (0: the base model).
+
+        None for a name of no version of this run (another run's namespace, another model).
+        """
+        if name == self.model:
+            return 0
+        prefix = adapter_name(0, self.namespace)[: -len("0")]
+        number = name[len(prefix) :] if name.startswith(prefix) else ""
+        return int(number) if number.isdigit() else None
+
     # ---- data plane ---------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def replica(self, session: str | None) -> AsyncIterator[ReplicaState]:
@@ -193,7 +208,10 @@ class VLLMFleet:
             raise ModelError(f"{url} is unreachable: {exc!r}") from exc
         if response.status_code != 200:
             raise ModelError(f"{url}/v1/models answered {response.status_code}")
-        return {entry["id"] for entry in response.json().get("data", [])}
+        try:  # a proxy's error page or a cut answer: the server is as good as unreachable
+            return {str(entry["id"]) for entry in response.json()["data"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelError(f"{url}/v1/models answered {response.text[:200]!r}") from exc
 
     async def served_versions(self) -> dict[str, set[int]]:
         """Adapter versions each healthy server reports loaded (to check a publish)."""
@@ -255,10 +273,15 @@ class VLLMFleet:
         """Load ``name`` on ``url`` unless it serves it already.
 
         Another trainer rank may have published this version a moment ago: the name holds the
-        run's namespace and the version, so serving it means serving these weights.
+        run's namespace and the version, so serving it means serving these weights. A load
+        is checked in the server's model list afterwards: an acknowledgement alone does not
+        switch traffic (a server that said yes and kept its old adapters would serve them).
         """
+        if name in await self._names_or_unreachable(url):
+            return
+        await self._load(url, name, path)
         if name not in await self._names_or_unreachable(url):
-            await self._load(url, name, path)
+            raise ModelError(f"{url} acknowledged loading {name} but does not serve it")
 
     async def _names_or_unreachable(self, url: str) -> set[str]:
         try:
@@ -280,6 +303,11 @@ class VLLMFleet:
             text = response.text
             if response.status_code == 200 or "already been loaded" in text:
                 return
+            if _no_lora_route(response):
+                raise ModelError(
+                    f"{url} has no /v1/load_lora_adapter: start it with --enable-lora and "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
+                )
             missing = any(hint in text.lower() for hint in _NOT_FOUND_HINTS)
             if not missing or time.monotonic() + backoff > deadline:
                 raise ModelError(f"loading {name} answered {response.status_code}: {text[:300]}")
@@ -307,6 +335,20 @@ class VLLMFleet:
 
 class _Unreachable(ModelError):
     """A server did not answer at all (as opposed to refusing)."""
+
+
+def _no_lora_route(response: httpx.Response) -> bool:
+    """Whether the server has no runtime adapter API at all (the web framework's bare 404).
+
+    vLLM's own "adapter not found" is an error object; this one would otherwise pass for
+    shared storage lagging and be retried for ``load_timeout`` seconds.
+    """
+    if response.status_code != 404:
+        return False
+    try:
+        return bool(response.json() == {"detail": "Not Found"})
+    except ValueError:
+        return False
 
 
 def stage_adapter(

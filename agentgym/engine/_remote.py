@@ -24,6 +24,8 @@ The servers must report the logprobs actually sampled from: start them with
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -41,10 +43,13 @@ from ._episode import (
 from ._fleet import VLLMFleet, server_root, stage_adapter
 from ._render import ChatRenderer
 
+log = logging.getLogger(__name__)
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length|context_length_exceeded|too long")
 #: Answers after which the same request may succeed on another server.
 _SERVER_FAILURE = frozenset({500, 502, 503, 504})
 ServerFailurePolicy = Literal["retry", "fail"]
+#: Why a turn ends; vLLM's "abort" (and anything else) means it was cut short by the server.
+_FINISHED = frozenset({"stop", "length"})
 
 
 class RemoteVLLMPolicy(TokenPolicy):
@@ -98,6 +103,7 @@ class RemoteVLLMPolicy(TokenPolicy):
         self.adapter_storage = Path(adapter_storage) if adapter_storage else None
         self._chat_template_kwargs = chat_template_kwargs
         self._renderer: ChatRenderer | None = None
+        self._vocab_size: int | None = None
 
     def start(self) -> None:
         """Check that every server answers and serves the model now, not mid-run.
@@ -152,9 +158,9 @@ class RemoteVLLMPolicy(TokenPolicy):
                                   seed, s, version)  # fmt: skip
         failures: list[str] = []
         for _ in range(self.max_attempts):
-            data = await self._send(body, session, failures)
-            if data is not None:
-                return self._completion(data, prompt_ids, version)
+            turn = await self._attempt(body, prompt_ids, version, session, failures)
+            if turn is not None:
+                return turn
         raise ModelError(f"no rollout server completed the turn: {'; '.join(failures)}")
 
     def _request_body(self, prompt_ids: list[int], limit: int, seed: int | None,
@@ -170,68 +176,140 @@ class RemoteVLLMPolicy(TokenPolicy):
             "cache_salt": self.fleet.served_name(version), **s.extra,
         }  # fmt: skip
 
-    async def _send(
-        self, body: dict[str, Any], session: str | None, failures: list[str]
-    ) -> dict[str, Any] | None:
-        """One attempt: the response's JSON, or None after a server failure (recorded)."""
-        import httpx
+    async def _attempt(
+        self, body: dict[str, Any], prompt_ids: list[int], version: int, session: str | None,
+        failures: list[str],
+    ) -> Completion | None:  # fmt: skip
+        """One try on one server (or the router): the turn, or None after a server failure.
 
+        The fleet's replica is held only while its request is in flight, so a failure, a
+        malformed answer or a cancellation all give the slot back.
+        """
         if self.router_url is not None:
             headers = {"X-Session-ID": session} if session else {}
-            try:
-                response = await self.fleet.http.get().post(
-                    f"{self.router_url}/v1/completions", json=body, headers=headers
-                )
-            except httpx.TransportError as exc:
-                self._failed(failures, f"router {self.router_url}: {exc!r}")
-                return None
-            return self._checked(response, self.router_url, failures)
+            return await self._ask(self.router_url, False, body, headers, prompt_ids, version,
+                                   failures)  # fmt: skip
         async with self.fleet.replica(session) as replica:
-            url = f"{replica.url}/v1/completions"
-            try:  # the fleet's pool: one set of connections (and its bearer token)
-                response = await self.fleet.http.get().post(url, json=body)
-            except httpx.TransportError as exc:
-                self.fleet.mark_down(replica.url, repr(exc))
-                self._failed(failures, f"{replica.url}: {exc!r}")
-                return None
-            if response.status_code in _SERVER_FAILURE:
-                self.fleet.mark_down(replica.url, f"answered {response.status_code}")
-            return self._checked(response, replica.url, failures)
+            return await self._ask(replica.url, True, body, {}, prompt_ids, version, failures)
 
-    def _checked(self, response: Any, url: str, failures: list[str]) -> dict[str, Any] | None:
-        if response.status_code == 200:
-            data: dict[str, Any] = response.json()
-            return data
-        text = response.text[:300]
-        if response.status_code == 400 and _CONTEXT_OVERFLOW.search(text):
-            raise ContextLengthError(f"the prompt outgrew the model's context: {text}")
-        if response.status_code in _SERVER_FAILURE:
-            self._failed(failures, f"{url} answered {response.status_code}: {text}")
+    async def _ask(
+        self, url: str, replica: bool, body: dict[str, Any], headers: dict[str, str],
+        prompt_ids: list[int], version: int, failures: list[str],
+    ) -> Completion | None:  # fmt: skip
+        """Send the turn to ``url``; ``replica``: a fleet server, routed around when it fails."""
+        import httpx
+
+        try:  # the fleet's pool: one set of connections (and its bearer token)
+            response = await self.fleet.http.get().post(
+                f"{url}/v1/completions", json=body, headers=headers
+            )
+        except httpx.TransportError as exc:  # refused, reset mid-answer, timed out
+            self._server_failed(url, replica, failures, repr(exc))
             return None
-        raise ModelError(f"{url}/v1/completions answered {response.status_code}: {text}")
+        if response.status_code != 200:
+            self._refused(response, url, replica, version, failures)
+            return None
+        try:
+            data = _json(response)
+            turn = self._completion(data, prompt_ids, body["max_tokens"], version)
+        except _MalformedAnswer as exc:
+            self._server_failed(url, replica, failures, str(exc))
+            return None
+        served = data.get("model")  # vLLM names the adapter it really sampled with
+        if isinstance(served, str) and served != body["model"]:
+            turn.adapter_version = self._other_version(url, replica, body["model"], served)
+        return turn
+
+    def _refused(
+        self, response: Any, url: str, replica: bool, version: int, failures: list[str]
+    ) -> None:
+        """A non-200 answer: a server failure (recorded, to retry), or an error to raise.
+
+        404 for a version the fleet still keeps means that server lost the adapter (it was
+        restarted): it is routed around until a probe loads the kept versions back.
+        """
+        status, text = response.status_code, response.text[:300]
+        if status == 400 and _CONTEXT_OVERFLOW.search(text):
+            raise ContextLengthError(f"the prompt outgrew the model's context: {text}")
+        lost = status == 404 and self._kept(version)
+        if status not in _SERVER_FAILURE and not lost:
+            raise ModelError(f"{url}/v1/completions answered {status}: {text}")
+        self._server_failed(url, replica, failures, f"answered {status}: {text}")
+
+    def _kept(self, version: int) -> bool:
+        """Whether every healthy server should serve ``version`` now."""
+        return version == 0 or any(a.version == version for a in self.fleet.adapters)
+
+    def _server_failed(self, url: str, replica: bool, failures: list[str], what: str) -> None:
+        """Record a failure of ``url`` (routed around if it is a fleet server)."""
+        if replica:
+            self.fleet.mark_down(url, what)
+        self._failed(failures, f"{url}: {what}")
 
     def _failed(self, failures: list[str], what: str) -> None:
         failures.append(what)
         if self.on_server_failure == "fail":
             raise ModelError(f"rollout server failed ({what}); on_server_failure='fail'")
 
-    def _completion(self, data: dict[str, Any], prompt_ids: list[int], version: int) -> Completion:
-        try:
-            choice = data["choices"][0]
-            ids = list(choice["token_ids"])
-        except (KeyError, IndexError, TypeError) as exc:
-            raise ModelError(
-                f"the server's answer has no token ids (a vLLM server is needed): {str(data)[:300]}"
-            ) from exc
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or None
+    def _other_version(self, url: str, replica: bool, asked: str, served: str) -> int:
+        """The version that really sampled a turn answered under another name than asked.
+
+        The turn keeps it, so a trainer's version check refuses the step rather than train on
+        another adapter's tokens; the server is routed around. A name outside this run cannot
+        be attributed: `ModelError`, and the turn is not recorded.
+        """
+        what = f"answered as {served!r} to a request for {asked!r}"
+        if replica:
+            self.fleet.mark_down(url, what)
+        version = self.fleet.version_of(served)
+        if version is None:
+            raise ModelError(f"{url} {what}, a model this run never published")
+        log.warning("%s %s: the turn records adapter v%d", url, what, version)
+        return version
+
+    def _completion(self, data: Any, prompt_ids: list[int], limit: int, version: int) -> Completion:
+        """The turn in a 200 answer, checked; raises `_MalformedAnswer` for anything else.
+
+        Every field a trainer reads is checked against what was asked: an answer that does
+        not add up is a broken server, never a turn (token-exactness is the contract).
+        """
+        choice = _choice(data)
+        ids = _token_ids(choice, self.vocab_size)
+        logprobs = _logprobs(choice, len(ids))
+        finish = _finish_reason(choice, len(ids), limit)
+        counted = _usage(data).get("completion_tokens")
+        if isinstance(counted, int) and counted != len(ids):
+            raise _MalformedAnswer(f"{len(ids)} token ids where usage counts {counted} (cut)")
+        echoed = choice.get("prompt_token_ids")
+        if echoed is not None and echoed != list(prompt_ids):
+            raise _MalformedAnswer("the answer was sampled from another prompt than the one sent")
+        text = choice.get("text")
         return Completion(
-            text=self.renderer.visible_text(choice.get("text") or "", ids),
+            text=self.renderer.visible_text(text if isinstance(text, str) else "", ids),
             prompt_ids=list(prompt_ids),
             completion_ids=ids,
             logprobs=logprobs,
-            finish_reason=choice.get("finish_reason"),
+            finish_reason=finish,
             adapter_version=version,
         )
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model can sample (read once from the model folder's config).
+
+        The embedding rows, padding included, and at least the tokenizer's length.
+        """
+        if self._vocab_size is None:
+            from transformers import AutoConfig
+
+            size = len(self.renderer.tokenizer)
+            try:
+                text_config = AutoConfig.from_pretrained(self.model).get_text_config()
+                size = max(size, int(getattr(text_config, "vocab_size", 0) or 0))
+            except (OSError, ValueError):  # a tokenizer-only folder: the tokenizer bounds it
+                pass
+            self._vocab_size = size
+        return self._vocab_size
 
     async def end_session(self, session: str) -> None:
         """Forget the episode's pin (and tell the router, which keeps its own)."""
@@ -278,3 +356,69 @@ class RemoteVLLMPolicy(TokenPolicy):
     async def aclose(self) -> None:
         """Close the connection pool (it reopens on demand; the servers keep running)."""
         await self.fleet.aclose()
+
+
+class _MalformedAnswer(ModelError):
+    """A 200 answer that is not a valid turn: the server is broken, the turn is not recorded."""
+
+
+def _json(response: Any) -> Any:
+    """The answer's JSON; a body that is not JSON (cut short, an HTML error page) is malformed."""
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise _MalformedAnswer(f"answered 200 with no JSON: {response.text[:200]!r}") from exc
+
+
+def _choice(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise _MalformedAnswer(f"answered 200 with {type(data).__name__} JSON: {str(data)[:200]}")
+    if "error" in data or data.get("object") == "error":  # an error dressed as a success
+        raise _MalformedAnswer(f"answered 200 with an error: {str(data)[:300]}")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise _MalformedAnswer(f"answered 200 without a choice: {str(data)[:300]}")
+    choice: dict[str, Any] = choices[0]
+    return choice
+
+
+def _usage(data: dict[str, Any]) -> dict[str, Any]:
+    usage = data.get("usage")
+    return usage if isinstance(usage, dict) else {}
+
+
+def _token_ids(choice: dict[str, Any], vocab_size: int) -> list[int]:
+    """The sampled ids, each a token of the vocabulary."""
+    ids = choice.get("token_ids")
+    if not isinstance(ids, list):
+        raise _MalformedAnswer(
+            f"the answer has no token ids (a vLLM server is needed): {str(choice)[:300]}"
+        )
+    bad = [i for i in ids if type(i) is not int or not 0 <= i < vocab_size]
+    if bad:
+        raise _MalformedAnswer(f"token ids outside the vocabulary of {vocab_size}: {bad[:5]}")
+    return ids
+
+
+def _logprobs(choice: dict[str, Any], count: int) -> list[float]:
+    """One finite logprob per sampled id (the request asked for them: none is malformed)."""
+    logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+    if not isinstance(logprobs, list) or len(logprobs) != count:
+        got = len(logprobs) if isinstance(logprobs, list) else "no"
+        raise _MalformedAnswer(f"{got} logprobs for {count} token ids")
+    if not all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+        for x in logprobs
+    ):
+        raise _MalformedAnswer(f"logprobs that are not finite numbers: {logprobs[:5]}")
+    return [float(x) for x in logprobs]
+
+
+def _finish_reason(choice: dict[str, Any], count: int, limit: int) -> str:
+    """``stop``, or ``length`` exactly at the turn's limit; more tokens than asked is malformed."""
+    finish = choice.get("finish_reason")
+    if finish not in _FINISHED:
+        raise _MalformedAnswer(f"the turn was cut short (finish_reason {finish!r})")
+    if count > limit or (finish == "length" and count != limit):
+        raise _MalformedAnswer(f"finish_reason {finish!r} after {count} of {limit} tokens")
+    return str(finish)
