@@ -18,6 +18,26 @@ SERVER_SOURCE = Path(__file__).with_name("_server.py").read_text()
 STDERR_KEEP = 4096
 
 
+SERVER_CWD = "/"
+"""The server's cwd: a directory of the read-only root, which the code cannot write to."""
+
+
+def server_argv(workdir: str, wipe: bool) -> list[str]:
+    """The command that starts the code server in `SERVER_CWD`: nothing the code wrote runs.
+
+    Why: the server starts again (a reset, or a recovery after the code killed it) in a
+    container whose work dir still holds what the code left there, and before it wipes it.
+    ``python3 -c`` puts its cwd first on ``sys.path``, so with the work dir as cwd a
+    ``base64.py`` left there was imported by the new server; and ``$HOME`` is the work dir,
+    so a ``.pth`` file in the user site-packages ran at its start. Either made the code part
+    of the server for every later lease of the container, where it could read each episode's
+    calls or forge verify's reports. So the server starts in `SERVER_CWD` and without the
+    user site-packages (``-s``); the calls it forks still ``chdir`` to the work dir
+    (``_become``), so the code imports its own modules from there as before.
+    """
+    return ["python3", "-s", "-c", SERVER_SOURCE, workdir] + (["--wipe"] if wipe else [])
+
+
 class ChannelDeadline(Exception):
     """No reply before the host-side deadline."""
 
@@ -46,10 +66,10 @@ class ServerChannel:
 
     def open(self, wipe: bool, timeout: float = 30.0) -> None:
         """Start the server (``wipe`` empties the work dir and /tmp first) and wait for it."""
-        cmd = ["python3", "-c", SERVER_SOURCE, self._workdir] + (["--wipe"] if wipe else [])
         exec_id = self._api.exec_create(
-            self._container_id, cmd, stdin=True, stdout=True, stderr=True, tty=False,
-            user=self._user, workdir=self._workdir, environment=self._environment,
+            self._container_id, server_argv(self._workdir, wipe), stdin=True, stdout=True,
+            stderr=True, tty=False, user=self._user, workdir=SERVER_CWD,
+            environment=self._environment,
         )["Id"]
         self._raw = self._api.exec_start(exec_id, socket=True)
         self._sock = getattr(self._raw, "_sock", self._raw)

@@ -1,4 +1,4 @@
-"""In-container code server: runs as the code uid, sent to the container as ``python3 -c``.
+"""In-container code server: runs as the code uid, sent to the container as ``python3 -s -c``.
 
 Stand-alone on purpose (standard library only, Python >= 3.9): it must run in any image with a
 ``python3``. The host starts it with ``docker exec`` and talks over that exec's stdin/stdout,

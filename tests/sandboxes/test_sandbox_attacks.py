@@ -47,7 +47,7 @@ def assert_still_works(sb):
         if len(code) <= 4:
             break
     assert len(code) <= 4, f"code processes survived the call: {code}"
-    assert all(p["cmd"].startswith("python3 -c") for p in code), code
+    assert all(p["cmd"].startswith("python3 -s -c") for p in code), code
     keeper = [p for p in procs if p["uid"] == sb.config.keeper_uid]
     assert {p["pid"] for p in keeper} >= {1}, "the keeper must be alive"
 
