@@ -449,7 +449,8 @@ class GRPOTrainer:
 
         cfg = self.config
         tokens = sum(s.num_trained_tokens for s in samples)
-        counts = self.world.gather((len(samples), tokens))
+        episodes = sum(s.share for s in samples)  # a per-turn sample is part of its episode
+        counts = self.world.gather((episodes, tokens))
         num_sequences, num_items = (float(sum(column)) for column in zip(*counts))
         if not num_sequences:  # every group had zero variance or was dropped: nothing to learn
             return {"train/samples": 0.0}
@@ -503,8 +504,8 @@ class GRPOTrainer:
     ) -> tuple[Any, Any]:
         """One micro-batch's part of the step's loss.
 
-        ``num_sequences`` and ``num_items`` (trained tokens) count the whole step's samples,
-        every rank's: the loss's normalisers.
+        ``num_sequences`` (episodes) and ``num_items`` (trained tokens) count the whole
+        step's samples, every rank's: the loss's normalisers.
         """
         import torch
 
@@ -522,6 +523,7 @@ class GRPOTrainer:
             logps, part.advantages, part.loss_mask, spec,
             old_logps=old, engine_logps=part.engine_logprobs, ref_logps=ref,
             entropies=entropies, num_sequences=num_sequences, num_items=num_items,
+            shares=part.shares,
         )  # fmt: skip
         return out, logps
 

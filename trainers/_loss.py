@@ -173,21 +173,30 @@ def aggregate(
     *,
     num_sequences: float | None = None,
     num_items: float | None = None,
+    shares: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce per-token losses to a scalar the way ``spec.loss_type`` says.
 
     For gradient accumulation pass the totals of the whole optimiser step: ``num_sequences``
-    (samples) and ``num_items`` (mask-1 tokens); each micro-batch's loss then sums to the
-    step's loss. None: this batch's own count.
+    (episodes: the sum of the samples' ``shares``) and ``num_items`` (mask-1 tokens); each
+    micro-batch's loss then sums to the step's loss. None: this batch's own count.
+    ``shares``: ``(B,)`` each row's part of its episode's trained tokens (a per-turn sample's;
+    1 for a whole episode, and None: all 1), so an episode weighs the same in either mode.
 
-    - ``grpo``: per-sequence token mean, summed over sequences / ``num_sequences``.
+    - ``grpo``: per-sequence token mean weighted by its share, summed / ``num_sequences``.
     - ``dr_grpo``: token sum / (``num_sequences * spec.length_norm``).
     - ``dapo``: token sum / ``num_items``.
     """
-    sequences = float(per_token_loss.size(0)) if num_sequences is None else num_sequences
+    if num_sequences is not None:
+        sequences = num_sequences
+    else:
+        sequences = float(per_token_loss.size(0)) if shares is None else float(shares.sum())
     token_sum = per_token_loss * mask
     if spec.loss_type == "grpo":
-        return (token_sum.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / sequences
+        per_sequence = token_sum.sum(-1) / mask.sum(-1).clamp(min=1.0)
+        if shares is not None:
+            per_sequence = per_sequence * shares
+        return per_sequence.sum() / sequences
     if spec.loss_type == "dr_grpo":
         return token_sum.sum() / (sequences * spec.length_norm)
     items = mask.sum().clamp(min=1.0) if num_items is None else max(num_items, 1.0)
@@ -209,6 +218,7 @@ def grpo_loss(
     entropies: torch.Tensor | None = None,
     num_sequences: float | None = None,
     num_items: float | None = None,
+    shares: torch.Tensor | None = None,
 ) -> LossOutput:
     """The GRPO/DAPO/Dr. GRPO/GSPO loss of one (micro-)batch, with its metrics.
 
@@ -223,8 +233,9 @@ def grpo_loss(
             missing). When given and ``spec.is_correction``, the loss is IS-corrected.
         ref_logps: ``(B, T)`` reference (adapter-disabled) log-probs; needed iff ``spec.beta``.
         entropies: ``(B, T)`` per-token entropies (`token_entropy`), only for the metric.
-        num_sequences: samples in the whole optimiser step, for accumulation (`aggregate`).
+        num_sequences: episodes in the whole optimiser step, for accumulation (`aggregate`).
         num_items: mask-1 tokens in the whole optimiser step, for accumulation (`aggregate`).
+        shares: ``(B,)`` each sample's part of its episode's trained tokens (`aggregate`).
 
     Returns:
         The loss and metrics: ``loss/*`` (clip ratios, kl, entropy) and ``sampling/*`` (IS
@@ -250,7 +261,8 @@ def grpo_loss(
         metrics["loss/kl"] = masked_mean(kl, mask).item()
     if entropies is not None:
         metrics["loss/entropy"] = masked_mean(entropies, mask).item()
-    loss = aggregate(per_token, mask, spec, num_sequences=num_sequences, num_items=num_items)
+    loss = aggregate(per_token, mask, spec, num_sequences=num_sequences, num_items=num_items,
+                     shares=shares)
     metrics["loss/value"] = loss.item()
     return LossOutput(loss, metrics)
 

@@ -10,6 +10,12 @@ Two ways to turn a multi-turn episode into token sequences, both without re-toke
   history (e.g. Qwen3 drops earlier ``<think>`` blocks); costs O(turns^2) tokens.
 - ``auto``: ``concat`` for each episode whose prefix property holds, else ``per_turn``.
 
+An episode weighs the same in the loss either way: each per-turn sample carries its
+``share`` of the episode's trained tokens, which weights its per-sequence loss (``grpo``), and
+the shares of an episode sum to 1 where sequences are counted (``grpo``, ``dr_grpo``). Counted
+as samples, an episode of five turns would weigh five times one played in one turn, and
+whether it did would depend on the chat template.
+
 A sample with no mask-1 token (e.g. a turn of env-forced tokens only) is left out: it would
 add nothing to the loss but still count as a sequence in its normaliser.
 
@@ -19,7 +25,7 @@ Building samples needs no torch; `collate` imports it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from agentgym._trajectory import PrefixMismatchError, Trajectory, Turn
@@ -43,6 +49,8 @@ class Sample:
     episode: int
     #: The turn this sample holds (``per_turn``), or None for a whole episode (``concat``).
     turn: int | None = None
+    #: Its part of the episode's trained tokens: 1.0 for a whole episode (see the module).
+    share: float = 1.0
 
     @property
     def num_trained_tokens(self) -> int:
@@ -52,7 +60,7 @@ class Sample:
 
 @dataclass
 class Batch:
-    """Right-padded ``(B, L)`` tensors of a list of samples, plus ``(B,)`` advantages.
+    """Right-padded ``(B, L)`` tensors of a list of samples, plus ``(B,)`` advantages and shares.
 
     Padding has ``attention_mask`` 0, ``loss_mask`` 0 and ``engine_logprobs`` NaN, as do
     tokens the engine gave no logprob for (NaN means "no IS correction" to `grpo_loss`).
@@ -63,6 +71,7 @@ class Batch:
     loss_mask: torch.Tensor
     engine_logprobs: torch.Tensor
     advantages: torch.Tensor
+    shares: torch.Tensor
 
     @property
     def num_items(self) -> int:
@@ -80,7 +89,7 @@ class Batch:
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.input_ids, self.attention_mask, self.loss_mask, self.engine_logprobs,
-                self.advantages)
+                self.advantages, self.shares)
 
 
 def _turn_sample(turn: Turn, k: int, advantage: float, episode: int) -> Sample:
@@ -101,7 +110,7 @@ def _turn_sample(turn: Turn, k: int, advantage: float, episode: int) -> Sample:
 
 
 def per_turn_samples(trajectory: Trajectory, advantage: float, episode: int = 0) -> list[Sample]:
-    """One sample per turn, each with the episode's advantage.
+    """One sample per turn, each with the episode's advantage and its token ``share``.
 
     Turns with no trained token are left out.
 
@@ -109,7 +118,9 @@ def per_turn_samples(trajectory: Trajectory, advantage: float, episode: int = 0)
         ValueError: a turn has no token ids.
     """
     samples = [_turn_sample(t, k, advantage, episode) for k, t in enumerate(trajectory.turns)]
-    return [s for s in samples if s.num_trained_tokens]
+    kept = [s for s in samples if s.num_trained_tokens]
+    total = sum(s.num_trained_tokens for s in kept)
+    return [replace(s, share=s.num_trained_tokens / total) for s in kept]
 
 
 def concat_sample(trajectory: Trajectory, advantage: float, episode: int = 0) -> Sample:
@@ -224,6 +235,7 @@ def collate(samples: Sequence[Sample], pad_token_id: int = 0) -> Batch:
         loss_mask=rows([s.loss_mask for s in samples], 0, torch.float32),
         engine_logprobs=rows([s.engine_logprobs for s in samples], nan, torch.float32),
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        shares=torch.tensor([s.share for s in samples], dtype=torch.float32),
     )
 
 

@@ -138,3 +138,45 @@ def test_micro_batches_group_by_length_and_stay_under_the_token_cap() -> None:
     assert sorted(s.episode for g in capped for s in g) == sorted(s.episode for s in samples)
     assert micro_batches(samples) == [sorted(samples, key=lambda s: len(s.input_ids))]
     assert micro_batches([], parts=2, max_tokens=20) == []  # a rank with no samples this step
+
+
+def uneven_episode() -> Trajectory:
+    """Three turns of 1, 4 and 2 sampled tokens; the prefix holds, so both modes apply."""
+    first = _turn(SYSTEM, [10])
+    second_prompt = SYSTEM + [10] + TOOL_RESULT
+    second = _turn(second_prompt, [20, 21, 22, 23])
+    third = _turn(second_prompt + [20, 21, 22, 23] + TOOL_RESULT, [30, 31])
+    return Trajectory("calc", turns=[first, second, third], final_reward=1.0)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_an_episode_weighs_the_same_trained_whole_or_turn_by_turn(loss_type: str) -> None:
+    """Which mode an episode gets depends on the chat template (``auto``), not on what it did;
+    counted as samples, its three turns weighed three times one episode played in one turn."""
+    require("torch")
+    import torch
+
+    from agentgym.trainers._loss import LossSpec, grpo_loss
+
+    spec = LossSpec(epsilon_low=0.2, epsilon_high=0.2, loss_type=loss_type, length_norm=8)
+    episodes = [uneven_episode(), tool_episode()]
+
+    def loss_and_grad(mode: str) -> tuple[float, float]:
+        batch = collate(build_samples(episodes, [1.0, -0.5], mode))
+        theta = torch.tensor(1.0, requires_grad=True)
+        ids = batch.input_ids.float()
+        logps = -0.01 * ids * theta  # each token's logprob depends on the token, not its place
+        old = -0.013 * ids  # ratios differ per token, so per-token losses do too
+        out = grpo_loss(logps, batch.advantages, batch.loss_mask, spec, old_logps=old,
+                        shares=batch.shares)  # fmt: skip
+        out.loss.backward()
+        assert theta.grad is not None
+        return out.loss.item(), theta.grad.item()
+
+    assert loss_and_grad("per_turn") == pytest.approx(loss_and_grad("concat"), rel=1e-6)
+
+
+def test_the_shares_of_an_episodes_turns_are_its_token_fractions() -> None:
+    samples = episode_samples(uneven_episode(), 1.0, "per_turn")
+    assert [s.share for s in samples] == pytest.approx([1 / 7, 4 / 7, 2 / 7])
+    assert [s.share for s in episode_samples(uneven_episode(), 1.0, "concat")] == [1.0]
