@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -34,11 +36,12 @@ from ._check import (
     with_model_tokenizer,
 )
 from ._errors import ConfigError, Error, InfraError
+from ._eval_folder import FolderLock, finished_summary, previous_episodes, write_json
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
-from ._trajectory import Trajectory, recover_jsonl, to_json_line, write_jsonl
+from ._trajectory import Trajectory, to_json_line
 from ._types import Message
 
 app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_is_help=True)
@@ -255,11 +258,19 @@ def evaluate(
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
     }  # fmt: skip
-    done = _previous_episodes(out, run_config, resume)
+    _stop_on_sigterm()
+    total = available if num_tasks is None else min(num_tasks, available)
     from .runs import track_run  # indexes the run; a database failure is only a warning
 
     with contextlib.ExitStack() as stack:
+        lock = stack.enter_context(FolderLock(out, warn=console.print))
+        lock.acquire()  # before reading what is there: no second writer appends next to us
+        done = previous_episodes(out, run_config, resume)
         stack.enter_context(track_run("eval", out.name, run_config, out))
+        finished = finished_summary(out, len(done), total * group_size)
+        if finished is not None:  # resumed with nothing left to play: start no engine
+            _print_summary(finished, out)
+            return
         agent: Policy
         if policy is PolicyKind.reference:
             agent = ScriptedPolicy(reference)
@@ -275,12 +286,11 @@ def evaluate(
             agent = OpenAIPolicy(
                 base_url, model, api_key=api_key, sampling={"temperature": temperature}
             )
-        total = available if num_tasks is None else min(num_tasks, available)
         plan = {
             "num_tasks": num_tasks, "group_size": group_size, "max_concurrency": concurrency,
             "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs_built,
         }  # fmt: skip
-        summary = _run_eval(out, env_id, agent, run_config, done, total * group_size, plan)
+        summary = _run_eval(out, env_id, agent, run_config, done, total * group_size, plan, lock)
         _refuse_all_infra_errors(summary, out, played=summary["episodes"] - len(done))
         # inside the tracked block: a follower of the run's log stops once it is finished
         _print_summary(summary, out)
@@ -417,10 +427,16 @@ def _run_eval(
     done: list[Trajectory],
     total: int,
     plan: dict[str, Any],
+    lock: FolderLock,
 ) -> dict[str, Any]:
     """Play the missing episodes, streaming each to ``out``; return the summary it wrote."""
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "run.json", run_config)
+    if lock.acquire() and (out / "trajectories.jsonl").exists():
+        raise ConfigError(  # a fresh run raced another into the same new folder
+            f"another agentgym eval started writing {out} meanwhile; rerun with --resume "
+            "once it ended, or choose another --out"
+        )
+    write_json(out / "run.json", run_config)
     started = time.perf_counter()
     with _progress() as progress, (out / "trajectories.jsonl").open("a") as sink:
         bar = progress.add_task(f"eval {env_id}", total=total, completed=len(done))
@@ -435,7 +451,7 @@ def _run_eval(
     wall = time.perf_counter() - started
     summary = summarize(done + played, wall_seconds=wall, played=len(played))
     summary |= {k: run_config[k] for k in ("env", "policy", "model", "group_size")}
-    _write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     return summary
 
 
@@ -449,34 +465,15 @@ def _progress() -> Progress:
     )
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+def _stop_on_sigterm() -> None:
+    """Make ``kill PID`` unwind like Ctrl-C instead of ending the process on the spot.
 
-
-def _previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> list[Trajectory]:
-    """Episodes an earlier run in ``out`` finished; refuses to mix runs of other settings."""
-    results = out / "trajectories.jsonl"
-    if not results.exists():
-        return []
-    if not resume:
-        raise ConfigError(
-            f"{results} exists; pass --resume to continue that run, or choose another --out"
-        )
-    saved_path = out / "run.json"
-    saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
-    differ = sorted(k for k in run_config if saved.get(k) != run_config[k])
-    if differ:
-        raise ConfigError(
-            f"--resume: settings {differ} differ from {saved_path}; "
-            "rerun with the same settings or choose another --out"
-        )
-    episodes = recover_jsonl(results)
-    kept = [t for t in episodes if t.status != "infra_error"]
-    if len(kept) < len(episodes):  # the machinery failed them, not the model: play them again
-        write_jsonl(kept, results)
-    return kept
+    Finished episodes are on disk either way; unwinding also shuts a vLLM engine (or a
+    sandbox lease) down instead of orphaning it, and records the run as interrupted (exit
+    128 + SIGTERM, which a queue retries) instead of leaving it "running" in the index.
+    """
+    if threading.current_thread() is threading.main_thread():  # signal handlers live there
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 def _refuse_all_infra_errors(summary: dict[str, Any], out: Path, played: int) -> None:

@@ -1,0 +1,152 @@
+"""An eval's ``--out`` folder: what an earlier run left there, one writer at a time, whole files.
+
+Why a module of its own: ``agentgym eval --resume`` promises that a killed run loses nothing it
+wrote and plays each missing episode exactly once; these are the pieces that keep it
+(`tests/test_eval_resume_kill.py` kills real runs at each moment).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError, Error
+from ._trajectory import Trajectory, recover_jsonl, write_jsonl
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``path`` whole or not at all: a temp file, synced, then renamed over it.
+
+    A kill (or a crash of the machine) mid-write leaves the old file or the new one, never a
+    half; the sync makes the rename safe on power loss too (else the renamed file can be empty).
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+class FolderLock:
+    """An exclusive lock on an eval's ``--out`` folder, held while the run writes to it.
+
+    Two writers of one folder (a ``--resume`` while the first run still plays, a retry of a
+    run thought dead) would each play the missing episodes and append them: every one twice.
+    The lock is `fcntl.flock` on the folder itself (no extra file in it); the kernel drops it
+    when the process ends, even by ``kill -9``, so a killed run never leaves a stale lock. A
+    filesystem that cannot lock (some NFS mounts) is warned about, never fatal.
+    """
+
+    def __init__(self, out: Path, warn: Callable[[str], None]) -> None:
+        self.out = out
+        self.warn = warn
+        self.fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Take the lock if ``out`` exists and it is not held yet; True if taken now."""
+        if self.fd is not None or not self.out.is_dir():
+            return False
+        fd = os.open(self.out, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(
+                f"another agentgym eval is writing to {self.out}; wait for it to end (or stop "
+                "it), then rerun with --resume, or choose another --out"
+            ) from None
+        except OSError as exc:
+            os.close(fd)
+            self.warn(f"warning: cannot lock {self.out} ({exc}); run one eval in it at a time")
+            return False
+        self.fd = fd
+        return True
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the lock
+            self.fd = None
+
+
+def finished_summary(out: Path, done: int, planned: int) -> dict[str, Any] | None:
+    """The saved summary of a run whose ``planned`` episodes are all ``done``, else None.
+
+    Resuming a finished run then plays nothing and rewrites nothing: its summary (timings
+    included) stays the one the run wrote. A summary that is missing, unreadable or counts
+    other episodes (the run was killed before writing it) is written again by playing none.
+    """
+    path = out / "summary.json"
+    if done < planned or not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(summary, dict) or summary.get("episodes") != done:
+        return None
+    return summary
+
+
+def previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> list[Trajectory]:
+    """Episodes an earlier run in ``out`` finished; refuses to mix runs of other settings."""
+    results = out / "trajectories.jsonl"
+    if not results.exists():
+        return []
+    if not resume:
+        raise ConfigError(
+            f"{results} exists; pass --resume to continue that run, or choose another --out"
+        )
+    saved_path = out / "run.json"
+    saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
+    differ = sorted(k for k in run_config if saved.get(k) != run_config[k])
+    if differ:
+        changes = "; ".join(
+            f"{k} {json.dumps(saved.get(k))} there, {json.dumps(run_config[k])} now" for k in differ
+        )
+        raise ConfigError(
+            f"--resume: settings differ from {saved_path} ({changes}); "
+            "rerun with its settings or choose another --out"
+        )
+    episodes = _recovered_episodes(results)
+    kept = [t for t in episodes if t.status != "infra_error"]
+    if len(kept) < len(episodes):  # the machinery failed them, not the model: play them again
+        write_jsonl(kept, results)
+    return kept
+
+
+def _recovered_episodes(results: Path) -> list[Trajectory]:
+    """`recover_jsonl` (a torn last line is cut off), with a bad line refused by its number.
+
+    A line that is not a trajectory before the last one is no kill's doing (a lost disk
+    block, a hand edit): guessing would drop or replay episodes silently, so the user is told
+    which line to look at, in one line instead of a JSON traceback.
+    """
+    try:
+        return recover_jsonl(results)
+    except (ValueError, TypeError, Error) as exc:  # JSONDecodeError, UnicodeDecodeError ...
+        number = _first_bad_line(results)
+        detail = "not JSON" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise ConfigError(
+            f"--resume: line {number} of {results} is not a trajectory ({detail}); fix or delete "
+            "that line (its episode is then played again) and rerun with --resume"
+        ) from None
+
+
+def _first_bad_line(results: Path) -> int:
+    """The 1-based number of the first line of ``results`` that is not a trajectory (0: none)."""
+    with results.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                if line.strip():
+                    Trajectory.from_dict(json.loads(line))
+            except (ValueError, TypeError, Error):
+                return number
+    return 0
