@@ -142,6 +142,7 @@ def _check_env(config: GRPOConfig) -> tuple[list[int], list[int], list[dict[str,
     try:
         tools = list(getattr(env, "tool_schemas", []))
         train_tasks, eval_tasks = config.task_split(_task_count(env, config))
+        _warn_repeated_tasks(getattr(env, "tasks", None), train_tasks, eval_tasks)
         if config.sft_steps:
             _check_scripts(env, config)
         max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
@@ -166,6 +167,34 @@ def _task_count(env: Any, config: GRPOConfig) -> int | None:
             "env_kwargs that give it tasks (e.g. num_tasks: 100), or use an env with tasks"
         )
     return len(tasks)
+
+
+def _warn_repeated_tasks(tasks: Any, train_tasks: list[int], eval_tasks: list[int]) -> None:
+    """Warn when held-out tasks ask what training tasks ask: their success is not held out.
+
+    Disjoint index ranges are checked with the config; equal tasks at different indices are
+    a property of the env's task list (generated tasks drawn with repeats, a dataset with
+    duplicate rows), seen only here. A warning, not a refusal: it may be intended.
+    """
+    if tasks is None or not eval_tasks:
+        return
+    trained = {_task_key(tasks[i]) for i in train_tasks}
+    repeated = [i for i in eval_tasks if _task_key(tasks[i]) in trained]
+    if repeated:
+        log.warning(
+            "%d of %d held-out tasks repeat a training task (first: task %d); their success "
+            "counts tasks seen in training: give the env distinct tasks",
+            len(repeated), len(eval_tasks), repeated[0],
+        )  # fmt: skip
+
+
+def _task_key(task: Any) -> str:
+    """What makes two tasks the same question: the prompt (or question), else the whole task."""
+    if isinstance(task, dict):
+        for field in ("prompt", "question"):
+            if isinstance(task.get(field), str):
+                return task[field]
+    return json.dumps(task, sort_keys=True, default=str)
 
 
 def _check_scripts(env: Any, config: GRPOConfig) -> None:

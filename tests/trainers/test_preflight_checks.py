@@ -144,3 +144,23 @@ def test_4bit_on_cuda_without_bitsandbytes_is_refused(monkeypatch) -> None:
     )  # fmt: skip
     config = GRPOConfig(model=NO_MODEL, device="cuda", load_in_4bit=True, **SMALL_TASKS)
     _refusal(config, "load_in_4bit=True but bitsandbytes is not installed")
+
+
+def test_held_out_tasks_that_repeat_training_tasks_are_warned_about(caplog) -> None:
+    """Index ranges can be disjoint while the tasks at them are equal (a dataset's duplicate
+    rows): held-out success would then count questions the run trained on."""
+    tasks = [{"question": f"Who wrote book {n % 10}?", "answer": "x"} for n in range(12)]
+    config = GRPOConfig(model=NO_MODEL, env="search",
+                        env_kwargs={"tasks": tasks, "split": "all"},
+                        train_tasks="4:12", eval_tasks="0:4")  # fmt: skip
+    with caplog.at_level("WARNING", logger="trainers._preflight"), pytest.raises(ConfigError):
+        preflight(config)  # refused later, at the model that does not exist
+    [warning] = [r.getMessage() for r in caplog.records if "held-out" in r.getMessage()]
+    assert warning.startswith("2 of 4 held-out tasks repeat a training task (first: task 0)")
+
+
+def test_distinct_held_out_tasks_are_not_warned_about(caplog) -> None:
+    config = GRPOConfig(model=NO_MODEL, **SMALL_TASKS)
+    with caplog.at_level("WARNING", logger="trainers._preflight"), pytest.raises(ConfigError):
+        preflight(config)
+    assert not [r for r in caplog.records if "held-out" in r.getMessage()]
