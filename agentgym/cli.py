@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -258,7 +256,6 @@ def evaluate(
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
     }  # fmt: skip
-    _stop_on_sigterm()
     total = available if num_tasks is None else min(num_tasks, available)
     from .runs import track_run  # indexes the run; a database failure is only a warning
 
@@ -463,17 +460,6 @@ def _progress() -> Progress:
         TimeElapsedColumn(),
         console=console,
     )
-
-
-def _stop_on_sigterm() -> None:
-    """Make ``kill PID`` unwind like Ctrl-C instead of ending the process on the spot.
-
-    Finished episodes are on disk either way; unwinding also shuts a vLLM engine (or a
-    sandbox lease) down instead of orphaning it, and records the run as interrupted (exit
-    128 + SIGTERM, which a queue retries) instead of leaving it "running" in the index.
-    """
-    if threading.current_thread() is threading.main_thread():  # signal handlers live there
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 def _refuse_all_infra_errors(summary: dict[str, Any], out: Path, played: int) -> None:

@@ -1,4 +1,4 @@
-"""`agentgym eval` killed for real (SIGKILL, SIGTERM, Ctrl-C) at chosen moments, then resumed.
+"""`agentgym eval` killed for real (SIGKILL, Ctrl-C) at chosen moments, then resumed.
 
 The promise (README, docs/architecture.md): a killed run resumes and loses nothing already
 written; ``--resume`` plays only the missing episodes, so the result equals an uninterrupted
@@ -276,15 +276,14 @@ def test_a_second_writer_on_a_running_folder_is_refused(
     assert_complete(out, uninterrupted)
 
 
-# --- SIGTERM and Ctrl-C: a clean stop, then a resume --------------------------------------------
+# --- Ctrl-C: a clean stop, then a resume ------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("sig", "code"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)]
-)
-def test_sigterm_and_ctrl_c_stop_cleanly_and_resume(
-    workdir: Path, uninterrupted: dict[str, Any], sig: signal.Signals, code: int
-) -> None:
+def test_ctrl_c_stops_cleanly_and_resumes(workdir: Path, uninterrupted: dict[str, Any]) -> None:
+    """(``kill PID`` ends the process on the spot, as SIGKILL does above: a handler raising from
+    a signal lands in whichever episode task runs and the others play on while asyncio cancels
+    them, which took a job with 100,000 planned episodes past its queue's 10 s grace.)"""
+    sig, code = signal.SIGINT, 128 + signal.SIGINT
     from agentgym.runs import RunStore
 
     db = workdir / "runs.db"

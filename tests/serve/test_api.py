@@ -31,8 +31,8 @@ require("sqlalchemy")
 
 AGENTGYM = [sys.executable, "-c", "from agentgym.cli import main; main()"]
 QUICK = {"env": "calculator", "num_tasks": 3}
-LONG = {"env": "calculator", "env_kwargs": {"num_tasks": 100_000}, "num_tasks": 100_000,
-        "concurrency": 1}  # fmt: skip
+LONG = {"env": "calculator", "env_kwargs": {"num_tasks": 20_000}, "num_tasks": 20_000,
+        "group_size": 5, "concurrency": 1}  # fmt: skip
 START_TIMEOUT_S = 90  # two shared cores under load: imports alone take seconds
 JOB_TIMEOUT_S = 90
 
