@@ -154,7 +154,7 @@ class VLLMFleet:
             return 0
         prefix = adapter_name(0, self.namespace)[: -len("0")]
         number = name[len(prefix) :] if name.startswith(prefix) else ""
-        return int(number) if number.isdigit() else None
+        return int(number) if number.isascii() and number.isdigit() else None
 
     # ---- data plane ---------------------------------------------------------------------
     @contextlib.asynccontextmanager

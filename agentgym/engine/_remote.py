@@ -24,7 +24,6 @@ The servers must report the logprobs actually sampled from: start them with
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import os
 import re
@@ -43,13 +42,14 @@ from ._episode import (
 from ._fleet import VLLMFleet, server_root, stage_adapter
 from ._render import ChatRenderer
 
-log = logging.getLogger(__name__)
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length|context_length_exceeded|too long")
 #: Answers after which the same request may succeed on another server.
 _SERVER_FAILURE = frozenset({500, 502, 503, 504})
 ServerFailurePolicy = Literal["retry", "fail"]
-#: Why a turn ends; vLLM's "abort" (and anything else) means it was cut short by the server.
-_FINISHED = frozenset({"stop", "length"})
+#: Why a turn ends: its own stop, its limit, or vLLM's repetition detection (the model's own
+#: output, so never a server failure the model could use to leave its group). vLLM's "abort"
+#: and "error" (and anything else) mean the server cut it short.
+_FINISHED = frozenset({"stop", "length", "repetition"})
 
 
 class RemoteVLLMPolicy(TokenPolicy):
@@ -216,8 +216,10 @@ class RemoteVLLMPolicy(TokenPolicy):
             self._server_failed(url, replica, failures, str(exc))
             return None
         served = data.get("model")  # vLLM names the adapter it really sampled with
-        if isinstance(served, str) and served != body["model"]:
-            turn.adapter_version = self._other_version(url, replica, body["model"], served)
+        if isinstance(served, str) and not self._same_weights(served, body["model"], version):
+            what = f"answered as {served!r} to a request for {body['model']!r}"
+            self._server_failed(url, replica, failures, what)
+            return None
         return turn
 
     def _refused(
@@ -251,21 +253,18 @@ class RemoteVLLMPolicy(TokenPolicy):
         if self.on_server_failure == "fail":
             raise ModelError(f"rollout server failed ({what}); on_server_failure='fail'")
 
-    def _other_version(self, url: str, replica: bool, asked: str, served: str) -> int:
-        """The version that really sampled a turn answered under another name than asked.
+    def _same_weights(self, served: str, asked: str, version: int) -> bool:
+        """Whether an answer named ``served`` was sampled with the weights ``asked`` names.
 
-        The turn keeps it, so a trainer's version check refuses the step rather than train on
-        another adapter's tokens; the server is routed around. A name outside this run cannot
-        be attributed: `ModelError`, and the turn is not recorded.
+        Another name is another adapter (a server that kept an old version, or lost the new
+        one): the answer is a server failure, retried elsewhere, never a turn that would train
+        on tokens of other weights. For the base model vLLM answers with its first
+        ``--served-model-name``, which may differ from the one asked; any name that is not
+        one of this run's adapters is the base model then.
         """
-        what = f"answered as {served!r} to a request for {asked!r}"
-        if replica:
-            self.fleet.mark_down(url, what)
-        version = self.fleet.version_of(served)
-        if version is None:
-            raise ModelError(f"{url} {what}, a model this run never published")
-        log.warning("%s %s: the turn records adapter v%d", url, what, version)
-        return version
+        if served == asked:
+            return True
+        return version == 0 and self.fleet.version_of(served) is None
 
     def _completion(self, data: Any, prompt_ids: list[int], limit: int, version: int) -> Completion:
         """The turn in a 200 answer, checked; raises `_MalformedAnswer` for anything else.
