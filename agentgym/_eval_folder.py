@@ -7,6 +7,7 @@ wrote and plays each missing episode exactly once; these are the pieces that kee
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -39,7 +40,10 @@ class FolderLock:
     run thought dead) would each play the missing episodes and append them: every one twice.
     The lock is `fcntl.flock` on the folder itself (no extra file in it); the kernel drops it
     when the process ends, even by ``kill -9``, so a killed run never leaves a stale lock. A
-    filesystem that cannot lock (some NFS mounts) is warned about, never fatal.
+    forked child (vLLM forks its engine process on a GPU) closes its copy of the descriptor
+    at once (`_HELD`): a lock shares the open file, and an orphaned engine holding it would
+    refuse every ``--resume``. A filesystem that cannot lock (some NFS mounts) is warned
+    about, never fatal.
     """
 
     def __init__(self, out: Path, warn: Callable[[str], None]) -> None:
@@ -65,6 +69,7 @@ class FolderLock:
             self.warn(f"warning: cannot lock {self.out} ({exc}); run one eval in it at a time")
             return False
         self.fd = fd
+        _HELD.add(fd)
         return True
 
     def __enter__(self) -> FolderLock:
@@ -72,8 +77,23 @@ class FolderLock:
 
     def __exit__(self, *exc: object) -> None:
         if self.fd is not None:
+            _HELD.discard(self.fd)
             os.close(self.fd)  # closing the descriptor releases the lock
             self.fd = None
+
+
+#: Descriptors of the locks this process holds, which a forked child must not keep.
+_HELD: set[int] = set()
+
+
+def _close_held_in_child() -> None:
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 def finished_summary(out: Path, done: int, planned: int) -> dict[str, Any] | None:

@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from agentgym import ConfigError
+
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 ENV = "slowcalc:test/SlowCalc-v0"
 TASKS, GROUP = 40, 2
@@ -69,7 +71,7 @@ def _env(delay: float, extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start(
-    workdir: Path, out: Path, *args: str, delay: float = 0.05, env: dict[str, str] | None = None
+    workdir: Path, out: Path, *args: str, delay: float = 0.2, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """An eval of PLAN (two episodes in flight) in the background; output to files."""
     log = (workdir / f"{out.name}.{time.monotonic_ns()}.log").open("wb")
@@ -265,14 +267,16 @@ def test_a_second_writer_on_a_running_folder_is_refused(
     # a user resuming a run that is still going (or a stale queue retry) must not play the
     # missing episodes a second time next to it
     out = workdir / "run"
-    proc = start(workdir, out)
-    wait_for(proc, "5 episodes", lambda: lines(out) >= 5)
+    proc = start(workdir, out, delay=30)  # runs until killed: the second writer is never late
+    wait_for(proc, "its run.json", lambda: (out / "run.json").exists())
     second = run(workdir, out, "--resume")
     assert second.returncode == 2, second.stderr
     message = [line for line in second.stderr.splitlines() if line.strip()]
     assert len(message) == 1 and "Traceback" not in second.stderr, second.stderr
     assert "another agentgym eval is writing" in message[0] and "--out" in message[0]
-    assert proc.wait(timeout=DEADLINE_S) == 0
+    assert lines(out) == 0  # the refused writer played nothing
+    kill(proc, signal.SIGKILL)
+    resume(workdir, out)  # the lock died with its holder
     assert_complete(out, uninterrupted)
 
 
@@ -320,3 +324,21 @@ def test_a_corrupt_line_mid_file_is_one_line_naming_it_not_a_traceback(workdir: 
     assert len(message) == 1 and "Traceback" not in refused.stderr, refused.stderr
     assert f"line 3 of {results}" in message[0] and "--resume" in message[0]
     assert results.read_bytes() == before
+
+
+def test_a_forked_child_does_not_keep_the_folder_locked(tmp_path: Path) -> None:
+    """vLLM forks its engine process on a GPU; an orphaned engine must not hold the lock."""
+    from agentgym._eval_folder import FolderLock
+
+    with FolderLock(tmp_path, warn=print) as lock:
+        assert lock.acquire()
+        child = os.fork()
+        if child == 0:  # the child: its copy of the descriptor must be gone
+            try:
+                os.fstat(lock.fd)  # type: ignore[arg-type]
+            except OSError:
+                os._exit(0)
+            os._exit(1)
+        assert os.waitpid(child, 0)[1] == 0
+        with pytest.raises(ConfigError, match="another agentgym eval"):
+            FolderLock(tmp_path, warn=print).acquire()  # the parent still holds it
