@@ -42,6 +42,10 @@ errors the model reads, never `InfraError` (a model must not turn its own failur
 unscored episode). Every other status but 200 (and a 404 from ``/docs``) fails the request, an
 `InfraError` only when the service fails a plain query too (`HTTPBackend._blamed`)."""
 
+BUSY = frozenset({429, 503})
+"""Statuses that say the service is overloaded or down, whoever asked: `InfraError`, never
+the model's, however a probe fares (a replica behind a balancer may answer the probe)."""
+
 PROBE_QUERY = "search"
 """A plain query any search service answers: `HTTPBackend` asks it to tell a service that
 failed on the model's request from one that is down."""
@@ -226,18 +230,31 @@ class HTTPBackend:
 
         Why: a query or id can break a service (a 5xx on a character it cannot handle, a
         wildcard that hangs it, a path it redirects); as an `InfraError` the episode would be
-        dropped, not scored, so a model could escape a low reward by breaking the service. Only
-        when the service also fails a plain query (`_healthy`) is the failure infrastructure.
+        dropped, not scored, so a model could escape a low reward by breaking the service. So
+        a failure is sent once more (a passing one, e.g. a replica restarting, is nobody's;
+        not a timeout, which would spend the tool's own time), and only when the service
+        also fails a plain query (`_healthy`) is it infrastructure. `BUSY` answers always are.
         """
         try:
             return request()
+        except _Busy:
+            raise
+        except _TimedOut as exc:
+            failure: InfraError = exc
         except InfraError as exc:
-            if not self._healthy():
+            failure = exc  # reported: what the model's request did (the retry's may differ)
+            try:
+                return request()
+            except _Busy:
                 raise
-            raise ValueError(
-                f"the search service failed on this request ({exc}); the service itself "
-                "works, so try other words or an id that search printed"
-            ) from exc
+            except InfraError:
+                pass
+        if not self._healthy():
+            raise failure
+        raise ValueError(
+            f"the search service failed on this request ({failure}); the service itself "
+            "works, so try other words or an id that search printed"
+        ) from failure
 
     def _healthy(self) -> bool:
         """Whether the service answers a plain query (`PROBE_QUERY`) within `PROBE_TIMEOUT`.
@@ -280,6 +297,8 @@ class HTTPBackend:
     ) -> Any:
         try:
             response = self._client.get(path, params=params, timeout=timeout or self.timeout)
+        except self._httpx.TimeoutException as exc:
+            raise _TimedOut(f"search service {self.base_url} timed out: {exc!r}") from exc
         except self._httpx.HTTPError as exc:
             raise InfraError(f"search service {self.base_url} failed: {exc!r}") from exc
         if response.status_code == 404 and missing is not None:
@@ -290,13 +309,22 @@ class HTTPBackend:
                 f"{response.text[:200]}"
             )
         if response.status_code != 200:
-            raise InfraError(
+            failed = _Busy if response.status_code in BUSY else InfraError
+            raise failed(
                 f"search service {self.base_url} answered {response.status_code} for {path}"
             )
         try:
             return response.json()
         except ValueError as exc:
             raise InfraError(f"search service {self.base_url} answered non-JSON: {exc}") from exc
+
+
+class _Busy(InfraError):
+    """The service said it is overloaded or down (`BUSY`)."""
+
+
+class _TimedOut(InfraError):
+    """The service did not answer in time."""
 
 
 @functools.lru_cache(maxsize=8)

@@ -37,6 +37,7 @@ class Faults:
     """What the search service does wrong; set by a test, cleared before each."""
 
     broken = threading.Event()  # set: every request answers 500 (the service itself is down)
+    fail_next = threading.Event()  # set: the next request answers 500 (a replica restarting)
 
 
 def search_app() -> Any:
@@ -54,10 +55,15 @@ def search_app() -> Any:
     def search(q: str, k: str = "5") -> dict[str, Any]:
         if Faults.broken.is_set():
             raise HTTPException(500, "index unavailable")
+        if Faults.fail_next.is_set():
+            Faults.fail_next.clear()
+            raise HTTPException(500, "restarting")
+        if "overloaded" in q:  # the service's own state, whatever was asked: 503
+            raise HTTPException(503, "overloaded")
         if "\x00" in q:  # handed to a C library that cannot take a NUL: an unhandled error
             raise RuntimeError("embedded null character")
         if "*" in q:  # a wildcard query scans the whole index
-            time.sleep(2)
+            time.sleep(5)
         hits = index.search(q, int(k))  # k read by hand: "1.0" is a ValueError, HTTP 500
         return {"hits": [h.__dict__ for h in hits]}
 
@@ -76,6 +82,7 @@ def search_app() -> Any:
 @pytest.fixture
 def search_url() -> Iterator[str]:
     Faults.broken.clear()
+    Faults.fail_next.clear()
     with serve_in_thread(search_app()) as url:
         yield url
     Faults.broken.clear()
@@ -85,7 +92,7 @@ def search_url() -> Iterator[str]:
 def backend(search_url: str) -> Iterator[Any]:
     from agentgym.envs.search.backends import HTTPBackend
 
-    backend = HTTPBackend(search_url, timeout=0.5)  # a short timeout: the wildcard hangs 2 s
+    backend = HTTPBackend(search_url, timeout=1.5)  # a short timeout: the wildcard hangs 5 s
     yield backend
     backend.close()
 
@@ -170,6 +177,19 @@ def test_odd_queries_and_ids_are_results_or_tool_errors(backend: Any):
     [trajectory] = agentgym.rollout(lambda: env, agentgym.ScriptedPolicy(all_turns), tasks=[0])
     assert trajectory.status == "ok" and trajectory.final_reward == 1.0, trajectory.error
     assert len(trajectory.turns) == len(all_turns)
+
+
+def test_a_busy_service_is_infrastructure_whatever_the_query(backend: Any):
+    # 503 (or 429) says the service is overloaded: the probe may land on a healthy replica
+    trajectory = play(backend, [call("search", query="overloaded"), "Answer: Peru"])
+    assert trajectory.status == "infra_error" and "answered 503" in trajectory.error
+
+
+def test_a_passing_failure_is_asked_again_not_blamed_on_the_model(backend: Any):
+    Faults.fail_next.set()
+    trajectory = play(backend, [call("search", query="Lima"), "Answer: Peru"])
+    assert trajectory.status == "ok", trajectory.error
+    assert tool_messages(trajectory)[0].startswith("[p1] Lima")
 
 
 def test_a_service_that_fails_every_request_is_still_infra_error(backend: Any, search_url: str):
