@@ -111,6 +111,25 @@ class DockerSandboxConfig:
         if not posixpath.isabs(self.workdir) or posixpath.normpath(self.workdir) in ("/", "/tmp"):
             raise ConfigError(f"workdir must be an absolute path other than / and /tmp, "
                               f"got {self.workdir!r}")
+        self._check_import_paths()
+
+    def _check_import_paths(self) -> None:
+        """Refuse a PYTHONPATH (or PYTHONHOME) into a folder the code can write.
+
+        Why: the environment reaches the sandbox's own code server, which starts again after
+        a reset or after the code killed it; a module the code left in such a folder (a
+        ``base64.py``) would run inside the server, which builds verify's reports.
+        """
+        writable = (self.workdir, "/tmp", "/dev/shm", "/dev/mqueue")
+        for name in ("PYTHONPATH", "PYTHONHOME"):
+            for entry in self.environment.get(name, "").split(":"):
+                folder = posixpath.normpath(entry) if posixpath.isabs(entry) else None
+                if folder and any(folder == w or folder.startswith(w + "/") for w in writable):
+                    raise ConfigError(
+                        f"environment {name} entry {entry!r} is a folder the code can write, "
+                        "so code could plant modules in the sandbox's server; use a folder "
+                        "of the image, or extend sys.path in the code itself"
+                    )
 
     def loosened(self) -> list[str]:
         """Every security-relevant field that differs from the hardened default, as text."""

@@ -59,10 +59,16 @@ def test_backends_satisfy_protocol():
     ({"workdir": "tmp"}, "absolute"),
     ({"workdir": "/"}, "absolute"),
     ({"cpus": -1}, "cpus"),
+    ({"environment": {"PYTHONPATH": "/opt/lib:/work"}}, "PYTHONPATH entry '/work' is a folder"),
+    ({"environment": {"PYTHONPATH": "/tmp/x/../mods"}}, "the code can write"),
 ])
 def test_config_rejects_bad_values(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
         DockerSandboxConfig(**kwargs)
+
+
+def test_an_import_path_of_the_image_is_allowed():
+    DockerSandboxConfig(environment={"PYTHONPATH": "/opt/helpers:relative"})
 
 
 def test_loosening_is_named():
