@@ -194,7 +194,10 @@ def _task_key(task: Any) -> str:
         for field in ("prompt", "question"):
             if isinstance(task.get(field), str):
                 return task[field]
-    return json.dumps(task, sort_keys=True, default=str)
+    try:
+        return json.dumps(task, sort_keys=True, default=str)
+    except TypeError:  # keys of mixed types cannot be sorted: a warning must not fail the run
+        return repr(task)
 
 
 def _check_scripts(env: Any, config: GRPOConfig) -> None:

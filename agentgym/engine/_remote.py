@@ -108,8 +108,8 @@ class RemoteVLLMPolicy(TokenPolicy):
     def start(self) -> None:
         """Check that every server answers and serves the model now, not mid-run.
 
-        Also loads the tokenizer. Raises `ConfigError` naming the fix, or `ModelError` when a
-        server is unreachable.
+        Also loads the tokenizer and the vocabulary size. Raises `ConfigError` naming the
+        fix, or `ModelError` when a server is unreachable.
         """
 
         async def check() -> None:
@@ -125,7 +125,7 @@ class RemoteVLLMPolicy(TokenPolicy):
                 await self.fleet.aclose()
 
         asyncio.run(check())
-        _ = self.renderer
+        _ = self.renderer, self.vocab_size  # read from disk now, not on a turn's event loop
 
     def close(self) -> None:
         """Nothing to shut down: the servers are not ours and keep running."""

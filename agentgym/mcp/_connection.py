@@ -116,7 +116,7 @@ def _copy_workspace(template: str) -> str:
     """
     copy = tempfile.mkdtemp(prefix="agentgym-mcp-")
     try:
-        shutil.copytree(template, copy, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(template, copy, dirs_exist_ok=True)  # links copied as files: none out
     except OSError as exc:
         shutil.rmtree(copy, ignore_errors=True)
         raise MCPServerError(f"could not copy the MCP workspace {template!r}: {exc}") from exc

@@ -282,8 +282,8 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     holding a lone surrogate: ``"\ud800"``), answering HTTP 500. A 5xx is the service failing,
     so a request's own mistake could end an episode as ``infra_error`` instead of a tool error.
     """
-    assert isinstance(exc, RequestValidationError)  # registered for it alone
-    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else [str(exc)]
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(errors))}, status_code=422)
 
 
 def _json_safe(value: Any) -> Any:

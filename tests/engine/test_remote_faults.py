@@ -49,7 +49,7 @@ def adapter(tmp_path: Path) -> Path:
 
 
 def make_policy(model_dir: Path, servers: list[FaultServer], **kwargs: object) -> RemoteVLLMPolicy:
-    fleet = VLLMFleet([s.url for s in servers], "tiny", timeout=1.0, cool_off=3600)
+    fleet = VLLMFleet([s.url for s in servers], "tiny", timeout=3.0, cool_off=3600)
     return RemoteVLLMPolicy(model_dir, fleet, sampling={"max_tokens": 8}, **kwargs)  # type: ignore[arg-type]
 
 
@@ -264,7 +264,7 @@ async def test_a_server_that_lost_the_adapter_is_routed_around_and_healed(
 # ---- control plane and cancellation -------------------------------------------------------
 async def test_a_garbled_model_list_is_a_model_error(pair: list[FaultServer]) -> None:
     pair[0].models_fault = "not_json"
-    fleet = VLLMFleet([pair[0].url], "tiny", timeout=1.0)
+    fleet = VLLMFleet([pair[0].url], "tiny", timeout=3.0)
     with pytest.raises(ModelError, match="/v1/models"):
         await fleet.served_names(pair[0].url)
     await fleet.aclose()
