@@ -187,7 +187,7 @@ class ChatRenderer:
         ``history`` ends with the assistant message of the sampled turn (as the env parsed it),
         ``new_messages`` are what the env appended after it. The delta starts with whatever
         closes the assistant turn that was not sampled (the end-of-turn token after a length
-        cut or a stop string; the newline after ``<|im_end|>``) and ends with the next
+        cut, a stop string or another EOS; the newline after ``<|im_end|>``) and ends with the next
         assistant header. None when the template rewrites that turn once more messages
         follow it (the caller falls back to a fresh render: ``per_turn``).
         """
@@ -198,9 +198,10 @@ class ChatRenderer:
         closing = self._turn_end
         if completion_ids and completion_ids[-1] in self.stop_token_ids:
             sampled_end = self.tokenizer.decode([completion_ids[-1]])
-            if not closing.startswith(sampled_end):
-                return None
-            closing = closing[len(sampled_end) :]
+            if closing.startswith(sampled_end):
+                closing = closing[len(sampled_end) :]
+            # else another EOS ended the turn (Qwen2.5's <|endoftext|>, from the model's
+            # generation_config): it stays as sampled and the template's turn end follows whole
         return self.encode(closing + after[len(before) :])
 
     def visible_text(self, text: str, completion_ids: Sequence[int]) -> str:

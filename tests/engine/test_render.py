@@ -86,6 +86,18 @@ def test_a_turn_cut_by_length_gets_its_turn_end_as_env_tokens() -> None:
     assert r.tokenizer.decode(stopped).startswith("\n<|im_start|>user")
 
 
+def test_a_turn_ended_by_another_eos_keeps_it_and_gets_the_whole_turn_end() -> None:
+    """Qwen2.5's generation_config also stops on <|endoftext|>: the episode stays concat (a
+    model could otherwise push any episode to per_turn, and a run set to concat would stop)."""
+    r = renderer()
+    r.stop_token_ids = r.stop_token_ids | {r.tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "abc"}]
+    nudge = {"role": "user", "content": "go on"}
+    delta = r.delta_ids(history, [nudge], None, r.encode("abc<|endoftext|>"))
+    assert delta is not None
+    assert r.tokenizer.decode(delta).startswith("<|im_end|>\n<|im_start|>user\ngo on")
+
+
 @pytest.mark.parametrize(
     ("template", "conversation", "why"),
     [
