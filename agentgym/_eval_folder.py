@@ -15,22 +15,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._durable import atomic_write_text
 from ._errors import ConfigError, Error
 from ._trajectory import Trajectory, recover_jsonl, write_jsonl
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``path`` whole or not at all: a temp file, synced, then renamed over it.
+    """Write ``path`` whole or not at all (`atomic_write_text`): a kill leaves no half file."""
+    atomic_write_text(path, json.dumps(data, indent=2))
 
-    A kill (or a crash of the machine) mid-write leaves the old file or the new one, never a
-    half; the sync makes the rename safe on power loss too (else the renamed file can be empty).
-    """
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+
+def remove_stale_writes(out: Path) -> None:
+    """Delete the temp files of writes a killed run never finished (call holding the lock)."""
+    for stale in [*out.glob("*.tmp"), *out.glob(".*.tmp")]:
+        stale.unlink(missing_ok=True)
 
 
 class FolderLock:

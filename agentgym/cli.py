@@ -34,7 +34,13 @@ from ._check import (
     with_model_tokenizer,
 )
 from ._errors import ConfigError, Error, InfraError
-from ._eval_folder import FolderLock, finished_summary, previous_episodes, write_json
+from ._eval_folder import (
+    FolderLock,
+    finished_summary,
+    previous_episodes,
+    remove_stale_writes,
+    write_json,
+)
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
@@ -433,6 +439,7 @@ def _run_eval(
             f"another agentgym eval started writing {out} meanwhile; rerun with --resume "
             "once it ended, or choose another --out"
         )
+    remove_stale_writes(out)
     write_json(out / "run.json", run_config)
     started = time.perf_counter()
     with _progress() as progress, (out / "trajectories.jsonl").open("a") as sink:

@@ -109,6 +109,14 @@ def kill(proc: subprocess.Popen[bytes], sig: signal.Signals) -> int:
     return proc.wait(timeout=DEADLINE_S)
 
 
+def killed_after(workdir: Path, out: Path, episodes: int, *args: str) -> None:
+    """Start a run (``args``: e.g. ``--resume``); SIGKILL it once it wrote ``episodes`` more."""
+    proc = start(workdir, out, *args)
+    seen = lines(out)
+    wait_for(proc, f"{episodes} more episodes", lambda: lines(out) >= seen + episodes)
+    assert kill(proc, signal.SIGKILL) == -signal.SIGKILL
+
+
 def keys(out: Path) -> Counter[tuple[int, int]]:
     records = (json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines())
     return Counter((r["task_index"], r["group_index"]) for r in records)
@@ -165,9 +173,7 @@ def test_killed_mid_stream_resumes_without_losing_or_doubling_an_episode(
     workdir: Path, uninterrupted: dict[str, Any]
 ) -> None:
     out = workdir / "run"
-    proc = start(workdir, out)
-    wait_for(proc, "10 episodes", lambda: lines(out) >= 10)
-    assert kill(proc, signal.SIGKILL) == -signal.SIGKILL
+    killed_after(workdir, out, 10)
     written = keys(out)
     assert 10 <= sum(written.values()) < len(EPISODES)
     before = (out / "trajectories.jsonl").read_bytes()
@@ -180,13 +186,8 @@ def test_killed_twice_mid_stream_still_adds_up(
     workdir: Path, uninterrupted: dict[str, Any]
 ) -> None:
     out = workdir / "run"
-    proc = start(workdir, out)
-    wait_for(proc, "5 episodes", lambda: lines(out) >= 5)
-    kill(proc, signal.SIGKILL)
-    proc = start(workdir, out, "--resume")
-    seen = lines(out)
-    wait_for(proc, "more episodes", lambda: lines(out) >= seen + 10)
-    kill(proc, signal.SIGKILL)
+    killed_after(workdir, out, 5)
+    killed_after(workdir, out, 10, "--resume")
     resume(workdir, out)
     assert_complete(out, uninterrupted)
 
@@ -234,9 +235,7 @@ def test_resuming_with_other_settings_is_refused_in_one_line_naming_the_fix(
     workdir: Path, change: list[str], setting: str
 ) -> None:
     out = workdir / "run"
-    proc = start(workdir, out)
-    wait_for(proc, "5 episodes", lambda: lines(out) >= 5)
-    kill(proc, signal.SIGKILL)
+    killed_after(workdir, out, 5)
     files = {p.name: p.read_bytes() for p in out.iterdir()}
     refused = run(workdir, out, "--resume", plan=change)
     assert refused.returncode == 2, refused.stderr
@@ -311,9 +310,7 @@ def test_ctrl_c_stops_cleanly_and_resumes(workdir: Path, uninterrupted: dict[str
 def test_a_corrupt_line_mid_file_is_one_line_naming_it_not_a_traceback(workdir: Path) -> None:
     # a disk that lost a block, or a hand edit: not a torn last line, so not cut off silently
     out = workdir / "run"
-    proc = start(workdir, out)
-    wait_for(proc, "6 episodes", lambda: lines(out) >= 6)
-    kill(proc, signal.SIGKILL)
+    killed_after(workdir, out, 6)
     results = out / "trajectories.jsonl"
     records = results.read_bytes().splitlines(keepends=True)
     results.write_bytes(b"".join([*records[:2], b"\x00\x00garbage\n", *records[3:]]))

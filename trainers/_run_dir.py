@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym import Trajectory
+from agentgym._durable import atomic_write_text, fsync_dir
 from agentgym._errors import ConfigError
 from agentgym._trajectory import to_json_line
 
@@ -133,7 +134,7 @@ class RunDir:
         self._log_handler: logging.Handler | None = _attach_log_file(self.log_path)
         if existing:
             self._go_back_to_checkpoint()
-        _atomic_write_text(self.config_path, _dump_yaml(self.config))
+        atomic_write_text(self.config_path, _dump_yaml(self.config))
         self._status = _new_status(previous, self.resume_step)
         self._write_status()
 
@@ -417,7 +418,7 @@ class RunDir:
 
     def _write_status(self) -> None:
         self._status["updated_at"] = _iso_now()
-        _atomic_write_text(self.status_path, json.dumps(self._status, indent=1) + "\n")
+        atomic_write_text(self.status_path, json.dumps(self._status, indent=1) + "\n")
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -500,28 +501,6 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a fsynced temp file and a rename."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
 def _append_lines(path: Path, lines: Sequence[str]) -> None:
     """Append complete lines (each ending in a newline) and fsync."""
     if not lines:
@@ -562,7 +541,7 @@ def _move_lines(path: Path, moves: Any) -> int:
     if not moved:
         return 0
     _append_lines(path.with_name(f"{path.stem}.rolled_back.jsonl"), [m.decode() for m in moved])
-    _atomic_write_text(path, b"".join(kept).decode())
+    atomic_write_text(path, b"".join(kept).decode())
     return len(moved)
 
 
@@ -588,7 +567,7 @@ def _atomic_dir(final: Path, durable: bool = True) -> Iterator[Path]:
         else:
             tmp.rename(final)
         if durable:
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -601,7 +580,7 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(folder))
+        fsync_dir(Path(folder))
 
 
 def _remove_temp_dirs(parent: Path) -> None:

@@ -205,24 +205,16 @@ async def test_a_server_that_acks_a_load_but_keeps_the_old_version_is_caught(
     await policy.aclose()
 
 
-async def test_a_load_acknowledged_but_not_served_fails_the_publish_everywhere(
-    pair: list[FaultServer], tiny_model_dir: Path, adapter: Path
+@pytest.mark.parametrize(
+    ("fault", "why"), [("ack_not_listed", "does not serve"), ("http_500", "max-lora-rank")]
+)
+async def test_a_load_one_of_two_servers_fails_is_rolled_back_everywhere(
+    pair: list[FaultServer], tiny_model_dir: Path, adapter: Path, fault: str, why: str
 ) -> None:
+    """Refused, or acknowledged but not served: traffic must not switch to v1 anywhere."""
     policy = make_policy(tiny_model_dir, pair)
-    pair[1].load_fault = "ack_not_listed"
-    with pytest.raises(AdapterPublishError, match="v1 was not published.*does not serve"):
-        await policy.aload_adapter(adapter, 1)
-    assert policy.adapter_version == 0  # traffic never switched
-    assert pair[0].unloads == ["agentgym-v1"] and "agentgym-v1" not in pair[0].served
-    await policy.aclose()
-
-
-async def test_a_load_refused_by_one_of_two_servers_is_rolled_back(
-    pair: list[FaultServer], tiny_model_dir: Path, adapter: Path
-) -> None:
-    policy = make_policy(tiny_model_dir, pair)
-    pair[1].load_fault = "http_500"
-    with pytest.raises(AdapterPublishError, match="v1 was not published.*max-lora-rank"):
+    pair[1].load_fault = fault
+    with pytest.raises(AdapterPublishError, match=f"v1 was not published.*{why}"):
         await policy.aload_adapter(adapter, 1)
     assert policy.adapter_version == 0
     assert pair[0].unloads == ["agentgym-v1"] and pair[0].served == {"tiny"}

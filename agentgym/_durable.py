@@ -1,0 +1,36 @@
+"""Files that survive a kill or a crash: written whole or not at all, then synced.
+
+Why one place: run folders (the trainer's status and config, an eval's run.json and summary)
+are read back by ``--resume``; a half-written file there would lose a run. A temp file that
+is fsynced, renamed over the target and followed by a sync of the folder leaves the old file
+or the new one after a ``kill -9`` or a power loss, never a half or an empty one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a fsynced temp file and a rename."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename into it) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
