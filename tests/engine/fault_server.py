@@ -10,17 +10,17 @@ It serves what `RemoteVLLMPolicy` and `VLLMFleet` call: ``/v1/models``, ``/v1/co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+
+from agentgym.serve._thread import serve_in_thread
 
 #: What the stand-in samples for every prompt (before a fault changes it).
 SAMPLED_IDS = [5, 6, 7]
@@ -58,37 +58,12 @@ class FaultServer:
         self.loads: list[str] = []
         self.unloads: list[str] = []
         self.request_arrived = threading.Event()
-        self._stopping = threading.Event()
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        config = uvicorn.Config(
-            self._app(), log_level="critical", lifespan="off", timeout_graceful_shutdown=1
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
-        )
-
-    def start(self) -> None:
-        """Serve in a thread; returns once uvicorn accepts connections (polled, 10 s at most)."""
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"the fault server at {self.url} did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        """Release hanging requests and shut uvicorn down."""
-        self._stopping.set()
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._socket.close()
+        #: Set when the server stops: requests left hanging answer then.
+        self.stopping = threading.Event()
+        self.url = ""  # set by `fault_servers` once it serves
 
     # ---- the app ---------------------------------------------------------------------------
-    def _app(self) -> FastAPI:
+    def app(self) -> FastAPI:
         app = FastAPI()
 
         @app.get("/v1/models")
@@ -156,7 +131,7 @@ class FaultServer:
                 "you requested 2100 tokens (2000 in the messages, 100 in the completion).",
             )
         if fault == "hang":
-            while not self._stopping.is_set():  # until the client gives up (or the test ends)
+            while not self.stopping.is_set():  # until the client gives up (or the test ends)
                 await asyncio.sleep(0.05)
             return _error(503, "shutting down")
         if fault == "reset":
@@ -237,12 +212,10 @@ def _error(status: int, message: str) -> JSONResponse:
 
 @contextmanager
 def fault_servers(count: int, **kwargs: Any) -> Iterator[list[FaultServer]]:
-    """``count`` started stand-ins, stopped on exit."""
+    """``count`` stand-ins serving on loopback (`serve_in_thread`), stopped on exit."""
     servers = [FaultServer(**kwargs) for _ in range(count)]
-    try:
+    with contextlib.ExitStack() as stack:
         for server in servers:
-            server.start()
+            server.url = stack.enter_context(serve_in_thread(server.app()))
+            stack.callback(server.stopping.set)  # runs first: hanging requests answer
         yield servers
-    finally:
-        for server in servers:
-            server.stop()
