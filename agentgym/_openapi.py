@@ -10,8 +10,16 @@ How a call is classified, so that the model is scored only on its own mistakes:
 - HTTP 2xx/3xx: the tool message is ``{"status": ..., "body": ...}`` (the JSON body, or text).
 - HTTP 4xx: the model asked for something the service refused; a `ToolError` naming the
   status and the service's ``detail`` goes back to the model as a tool message.
-- a connection failure, a timeout or HTTP 5xx: the service failed, not the model; an
-  `InfraError`, so the episode is ``infra_error`` and never a reward of 0.
+- HTTP 429 or 503: the service is overloaded or down, whoever asked; an `InfraError`, so the
+  episode is ``infra_error`` and never a reward of 0.
+- a connection failure, a timeout or another 5xx: the service failed, but the model shaped
+  the request, and an input can break a service (a 500 on a character it cannot handle, a
+  query that hangs it). As an `InfraError` the episode would be dropped, not scored, so a
+  model could escape a low reward by breaking the service. With a ``probe`` (a path any
+  working service answers, e.g. ``/health``) the call's failure is the model's `ToolError`
+  while the service answers the probe, and an `InfraError` only when it does not; a safe
+  method (GET ...) that failed is first sent once more, not after a timeout. Without a
+  ``probe`` every such failure is an `InfraError`.
 
 Header and cookie parameters are not offered to the model: they are the client's business
 (credentials, a tenant id), set on the `httpx.AsyncClient` the tools send with.
@@ -20,8 +28,10 @@ Header and cookie parameters are not offered to the model: they are the client's
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
@@ -33,6 +43,12 @@ if TYPE_CHECKING:
     import httpx  # imported on the first call: building tools never loads it
 
 _METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})  # sent again without harm
+BUSY = frozenset({429, 503})
+"""Statuses that say the service is overloaded or down, whoever asked: always `InfraError`
+(a replica behind a balancer may answer the probe while this one is full)."""
+PROBE_TIMEOUT = 5.0
+"""Seconds the probe may take; a service slower than that on it is down."""
 Location = Literal["path", "query", "body"]
 
 #: Picks the client a call sends with, given the env the tool was called from (injected).
@@ -118,6 +134,7 @@ def openapi_tools(
     *,
     client: ClientFactory | None = None,
     timeout: float = 30.0,
+    probe: str | None = None,
 ) -> list[Tool]:
     """One async `Tool` per operation of ``doc``, sending requests to ``base_url``.
 
@@ -127,31 +144,42 @@ def openapi_tools(
         client: returns the `httpx.AsyncClient` to send with, given the calling env (tools
             ask for ``env``): e.g. one per episode carrying its tenant header. None: a fresh
             client for every call.
-        timeout: seconds a call may take in all; past it the call is an `InfraError`.
+        timeout: seconds one request may take in all; past it the call has failed.
+        probe: a path (``/health``, a plain list) that a working service answers with 2xx to
+            a GET from the same client; it decides whether a failed call (5xx, timeout,
+            connection) was the model's doing (`ToolError`) or the service's (`InfraError`).
+            None: every failed call is an `InfraError` (see the module docstring for why a
+            service a model's input can break wants one).
     """
     root = base_url.rstrip("/")
-    return [_tool(op, root, client, timeout) for op in operations(doc)]
+    if probe is not None and not probe.startswith("/"):
+        raise ConfigError(f"probe must be a path starting with '/', got {probe!r}")
+    return [_tool(op, root, client, timeout, probe) for op in operations(doc)]
 
 
-def _tool(op: Operation, root: str, client: ClientFactory | None, timeout: float) -> Tool:
+class _CallFailed(InfraError):
+    """A call the service failed on (5xx, timeout, connection); whose fault `_blamed` decides."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+def _tool(
+    op: Operation, root: str, client: ClientFactory | None, timeout: float, probe: str | None
+) -> Tool:
     async def call(env: Any = None, **arguments: Any) -> dict[str, Any]:
-        import httpx
-
         path, query, body = op.request(arguments)
-        request = {"params": query, "json": body, "timeout": timeout}
+        http = None if client is None else client(env)
+        send = functools.partial(
+            _send, http, op.method, root + path, timeout, params=query, json=body
+        )
         try:
-            async with asyncio.timeout(timeout):
-                if client is None:
-                    async with httpx.AsyncClient() as own:
-                        response = await own.request(op.method, root + path, **request)
-                else:
-                    response = await client(env).request(op.method, root + path, **request)
-        except TimeoutError as exc:
-            raise InfraError(f"{op.name}: no response from {root} within {timeout:g} s") from exc
-        except httpx.TransportError as exc:  # refused, reset, timed out ...
-            raise InfraError(f"{op.name}: {type(exc).__name__}: {exc} ({root})") from exc
-        # anything else (arguments that cannot be encoded ...) is the model's: a ToolError
-        return _outcome(op.name, response)
+            return _outcome(op.name, await send())
+        except _CallFailed as failure:
+            if probe is None:
+                raise InfraError(f"{op.name}: {failure}") from failure
+            return await _blamed(op, send, failure, http, root + probe, timeout)
 
     call.__name__ = op.name
     return Tool(
@@ -160,9 +188,65 @@ def _tool(op: Operation, root: str, client: ClientFactory | None, timeout: float
         description=op.description,
         parameters=op.parameters,
         injected=frozenset({"env"}),
-        timeout=None,  # timed above, so that a slow service is an InfraError, not a ToolError
+        timeout=None,  # timed in `_send`: a slow service is blamed as a failed call is
         is_async=True,
     )
+
+
+async def _send(
+    http: httpx.AsyncClient | None, method: str, url: str, timeout: float, **request: Any
+) -> httpx.Response:
+    """One request under ``timeout``; a timeout or transport failure is `_CallFailed`."""
+    import httpx
+
+    try:
+        async with asyncio.timeout(timeout):
+            if http is None:
+                async with httpx.AsyncClient() as own:
+                    return await own.request(method, url, timeout=timeout, **request)
+            return await http.request(method, url, timeout=timeout, **request)
+    except TimeoutError as exc:
+        raise _CallFailed(f"no response from {url} within {timeout:g} s", True) from exc
+    except httpx.TransportError as exc:  # refused, reset, timed out ...
+        raise _CallFailed(f"{type(exc).__name__}: {exc} ({url})") from exc
+    # anything else (arguments that cannot be encoded ...) is the model's: a ToolError
+
+
+async def _blamed(
+    op: Operation,
+    send: Callable[[], Awaitable[httpx.Response]],
+    failure: _CallFailed,
+    http: httpx.AsyncClient | None,
+    probe_url: str,
+    timeout: float,
+) -> dict[str, Any]:
+    """The call's result, sent again; else its failure, the model's while the service is up.
+
+    A safe method is sent once more (a failure that passes, a replica restarting, is nobody's;
+    not after a timeout, which would spend the call's time twice). Then the probe: a service
+    that answers it works, so the model's arguments broke this call.
+    """
+    if op.method in _SAFE_METHODS and not failure.timed_out:
+        with contextlib.suppress(_CallFailed):
+            return _outcome(op.name, await send())
+    if not await _answers_probe(http, probe_url, timeout):
+        raise InfraError(f"{op.name}: {failure}; the probe {probe_url} fails too") from failure
+    raise ToolError(
+        f"{op.name} failed: {failure}; the service answers other requests, so change the arguments"
+    ) from failure
+
+
+async def _answers_probe(http: httpx.AsyncClient | None, url: str, timeout: float) -> bool:
+    """Whether a GET of ``url`` answers 2xx within `PROBE_TIMEOUT`.
+
+    Asked twice: a service often closes the connection a failed request came on (uvicorn
+    does after an unhandled error), and the first probe may be sent on it as it closes.
+    """
+    for _ in range(2):
+        with contextlib.suppress(_CallFailed):
+            if (await _send(http, "GET", url, min(PROBE_TIMEOUT, timeout))).is_success:
+                return True
+    return False
 
 
 def _outcome(name: str, response: httpx.Response) -> dict[str, Any]:
@@ -172,8 +256,10 @@ def _outcome(name: str, response: httpx.Response) -> dict[str, Any]:
     except ValueError:
         body = response.text
     status = response.status_code
+    if status in BUSY:
+        raise InfraError(f"{name}: the service is busy or down (HTTP {status}): {str(body)[:500]}")
     if status >= 500:
-        raise InfraError(f"{name}: the service failed with HTTP {status}: {str(body)[:500]}")
+        raise _CallFailed(f"the service failed with HTTP {status}: {str(body)[:500]}")
     if status >= 400:
         detail = body.get("detail", body) if isinstance(body, dict) else body
         if not isinstance(detail, str):

@@ -6,9 +6,9 @@ action it was given (token ids included) in `EpisodeState.turns`, so a reward fu
 asks for ``trajectory`` gets `ToolEnv.as_trajectory`, built from the env's own inputs.
 
 Model mistakes (a malformed call, an unknown tool, bad arguments, a tool that raises or times
-out) become tool messages the model can read and react to; they never end the episode, unless
-``malformed_call_ends_episode`` makes a turn with only unparseable calls its last (TRL's tool
-loop takes such a turn as the final answer).
+out, calls past ``max_tool_calls_per_turn``) become tool messages the model can read and react
+to; they never end the episode, unless ``malformed_call_ends_episode`` makes a turn with only
+unparseable calls its last (TRL's tool loop takes such a turn as the final answer).
 Infrastructure failures (`InfraError`) propagate so the rollout marks the episode
 ``infra_error``.
 
@@ -99,6 +99,10 @@ class ToolEnv(Env):
             getting the error and another turn. Off by default: the error teaches the format.
             On, episodes end as in TRL's tool loop, which takes such a turn as the answer (for
             strict-format rewards, and for comparing the two on the same workload).
+        max_tool_calls_per_turn: calls of one turn that run; each call past it gets an error
+            tool message instead. Why: a turn's calls run at once, so a turn of hundreds of
+            calls would flood a sandbox pool or a service (whose overload is ``infra_error``,
+            an episode dropped rather than scored). None: no cap.
     """
 
     #: Sync tool calls of one episode that run at once; more wait, and waiting is not timed.
@@ -118,6 +122,7 @@ class ToolEnv(Env):
         stop_conditions: Sequence[StopCondition] = (),
         tool_timeout: float | None = None,
         malformed_call_ends_episode: bool = False,
+        max_tool_calls_per_turn: int | None = 16,
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -126,6 +131,13 @@ class ToolEnv(Env):
             raise ConfigError(f"tool_prompt must be 'template' or 'system', got {tool_prompt!r}")
         if max_episode_tokens is not None and max_episode_tokens < 1:
             raise ConfigError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
+        if max_tool_calls_per_turn is not None and (
+            type(max_tool_calls_per_turn) is not int or max_tool_calls_per_turn < 1
+        ):
+            raise ConfigError(
+                f"max_tool_calls_per_turn must be an int >= 1 or None, got "
+                f"{max_tool_calls_per_turn!r}"
+            )
         _check_tools(tools)
         _check_tasks(tasks)
         if rubric is not None and not callable(getattr(rubric, "score", None)):
@@ -151,6 +163,7 @@ class ToolEnv(Env):
         self.max_episode_tokens = max_episode_tokens
         self.stop_conditions = list(stop_conditions)
         self.malformed_call_ends_episode = malformed_call_ends_episode
+        self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.state = EpisodeState()
         self.state.done = True
         self._tool_schemas = [t.schema for t in self.tools.values()]
@@ -344,16 +357,23 @@ class ToolEnv(Env):
     async def _run_tools(
         self, calls: list[ToolCall], parse_errors: list[str]
     ) -> tuple[list[Message], list[str]]:
-        if len(calls) == 1:  # the common turn: no task to schedule, no gather
-            results = [await self._call_tool(calls[0])]
-        elif calls:
-            running = [asyncio.ensure_future(self._call_tool(c)) for c in calls]
+        cap = len(calls) if self.max_tool_calls_per_turn is None else self.max_tool_calls_per_turn
+        run = calls[:cap]
+        if len(run) == 1:  # the common turn: no task to schedule, no gather
+            results = [await self._call_tool(run[0])]
+        elif run:
+            running = [asyncio.ensure_future(self._call_tool(c)) for c in run]
             try:
                 results = await asyncio.gather(*running)
             finally:  # one call failed or the episode was cancelled: stop the others, go on
                 await cancel_and_wait(running)
         else:
             results = []
+        refused = (
+            f"not run: this turn made {len(calls)} tool calls and at most {cap} run per turn; "
+            "make fewer calls in one turn"
+        )
+        results += [(f"Error: {refused}", refused)] * (len(calls) - len(run))
         messages = [
             {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": content}
             for c, (content, _) in zip(calls, results)

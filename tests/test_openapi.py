@@ -99,13 +99,13 @@ DOC: dict[str, Any] = {
             },
         },
         "/status/{code}": {
-            "get": {
-                "operationId": "status",
-                "parameters": [
-                    {"name": "code", "in": "path", "required": True, "schema": {"type": "integer"}},
-                ],
-            }
+            "parameters": [
+                {"name": "code", "in": "path", "required": True, "schema": {"type": "integer"}},
+            ],
+            "get": {"operationId": "status"},
+            "post": {"operationId": "post_status"},
         },
+        "/flaky": {"get": {"operationId": "flaky"}},
         "/hang": {"get": {"operationId": "hang"}},
     },
     "components": {
@@ -217,14 +217,20 @@ def test_documents_the_tools_cannot_use_are_refused() -> None:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """Echoes requests; ``/status/N`` answers N; ``/hang`` answers when the test lets it."""
+    """Echoes requests; ``/status/N`` answers N; ``/hang`` answers when the test lets it;
+    ``/flaky`` fails its first request. ``seen`` records each request's method and path."""
 
     release: threading.Event
+    seen: list[tuple[str, str]]
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
-        if self.path.startswith("/status/"):
+        self.seen.append((self.command, self.path))
+        if self.path == "/flaky":
+            failed_before = self.seen.count(("GET", "/flaky")) > 1
+            code, payload = (200, {"ok": True}) if failed_before else (500, {"detail": "blip"})
+        elif self.path.startswith("/status/"):
             code, payload = int(self.path.split("/")[2]), {"detail": "not today"}
         elif self.path == "/hang":
             self.release.wait(10)
@@ -240,9 +246,15 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def server() -> Iterator[str]:
+def seen() -> list[tuple[str, str]]:
+    """The requests the ``server`` fixture answered, as (method, path)."""
+    return []
+
+
+@pytest.fixture
+def server(seen: list[tuple[str, str]]) -> Iterator[str]:
     release = threading.Event()
-    handler = type("Handler", (_Handler,), {"release": release})
+    handler = type("Handler", (_Handler,), {"release": release, "seen": seen})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -293,6 +305,53 @@ async def test_a_hung_or_unreachable_service_is_an_infra_error(server: str) -> N
     refused = _tool(openapi_tools(DOC, f"http://127.0.0.1:{port}"), "hang")
     with pytest.raises(InfraError, match="ConnectError"):
         await refused.acall({})
+
+
+async def test_429_and_503_are_the_services_whoever_asked(server: str) -> None:
+    status = _tool(openapi_tools(DOC, server, probe="/health"), "status")
+    for code in (429, 503):  # overloaded or down: the probe may reach a replica that is not
+        with pytest.raises(InfraError, match=f"busy or down \\(HTTP {code}\\)") as raised:
+            await status.acall({"code": code})
+        assert not isinstance(raised.value, ToolError)
+
+
+async def test_with_a_probe_a_call_that_breaks_a_working_service_is_the_models(
+    server: str, seen: list[tuple[str, str]]
+) -> None:
+    """A model that can make the service fail (a 500, a hang) must not turn its episode into
+    an unscored ``infra_error``: while the service answers the probe, it is a tool error."""
+    tools = openapi_tools(DOC, server, timeout=0.3, probe="/health")
+    with pytest.raises(ToolError, match="status failed: the service failed with HTTP 500.*"
+                       "answers other requests, so change the arguments"):  # fmt: skip
+        await _tool(tools, "status").acall({"code": 500})
+    assert seen == [("GET", "/status/500")] * 2 + [("GET", "/health")]  # sent again, then probed
+    seen.clear()
+    with pytest.raises(ToolError, match="no response .* within 0.3 s"):
+        await _tool(tools, "hang").acall({})
+    assert seen == [("GET", "/hang"), ("GET", "/health")]  # a timeout is not sent again
+    seen.clear()
+    with pytest.raises(ToolError, match="HTTP 502"):
+        await _tool(tools, "post_status").acall({"code": 502})
+    assert seen == [("POST", "/status/502"), ("GET", "/health")]  # a POST is not sent again
+    seen.clear()
+    assert await _tool(tools, "flaky").acall({}) == {"status": 200, "body": {"ok": True}}
+    assert seen == [("GET", "/flaky")] * 2  # a failure that passes is nobody's
+
+
+async def test_with_a_probe_a_service_that_fails_it_too_is_infrastructure(server: str) -> None:
+    down = _tool(openapi_tools(DOC, server, probe="/status/500"), "status")
+    fails_too = "HTTP 500: .*; the probe .*/status/500 fails too"
+    with pytest.raises(InfraError, match=fails_too) as raised:
+        await down.acall({"code": 500})
+    assert not isinstance(raised.value, ToolError)
+    with socket.socket() as sock:  # a port nobody listens on once this closes
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    gone = _tool(openapi_tools(DOC, f"http://127.0.0.1:{port}", probe="/health"), "status")
+    with pytest.raises(InfraError, match="ConnectError"):
+        await gone.acall({"code": 200})
+    with pytest.raises(ConfigError, match="probe must be a path starting with '/'"):
+        openapi_tools(DOC, server, probe="health")
 
 
 def test_in_an_env_a_4xx_goes_back_to_the_model_and_a_5xx_ends_the_episode(server: str) -> None:

@@ -130,6 +130,32 @@ def test_a_malformed_call_ends_the_episode_only_when_asked() -> None:
     assert not default.step(malformed)[2]  # off by default: the error and another turn
 
 
+@pytest.mark.parametrize(("cap", "runs"), [(None, 40), (16, 16), (3, 3)])
+def test_calls_past_the_per_turn_cap_are_not_run(cap: int | None, runs: int) -> None:
+    """A turn's calls run at once: a policy could flood a sandbox pool or a service (and have
+    its overload end the episode as ``infra_error``). Calls past the cap get an error each,
+    so every call still has its tool message, and the episode goes on."""
+    started: list[int] = []
+
+    @tool
+    def note(i: int) -> int:
+        """Record a call."""
+        started.append(i)
+        return i
+
+    kwargs = {} if cap == 16 else {"max_tool_calls_per_turn": cap}  # 16: the default
+    env = ToolEnv([note], tasks=TASKS, **kwargs)
+    env.reset(seed=0, options={"task": 0})
+    turn = HERMES.render("", [ToolCall("note", {"i": i}) for i in range(40)])
+    obs, _, terminated, _, info = env.step(turn)
+    assert sorted(started) == list(range(runs)) and not terminated
+    tool_messages = obs[1:]
+    assert [m["content"] for m in tool_messages[:runs]] == [str(i) for i in range(runs)]
+    assert len(tool_messages) == 40 and len(info["tool_errors"]) == 40 - runs
+    assert all(f"at most {cap} run per turn" in m["content"] for m in tool_messages[runs:])
+    assert env.state.tool_call_count == 40 and env.state.tool_error_count == 40 - runs
+
+
 def test_unknown_tool_message_lists_available_tools(env: ToolEnv) -> None:
     obs, *_ = env.step(call("subtract"))
     assert "available tools: add, boom, hang, whoami, infra" in obs[-1]["content"]
@@ -299,7 +325,14 @@ def test_step_before_reset_raises() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_turns": 0}, {"max_episode_tokens": 0}, {"parser": "nope"}, {"tools": [add, add]}],
+    [
+        {"max_turns": 0},
+        {"max_episode_tokens": 0},
+        {"parser": "nope"},
+        {"tools": [add, add]},
+        {"max_tool_calls_per_turn": 0},
+        {"max_tool_calls_per_turn": 2.5},
+    ],
 )
 def test_bad_constructor_options_raise(kwargs: dict) -> None:
     tools = kwargs.pop("tools", [add])

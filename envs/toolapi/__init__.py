@@ -5,7 +5,9 @@ must not be able to talk its way to a reward. Here the tools are generated from 
 service's OpenAPI document (`agentgym._openapi.openapi_tools`), the service enforces its own
 business rules, and the reward reads the episode's database afterwards: 1 when exactly the
 expected rows changed and no rule-breaking write was attempted, else 0. A service failure
-(refused connection, HTTP 5xx, timeout) is ``infra_error``, never a reward.
+(refused connection, HTTP 5xx, timeout) is ``infra_error``, never a reward, unless the shop
+still answers `PROBE` for the episode: then the model's arguments broke that call, and the
+failure is a tool error it reads (so breaking the shop is no way out of a low reward).
 
 One `service.ShopServer` (uvicorn in a thread, 127.0.0.1, free port) serves every env of the
 process; each episode gets its own tenant, created on reset and dropped when it ends.
@@ -28,6 +30,10 @@ except ImportError as exc:  # pragma: no cover - the 'tools' extra is missing
         f"agentgym/ToolAPI-v0 needs fastapi and uvicorn ({exc}); pip install 'agentgym[tools]'"
     ) from exc
 from .tasks import Split, changes, make_tasks, seed_state
+
+PROBE = "/products"
+"""What a working shop answers for any episode: a failed call was the model's doing if the
+shop still answers this (`agentgym._openapi.openapi_tools`'s ``probe``)."""
 
 
 async def expected_state(env: ToolAPIEnv, task: dict[str, Any]) -> float:
@@ -68,7 +74,11 @@ class ToolAPIEnv(ToolEnv):
         self._tenant = ""
         try:
             tools = openapi_tools(
-                self.server.openapi, self.server.base_url, client=self._client, timeout=http_timeout
+                self.server.openapi,
+                self.server.base_url,
+                client=self._client,
+                timeout=http_timeout,
+                probe=PROBE,
             )
             super().__init__(
                 tools,

@@ -208,3 +208,15 @@ def test_reference_turns_render_in_the_envs_parser(toolapi: ModuleType) -> None:
         assert isinstance(first, ToolCall)
     finally:
         env.close()
+
+
+def test_the_probe_is_a_read_every_episode_of_a_working_shop_answers(
+    toolapi: ModuleType, env: Any
+) -> None:
+    """`PROBE` decides whether a failed call was the model's (the shop still answers it) or
+    the shop's: it must answer 2xx for an episode's tenant, and not without one."""
+    env.reset(options={"task": 0})
+    probe = env.server.base_url + toolapi.PROBE
+    tenant = {toolapi.service.TENANT_HEADER: env._http.headers[toolapi.service.TENANT_HEADER]}
+    assert httpx.get(probe, headers=tenant).status_code == 200
+    assert httpx.get(probe).status_code == 503
