@@ -500,9 +500,10 @@ def _mount_commands() -> None:
     from .runs._cli import sweep
     from .sandboxes._cli import app as sandbox_app
     from .serve._cli import serve
-    from .trainers._cli import train
+    from .trainers._cli import export, train
 
     app.command("train")(train)
+    app.command("export")(export)
     app.command("sweep")(sweep)
     app.command("serve")(serve)
     app.add_typer(sandbox_app, name="sandbox", help="Build, list, prune and benchmark sandboxes.")

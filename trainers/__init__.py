@@ -14,6 +14,7 @@ from ._config import GRPOConfig
 from ._samples import Batch, Sample, build_samples, collate
 
 if TYPE_CHECKING:
+    from ._export import export_run
     from ._grpo import GRPOTrainer, StaleAdapterError
     from ._loss import LossSpec, grpo_loss, token_logprobs
     from ._sft import SFTConfig, sft_warm_start
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "GRPOTrainer": "._grpo",
     "StaleAdapterError": "._grpo",
+    "export_run": "._export",
     "LossSpec": "._loss",
     "grpo_loss": "._loss",
     "token_logprobs": "._loss",
@@ -53,6 +55,7 @@ __all__ = [
     "StaleAdapterError",
     "build_samples",
     "collate",
+    "export_run",
     "grpo_loss",
     "group_advantages",
     "sft_warm_start",

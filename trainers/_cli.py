@@ -8,6 +8,7 @@ line and exits 2.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -86,3 +87,35 @@ def train(
     for name, value in figures.items():
         console.print(f"{name}: {value:.3f}")
     console.print(f"run folder: {cfg.output_dir}")
+
+
+def export(
+    run: Annotated[Path, typer.Argument(help="The run folder (its output_dir).")],
+    out: Annotated[Path, typer.Argument(help="A new folder to write.")],
+    step: Annotated[
+        int | None, typer.Option("--step", help="The checkpoint's step (default: the newest).")
+    ] = None,
+    merge: Annotated[
+        bool,
+        typer.Option("--merge", help="Write the base model with the adapter merged in."),
+    ] = False,
+    base_model: Annotated[
+        Path | None,
+        typer.Option("--base-model", help="The base model's folder, if it moved since training."),
+    ] = None,
+) -> None:
+    """Export a run's trained adapter, alone or merged into its base, ready for vllm serve."""
+    from ._export import EXPORT_INFO, export_run
+
+    with needs_extra("agentgym export --merge", "train") if merge else contextlib.nullcontext():
+        folder = export_run(run, out, step=step, merge=merge, base_model=base_model)
+    info = json.loads((folder / EXPORT_INFO).read_text())
+    what = "merged model" if merge else "adapter"
+    console.print(f"{what} of {run} at step {info['step']} written to {folder}")
+    if merge:
+        console.print(f"serve it: vllm serve {folder}")
+    else:
+        console.print(
+            f"serve it: vllm serve {info['base_model']} --enable-lora "
+            f"--lora-modules {folder.name}={folder}"
+        )

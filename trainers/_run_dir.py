@@ -308,7 +308,7 @@ class RunDir:
             raise ValueError("extra must not hold a 'step' key; it is passed as `step`")
         state_text = json.dumps({"step": step, **extra}, indent=1)  # non-JSON extra fails here
         final = self.checkpoints_dir / f"step-{step:06d}"
-        with _atomic_dir(final) as tmp:
+        with atomic_dir(final) as tmp:
             model.save_pretrained(tmp / "adapter")
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(_rng_state(), tmp / "rng.pt")
@@ -322,12 +322,7 @@ class RunDir:
     def _checkpoints(self) -> list[Path]:
         """Complete checkpoints, oldest first; removes leftover temporary folders."""
         _remove_temp_dirs(self.checkpoints_dir)
-        found = [
-            (int(m.group(1)), p)
-            for p in self.checkpoints_dir.iterdir()
-            if (m := _CHECKPOINT.match(p.name)) and (p / "trainer_state.json").is_file()
-        ]
-        return [p for _, p in sorted(found)]
+        return complete_checkpoints(self.path)
 
     def latest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint folder, or None (half-written ones are removed)."""
@@ -366,7 +361,7 @@ class RunDir:
         """
         self.adapters_dir.mkdir(exist_ok=True)
         final = self.adapter_dir(version)
-        with _atomic_dir(final, durable=False) as tmp:  # a cache: a resume clears it anyway
+        with atomic_dir(final, durable=False) as tmp:  # a cache: a resume clears it anyway
             _save_adapter_files(model, tmp)
         versions = sorted(
             (int(m.group(1)), p)
@@ -435,6 +430,20 @@ def read_jsonl_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return []
     complete = data[: data.rfind(b"\n") + 1]
     return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+def complete_checkpoints(run_path: str | os.PathLike[str]) -> list[Path]:
+    """A run folder's complete checkpoints (``checkpoints/step-N``), oldest first.
+
+    Reads only: a run still being written may be read from another process (`export_run`).
+    """
+    folder = Path(run_path) / "checkpoints"
+    found = [
+        (int(m.group(1)), p)
+        for p in (folder.iterdir() if folder.is_dir() else ())
+        if (m := _CHECKPOINT.match(p.name)) and (p / "trainer_state.json").is_file()
+    ]
+    return [p for _, p in sorted(found)]
 
 
 def load_training_state(path: str | os.PathLike[str], model: Any, optimizer: Any) -> dict:
@@ -546,7 +555,7 @@ def _move_lines(path: Path, moves: Any) -> int:
 
 
 @contextlib.contextmanager
-def _atomic_dir(final: Path, durable: bool = True) -> Iterator[Path]:
+def atomic_dir(final: Path, durable: bool = True) -> Iterator[Path]:
     """Yield a temp folder next to ``final``; on success rename it to ``final``.
 
     ``durable``: fsync the files and folders too, so the folder survives a power cut, not

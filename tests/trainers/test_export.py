@@ -1,0 +1,139 @@
+"""`agentgym export`: a run's adapter, alone or merged into its base, served as trained.
+
+The run folders here are made by hand (config, checkpoints with a real PEFT adapter on the tiny
+model) so the tests need no training run; the merged folder is served by a real vLLM engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agentgym import ConfigError
+from tests.conftest import require
+from tests.test_cli import one_error_line, run
+
+PROMPT = [5, 17, 99, 3, 42, 8]
+
+
+def write_run(root: Path, base: Path, steps: dict[int, int]) -> Path:
+    """A run folder with one checkpoint per ``{step: seed}``, each a random LoRA adapter."""
+    torch = require("torch")
+    peft = require("peft")
+    from transformers import AutoModelForCausalLM
+
+    run_dir = root / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(f"model: {base}\n")
+    for step, seed in steps.items():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                               init_lora_weights=False)  # fmt: skip  # random A and B
+        checkpoint = run_dir / "checkpoints" / f"step-{step:06d}"
+        peft.get_peft_model(model, lora).save_pretrained(checkpoint / "adapter")
+        (checkpoint / "trainer_state.json").write_text(json.dumps({"step": step}))
+    return run_dir
+
+
+def digest(folder: Path) -> str:
+    sha = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            sha.update(path.name.encode() + path.read_bytes())
+    return sha.hexdigest()
+
+
+def test_the_adapter_of_the_newest_or_a_chosen_checkpoint_is_exported(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from agentgym.trainers import export_run
+
+    run_dir = write_run(tmp_path, tiny_model_dir, {2: 0, 4: 1})
+    newest = export_run(run_dir, tmp_path / "newest")
+    adapter = run_dir / "checkpoints" / "step-000004" / "adapter"
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        assert (newest / name).read_bytes() == (adapter / name).read_bytes()
+    info = json.loads((newest / "export.json").read_text())
+    assert info == {"run": str(run_dir.resolve()), "step": 4,
+                    "base_model": str(tiny_model_dir.resolve()), "merged": False}  # fmt: skip
+    chosen = export_run(run_dir, tmp_path / "chosen", step=2)
+    old = run_dir / "checkpoints" / "step-000002" / "adapter" / "adapter_model.safetensors"
+    assert (chosen / "adapter_model.safetensors").read_bytes() == old.read_bytes()
+    assert json.loads((chosen / "export.json").read_text())["step"] == 2
+
+
+def test_what_cannot_be_exported_is_named_with_its_fix(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from agentgym.trainers import export_run
+
+    with pytest.raises(ConfigError, match="is not a run folder .* pass a run's output_dir"):
+        export_run(tmp_path, tmp_path / "out")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.yaml").write_text("model: tiny\n")
+    with pytest.raises(ConfigError, match="no checkpoint yet; a run saves one every save_steps"):
+        export_run(empty, tmp_path / "out")
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    run_dir = write_run(tmp_path, base, {2: 0, 4: 1})
+    with pytest.raises(ConfigError, match="no checkpoint of step 3; it keeps steps 2, 4"):
+        export_run(run_dir, tmp_path / "out", step=3)
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ConfigError, match="already exists; export into a new folder"):
+        export_run(run_dir, tmp_path / "taken")
+    moved = tmp_path / "moved"
+    base.rename(moved)
+    with pytest.raises(ConfigError, match=f"base model {base} is gone .* --base-model DIR"):
+        export_run(run_dir, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing half-written was left
+    done = export_run(run_dir, tmp_path / "out", base_model=moved)
+    assert json.loads((done / "export.json").read_text())["base_model"] == str(moved)
+    proc = run("export", str(run_dir), str(tmp_path / "cli"), "--step", "3")
+    assert proc.returncode == 2 and "it keeps steps 2, 4" in one_error_line(proc)
+
+
+def test_the_merged_model_serves_in_vllm_what_the_adapter_does_on_its_base(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The merged folder is what ``vllm serve OUT`` loads: vLLM's greedy tokens from it are
+    transformers' greedy tokens from the base with the adapter, and the base is untouched."""
+    require("vllm")
+    torch = require("torch")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from agentgym.engine import VLLMPolicy
+
+    run_dir = write_run(tmp_path, tiny_model_dir, {3: 7})
+    before = digest(tiny_model_dir)
+    proc = run("export", str(run_dir), str(tmp_path / "merged"), "--merge")
+    assert proc.returncode == 0, proc.stderr
+    merged = tmp_path / "merged"
+    assert f"serve it: vllm serve {merged}" in proc.stdout
+    assert digest(tiny_model_dir) == before
+    assert (merged / "tokenizer_config.json").is_file() and (merged / "export.json").is_file()
+    assert not (merged / "adapter_config.json").exists()  # plain weights, no LoRA needed
+
+    adapter = run_dir / "checkpoints" / "step-000003" / "adapter"
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        base_logits = base(torch.tensor([PROMPT])).logits
+        tuned = PeftModel.from_pretrained(base, adapter).eval()
+        tuned_logits = tuned(torch.tensor([PROMPT])).logits
+        want = tuned.generate(torch.tensor([PROMPT]), max_new_tokens=8,
+                              do_sample=False)[0, len(PROMPT):].tolist()  # fmt: skip
+        plain = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
+        merged_logits = plain(torch.tensor([PROMPT])).logits
+    assert (tuned_logits - base_logits).abs().max() > 1e-2  # the adapter changes the model
+    assert torch.allclose(merged_logits, tuned_logits, atol=1e-4)  # fp32 merge: rounding only
+    with VLLMPolicy(merged, sampling={"temperature": 0.0, "max_tokens": 8}, dtype="float32",
+                    max_model_len=256) as policy:  # fmt: skip
+        served = asyncio.run(policy.generate_ids(PROMPT)).completion_ids
+    assert served == want and len(want) > 1, (served, want)

@@ -1,0 +1,114 @@
+"""`export_run`: a run's trained adapter as a folder to serve or share, alone or merged.
+
+Why: a checkpoint is for resuming (optimizer and RNG states beside the adapter) and lives in a
+run folder that a resume rewrites. What a user deploys is either the adapter on its base
+(``vllm serve BASE --enable-lora --lora-modules NAME=OUT``: megabytes, the base shared with
+other adapters) or, for servers and tools without LoRA, the base with the adapter merged in
+(``vllm serve OUT``). The base is the model the adapter was trained on, as the adapter's own
+``base_model_name_or_path`` records it: the SFT warm start's folder when the run had one, not
+the config's ``model``.
+
+The export is written under a temporary name and renamed into place, so a folder named
+``OUT`` is complete; ``OUT`` must not exist yet (an export never overwrites).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from agentgym._errors import ConfigError
+
+from ._run_dir import atomic_dir, complete_checkpoints
+
+#: Written into every export: where it came from.
+EXPORT_INFO = "export.json"
+
+
+def export_run(
+    run_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    step: int | None = None,
+    merge: bool = False,
+    base_model: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Write the adapter of a run's checkpoint to ``out``; returns ``out``.
+
+    Args:
+        run_dir: the run's ``output_dir`` (finished, or still running: only read).
+        out: a new folder.
+        step: the checkpoint's step; None takes the newest.
+        merge: write the base model with the adapter merged into its weights (and the base's
+            tokenizer and generation config) instead of the adapter alone.
+        base_model: the base model folder, when the one the adapter records has moved.
+
+    Raises:
+        ConfigError: no such run or checkpoint, ``out`` exists, or the base is missing.
+    """
+    checkpoint = _checkpoint(Path(run_dir), step)
+    adapter = checkpoint / "adapter"
+    base = _base_model(adapter, base_model)
+    out = Path(out)
+    if out.exists():
+        raise ConfigError(f"{out} already exists; export into a new folder (or remove it first)")
+    info = {
+        "run": str(Path(run_dir).resolve()),
+        "step": int(json.loads((checkpoint / "trainer_state.json").read_text())["step"]),
+        "base_model": str(base),
+        "merged": merge,
+    }
+    with atomic_dir(out) as tmp:
+        if merge:
+            _write_merged(base, adapter, tmp)
+        else:
+            shutil.copytree(adapter, tmp, dirs_exist_ok=True)
+        (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    return out
+
+
+def _checkpoint(run_dir: Path, step: int | None) -> Path:
+    """The checkpoint to export: step ``step``, or the newest."""
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(
+            f"{run_dir} is not a run folder (no config.yaml); pass a run's output_dir"
+        )
+    found = complete_checkpoints(run_dir)
+    if not found:
+        raise ConfigError(
+            f"{run_dir} has no checkpoint yet; a run saves one every save_steps steps and at "
+            "the end"
+        )
+    if step is None:
+        return found[-1]
+    chosen = run_dir / "checkpoints" / f"step-{step:06d}"
+    if chosen not in found:
+        kept = ", ".join(str(int(p.name.split("-")[1])) for p in found)
+        raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it keeps steps {kept}")
+    return chosen
+
+
+def _base_model(adapter: Path, given: str | os.PathLike[str] | None) -> Path:
+    """The folder of the model the adapter was trained on (or ``given``), checked."""
+    recorded = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    base = Path(given if given is not None else recorded)
+    if not (base / "config.json").is_file():
+        raise ConfigError(
+            f"the base model {base} is gone (no config.json; the adapter was trained on "
+            f"{recorded}); pass the folder it is in now with --base-model DIR"
+        )
+    return base.resolve()
+
+
+def _write_merged(base: Path, adapter: Path, out: Path) -> None:
+    """Save ``base`` with ``adapter`` merged in, and the base's tokenizer, into ``out``."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model: Any = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    merged.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
