@@ -124,7 +124,7 @@ def previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> li
         )
     saved_path = out / "run.json"
     saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
-    differ = sorted(k for k in run_config if saved.get(k) != run_config[k])
+    differ = sorted(k for k in run_config if k != TASKS_KEY and saved.get(k) != run_config[k])
     if differ:
         changes = "; ".join(
             f"{k} {json.dumps(saved.get(k))} there, {json.dumps(run_config[k])} now" for k in differ
@@ -133,11 +133,36 @@ def previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> li
             f"--resume: settings differ from {saved_path} ({changes}); "
             "rerun with its settings or choose another --out"
         )
+    _refuse_other_tasks(saved_path, saved.get(TASKS_KEY), run_config.get(TASKS_KEY))
     episodes = _recovered_episodes(results)
     kept = [t for t in episodes if t.status != "infra_error"]
     if len(kept) < len(episodes):  # the machinery failed them, not the model: play them again
         write_jsonl(kept, results)
     return kept
+
+
+#: The key of ``run.json`` holding `agentgym._tasks.tasks_digest` of the tasks played.
+TASKS_KEY = "tasks_sha256"
+
+
+def _refuse_other_tasks(saved_path: Path, saved: str | None, now: str | None) -> None:
+    """Refuse a resume whose tasks are not the ones the run in the folder played.
+
+    The env's options can be the same while its tasks are not (a new version of the env or of
+    its data); resumed, the run would add episodes of other tasks under the same indices. A
+    ``run.json`` from before digests were recorded cannot be checked, so it is refused too: an
+    eval is cheap to run again, a figure that mixes two task lists is not to be trusted.
+    """
+    if saved == now:
+        return
+    why = (
+        "does not record which tasks it played (written before agentgym recorded them)"
+        if saved is None
+        else "played other tasks than the env has now (the env or its data changed since)"
+    )
+    raise ConfigError(
+        f"--resume: the run of {saved_path} {why}; choose another --out to evaluate again"
+    )
 
 
 def _recovered_episodes(results: Path) -> list[Trajectory]:

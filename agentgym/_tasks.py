@@ -258,3 +258,21 @@ def select_split(
         return [dict(t) for t in tasks]
     splits = split_tasks(tasks, eval_fraction, seed, key=key)
     return splits.train if split == "train" else splits.eval
+
+
+def tasks_digest(tasks: Sequence[Any], indices: Iterable[int]) -> str:
+    """A short hash of the tasks at ``indices``, in order: which tasks a run plays.
+
+    Why: a resumed run is checked against its settings, but the tasks behind an env's options
+    can change under it (a new version of the env, of its data, of a generated task list);
+    resumed, the run would mix the old tasks with the new. Its record keeps this digest, and
+    a resume compares it.
+    """
+    sha = hashlib.sha256()
+    for i in indices:
+        try:
+            text = json.dumps(tasks[i], sort_keys=True, default=str)
+        except TypeError:  # keys of mixed types cannot be sorted
+            text = repr(tasks[i])
+        sha.update(text.encode("utf-8", "surrogatepass") + b"\n")
+    return sha.hexdigest()[:16]

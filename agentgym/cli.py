@@ -45,6 +45,7 @@ from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
+from ._tasks import tasks_digest
 from ._trajectory import Trajectory, to_json_line
 from ._types import Message
 
@@ -250,7 +251,9 @@ def evaluate(
 
         max_model_len = context_length(model_path, max_model_len)
     probe = make(env_id, **env_kwargs_built)  # validates options before any work
-    available = len(getattr(probe, "tasks", ()))
+    tasks = getattr(probe, "tasks", ())
+    total = len(tasks) if num_tasks is None else min(num_tasks, len(tasks))
+    digest = tasks_digest(tasks, range(total))  # the first `total` tasks are played
     reference: Any = getattr(probe, "reference_turns", None)
     probe.close()
     if policy is PolicyKind.reference and reference is None:
@@ -261,8 +264,8 @@ def evaluate(
         "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
+        "tasks_sha256": digest,
     }  # fmt: skip
-    total = available if num_tasks is None else min(num_tasks, available)
     from .runs import track_run  # indexes the run; a database failure is only a warning
 
     with contextlib.ExitStack() as stack:

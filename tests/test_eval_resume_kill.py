@@ -43,6 +43,10 @@ from agentgym.envs.calculator import CalculatorEnv
 
 
 class SlowCalc(CalculatorEnv):
+    def __init__(self, **kwargs):  # tasks from $SLOWCALC_TASK_SEED: they change, options do not
+        kwargs.setdefault("seed", int(os.environ.get("SLOWCALC_TASK_SEED", "1234")))
+        super().__init__(**kwargs)
+
     async def setup_episode(self, task):
         await asyncio.sleep(float(os.environ.get("SLOWCALC_DELAY", "0")))
 
@@ -82,11 +86,16 @@ def start(
 
 
 def run(
-    workdir: Path, out: Path, *args: str, plan: list[str] = PLAN, delay: float = 0.0
+    workdir: Path,
+    out: Path,
+    *args: str,
+    plan: list[str] = PLAN,
+    delay: float = 0.0,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(AGENTGYM), "eval", ENV, *plan, "--out", str(out), *args],
-        cwd=workdir, env=_env(delay), capture_output=True, text=True, timeout=120,
+        cwd=workdir, env=_env(delay, env), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
 
@@ -245,6 +254,30 @@ def test_resuming_with_other_settings_is_refused_in_one_line_naming_the_fix(
     # the saved value and the new one, so the user knows what to pass
     saved = json.loads(files["run.json"])[setting]
     assert f"{setting} {json.dumps(saved)} there" in message[0], message[0]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+
+
+@pytest.mark.parametrize("record", ["other tasks", "no digest"])
+def test_resuming_onto_other_tasks_under_the_same_settings_is_refused(
+    workdir: Path, record: str
+) -> None:
+    """The env's options are the same, its tasks are not (a new version of the env or of its
+    data): resumed, the run would file episodes of new tasks under the old indices."""
+    out = workdir / "run"
+    killed_after(workdir, out, 5)
+    if record == "no digest":  # a run.json written before digests were recorded
+        saved = json.loads((out / "run.json").read_text())
+        del saved["tasks_sha256"]
+        (out / "run.json").write_text(json.dumps(saved))
+        changed, expected = None, "does not record which tasks it played"
+    else:
+        changed, expected = {"SLOWCALC_TASK_SEED": "99"}, "played other tasks than the env has"
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    refused = run(workdir, out, "--resume", env=changed)
+    assert refused.returncode == 2, refused.stderr
+    message = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(message) == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert expected in message[0] and "choose another --out" in message[0], message[0]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
 
 

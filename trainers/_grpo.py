@@ -103,6 +103,7 @@ class GRPOTrainer:
         self.train_tasks, self.eval_tasks = checked.train_tasks, checked.eval_tasks
         #: The env's turn limit and tool schemas, read off the env preflight built.
         self.env_max_turns, self.tools = checked.env_max_turns, checked.tools
+        self.tasks_sha256 = checked.tasks_sha256
         #: The run's event loop (`train` sets it) and the envs its rollouts reuse across steps.
         self._loop: asyncio.Runner | None = None
         self._envs = EnvPool(config.env, config.run_env_kwargs)
@@ -127,7 +128,8 @@ class GRPOTrainer:
             if not self.world.is_main:
                 return self._train(None, None)  # rank 0 owns the run folder and trackers
             run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume,
-                         defaults=GRPOConfig.defaults())  # fmt: skip
+                         defaults=GRPOConfig.defaults(),
+                         tasks_sha256=self.tasks_sha256)  # fmt: skip
             trackers: Trackers | None = None
             try:  # a tracker that fails to start marks the run failed too, never left running
                 # a folder reopened without a checkpoint replays from step 0: hide all of it

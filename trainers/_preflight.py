@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from agentgym import make
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
+from agentgym._tasks import tasks_digest
 from agentgym.engine._model_dir import context_length
 
 from ._config import _UNSERVABLE_TARGETS, GRPOConfig
@@ -50,6 +51,9 @@ class Checked(NamedTuple):
     tools: list[dict[str, Any]]
     #: The env's turn limit (`max_turns`, else 1): the loss normalises per-turn samples by it.
     env_max_turns: int
+    #: `tasks_digest` of the train then eval tasks (None: the env has no task list); a resume
+    #: checks it (`RunDir`).
+    tasks_sha256: str | None = None
 
 
 def preflight(config: GRPOConfig) -> Checked:
@@ -62,13 +66,13 @@ def preflight(config: GRPOConfig) -> Checked:
     _check_engine(config)
     _check_trackers(config)
     _check_device(config)
-    train_tasks, eval_tasks, tools, max_turns = _check_env(config)
+    train_tasks, eval_tasks, tools, max_turns, digest = _check_env(config)
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_context(model_dir, config)
     _check_template(model_dir, tools, config.chat_template_kwargs)
     _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
-    return Checked(model_dir, train_tasks, eval_tasks, tools, max_turns)
+    return Checked(model_dir, train_tasks, eval_tasks, tools, max_turns, digest)
 
 
 def resolve_model(model: str, seed: int = 0) -> Path:
@@ -136,19 +140,23 @@ def _check_device(config: GRPOConfig) -> None:
         )
 
 
-def _check_env(config: GRPOConfig) -> tuple[list[int], list[int], list[dict[str, Any]], int]:
-    """Build the env once: its (train, eval) split, SFT scripts, tool schemas, turn limit."""
+def _check_env(
+    config: GRPOConfig,
+) -> tuple[list[int], list[int], list[dict[str, Any]], int, str | None]:
+    """Build the env once: its split, SFT scripts, tool schemas, turn limit, task digest."""
     env = make(config.env, **config.run_env_kwargs)
     try:
         tools = list(getattr(env, "tool_schemas", []))
         train_tasks, eval_tasks = config.task_split(_task_count(env, config))
-        _warn_repeated_tasks(getattr(env, "tasks", None), train_tasks, eval_tasks)
+        tasks = getattr(env, "tasks", None)
+        _warn_repeated_tasks(tasks, train_tasks, eval_tasks)
+        digest = None if tasks is None else tasks_digest(tasks, [*train_tasks, *eval_tasks])
         if config.sft_steps:
             _check_scripts(env, config)
         max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
     finally:
         env.close()
-    return train_tasks, eval_tasks, tools, max_turns
+    return train_tasks, eval_tasks, tools, max_turns, digest
 
 
 def _task_count(env: Any, config: GRPOConfig) -> int | None:

@@ -104,6 +104,7 @@ class RunDir:
         keep: int = 2,
         keep_adapters: int = 4,
         defaults: Mapping[str, Any] | None = None,
+        tasks_sha256: str | None = None,
     ) -> None:
         if keep < 1 or keep_adapters < 1:
             raise ConfigError(f"keep={keep} and keep_adapters={keep_adapters} must be >= 1")
@@ -130,12 +131,13 @@ class RunDir:
             _refuse_changed_config(self.path, self.config, defaults)
             previous = _read_json(self.status_path) or {}
             _refuse_live_owner(self.path, previous)
+            _refuse_other_tasks(self.path, previous.get("tasks_sha256"), tasks_sha256)
         self._log_level = logging.getLogger("agentgym").level
         self._log_handler: logging.Handler | None = _attach_log_file(self.log_path)
         if existing:
             self._go_back_to_checkpoint()
         atomic_write_text(self.config_path, _dump_yaml(self.config))
-        self._status = _new_status(previous, self.resume_step)
+        self._status = _new_status(previous, self.resume_step) | {"tasks_sha256": tasks_sha256}
         self._write_status()
 
     @property
@@ -625,6 +627,26 @@ def _new_status(previous: Mapping[str, Any], resume_step: int | None) -> dict[st
             "exit": previous.get("exit"),
         }
     return status
+
+
+def _refuse_other_tasks(path: Path, before: str | None, now: str | None) -> None:
+    """Refuse to resume a run onto other tasks than it trained on, under the same config.
+
+    The env's options can stay while its tasks change (a new version of the env, of its data,
+    of a generated task list): resumed, the run would go on under the old indices on tasks it
+    never saw, and evaluate on a different held-out set. A run recorded before digests were
+    kept cannot be checked: a warning, since a training run is costly to start over.
+    """
+    if before == now or now is None:
+        return
+    if before is None:
+        log.warning("%s does not record which tasks it trained on (written before agentgym "
+                    "recorded them); resuming without checking them", path)  # fmt: skip
+        return
+    raise ConfigError(
+        f"{path} trained on other tasks than the env has now (the env or its data changed "
+        "since); restore them, or start a new output_dir"
+    )
 
 
 def _refuse_changed_config(

@@ -118,6 +118,26 @@ def test_resume_refuses_a_changed_config_and_names_the_keys(tmp_path: Path) -> N
     assert "max_steps" not in message.split("Only")[0]
 
 
+def test_resume_refuses_other_tasks_under_the_same_config(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The config is the same, the env's tasks are not (a new version of the env or its data):
+    the run would go on, under the old indices, on tasks it never saw."""
+    RunDir(tmp_path, CONFIG, tasks_sha256="aaaa").mark_finished()
+    with pytest.raises(ConfigError, match="trained on other tasks than the env has now .* "
+                       "restore them, or start a new output_dir"):  # fmt: skip
+        RunDir(tmp_path, CONFIG, resume=True, tasks_sha256="bbbb")
+    run = RunDir(tmp_path, CONFIG, resume=True, tasks_sha256="aaaa")
+    assert run.status["tasks_sha256"] == "aaaa"
+    run.mark_finished()
+    old = tmp_path / "old"  # recorded before digests were kept: resumed, with a warning
+    RunDir(old, CONFIG).mark_finished()
+    with caplog.at_level(logging.WARNING, logger="agentgym"):
+        again = RunDir(old, CONFIG, resume=True, tasks_sha256="bbbb")
+    assert "does not record which tasks it trained on" in caplog.text
+    assert again.status["tasks_sha256"] == "bbbb"
+
+
 def test_a_run_saved_before_a_knob_existed_resumes_with_its_default(tmp_path: Path) -> None:
     yaml = require("yaml")
     # the run was made by a version without "new_knob"; an upgrade must not strand it
