@@ -7,7 +7,8 @@
     │   └── UnknownEnvError     `make` got an id nobody registered
     ├── ToolError               a tool call failed; goes back to the model as a tool message
     │   ├── ToolArgumentsError  arguments did not match the tool's JSON schema
-    │   └── ToolTimeoutError    the tool ran past its per-call timeout
+    │   ├── ToolTimeoutError    the tool ran past its per-call timeout
+    │   └── Forfeit             the call destroyed what the episode is scored on: it ends, 0
     ├── ContextLengthError      the conversation outgrew the model's context: episode truncated
     └── InfraError              the machinery failed, not the model: the episode is infra_error
         ├── ModelError          the policy/backend failed (HTTP error, server down)
@@ -48,6 +49,18 @@ class ToolArgumentsError(ToolError):
 
 class ToolTimeoutError(ToolError):
     """The tool ran longer than its per-call timeout."""
+
+
+class Forfeit(ToolError):
+    """The model's call destroyed what its episode is scored on: the episode ends, reward 0.
+
+    Why not a plain `ToolError`: after such a call (one that crashed the server holding the
+    episode's world, whose restart starts that world over) the rubric would score a world
+    the model did not leave, and a model could undo its mistakes by breaking the server. Why
+    not an `InfraError`: that episode would be dropped, not scored, and a model could escape
+    a low reward the same way. So the model reads the message, and the episode ends after
+    the turn with reward 0, the rubric not run (`ToolEnv`).
+    """
 
 
 class ContextLengthError(Error):

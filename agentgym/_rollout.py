@@ -262,6 +262,8 @@ def _step_reward(reward: float, info: dict[str, Any]) -> float:
 def _record_outcome(trajectory: Trajectory, info: dict[str, Any], truncated: bool) -> None:
     trajectory.final_reward = info.get("final_reward")
     trajectory.scores = dict(info.get("scores", {}))
+    if "forfeit" in info:  # a call destroyed what the episode is scored on (`Forfeit`)
+        trajectory.info["forfeit"] = str(info["forfeit"])
     reward_errors = info.get("reward_errors") or {}
     if reward_errors:
         trajectory.status = "error"

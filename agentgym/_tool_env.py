@@ -8,7 +8,8 @@ asks for ``trajectory`` gets `ToolEnv.as_trajectory`, built from the env's own i
 Model mistakes (a malformed call, an unknown tool, bad arguments, a tool that raises or times
 out, calls past ``max_tool_calls_per_turn``) become tool messages the model can read and react
 to; they never end the episode, unless ``malformed_call_ends_episode`` makes a turn with only
-unparseable calls its last (TRL's tool loop takes such a turn as the final answer).
+unparseable calls its last (TRL's tool loop takes such a turn as the final answer), or a tool
+raises `Forfeit` (the call destroyed what the episode is scored on: it ends, reward 0).
 Infrastructure failures (`InfraError`) propagate so the rollout marks the episode
 ``infra_error``.
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ._env import Action, Env, json_copy
-from ._errors import ConfigError, InfraError, ToolError
+from ._errors import ConfigError, Forfeit, InfraError, ToolError
 from ._rubric import Rubric
 from ._tools import (
     Tool,
@@ -64,6 +65,8 @@ class EpisodeState:
     completion_tokens: int = 0
     tool_call_count: int = 0
     tool_error_count: int = 0
+    #: Why the episode was forfeited (a tool raised `Forfeit`): it ends, reward 0.
+    forfeit: str | None = None
     done: bool = False
     turns: list[Turn] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
@@ -263,8 +266,10 @@ class ToolEnv(Env):
         turn = Turn.from_completion(completion, reward=step_reward, tool_errors=list(errors))
         state.turns.append(turn)  # before scoring: the rubric's trajectory ends with this turn
         final_answer = not calls and (not parsed.errors or self.malformed_call_ends_episode)
-        terminated = final_answer or any(
-            stop(state, self.messages) for stop in self.stop_conditions
+        terminated = (
+            final_answer
+            or state.forfeit is not None
+            or any(stop(state, self.messages) for stop in self.stop_conditions)
         )
         truncated = not terminated and self._out_of_budget()
         info: dict[str, Any] = {
@@ -404,6 +409,8 @@ class ToolEnv(Env):
         except InfraError:
             raise
         except ToolError as exc:
+            if isinstance(exc, Forfeit) and self.state.forfeit is None:
+                self.state.forfeit = f"{call.name}: {exc}"
             return f"Error: {exc}", str(exc)
         return format_result(result), None
 
@@ -416,6 +423,9 @@ class ToolEnv(Env):
     async def _finish(self) -> dict[str, Any]:
         self.state.done = True
         try:
+            if self.state.forfeit is not None:  # what the rubric reads is not the model's
+                return {"final_reward": 0.0, "scores": {}, "reward_errors": {},
+                        "forfeit": self.state.forfeit}  # fmt: skip
             last = next((m for m in reversed(self.messages) if m["role"] == "assistant"), {})
             context = _RewardContext(self.tool_context())
             context["completion"] = without_reasoning(last.get("content") or "")

@@ -20,6 +20,7 @@ PUBLIC_NAMES = [
     "EpisodeSpec",
     "EpisodeState",
     "Error",
+    "Forfeit",
     "InfraError",
     "MessagesSpace",
     "ModelError",
@@ -78,6 +79,7 @@ def test_error_tree() -> None:
     assert issubclass(agentgym.UnknownEnvError, agentgym.ConfigError)
     assert issubclass(agentgym.ToolTimeoutError, agentgym.ToolError)
     assert issubclass(agentgym.ToolArgumentsError, agentgym.ToolError)
+    assert issubclass(agentgym.Forfeit, agentgym.ToolError)  # the model's doing, scored 0
     assert issubclass(agentgym.ModelError, agentgym.InfraError)
     assert issubclass(agentgym.SandboxError, agentgym.InfraError)
     for name in ("ConfigError", "ToolError", "InfraError"):

@@ -12,6 +12,7 @@ import pytest
 from agentgym import (
     Completion,
     ConfigError,
+    Forfeit,
     Rubric,
     SandboxError,
     ScriptedPolicy,
@@ -154,6 +155,33 @@ def test_calls_past_the_per_turn_cap_are_not_run(cap: int | None, runs: int) -> 
     assert len(tool_messages) == 40 and len(info["tool_errors"]) == 40 - runs
     assert all(f"at most {cap} run per turn" in m["content"] for m in tool_messages[runs:])
     assert env.state.tool_call_count == 40 and env.state.tool_error_count == 40 - runs
+
+
+def test_a_forfeit_ends_the_episode_after_its_turn_with_reward_0_unscored() -> None:
+    """A call that destroyed what the episode is scored on (`Forfeit`): the model reads the
+    message, the rest of the turn's calls run, the episode ends, and the rubric, which would
+    read a world the model did not leave, is not run."""
+    scored: list[str] = []
+
+    def always_pays(completion: str) -> float:
+        scored.append(completion)
+        return 1.0
+
+    @tool
+    def wreck() -> str:
+        """Break the world."""
+        raise Forfeit("the world is gone")
+
+    env = ToolEnv([wreck, add], tasks=TASKS, rubric=Rubric([always_pays]))
+    env.reset(seed=0, options={"task": 0})
+    obs, reward, terminated, truncated, info = env.step(call("wreck") + call("add", a=2, b=3))
+    assert terminated and not truncated and reward == 0.0 and not scored
+    assert [m["content"] for m in obs[1:]] == ["Error: the world is gone", "5"]
+    assert info["forfeit"] == "wreck: the world is gone" and info["scores"] == {}
+    [t] = rollout(lambda: ToolEnv([wreck], tasks=TASKS, rubric=Rubric([always_pays])),
+                  ScriptedPolicy([call("wreck"), "never played"]), tasks=[0])  # fmt: skip
+    assert t.status == "ok" and t.final_reward == 0.0 and len(t.turns) == 1
+    assert t.info["forfeit"] == "wreck: the world is gone" and not scored
 
 
 def test_unknown_tool_message_lists_available_tools(env: ToolEnv) -> None:

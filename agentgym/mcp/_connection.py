@@ -9,11 +9,16 @@ Cancelling an episode cancels its call on the hub; closing a session stops its o
 whose exit ends the session and the server process (the SDK bounds every wait of that, and
 a close keeps going on the hub even when whoever asked for it is cancelled).
 
-What fails how: a server that cannot start, dies, or does not answer within its
-``call_timeout`` raises `MCPServerError` (an `InfraError`: the episode is ``infra_error``)
-and marks the session broken, so it is never used again. A server that *answers* with an
-error (an ``isError`` result, a JSON-RPC error such as an unknown tool or bad arguments)
-answered the model's call: that is the model's mistake, a `ToolError`.
+What fails how: a server that cannot start raises `MCPServerError` (an `InfraError`: the
+episode is ``infra_error``). A request that gets no answer (the server dies during it, or
+does not answer within its ``call_timeout``) raises `NoAnswer`, an `MCPServerError`, and
+marks the session broken, so it is never used again. Whose fault that is depends on who
+shaped the request, so the caller decides: the model's arguments can crash or hang a server,
+so `MCPToolEnv` replaces the session (`checkout` with ``replacing``: a fresh server that must
+answer a plain request) and blames the episode while the fresh server works (see
+`MCPToolEnv._blame`); only a server that cannot be started afresh is infrastructure. A server
+that *answers* with an error (an ``isError`` result, a JSON-RPC error such as an unknown tool
+or bad arguments) answered the model's call: that is the model's mistake, a `ToolError`.
 """
 
 from __future__ import annotations
@@ -41,7 +46,20 @@ _T = TypeVar("_T")
 
 
 class MCPServerError(InfraError):
-    """An MCP server could not start, died, or hung past its timeout: ``infra_error``."""
+    """An MCP server could not start, or failed whoever asked: ``infra_error``."""
+
+
+class NoAnswer(MCPServerError):
+    """A request got no answer: the server died or hung during it, or had died before it.
+
+    Raised as infrastructure; a caller whose request the model shaped blames the model
+    instead when a fresh server works (see `MCPToolEnv`), with `blamed`, what the call did in
+    the model's terms, as the tool message.
+    """
+
+    def __init__(self, spec: MCPServer, failure: str, blamed: str) -> None:
+        super().__init__(f"MCP server {spec.label!r} {failure}")
+        self.blamed = blamed
 
 
 # ---- the hub loop ---------------------------------------------------------------------------
@@ -219,7 +237,8 @@ class MCPConnection:
 
         spec, client = self.spec, self._client
         if client is None or self.broken:
-            raise MCPServerError(f"MCP server {spec.label!r} is not running (it died or hung)")
+            stopped = f"the MCP server had stopped before {what}, so it did not run"
+            raise NoAnswer(spec, "is not running (it died or hung)", stopped)
         scope = asyncio.timeout(spec.call_timeout)
         try:
             async with scope:
@@ -227,20 +246,28 @@ class MCPConnection:
         except MCPError as exc:
             if exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                 raise ToolError(exc.message) from exc  # the server answered the model's call
-            self.broken = True
-            raise MCPServerError(f"MCP server {spec.label!r} failed during {what}: {exc}") from exc
+            failure: Exception = exc
         except Exception as exc:
-            self.broken = True
-            if scope.expired():
-                raise MCPServerError(f"MCP server {spec.label!r} did not answer {what} within "
-                                     f"{spec.call_timeout:g} s") from None  # fmt: skip
-            raise MCPServerError(
-                f"MCP server {spec.label!r} failed during {what}: {_describe(exc)}"
-            ) from exc
+            failure = exc
+        self.broken = True
+        if scope.expired():
+            seconds = f"{spec.call_timeout:g} s"
+            raise NoAnswer(spec, f"did not answer {what} within {seconds}",
+                           f"{what} did not finish within {seconds}") from None  # fmt: skip
+        reason = _describe(failure)
+        raise NoAnswer(spec, f"failed during {what}: {reason}",
+                       f"{what} crashed the MCP server ({reason})") from failure  # fmt: skip
+
+    async def probe(self) -> None:
+        """Whether the server answers: asks for its tools (one page, not the SDK's cache).
+
+        Raises `MCPServerError` when it gets no answer within ``call_timeout``.
+        """
+        await self._request("a listing of its tools", functools.partial(_list_page, cursor=None))
 
 
 async def _list_page(client: mcp.Client, cursor: str | None) -> mcp_types.ListToolsResult:
-    return await client.list_tools(cursor=cursor)
+    return await client.list_tools(cursor=cursor, cache_mode="bypass")  # ask the server itself
 
 
 async def _call_tool(
@@ -275,12 +302,31 @@ async def connect(spec: MCPServer) -> MCPConnection:
         return connection
 
 
-async def checkout(spec: MCPServer) -> MCPConnection:
-    """`connect`, awaited from any loop (an episode's).
+async def reconnect(spec: MCPServer, broken: MCPConnection) -> MCPConnection:
+    """Close ``broken`` (a session of ``spec`` that gave no answer) and `connect` afresh.
+
+    The new session must answer a plain request (`MCPConnection.probe`) too: that tells a
+    server that works, which a request only broke, from one that fails whoever asks. A shared
+    session may already have been replaced by another episode: that replacement is probed.
+    Raises `MCPServerError` when the server cannot start or answer; nothing is left running.
+    """
+    await broken.close()
+    connection = await connect(spec)
+    try:
+        await connection.probe()
+    except BaseException:
+        if spec.scope == "episode":  # a shared one stays the process's (broken: replaced next)
+            await connection.close()
+        raise
+    return connection
+
+
+async def checkout(spec: MCPServer, replacing: MCPConnection | None = None) -> MCPConnection:
+    """`connect`, or with ``replacing`` `reconnect`, awaited from any loop (an episode's).
 
     A session that opened just as the caller was cancelled is closed, not leaked.
     """
-    future = _submit(connect(spec))
+    future = _submit(connect(spec) if replacing is None else reconnect(spec, replacing))
     try:
         return await asyncio.wrap_future(future)
     except BaseException:

@@ -14,12 +14,14 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentgym._errors import ConfigError, ToolError
+from agentgym._errors import ConfigError, Forfeit, ToolError
 from agentgym._tool_env import ToolEnv
 from agentgym._tools import Tool
 
 from ._connection import (
     MCPConnection,
+    MCPServerError,
+    NoAnswer,
     checkout,
     close_all,
     list_server_tools,
@@ -44,9 +46,14 @@ class MCPToolEnv(ToolEnv):
 
     Outcomes: the text (or structured content) of a result becomes the tool message; a result
     with ``isError``, or an error answer of the server, is a tool error the model reads (its
-    mistake; the episode goes on). A server that cannot start, dies, or hangs past
-    ``call_timeout`` raises `MCPServerError`: the episode is ``infra_error``, and the next
-    episode gets a new server. Building the env blocks while the servers are first listed.
+    mistake; the episode goes on). A model's call that crashes its server, or hangs it past
+    ``call_timeout``, is the model's doing while a fresh start of the server works (see
+    `_blame`): with an ``episode`` server the episode is forfeited (`Forfeit`: it ends after
+    the turn with reward 0, since the world it would be scored on went with the server); with
+    a ``shared`` one it is a tool error and the episode goes on with the restarted server.
+    A server that cannot start (at setup, or afresh after such a call) raises
+    `MCPServerError`: the episode is ``infra_error``, and the next episode gets a new server.
+    Building the env blocks while the servers are first listed.
 
     Reward functions that ask for ``env`` can read the world's state through the servers with
     `call_mcp_tool` while the episode's sessions are still open (the rubric runs before
@@ -70,7 +77,7 @@ class MCPToolEnv(ToolEnv):
         if "tool_timeout" in kwargs:
             raise ConfigError(
                 "MCPToolEnv takes no tool_timeout: set MCPServer(call_timeout=...) instead "
-                "(a server that hangs is infra_error, not the model's mistake)"
+                "(a call that hangs its server is the model's doing while it restarts)"
             )
         self.servers = tuple(servers)
         if not self.servers or not all(isinstance(s, MCPServer) for s in self.servers):
@@ -91,39 +98,93 @@ class MCPToolEnv(ToolEnv):
                 self._routes[tool.name] = (index, entry.name)
                 mcp_tools.append(tool)
         self._connections: list[MCPConnection | None] = [None] * len(self.servers)
+        self._replacing = asyncio.Lock()  # made again per episode (a lock binds to one loop)
         super().__init__([*tools, *mcp_tools], **kwargs)
 
     def _caller(self, index: int) -> Callable[[str, dict[str, Any]], Any]:
         async def call(name: str, arguments: dict[str, Any]) -> str:
-            return await self._call(index, name, arguments)
+            return await self._call(index, name, arguments, by_model=True)
 
         return call
 
-    async def _call(self, index: int, name: str, arguments: dict[str, Any]) -> str:
+    async def _call(
+        self, index: int, name: str, arguments: dict[str, Any], *, by_model: bool
+    ) -> str:
+        """One call of a server's tool; one that gets no answer has its server replaced.
+
+        It is blamed on the episode while the fresh server works (`_blame`).
+        """
         connection = self._connections[index]
         if connection is None:
             raise ConfigError("no episode is running; call reset() first")
-        result = await on_hub(connection.call_tool(name, arguments))
+        try:
+            result = await on_hub(connection.call_tool(name, arguments))
+        except NoAnswer as failure:
+            await self._replace(index, connection, failure)
+            raise self._blame(self.servers[index], failure, by_model) from failure
         text = result_text(result)
         if result.is_error:
             raise ToolError(text or f"{name!r} reported an error")
         return text
 
+    @staticmethod
+    def _blame(spec: MCPServer, failure: NoAnswer, by_model: bool) -> ToolError:
+        """The error for a request that broke a server which works when started afresh.
+
+        The model's call: with an ``episode`` server, `Forfeit` (the episode ends, reward 0).
+        Its world went with the server, and a restart would start it over: scored on that,
+        a model could undo its mistakes by crashing the server, or escape a low reward as
+        ``infra_error``. With a ``shared`` server, a tool error (the world is not the
+        episode's, and another episode's call may have broken it). A reward's read: a
+        `ToolError`, recorded as that reward function's error (it scores 0): the world the
+        model left broke it (a server made to die after answering, state that hangs a read).
+        """
+        if not by_model:
+            return ToolError(f"{failure}; the server answers when started afresh, so the world "
+                             "this episode left broke the read")  # fmt: skip
+        if spec.scope == "episode":
+            return Forfeit(f"{failure.blamed}; the episode's world went with the server, so "
+                           "the episode ends here with reward 0")  # fmt: skip
+        return ToolError(f"{failure.blamed}; the shared server was restarted")
+
+    async def _replace(self, index: int, broken: MCPConnection, failure: NoAnswer) -> None:
+        """Put a fresh session of server ``index`` in place of ``broken``.
+
+        Why: the model chooses a call's arguments, and some crash or hang a server; were that
+        `MCPServerError`, the episode would be ``infra_error``, dropped rather than scored, and
+        a model could escape a low reward by breaking its server. So a request that got no
+        answer is blamed on whoever shaped it while the same server, started afresh, answers a
+        plain request (`checkout` with ``replacing``); only when it does not is ``failure``
+        infrastructure. Later calls go to the fresh one (a shared server's other episodes, the
+        rest of a turn). Calls that failed together (parallel calls of a turn) share one.
+        """
+        async with self._replacing:
+            current = self._connections[index]
+            if current is not broken and current is not None:
+                return  # a call that failed with it has replaced it already
+            try:
+                fresh = await checkout(self.servers[index], replacing=broken)
+            except MCPServerError as exc:
+                raise MCPServerError(f"{failure}; starting it afresh failed too: {exc}") from exc
+            self._connections[index] = fresh
+
     async def call_mcp_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:
         """Call a tool of this episode's servers by its env name; for reward functions.
 
-        Returns the result's text; raises `ToolError` when the server reports an error and
-        `MCPServerError` when the server failed. Arguments are not validated: the caller is
-        the env's author, not the model.
+        Returns the result's text; raises `ToolError` when the server reports an error, or
+        gets no answer while the server works when started afresh (`_blame`), and
+        `MCPServerError` when the server failed whoever asks. Arguments are not validated:
+        the caller is the env's author, not the model.
         """
         if name not in self._routes:
             raise ConfigError(f"no MCP tool named {name!r}; this env has {sorted(self._routes)}")
         index, server_name = self._routes[name]
-        return await self._call(index, server_name, arguments or {})
+        return await self._call(index, server_name, arguments or {}, by_model=False)
 
     async def setup_episode(self, task: dict[str, Any]) -> None:
         """Open this episode's sessions: new servers for ``episode`` scope, else the shared."""
         await super().setup_episode(task)
+        self._replacing = asyncio.Lock()
         for index, spec in enumerate(self.servers):
             self._connections[index] = await checkout(spec)
 

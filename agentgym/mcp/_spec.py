@@ -49,8 +49,9 @@ class MCPServer:
         tools: offer only these tools (by the server's names); None: every tool it lists.
         prefix: prepended to each tool's name, so two servers may both have a ``search``.
         start_timeout: seconds to start the server and finish the MCP handshake.
-        call_timeout: seconds a tool call may take; past it the episode is ``infra_error``
-            (a hung server is the machinery's failure, not the model's mistake).
+        call_timeout: seconds a tool call may take; past it the server is restarted and the
+            model reads a tool error (while the restarted server answers; else the episode is
+            ``infra_error``).
 
     Example::
 

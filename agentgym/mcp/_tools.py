@@ -25,8 +25,7 @@ def as_tool(listed: mcp_types.Tool, spec: MCPServer, call: CallTool) -> Tool:
 
     The model sees exactly the schema the server lists, and the env validates arguments
     against it before the server gets them. The tool has no agentgym timeout: the server's
-    ``call_timeout`` applies instead, and running past it is ``infra_error``, not the model's
-    mistake.
+    ``call_timeout`` applies instead (a call that runs past it has the server restarted).
     """
     server_name = listed.name
 

@@ -121,26 +121,35 @@ def test_episode_state_is_isolated_and_shared_state_is_shared(scope: str, seen: 
 
 
 @pytest.mark.parametrize("scope", ["episode", "shared"])
-def test_a_server_that_dies_mid_episode_is_infra_error_and_restarts(misbehaving, scope) -> None:
+def test_a_server_that_dies_during_a_call_is_blamed_on_the_call_and_restarts(
+    misbehaving, scope
+) -> None:
+    """The server started afresh works, so the call killed it: not ``infra_error`` (a model
+    could escape a low reward that way). An episode's own server takes the episode's world
+    with it (forfeited, reward 0); a shared one is a tool error (tests/mcp/test_mcp_blame.py)."""
     spec = misbehaving(scope)
     make = lambda: MCPToolEnv([spec], tasks=TASK)  # noqa: E731
-    [crashed] = rollout(make, ScriptedPolicy([call("pid"), call("crash"), "never"]))
-    assert crashed.status == "infra_error"
-    assert "MCPServerError: MCP server" in crashed.error
-    assert "failed during the call of 'crash'" in crashed.error
-    [dead_pid] = replies(crashed)
+    [crashed] = rollout(make, ScriptedPolicy([call("pid"), call("crash"), "the end"]))
+    assert crashed.status == "ok", crashed.error
+    dead_pid, error = replies(crashed)
+    assert error.startswith("Error: the call of 'crash' crashed the MCP server")
+    assert ("forfeit" in crashed.info) == (scope == "episode")
+    assert len(crashed.turns) == (2 if scope == "episode" else 3)
     [after] = rollout(make, ScriptedPolicy([call("pid"), "ok"]))
     assert after.status == "ok"
     [new_pid] = replies(after)
     assert new_pid != dead_pid and not pid_alive(int(dead_pid))
 
 
-def test_a_call_that_hangs_past_the_timeout_is_infra_error(misbehaving) -> None:
+def test_a_call_that_hangs_past_the_timeout_is_blamed_on_the_call(misbehaving) -> None:
     spec = misbehaving("shared", call_timeout=1.0)
     make = lambda: MCPToolEnv([spec], tasks=TASK)  # noqa: E731
-    [hung] = rollout(make, ScriptedPolicy([call("slow"), "never"]))
-    assert hung.status == "infra_error" and not hung.turns  # not a tool error of the model
-    assert "did not answer the call of 'slow' within 1 s" in hung.error
+    [hung] = rollout(make, ScriptedPolicy([call("slow"), call("pid"), "the end"]))
+    assert hung.status == "ok", hung.error
+    assert replies(hung)[0] == (
+        "Error: the call of 'slow' did not finish within 1 s; the shared server was restarted"
+    )
+    assert replies(hung)[1].isdigit()  # the restarted server answers the episode's next call
     [after] = rollout(make, ScriptedPolicy([call("pid"), "ok"]))
     assert after.status == "ok" and len(misbehaving.pids()) == 2  # a new server
 
