@@ -23,6 +23,7 @@ def summarize(
 
     Rewards are averaged over episodes that produced one (``ok`` and ``truncated``):
     ``error``/``infra_error`` episodes say nothing about the policy and are counted apart.
+    ``episodes/forfeit`` counts the scored episodes a call ended with reward 0 (`Forfeit`).
     ``reward/stderr`` is the mean's standard error, so two evals can be told apart from
     noise; with several episodes per task it is taken over the tasks' means (episodes of one
     task are not independent draws, and counting them as such would understate it).
@@ -47,6 +48,7 @@ def summarize(
         **_pass_at(by_task),
         "turns/mean": fmean(turns) if turns else None,
         "tools/errors": tool_errors,
+        "episodes/forfeit": sum("forfeit" in t.info for t in trajectories),
         "tokens/completion": tokens,
     }
     for name in score_names:

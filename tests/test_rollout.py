@@ -363,14 +363,16 @@ def test_summarize_counts_and_excludes_failed_episodes() -> None:
         _traj("truncated", 0.0, step=0.5, correct=0.0),
         _traj("error", 100.0, correct=1.0),
         _traj("infra_error", None),
+        _traj("ok", 0.0),
     ]
+    trajectories[-1].info["forfeit"] = "wreck: the world is gone"
     summary = summarize(trajectories, wall_seconds=2.0)
-    assert summary["episodes"] == 4
-    assert summary["status"] == {"ok": 1, "truncated": 1, "error": 1, "infra_error": 1, "late": 0}
-    assert summary["reward/mean"] == pytest.approx(0.75)  # (1.0 + 0.5) / 2
+    assert summary["episodes"] == 5
+    assert summary["status"] == {"ok": 2, "truncated": 1, "error": 1, "infra_error": 1, "late": 0}
+    assert summary["reward/mean"] == pytest.approx(0.5)  # (1.0 + 0.5 + 0.0) / 3
     assert summary["scores/correct"] == pytest.approx(0.5)
-    assert summary["tools/errors"] == 4
-    assert summary["time/episodes_per_second"] == 2.0
+    assert summary["tools/errors"] == 5 and summary["episodes/forfeit"] == 1
+    assert summary["time/episodes_per_second"] == 2.5
 
 
 def test_summarize_with_no_scored_episode() -> None:

@@ -56,6 +56,8 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     }
     for status in ("truncated", "error", "infra_error", "late"):
         metrics[f"rollout/frac_{status}"] = _mean([float(t.status == status) for t in trajectories])
+    # ended with reward 0 by a call that destroyed what they are scored on (`Forfeit`)
+    metrics["rollout/frac_forfeit"] = _mean([float("forfeit" in t.info) for t in trajectories])
     return metrics
 
 

@@ -1,0 +1,48 @@
+"""Step metrics on hand-built trajectories: what counts, over which episodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentgym import Trajectory, Turn
+from agentgym.trainers._metrics import episode_metrics, eval_metrics
+
+CALL = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calculate"}}]}
+RESULT = {"role": "tool", "content": "42"}
+
+
+def episode(status: str, reward: float | None, *, tool: bool = True, errors: int = 0,
+            forfeit: bool = False) -> Trajectory:  # fmt: skip
+    messages = [CALL, RESULT, {"role": "assistant", "content": "42"}] if tool else []
+    turns = [Turn(completion_ids=[1, 2, 3], tool_errors=["e"] * errors), Turn(completion_ids=[4])]
+    t = Trajectory(env_id="x", status=status, final_reward=reward, messages=messages, turns=turns)
+    if forfeit:
+        t.info["forfeit"] = "wreck: the world is gone"
+    return t
+
+
+def test_rewards_and_rates_leave_out_what_the_trainer_drops() -> None:
+    """infra_error and late episodes are not the policy's: they are left out of the reward
+    and rollout figures, and counted among the outcomes with the forfeits."""
+    episodes = [
+        episode("ok", 1.0),
+        episode("ok", 0.0, errors=1, forfeit=True),
+        episode("error", 0.0, tool=False),
+        episode("infra_error", None),
+        episode("late", None),
+    ]
+    m = episode_metrics(episodes)
+    assert m["reward/mean"] == pytest.approx(1 / 3)
+    assert m["reward/success"] == pytest.approx(1 / 3)  # the tool, its result, reward 1.0
+    assert m["rollout/episodes"] == 5.0
+    assert m["rollout/tool_calls_per_episode"] == pytest.approx(2 / 3)
+    assert m["rollout/tool_error_rate"] == pytest.approx(1 / 2)
+    assert m["rollout/completion_length"] == pytest.approx(2.0)
+    for outcome, count in {"error": 1, "infra_error": 1, "late": 1, "forfeit": 1}.items():
+        assert m[f"rollout/frac_{outcome}"] == pytest.approx(count / 5), outcome
+
+
+def test_eval_success_counts_every_episode_played() -> None:
+    m = eval_metrics([episode("ok", 1.0), episode("ok", 1.0, tool=False), episode("late", None)])
+    assert m["eval/success"] == pytest.approx(1 / 3)  # a right answer without the tool is not
+    assert m["eval/episodes"] == 3.0
