@@ -111,11 +111,13 @@ def export(
         folder = export_run(run, out, step=step, merge=merge, base_model=base_model)
     info = json.loads((folder / EXPORT_INFO).read_text())
     what = "merged model" if merge else "adapter"
-    console.print(f"{what} of {run} at step {info['step']} written to {folder}")
+    # soft_wrap: a path or command is printed whole, never broken where it cannot be pasted
+    console.print(f"{what} of {run} at step {info['step']} written to {folder}", soft_wrap=True)
     if merge:
-        console.print(f"serve it: vllm serve {folder}")
+        console.print(f"serve it: vllm serve {folder}", soft_wrap=True)
     else:
         console.print(
             f"serve it: vllm serve {info['base_model']} --enable-lora "
-            f"--lora-modules {folder.name}={folder}"
+            f"--lora-modules {folder.name}={folder}",
+            soft_wrap=True,
         )

@@ -66,6 +66,10 @@ def test_the_adapter_of_the_newest_or_a_chosen_checkpoint_is_exported(
     old = run_dir / "checkpoints" / "step-000002" / "adapter" / "adapter_model.safetensors"
     assert (chosen / "adapter_model.safetensors").read_bytes() == old.read_bytes()
     assert json.loads((chosen / "export.json").read_text())["step"] == 2
+    proc = run("export", str(run_dir), str(tmp_path / "cli"), env_vars={"COLUMNS": "40"})
+    assert proc.returncode == 0, proc.stderr
+    command = f"vllm serve {tiny_model_dir.resolve()} --enable-lora --lora-modules cli={tmp_path}"
+    assert f"serve it: {command}/cli\n" in proc.stdout  # whole on one line, to paste
 
 
 def test_what_cannot_be_exported_is_named_with_its_fix(
