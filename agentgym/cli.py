@@ -490,7 +490,7 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
         table.add_row(key, shown)
     stdout.print(table)
-    console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}")
+    console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}", soft_wrap=True)
 
 
 def _mount_commands() -> None:

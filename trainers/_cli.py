@@ -86,7 +86,7 @@ def train(
         return
     for name, value in figures.items():
         console.print(f"{name}: {value:.3f}")
-    console.print(f"run folder: {cfg.output_dir}")
+    console.print(f"run folder: {cfg.output_dir}", soft_wrap=True)
 
 
 def export(
