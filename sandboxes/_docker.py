@@ -288,29 +288,45 @@ class DockerSandbox(SandboxBase):
                           reply["duration"], ExecStatus(reply["status"]), reply["truncated"])
 
     def _recover(self, what: str, started: float, timeout: float, detail: str = "") -> ExecResult:
-        """The server missed its deadline or died: kill the code from outside, restart."""
+        """The server missed its deadline or died: kill the code from outside, restart.
+
+        Whose failure the call is: the code's (``timeout``, or ``error`` when the server died)
+        while the container runs, also when the restart inside it fails and a new container
+        replaces it. Code can make that restart fail (every pid or the memory limit taken
+        when the server dies, so no ``docker exec`` can start); as ``infra_error`` the episode
+        would be dropped, not scored. Only a container that is gone, or that cannot be
+        replaced (the daemon failed), is infrastructure.
+        """
         self.needs_recycle = True
+        note = ""
         try:
-            alive = self._container_running()
-            if alive:
+            running = self._container_running()
+        except Exception as exc:
+            running, detail = False, f"{detail}; its state unreadable: {exc}"
+        if running:
+            try:
                 self._kill_code_processes()
                 self._open_server(wipe=False)
-        except Exception as exc:
-            alive, detail = False, f"{detail}; recovery failed: {exc}"
-        elapsed = time.monotonic() - started
-        if not alive:
+            except Exception:
+                note = " (the sandbox could not restart its server: the container was replaced)"
+        if not running or note:
             try:
                 self._replace_container()
             except Exception as exc:
-                detail = f"{detail}; replacement failed: {exc}"
+                return ExecResult.infra_failure(
+                    f"sandbox: container lost ({detail}; replacement failed: {exc})",
+                    time.monotonic() - started,
+                )
+        elapsed = time.monotonic() - started
+        if not running:
             return ExecResult.infra_failure(f"sandbox: container lost ({detail})", elapsed)
         if what == "timeout":
             return ExecResult("", f"sandbox: no reply within {timeout:g}s (+ grace); killed "
-                              "every code process from outside\n", None, elapsed,
+                              f"every code process from outside{note}\n", None, elapsed,
                               ExecStatus.TIMEOUT)
         return ExecResult("", "sandbox: the code server died during this call (killed by the "
                           "code?); every code process was killed and the Python session was "
-                          "lost\n", None, elapsed, ExecStatus.ERROR)
+                          f"lost{note}\n", None, elapsed, ExecStatus.ERROR)
 
     def _container_running(self) -> bool:
         if self._container is None:

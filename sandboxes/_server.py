@@ -93,7 +93,7 @@ def _kill_strays(keep):
             if not name.isdigit() or int(name) in keep:
                 continue
             try:
-                if _state_uid(name) != (False, uid):
+                if not _holds_code(name, uid):
                     continue
                 os.kill(int(name), signal.SIGKILL)
                 found += 1
@@ -106,16 +106,29 @@ def _kill_strays(keep):
 
 
 def _state_uid(pid):
-    """(is_zombie, real uid) of a process, from /proc/PID/status (readable for any process)."""
-    zombie, real = False, None
+    """(is_zombie, real uid, threads) of a process, from /proc/PID/status (readable for any)."""
+    zombie, real, threads = False, None, 1
     with open(f"/proc/{pid}/status", "rb") as fh:
         for line in fh:
             if line.startswith(b"State:"):
                 zombie = line.split()[1] == b"Z"
             elif line.startswith(b"Uid:"):
                 real = int(line.split()[1])
+            elif line.startswith(b"Threads:"):
+                threads = int(line.split()[1])
                 break
-    return zombie, real
+    return zombie, real, threads
+
+
+def _holds_code(pid, uid):
+    """Whether process ``pid`` of ``uid`` still runs code: alive, or a zombie with threads.
+
+    A process whose main thread exited (``pthread_exit``) shows state Z while its other
+    threads run on; skipped as a zombie, it would outlive every sweep, the next lease's
+    included, and keep the pids limit full.
+    """
+    zombie, real, threads = _state_uid(pid)
+    return real == uid and (not zombie or threads > 1)
 
 
 def _wipe():
@@ -394,6 +407,7 @@ class Server:
         _kill_strays({os.getpid()})
 
     def _kernel_alive(self):
+        """Whether the kernel can take a cell: running, its main thread included."""
         if self.kernel is None:
             return False
         _reap()
@@ -446,8 +460,8 @@ class Server:
         if not self._kernel_alive():
             if self.kernel is not None or self.session_lost:
                 note = "[sandbox] the Python session was lost; this cell ran in a new one\n"
+            self._end_session()  # a kernel that cannot take a cell may still run threads
             self.session_lost = False
-            self._drop_kernel()
             self._start_kernel()
         code_fd = os.memfd_create("code")
         os.write(code_fd, code)

@@ -219,6 +219,71 @@ def test_session_threads_filling_the_pids_limit_do_not_make_calls_infra_errors(s
     assert_still_works(sb)
 
 
+# The session kernel's main thread exits (pthread_exit from a signal handler) once the cell has
+# replied, while a thread of it runs on (and, with FILL, takes every pid): the process shows
+# state Z, which the server read as a dead kernel and its sweeps skipped, so the thread
+# outlived every call and reset, and a full pids limit made the next call infra_error.
+ZOMBIE_KERNEL = """
+import ctypes, os, signal, threading, time
+libc = ctypes.CDLL(None)
+signal.signal(signal.SIGUSR1, lambda *a: libc.pthread_exit(None))
+main = threading.main_thread().ident
+forever = threading.Event()
+def survive():
+    time.sleep(0.3)  # the cell has replied: the kernel waits for its next cell
+    signal.pthread_kill(main, signal.SIGUSR1)
+    while open('/proc/self/status').read().split('State:')[1].split()[0] != 'Z':
+        time.sleep(0.01)
+    while FILL:
+        try:
+            threading.Thread(target=forever.wait, daemon=True).start()
+        except RuntimeError:
+            break
+    open('/work/zombie', 'w').close()
+    forever.wait()
+threading.Thread(target=survive, daemon=True).start()
+print(os.getpid())
+"""
+
+
+def planted_zombie_kernel(sb, fill: bool) -> int:
+    """Plant `ZOMBIE_KERNEL`; return its pid once its main thread has exited.
+
+    Polled through snapshots: the server tars the work dir itself, starting no process.
+    """
+    import io
+    import tarfile
+    import time
+
+    planted = sb.run(ZOMBIE_KERNEL.replace("FILL", str(fill)))
+    assert planted.status == ExecStatus.OK, planted
+    deadline = time.monotonic() + 30
+    while True:
+        with tarfile.open(fileobj=io.BytesIO(sb.snapshot().tar)) as tar:
+            if "zombie" in tar.getnames():
+                return int(planted.stdout)
+        assert time.monotonic() < deadline, "the kernel's main thread did not exit"
+        time.sleep(0.05)
+
+
+def test_a_kernel_whose_main_thread_exited_is_killed_not_kept(sb):
+    # holding every pid, it made the next session call fail to start a kernel: infra_error
+    planted_zombie_kernel(sb, fill=True)
+    r = sb.run("print('hi')")
+    assert (r.infra_error, r.stdout) == (None, "hi\n"), r
+    assert "the Python session was lost" in r.stderr
+    assert_still_works(sb)
+
+
+def test_a_kernel_whose_main_thread_exited_does_not_outlive_a_reset(sb):
+    # it would act in the next lease of the container: read and write its /work
+    pid = planted_zombie_kernel(sb, fill=False)
+    sb.reset()
+    gone = sb.run(f"import os\nprint(os.path.exists('/proc/{pid}'))", session=False)
+    assert gone.stdout == "False\n", gone
+    assert_still_works(sb)
+
+
 def test_a_fork_bomb_in_verify_fails_the_sample_not_the_sandbox(sb):
     bomb = ("import os\n"
             "while True:\n"
@@ -241,6 +306,32 @@ for pid in filter(str.isdigit, os.listdir('/proc')):
     if uid == os.getuid() and ppid == 0:  # started by docker exec: the code server
         os.kill(int(pid), signal.SIGKILL)
 """
+
+
+FILL_PIDS_AND_KILL_THE_SERVER = FILL_PIDS + """
+import signal
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    status = open(f'/proc/{pid}/status').read()
+    uid, ppid = (int(status.split(key)[1].split()[0]) for key in ('Uid:', 'PPid:'))
+    if uid == os.getuid() and ppid == 0:  # started by docker exec: the code server
+        os.kill(int(pid), signal.SIGKILL)
+forever.wait()
+"""
+
+
+@pytest.mark.parametrize("call", ["run", "verify"])
+def test_a_server_killed_with_every_pid_taken_is_the_codes_failure(sb, call):
+    # With the pids limit full when the server dies, no docker exec can start in the
+    # container: the host cannot kill the code nor restart the server there. That used to be
+    # "container lost": infra_error, an episode dropped instead of scored.
+    if call == "run":
+        r = sb.run(FILL_PIDS_AND_KILL_THE_SERVER, session=False)
+        assert (r.infra_error, r.status) == (None, ExecStatus.ERROR), r
+        assert "the code server died during this call" in r.stderr
+    else:
+        res = verify(FILL_PIDS_AND_KILL_THE_SERVER + WRONG_ADD, ASSERT_TESTS, sandbox=sb)
+        assert (res.reward, res.status, res.infra_error) == (0.0, "failed", None), res.tests
+    assert_still_works(sb)
 
 
 def test_a_locked_work_dir_and_a_killed_server_are_the_codes_failure(sb):
