@@ -10,6 +10,7 @@ from ._env import AssistantTurnSpace, Env, MessagesSpace
 from ._errors import (
     ConfigError,
     ContextLengthError,
+    ConversationError,
     Error,
     Forfeit,
     InfraError,
@@ -49,6 +50,7 @@ __all__ = [
     "Completion",
     "ConfigError",
     "ContextLengthError",
+    "ConversationError",
     "Env",
     "EnvPool",
     "EpisodeSpec",

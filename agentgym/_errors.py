@@ -9,7 +9,8 @@
     │   ├── ToolArgumentsError  arguments did not match the tool's JSON schema
     │   ├── ToolTimeoutError    the tool ran past its per-call timeout
     │   └── Forfeit             the call destroyed what the episode is scored on: it ends, 0
-    ├── ContextLengthError      the conversation outgrew the model's context: episode truncated
+    ├── ConversationError       the model's turns made the conversation unservable: truncated
+    │   └── ContextLengthError  the conversation outgrew the model's context
     └── InfraError              the machinery failed, not the model: the episode is infra_error
         ├── ModelError          the policy/backend failed (HTTP error, server down)
         └── SandboxError        the execution backend failed (daemon, container)
@@ -63,12 +64,19 @@ class Forfeit(ToolError):
     """
 
 
-class ContextLengthError(Error):
-    """The conversation no longer fits the model's context window.
+class ConversationError(Error):
+    """The conversation cannot go on: what the model wrote made it unservable.
 
-    Not an infrastructure failure: the episode legitimately grew too long, so the rollout ends
-    it as ``truncated`` and scores it, as if it had hit ``max_turns``.
+    It outgrew the context (`ContextLengthError`), or the chat template or the server refused
+    a conversation it had accepted until the model's last turn (Llama 3's template refuses two
+    tool calls in one turn). Not an infrastructure failure, which would drop the episode
+    instead of scoring it: the rollout ends it as ``truncated`` and scores it, as if it had
+    hit ``max_turns`` (``Trajectory.info["truncated_by"]`` says why).
     """
+
+
+class ContextLengthError(ConversationError):
+    """The conversation no longer fits the model's context window."""
 
 
 class InfraError(Error):

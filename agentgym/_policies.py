@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ._errors import ConfigError, ContextLengthError, ModelError
+from ._errors import ConfigError, ContextLengthError, ConversationError, ModelError
 from ._http import LoopClient
 from ._types import Completion, Message
 
@@ -190,6 +190,13 @@ class OpenAIPolicy:
         if response.status_code == 400 and _CONTEXT_OVERFLOW.search(response.text):
             raise ContextLengthError(
                 f"the prompt outgrew the model's context: {response.text[:300]}"
+            )
+        if response.status_code == 400 and any(m.get("role") == "assistant" for m in messages):
+            # accepted until the model's turns: they made it unservable (Llama 3's template
+            # refuses two tool calls in a turn), scored; not infra_error, which would drop it
+            raise ConversationError(
+                f"the server refused the conversation after the model's turns: "
+                f"{response.text[:300]}"
             )
         if response.status_code != 200:
             raise ModelError(

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._env import Env
-from ._errors import ConfigError, ContextLengthError, InfraError
+from ._errors import ConfigError, ConversationError, InfraError
 from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
 from ._tools import cancel_and_wait
@@ -202,7 +202,7 @@ async def _turns(
         t0 = time.perf_counter()
         try:
             completion = await _next_turn(episode, trajectory, max_tokens_per_turn)
-        except ContextLengthError as exc:  # too long to go on: truncated, and scored
+        except ConversationError as exc:  # the model's turns made it unservable: scored
             info, truncated = await env.atruncate(), True
             trajectory.info["truncated_by"] = str(exc)
             break

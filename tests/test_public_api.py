@@ -14,6 +14,7 @@ PUBLIC_NAMES = [
     "Completion",
     "ConfigError",
     "ContextLengthError",
+    "ConversationError",
     "ENTRY_POINT_GROUP",
     "Env",
     "EnvPool",
@@ -80,6 +81,8 @@ def test_error_tree() -> None:
     assert issubclass(agentgym.ToolTimeoutError, agentgym.ToolError)
     assert issubclass(agentgym.ToolArgumentsError, agentgym.ToolError)
     assert issubclass(agentgym.Forfeit, agentgym.ToolError)  # the model's doing, scored 0
+    assert issubclass(agentgym.ContextLengthError, agentgym.ConversationError)  # truncated
+    assert not issubclass(agentgym.ConversationError, agentgym.InfraError)
     assert issubclass(agentgym.ModelError, agentgym.InfraError)
     assert issubclass(agentgym.SandboxError, agentgym.InfraError)
     for name in ("ConfigError", "ToolError", "InfraError"):

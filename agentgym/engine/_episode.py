@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from .._errors import ConfigError, ContextLengthError
+from .._errors import ConfigError, ContextLengthError, ConversationError
 from .._types import Completion, Message
-from ._render import ChatRenderer, ModeDecision, RolloutMode
+from ._render import ChatRenderer, ModeDecision, RolloutMode, TemplateError
 
 log = logging.getLogger(__name__)
 ModeChoice = Literal["auto", "concat", "per_turn"]
@@ -286,8 +286,20 @@ class TokenEpisode:
     async def generate(
         self, messages: list[Message], *, max_tokens: int | None = None
     ) -> Completion:
-        """The next turn; ``messages`` is the whole conversation so far, as the env has it."""
-        prompt = self._next_prompt(messages)
+        """The next turn; ``messages`` is the whole conversation so far, as the env has it.
+
+        Raises `ConversationError` when the chat template refuses the conversation after the
+        model's turns (it rendered the first prompt): what the model wrote is to blame, so the
+        episode is truncated and scored, not an error of the env.
+        """
+        try:
+            prompt = self._next_prompt(messages)
+        except TemplateError as exc:
+            if self._turn == 0:
+                raise
+            raise ConversationError(
+                f"the chat template refused the conversation after the model's turns: {exc}"
+            ) from exc
         base = self.policy.sampling.seed
         seed = None if base is None else base + 1000 * self._episode_seed + self._turn
         completion = await self.policy.generate_ids(
