@@ -37,6 +37,13 @@ RETRY_MAX_S = 30.0
 """Longest wait between two attempts to start a pool."""
 
 
+SANDBOX_CALLS_PER_TURN = 2
+"""Tool calls of one turn that run in a sandbox env. Why so few: an episode's calls share one
+sandbox and run one after another, so more calls in a turn only add time; at 16 calls of 10 s
+a turn a policy could run out a training step's deadline, and a late episode is dropped from
+the step by default (``late_policy``), not scored."""
+
+
 class SandboxToolEnv(ToolEnv):
     """A `ToolEnv` whose episodes each hold a sandbox, released when the episode ends.
 
@@ -53,6 +60,7 @@ class SandboxToolEnv(ToolEnv):
         lease_timeout: seconds an episode waits for a free sandbox, then `SandboxError`
             (the episode is ``infra_error``); None waits as long as it takes.
         kwargs: any `ToolEnv` option (``tasks``, ``rubric``, ``parser``, ``max_turns`` ...).
+            ``max_tool_calls_per_turn`` defaults to `SANDBOX_CALLS_PER_TURN` here.
 
     Every sandbox failure of an episode (the pool cannot start, no sandbox in time) raises
     `SandboxError`, so the episode is ``infra_error``, never a reward of 0. A pool whose start
@@ -87,6 +95,7 @@ class SandboxToolEnv(ToolEnv):
             raise ConfigError(f"pool_size must be >= 1, got {pool_size}")
         if lease_timeout is not None and lease_timeout <= 0:
             raise ConfigError(f"lease_timeout must be > 0 or None, got {lease_timeout}")
+        kwargs.setdefault("max_tool_calls_per_turn", SANDBOX_CALLS_PER_TURN)
         super().__init__(tools, **kwargs)
         self.backend, self.image, self.pool_size = backend, image, pool_size
         self.sandbox_config = sandbox_config or DockerSandboxConfig()

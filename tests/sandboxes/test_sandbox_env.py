@@ -70,6 +70,20 @@ def test_local_backend_leases_per_episode_and_ends_the_lease():
         lease.run("print(1)")
 
 
+def test_a_turn_runs_at_most_two_sandbox_calls_by_default():
+    # the episode's calls share its sandbox, one after another: a turn of many slow calls
+    # would only run out the step's deadline (late: dropped, not scored)
+    LEASES.clear()
+    calls = "".join(say(str(i))[0] for i in range(5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # LocalSandbox says it is not a security boundary
+        make = lambda: SandboxToolEnv([python], tasks=[{"prompt": "x"}], backend="local")  # noqa: E731
+        [t] = agentgym.rollout(make, agentgym.ScriptedPolicy([calls, "done"]), tasks=[0])
+    assert t.status == "ok", t.error
+    assert [m["content"] for m in t.messages[3:5]] == ["0\n", "1\n"] and len(LEASES) == 2
+    assert all("at most 2 run per turn" in m["content"] for m in t.messages[5:8])
+
+
 @pytest.mark.docker
 def test_a_failed_pool_start_is_infra_error_and_a_later_episode_retries(docker_client):
     # a real transient failure: the image is missing for the first episode only
