@@ -10,8 +10,9 @@ How a call is classified, so that the model is scored only on its own mistakes:
 - HTTP 2xx/3xx: the tool message is ``{"status": ..., "body": ...}`` (the JSON body, or text).
 - HTTP 4xx: the model asked for something the service refused; a `ToolError` naming the
   status and the service's ``detail`` goes back to the model as a tool message.
-- HTTP 429 or 503: the service is overloaded or down, whoever asked; an `InfraError`, so the
-  episode is ``infra_error`` and never a reward of 0.
+- HTTP 429 or 503: the service is overloaded or down, whoever asked: tried again after
+  `BUSY_WAITS` (a 503 only for a safe method), then an `InfraError`, so the episode is
+  ``infra_error`` and never a reward of 0.
 - a connection failure, a timeout or another 5xx: the service failed, but the model shaped
   the request, and an input can break a service (a 500 on a character it cannot handle, a
   query that hangs it). As an `InfraError` the episode would be dropped, not scored, so a
@@ -49,6 +50,10 @@ BUSY = frozenset({429, 503})
 (a replica behind a balancer may answer the probe while this one is full)."""
 PROBE_TIMEOUT = 5.0
 """Seconds the probe may take; a service slower than that on it is down."""
+BUSY_WAITS = (0.5, 1.0, 2.0)
+"""Seconds before each new try of a call answered `BUSY` (429; 503 for a safe method): an
+overload is often momentary, and a model whose calls fill a rate limit must not get its
+episode dropped as ``infra_error`` that easily."""
 Location = Literal["path", "query", "body"]
 
 #: Picks the client a call sends with, given the env the tool was called from (injected).
@@ -175,7 +180,7 @@ def _tool(
             _send, http, op.method, root + path, timeout, params=query, json=body
         )
         try:
-            return _outcome(op.name, await send())
+            return _outcome(op.name, await _served(send, op.method in _SAFE_METHODS))
         except _CallFailed as failure:
             if probe is None:
                 raise InfraError(f"{op.name}: {failure}") from failure
@@ -210,6 +215,20 @@ async def _send(
     except httpx.TransportError as exc:  # refused, reset, timed out ...
         raise _CallFailed(f"{type(exc).__name__}: {exc} ({url})") from exc
     # anything else (arguments that cannot be encoded ...) is the model's: a ToolError
+
+
+async def _served(send: Callable[[], Awaitable[httpx.Response]], safe: bool) -> httpx.Response:
+    """The response to a call, tried again after `BUSY_WAITS` while the service is busy.
+
+    A 429 was not served, so any method is sent again; a 503 only for a safe method.
+    """
+    response = await send()
+    for wait in BUSY_WAITS:
+        if not (response.status_code == 429 or (response.status_code == 503 and safe)):
+            break
+        await asyncio.sleep(wait)
+        response = await send()
+    return response
 
 
 async def _blamed(

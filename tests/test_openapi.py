@@ -106,6 +106,7 @@ DOC: dict[str, Any] = {
             "post": {"operationId": "post_status"},
         },
         "/flaky": {"get": {"operationId": "flaky"}},
+        "/busy": {"post": {"operationId": "busy"}},
         "/hang": {"get": {"operationId": "hang"}},
     },
     "components": {
@@ -230,6 +231,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/flaky":
             failed_before = self.seen.count(("GET", "/flaky")) > 1
             code, payload = (200, {"ok": True}) if failed_before else (500, {"detail": "blip"})
+        elif self.path == "/busy":  # two 429s, then served
+            served = self.seen.count(("POST", "/busy")) > 2
+            code, payload = (200, {"ok": True}) if served else (429, {"detail": "slow down"})
         elif self.path.startswith("/status/"):
             code, payload = int(self.path.split("/")[2]), {"detail": "not today"}
         elif self.path == "/hang":
@@ -285,7 +289,10 @@ async def test_a_call_sends_path_query_and_body_and_returns_status_and_json(serv
     assert tags["body"]["body"] == ["a", "b"]
 
 
-async def test_4xx_is_the_models_error_and_5xx_the_services(server: str) -> None:
+async def test_4xx_is_the_models_error_and_5xx_the_services(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agentgym._openapi.BUSY_WAITS", ())
     status = _tool(openapi_tools(DOC, server), "status")
     with pytest.raises(ToolError, match="HTTP 409 from status: not today"):
         await status.acall({"code": 409})
@@ -307,12 +314,23 @@ async def test_a_hung_or_unreachable_service_is_an_infra_error(server: str) -> N
         await refused.acall({})
 
 
-async def test_429_and_503_are_the_services_whoever_asked(server: str) -> None:
-    status = _tool(openapi_tools(DOC, server, probe="/health"), "status")
+async def test_429_and_503_are_tried_again_then_the_services_whoever_asked(
+    server: str, seen: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agentgym._openapi.BUSY_WAITS", (0.01, 0.02, 0.04))
+    tools = openapi_tools(DOC, server, probe="/health")
+    assert await _tool(tools, "busy").acall({}) == {"status": 200, "body": {"ok": True}}
+    assert seen == [("POST", "/busy")] * 3  # a 429 was not served: a POST is sent again
     for code in (429, 503):  # overloaded or down: the probe may reach a replica that is not
+        seen.clear()
         with pytest.raises(InfraError, match=f"busy or down \\(HTTP {code}\\)") as raised:
-            await status.acall({"code": code})
+            await _tool(tools, "status").acall({"code": code})
         assert not isinstance(raised.value, ToolError)
+        assert seen == [("GET", f"/status/{code}")] * 4  # tried, then again after each wait
+    seen.clear()
+    with pytest.raises(InfraError, match="HTTP 503"):
+        await _tool(tools, "post_status").acall({"code": 503})
+    assert seen == [("POST", "/status/503")]  # a 503 may have been served: not sent again
 
 
 async def test_with_a_probe_a_call_that_breaks_a_working_service_is_the_models(

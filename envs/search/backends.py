@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +44,13 @@ unscored episode). Every other status but 200 (and a 404 from ``/docs``) fails t
 `InfraError` only when the service fails a plain query too (`HTTPBackend._blamed`)."""
 
 BUSY = frozenset({429, 503})
-"""Statuses that say the service is overloaded or down, whoever asked: `InfraError`, never
-the model's, however a probe fares (a replica behind a balancer may answer the probe)."""
+"""Statuses that say the service is overloaded or down, whoever asked: asked again after
+`BUSY_WAITS`, then `InfraError`, never the model's, however a probe fares (a replica behind a
+balancer may answer the probe)."""
+
+BUSY_WAITS = (0.5, 1.0, 2.0)
+"""Seconds before each new try of a request answered `BUSY`: an overload is often momentary,
+and a model whose calls fill a rate limit must not get its episode dropped that easily."""
 
 PROBE_QUERY = "search"
 """A plain query any search service answers: `HTTPBackend` asks it to tell a service that
@@ -288,6 +294,15 @@ class HTTPBackend:
         except (KeyError, TypeError, AttributeError) as exc:
             raise InfraError(f"{self.base_url}/docs answered a malformed doc: {exc!r}") from exc
 
+    def _fetch(self, path: str, params: dict[str, Any] | None, timeout: float | None) -> Any:
+        """One GET; a timeout is `_TimedOut`, any other transport failure `InfraError`."""
+        try:
+            return self._client.get(path, params=params, timeout=timeout or self.timeout)
+        except self._httpx.TimeoutException as exc:
+            raise _TimedOut(f"search service {self.base_url} timed out: {exc!r}") from exc
+        except self._httpx.HTTPError as exc:
+            raise InfraError(f"search service {self.base_url} failed: {exc!r}") from exc
+
     def _get(
         self,
         path: str,
@@ -295,12 +310,12 @@ class HTTPBackend:
         missing: str | None = None,
         timeout: float | None = None,
     ) -> Any:
-        try:
-            response = self._client.get(path, params=params, timeout=timeout or self.timeout)
-        except self._httpx.TimeoutException as exc:
-            raise _TimedOut(f"search service {self.base_url} timed out: {exc!r}") from exc
-        except self._httpx.HTTPError as exc:
-            raise InfraError(f"search service {self.base_url} failed: {exc!r}") from exc
+        response = self._fetch(path, params, timeout)
+        for wait in BUSY_WAITS:  # every request here is a GET: sent again without harm
+            if response.status_code not in BUSY:
+                break
+            time.sleep(wait)
+            response = self._fetch(path, params, timeout)
         if response.status_code == 404 and missing is not None:
             raise unknown_doc(missing)
         if response.status_code in MODEL_MISTAKES:

@@ -38,6 +38,7 @@ class Faults:
 
     broken = threading.Event()  # set: every request answers 500 (the service itself is down)
     fail_next = threading.Event()  # set: the next request answers 500 (a replica restarting)
+    busy_for: list[int] = [0]  # the next N requests answer 429 (a rate limit, for a moment)
 
 
 def search_app() -> Any:
@@ -58,6 +59,9 @@ def search_app() -> Any:
         if Faults.fail_next.is_set():
             Faults.fail_next.clear()
             raise HTTPException(500, "restarting")
+        if Faults.busy_for[0]:
+            Faults.busy_for[0] -= 1
+            raise HTTPException(429, "slow down")
         if "overloaded" in q:  # the service's own state, whatever was asked: 503
             raise HTTPException(503, "overloaded")
         if "\x00" in q:  # handed to a C library that cannot take a NUL: an unhandled error
@@ -83,6 +87,7 @@ def search_app() -> Any:
 def search_url() -> Iterator[str]:
     Faults.broken.clear()
     Faults.fail_next.clear()
+    Faults.busy_for[0] = 0
     with serve_in_thread(search_app()) as url:
         yield url
     Faults.broken.clear()
@@ -179,8 +184,16 @@ def test_odd_queries_and_ids_are_results_or_tool_errors(backend: Any):
     assert len(trajectory.turns) == len(all_turns)
 
 
-def test_a_busy_service_is_infrastructure_whatever_the_query(backend: Any):
-    # 503 (or 429) says the service is overloaded: the probe may land on a healthy replica
+def test_a_busy_service_is_asked_again_then_infrastructure_whatever_the_query(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr("agentgym.envs.search.backends.BUSY_WAITS", (0.01, 0.02, 0.04))
+    Faults.busy_for[0] = 2  # a rate limit for a moment: asked again, served
+    trajectory = play(backend, [call("search", query="Lima"), "Answer: Peru"])
+    assert trajectory.status == "ok", trajectory.error
+    assert tool_messages(trajectory)[0].startswith("[p1] Lima") and Faults.busy_for[0] == 0
+    # 503 (or 429) to the end says the service is overloaded: the probe may land on a
+    # healthy replica, so it is not asked
     trajectory = play(backend, [call("search", query="overloaded"), "Answer: Peru"])
     assert trajectory.status == "infra_error" and "answered 503" in trajectory.error
 
