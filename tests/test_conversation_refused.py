@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from agentgym import Rubric, ToolCall, ToolEnv, arollout, get_parser, tool
+from agentgym import Rubric, ToolCall, ToolEnv, arollout, get_parser
 from agentgym.engine.tiny import make_tokenizer
 from tests.conftest import require
 from tests.engine.episodes import IdsPolicy
+from tests.test_tool_env import add
 
 SINGLE_CALLS_ONLY = (
     "{%- for m in messages -%}"
@@ -36,17 +37,6 @@ SINGLE_CALLS_ONLY = (
 TWO_CALLS = get_parser("hermes").render(
     "", [ToolCall("add", {"a": 1, "b": 2}), ToolCall("add", {"a": 3, "b": 4})]
 )
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: first.
-        b: second.
-    """
-    return a + b
 
 
 def says_3(completion: str) -> float:
