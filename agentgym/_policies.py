@@ -66,6 +66,16 @@ class PolicyEpisode(Protocol):
         ...
 
 
+class RequestRefused(ModelError):
+    """The backend refused the request as malformed (HTTP 400).
+
+    Whose request it was depends on the turn: the first prompt is ours (a bad knob, a tool
+    schema the server rejects: ``infra_error``); a later one was accepted until the model's
+    turns, so what the model wrote made it unservable (Llama 3's template refuses two tool
+    calls in one turn): `ConversationError`, the episode truncated and scored (`_StatelessEpisode`).
+    """
+
+
 class _StatelessEpisode:
     """The episode handle of a plain `Policy`: every turn is a fresh `Policy.generate` call."""
 
@@ -73,13 +83,23 @@ class _StatelessEpisode:
 
     def __init__(self, policy: Policy, tools: list[dict[str, Any]], task: Any) -> None:
         self._policy, self._tools, self._task = policy, tools, task
+        self._turns = 0
 
     async def generate(
         self, messages: list[Message], *, max_tokens: int | None = None
     ) -> Completion:
-        return await self._policy.generate(
-            messages, self._tools, max_tokens=max_tokens, task=self._task
-        )
+        try:
+            completion = await self._policy.generate(
+                messages, self._tools, max_tokens=max_tokens, task=self._task
+            )
+        except RequestRefused as exc:
+            if not self._turns:
+                raise
+            raise ConversationError(
+                f"the server refused the conversation after the model's turns: {exc}"
+            ) from exc
+        self._turns += 1
+        return completion
 
 
 def start_episode(
@@ -191,12 +211,9 @@ class OpenAIPolicy:
             raise ContextLengthError(
                 f"the prompt outgrew the model's context: {response.text[:300]}"
             )
-        if response.status_code == 400 and any(m.get("role") == "assistant" for m in messages):
-            # accepted until the model's turns: they made it unservable (Llama 3's template
-            # refuses two tool calls in a turn), scored; not infra_error, which would drop it
-            raise ConversationError(
-                f"the server refused the conversation after the model's turns: "
-                f"{response.text[:300]}"
+        if response.status_code == 400:  # whose request it was, the episode's turn says
+            raise RequestRefused(
+                f"{self.base_url}/chat/completions answered 400: {response.text[:500]}"
             )
         if response.status_code != 200:
             raise ModelError(

@@ -106,8 +106,13 @@ async def test_a_server_refusing_the_models_turn_truncates_a_bad_request_is_infr
     assert "the server refused the conversation after the model's turns" in t.info["truncated_by"]
     assert "single tool-calls at once" in t.info["truncated_by"]
 
+    class FewShot(ToolEnv):  # an assistant message in the first prompt is not the model's
+        def build_prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+            roles = ("system", "user", "assistant", "user")
+            return [{"role": r, "content": c} for r, c in zip(roles, ("refuse", "1?", "1", "2?"))]
+
     def refused() -> ToolEnv:  # the first request refused: nothing the model wrote
-        return ToolEnv([add], tasks=[{"prompt": "1 + 2?"}], system_prompt="refuse")
+        return FewShot([add], tasks=[{"prompt": "1 + 2?"}])
 
     [first] = await arollout(refused, policy, tasks=[0], seed=0)
     assert first.status == "infra_error" and "answered 400" in (first.error or "")
