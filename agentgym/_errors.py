@@ -60,7 +60,8 @@ class Forfeit(ToolError):
     the model did not leave, and a model could undo its mistakes by breaking the server. Why
     not an `InfraError`: that episode would be dropped, not scored, and a model could escape
     a low reward the same way. So the model reads the message, and the episode ends after
-    the turn with reward 0, the rubric not run (`ToolEnv`).
+    the turn with final reward 0, every rubric score 0 and the rubric not run (`ToolEnv`);
+    step rewards already given stay.
     """
 
 

@@ -422,18 +422,20 @@ class ToolEnv(Env):
 
     async def _finish(self) -> dict[str, Any]:
         self.state.done = True
+        result = None
         try:
-            if self.state.forfeit is not None:  # what the rubric reads is not the model's
-                return {"final_reward": 0.0, "scores": {}, "reward_errors": {},
-                        "forfeit": self.state.forfeit}  # fmt: skip
-            last = next((m for m in reversed(self.messages) if m["role"] == "assistant"), {})
-            context = _RewardContext(self.tool_context())
-            context["completion"] = without_reasoning(last.get("content") or "")
-            context["answer"] = (self.state.task or {}).get("answer")
-            context.build_trajectory = self.as_trajectory
-            result = await self.rubric.score(context)
+            if self.state.forfeit is None:  # forfeited: what the rubric reads is not the model's
+                last = next((m for m in reversed(self.messages) if m["role"] == "assistant"), {})
+                context = _RewardContext(self.tool_context())
+                context["completion"] = without_reasoning(last.get("content") or "")
+                context["answer"] = (self.state.task or {}).get("answer")
+                context.build_trajectory = self.as_trajectory
+                result = await self.rubric.score(context)
         finally:
             await self.teardown_episode()
+        if result is None or self.state.forfeit is not None:  # also: a read forfeited it
+            return {"final_reward": 0.0, "scores": dict.fromkeys(self.rubric.names, 0.0),
+                    "reward_errors": {}, "forfeit": self.state.forfeit}  # fmt: skip
         return {
             "final_reward": result.reward,
             "scores": result.scores,

@@ -177,7 +177,8 @@ def test_a_forfeit_ends_the_episode_after_its_turn_with_reward_0_unscored() -> N
     obs, reward, terminated, truncated, info = env.step(call("wreck") + call("add", a=2, b=3))
     assert terminated and not truncated and reward == 0.0 and not scored
     assert [m["content"] for m in obs[1:]] == ["Error: the world is gone", "5"]
-    assert info["forfeit"] == "wreck: the world is gone" and info["scores"] == {}
+    assert info["forfeit"] == "wreck: the world is gone"
+    assert info["scores"] == {"always_pays": 0.0}  # counted in its mean, as a 0
     [t] = rollout(lambda: ToolEnv([wreck], tasks=TASKS, rubric=Rubric([always_pays])),
                   ScriptedPolicy([call("wreck"), "never played"]), tasks=[0])  # fmt: skip
     assert t.status == "ok" and t.final_reward == 0.0 and len(t.turns) == 1

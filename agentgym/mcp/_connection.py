@@ -54,12 +54,13 @@ class NoAnswer(MCPServerError):
 
     Raised as infrastructure; a caller whose request the model shaped blames the model
     instead when a fresh server works (see `MCPToolEnv`), with `blamed`, what the call did in
-    the model's terms, as the tool message.
+    the model's terms, as the tool message. ``sent`` is False when the server had stopped
+    before the request (another request broke it): the request itself did nothing.
     """
 
-    def __init__(self, spec: MCPServer, failure: str, blamed: str) -> None:
+    def __init__(self, spec: MCPServer, failure: str, blamed: str, sent: bool = True) -> None:
         super().__init__(f"MCP server {spec.label!r} {failure}")
-        self.blamed = blamed
+        self.blamed, self.sent = blamed, sent
 
 
 # ---- the hub loop ---------------------------------------------------------------------------
@@ -238,7 +239,7 @@ class MCPConnection:
         spec, client = self.spec, self._client
         if client is None or self.broken:
             stopped = f"the MCP server had stopped before {what}, so it did not run"
-            raise NoAnswer(spec, "is not running (it died or hung)", stopped)
+            raise NoAnswer(spec, "is not running (it died or hung)", stopped, sent=False)
         scope = asyncio.timeout(spec.call_timeout)
         try:
             async with scope:

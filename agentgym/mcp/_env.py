@@ -48,9 +48,9 @@ class MCPToolEnv(ToolEnv):
     with ``isError``, or an error answer of the server, is a tool error the model reads (its
     mistake; the episode goes on). A model's call that crashes its server, or hangs it past
     ``call_timeout``, is the model's doing while a fresh start of the server works (see
-    `_blame`): with an ``episode`` server the episode is forfeited (`Forfeit`: it ends after
-    the turn with reward 0, since the world it would be scored on went with the server); with
-    a ``shared`` one it is a tool error and the episode goes on with the restarted server.
+    `_call`): with an episode's own stdio server the episode is forfeited (`Forfeit`: it ends
+    after the turn with reward 0, since the world it would be scored on went with the
+    server); with a ``shared`` or HTTP one it is a tool error and the episode goes on.
     A server that cannot start (at setup, or afresh after such a call) raises
     `MCPServerError`: the episode is ``infra_error``, and the next episode gets a new server.
     Building the env blocks while the servers are first listed.
@@ -112,40 +112,58 @@ class MCPToolEnv(ToolEnv):
     ) -> str:
         """One call of a server's tool; one that gets no answer has its server replaced.
 
-        It is blamed on the episode while the fresh server works (`_blame`).
+        Whose fault the lost answer is, while the fresh server works (`_replace`):
+
+        - an episode's own stdio server took the episode's world with it, and its restart
+          starts that world over: scored on that, a model could undo its mistakes by
+          crashing the server, or escape a low reward as ``infra_error``. So the episode is
+          forfeited (`Forfeit`: it ends with reward 0), whether the model's call or a
+          reward's read found the server gone (a server made to die after answering, state
+          that hangs a read);
+        - a shared server's, or an HTTP server's, world is not the episode's (another
+          episode's call may have broken it): the model's call that was sent is its tool
+          error; a call that was never sent, or a reward's read, is sent to the fresh one.
         """
-        connection = self._connections[index]
-        if connection is None:
+        if self._connections[index] is None:
             raise ConfigError("no episode is running; call reset() first")
-        try:
-            result = await on_hub(connection.call_tool(name, arguments))
-        except NoAnswer as failure:
-            await self._replace(index, connection, failure)
-            raise self._blame(self.servers[index], failure, by_model) from failure
+        if self.state.forfeit is not None and not by_model:
+            raise ToolError(f"not read: the episode was forfeited ({self.state.forfeit})")
+        spec = self.servers[index]
+        for tries_left in (1, 0):
+            connection = self._connections[index]
+            assert connection is not None  # a teardown cannot run while a step awaits
+            try:
+                result = await on_hub(connection.call_tool(name, arguments))
+                break
+            except NoAnswer as failure:
+                await self._replace(index, connection, failure)
+                if spec.transport == "stdio" and spec.scope == "episode":
+                    raise self._forfeit(failure, by_model) from failure
+                if (by_model and failure.sent) or not tries_left:
+                    restarted = (
+                        "the shared server was restarted"
+                        if spec.transport == "stdio"
+                        else "a new session with the server was opened"
+                    )
+                    raise ToolError(f"{failure.blamed}; {restarted}") from failure
         text = result_text(result)
         if result.is_error:
             raise ToolError(text or f"{name!r} reported an error")
         return text
 
-    @staticmethod
-    def _blame(spec: MCPServer, failure: NoAnswer, by_model: bool) -> ToolError:
-        """The error for a request that broke a server which works when started afresh.
+    def _forfeit(self, failure: NoAnswer, by_model: bool) -> ToolError:
+        """The error that forfeits the episode (see `_call`).
 
-        The model's call: with an ``episode`` server, `Forfeit` (the episode ends, reward 0).
-        Its world went with the server, and a restart would start it over: scored on that,
-        a model could undo its mistakes by crashing the server, or escape a low reward as
-        ``infra_error``. With a ``shared`` server, a tool error (the world is not the
-        episode's, and another episode's call may have broken it). A reward's read: a
-        `ToolError`, recorded as that reward function's error (it scores 0): the world the
-        model left broke it (a server made to die after answering, state that hangs a read).
+        A reward's read marks the episode here; the model's call through `ToolEnv`, which
+        reads the `Forfeit` it raises.
         """
-        if not by_model:
-            return ToolError(f"{failure}; the server answers when started afresh, so the world "
-                             "this episode left broke the read")  # fmt: skip
-        if spec.scope == "episode":
-            return Forfeit(f"{failure.blamed}; the episode's world went with the server, so "
-                           "the episode ends here with reward 0")  # fmt: skip
-        return ToolError(f"{failure.blamed}; the shared server was restarted")
+        world_gone = (
+            "the episode's world went with the server, so the episode ends here with reward 0"
+        )
+        if by_model:
+            return Forfeit(f"{failure.blamed}; {world_gone}")
+        self.state.forfeit = self.state.forfeit or f"a reward's read: {failure}; {world_gone}"
+        return ToolError(self.state.forfeit)
 
     async def _replace(self, index: int, broken: MCPConnection, failure: NoAnswer) -> None:
         """Put a fresh session of server ``index`` in place of ``broken``.
@@ -172,9 +190,9 @@ class MCPToolEnv(ToolEnv):
         """Call a tool of this episode's servers by its env name; for reward functions.
 
         Returns the result's text; raises `ToolError` when the server reports an error, or
-        gets no answer while the server works when started afresh (`_blame`), and
-        `MCPServerError` when the server failed whoever asks. Arguments are not validated:
-        the caller is the env's author, not the model.
+        gets no answer while the server works when started afresh (`_call`: an episode's own
+        server then forfeits the episode), and `MCPServerError` when the server failed
+        whoever asks. Arguments are not validated: the caller is the env's author.
         """
         if name not in self._routes:
             raise ConfigError(f"no MCP tool named {name!r}; this env has {sorted(self._routes)}")

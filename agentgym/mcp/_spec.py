@@ -50,8 +50,9 @@ class MCPServer:
         prefix: prepended to each tool's name, so two servers may both have a ``search``.
         start_timeout: seconds to start the server and finish the MCP handshake.
         call_timeout: seconds a tool call may take; past it the server is restarted and the
-            model reads a tool error (while the restarted server answers; else the episode is
-            ``infra_error``).
+            call is the model's doing while the restarted server answers (an episode's own
+            server: the episode is forfeited, reward 0; else a tool error), ``infra_error``
+            when it does not.
 
     Example::
 

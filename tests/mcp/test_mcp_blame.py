@@ -155,7 +155,7 @@ async def test_a_call_that_crashes_the_episodes_server_forfeits_the_episode(
     t = await play(env, turns)
 
     assert t.status == "ok", t.error  # scored, not dropped as infra_error
-    assert (t.final_reward, t.scores) == (0.0, {})  # the rubric (always 1.0) did not run
+    assert (t.final_reward, t.scores) == (0.0, {"notes_kept": 0.0})  # the rubric did not run
     kept, _, crashed = replies(t)  # the episode ended with the turn that crashed it
     assert kept == "before" and len(t.turns) == 3 and t.turns[2].tool_errors
     assert crashed.startswith("Error: the call of 'crash' crashed the MCP server (")
@@ -265,25 +265,48 @@ async def read_after_death(env: MCPToolEnv) -> float:
     return float(await env.call_mcp_tool("note", {"text": "read"}) == "read")
 
 
+async def pays_a_clean_world(env: MCPToolEnv) -> float:
+    """A second reward that pays a world without the episode's note: a fresh server's."""
+    return float("before" not in await env.call_mcp_tool("note", {"text": "x"}))
+
+
 def replies_of(env: MCPToolEnv) -> list[str]:
     return [m["content"] for m in env.messages if m["role"] == "tool"]
 
 
-async def test_a_read_of_a_server_the_model_left_dead_scores_0_not_infra_error(
-    blame: Blame,
-) -> None:
+async def test_a_read_of_a_server_the_model_left_dead_forfeits_the_episode(blame: Blame) -> None:
     """The model made its server die after answering: the reward's read gets no answer. A
-    fresh server answers, so the world the model left broke the read: that reward function
-    fails (recorded, it scores 0); it never reads the fresh world, which would pay an episode
-    whose changes a crash undid."""
+    fresh server answers, so the world the model left broke the read: the episode is
+    forfeited (reward 0, not infra_error), and no reward reads the fresh world, which would
+    pay an episode whose changes a crash undid."""
     spec = blame.spec()
-    left_dead = MCPToolEnv([spec], tasks=TASK, rubric=Rubric([read_after_death]), max_turns=5)
-    turns = [call("pid"), call("crash_later", seconds=0.1), "done"]
+    rubric = Rubric([read_after_death, pays_a_clean_world])
+    left_dead = MCPToolEnv([spec], tasks=TASK, rubric=rubric, max_turns=5)
+    turns = [call("pid"), call("note", text="before"), call("crash_later", seconds=0.1), "done"]
 
     t = await play(left_dead, turns)
 
-    assert t.status == "error" and t.final_reward == 0.0  # scored, not dropped
-    assert t.scores == {"read_after_death": None}
-    assert "the world this episode left broke the read" in t.error
-    assert len(blame.starts()) == 3  # listing, the episode's, the fresh start that answered
+    assert t.status == "ok" and t.final_reward == 0.0, t.error  # scored, not dropped
+    assert t.scores == {"read_after_death": 0.0, "pays_a_clean_world": 0.0}
+    assert t.info["forfeit"].startswith("a reward's read: MCP server")
+    assert len(blame.starts()) == 3  # listing, the episode's, one fresh start (no second read)
     await blame.all_gone()
+
+
+async def test_a_call_that_never_ran_on_a_shared_server_is_sent_to_the_fresh_one(
+    blame: Blame,
+) -> None:
+    """Another episode broke the shared server: a call of this one that finds it stopped did
+    nothing, so it is sent to the fresh server, not blamed on this model."""
+    spec = blame.spec("shared")
+    first = MCPToolEnv([spec], tasks=TASK, max_turns=5)
+    await first.areset(options={"task": 0})
+    await first.astep(call("crash", x="boom"))  # breaks the shared server; replaced at once
+    second = MCPToolEnv([spec], tasks=TASK, max_turns=5)
+    await second.areset(options={"task": 0})
+    broken = _connection._shared[spec.key()]
+    await _connection.on_hub(broken.close())  # as if the other episode had just broken it
+    obs, *_ = await second.astep(call("pid"))
+    assert obs[-1]["content"].isdigit(), obs[-1]  # answered by a fresh server, no error
+    for env in (first, second):
+        await env.aclose()
