@@ -11,8 +11,8 @@ How a call is classified, so that the model is scored only on its own mistakes:
 - HTTP 4xx: the model asked for something the service refused; a `ToolError` naming the
   status and the service's ``detail`` goes back to the model as a tool message.
 - HTTP 429 or 503: the service is overloaded or down, whoever asked: tried again after
-  `BUSY_WAITS` (a 503 only for a safe method), then an `InfraError`, so the episode is
-  ``infra_error`` and never a reward of 0.
+  `_service_faults.BUSY_WAITS` (a 503 only for a safe method), then an `InfraError`, so the
+  episode is ``infra_error`` and never a reward of 0.
 - a connection failure, a timeout or another 5xx: the service failed, but the model shaped
   the request, and an input can break a service (a 500 on a character it cannot handle, a
   query that hangs it). As an `InfraError` the episode would be dropped, not scored, so a
@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
+from . import _service_faults as faults
 from ._errors import ConfigError, InfraError, ToolError
 from ._tools import Tool
 
@@ -45,15 +46,6 @@ if TYPE_CHECKING:
 
 _METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})  # sent again without harm
-BUSY = frozenset({429, 503})
-"""Statuses that say the service is overloaded or down, whoever asked: always `InfraError`
-(a replica behind a balancer may answer the probe while this one is full)."""
-PROBE_TIMEOUT = 5.0
-"""Seconds the probe may take; a service slower than that on it is down."""
-BUSY_WAITS = (0.5, 1.0, 2.0)
-"""Seconds before each new try of a call answered `BUSY` (429; 503 for a safe method): an
-overload is often momentary, and a model whose calls fill a rate limit must not get its
-episode dropped as ``infra_error`` that easily."""
 Location = Literal["path", "query", "body"]
 
 #: Picks the client a call sends with, given the env the tool was called from (injected).
@@ -218,12 +210,12 @@ async def _send(
 
 
 async def _served(send: Callable[[], Awaitable[httpx.Response]], safe: bool) -> httpx.Response:
-    """The response to a call, tried again after `BUSY_WAITS` while the service is busy.
+    """The response to a call, tried again after `faults.BUSY_WAITS` while it is busy.
 
     A 429 was not served, so any method is sent again; a 503 only for a safe method.
     """
     response = await send()
-    for wait in BUSY_WAITS:
+    for wait in faults.BUSY_WAITS:
         if not (response.status_code == 429 or (response.status_code == 503 and safe)):
             break
         await asyncio.sleep(wait)
@@ -256,14 +248,10 @@ async def _blamed(
 
 
 async def _answers_probe(http: httpx.AsyncClient | None, url: str, timeout: float) -> bool:
-    """Whether a GET of ``url`` answers 2xx within `PROBE_TIMEOUT`.
-
-    Asked twice: a service often closes the connection a failed request came on (uvicorn
-    does after an unhandled error), and the first probe may be sent on it as it closes.
-    """
-    for _ in range(2):
+    """Whether a GET of ``url`` answers 2xx within `faults.PROBE_TIMEOUT`, in `PROBE_TRIES`."""
+    for _ in range(faults.PROBE_TRIES):
         with contextlib.suppress(_CallFailed):
-            if (await _send(http, "GET", url, min(PROBE_TIMEOUT, timeout))).is_success:
+            if (await _send(http, "GET", url, min(faults.PROBE_TIMEOUT, timeout))).is_success:
                 return True
     return False
 
@@ -275,7 +263,7 @@ def _outcome(name: str, response: httpx.Response) -> dict[str, Any]:
     except ValueError:
         body = response.text
     status = response.status_code
-    if status in BUSY:
+    if status in faults.BUSY:
         raise InfraError(f"{name}: the service is busy or down (HTTP {status}): {str(body)[:500]}")
     if status >= 500:
         raise _CallFailed(f"the service failed with HTTP {status}: {str(body)[:500]}")

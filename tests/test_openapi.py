@@ -292,7 +292,7 @@ async def test_a_call_sends_path_query_and_body_and_returns_status_and_json(serv
 async def test_4xx_is_the_models_error_and_5xx_the_services(
     server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("agentgym._openapi.BUSY_WAITS", ())
+    monkeypatch.setattr("agentgym._service_faults.BUSY_WAITS", ())
     status = _tool(openapi_tools(DOC, server), "status")
     with pytest.raises(ToolError, match="HTTP 409 from status: not today"):
         await status.acall({"code": 409})
@@ -317,7 +317,7 @@ async def test_a_hung_or_unreachable_service_is_an_infra_error(server: str) -> N
 async def test_429_and_503_are_tried_again_then_the_services_whoever_asked(
     server: str, seen: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("agentgym._openapi.BUSY_WAITS", (0.01, 0.02, 0.04))
+    monkeypatch.setattr("agentgym._service_faults.BUSY_WAITS", (0.01, 0.02, 0.04))
     tools = openapi_tools(DOC, server, probe="/health")
     assert await _tool(tools, "busy").acall({}) == {"status": 200, "body": {"ok": True}}
     assert seen == [("POST", "/busy")] * 3  # a 429 was not served: a POST is sent again

@@ -32,6 +32,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from urllib.parse import quote
 
 from agentgym import ConfigError, InfraError
+from agentgym import _service_faults as faults
 from agentgym._tasks import TaskSource, load_tasks
 
 DEFAULT_FIELDS = {"id": "id", "title": "title", "text": "text"}
@@ -43,20 +44,9 @@ errors the model reads, never `InfraError` (a model must not turn its own failur
 unscored episode). Every other status but 200 (and a 404 from ``/docs``) fails the request, an
 `InfraError` only when the service fails a plain query too (`HTTPBackend._blamed`)."""
 
-BUSY = frozenset({429, 503})
-"""Statuses that say the service is overloaded or down, whoever asked: asked again after
-`BUSY_WAITS`, then `InfraError`, never the model's, however a probe fares (a replica behind a
-balancer may answer the probe)."""
-
-BUSY_WAITS = (0.5, 1.0, 2.0)
-"""Seconds before each new try of a request answered `BUSY`: an overload is often momentary,
-and a model whose calls fill a rate limit must not get its episode dropped that easily."""
-
 PROBE_QUERY = "search"
 """A plain query any search service answers: `HTTPBackend` asks it to tell a service that
-failed on the model's request from one that is down."""
-PROBE_TIMEOUT = 5.0
-"""Seconds the probe may take; a service slower than that on a plain query is down."""
+failed on the model's request from one that is down (`agentgym._service_faults`)."""
 
 T = TypeVar("T")
 
@@ -201,9 +191,10 @@ class HTTPBackend:
 
     Args:
         base_url: where the service lives, e.g. ``http://127.0.0.1:8000``.
-        timeout: seconds per request; a slower answer fails the request. Keep it plus twice
-            `PROBE_TIMEOUT` below the tools' own timeout (30 s), so that a hung service is
-            infrastructure, not the model's.
+        timeout: seconds per request; a slower answer fails the request. Keep it plus
+            `PROBE_TRIES` x `PROBE_TIMEOUT` (`agentgym._service_faults`) below the tools' own
+            timeout (30 s), so that a hung service is infrastructure, not the model's; busy
+            answers add up to 3.5 s of waits (`BUSY_WAITS`) and their own replies.
         headers: sent with every request (e.g. an API key).
     """
 
@@ -239,7 +230,8 @@ class HTTPBackend:
         dropped, not scored, so a model could escape a low reward by breaking the service. So
         a failure is sent once more (a passing one, e.g. a replica restarting, is nobody's;
         not a timeout, which would spend the tool's own time), and only when the service
-        also fails a plain query (`_healthy`) is it infrastructure. `BUSY` answers always are.
+        also fails a plain query (`_healthy`) is it infrastructure. Answers that stay `BUSY`
+        always are.
         """
         try:
             return request()
@@ -265,19 +257,21 @@ class HTTPBackend:
     def _healthy(self) -> bool:
         """Whether the service answers a plain query (`PROBE_QUERY`) within `PROBE_TIMEOUT`.
 
-        Asked twice: a service often closes the connection a failed request came on (uvicorn
-        does after an unhandled error), and the first probe may be sent on it as it closes.
+        Asked `PROBE_TRIES` times, a busy answer not waited for (it fails the probe).
         """
-        for _ in range(2):
+        for _ in range(faults.PROBE_TRIES):
             try:
-                self._search(PROBE_QUERY, 1, timeout=min(PROBE_TIMEOUT, self.timeout))
+                timeout = min(faults.PROBE_TIMEOUT, self.timeout)
+                self._search(PROBE_QUERY, 1, timeout=timeout, patient=False)
             except (InfraError, ValueError):
                 continue
             return True
         return False
 
-    def _search(self, query: str, k: int, timeout: float | None = None) -> list[Hit]:
-        data = self._get("/search", {"q": query, "k": k}, timeout=timeout)
+    def _search(
+        self, query: str, k: int, timeout: float | None = None, patient: bool = True
+    ) -> list[Hit]:
+        data = self._get("/search", {"q": query, "k": k}, timeout=timeout, patient=patient)
         try:
             return [
                 Hit(str(h["id"]), str(h.get("title", "")), str(h.get("snippet", "")),
@@ -309,10 +303,12 @@ class HTTPBackend:
         params: dict[str, Any] | None,
         missing: str | None = None,
         timeout: float | None = None,
+        patient: bool = True,
     ) -> Any:
+        """GET ``path``; ``patient``: a busy answer is asked again (`BUSY_WAITS`)."""
         response = self._fetch(path, params, timeout)
-        for wait in BUSY_WAITS:  # every request here is a GET: sent again without harm
-            if response.status_code not in BUSY:
+        for wait in faults.BUSY_WAITS if patient else ():  # a GET: sent again without harm
+            if response.status_code not in faults.BUSY:
                 break
             time.sleep(wait)
             response = self._fetch(path, params, timeout)
@@ -324,7 +320,7 @@ class HTTPBackend:
                 f"{response.text[:200]}"
             )
         if response.status_code != 200:
-            failed = _Busy if response.status_code in BUSY else InfraError
+            failed = _Busy if response.status_code in faults.BUSY else InfraError
             raise failed(
                 f"search service {self.base_url} answered {response.status_code} for {path}"
             )
@@ -335,7 +331,7 @@ class HTTPBackend:
 
 
 class _Busy(InfraError):
-    """The service said it is overloaded or down (`BUSY`)."""
+    """The service said it is overloaded or down (`agentgym._service_faults.BUSY`)."""
 
 
 class _TimedOut(InfraError):

@@ -187,7 +187,7 @@ def test_odd_queries_and_ids_are_results_or_tool_errors(backend: Any):
 def test_a_busy_service_is_asked_again_then_infrastructure_whatever_the_query(
     backend: Any, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr("agentgym.envs.search.backends.BUSY_WAITS", (0.01, 0.02, 0.04))
+    monkeypatch.setattr("agentgym._service_faults.BUSY_WAITS", (0.01, 0.02, 0.04))
     Faults.busy_for[0] = 2  # a rate limit for a moment: asked again, served
     trajectory = play(backend, [call("search", query="Lima"), "Answer: Peru"])
     assert trajectory.status == "ok", trajectory.error
