@@ -270,9 +270,13 @@ def tasks_digest(tasks: Sequence[Any], indices: Iterable[int]) -> str:
     """
     sha = hashlib.sha256()
     for i in indices:
-        try:
-            text = json.dumps(tasks[i], sort_keys=True, default=str)
-        except TypeError:  # keys of mixed types cannot be sorted
-            text = repr(tasks[i])
-        sha.update(text.encode("utf-8", "surrogatepass") + b"\n")
+        sha.update(task_text(tasks[i]).encode("utf-8", "surrogatepass") + b"\n")
     return sha.hexdigest()[:16]
+
+
+def task_text(task: Any) -> str:
+    """A task as canonical JSON text (keys sorted), to compare and hash tasks by value."""
+    try:
+        return json.dumps(task, sort_keys=True, default=str)
+    except TypeError:  # keys of mixed types cannot be sorted
+        return repr(task)

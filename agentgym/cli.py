@@ -35,6 +35,7 @@ from ._check import (
 )
 from ._errors import ConfigError, Error, InfraError
 from ._eval_folder import (
+    TASKS_KEY,
     FolderLock,
     finished_summary,
     previous_episodes,
@@ -264,7 +265,7 @@ def evaluate(
         "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
-        "tasks_sha256": digest,
+        TASKS_KEY: digest,
     }  # fmt: skip
     from .runs import track_run  # indexes the run; a database failure is only a warning
 

@@ -298,7 +298,7 @@ class DockerSandbox(SandboxBase):
         replaced (the daemon failed), is infrastructure.
         """
         self.needs_recycle = True
-        note = ""
+        restarted = False
         try:
             running = self._container_running()
         except Exception as exc:
@@ -307,9 +307,10 @@ class DockerSandbox(SandboxBase):
             try:
                 self._kill_code_processes()
                 self._open_server(wipe=False)
-            except Exception:
-                note = " (the sandbox could not restart its server: the container was replaced)"
-        if not running or note:
+                restarted = True
+            except Exception as exc:
+                detail = f"{detail}; the server could not be restarted in it: {exc}"
+        if not restarted:
             try:
                 self._replace_container()
             except Exception as exc:
@@ -320,6 +321,7 @@ class DockerSandbox(SandboxBase):
         elapsed = time.monotonic() - started
         if not running:
             return ExecResult.infra_failure(f"sandbox: container lost ({detail})", elapsed)
+        note = "" if restarted else " (the server could not restart: the container was replaced)"
         if what == "timeout":
             return ExecResult("", f"sandbox: no reply within {timeout:g}s (+ grace); killed "
                               f"every code process from outside{note}\n", None, elapsed,

@@ -460,7 +460,8 @@ class Server:
         if not self._kernel_alive():
             if self.kernel is not None or self.session_lost:
                 note = "[sandbox] the Python session was lost; this cell ran in a new one\n"
-            self._end_session()  # a kernel that cannot take a cell may still run threads
+            if self.kernel is not None:  # one that cannot take a cell may still run threads
+                self._end_session()
             self.session_lost = False
             self._start_kernel()
         code_fd = os.memfd_create("code")

@@ -61,7 +61,7 @@ def export_run(
         "base_model": str(base),
         "merged": merge,
     }
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, replace=False) as tmp:
         if merge:
             _write_merged(base, adapter, tmp)
         else:

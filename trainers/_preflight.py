@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from agentgym import make
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
-from agentgym._tasks import tasks_digest
+from agentgym._tasks import task_text, tasks_digest
 from agentgym.engine._model_dir import context_length
 
 from ._config import _UNSERVABLE_TARGETS, GRPOConfig
@@ -202,10 +202,7 @@ def _task_key(task: Any) -> str:
         for field in ("prompt", "question"):
             if isinstance(task.get(field), str):
                 return task[field]
-    try:
-        return json.dumps(task, sort_keys=True, default=str)
-    except TypeError:  # keys of mixed types cannot be sorted: a warning must not fail the run
-        return repr(task)
+    return task_text(task)
 
 
 def _check_scripts(env: Any, config: GRPOConfig) -> None:

@@ -557,12 +557,13 @@ def _move_lines(path: Path, moves: Any) -> int:
 
 
 @contextlib.contextmanager
-def atomic_dir(final: Path, durable: bool = True) -> Iterator[Path]:
+def atomic_dir(final: Path, durable: bool = True, replace: bool = True) -> Iterator[Path]:
     """Yield a temp folder next to ``final``; on success rename it to ``final``.
 
     ``durable``: fsync the files and folders too, so the folder survives a power cut, not
-    only a killed process. An existing ``final`` is replaced. On an exception the temp
-    folder is removed.
+    only a killed process. An existing ``final`` is replaced, unless ``replace`` is False:
+    then `ConfigError` (another writer made it meanwhile). On an exception the temp folder
+    is removed.
     """
     tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
@@ -570,6 +571,8 @@ def atomic_dir(final: Path, durable: bool = True) -> Iterator[Path]:
         yield tmp
         if durable:
             _fsync_tree(tmp)
+        if final.exists() and not replace:
+            raise ConfigError(f"{final} was made meanwhile (by another writer); not replaced")
         if final.exists():
             old = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
             final.rename(old)

@@ -426,3 +426,16 @@ def test_mark_failed_records_the_error(tmp_path: Path) -> None:
     assert status["state"] == "failed"
     assert status["exit"]["error"] == "RuntimeError: engine died"
     assert "raise RuntimeError" in status["exit"]["traceback"]
+
+
+def test_an_atomic_folder_that_must_not_replace_refuses_one_made_meanwhile(tmp_path: Path) -> None:
+    from agentgym.trainers._run_dir import atomic_dir
+
+    final = tmp_path / "out"
+    with pytest.raises(ConfigError, match="made meanwhile"):
+        with atomic_dir(final, replace=False) as tmp:
+            (tmp / "mine.txt").write_text("mine")
+            final.mkdir()  # another writer (a second export) got there first
+            (final / "theirs.txt").write_text("theirs")
+    assert [p.name for p in final.iterdir()] == ["theirs.txt"]  # untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temp folder left
