@@ -433,9 +433,10 @@ class ToolEnv(Env):
                 result = await self.rubric.score(context)
         finally:
             await self.teardown_episode()
-        if result is None or self.state.forfeit is not None:  # also: a read forfeited it
+        if self.state.forfeit is not None:  # before scoring, or a reward's read forfeited it
             return {"final_reward": 0.0, "scores": dict.fromkeys(self.rubric.names, 0.0),
                     "reward_errors": {}, "forfeit": self.state.forfeit}  # fmt: skip
+        assert result is not None  # scored: the episode was not forfeited
         return {
             "final_reward": result.reward,
             "scores": result.scores,

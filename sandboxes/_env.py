@@ -41,7 +41,8 @@ SANDBOX_CALLS_PER_TURN = 2
 """Tool calls of one turn that run in a sandbox env. Why so few: an episode's calls share one
 sandbox and run one after another, so more calls in a turn only add time; at 16 calls of 10 s
 a turn a policy could run out a training step's deadline, and a late episode is dropped from
-the step by default (``late_policy``), not scored."""
+the step by default (``late_policy``), not scored. The cap bounds a turn, not an episode:
+``max_turns`` x this x the sandbox call's timeout must stay under ``episode_deadline_s``."""
 
 
 class SandboxToolEnv(ToolEnv):
