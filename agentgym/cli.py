@@ -43,6 +43,7 @@ from ._eval_folder import (
     write_json,
 )
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
+from ._quick_exit import skip_final_collection
 from ._registry import make, registered_envs, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
@@ -527,6 +528,7 @@ def main() -> None:
     Without standalone mode the app returns a command's ``typer.Exit`` code instead of
     exiting (a failed ``check`` is 1); it must reach `sys.exit`, or every run exits 0.
     """
+    skip_final_collection()
     try:
         code = app(standalone_mode=False)
     except typer.Abort:
