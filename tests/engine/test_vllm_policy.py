@@ -157,6 +157,16 @@ async def test_an_adapter_on_every_linear_layer_samples_what_transformers_comput
     assert sampled[0] != pytest.approx(sampled[1], abs=2e-3)
 
 
+def test_the_cpu_build_runs_eager_without_chunked_prefill_unless_asked() -> None:
+    """Its compile cache never loads (every start traced the model again, 5-27 s for no faster
+    steps), and a seeded prompt split across steps kills its engine."""
+    require("vllm")
+    assert VLLMPolicy._cpu_safe({"max_num_seqs": 8}) == {
+        "enable_chunked_prefill": False, "enforce_eager": True, "max_num_seqs": 8}  # fmt: skip
+    asked = {"enable_chunked_prefill": True, "enforce_eager": False}
+    assert VLLMPolicy._cpu_safe(asked) == asked
+
+
 def test_the_engines_processes_stop_busy_waiting_soon_after_a_turn(policy: VLLMPolicy) -> None:
     """vLLM's processes poll for a second after each message; agentgym's plugin makes it 20 ms
     on the CPU build, so a trainer's optimiser step right after the rollouts gets the cores."""
