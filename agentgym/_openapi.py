@@ -210,13 +210,10 @@ async def _send(
 
 
 async def _served(send: Callable[[], Awaitable[httpx.Response]], safe: bool) -> httpx.Response:
-    """The response to a call, tried again after `faults.BUSY_WAITS` while it is busy.
-
-    A 429 was not served, so any method is sent again; a 503 only for a safe method.
-    """
+    """The response to a call, tried again after `faults.BUSY_WAITS` while it is busy."""
     response = await send()
     for wait in faults.BUSY_WAITS:
-        if not (response.status_code == 429 or (response.status_code == 503 and safe)):
+        if not faults.ask_again(response.status_code, safe):
             break
         await asyncio.sleep(wait)
         response = await send()

@@ -18,6 +18,16 @@ BUSY_WAITS = (0.5, 1.0, 2.0)
 """Seconds before each new try of a request answered `BUSY`: an overload is often momentary,
 and a model whose calls fill a rate limit for a moment must not get its episode dropped."""
 
+
+def ask_again(status: int, safe: bool) -> bool:
+    """Whether a request answered ``status`` is sent again after a `BUSY_WAITS` wait.
+
+    A 429 was not served, so any request is; a 503 may come after the work was done, so only
+    a safe one (GET, HEAD ...), which does no harm twice.
+    """
+    return status == 429 or (status == 503 and safe)
+
+
 PROBE_TIMEOUT = 5.0
 """Seconds a probe may take; a service slower than that on a plain request is down."""
 

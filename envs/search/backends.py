@@ -259,9 +259,9 @@ class HTTPBackend:
 
         Asked `PROBE_TRIES` times, a busy answer not waited for (it fails the probe).
         """
+        timeout = min(faults.PROBE_TIMEOUT, self.timeout)
         for _ in range(faults.PROBE_TRIES):
             try:
-                timeout = min(faults.PROBE_TIMEOUT, self.timeout)
                 self._search(PROBE_QUERY, 1, timeout=timeout, patient=False)
             except (InfraError, ValueError):
                 continue
@@ -307,8 +307,8 @@ class HTTPBackend:
     ) -> Any:
         """GET ``path``; ``patient``: a busy answer is asked again (`BUSY_WAITS`)."""
         response = self._fetch(path, params, timeout)
-        for wait in faults.BUSY_WAITS if patient else ():  # a GET: sent again without harm
-            if response.status_code not in faults.BUSY:
+        for wait in faults.BUSY_WAITS if patient else ():
+            if not faults.ask_again(response.status_code, safe=True):  # a GET
                 break
             time.sleep(wait)
             response = self._fetch(path, params, timeout)
