@@ -47,11 +47,19 @@ from ._config import GRPOConfig
 from ._distributed import World
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import episode_metrics, eval_metrics
-from ._prefix import policy_logits
+from ._prefix import MIN_SHARED_PREFIX, policy_logits
 from ._preflight import preflight
 from ._report import plot_curves, write_summary
 from ._run_dir import RunDir, load_training_state
-from ._samples import Batch, build_samples, collate, micro_batches, rollout_mode_metrics
+from ._samples import (
+    PASS_COST_TOKENS,
+    Batch,
+    build_samples,
+    collate,
+    micro_batches,
+    rollout_mode_metrics,
+    shared_prefix_length,
+)
 from ._sft import SFTConfig, sft_warm_start
 from ._tracking import Trackers, TrainingConsole
 
@@ -489,10 +497,15 @@ class GRPOTrainer:
         No parts for a rank without samples while its peers have some: it still takes part
         in the gradient sum, with zeros.
         """
-        cfg = self.config
+        cfg, device = self.config, self._device()
         pad = int(getattr(model.config, "pad_token_id", None) or 0)
-        groups = micro_batches(samples, cfg.gradient_accumulation_steps, cfg.micro_batch_tokens)
-        return [collate(group, pad_token_id=pad).to(self._device()) for group in groups]
+        shared = 0 if cfg.gradient_checkpointing else shared_prefix_length(samples)
+        groups = micro_batches(
+            samples, cfg.gradient_accumulation_steps, cfg.micro_batch_tokens,
+            shared_prefix=shared if shared >= MIN_SHARED_PREFIX else 0,
+            pass_cost=PASS_COST_TOKENS.get(device.split(":")[0], PASS_COST_TOKENS["cuda"]),
+        )  # fmt: skip
+        return [collate(group, pad_token_id=pad).to(device) for group in groups]
 
     def _micro_loss(
         self,

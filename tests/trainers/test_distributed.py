@@ -189,6 +189,42 @@ def test_a_micro_batch_token_cap_leaves_the_update_unchanged(tmp_path) -> None:
     parts = capped_trainer._micro_batches(model, samples)
     assert len(parts) >= 3
     assert all(part.input_ids.numel() <= 16 or len(part.input_ids) == 1 for part in parts)
+    assert len(GRPOTrainer(update_config(tmp_path, changes))._micro_batches(model, samples)) == 1
+
+
+@pytest.mark.slow
+def test_a_long_episode_trains_in_its_own_pass_and_the_update_is_unchanged(
+    tmp_path, monkeypatch
+) -> None:
+    """Four short rows and one long, after a shared prompt: two passes, the one-pass gradient.
+
+    One pass would pad the short rows to the long one's width (5 x 205 suffix tokens); two
+    passes compute the prompt twice and pad nothing (4 x 5 + 205).
+    """
+    torch = require("torch")
+    require("peft")
+    from agentgym.trainers import GRPOTrainer, _samples
+
+    rng = random.Random(1)
+    prompt = [rng.randrange(256) for _ in range(40)]
+    samples = [
+        Sample(input_ids=prompt + [rng.randrange(256) for _ in range(n)],
+               loss_mask=[0] * len(prompt) + [1] * n, engine_logprobs=[None] * (len(prompt) + n),
+               advantage=rng.uniform(-1.5, 1.5), episode=episode)
+        for episode, n in enumerate((5, 5, 205, 5, 5))
+    ]  # fmt: skip
+    changes = {"loss_type": "grpo", "max_grad_norm": None, "gradient_accumulation_steps": 1,
+               "device": "cpu"}  # fmt: skip
+    trainer = GRPOTrainer(update_config(tmp_path, changes))
+    model, _ = trainer._trainable(trainer.model_dir)
+    widths = [tuple(part.input_ids.shape) for part in trainer._micro_batches(model, samples)]
+    assert widths == [(4, 45), (1, 245)]
+    split = update_once(trainer, samples)
+    monkeypatch.setitem(_samples.PASS_COST_TOKENS, "cpu", 10**9)  # a pass costs too much to cut
+    assert len(trainer._micro_batches(model, samples)) == 1
+    whole = update_once(trainer, samples)
+    for key in (k for k in whole if k.startswith("grad/")):
+        torch.testing.assert_close(split[key], whole[key], rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from agentgym.trainers._samples import (
     episode_samples,
     micro_batches,
     rollout_mode_metrics,
+    shared_prefix_length,
 )
 from tests.conftest import require
 
@@ -130,14 +131,45 @@ def test_micro_batches_group_by_length_and_stay_under_the_token_cap() -> None:
     lengths = [[len(s.input_ids) for s in group] for group in micro_batches(samples, parts=2)]
     assert lengths == [[2, 3, 5, 7], [9, 10, 30]]  # short rows no longer pad to 30
     capped = micro_batches(samples, max_tokens=20)
+    # the fewest passes under the cap (a sample over it goes alone), then the least padding
     assert [[len(s.input_ids) for s in group] for group in capped] == [
-        [2, 3, 5], [7, 9], [10], [30]  # a sample over the cap goes alone
+        [2, 3], [5, 7], [9, 10], [30]
     ]
     for group in capped[:-1]:
         assert len(group) * max(len(s.input_ids) for s in group) <= 20
     assert sorted(s.episode for g in capped for s in g) == sorted(s.episode for s in samples)
     assert micro_batches(samples) == [sorted(samples, key=lambda s: len(s.input_ids))]
     assert micro_batches([], parts=2, max_tokens=20) == []  # a rank with no samples this step
+
+
+def _widths(groups: list[list[Sample]]) -> list[tuple[int, int]]:
+    return [(len(group), max(len(s.input_ids) for s in group)) for group in groups]
+
+
+def test_micro_batches_give_a_long_episode_its_own_pass_when_that_is_less_work() -> None:
+    """The shape of a calculator step: 715 prompt tokens, seven one-turn episodes, one of two."""
+    step = [_sample(763) for _ in range(7)] + [_sample(1278)]
+    # one pass: 715 + 8 x 563 = 5219 positions; two: 715 + 7 x 48 + 1278 and one more pass
+    assert _widths(micro_batches(step, shared_prefix=715, pass_cost=128)) == [(7, 763), (1, 1278)]
+    alike = [_sample(763) for _ in range(7)] + [_sample(780)]
+    assert _widths(micro_batches(alike, shared_prefix=715, pass_cost=128)) == [(8, 780)]
+    # without a shared prefix each row pays its whole width: 8 x 780 against 7 x 763 + 780 + 128
+    assert _widths(micro_batches(alike, pass_cost=128)) == [(8, 780)]
+    assert _widths(micro_batches(alike, pass_cost=64)) == [(7, 763), (1, 780)]
+    # the cap still binds: six rows of 763 would be 4578 positions
+    assert _widths(micro_batches(step, max_tokens=4000, shared_prefix=715, pass_cost=128)) == [
+        (5, 763), (2, 763), (1, 1278)
+    ]
+
+
+def test_shared_prefix_length_is_what_every_sample_starts_with() -> None:
+    def sample(ids: list[int]) -> Sample:
+        return Sample(ids, [1] * len(ids), [None] * len(ids), 1.0, episode=0)
+
+    assert shared_prefix_length([sample([1, 2, 3, 4]), sample([1, 2, 5]), sample([1, 2, 3])]) == 2
+    assert shared_prefix_length([sample([1, 2]), sample([1, 2, 3])]) == 2  # one is the prefix
+    assert shared_prefix_length([sample([9, 2]), sample([1, 2])]) == 0
+    assert shared_prefix_length([sample([1, 2])]) == 0  # nothing to share with
 
 
 def uneven_episode() -> Trajectory:
