@@ -289,7 +289,10 @@ class GRPOConfig:
         1, "Optimiser updates per batch of rollouts (mu in the GRPO paper); >1 reuses samples."
     )
     gradient_accumulation_steps: int = _knob(
-        1, "Micro-batches a step's samples are split into, to bound memory; one update per step."
+        1,
+        "Groups of near-equal row counts a step's samples are split into, to bound memory; "
+        "each is cut further where separate passes do less work than padding (a long "
+        "multi-turn episode goes alone). One update per step either way.",
     )
     micro_batch_tokens: int | None = _knob(
         None,
