@@ -525,15 +525,15 @@ class GRPOTrainer:
         import torch
 
         temperature, share = self.config.temperature, not self.config.gradient_checkpointing
-        logits = policy_logits(model, part.input_ids, part.attention_mask, share)
-        logps = token_logprobs(logits, part.input_ids, temperature)
+        ids, mask, keep = part.input_ids, part.attention_mask, part.logits_needed
+        logits = policy_logits(model, ids, mask, share, keep)
+        logps = token_logprobs(logits, ids, temperature)
         ref = None
         if spec.beta:
             with torch.no_grad(), model.disable_adapter():  # the base model, no second copy
-                ref_logits = policy_logits(model, part.input_ids, part.attention_mask, share)
-                ref = token_logprobs(ref_logits, part.input_ids, temperature)
+                ref = token_logprobs(policy_logits(model, ids, mask, share, keep), ids, temperature)
         with torch.no_grad():
-            entropies = token_entropy(logits.detach(), temperature)
+            entropies = token_entropy(logits.detach(), temperature, width=ids.shape[1])
         out = grpo_loss(
             logps, part.advantages, part.loss_mask, spec,
             old_logps=old, engine_logps=part.engine_logprobs, ref_logps=ref,

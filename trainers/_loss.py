@@ -74,13 +74,13 @@ class LossOutput:
 
 
 def _shifted_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Float32 logits that predict tokens 1..L-1, divided by ``temperature``."""
+    """Float32 logits that predict the next token, divided by ``temperature`` (last one dropped)."""
     return logits[:, :-1].float() / temperature
 
 
-def _pad_front(values: torch.Tensor) -> torch.Tensor:
-    """Prepend a 0 column so ``values`` (positions 1..L-1) aligns with ``input_ids``."""
-    return torch.nn.functional.pad(values, (1, 0), value=0.0)
+def _pad_front(values: torch.Tensor, width: int) -> torch.Tensor:
+    """Zeros in front of ``values`` (the last positions' values) up to ``width`` columns."""
+    return torch.nn.functional.pad(values, (width - values.shape[1], 0), value=0.0)
 
 
 def token_logprobs(
@@ -89,26 +89,32 @@ def token_logprobs(
     """Log-probability of each token of ``input_ids`` under ``logits / temperature``.
 
     Args:
-        logits: ``(B, L, V)`` model outputs for ``input_ids``.
+        logits: ``(B, K, V)`` model outputs for the last K positions of ``input_ids``
+            (K = L: all of them; the trainer keeps only those that predict trained tokens).
         input_ids: ``(B, L)`` token ids.
         temperature: the sampling temperature (> 0).
 
     Returns:
-        ``(B, L)`` float32, aligned with ``input_ids``; column 0 is 0.
+        ``(B, L)`` float32, aligned with ``input_ids``; the first ``L - K + 1`` columns are 0.
     """
     shifted = _shifted_logits(logits, temperature)
-    chosen = shifted.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return _pad_front(chosen - torch.logsumexp(shifted, dim=-1))
+    predicted = input_ids[:, input_ids.shape[1] - shifted.shape[1] :]
+    chosen = shifted.gather(-1, predicted.unsqueeze(-1)).squeeze(-1)
+    return _pad_front(chosen - torch.logsumexp(shifted, dim=-1), input_ids.shape[1])
 
 
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def token_entropy(
+    logits: torch.Tensor, temperature: float = 1.0, width: int | None = None
+) -> torch.Tensor:
     """Entropy (nats) of the distribution each token was drawn from, aligned like `token_logprobs`.
 
+    ``logits`` are those of the last positions of rows ``width`` tokens long (None: all).
+
     Returns:
-        ``(B, L)`` float32; column 0 is 0.
+        ``(B, width)`` float32; the columns without logits are 0.
     """
     logp = torch.log_softmax(_shifted_logits(logits, temperature), dim=-1)
-    return _pad_front(-(logp.exp() * logp).sum(-1))
+    return _pad_front(-(logp.exp() * logp).sum(-1), width or logits.shape[1])
 
 
 # --- ratios, weights, KL ------------------------------------------------------------------------

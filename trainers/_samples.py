@@ -83,6 +83,17 @@ class Batch:
         return Batch(*(t.to(device) for t in self._tensors()))
 
     @property
+    def logits_needed(self) -> int:
+        """How many positions at the rows' end have logits the loss reads (`policy_logits`).
+
+        From the position that predicts the step's first trained token to the end.
+        """
+        width = self.loss_mask.shape[1]
+        trained = self.loss_mask.any(dim=0).nonzero()
+        first = int(trained[0]) if len(trained) else width - 1
+        return min(width, width - first + 1)
+
+    @property
     def pad_fraction(self) -> float:
         """Share of the ``(B, L)`` positions that are padding (computed for nothing)."""
         return 1.0 - float(self.attention_mask.float().mean())

@@ -269,8 +269,11 @@ def masked_loss(model: Any, batch: dict[str, Any]) -> Any:
 
     from ._prefix import policy_logits
 
-    logits = policy_logits(model, batch["input_ids"], batch["attention_mask"])
-    targets = batch["labels"][:, 1:]
+    labels = batch["labels"]
+    labelled = (labels != -100).any(dim=0).nonzero()
+    keep = labels.shape[1] - int(labelled[0]) + 1 if len(labelled) else 2  # from the first label
+    logits = policy_logits(model, batch["input_ids"], batch["attention_mask"], keep=keep)
+    targets = labels[:, labels.shape[1] - keep + 1 :]
     return torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
         targets.reshape(-1),

@@ -53,6 +53,26 @@ def test_token_logprobs_align_with_input_ids_and_use_temperature(lm: ModuleType)
     assert entropy[0, 0].item() == 0.0
 
 
+def test_logits_of_the_last_positions_give_the_same_values_there_and_zeros_before(
+    lm: ModuleType,
+) -> None:
+    torch = lm.torch
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, 5, generator=generator)
+    ids = torch.randint(0, 5, (2, 6), generator=generator)
+    whole = lm.token_logprobs(logits, ids, temperature=0.7)
+    entropy = lm.token_entropy(logits, temperature=0.7)
+    for keep in (1, 2, 4, 6):
+        last = lm.token_logprobs(logits[:, -keep:], ids, temperature=0.7)
+        assert last.shape == (2, 6)
+        valued = 6 - keep + 1  # the first column the kept logits predict
+        assert torch.equal(last[:, valued:], whole[:, valued:])
+        assert not last[:, :valued].any()
+        kept_entropy = lm.token_entropy(logits[:, -keep:], temperature=0.7, width=6)
+        assert torch.equal(kept_entropy[:, valued:], entropy[:, valued:])
+        assert not kept_entropy[:, :valued].any()
+
+
 def test_importance_weights_truncate_and_ignore_unscored_tokens(lm: ModuleType) -> None:
     torch = lm.torch
     old = torch.tensor([[0.0, -1.0, -1.0, -2.0, -1.0]])

@@ -118,6 +118,8 @@ def test_collate_right_pads_with_neutral_values() -> None:
     assert batch.num_items == 5 + 3 + 2
     real = sum(len(s.input_ids) for s in samples)
     assert batch.pad_fraction == pytest.approx(1 - real / (3 * width))
+    first_trained = min(s.loss_mask.index(1) for s in samples)
+    assert batch.logits_needed == width - first_trained + 1  # from the position predicting it
     with pytest.raises(ValueError, match="empty"):
         collate([])
 
