@@ -263,21 +263,29 @@ def _collate(batch: Sequence[Example], pad_id: int = 0) -> dict[str, Any]:
     return {"input_ids": ids, "attention_mask": attention, "labels": labels}
 
 
-def masked_loss(model: Any, batch: dict[str, Any]) -> Any:
-    """Mean next-token cross-entropy over the tokens whose label is not -100."""
-    import torch
+def _predictions(model: Any, batch: dict[str, Any], share_prefix: bool = True) -> tuple[Any, Any]:
+    """Logits that predict the labelled tokens, and those labels (-100 elsewhere), aligned.
 
+    Only the positions from the one before the first label are asked of the model
+    (`policy_logits`' ``keep``): with a real vocabulary the prompt's logits are most of the
+    memory, and nothing reads them.
+    """
     from ._prefix import policy_logits
 
     labels = batch["labels"]
     labelled = (labels != -100).any(dim=0).nonzero()
-    keep = labels.shape[1] - int(labelled[0]) + 1 if len(labelled) else 2  # from the first label
-    logits = policy_logits(model, batch["input_ids"], batch["attention_mask"], keep=keep)
-    targets = labels[:, labels.shape[1] - keep + 1 :]
+    keep = labels.shape[1] - int(labelled[0]) + 1 if len(labelled) else 2
+    logits = policy_logits(model, batch["input_ids"], batch["attention_mask"], share_prefix, keep)
+    return logits[:, :-1], labels[:, labels.shape[1] - keep + 1 :]
+
+
+def masked_loss(model: Any, batch: dict[str, Any]) -> Any:
+    """Mean next-token cross-entropy over the tokens whose label is not -100."""
+    import torch
+
+    logits, targets = _predictions(model, batch)
     return torch.nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-        targets.reshape(-1),
-        ignore_index=-100,
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100
     )
 
 
@@ -297,12 +305,9 @@ def reference_accuracy(model: Any, examples: Sequence[Example], batch_size: int 
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
             batch = _collate(examples[start : start + batch_size])
-            logits = model(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-            ).logits
-            targets = batch["labels"][:, 1:]
+            logits, targets = _predictions(model, batch, share_prefix=False)
             trained = targets != -100
-            wrong = (logits[:, :-1].argmax(-1) != targets) & trained
+            wrong = (logits.argmax(-1) != targets) & trained
             first = trained.int().argmax(-1)  # the strategy token, left to RL
             wrong[torch.arange(len(first)), first] = False
             hits += int((~wrong.any(-1)).sum())

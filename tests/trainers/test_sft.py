@@ -177,7 +177,7 @@ def test_reference_accuracy_leaves_the_first_token_the_strategy_to_rl(tokenizer,
     vocab = len(tokenizer)
 
     def model_that_predicts(wrong_at: str):  # a stand-in "model": logits that spell the labels
-        def forward(input_ids, attention_mask):
+        def forward(input_ids, attention_mask, logits_to_keep):
             targets = batch["labels"][:, 1:].clamp(min=0)
             logits = torch.nn.functional.one_hot(targets, vocab).float()
             trained = batch["labels"][:, 1:] != -100
@@ -187,7 +187,7 @@ def test_reference_accuracy_leaves_the_first_token_the_strategy_to_rl(tokenizer,
                 logits[torch.arange(len(first)), column], 1, dims=-1
             )
             pad = torch.zeros(len(first), 1, vocab)
-            return SimpleNamespace(logits=torch.cat([logits, pad], dim=1))
+            return SimpleNamespace(logits=torch.cat([logits, pad], dim=1)[:, -logits_to_keep:])
 
         return forward
 
