@@ -8,7 +8,7 @@ against the way they replaced, on the same samples; the update is the same eithe
    against one padded pass (the cut forced off by setting the pass cost out of reach). A pass
    pads its rows to the longest, so a step where one episode took a second turn used to pad
    every other row to that episode's width. Tiny model.
-2. Logits only where the loss reads them (`Batch.logits_needed`, the model's
+2. Logits only where the loss reads them (`agentgym.trainers._prefix.logits_to_keep`, the model's
    ``logits_to_keep``) against logits for every position, on the tiny model's layers with
    Qwen2.5's 151,936-token vocabulary (random weights), on one task's 4 episodes: seconds, and
    the peak resident memory the update adds (Linux ``VmHWM``, reset before each update).
@@ -34,7 +34,7 @@ from typing import Any
 from unittest import mock
 
 from agentgym.engine.tiny import build_tiny_model
-from agentgym.trainers import GRPOConfig, GRPOTrainer, LossSpec, Sample, _samples
+from agentgym.trainers import GRPOConfig, GRPOTrainer, LossSpec, Sample, _grpo, _samples
 
 SHARED_PROMPT = 715
 #: Qwen2.5's vocabulary size.
@@ -82,8 +82,7 @@ def _way(mine: bool, knob: str) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
     if knob == "split":  # a pass then costs more than any padding
         return mock.patch.dict(_samples.PASS_COST_TOKENS, {"cpu": 10**9})
-    every_position = property(lambda batch: batch.loss_mask.shape[1])
-    return mock.patch.object(_samples.Batch, "logits_needed", every_position)
+    return mock.patch.object(_grpo, "logits_to_keep", lambda trained: trained.shape[1])
 
 
 def time_update(trainer: GRPOTrainer, parts: tuple[Any, Any], samples: list[Sample],

@@ -47,7 +47,7 @@ from ._config import GRPOConfig
 from ._distributed import World
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import episode_metrics, eval_metrics
-from ._prefix import MIN_SHARED_PREFIX, policy_logits
+from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
 from ._preflight import preflight
 from ._report import plot_curves, write_summary
 from ._run_dir import RunDir, load_training_state
@@ -525,7 +525,7 @@ class GRPOTrainer:
         import torch
 
         temperature, share = self.config.temperature, not self.config.gradient_checkpointing
-        ids, mask, keep = part.input_ids, part.attention_mask, part.logits_needed
+        ids, mask, keep = part.input_ids, part.attention_mask, logits_to_keep(part.loss_mask)
         logits = policy_logits(model, ids, mask, share, keep)
         logps = token_logprobs(logits, ids, temperature)
         ref = None

@@ -32,6 +32,18 @@ def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     return int(same.long().cumprod(dim=0).sum())
 
 
+def logits_to_keep(trained: torch.Tensor) -> int:
+    """How many positions at the end of ``(B, L)`` rows have logits a loss reads.
+
+    ``trained`` marks the tokens the loss covers (a loss mask, or labels != -100); the kept
+    positions start at the one that predicts the first column any row trains on.
+    """
+    width = trained.shape[1]
+    columns = trained.any(dim=0).nonzero()
+    first = int(columns[0]) if len(columns) else width - 1
+    return min(width, width - first + 1)
+
+
 def policy_logits(
     model: Any,
     input_ids: torch.Tensor,

@@ -267,14 +267,13 @@ def _predictions(model: Any, batch: dict[str, Any], share_prefix: bool = True) -
     """Logits that predict the labelled tokens, and those labels (-100 elsewhere), aligned.
 
     Only the positions from the one before the first label are asked of the model
-    (`policy_logits`' ``keep``): with a real vocabulary the prompt's logits are most of the
-    memory, and nothing reads them.
+    (`logits_to_keep`): with a real vocabulary the prompt's logits are most of the memory,
+    and nothing reads them.
     """
-    from ._prefix import policy_logits
+    from ._prefix import logits_to_keep, policy_logits
 
     labels = batch["labels"]
-    labelled = (labels != -100).any(dim=0).nonzero()
-    keep = labels.shape[1] - int(labelled[0]) + 1 if len(labelled) else 2
+    keep = logits_to_keep(labels != -100)
     logits = policy_logits(model, batch["input_ids"], batch["attention_mask"], share_prefix, keep)
     return logits[:, :-1], labels[:, labels.shape[1] - keep + 1 :]
 

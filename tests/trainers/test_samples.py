@@ -102,6 +102,8 @@ def test_missing_token_ids_are_an_error() -> None:
 
 def test_collate_right_pads_with_neutral_values() -> None:
     require("torch")
+    from agentgym.trainers._prefix import logits_to_keep
+
     samples = build_samples([tool_episode(), rewritten_episode()], [1.0, -1.0], "auto")
     batch = collate(samples, pad_token_id=0)
     width = len(samples[0].input_ids)
@@ -119,7 +121,8 @@ def test_collate_right_pads_with_neutral_values() -> None:
     real = sum(len(s.input_ids) for s in samples)
     assert batch.pad_fraction == pytest.approx(1 - real / (3 * width))
     first_trained = min(s.loss_mask.index(1) for s in samples)
-    assert batch.logits_needed == width - first_trained + 1  # from the position predicting it
+    keep = logits_to_keep(batch.loss_mask)
+    assert keep == width - first_trained + 1  # from the position that predicts it
     with pytest.raises(ValueError, match="empty"):
         collate([])
 
