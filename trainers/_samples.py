@@ -185,7 +185,8 @@ def build_samples(
 #: built on, a pass of the tiny and the quickstart model costs 2.7-6 ms before its first token
 #: and 0.035-0.09 ms a token, so 65-80 tokens; 128 leaves room. The CUDA figure is an estimate,
 #: not a measurement: a 24-layer model's forward and backward launch some 20 ms of kernels, and
-#: a 0.5B model's token costs about 7.5 us of a saturated H200's time.
+#: a 0.5B model's token costs about 7.5 us of a saturated H200's time. Other accelerators get
+#: the CUDA figure.
 PASS_COST_TOKENS = {"cpu": 128, "cuda": 4096}
 
 
@@ -253,7 +254,11 @@ def _cheapest_cuts(
 
 
 def shared_prefix_length(samples: Sequence[Sample]) -> int:
-    """Tokens every sample starts with: those of the lexicographically first and last."""
+    """Tokens every sample starts with: those of the lexicographically first and last.
+
+    The samples' side of `_prefix.common_prefix_length`, which finds the prefix a pass shares
+    on its padded rows; this one, before any padding, is what `micro_batches` weighs.
+    """
     if len(samples) < 2:
         return 0
     first = min(sample.input_ids for sample in samples)
