@@ -77,11 +77,17 @@ def _env(delay: float, extra: dict[str, str] | None = None) -> dict[str, str]:
 def start(
     workdir: Path, out: Path, *args: str, delay: float = 0.2, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """An eval of PLAN (two episodes in flight) in the background; output to files."""
+    """An eval of PLAN (two episodes in flight) in the background; output to files.
+
+    The run starts with SIGINT's default disposition, as a command typed at a terminal does:
+    a test suite started in the background by a script (``./.ci/run &``) inherits SIGINT
+    ignored, and so would the run, which then plays to the end through a Ctrl-C.
+    """
     log = (workdir / f"{out.name}.{time.monotonic_ns()}.log").open("wb")
     return subprocess.Popen(
         [str(AGENTGYM), "eval", ENV, *PLAN, "--concurrency", "2", "--out", str(out), *args],
         cwd=workdir, env=_env(delay, env), stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 
