@@ -331,7 +331,15 @@ def _kernel(sock):
         if not msg or len(fds) != 4:
             os._exit(0)
         req = json.loads(msg)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            # The session's own threads or children hold every pid: the code's doing. The
+            # kernel ends (and its threads with it), so the next cell starts a new session.
+            os.write(fds[2], (f"[sandbox] the Python session could not start this cell "
+                              f"({exc.strerror}): its threads or processes hold every pid; "
+                              f"the session ends\n").encode())
+            os._exit(1)
         if pid == 0:
             code, mem = _cell_in_kernel(fds, g)
             _send(sock, {"exit_code": code, "memory_error": mem, "kernel": os.getpid(),

@@ -216,7 +216,57 @@ def test_session_threads_filling_the_pids_limit_do_not_make_calls_infra_errors(s
     assert all(r.status in (ExecStatus.OK, ExecStatus.ERROR) for r in outcomes[:2]), outcomes
     assert (outcomes[2].reward, outcomes[2].status) == (0.0, "failed"), outcomes[2]
     assert outcomes[3].reward is not None, outcomes[3]
+    # The last filled session may still hold every pid (a fresh call that found one free left
+    # it be). Its next cell then cannot start: the code's error, which ends that session.
+    late = sb.run("print('alive')")
+    assert late.infra_error is None, late
+    assert late.stdout == "alive\n" or "could not start this cell" in late.stderr, late
     assert_still_works(sb)
+
+
+# Takes every pid, and once the kernel that ran the cell before it is gone (its pid freed too),
+# takes that one and says so in /work/full: from then on no pid is free.
+FILL_PIDS_THEN_SAY = """
+import os, threading
+parent = os.getppid()
+def say_when_full():
+    while os.path.exists(f'/proc/{parent}'):
+        os.sched_yield()
+    while True:
+        try:
+            threading.Thread(target=forever.wait, daemon=True).start()
+        except RuntimeError:
+            break
+    open('/work/full', 'w').close()
+threading.Thread(target=say_when_full, daemon=True).start()
+""" + FILL_PIDS
+
+
+def test_a_session_holding_every_pid_fails_its_next_cell_as_the_codes_error(sb):
+    # Nothing ends the filled session first here: its kernel cannot fork the cell, says why and
+    # ends, so the cell is the code's error and the one after it runs in a new session.
+    assert sb.run(FILL_PIDS_THEN_SAY).infra_error is None
+    wait_for_work_file(sb, "full")
+    late = sb.run("print('alive')")
+    assert (late.status, late.infra_error) == (ExecStatus.ERROR, None), late
+    assert "could not start this cell" in late.stderr, late
+    assert_still_works(sb)
+
+
+def wait_for_work_file(sb, name: str) -> None:
+    """Poll snapshots until /work/NAME exists: the server tars the work dir itself, starting no
+    process (a call would need a pid)."""
+    import io
+    import tarfile
+    import time
+
+    deadline = time.monotonic() + 30
+    while True:
+        with tarfile.open(fileobj=io.BytesIO(sb.snapshot().tar)) as tar:
+            if name in tar.getnames():
+                return
+        assert time.monotonic() < deadline, f"/work/{name} did not appear"
+        time.sleep(0.05)
 
 
 # The session kernel's main thread exits (pthread_exit from a signal handler) once the cell has
@@ -247,23 +297,11 @@ print(os.getpid())
 
 
 def planted_zombie_kernel(sb, fill: bool) -> int:
-    """Plant `ZOMBIE_KERNEL`; return its pid once its main thread has exited.
-
-    Polled through snapshots: the server tars the work dir itself, starting no process.
-    """
-    import io
-    import tarfile
-    import time
-
+    """Plant `ZOMBIE_KERNEL`; return its pid once its main thread has exited."""
     planted = sb.run(ZOMBIE_KERNEL.replace("FILL", str(fill)))
     assert planted.status == ExecStatus.OK, planted
-    deadline = time.monotonic() + 30
-    while True:
-        with tarfile.open(fileobj=io.BytesIO(sb.snapshot().tar)) as tar:
-            if "zombie" in tar.getnames():
-                return int(planted.stdout)
-        assert time.monotonic() < deadline, "the kernel's main thread did not exit"
-        time.sleep(0.05)
+    wait_for_work_file(sb, "zombie")
+    return int(planted.stdout)
 
 
 def test_a_kernel_whose_main_thread_exited_is_killed_not_kept(sb):
