@@ -42,6 +42,7 @@ WORKDIR = sys.argv[1] if len(sys.argv) > 1 else "/work"
 # /dev/mqueue: POSIX message queues are files there, and outlive every process like /tmp's.
 WIPE = ("/tmp", "/dev/shm", "/dev/mqueue", WORKDIR)
 KILL_WAIT_S = 2.0
+FORK_ROOM_S = 2.0  # how long a fork with no code left to run waits for pids to come free
 CTL_CAP = 1 << 16  # bytes of unparsed control data kept (a reply line is ~100)
 
 
@@ -103,6 +104,26 @@ def _kill_strays(keep):
         if not found:
             return
         time.sleep(0.001)
+
+
+def _fork_when_room():
+    """``os.fork()``, retried for up to ``FORK_ROOM_S`` while killed code still holds pids.
+
+    Called when no code may run (no session kernel): every process of the code uid is swept
+    first. A killed process with thousands of threads frees its pids only as they exit, which
+    on a loaded machine outlasts a sweep; the first call after the host restarted a server the
+    code had killed then failed to fork and came back as infra_error. Past the deadline the
+    failure is the sandbox's.
+    """
+    deadline = time.monotonic() + FORK_ROOM_S
+    while True:
+        try:
+            return os.fork()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            _kill_strays({os.getpid()})
+            time.sleep(0.01)
 
 
 def _state_uid(pid):
@@ -384,7 +405,12 @@ class Server:
     # -- session kernel ------------------------------------------------------------------
     def _start_kernel(self):
         mine, theirs = socket.socketpair()
-        pid = os.fork()
+        try:
+            pid = _fork_when_room()
+        except OSError:
+            mine.close()
+            theirs.close()
+            raise
         if pid == 0:
             try:
                 mine.close()
@@ -490,16 +516,13 @@ class Server:
             # Between calls only the session kernel is left of the code, and its threads (or
             # zombie children) can fill the pids limit: that is the code's doing, not a
             # failure of the sandbox (which the host would score as infra_error). End the
-            # session to make room; a second failure is the sandbox's.
-            if self.kernel is None:
-                os.close(ctl_r)
-                os.close(ctl_w)
-                raise
-            self._end_session()
-            note = ("[sandbox] the Python session was ended: its threads or processes left "
-                    "no room to start this call\n")
+            # session to make room; failing still is the sandbox's.
+            if self.kernel is not None:
+                self._end_session()
+                note = ("[sandbox] the Python session was ended: its threads or processes "
+                        "left no room to start this call\n")
             try:
-                child = os.fork()
+                child = _fork_when_room()
             except OSError:
                 os.close(ctl_r)
                 os.close(ctl_w)
