@@ -180,18 +180,18 @@ def test_directories_the_code_made_unlistable_do_not_survive_a_reset(sb):
 FILL_PIDS = """
 import os, threading
 forever = threading.Event()
-def grab():
+def take_every_pid():
     while True:
         try:
             threading.Thread(target=forever.wait, daemon=True).start()
         except RuntimeError:
-            os.sched_yield()
+            return
+def grab():
+    while True:
+        take_every_pid()
+        os.sched_yield()
 threading.Thread(target=grab, daemon=True).start()
-while True:
-    try:
-        threading.Thread(target=forever.wait, daemon=True).start()
-    except RuntimeError:
-        break
+take_every_pid()
 """
 
 
@@ -225,18 +225,15 @@ def test_session_threads_filling_the_pids_limit_do_not_make_calls_infra_errors(s
 
 
 # Takes every pid, and once the kernel that ran the cell before it is gone (its pid freed too),
-# takes that one and says so in /work/full: from then on no pid is free.
+# takes that one and says so in /work/full: from then on no pid is free. Its thread starts
+# while pids are left and calls `take_every_pid` (defined below) after the cell.
 FILL_PIDS_THEN_SAY = """
 import os, threading
 parent = os.getppid()
 def say_when_full():
     while os.path.exists(f'/proc/{parent}'):
         os.sched_yield()
-    while True:
-        try:
-            threading.Thread(target=forever.wait, daemon=True).start()
-        except RuntimeError:
-            break
+    take_every_pid()
     open('/work/full', 'w').close()
 threading.Thread(target=say_when_full, daemon=True).start()
 """ + FILL_PIDS
