@@ -516,7 +516,7 @@ class Server:
             # Between calls only the session kernel is left of the code, and its threads (or
             # zombie children) can fill the pids limit: that is the code's doing, not a
             # failure of the sandbox (which the host would score as infra_error). End the
-            # session to make room; failing still is the sandbox's.
+            # session to make room; still failing after FORK_ROOM_S is the sandbox's.
             if self.kernel is not None:
                 self._end_session()
                 note = ("[sandbox] the Python session was ended: its threads or processes "

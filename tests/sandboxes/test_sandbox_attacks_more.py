@@ -8,7 +8,10 @@ failing policy would prefer it), and leaves nothing a later lease of the same co
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
+import time
 
 import pytest
 
@@ -253,10 +256,6 @@ def test_a_session_holding_every_pid_fails_its_next_cell_as_the_codes_error(sb):
 def wait_for_work_file(sb, name: str) -> None:
     """Poll snapshots until /work/NAME exists: the server tars the work dir itself, starting no
     process (a call would need a pid)."""
-    import io
-    import tarfile
-    import time
-
     deadline = time.monotonic() + 30
     while True:
         with tarfile.open(fileobj=io.BytesIO(sb.snapshot().tar)) as tar:
