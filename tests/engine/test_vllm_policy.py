@@ -158,9 +158,8 @@ async def test_an_adapter_on_every_linear_layer_samples_what_transformers_comput
 
 
 def test_the_cpu_build_runs_eager_without_chunked_prefill_unless_asked() -> None:
-    """Its compile cache never loads, so every start traced the model again (3-27 s, for a
-    tiny model's batch 7-37% faster: bench/engine_lifecycle_bench.py), and a seeded prompt
-    split across steps kills its engine."""
+    """Compiling lengthens every start (3-27 s, for a tiny model's batch 7-37% faster:
+    bench/engine_lifecycle_bench.py), and a seeded prompt split across steps kills its engine."""
     require("vllm")
     assert VLLMPolicy._cpu_safe({"max_num_seqs": 8}) == {
         "enable_chunked_prefill": False, "enforce_eager": True, "max_num_seqs": 8}  # fmt: skip

@@ -71,17 +71,18 @@ class ChatterEnv(agentgym.ToolEnv):
 agentgym.register("test/Chatter-v0", ChatterEnv)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "hf"])
+@pytest.mark.parametrize("engine", ["vllm", "vllm-compiled", "hf"])
 def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
     tmp_path, engine: str
 ) -> None:
-    if engine == "vllm":
+    if engine.startswith("vllm"):
         require("vllm")
     from agentgym.trainers import GRPOTrainer
 
     cfg = config(
         tmp_path, env="test/Chatter-v0", max_steps=2, eval_steps=None, save_steps=None,
-        rollout_engine=engine, train_tasks=None, eval_tasks=None,  # the split: eval 0-3
+        rollout_engine=engine.split("-")[0], rollout_compile=engine == "vllm-compiled",
+        train_tasks=None, eval_tasks=None,  # the split: eval 0-3
     )  # fmt: skip
     trainer = GRPOTrainer(cfg)
     base = trainer.model_dir / "model.safetensors"
@@ -93,6 +94,8 @@ def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
     steps = [m for m in metrics(run) if "sync/adapter_version" in m]
     # v1 is the initial adapter; step s trains and serves v(s+1), checked against the engine
     assert [m["sync/adapter_version"] for m in steps] == [2.0, 3.0]
+    # the engine sampled with the weights the trainer scores: step 2 ran v2, trained at lr 1e-2
+    assert max(m["sampling/logprob_drift_max"] for m in steps) < 5e-3
     from safetensors.torch import load_file
 
     v1, v3 = (load_file(run / "adapters" / f"v{v}" / "adapter_model.safetensors") for v in (1, 3))
