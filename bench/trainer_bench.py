@@ -36,9 +36,10 @@ Each sync trial runs both paths on the same weights back to back (the machine's 
 both alike); the medians of the trials are compared.
 
 The random tiny model never calls the tool, so TRL's tool loop idles in (a); give a model
-that does (``--model-dir`` of a warm-started model, or ``--warm-start STEPS``) to time
-multi-turn episodes. On a shared 2-core machine the timings move with its load: compare
-numbers from one run only.
+that does (``--warm-start STEPS``: SFT on oracle traces with the workload's system prompt
+until 90% of held-back traces come out right, at most STEPS; or ``--model-dir``) to time
+tool turns: the bench prints the tool calls per episode on both sides. On a shared 2-core
+machine the timings move with its load: compare numbers from one run only.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -442,17 +444,27 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
             "generation": "vLLM colocate" if colocate else "transformers generate"}  # fmt: skip
 
 
-def warm_start(model_dir: Path, steps: int) -> Path:
-    """The model after ``steps`` of SFT on oracle calculator traces (tasks 100+), cached."""
+def warm_start(model_dir: Path, steps: int, system_prompt: str | None) -> Path:
+    """The model after at most ``steps`` of SFT on oracle calculator traces (tasks 100+), cached.
+
+    The traces carry the workload's ``system_prompt`` (a model prompted otherwise than it was
+    trained writes no well-formed call), and training stops once 90% of held-back traces come
+    out right, as the quickstart's warm start does: the model then calls the tool in nearly
+    every episode, so (a) times tool turns on both sides, not one-turn answers.
+    """
     from agentgym.engine.tiny import cache_root
     from agentgym.trainers._sft import SFTConfig, sft_warm_start
 
-    out = cache_root() / "bench" / f"{model_dir.name}-sft{steps}"
+    prompt = hashlib.sha256((system_prompt or "").encode()).hexdigest()[:8]
+    out = cache_root() / "bench" / f"{model_dir.name}-sft{steps}-calls-{prompt}"
     if (out / "sft.json").is_file():
         return out
-    sft = SFTConfig(steps=steps, batch_size=16)
-    env_kwargs = {"num_tasks": 1100, "seed": 1234}
-    return sft_warm_start(model_dir, "calculator", env_kwargs, out, sft, tasks=range(100, 1100))
+    sft = SFTConfig(steps=steps, lr=1e-3, batch_size=32, eval_every=10, target_accuracy=0.9)
+    env_kwargs: dict[str, Any] = {"num_tasks": 1100, "seed": 1234}
+    if system_prompt is not None:
+        env_kwargs["system_prompt"] = system_prompt
+    return sft_warm_start(model_dir, "calculator", env_kwargs, out, sft,
+                          tasks=range(164, 1100), validation_tasks=range(100, 164))  # fmt: skip
 
 
 # ---- main -----------------------------------------------------------------------------------
@@ -466,8 +478,9 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, help="a model folder to use instead of "
                         "--shape (e.g. a quickstart run's warm-started sft/ folder)")
     parser.add_argument("--warm-start", type=int, default=0, metavar="STEPS",
-                        help="SFT the model on oracle calculator traces first, so episodes "
-                        "call the tool (0: the random model, which never does)")  # fmt: skip
+                        help="SFT the model on oracle calculator traces first (at most STEPS, "
+                        "stopping at 90%% validation accuracy), so episodes call the tool (0: "
+                        "the random model, which never does)")  # fmt: skip
     parser.add_argument("--system-prompt", help="the calculator env's system prompt for both "
                         "trainers (a quickstart model was warm-started on the quickstart's)")
     parser.add_argument("--malformed-ends-episode", action="store_true",
@@ -487,10 +500,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     model_dir = args.model_dir or build_tiny_model(**SHAPES[args.shape])
+    trained = ""
     if args.warm_start:
-        model_dir = warm_start(model_dir, args.warm_start)
+        model_dir = warm_start(model_dir, args.warm_start, args.system_prompt)
+        last = json.loads((model_dir / "sft.json").read_text())["history"][-1]
+        trained = f" (stopped at {last['step']}, validation {last.get('reference_accuracy')})"
     name = "given" if args.model_dir else args.shape
-    print(f"model: {name}, warm start {args.warm_start} SFT steps ({model_dir})")
+    print(f"model: {name}, warm start {args.warm_start} SFT steps{trained} ({model_dir})")
     if not args.skip_sync:
         bench_sync(model_dir, args.trials, args.lora_r, args.restart)
     if not args.skip_step:
