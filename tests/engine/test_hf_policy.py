@@ -115,6 +115,40 @@ def test_adapter_versions_change_outputs_and_turns_record_them(
         greedy.load_adapter(tmp_path)
 
 
+def test_an_adapter_swapped_into_the_slot_serves_what_it_does_loaded_fresh(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A sync copies the new weights into the loaded adapter (PEFT's hotswap) where they fit;
+    whether copied, zero-padded to the slot's rank or added anew, the outputs must be the
+    adapter's own: compared with a policy that loaded only it."""
+    from agentgym.engine.tiny import save_random_adapter
+
+    sampling = {"temperature": 0.0, "max_tokens": 12}
+    policy = HFPolicy(tiny_model_dir, sampling=sampling)
+    policy.load_adapter(make_adapter(tiny_model_dir, tmp_path / "a1", seed=1))
+    slot = policy.adapters[-1].name
+    prompt = policy.tokenizer.encode("hello there")
+    cases = {  # adapter -> the name it serves under: the slot's when swapped in
+        make_adapter(tiny_model_dir, tmp_path / "same-shape", seed=2): slot,
+        save_random_adapter(tiny_model_dir, tmp_path / "rank-4-fewer-layers", rank=4, alpha=64,
+                            targets=["q_proj"], seed=3): slot,  # fmt: skip
+        make_adapter(tiny_model_dir, tmp_path / "more-layers", seed=4,
+                     targets=["q_proj", "v_proj", "o_proj"]): "agentgym-v4",  # fmt: skip
+    }
+    for version, (adapter, name) in enumerate(cases.items(), start=2):
+        assert policy.load_adapter(adapter) == version
+        assert policy.adapters[-1].name == name
+        assert asyncio.run(policy.served_adapters()) == {version}
+        fresh = HFPolicy(tiny_model_dir, sampling=sampling, adapter=adapter)
+        want = asyncio.run(fresh.generate_ids(prompt))
+        got = asyncio.run(policy.generate_ids(prompt))
+        assert got.completion_ids == want.completion_ids, adapter.name
+        ids = want.completion_ids
+        assert policy.token_logprobs(prompt, ids) == pytest.approx(  # fp32
+            fresh.token_logprobs(prompt, ids), abs=1e-5
+        )
+
+
 @pytest.mark.parametrize("where", ["/nonexistent/model", "./typo-model", "~/no-such-model"])
 def test_a_local_path_without_a_model_is_refused_by_both_engines(where: str) -> None:
     # transformers and vLLM took it for a hub id: "Repo id must use alphanumeric chars"
