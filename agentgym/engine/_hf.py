@@ -277,9 +277,11 @@ class HFPolicy(TokenPolicy):
         return version
 
     def _swap_or_add(self, path: str | os.PathLike[str], new_name: str) -> str:
-        """The name ``path``'s adapter serves under: the slot's, or ``new_name`` if it did not fit.
+        """Serve ``path``'s adapter; returns its name (the slot's if copied in, else ``new_name``).
 
-        A slot PEFT could not swap in full is replaced, not kept.
+        PEFT refuses a copy that would change what the weights compute (other layers, other
+        dropout, DoRA); the adapter is then added anew and the slot deleted, so a slot it
+        refused halfway is never served.
         """
         from peft.utils.hotswap import hotswap_adapter
 
