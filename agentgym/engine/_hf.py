@@ -279,8 +279,8 @@ class HFPolicy(TokenPolicy):
     def _swap_or_add(self, path: str | os.PathLike[str], new_name: str) -> str:
         """Serve ``path``'s adapter; returns its name (the slot's if copied in, else ``new_name``).
 
-        PEFT refuses a copy that would change what the weights compute (other layers, other
-        dropout, DoRA); the adapter is then added anew and the slot deleted, so a slot it
+        PEFT refuses a copy it cannot make exact (layers the slot lacks, another dropout,
+        DoRA); the adapter is then added anew and the slot deleted, so a slot it
         refused halfway is never served.
         """
         from peft.utils.hotswap import hotswap_adapter
