@@ -36,8 +36,8 @@ Each sync trial runs both paths on the same weights back to back (the machine's 
 both alike); the medians of the trials are compared.
 
 The random tiny model never calls the tool, so TRL's tool loop idles in (a); give a model
-that does (``--warm-start STEPS``: SFT on oracle traces with the workload's system prompt
-until 90% of held-back traces come out right, at most STEPS; or ``--model-dir``) to time
+that does (``--warm-start STEPS``: SFT on oracle traces with the workload's system prompt,
+stopped as the quickstart's warm start is, at most STEPS; or ``--model-dir``) to time
 tool turns: the bench prints the tool calls per episode on both sides. On a shared 2-core
 machine the timings move with its load: compare numbers from one run only.
 """
@@ -448,18 +448,22 @@ def warm_start(model_dir: Path, steps: int, system_prompt: str | None) -> Path:
     """The model after at most ``steps`` of SFT on oracle calculator traces (tasks 100+), cached.
 
     The traces carry the workload's ``system_prompt`` (a model prompted otherwise than it was
-    trained writes no well-formed call), and training stops once 90% of held-back traces come
-    out right, as the quickstart's warm start does: the model then calls the tool in nearly
+    trained writes no well-formed call), and the quickstart's warm-start recipe stops training
+    once enough held-back traces come out right: the model then calls the tool in nearly
     every episode, so (a) times tool turns on both sides, not one-turn answers.
     """
     from agentgym.engine.tiny import cache_root
+    from agentgym.trainers import GRPOConfig
     from agentgym.trainers._sft import SFTConfig, sft_warm_start
 
-    prompt = hashlib.sha256((system_prompt or "").encode()).hexdigest()[:8]
-    out = cache_root() / "bench" / f"{model_dir.name}-sft{steps}-calls-{prompt}"
+    recipe = GRPOConfig.from_yaml(Path(__file__).parents[1] / "examples" / "quickstart.yaml")
+    sft = SFTConfig(steps=steps, lr=recipe.sft_learning_rate, batch_size=recipe.sft_batch_size,
+                    eval_every=recipe.sft_eval_every, target_accuracy=recipe.sft_target_accuracy)
+    key = json.dumps([system_prompt, sft.lr, sft.batch_size, sft.eval_every, sft.target_accuracy])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    out = cache_root() / "bench" / f"{model_dir.name}-sft{steps}-calls-{digest}"
     if (out / "sft.json").is_file():
         return out
-    sft = SFTConfig(steps=steps, lr=1e-3, batch_size=32, eval_every=10, target_accuracy=0.9)
     env_kwargs: dict[str, Any] = {"num_tasks": 1100, "seed": 1234}
     if system_prompt is not None:
         env_kwargs["system_prompt"] = system_prompt
@@ -479,8 +483,8 @@ def main() -> None:
                         "--shape (e.g. a quickstart run's warm-started sft/ folder)")
     parser.add_argument("--warm-start", type=int, default=0, metavar="STEPS",
                         help="SFT the model on oracle calculator traces first (at most STEPS, "
-                        "stopping at 90%% validation accuracy), so episodes call the tool (0: "
-                        "the random model, which never does)")  # fmt: skip
+                        "stopping where the quickstart's warm start does), so episodes call "
+                        "the tool (0: the random model, which never does)")  # fmt: skip
     parser.add_argument("--system-prompt", help="the calculator env's system prompt for both "
                         "trainers (a quickstart model was warm-started on the quickstart's)")
     parser.add_argument("--malformed-ends-episode", action="store_true",
@@ -503,8 +507,9 @@ def main() -> None:
     trained = ""
     if args.warm_start:
         model_dir = warm_start(model_dir, args.warm_start, args.system_prompt)
-        last = json.loads((model_dir / "sft.json").read_text())["history"][-1]
-        trained = f" (stopped at {last['step']}, validation {last.get('reference_accuracy')})"
+        history = json.loads((model_dir / "sft.json").read_text())["history"]
+        checked = [h["reference_accuracy"] for h in history if "reference_accuracy" in h]
+        trained = f" (stopped at {history[-1]['step']}, validation {checked[-1]:.0%})"
     name = "given" if args.model_dir else args.shape
     print(f"model: {name}, warm start {args.warm_start} SFT steps{trained} ({model_dir})")
     if not args.skip_sync:
