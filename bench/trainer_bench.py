@@ -448,9 +448,10 @@ def warm_start(model_dir: Path, steps: int, system_prompt: str | None) -> Path:
     """The model after at most ``steps`` of SFT on oracle calculator traces (tasks 100+), cached.
 
     The traces carry the workload's ``system_prompt`` (a model prompted otherwise than it was
-    trained writes no well-formed call), and the quickstart's warm-start recipe stops training
-    once enough held-back traces come out right: the model then calls the tool in nearly
-    every episode, so (a) times tool turns on both sides, not one-turn answers.
+    trained writes no well-formed call), and the quickstart's warm-start recipe (its config's
+    knobs and its trace/validation split) stops training once enough held-back traces come
+    out right: the model then calls the tool in nearly every episode, so (a) times tool turns
+    on both sides, not one-turn answers.
     """
     from agentgym.engine.tiny import cache_root
     from agentgym.trainers import GRPOConfig
@@ -459,7 +460,8 @@ def warm_start(model_dir: Path, steps: int, system_prompt: str | None) -> Path:
     recipe = GRPOConfig.from_yaml(Path(__file__).parents[1] / "examples" / "quickstart.yaml")
     sft = SFTConfig(steps=steps, lr=recipe.sft_learning_rate, batch_size=recipe.sft_batch_size,
                     eval_every=recipe.sft_eval_every, target_accuracy=recipe.sft_target_accuracy)
-    key = json.dumps([system_prompt, sft.lr, sft.batch_size, sft.eval_every, sft.target_accuracy])
+    traces, validation = recipe.sft_split(list(range(100, 1100)))
+    key = json.dumps([system_prompt, dataclasses.asdict(sft), traces, validation])
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     out = cache_root() / "bench" / f"{model_dir.name}-sft{steps}-calls-{digest}"
     if (out / "sft.json").is_file():
@@ -468,7 +470,7 @@ def warm_start(model_dir: Path, steps: int, system_prompt: str | None) -> Path:
     if system_prompt is not None:
         env_kwargs["system_prompt"] = system_prompt
     return sft_warm_start(model_dir, "calculator", env_kwargs, out, sft,
-                          tasks=range(164, 1100), validation_tasks=range(100, 164))  # fmt: skip
+                          tasks=traces, validation_tasks=validation)  # fmt: skip
 
 
 # ---- main -----------------------------------------------------------------------------------

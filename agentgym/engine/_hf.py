@@ -254,9 +254,10 @@ class HFPolicy(TokenPolicy):
         The same contract as `VLLMPolicy.load_adapter` (a version above every earlier one,
         timed in ``adapters[-1].load_seconds``). The model holds one adapter: turns are
         sampled one batch at a time, so no turn still uses the old one. An adapter on the
-        loaded one's layers (or fewer) is copied into its slot with PEFT's `hotswap_adapter`:
-        5 ms against 30-40 ms for adding an adapter and deleting the old one, on the
-        quickstart's model (a trainer's sync, every step); any other is added that way.
+        loaded one's layers (or fewer) is copied into its slot with PEFT's `hotswap_adapter`
+        rather than added beside it and the old one deleted: a trainer syncs every step, and
+        the copy took its sync from 0.04 to 0.01 s (``bench/trainer_bench.py --engine hf``);
+        any other adapter is added that way.
         """
         from peft import PeftModel
 
