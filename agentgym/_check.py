@@ -80,9 +80,15 @@ def check(
     """
     if chat_template_kwargs and tokenizer is None:
         raise ConfigError("chat_template_kwargs need a tokenizer (--model DIR) to check")
+    # unknown ids and bad kwargs fail at make(), loudly; before transformers loads where the
+    # parser does not need the model's tokenizer (a typo is refused in a second, not six)
+    built_early = not _parser_needs_tokenizer(env_kwargs)
+    if built_early:
+        make(env_id, **env_kwargs).close()
     tok = None if tokenizer is None else load_tokenizer(tokenizer)
     env_kwargs = with_model_tokenizer(env_kwargs, tok)
-    make(env_id, **env_kwargs).close()  # unknown ids and bad kwargs fail here, loudly
+    if not built_early:
+        make(env_id, **env_kwargs).close()
     # the reference check and the template checks each read one played episode
     reference = functools.cache(lambda: _play(env_id, env_kwargs, _reference_script))
     exercise = functools.cache(lambda: _exercise(env_id, env_kwargs, tok, chat_template_kwargs))
@@ -137,10 +143,15 @@ def with_model_tokenizer(env_kwargs: dict[str, Any], tokenizer: Any) -> dict[str
     vLLM's parsers find their marker tokens in a tokenizer; the default one knows only a
     few, so with a model at hand its own tokenizer is used.
     """
-    parser = env_kwargs.get("parser")
-    if tokenizer is None or not isinstance(parser, str) or not parser.startswith("vllm:"):
+    if tokenizer is None or not _parser_needs_tokenizer(env_kwargs):
         return env_kwargs
+    parser = env_kwargs["parser"]
     return {**env_kwargs, "parser": get_parser(parser, tokenizer=tokenizer)}
+
+
+def _parser_needs_tokenizer(env_kwargs: dict[str, Any]) -> bool:
+    parser = env_kwargs.get("parser")
+    return isinstance(parser, str) and parser.startswith("vllm:")
 
 
 def _gymnasium_api(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:

@@ -298,6 +298,8 @@ def test_cli_check_passes_chat_template_kwargs(family_dirs: dict[str, Path]) -> 
                      id="model-without-tokenizer"),
         pytest.param(["--env-arg", "parser=qwen3_codr"], "Did you mean 'qwen3_coder'",
                      id="parser-typo"),
+        pytest.param(["--model", "/nonexistent/model", "--env-arg", "parser=qwen3_codr"],
+                     "Did you mean 'qwen3_coder'", id="parser-typo-refused-before-the-model-loads"),
         pytest.param(["--env-arg", "parser=[/INST]"], "parser '[/INST]'",
                      id="input-that-looks-like-console-markup"),
         pytest.param(["--env-arg", "max_turns=abc"], "max_turns='abc' is not valid",
