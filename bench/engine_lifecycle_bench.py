@@ -1,19 +1,22 @@
 """How long a vLLM-CPU engine takes to start and to shut down: agentgym's settings vs vLLM's.
 
-Trials alternate between the two sides, so the machine's noise hits both alike. Each trial
+Trials alternate between the sides, so the machine's noise hits them alike. Each trial
 starts `VLLMPolicy` on the tiny model without LoRA (what ``agentgym eval --policy vllm
 --model-path DIR`` starts), samples one batch, and closes it:
 
 - ours: agentgym's defaults on the CPU build: the model runs eager, and agentgym's vLLM
-  plugin makes the engine's processes skip Python's last garbage collection at exit
-  (`agentgym._quick_exit`);
+  plugins make the engine's processes skip Python's last garbage collection at exit
+  (`agentgym._quick_exit`) and rank logprobs without compiling (`_logprob_ranks`);
 - vLLM's: ``engine_kwargs={"enforce_eager": False}`` (vLLM-CPU 0.32 then traces the model with
   torch.compile at every start, as its compile cache fails to load) and the engine started
-  without agentgym's plugin registering in its processes (vLLM's own shutdown, which kills an
-  engine core still there after 5 s).
+  without agentgym's plugins acting in its processes (vLLM's own shutdown, which kills an
+  engine core still there after 5 s);
+- eager with vLLM's ranks: ours with ``AGENTGYM_EAGER_LOGPROB_RANKS=0``, so the first request
+  asking for logprobs compiles vLLM's rank count (its compiled start does that at start).
 
-Printed per side (median trial): ``start()`` seconds, the batch's seconds (``--sequences`` x
-``--tokens``, ``ignore_eos``, after a warm-up), ``close()`` seconds. Then, also alternating,
+Printed per side (median trial): ``start()`` seconds, the first turn's seconds (4 sequences,
+what an episode waits for after a start), the batch's seconds (``--sequences`` x ``--tokens``,
+``ignore_eos``, after that first turn), ``close()`` seconds. Then, also alternating,
 how long a Python process that imported torch, transformers, peft and vLLM takes from its last
 line to its end, with `skip_final_collection` (every ``agentgym`` command) and without.
 
@@ -31,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from agentgym.engine import SamplingConfig, VLLMPolicy, _orphan_guard
+from agentgym.engine import SamplingConfig, VLLMPolicy, _logprob_ranks, _orphan_guard
 from agentgym.engine.tiny import build_tiny_model
 
 #: A process holding what a training or eval process holds; prints when its work is done.
@@ -39,9 +42,15 @@ HEAVY = "import time, torch, transformers, peft, vllm\n{skip}print(time.time(), 
 SKIP = "from agentgym._quick_exit import skip_final_collection\nskip_final_collection()\n"
 
 
-def engine_trial(model_dir: Path, ours: bool, sequences: int, tokens: int) -> list[float]:
-    """Seconds to start, to sample one batch, and to close one engine."""
+#: The sides: agentgym's settings, those with vLLM's compiled logprob ranks, vLLM's defaults.
+SIDES = ("ours", "eager with vLLM's ranks", "vLLM's defaults")
+
+
+def engine_trial(model_dir: Path, side: str, sequences: int, tokens: int) -> list[float]:
+    """Seconds to start, to sample a first turn and then one batch, and to close one engine."""
+    ours = side != SIDES[2]
     guard = _orphan_guard.guard_engines_of_this_process
+    os.environ[_logprob_ranks.ENV_VAR] = "1" if side == SIDES[0] else "0"
     if not ours:  # the engine's processes then find no owner: the plugin does nothing there
         _orphan_guard.guard_engines_of_this_process = lambda environ=None: None
         os.environ.pop(_orphan_guard.ENV_VAR, None)
@@ -62,13 +71,15 @@ def engine_trial(model_dir: Path, ours: bool, sequences: int, tokens: int) -> li
     async def batch(count: int) -> None:
         await asyncio.gather(*(policy.generate_ids(prompt, seed=i) for i in range(count)))
 
-    asyncio.run(batch(4))  # warm-up
+    started = time.perf_counter()
+    asyncio.run(batch(4))  # the first turn (and the warm-up of the batch below)
+    first = time.perf_counter() - started
     started = time.perf_counter()
     asyncio.run(batch(sequences))
     sample = time.perf_counter() - started
     started = time.perf_counter()
     policy.close()
-    return [start, sample, time.perf_counter() - started]
+    return [start, first, sample, time.perf_counter() - started]
 
 
 def exit_seconds(skip: bool) -> float:
@@ -87,27 +98,30 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     model_dir = build_tiny_model()
-    trials: dict[str, list[list[float]]] = {"ours": [], "vllm": []}
+    trials: dict[str, list[list[float]]] = {side: [] for side in SIDES}
     for trial in range(args.trials):
-        for side in ("ours", "vllm"):
-            trials[side].append(engine_trial(model_dir, side == "ours", args.sequences,
-                                             args.tokens))  # fmt: skip
-            start, sample, close = trials[side][-1]
-            print(f"trial {trial + 1} {side:>4}: start {start:.1f} s, batch {sample:.2f} s, "
-                  f"close {close:.1f} s", flush=True)  # fmt: skip
-    medians = {side: [statistics.median(t[i] for t in rows) for i in range(3)]
+        for side in SIDES:
+            trials[side].append(engine_trial(model_dir, side, args.sequences, args.tokens))
+            start, first, sample, close = trials[side][-1]
+            print(f"trial {trial + 1} {side}: start {start:.1f} s, first turn {first:.2f} s, "
+                  f"batch {sample:.2f} s, close {close:.1f} s", flush=True)  # fmt: skip
+    medians = {side: [statistics.median(t[i] for t in rows) for i in range(4)]
                for side, rows in trials.items()}  # fmt: skip
     exits: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(args.trials):
         for skip in (True, False):
             exits[skip].append(exit_seconds(skip))
-    ours, theirs = medians["ours"], medians["vllm"]
+    ours, eager, theirs = (medians[side] for side in SIDES)
     print(f"\nVLLMPolicy on the tiny model, no LoRA, median of {args.trials} alternating trials:")
     print(f"  start():  ours {ours[0]:.1f} s vs vLLM's defaults {theirs[0]:.1f} s "
           f"({theirs[0] - ours[0]:.1f} s less)")  # fmt: skip
-    print(f"  batch of {args.sequences} x {args.tokens} tokens: ours {ours[1]:.2f} s vs "
-          f"{theirs[1]:.2f} s ({ours[1] / theirs[1]:.2f}x)")  # fmt: skip
-    print(f"  close():  ours {ours[2]:.1f} s vs {theirs[2]:.1f} s")
+    print(
+        f"  first turn: ours {ours[1]:.2f} s vs {eager[1]:.2f} s eager with vLLM's "
+        f"compiled logprob ranks ({eager[1] / ours[1]:.1f}x), vLLM's defaults {theirs[1]:.2f} s"
+    )
+    print(f"  batch of {args.sequences} x {args.tokens} tokens: ours {ours[2]:.2f} s vs "
+          f"{theirs[2]:.2f} s ({ours[2] / theirs[2]:.2f}x)")  # fmt: skip
+    print(f"  close():  ours {ours[3]:.1f} s vs {theirs[3]:.1f} s")
     skipped, collected = statistics.median(exits[True]), statistics.median(exits[False])
     print(f"a process holding torch, transformers, peft and vLLM exits in {skipped:.2f} s "
           f"skipping the last collection vs {collected:.2f} s")  # fmt: skip

