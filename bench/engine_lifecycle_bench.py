@@ -42,15 +42,15 @@ HEAVY = "import time, torch, transformers, peft, vllm\n{skip}print(time.time(), 
 SKIP = "from agentgym._quick_exit import skip_final_collection\nskip_final_collection()\n"
 
 
-#: The sides: agentgym's settings, those with vLLM's compiled logprob ranks, vLLM's defaults.
-SIDES = ("ours", "eager with vLLM's ranks", "vLLM's defaults")
+OURS, VLLM_RANKS, VLLM_DEFAULTS = "ours", "eager with vLLM's ranks", "vLLM's defaults"
+SIDES = (OURS, VLLM_RANKS, VLLM_DEFAULTS)
 
 
 def engine_trial(model_dir: Path, side: str, sequences: int, tokens: int) -> list[float]:
     """Seconds to start, to sample a first turn and then one batch, and to close one engine."""
-    ours = side != SIDES[2]
+    ours = side != VLLM_DEFAULTS  # agentgym's settings, maybe with vLLM's ranks
     guard = _orphan_guard.guard_engines_of_this_process
-    os.environ[_logprob_ranks.ENV_VAR] = "1" if side == SIDES[0] else "0"
+    os.environ[_logprob_ranks.ENV_VAR] = "1" if side == OURS else "0"
     if not ours:  # the engine's processes then find no owner: the plugin does nothing there
         _orphan_guard.guard_engines_of_this_process = lambda environ=None: None
         os.environ.pop(_orphan_guard.ENV_VAR, None)
@@ -111,7 +111,7 @@ def main() -> None:
     for _ in range(args.trials):
         for skip in (True, False):
             exits[skip].append(exit_seconds(skip))
-    ours, eager, theirs = (medians[side] for side in SIDES)
+    ours, eager, theirs = medians[OURS], medians[VLLM_RANKS], medians[VLLM_DEFAULTS]
     print(f"\nVLLMPolicy on the tiny model, no LoRA, median of {args.trials} alternating trials:")
     print(f"  start():  ours {ours[0]:.1f} s vs vLLM's defaults {theirs[0]:.1f} s "
           f"({theirs[0] - ours[0]:.1f} s less)")  # fmt: skip

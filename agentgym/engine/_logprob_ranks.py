@@ -23,6 +23,7 @@ vLLM 0.32; where the function has moved, `register` logs a warning and vLLM's st
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from typing import Any
@@ -55,8 +56,6 @@ def register() -> None:
     """Count short rows eagerly where the environment asks for it (vLLM's plugin hook)."""
     if os.environ.get(ENV_VAR) != "1":
         return
-    import importlib
-
     try:
         holders = [importlib.import_module(name) for name in _HOLDERS]
     except ImportError:  # a vLLM without the V1 sampler: nothing to replace
