@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ ENV_VAR = "AGENTGYM_EAGER_LOGPROB_RANKS"
 _NAME = "batched_count_greater_than"
 #: Longest row (vocabulary) counted eagerly: eager costs 0.1 ms more per decode step at 2,048.
 EAGER_MAX_VOCAB = 4096
-#: The modules that hold vLLM's function: where it is defined, and where the sampler calls it.
-_HOLDERS = ("vllm.v1.sample.ops.logprobs", "vllm.v1.sample.sampler")
+#: Where vLLM defines the function, and where its sampler (imported by workers only) calls it.
+_DEFINED_IN, _CALLED_FROM = "vllm.v1.sample.ops.logprobs", "vllm.v1.sample.sampler"
 
 
 def enable_for_cpu_engines(env: dict[str, str] | None = None) -> None:
@@ -57,13 +58,17 @@ def register() -> None:
     if os.environ.get(ENV_VAR) != "1":
         return
     try:
-        holders = [importlib.import_module(name) for name in _HOLDERS]
+        defined_in = importlib.import_module(_DEFINED_IN)
     except ImportError:  # a vLLM without the V1 sampler: nothing to replace
         return
+    # the sampler is patched only where it is loaded already: importing it took 0.16 s in
+    # processes that never sample (the API server, the engine core); loaded later, it takes
+    # the replaced function from where it is defined
+    holders = [defined_in, *filter(None, [sys.modules.get(_CALLED_FROM)])]
     if not all(callable(getattr(module, _NAME, None)) for module in holders):
         log.warning("vLLM's %s moved; its first logprobs request compiles it", _NAME)
         return
-    compiled = getattr(holders[0], _NAME)
+    compiled = getattr(defined_in, _NAME)
 
     def count(x: Any, values: Any) -> Any:
         if x.shape[-1] <= EAGER_MAX_VOCAB:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from importlib.metadata import entry_points
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.vllm
 
 def holders() -> list:
     require("vllm")
-    return [importlib.import_module(name) for name in _logprob_ranks._HOLDERS]
+    names = (_logprob_ranks._DEFINED_IN, _logprob_ranks._CALLED_FROM)
+    return [importlib.import_module(name) for name in names]
 
 
 def test_the_eager_count_is_the_rank_vllm_reports() -> None:
@@ -51,7 +53,7 @@ def test_the_plugin_counts_short_rows_eagerly_only_where_the_environment_asks(
         monkeypatch.setenv(_logprob_ranks.ENV_VAR, switch)
     _logprob_ranks.register()
     longest = _logprob_ranks.EAGER_MAX_VOCAB
-    for module in modules:  # where vLLM defines it and where its sampler calls it
+    for module in modules:  # where vLLM defines it and where its (loaded) sampler calls it
         for width in (261, longest, longest + 1):
             x = torch.arange(float(width)).expand(3, width)
             ranks = getattr(module, _logprob_ranks._NAME)(x, torch.tensor([[0.0], [5.0], [-1.0]]))
@@ -64,8 +66,16 @@ def test_vllm_loads_the_plugin_and_engines_agentgym_starts_ask_for_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     require("vllm")
-    plugins = {e.value for e in entry_points(group="vllm.general_plugins")}
-    assert "agentgym.engine._logprob_ranks:register" in plugins
+    # a fresh process, as vLLM's worker: plugins load first, its sampler is imported after
+    probe = (
+        "from vllm.plugins import load_general_plugins; load_general_plugins(); "
+        "from vllm.v1.sample import sampler; "
+        "print(sampler.batched_count_greater_than.__module__)"
+    )
+    env = {**os.environ, _logprob_ranks.ENV_VAR: "1"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)  # fmt: skip
+    assert out.stdout.split()[-1] == _logprob_ranks.__name__
     monkeypatch.setenv(_logprob_ranks.ENV_VAR, "0")
     _logprob_ranks.enable_for_cpu_engines()  # what VLLMPolicy.start does
     assert os.environ[_logprob_ranks.ENV_VAR] == "0", "a user's 0 keeps vLLM's compiled count"
