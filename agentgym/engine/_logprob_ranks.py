@@ -64,7 +64,9 @@ def register() -> None:
     # the sampler is patched only where it is loaded already: importing it took 0.16 s in
     # processes that never sample (the API server, the engine core); loaded later, it takes
     # the replaced function from where it is defined
-    holders = [defined_in, *filter(None, [sys.modules.get(_CALLED_FROM)])]
+    holders = [defined_in]
+    if _CALLED_FROM in sys.modules:
+        holders.append(sys.modules[_CALLED_FROM])
     if not all(callable(getattr(module, _NAME, None)) for module in holders):
         log.warning("vLLM's %s moved; its first logprobs request compiles it", _NAME)
         return
