@@ -42,7 +42,7 @@ lint: $(VENV)/.full
 
 ## Whole test suite (CI runs this through .ci/run with AGENTGYM_STRICT_DEPS=1).
 test: $(VENV)/.full sandbox-image lint
-	$(PY) -m pytest -q -ra --durations=30
+	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadgroup --no-loadscope-reorder
 
 bench: $(VENV)/.full
 	$(PY) bench/env_step_overhead.py

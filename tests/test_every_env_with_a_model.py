@@ -21,7 +21,7 @@ from agentgym.sandboxes import close_shared_pools
 from tests.conftest import require
 from tests.sandboxes.conftest import require_docker
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
 EPISODES_PER_ENV = 2
 TOKENS_PER_TURN = 24

@@ -20,7 +20,7 @@ import pytest
 import agentgym
 from tests.conftest import CALCULATE_TOOL, require
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
 TOOLS = [CALCULATE_TOOL]
 CALL = agentgym.ToolCall("calculate", {"expression": "37 * 48"}, id="call_0")

@@ -20,7 +20,7 @@ from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy
 from tests.conftest import require
 from tests.engine.episodes import make_adapter
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

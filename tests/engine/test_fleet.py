@@ -35,7 +35,7 @@ from agentgym.engine import (
 from tests.conftest import TINY_RUN, require, send_json
 from tests.engine.episodes import NudgeEnv, letters_only, make_adapter
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 OPTIONS = ServerOptions(
     served_name="tiny", max_model_len=2048, enable_lora=True, max_lora_rank=8, max_loras=3
 )

@@ -18,7 +18,7 @@ import pytest
 from agentgym.engine import _orphan_guard
 from tests.conftest import require
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
 OWNER = """
 import sys, time

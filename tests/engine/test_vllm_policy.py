@@ -18,7 +18,7 @@ from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy, _cpu_lora, _en
 from tests.conftest import require
 from tests.engine.episodes import NudgeEnv, letters_only, make_adapter
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -267,6 +267,7 @@ def test_gradient_checkpointing_recomputes_the_layers_and_leaves_the_update_unch
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.engine
 def test_torchrun_train_shards_each_step_and_resumes(tmp_path) -> None:
     require("vllm")
     from agentgym.trainers import GRPOTrainer

@@ -103,6 +103,8 @@ def test_what_cannot_be_exported_is_named_with_its_fix(
     assert proc.returncode == 2 and "it keeps steps 2, 4" in one_error_line(proc)
 
 
+@pytest.mark.vllm
+@pytest.mark.engine
 def test_the_merged_model_serves_in_vllm_what_the_adapter_does_on_its_base(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -24,7 +24,7 @@ from agentgym import Trajectory, Turn
 from agentgym.trainers import GRPOConfig
 from tests.conftest import TINY_RUN, require
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
 
 def config(tmp_path: Path, **changes) -> GRPOConfig:
