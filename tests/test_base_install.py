@@ -8,11 +8,15 @@ in one line instead of a traceback.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Top-level modules of every extra in pyproject.toml (and what they pull in).
@@ -99,3 +103,36 @@ def test_the_trainer_import_names_its_extra(tmp_path: Path):
         "agentgym._errors.ConfigError: agentgym.trainers.GRPOTrainer needs the 'train' extra "
         "(no module 'torch'): pip install 'agentgym[train]'"
     )
+
+
+def test_the_wheel_ships_every_file_the_code_reads(tmp_path: Path):
+    """`pip install agentgym` installs a wheel, not this tree: the files read beside the code
+    (the dashboard's page, the sandbox image's Dockerfile) must be in it, and the build must not
+    warn that a folder of them is left out."""
+    require("setuptools")
+    source = tmp_path / "src"  # a copy: setuptools' build/ folder in the tree keeps stale files
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    for name in listed.stdout.splitlines():
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+         str(tmp_path), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert "would be ignored" not in built.stdout + built.stderr
+    with zipfile.ZipFile(next(tmp_path.glob("agentgym-*.whl"))) as wheel:
+        shipped = set(wheel.namelist())
+    beside_the_code = [
+        path.relative_to(ROOT) for top in ("agentgym", "envs", "sandboxes", "trainers")
+        for path in (ROOT / top).rglob("*")
+        if path.is_file() and path.suffix not in (".py", ".pyc")
+    ]  # fmt: skip
+    assert beside_the_code, "no data files found: the tree layout changed"
+    for path in beside_the_code:
+        top, *rest = path.parts  # envs/, sandboxes/, trainers/ install as agentgym.<top>
+        installed = "/".join(["agentgym", *rest] if top == "agentgym" else ["agentgym", top, *rest])
+        assert installed in shipped, path
