@@ -41,7 +41,8 @@ lint: $(VENV)/.full
 	$(VENV)/bin/mypy agentgym envs sandboxes trainers
 
 ## Whole test suite (CI runs this through .ci/run with AGENTGYM_STRICT_DEPS=1).
-test: $(VENV)/.full sandbox-image lint
+test: $(VENV)/.full
+	$(MAKE) --no-print-directory -j2 sandbox-image lint  # side by side: 96 s vs 146 s, docs/figures.md
 	$(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadgroup --no-loadscope-reorder
 
 bench: $(VENV)/.full
