@@ -11,19 +11,26 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from agentgym import read_jsonl
+from agentgym.engine import _rpc_dir
 from tests.conftest import VLLMServer, require
 from tests.test_check import HISTORY_REWRITING_TEMPLATE
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 
 
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, timeout: float = 120, tmpdir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
+    if tmpdir is not None:  # the command's temp folder, and vLLM's sockets in it by default
+        env["TMPDIR"] = str(tmpdir)
+        env.pop(_rpc_dir.ENV_VAR, None)
     return subprocess.run(
         [str(AGENTGYM), *args], capture_output=True, text=True, env=env, timeout=timeout
     )
@@ -59,12 +66,18 @@ def test_eval_vllm_records_token_ids_mode_and_adapter_version(
     require("vllm")
     model = model_with_template(tiny_model_dir, tmp_path / "model", thinking_switch(tiny_model_dir))
     out = tmp_path / "run"
+    tmpdir = Path(tempfile.mkdtemp(prefix="t"))  # short: a socket's path fits in 107 bytes
     proc = run(
         "eval", "calculator", "--policy", "vllm", "--model-path", str(model),
         "-n", "2", "-g", "2", "--max-tokens", "12", "--temperature", "0.7", "--seed", "3",
         "--chat-template-kwargs", '{"enable_thinking": false}', "--out", str(out), timeout=600,
+        tmpdir=tmpdir,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    sockets = [path.name for path in tmpdir.rglob("*") if path.is_socket()]
+    rpc_dirs = [path.name for path in tmpdir.glob("agentgym-rpc-*")]
+    shutil.rmtree(tmpdir)
+    assert sockets == [] and rpc_dirs == [], f"vLLM's sockets left behind: {sockets}, {rpc_dirs}"
     assert "rollout mode per_turn" in proc.stderr  # decided before the episodes, and said
     trajectories = list(read_jsonl(out / "trajectories.jsonl"))
     assert len(trajectories) == 4
