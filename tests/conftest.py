@@ -66,7 +66,8 @@ def pytest_collection_modifyitems(
     longer than everything else together, so they must not queue behind it (`make test` passes
     ``--no-loadscope-reorder`` so that xdist keeps this order). Without xdist the groups are
     inert and only the order changes. A wrapper, because xdist's own hook turns the groups into
-    node ids and must see them.
+    node ids and must see them. A module that starts an engine without the marker still passes,
+    but its engine may then run beside another one, slower.
     """
 
     def module(item: pytest.Item) -> str:

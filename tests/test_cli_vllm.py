@@ -25,11 +25,11 @@ AGENTGYM = Path(sys.executable).parent / "agentgym"
 
 
 def run(
-    *args: str, timeout: float = 120, tmpdir: Path | None = None
+    *args: str, timeout: float = 120, temp_dir: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
-    if tmpdir is not None:  # the command's temp folder, and vLLM's sockets in it by default
-        env["TMPDIR"] = str(tmpdir)
+    if temp_dir is not None:  # the command's temp folder, and vLLM's sockets in it by default
+        env["TMPDIR"] = str(temp_dir)
         env.pop(_rpc_dir.ENV_VAR, None)
     return subprocess.run(
         [str(AGENTGYM), *args], capture_output=True, text=True, env=env, timeout=timeout
@@ -66,17 +66,19 @@ def test_eval_vllm_records_token_ids_mode_and_adapter_version(
     require("vllm")
     model = model_with_template(tiny_model_dir, tmp_path / "model", thinking_switch(tiny_model_dir))
     out = tmp_path / "run"
-    tmpdir = Path(tempfile.mkdtemp(prefix="t"))  # short: a socket's path fits in 107 bytes
-    proc = run(
-        "eval", "calculator", "--policy", "vllm", "--model-path", str(model),
-        "-n", "2", "-g", "2", "--max-tokens", "12", "--temperature", "0.7", "--seed", "3",
-        "--chat-template-kwargs", '{"enable_thinking": false}', "--out", str(out), timeout=600,
-        tmpdir=tmpdir,
-    )  # fmt: skip
+    temp_dir = Path(tempfile.mkdtemp(prefix="t"))  # short: a socket's path fits in 107 bytes
+    try:
+        proc = run(
+            "eval", "calculator", "--policy", "vllm", "--model-path", str(model),
+            "-n", "2", "-g", "2", "--max-tokens", "12", "--temperature", "0.7", "--seed", "3",
+            "--chat-template-kwargs", '{"enable_thinking": false}', "--out", str(out),
+            timeout=600, temp_dir=temp_dir,
+        )  # fmt: skip
+        sockets = [path.name for path in temp_dir.rglob("*") if path.is_socket()]
+        rpc_dirs = [path.name for path in temp_dir.glob("agentgym-rpc-*")]
+    finally:
+        shutil.rmtree(temp_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    sockets = [path.name for path in tmpdir.rglob("*") if path.is_socket()]
-    rpc_dirs = [path.name for path in tmpdir.glob("agentgym-rpc-*")]
-    shutil.rmtree(tmpdir)
     assert sockets == [] and rpc_dirs == [], f"vLLM's sockets left behind: {sockets}, {rpc_dirs}"
     assert "rollout mode per_turn" in proc.stderr  # decided before the episodes, and said
     trajectories = list(read_jsonl(out / "trajectories.jsonl"))
