@@ -29,6 +29,7 @@ from agentgym.engine import (
     RemoteVLLMPolicy,
     ServerOptions,
     VLLMFleet,
+    _rpc_dir,
     serve_router,
     serve_vllm_fleet,
 )
@@ -45,8 +46,10 @@ HELLO = [{"role": "user", "content": "hello"}]
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir: Path) -> Iterator[list[LocalServer]]:
     require("vllm")
-    with serve_vllm_fleet(tiny_model_dir, 2, OPTIONS) as started:
-        yield started
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(_rpc_dir.ENV_VAR, raising=False)  # an engine started here earlier sets it
+        with serve_vllm_fleet(tiny_model_dir, 2, OPTIONS) as started:
+            yield started
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +80,18 @@ def greedy_ids(server: LocalServer, prompt: list[int], model: str) -> list[int]:
     response = httpx.post(f"{server.root}/v1/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     return list(response.json()["choices"][0]["token_ids"])
+
+
+def test_each_server_binds_its_sockets_in_a_folder_deleted_at_exit(
+    servers: list[LocalServer],
+) -> None:
+    """vLLM leaves its socket files behind; the launcher points them at a folder of its own."""
+    for server in servers:
+        assert server.process is not None
+        environ = Path(f"/proc/{server.process.pid}/environ").read_bytes().decode().split("\0")
+        folder = Path(dict(e.split("=", 1) for e in environ if "=" in e)[_rpc_dir.ENV_VAR])
+        assert folder.name.startswith("agentgym-rpc-")
+        assert any(path.is_socket() for path in folder.iterdir())
 
 
 def test_episodes_stay_on_one_server_and_load_spreads(
