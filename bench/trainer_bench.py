@@ -26,11 +26,15 @@
   both play the same episodes (`ToolEnv`'s ``malformed_call_ends_episode``).
   ``--compare-compiled`` also times ours with its vLLM engine compiled
   (``GRPOConfig.rollout_compile``), in the same run.
+  TRL's ``max_completion_length`` bounds a whole completion (every turn and tool result
+  together): a tool result that would pass it is dropped and the episode ends with no answer
+  turn, where ours bounds each turn. The bench prints how many tool results TRL kept;
+  ``--trl-completion-length N`` gives TRL room for its tool turns (ours unchanged).
 
     python bench/trainer_bench.py [--trials 5] [--lora-r 16] [--restart] [--skip-step]
         [--shape tiny|quickstart|qwen2.5-0.5b | --model-dir DIR] [--warm-start STEPS]
         [--skip-sync] [--engine vllm|hf] [--device auto|cpu|cuda] [--malformed-ends-episode]
-        [--compare-compiled]
+        [--compare-compiled] [--trl-completion-length N]
 
 Each sync trial runs both paths on the same weights back to back (the machine's drift hits
 both alike); the medians of the trials are compared.
@@ -84,7 +88,8 @@ class Workload:
     env: str = "calculator"
     tasks_per_step: int = 2
     num_generations: int = 4
-    max_completion_length: int = 48
+    max_completion_length: int = 48  # ours: per turn; TRL: the whole completion, unless:
+    trl_max_completion_length: int | None = None  # TRL's whole-completion budget (None: above)
     max_turns: int = 4
     lora_r: int = 16
     learning_rate: float = 1e-4
@@ -285,7 +290,9 @@ def bench_step_time(
     print(f"\n(a) seconds per GRPO step ({workload.episodes} episodes of {workload.env}, "
           f"median of {workload.steps} steps after a warm-up, on {_device(workload)})")  # fmt: skip
     print(f"  TRL GRPOTrainer (tools=[calculate], {trl['generation']}): {trl['seconds']:.2f} s "
-          f"(tool calls per completion {trl['tool_calls']:.2f})")  # fmt: skip
+          f"(tool calls per completion {trl['tool_calls']:.2f}, tool results kept "
+          f"{trl['tool_results']:.2f}: a result that would pass its max_completion_length "
+          f"{trl['budget']} is dropped, and no answer turn follows)")  # fmt: skip
     print(f"  agentgym GRPOTrainer (rollout_engine {workload.engine}): {ours['seconds']:.2f} s "
           f"= rollout {ours['rollout']:.2f} + train {ours['train']:.2f} + sync {ours['sync']:.3f} "
           f"(tool calls per episode {ours['tool_calls']:.2f}, turns per episode "
@@ -396,8 +403,13 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
         for t in tasks
     ])  # fmt: skip
 
+    kept: list[float] = []  # per step: completions whose tool result TRL kept
+
     def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float | None]:
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        with_result = [isinstance(c, list) and any(m["role"] == "tool" for m in c)
+                       for c in completions]  # fmt: skip
+        kept.append(sum(with_result) / len(completions))
         return [correct_answer(t or "", a) for t, a in zip(texts, answer)]
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -412,7 +424,8 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
         per_device_train_batch_size=workload.episodes,
         num_generations=workload.num_generations,
-        max_completion_length=workload.max_completion_length,
+        max_completion_length=workload.trl_max_completion_length
+        or workload.max_completion_length,
         max_tool_calling_iterations=workload.max_turns - 1,
         learning_rate=workload.learning_rate,
         max_steps=workload.steps + 1,
@@ -441,6 +454,7 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
     logs = [h for h in trainer.state.log_history if "tools/call_frequency" in h][1:]
     calls = _median([float(h["tools/call_frequency"]) for h in logs])
     return {"seconds": _median(durations), "steps": durations, "tool_calls": calls,
+            "tool_results": _median(kept[1:]), "budget": args.max_completion_length,
             "generation": "vLLM colocate" if colocate else "transformers generate"}  # fmt: skip
 
 
@@ -501,6 +515,9 @@ def main() -> None:
                         help="where both trainers train in (a)")
     parser.add_argument("--tasks-per-step", type=int, default=WORKLOAD.tasks_per_step)
     parser.add_argument("--num-generations", type=int, default=WORKLOAD.num_generations)
+    parser.add_argument("--trl-completion-length", type=int, metavar="N",
+                        help="TRL's budget for a whole completion, tool results included "
+                        "(default: the per-turn 48 ours has)")
     parser.add_argument("--compare-compiled", action="store_true", help="also time our "
                         "trainer with a compiled vLLM engine (rollout_compile) in the same run")
     args = parser.parse_args()
@@ -521,6 +538,7 @@ def main() -> None:
             WORKLOAD, system_prompt=args.system_prompt, engine=args.engine, device=args.device,
             tasks_per_step=args.tasks_per_step, num_generations=args.num_generations,
             malformed_call_ends_episode=args.malformed_ends_episode,
+            trl_max_completion_length=args.trl_completion_length,
         )  # fmt: skip
         bench_step_time(model_dir, workload, compare_compiled=args.compare_compiled)
 

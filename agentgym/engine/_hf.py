@@ -45,6 +45,7 @@ class _Turn:
     max_tokens: int
     seed: int | None
     sampling: SamplingConfig
+    session: str | None
     future: asyncio.Future[Completion] = field(repr=False)
 
 
@@ -63,6 +64,10 @@ class HFPolicy(TokenPolicy):
         rollout_mode: see `TokenPolicy`.
         max_batch_size: most turns sampled in one `generate` call. A batch shares one seed
             (the first turn's), so a seeded turn repeats exactly only with the same batch.
+        straggler_wait: how long a batch may wait for live episodes that are still running
+            a tool, as a fraction of the last batch's time (0 waits for none). A turn that
+            misses a batch costs a `generate` call of its own, about a whole batch's time;
+            see `_await_stragglers`.
     """
 
     def __init__(
@@ -77,6 +82,7 @@ class HFPolicy(TokenPolicy):
         chat_template_kwargs: dict[str, Any] | None = None,
         rollout_mode: ModeChoice = "auto",
         max_batch_size: int = 64,
+        straggler_wait: float = 0.1,
     ) -> None:
         super().__init__(sampling, rollout_mode)
         if self.sampling.min_p or self.sampling.extra:
@@ -86,6 +92,8 @@ class HFPolicy(TokenPolicy):
             )
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if not 0 <= straggler_wait <= 1:
+            raise ConfigError(f"straggler_wait must be in [0, 1], got {straggler_wait}")
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -94,6 +102,8 @@ class HFPolicy(TokenPolicy):
                 f"HFPolicy needs transformers: pip install 'agentgym[train]' ({exc})"
             ) from exc
         self.max_batch_size = max_batch_size
+        self.straggler_wait = straggler_wait
+        self._last_batch_seconds = 0.0
         model = model_source(model)
         self.max_model_len = context_length(model, max_model_len)
         tokenizer = AutoTokenizer.from_pretrained(model)
@@ -117,6 +127,12 @@ class HFPolicy(TokenPolicy):
         )
         self._drainers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]]
         self._drainers = weakref.WeakKeyDictionary()
+        # episodes that have asked for a turn and not ended, and a signal for each arrival
+        # or end: what a batch waits on while some of them are still running a tool
+        self._live: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[str]]
+        self._live = weakref.WeakKeyDictionary()
+        self._changed: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Event]
+        self._changed = weakref.WeakKeyDictionary()
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -136,13 +152,23 @@ class HFPolicy(TokenPolicy):
         s = sampling or self.sampling
         limit = self.turn_limit(prompt_ids, max_tokens, s)
         loop = asyncio.get_running_loop()
-        turn = _Turn(list(prompt_ids), limit, seed, s, loop.create_future())
+        turn = _Turn(list(prompt_ids), limit, seed, s, session, loop.create_future())
         queue = self._queues.setdefault(loop, [])
         queue.append(turn)
+        if session is not None:
+            self._live.setdefault(loop, set()).add(session)
+        self._changed.setdefault(loop, asyncio.Event()).set()
         drainer = self._drainers.get(loop)
         if drainer is None or drainer.done():
             self._drainers[loop] = loop.create_task(self._drain(queue))
         return await turn.future
+
+    async def end_session(self, session: str) -> None:
+        """The episode ended: a batch no longer waits for its next turn."""
+        loop = asyncio.get_running_loop()
+        self._live.get(loop, set()).discard(session)
+        if loop in self._changed:
+            self._changed[loop].set()
 
     async def _drain(self, queue: list[_Turn]) -> None:
         """Sample ``queue``'s turns in batches until none is left (one task per event loop).
@@ -153,20 +179,55 @@ class HFPolicy(TokenPolicy):
         threads or sandboxes go on; their episodes resume after the batch (and a tool timeout
         counts the batch's time: the loop's clock runs on).
         """
-        while queue:
-            await asyncio.sleep(0)  # the turns other episodes ask for in this tick join in
-            batch = self._next_batch(queue)
-            if not batch:  # every queued turn's episode was cancelled
-                break
+        try:
+            while queue:
+                await asyncio.sleep(0)  # the turns other episodes ask for in this tick join in
+                await self._await_stragglers(queue)
+                batch = self._next_batch(queue)
+                if not batch:  # every queued turn's episode was cancelled
+                    break
+                started = time.perf_counter()
+                try:
+                    results = self._sample_batch(batch)
+                except Exception as exc:  # out of memory, a driver error: never the model's
+                    for turn in batch:
+                        failure = ModelError(f"transformers generate failed: {exc!r}")
+                        turn.future.set_exception(failure.with_traceback(exc.__traceback__))
+                    continue
+                self._last_batch_seconds = time.perf_counter() - started
+                for turn, completion in zip(batch, results):
+                    turn.future.set_result(completion)
+        except asyncio.CancelledError:  # the loop is shutting down: no turn waits forever
+            for turn in queue:
+                turn.future.cancel()
+            raise
+
+    async def _await_stragglers(self, queue: list[_Turn]) -> None:
+        """Wait, briefly, for live episodes without a queued turn (running a tool) to ask.
+
+        Why: the G episodes of a task usually finish their tools within a millisecond of
+        each other, a few event-loop ticks apart. Sampled at once, the early ones go in one
+        batch and the rest in a second `generate` call that costs about as long again (in
+        the trainer bench, 2 of 5 steps' tool turns came as 4 + 3 and 6 + 1 rows; with the
+        wait every step's were one batch: docs/figures.md, "the straggler wait"). The wait
+        ends as soon as every live episode has a turn queued (or has ended), the batch is
+        full, or ``straggler_wait`` x the last batch's time has passed, so a slow tool
+        costs the others at most that fraction of a batch. Episodes are known by their
+        ``session`` (every `TokenEpisode` passes one); a caller passing none is not waited for.
+        """
+        loop = asyncio.get_running_loop()
+        live, changed = self._live.get(loop, set()), self._changed[loop]
+        deadline = loop.time() + self.straggler_wait * self._last_batch_seconds
+        while len(queue) < self.max_batch_size:
+            queued = {t.session for t in queue if not t.future.done()}
+            remaining = deadline - loop.time()
+            if live <= queued or remaining <= 0:
+                return
+            changed.clear()
             try:
-                results = self._sample_batch(batch)
-            except Exception as exc:  # out of memory, a driver error: never the model's doing
-                for turn in batch:
-                    failure = ModelError(f"transformers generate failed: {exc!r}")
-                    turn.future.set_exception(failure.with_traceback(exc.__traceback__))
-                continue
-            for turn, completion in zip(batch, results):
-                turn.future.set_result(completion)
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                return
 
     def _next_batch(self, queue: list[_Turn]) -> list[_Turn]:
         """Take the oldest live turn of ``queue`` and those after it with the same sampling.

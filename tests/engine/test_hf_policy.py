@@ -60,6 +60,101 @@ def test_a_cancelled_turn_leaves_the_others_of_its_batch_served(greedy: HFPolicy
     assert not any(greedy._queues.values())  # nothing left waiting for a batch
 
 
+def _counting_generate(policy: HFPolicy, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The row count of every `generate` call the policy makes (the real call runs)."""
+    rows: list[int] = []
+    real = policy.model.generate
+
+    def counted(inputs, **kwargs):
+        rows.append(len(inputs))
+        return real(inputs, **kwargs)
+
+    monkeypatch.setattr(policy.model, "generate", counted)
+    return rows
+
+
+@pytest.mark.parametrize("straggler_wait", [1.0, 0.0])
+def test_tool_turns_a_few_ticks_apart_share_one_batch(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, straggler_wait: float
+) -> None:
+    """Four episodes whose tools return 0, 4, 8 and 12 event-loop ticks after their first
+    turns: waiting for the live ones (their sessions) samples the second turns in one call;
+    with the wait off they split, which is what the wait is for."""
+    policy = HFPolicy(tiny_model_dir, sampling={"temperature": 0.0, "max_tokens": 8},
+                      straggler_wait=straggler_wait)  # fmt: skip
+    rows = _counting_generate(policy, monkeypatch)
+    prompt = policy.tokenizer.encode("hello there")
+
+    async def episode(i: int) -> None:
+        first = await policy.generate_ids(prompt, session=f"episode-{i}")
+        for _ in range(4 * i):  # a tool that takes a few ticks
+            await asyncio.sleep(0)
+        await policy.generate_ids(prompt + first.completion_ids, session=f"episode-{i}")
+        await policy.end_session(f"episode-{i}")
+
+    async def main() -> None:
+        await asyncio.gather(*(episode(i) for i in range(4)))
+
+    asyncio.run(main())
+    if straggler_wait:
+        assert rows == [4, 4]
+    else:
+        assert rows[0] == 4 and len(rows) > 2
+
+
+def test_a_slow_tool_holds_the_others_batch_only_briefly(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An episode in a 1 s tool is waited for at most a fraction of a batch: the other
+    episode's next turn is sampled (alone) long before that tool returns."""
+    policy = HFPolicy(tiny_model_dir, sampling={"temperature": 0.0, "max_tokens": 8},
+                      straggler_wait=1.0)  # fmt: skip
+    rows = _counting_generate(policy, monkeypatch)
+    prompt = policy.tokenizer.encode("hello there")
+    events: list[str] = []
+
+    async def episode(name: str, tool_seconds: float) -> None:
+        first = await policy.generate_ids(prompt, session=name)
+        await asyncio.sleep(tool_seconds)  # the tool's own latency
+        events.append(f"{name} tool returned")
+        await policy.generate_ids(prompt + first.completion_ids, session=name)
+        events.append(f"{name} second turn")
+        await policy.end_session(name)
+
+    async def main() -> None:
+        await asyncio.gather(episode("quick", 0.0), episode("slow", 1.0))
+
+    asyncio.run(main())
+    assert events.index("quick second turn") < events.index("slow tool returned")
+    assert rows == [2, 1, 1]
+
+
+def test_turns_queued_when_the_loop_shuts_down_are_cancelled_not_left_waiting(
+    greedy: HFPolicy,
+) -> None:
+    """The drainer is cancelled while it waits for a straggler (the loop is closing): the
+    turn it holds must fail with CancelledError instead of awaiting a batch forever."""
+    greedy.straggler_wait = 1.0
+    prompt = greedy.tokenizer.encode("hello there")
+
+    async def main() -> BaseException | None:
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(greedy.generate_ids(prompt, session="a"),
+                             greedy.generate_ids(prompt, session="b"))  # fmt: skip
+        held = asyncio.ensure_future(greedy.generate_ids(prompt, session="a"))
+        while not greedy._queues[loop]:  # "b" is live and not queued: the drainer waits
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        greedy._drainers[loop].cancel()
+        try:
+            await asyncio.wait_for(held, timeout=30)
+        except BaseException as exc:  # noqa: BLE001 - the outcome is what the test checks
+            return exc
+        return None
+
+    assert isinstance(asyncio.run(main()), asyncio.CancelledError)
+
+
 def test_a_failing_generate_makes_its_batch_infra_errors(
     greedy: HFPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
