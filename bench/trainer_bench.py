@@ -517,7 +517,7 @@ def main() -> None:
     parser.add_argument("--num-generations", type=int, default=WORKLOAD.num_generations)
     parser.add_argument("--trl-completion-length", type=int, metavar="N",
                         help="TRL's budget for a whole completion, tool results included "
-                        "(default: the per-turn 48 ours has)")
+                        f"(default: {WORKLOAD.max_completion_length}, our per-turn limit)")
     parser.add_argument("--compare-compiled", action="store_true", help="also time our "
                         "trainer with a compiled vLLM engine (rollout_compile) in the same run")
     args = parser.parse_args()
