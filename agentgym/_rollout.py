@@ -201,7 +201,8 @@ async def _turns(
     while not done:
         t0 = time.perf_counter()
         try:
-            completion = await _next_turn(episode, trajectory, max_tokens_per_turn)
+            limit = _turn_limit(env, episode, max_tokens_per_turn)
+            completion = await _next_turn(episode, trajectory, limit)
         except ConversationError as exc:  # the model's turns made it unservable: scored
             info, truncated = await env.atruncate(), True
             trajectory.info["truncated_by"] = str(exc)
@@ -227,6 +228,19 @@ def _record_mode(trajectory: Trajectory, episode: PolicyEpisode) -> None:
     reason = getattr(episode, "mode_reason", "")  # optional: users' episode handles may lack it
     if reason:
         trajectory.info["mode_reason"] = reason
+
+
+def _turn_limit(env: Env, episode: PolicyEpisode, max_tokens_per_turn: int | None) -> int | None:
+    """The turn's token limit: the one asked for (or the policy's own), cut to the budget.
+
+    The budget is what the env's episode token budget has left (``episode_tokens_left``,
+    optional: `ToolEnv` has it); a policy without a limit of its own gets the budget's.
+    """
+    left = getattr(env, "episode_tokens_left", None)
+    if left is None:
+        return max_tokens_per_turn
+    own = max_tokens_per_turn or getattr(episode, "max_tokens", None)  # a TokenEpisode's
+    return left if own is None else min(own, left)
 
 
 async def _next_turn(

@@ -93,7 +93,8 @@ class ToolEnv(Env):
         max_turns: assistant turns before the episode is truncated.
         max_episode_tokens: completion tokens of the whole episode before truncation; counted
             from `Completion` actions (raw-text actions carry no token count). None means no
-            budget. (The per-turn limit is the policy's ``max_tokens``.)
+            budget. (The per-turn limit is the policy's ``max_tokens``; the rollout cuts it to
+            `episode_tokens_left`.)
         stop_conditions: predicates ``(state, messages) -> bool`` ending the episode
             (terminated) after a turn, besides the final answer.
         tool_timeout: overrides every tool's own timeout (seconds, > 0) when given.
@@ -212,6 +213,18 @@ class ToolEnv(Env):
             "env": self,
             "sandbox": getattr(self, "sandbox", None),
         }
+
+    @property
+    def episode_tokens_left(self) -> int | None:
+        """Completion tokens the episode may still sample; None: no ``max_episode_tokens``.
+
+        The rollout cuts each turn's token limit to it: without that, a turn could sample
+        its whole per-turn limit past the budget, only for the episode to be truncated
+        after it, and a trainer would learn from tokens the budget was there to bound.
+        """
+        if self.max_episode_tokens is None:
+            return None
+        return self.max_episode_tokens - self.state.completion_tokens
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:

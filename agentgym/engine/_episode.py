@@ -283,6 +283,11 @@ class TokenEpisode:
         self._seen = 0
         self.session = uuid.uuid4().hex
 
+    @property
+    def max_tokens(self) -> int:
+        """The turn limit its policy samples with when the caller asks for none."""
+        return self.policy.sampling.max_tokens
+
     async def generate(
         self, messages: list[Message], *, max_tokens: int | None = None
     ) -> Completion:

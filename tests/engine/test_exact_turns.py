@@ -50,13 +50,18 @@ def tool_env(**kw: Any) -> ToolEnv:
     return ToolEnv([echo], tasks=[{"prompt": "say hi", "answer": "hi"}], max_turns=3, **kw)
 
 
-def assert_exact(trajectory: Trajectory, policy: IdsPolicy) -> None:
-    """Invariants (i)-(iv) of every episode, whatever the policy wrote."""
+def assert_exact(trajectory: Trajectory, policy: IdsPolicy, budget: int | None = None) -> None:
+    """Invariants (i)-(iv) of every episode, whatever the policy wrote; ``budget`` is the env's
+    ``max_episode_tokens``, which cuts a turn as the context does."""
     script = [*policy.script, *[policy.script[-1]] * len(trajectory.turns)]
+    spent = 0
     for k, turn in enumerate(trajectory.turns):
         assert turn.prompt_ids == policy.prompts[k]
         limit = policy.max_model_len - len(policy.prompts[k])
+        if budget is not None:
+            limit = min(limit, budget - spent)
         assert turn.completion_ids == script[k][:limit]  # (i)
+        spent += len(turn.completion_ids or ())
     samples = episode_samples(trajectory, 1.0, "auto")
     if samples and samples[0].turn is not None:  # per turn: each its prompt + completion
         assert trajectory.mode == "per_turn"
@@ -182,7 +187,24 @@ async def test_the_episode_token_budget_at_a_turn_boundary(budget: int) -> None:
     )
     assert trajectory.status == "truncated"
     assert len(trajectory.turns) == (1 if budget <= len(CALL) + 1 else 2)
-    assert_exact(trajectory, policy)
+    assert_exact(trajectory, policy, budget)
+
+
+@pytest.mark.parametrize("per_turn", [None, len(CALL) + 1])
+async def test_a_turn_never_samples_past_the_episode_token_budget(per_turn: int | None) -> None:
+    """The rollout cuts a turn's limit to what the budget has left (whether the limit is the
+    policy's own or the one asked for): the second turn stops at the budget instead of being
+    sampled whole (its scripted ids run to len(CALL) + 1) and the episode truncated after."""
+    budget = len(CALL) + 1 + 5
+    policy = IdsPolicy([[*CALL, EOS]])
+    [trajectory] = await arollout(
+        lambda: tool_env(max_episode_tokens=budget), policy, tasks=[0], seed=0,
+        max_tokens_per_turn=per_turn,
+    )  # fmt: skip
+    assert trajectory.status == "truncated"
+    assert [len(t.completion_ids or ()) for t in trajectory.turns] == [len(CALL) + 1, 5]
+    assert trajectory.turns[-1].finish_reason == "length"
+    assert_exact(trajectory, policy, budget)
 
 
 class ForgetsTheAssistantEnv(Env):
