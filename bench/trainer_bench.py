@@ -34,7 +34,7 @@
     python bench/trainer_bench.py [--trials 5] [--lora-r 16] [--restart] [--skip-step]
         [--shape tiny|quickstart|qwen2.5-0.5b | --model-dir DIR] [--warm-start STEPS]
         [--skip-sync] [--engine vllm|hf] [--device auto|cpu|cuda] [--malformed-ends-episode]
-        [--compare-compiled] [--trl-completion-length N]
+        [--compare-compiled] [--trl-completion-length N] [--steps 4]
 
 Each sync trial runs both paths on the same weights back to back (the machine's drift hits
 both alike); the medians of the trials are compared.
@@ -513,6 +513,9 @@ def main() -> None:
                         help="our rollout engine in (a); 'hf' keeps TRL on transformers too")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="where both trainers train in (a)")
+    parser.add_argument("--steps", type=int, default=WORKLOAD.steps, help="timed steps on "
+                        "each side in (a), after one warm-up step; more even out what was "
+                        "sampled (8 episodes a step vary in length)")
     parser.add_argument("--tasks-per-step", type=int, default=WORKLOAD.tasks_per_step)
     parser.add_argument("--num-generations", type=int, default=WORKLOAD.num_generations)
     parser.add_argument("--trl-completion-length", type=int, metavar="N",
@@ -536,6 +539,7 @@ def main() -> None:
     if not args.skip_step:
         workload = dataclasses.replace(
             WORKLOAD, system_prompt=args.system_prompt, engine=args.engine, device=args.device,
+            steps=args.steps,
             tasks_per_step=args.tasks_per_step, num_generations=args.num_generations,
             malformed_call_ends_episode=args.malformed_ends_episode,
             trl_max_completion_length=args.trl_completion_length,
