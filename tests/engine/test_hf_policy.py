@@ -57,7 +57,7 @@ def test_a_cancelled_turn_leaves_the_others_of_its_batch_served(greedy: HFPolicy
     doomed, kept = asyncio.run(main())
     assert isinstance(doomed, asyncio.CancelledError)
     assert len(kept.completion_ids) > 0
-    assert not any(greedy._queues.values())  # nothing left waiting for a batch
+    assert not any(turns.queue for turns in greedy._loops.values())  # nothing waits for a batch
 
 
 def _counting_generate(policy: HFPolicy, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -142,10 +142,12 @@ def test_turns_queued_when_the_loop_shuts_down_are_cancelled_not_left_waiting(
         await asyncio.gather(greedy.generate_ids(prompt, session="a"),
                              greedy.generate_ids(prompt, session="b"))  # fmt: skip
         held = asyncio.ensure_future(greedy.generate_ids(prompt, session="a"))
-        while not greedy._queues[loop]:  # "b" is live and not queued: the drainer waits
+        while not greedy._loops[loop].queue:  # "b" is live and not queued: the drainer waits
             await asyncio.sleep(0)
         await asyncio.sleep(0)
-        greedy._drainers[loop].cancel()
+        drainer = greedy._loops[loop].drainer
+        assert drainer is not None
+        drainer.cancel()
         try:
             await asyncio.wait_for(held, timeout=30)
         except BaseException as exc:  # noqa: BLE001 - the outcome is what the test checks
