@@ -25,7 +25,8 @@
   takes that turn as the answer; ``--malformed-ends-episode`` makes ours end there too, so
   both play the same episodes (`ToolEnv`'s ``malformed_call_ends_episode``).
   ``--compare-compiled`` also times ours with its vLLM engine compiled
-  (``GRPOConfig.rollout_compile``), in the same run.
+  (``GRPOConfig.rollout_compile``), ``--compare-overlap`` with the next step's rollouts
+  running during this step's update (``GRPOConfig.max_staleness=1``), in the same run.
   TRL's ``max_completion_length`` bounds a whole completion (every turn and tool result
   together): a tool result that would pass it is dropped and the episode ends with no answer
   turn, where ours bounds each turn. The bench prints how many tool results TRL kept;
@@ -34,7 +35,7 @@
     python bench/trainer_bench.py [--trials 5] [--lora-r 16] [--restart] [--skip-step]
         [--shape tiny|quickstart|qwen2.5-0.5b | --model-dir DIR] [--warm-start STEPS]
         [--skip-sync] [--engine vllm|hf] [--device auto|cpu|cuda] [--malformed-ends-episode]
-        [--compare-compiled] [--trl-completion-length N] [--steps 4]
+        [--compare-compiled] [--compare-overlap] [--trl-completion-length N] [--steps 4]
 
 Each sync trial runs both paths on the same weights back to back (the machine's drift hits
 both alike); the medians of the trials are compared.
@@ -98,6 +99,7 @@ class Workload:
     malformed_call_ends_episode: bool = False  # True: our episodes end on one, as TRL's do
     engine: str = "vllm"  # our rollout engine: "vllm" or "hf" (then TRL generates with HF too)
     rollout_compile: bool = False  # GRPOConfig.rollout_compile: the vLLM engine compiled
+    max_staleness: int = 0  # GRPOConfig.max_staleness: 1 rolls out the next step while training
     device: str = "auto"  # where both trainers train: "auto" is CUDA when there is one
 
     @property
@@ -273,41 +275,53 @@ def _print_sync(
 
 
 def bench_step_time(
-    model_dir: Path, workload: Workload = WORKLOAD, compare_compiled: bool = False
+    model_dir: Path,
+    workload: Workload = WORKLOAD,
+    compare_compiled: bool = False,
+    compare_overlap: bool = False,
 ) -> dict[str, float]:
     """Seconds per GRPO step: ours vs TRL's GRPOTrainer with its own tool loop.
 
     Both run `workload` on the same tiny model: same tasks per step, generations, completion
     length, turns, LoRA rank and learning rate. ``compare_compiled`` also times ours with a
-    compiled vLLM engine (``rollout_compile=True``) in the same run.
+    compiled vLLM engine (``rollout_compile=True``), ``compare_overlap`` with the next step
+    rolling out while this one trains (``max_staleness=1``), in the same run.
     """
+    variants = {
+        "rollout_compile=True (vLLM compiled)": dict(rollout_compile=True)
+        if workload.engine == "vllm" and compare_compiled else None,
+        "max_staleness=1 (the next step rolls out during the update)": dict(max_staleness=1)
+        if compare_overlap else None,
+    }  # fmt: skip
     trl = _peak_memory(trl_seconds_per_step, model_dir, workload)
     ours = _peak_memory(our_seconds_per_step, model_dir, workload)
-    compiled = None
-    if workload.engine == "vllm" and compare_compiled:
-        compiled_workload = dataclasses.replace(workload, rollout_compile=True)
-        compiled = our_seconds_per_step(model_dir, compiled_workload)
     print(f"\n(a) seconds per GRPO step ({workload.episodes} episodes of {workload.env}, "
           f"median of {workload.steps} steps after a warm-up, on {_device(workload)})")  # fmt: skip
     print(f"  TRL GRPOTrainer (tools=[calculate], {trl['generation']}): {trl['seconds']:.2f} s "
           f"(tool calls per completion {trl['tool_calls']:.2f}, tool results kept "
           f"{trl['tool_results']:.2f}: a result that would pass its max_completion_length "
           f"{trl['budget']} is dropped, and no answer turn follows)")  # fmt: skip
-    print(f"  agentgym GRPOTrainer (rollout_engine {workload.engine}): {ours['seconds']:.2f} s "
-          f"= rollout {ours['rollout']:.2f} + train {ours['train']:.2f} + sync {ours['sync']:.3f} "
+    print(f"  agentgym GRPOTrainer (rollout_engine {workload.engine}): {_phases(ours)} "
           f"(tool calls per episode {ours['tool_calls']:.2f}, turns per episode "
           f"{ours['turns']:.2f}: {_MALFORMED[workload.malformed_call_ends_episode]})  ->  "
           f"{ours['seconds'] / trl['seconds']:.2f}x TRL's (goal <= 1.0x)")  # fmt: skip
-    if compiled is not None:
-        print(f"  agentgym, rollout_compile=True (vLLM compiled): {compiled['seconds']:.2f} s = "
-              f"rollout {compiled['rollout']:.2f} + train {compiled['train']:.2f} + sync "
-              f"{compiled['sync']:.3f}  ->  {compiled['seconds'] / trl['seconds']:.2f}x TRL's; "
-              f"its rollouts took {compiled['rollout'] / ours['rollout']:.2f}x the eager "
-              "engine's")  # fmt: skip
+    for label, change in variants.items():
+        if change is not None:
+            other = our_seconds_per_step(model_dir, dataclasses.replace(workload, **change))
+            print(f"  agentgym, {label}: {_phases(other)}  ->  "
+                  f"{other['seconds'] / trl['seconds']:.2f}x TRL's, "
+                  f"{other['seconds'] / ours['seconds']:.2f}x ours above")  # fmt: skip
     if "peak_gib" in ours:
         print(f"  peak GPU memory: TRL {trl['peak_gib']:.1f} GiB, ours {ours['peak_gib']:.1f} GiB "
               "(ours: trainer and rollout engine each hold the weights)")  # fmt: skip
     return {"trl": trl["seconds"], "ours": ours["seconds"]}
+
+
+def _phases(figures: dict[str, float]) -> str:
+    """A step's wall time and what it spent it on (rollouts may overlap the update)."""
+    return (f"{figures['seconds']:.2f} s a step: rollouts {figures['rollout']:.2f} s (waited "
+            f"for {figures['rollout_wait']:.2f}), update {figures['train']:.2f}, sync "
+            f"{figures['sync']:.3f}")  # fmt: skip
 
 
 def _peak_memory(trainer: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
@@ -325,9 +339,9 @@ def _peak_memory(trainer: Callable[..., dict[str, Any]], *args: Any) -> dict[str
 def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float]:
     """agentgym's `GRPOTrainer` on ``workload``: median seconds per step after a warm-up.
 
-    A step is rollouts (vLLM, token-exact) + loss and optimiser step + adapter sync, read
-    from the run's ``metrics.jsonl`` (``time/rollout + time/train + time/sync``); with the
-    median tool calls and turns per episode.
+    A step is rollouts (vLLM, token-exact) + loss and optimiser step + adapter sync: its wall
+    time from the run's ``metrics.jsonl`` (``time/step``; with ``max_staleness`` 1 the next
+    step's rollouts run during the update); with the median tool calls and turns per episode.
     """
     from agentgym.trainers import GRPOConfig, GRPOTrainer
 
@@ -341,20 +355,21 @@ def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float
         learning_rate=workload.learning_rate, max_steps=workload.steps + 1, sft_steps=0,
         eval_steps=None, save_steps=None, report_to=["none"], device=_device(workload),
         rollout_engine=workload.engine, rollout_compile=workload.rollout_compile,
+        max_staleness=workload.max_staleness,
         max_model_len=_context(model_dir), output_dir=str(out),
     )  # fmt: skip
     GRPOTrainer(config).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/rollout" in r][1:]
     return {
-        "seconds": _median([r["time/rollout"] + r["time/train"] + r["time/sync"] for r in steps]),
+        "seconds": _median([r["time/step"] for r in steps]),
         **{stage: _median([r[f"time/{stage}"] for r in steps]) for stage in _STAGES},
         "tool_calls": _median([r["rollout/tool_calls_per_episode"] for r in steps]),
         "turns": _median([r["rollout/turns_per_episode"] for r in steps]),
     }
 
 
-_STAGES = ("rollout", "train", "sync")
+_STAGES = ("rollout", "rollout_wait", "train", "sync")
 #: What our env does with a malformed call, by ``Workload.malformed_call_ends_episode``.
 _MALFORMED = {
     False: "a malformed call gets an error message and another turn",
@@ -523,6 +538,8 @@ def main() -> None:
                         f"(default: {WORKLOAD.max_completion_length}, our per-turn limit)")
     parser.add_argument("--compare-compiled", action="store_true", help="also time our "
                         "trainer with a compiled vLLM engine (rollout_compile) in the same run")
+    parser.add_argument("--compare-overlap", action="store_true", help="also time our trainer "
+                        "rolling out the next step during the update (max_staleness=1)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     model_dir = args.model_dir or build_tiny_model(**SHAPES[args.shape])
@@ -544,7 +561,8 @@ def main() -> None:
             malformed_call_ends_episode=args.malformed_ends_episode,
             trl_max_completion_length=args.trl_completion_length,
         )  # fmt: skip
-        bench_step_time(model_dir, workload, compare_compiled=args.compare_compiled)
+        bench_step_time(model_dir, workload, compare_compiled=args.compare_compiled,
+                        compare_overlap=args.compare_overlap)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -206,6 +206,14 @@ class GRPOConfig:
         "policy cannot escape a bad score by running out the clock (slow tools, long turns). "
         "A late episode that never started (no slot before the deadline) leaves under each.",
     )
+    max_staleness: int = _knob(
+        0,
+        "Adapter versions a trained episode may lag behind the weights it trains (0 or 1). "
+        "0: on-policy, each step rolls out on the adapter just synced. 1: the next step's "
+        "episodes roll out on the current adapter while this step trains (rollout and update "
+        "overlap, one version behind; the importance-sampling correction against the "
+        "engine's logprobs accounts for the lag). A resumed run's first step rolls out fresh.",
+    )
     infra_error_patience: int | None = _knob(
         3,
         "Consecutive steps in which at least half the episodes ended infra_error (a sandbox, "
@@ -618,6 +626,8 @@ class GRPOConfig:
             ("min_p", self.min_p is None or 0 <= self.min_p <= 1, "use [0, 1] or null"),
             ("max_concurrency", self.max_concurrency is None or self.max_concurrency >= 1,
              "set it to 1 or more, or null"),
+            ("max_staleness", self.max_staleness in (0, 1),
+             "use 0 (on-policy) or 1 (the next step rolls out while this one trains)"),
             ("infra_error_patience",
              self.infra_error_patience is None or self.infra_error_patience >= 1,
              "set it to 1 or more steps, or null to never stop"),
@@ -657,6 +667,12 @@ class GRPOConfig:
             raise ConfigError(
                 f"epsilon_high={self.epsilon_high!r} is below epsilon={self.epsilon!r}; set "
                 f"epsilon_high >= {self.epsilon} (DAPO uses 0.28) or null to equal epsilon"
+            )
+        if self.max_staleness and not self.vllm_importance_sampling_correction:
+            raise ConfigError(
+                "max_staleness=1 trains on episodes one adapter version old, and only the "
+                "importance-sampling correction accounts for that; set "
+                "vllm_importance_sampling_correction: true, or max_staleness: 0"
             )
         if self.importance_sampling_level == "sequence" and self.loss_type != "grpo":
             warnings.warn(

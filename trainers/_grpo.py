@@ -7,6 +7,9 @@ One step, in run order (each stage is one call below)::
       -> loss + optimiser step (LoRA only) -> adapter sync (new version into the engine)
       -> metrics, eval, checkpoint
 
+With ``max_staleness`` 1 the next step's rollouts run during the update (one version behind;
+`GRPOTrainer._update_while_collecting`).
+
 The engine is in process (`VLLMPolicy`; `HFPolicy` with ``rollout_engine: hf`` where vLLM is
 missing) or, with ``rollout_servers``, N vLLM servers (`RemoteVLLMPolicy`). All keep the same
 token-in/token-out contract, and each sync loads (or publishes) the adapter as a new version.
@@ -74,6 +77,17 @@ _SUMMED_METRICS = frozenset({
     "train/samples", "train/tokens", "loss/value",
     "rollout/per_turn_episodes", "rollout/train_samples", "rollout/trained_tokens",
 })  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Collected:
+    """A step's episodes, with the adapter version that sampled them and how long they took."""
+
+    trajectories: list[Trajectory]
+    #: Train tasks that replaced flat groups (`resample_zero_variance_groups`).
+    replayed: list[int]
+    version: int
+    seconds: float
 
 
 class StaleAdapterError(Error):
@@ -201,15 +215,14 @@ class GRPOTrainer:
                 success = self._evaluate(policy, run, step=0, num_tasks=None)  # a headline
                 figures[start] = success
             broken_steps = 0  # consecutive steps that were mostly infra_error
+            ahead: Collected | None = None  # the next step's episodes (max_staleness 1)
             for step in range(state["step"] + 1, cfg.max_steps + 1):
                 torch.manual_seed(cfg.seed * 100_003 + step)
                 t0 = time.perf_counter()
-                trajectories = self._rollouts(policy, step)  # this rank's share of the step
-                replayed: list[int] = []
-                if cfg.resample_zero_variance_groups:
-                    trajectories, replayed = self._replay_flat_groups(policy, step, trajectories)
+                batch = ahead or self._run(self._collect(policy, step, version))
+                trajectories, replayed = batch.trajectories, batch.replayed  # this rank's share
                 t1 = time.perf_counter()
-                check_versions(trajectories, version)
+                check_versions(trajectories, batch.version)
                 shares = world.gather([_without_token_ids(t) for t in trajectories])
                 episodes = [t for share in shares for t in share]  # every rank's, in plan order
                 broken_steps = broken_steps + 1 if _mostly_infra_errors(episodes) else 0
@@ -218,7 +231,17 @@ class GRPOTrainer:
                 first = sum(len(share) for share in shares[: world.rank])
                 mine = advantages.values[first : first + len(trajectories)]
                 samples = build_samples(trajectories, mine, cfg.rollout_mode)
-                train_metrics = self._update(model, optimizer, samples, spec)
+                if cfg.max_staleness and step < cfg.max_steps:
+                    (train_metrics, train_seconds), ahead = self._run(
+                        self._update_while_collecting(
+                            model, optimizer, samples, spec, policy, step + 1, version
+                        )
+                    )  # fmt: skip
+                else:
+                    train_metrics, train_seconds = _timed(
+                        self._update, model, optimizer, samples, spec
+                    )  # fmt: skip
+                    ahead = None
                 t2 = time.perf_counter()
                 version = self._sync(policy, model, run, version + 1)
                 t3 = time.perf_counter()
@@ -239,7 +262,9 @@ class GRPOTrainer:
                     **episode_metrics(episodes),
                     **advantages.metrics(),
                     **learned,
-                    "time/rollout": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2,
+                    "time/rollout": batch.seconds, "time/rollout_wait": t1 - t0,
+                    "time/train": train_seconds, "time/sync": t3 - t2,
+                    "time/step": t3 - t0, "rollout/staleness": float(version - 1 - batch.version),
                     "sync/adapter_version": float(version),
                     "sync/load_seconds": policy.adapters[-1].load_seconds,
                     **(policy.fleet.metrics() if isinstance(policy, RemoteVLLMPolicy) else {}),
@@ -396,7 +421,40 @@ class GRPOTrainer:
             tasks.append(order[offset])
         return tasks
 
-    def _rollouts(self, policy: RolloutPolicy, step: int) -> list[Trajectory]:
+    async def _collect(self, policy: RolloutPolicy, step: int, version: int) -> Collected:
+        """The step's episodes (this rank's share), flat groups replayed where asked.
+
+        ``version`` is the adapter the engine serves while they roll out; `check_versions`
+        holds every turn to it.
+        """
+        start = time.perf_counter()
+        trajectories = await self._rollouts(policy, step)
+        replayed: list[int] = []
+        if self.config.resample_zero_variance_groups:
+            trajectories, replayed = await self._replay_flat_groups(policy, step, trajectories)
+        return Collected(trajectories, replayed, version, time.perf_counter() - start)
+
+    async def _update_while_collecting(
+        self, model: Any, optimizer: Any, samples: list[Any], spec: LossSpec,
+        policy: RolloutPolicy, next_step: int, version: int,
+    ) -> tuple[tuple[dict, float], Collected]:  # fmt: skip
+        """The step's update, in a worker thread, while ``next_step``'s episodes roll out.
+
+        The engine keeps serving ``version`` until both are done and the trained adapter is
+        synced, so the next step trains one version behind (``max_staleness`` 1). The update
+        thread cannot be cancelled: a rollout that fails or is cancelled waits for it, so the
+        weights are never left half-updated.
+        """
+        update = asyncio.ensure_future(
+            asyncio.to_thread(_timed, self._update, model, optimizer, samples, spec)
+        )
+        try:
+            ahead = await self._collect(policy, next_step, version)
+        finally:
+            trained = await update
+        return trained, ahead
+
+    async def _rollouts(self, policy: RolloutPolicy, step: int) -> list[Trajectory]:
         """The rank's episodes: all ``num_generations`` of each task in its share of the step.
 
         Every rank plans the whole step and skips the other ranks' tasks, so each episode keeps
@@ -410,16 +468,14 @@ class GRPOTrainer:
             for position in range(len(tasks)) if position not in mine
             for g in range(cfg.num_generations)
         ]  # fmt: skip
-        return self._run(
-            arollout(
-                self._envs, policy, tasks=tasks, group_size=cfg.num_generations,
-                seed=cfg.seed * 1_000_003 + step * cfg.episodes_per_step,
-                max_concurrency=cfg.max_concurrency or cfg.episodes_per_step,
-                deadline=cfg.episode_deadline_s, skip=others,
-            )
+        return await arollout(
+            self._envs, policy, tasks=tasks, group_size=cfg.num_generations,
+            seed=cfg.seed * 1_000_003 + step * cfg.episodes_per_step,
+            max_concurrency=cfg.max_concurrency or cfg.episodes_per_step,
+            deadline=cfg.episode_deadline_s, skip=others,
         )  # fmt: skip
 
-    def _replay_flat_groups(
+    async def _replay_flat_groups(
         self, policy: RolloutPolicy, step: int, trajectories: list[Trajectory]
     ) -> tuple[list[Trajectory], list[int]]:
         """Groups whose rewards are all equal, played again once on other train tasks.
@@ -440,13 +496,11 @@ class GRPOTrainer:
         if not tasks:
             return trajectories, []
         first_seed = _REPLAY_SEEDS + (step * world.world_size + world.rank) * cfg.episodes_per_step
-        replays = self._run(
-            arollout(
-                self._envs, policy, tasks=tasks, group_size=cfg.num_generations,
-                seed=cfg.seed * 1_000_003 + first_seed,
-                max_concurrency=cfg.max_concurrency or cfg.episodes_per_step,
-                deadline=cfg.episode_deadline_s,
-            )
+        replays = await arollout(
+            self._envs, policy, tasks=tasks, group_size=cfg.num_generations,
+            seed=cfg.seed * 1_000_003 + first_seed,
+            max_concurrency=cfg.max_concurrency or cfg.episodes_per_step,
+            deadline=cfg.episode_deadline_s,
         )  # fmt: skip
         return swap_groups(trajectories, dict(zip(flat, range(len(tasks)))), replays), tasks
 
@@ -646,6 +700,12 @@ def _log_due(step: int, cfg: GRPOConfig, metrics: dict[str, Any]) -> bool:
     return step % cfg.logging_steps == 0 or step == cfg.max_steps or "eval/success" in metrics
 
 
+def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    """``fn(*args)`` and the seconds it took."""
+    start = time.perf_counter()
+    return fn(*args), time.perf_counter() - start
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -674,7 +734,11 @@ def _without_token_ids(trajectory: Trajectory) -> Trajectory:
 
 
 def check_versions(trajectories: Sequence[Trajectory], version: int) -> None:
-    """Every turn must come from ``version``; otherwise the step would train off-policy."""
+    """Every turn must come from ``version``, the adapter served while the step rolled out.
+
+    A turn of any other version would train on a policy the step never accounted for
+    (``rollout/staleness`` is then wrong, and the importance weights with it).
+    """
     stale = {
         t.adapter_version
         for trajectory in trajectories
@@ -684,5 +748,5 @@ def check_versions(trajectories: Sequence[Trajectory], version: int) -> None:
     if stale:
         raise StaleAdapterError(
             f"turns were sampled with adapter version(s) {sorted(map(str, stale))} where "
-            f"v{version} was just trained; refusing to train on them"
+            f"the step rolled out on v{version}; refusing to train on them"
         )

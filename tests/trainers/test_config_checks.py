@@ -120,3 +120,11 @@ def test_a_warm_start_without_trace_tasks_is_refused() -> None:
     assert GRPOConfig(train_tasks="0:129", **knobs).sft_steps == 10
     assert GRPOConfig(train_tasks="0:10", sft_steps=10, eval_tasks="200:210").sft_steps == 10
 
+
+
+def test_max_staleness_takes_0_or_1_and_needs_the_importance_sampling_correction() -> None:
+    _refused("max_staleness=2 is out of range; use 0 (on-policy) or 1", max_staleness=2)
+    # without the correction nothing accounts for training on one version back
+    _refused("set vllm_importance_sampling_correction: true, or max_staleness: 0",
+             max_staleness=1, vllm_importance_sampling_correction=False)  # fmt: skip
+    assert GRPOConfig(max_staleness=1).max_staleness == 1

@@ -7,12 +7,14 @@ not learning; `make quickstart` shows learning.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -112,6 +114,46 @@ def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
     played = sorted(env.resets for env in ChatterEnv.made if env.resets)
     assert played[0] == 1 and sum(played[1:]) == 16 and len(played) <= 1 + 4
     assert all(env.closed for env in ChatterEnv.made)
+
+
+def test_max_staleness_1_rolls_out_the_next_step_during_the_update(tmp_path, monkeypatch) -> None:
+    require("vllm")
+    from agentgym.trainers import GRPOTrainer
+
+    # a rendezvous: step k's update waits for step k+1's rollouts to start, and they wait for
+    # it to start; run one after the other (max_staleness 0), the update would wait in vain
+    updating = {k: threading.Event() for k in (1, 2, 3)}
+    collecting = {k: threading.Event() for k in (1, 2, 3, 4)}
+    update, collect = GRPOTrainer._update, GRPOTrainer._collect
+    updates = iter((1, 2, 3))
+
+    def rendezvous_update(self, *args):
+        step = next(updates)
+        updating[step].set()
+        if step < 3:  # the last step has nothing to roll out next
+            assert collecting[step + 1].wait(60), f"step {step + 1} did not roll out meanwhile"
+        return update(self, *args)
+
+    async def rendezvous_collect(self, policy, step, version):
+        collecting[step].set()
+        if step > 1:
+            assert await asyncio.to_thread(updating[step - 1].wait, 60)
+        return await collect(self, policy, step, version)
+
+    monkeypatch.setattr(GRPOTrainer, "_update", rendezvous_update)
+    monkeypatch.setattr(GRPOTrainer, "_collect", rendezvous_collect)
+    cfg = config(
+        tmp_path, env="test/Chatter-v0", max_steps=3, eval_steps=None, save_steps=None,
+        train_tasks=None, eval_tasks=None, max_staleness=1,
+    )  # fmt: skip
+    GRPOTrainer(cfg).train()
+    steps = [m for m in metrics(Path(cfg.output_dir)) if "sync/adapter_version" in m]
+    assert [m["sync/adapter_version"] for m in steps] == [2.0, 3.0, 4.0]
+    # step 1 rolled out on v1 and trained it; steps 2 and 3 rolled out on v1 and v2 while
+    # the step before trained, so each trained one version past the one that sampled it
+    assert [m["rollout/staleness"] for m in steps] == [0.0, 1.0, 1.0]
+    assert not collecting[4].is_set()  # nothing rolled out past the last step
+    assert all(m["time/step"] >= m["time/train"] for m in steps)
 
 
 def test_check_versions_refuses_turns_of_another_adapter() -> None:
