@@ -36,6 +36,7 @@ ImportanceSamplingLevel = Literal["token", "sequence"]
 ScaleRewards = Literal["group", "batch", "none"]
 RolloutMode = Literal["auto", "concat", "per_turn"]
 LatePolicy = Literal["drop", "drop_group", "zero"]
+LrSchedule = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 ServerFailure = Literal["retry", "fail"]
 RolloutEngine = Literal["vllm", "hf"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -276,6 +277,21 @@ class GRPOConfig:
         "AdamW learning rate for the LoRA weights. LoRA wants about 10x the full fine-tuning "
         "rate (TRL's 1e-6 default is for full weights).",
     )
+    lr_scheduler_type: LrSchedule = _knob(
+        "constant",
+        "How the learning rate moves over the run, per GRPO step, as transformers' schedule of "
+        "the same name: 'constant'; 'constant_with_warmup'; 'linear' and 'cosine' decay to 0 "
+        "at max_steps after the warm-up. TRL defaults to 'linear'; 'constant' keeps a short "
+        "run's last steps learning. A pure function of the step, so a resumed run continues "
+        "it exactly.",
+    )
+    warmup_steps: int | float = _knob(
+        0,
+        "Steps of linear warm-up from 0 to learning_rate: a whole number of steps, or a share "
+        "of max_steps in (0, 1) (TRL's meaning). Needs a schedule with a warm-up (not "
+        "'constant').",
+    )
+    weight_decay: float = _knob(0.0, "AdamW weight decay on the LoRA weights, >= 0.")
     beta: float = _knob(
         0.0,
         "KL coefficient (k3 estimator) against the base model, evaluated with the adapter "
@@ -532,6 +548,32 @@ class GRPOConfig:
             kwargs["max_episode_tokens"] = self.max_episode_tokens
         return kwargs
 
+    @property
+    def _warmup_steps(self) -> int:
+        """`warmup_steps` in steps: a share of `max_steps` rounds up, as in transformers."""
+        if 0 < self.warmup_steps < 1:
+            return math.ceil(self.warmup_steps * self.max_steps)
+        return int(self.warmup_steps)
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate of GRPO step ``step`` (1-based) under `lr_scheduler_type`.
+
+        Transformers' schedules, read per step (``step - 1`` steps taken, as its scheduler
+        counts): a step's rate depends on nothing else, so a resumed run needs no scheduler
+        state. ``tests/trainers/test_config.py`` checks it against ``transformers.get_scheduler``.
+        """
+        warmup, taken = self._warmup_steps, step - 1
+        if self.lr_scheduler_type == "constant":
+            return self.learning_rate
+        if taken < warmup:
+            return self.learning_rate * taken / max(1, warmup)
+        if self.lr_scheduler_type == "constant_with_warmup":
+            return self.learning_rate
+        progress = (taken - warmup) / max(1, self.max_steps - warmup)
+        if self.lr_scheduler_type == "linear":
+            return self.learning_rate * max(0.0, 1.0 - progress)
+        return self.learning_rate * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
     def task_split(self, task_count: int | None) -> tuple[list[int], list[int]]:
         """The (train, eval) task indices for an env with ``task_count`` tasks.
 
@@ -634,6 +676,10 @@ class GRPOConfig:
             ("episode_deadline_s", self.episode_deadline_s is None or self.episode_deadline_s > 0,
              "use seconds > 0, or null to wait for every episode"),
             ("learning_rate", self.learning_rate > 0, "use a positive rate, e.g. 1e-5"),
+            ("weight_decay", self.weight_decay >= 0, "use 0.0 (none) or a small positive value"),
+            ("warmup_steps",
+             self.warmup_steps >= 0 and (self.warmup_steps < 1 or self.warmup_steps % 1 == 0),
+             "use a whole number of steps, or a share of max_steps in (0, 1)"),
             ("sft_learning_rate", self.sft_learning_rate > 0, "use a positive rate, e.g. 1e-4"),
             ("beta", self.beta >= 0, "use 0.0 (no KL) or a small positive value"),
             ("num_iterations", self.num_iterations >= 1, "set it to 1 or more"),
@@ -794,6 +840,16 @@ class GRPOConfig:
             )
 
     def _check_schedule(self) -> None:
+        if self.warmup_steps and self.lr_scheduler_type == "constant":
+            raise ConfigError(
+                f"warmup_steps={self.warmup_steps!r} with lr_scheduler_type='constant', which "
+                "has no warm-up; use 'constant_with_warmup' (or 'linear', 'cosine')"
+            )
+        if self._warmup_steps > self.max_steps:
+            raise ConfigError(
+                f"warmup_steps={self.warmup_steps!r} is longer than the run's max_steps="
+                f"{self.max_steps}; shorten the warm-up or train longer"
+            )
         for name in ("max_steps", "logging_steps", "eval_steps", "save_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:

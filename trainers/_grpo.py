@@ -231,6 +231,8 @@ class GRPOTrainer:
                 first = sum(len(share) for share in shares[: world.rank])
                 mine = advantages.values[first : first + len(trajectories)]
                 samples = build_samples(trajectories, mine, cfg.rollout_mode)
+                for group in optimizer.param_groups:
+                    group["lr"] = cfg.learning_rate_at(step)
                 if cfg.max_staleness and step < cfg.max_steps:
                     (train_metrics, train_seconds), ahead = self._run(
                         self._update_while_collecting(
@@ -265,6 +267,7 @@ class GRPOTrainer:
                     "time/rollout": batch.seconds, "time/rollout_wait": t1 - t0,
                     "time/train": train_seconds, "time/sync": t3 - t2,
                     "time/step": t3 - t0, "rollout/staleness": float(version - 1 - batch.version),
+                    "train/learning_rate": cfg.learning_rate_at(step),
                     "sync/adapter_version": float(version),
                     "sync/load_seconds": policy.adapters[-1].load_seconds,
                     **(policy.fleet.metrics() if isinstance(policy, RemoteVLLMPolicy) else {}),
@@ -404,7 +407,8 @@ class GRPOTrainer:
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable({"use_reentrant": False})
         trainable = [p for p in model.parameters() if p.requires_grad]
-        return model, torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=0.0)
+        decay = cfg.weight_decay
+        return model, torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=decay)
 
     def _tasks_for(self, step: int) -> list[int]:
         """The step's tasks: consecutive slices of seeded shuffles of the train tasks.

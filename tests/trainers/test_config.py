@@ -53,6 +53,11 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"on_server_failure": "ignore"}, "on_server_failure='ignore'"),
         ({"rollout_engine": "hf", "rollout_servers": ["http://a:8000"]}, "servers are vLLM"),
         ({"rollout_engine": "sglang"}, "rollout_engine='sglang'"),
+        ({"warmup_steps": 2}, "use 'constant_with_warmup' (or 'linear', 'cosine')"),
+        ({"warmup_steps": 1.5, "lr_scheduler_type": "linear"}, "warmup_steps=1.5 is out of range"),
+        ({"warmup_steps": 300, "lr_scheduler_type": "cosine"}, "longer than the run's max_steps"),
+        ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial'"),
+        ({"weight_decay": -0.1}, "weight_decay=-0.1 is out of range"),
     ],
 )
 def test_bad_knobs_raise_one_line_with_value_and_fix(knobs: dict[str, Any], fragment: str) -> None:
@@ -61,6 +66,33 @@ def test_bad_knobs_raise_one_line_with_value_and_fix(knobs: dict[str, Any], frag
     message = str(info.value)
     assert fragment in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("schedule", "warmup"),
+    [("constant", 0), ("constant_with_warmup", 3), ("linear", 0), ("linear", 4),
+     ("cosine", 0.25), ("cosine", 0)],
+)  # fmt: skip
+def test_the_learning_rate_follows_transformers_schedule_of_the_same_name(
+    schedule: str, warmup: float
+) -> None:
+    import torch
+    from transformers import get_scheduler
+
+    config = GRPOConfig(lr_scheduler_type=schedule, warmup_steps=warmup, max_steps=12,
+                        learning_rate=2e-3)  # type: ignore[arg-type]  # fmt: skip
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)
+    warmup_steps = warmup if warmup >= 1 else int(-(-warmup * 12 // 1))
+    reference = get_scheduler(schedule, optimizer, num_warmup_steps=warmup_steps,
+                              num_training_steps=12)  # fmt: skip
+    expected = []
+    for _ in range(12):  # one optimiser step per GRPO step, as with num_iterations 1
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        reference.step()
+    ours = [config.learning_rate_at(step) for step in range(1, 13)]
+    assert ours == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert len(set(ours)) == (1 if schedule == "constant" else len(set(expected)))
 
 
 def test_every_vllm_rank_is_accepted() -> None:

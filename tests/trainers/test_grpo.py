@@ -172,7 +172,7 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     cfg_path.write_text(
         yaml.safe_dump(
             {**TINY_RUN, "output_dir": str(tmp_path / "run"), "max_steps": 4, "save_steps": 1,
-             "eval_steps": None}
+             "eval_steps": None, "lr_scheduler_type": "linear"}
         )
     )  # fmt: skip
     agentgym = [str(Path(sys.executable).with_name("agentgym")), "train", str(cfg_path)]
@@ -197,6 +197,9 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
 
     trainer = GRPOTrainer(GRPOConfig.from_yaml(cfg_path))
     assert [m["data/tasks"] for m in steps] == [trainer._tasks_for(s) for s in (1, 2, 3, 4)]
+    # the schedule is a function of the step: the resumed steps carry on the decay
+    rates = [trainer.config.learning_rate_at(s) for s in (1, 2, 3, 4)]
+    assert [m["train/learning_rate"] for m in steps] == rates == sorted(rates, reverse=True)
     # the resumed engine first serves the checkpoint's adapter, as the next version number
     resumed_version = killed_at["adapter_version"] + 1
     served = digest(run / "adapters" / f"v{resumed_version}" / "adapter_model.safetensors")
