@@ -173,6 +173,30 @@ def group_key(trajectory: Trajectory) -> Hashable:
     return repr(trajectory.task)
 
 
+def mask_truncated(
+    values: Sequence[float | None], trajectories: Sequence[Trajectory]
+) -> list[float | None]:
+    """``values`` with the advantage of every cut-off episode set to None (no loss).
+
+    DAPO's overlong filtering (TRL's ``mask_truncated_completions``): an episode that ended
+    ``truncated`` (the turn limit, the token budget or the context cut it off), or whose last
+    turn stopped at its token limit (TRL's test: the completion does not end in EOS), is
+    scored on an answer it never finished, so its tokens are not trained on. Its reward still
+    counted in its group's statistics, so the other episodes' advantages are what they would
+    be without the mask.
+    """
+    return [
+        None if cut_off(trajectory) else value
+        for value, trajectory in zip(values, trajectories, strict=True)
+    ]
+
+
+def cut_off(trajectory: Trajectory) -> bool:
+    """Whether the episode was cut off rather than finished (see `mask_truncated`)."""
+    last = trajectory.turns[-1] if trajectory.turns else None
+    return trajectory.status == "truncated" or (last is not None and last.finish_reason == "length")
+
+
 def trajectory_advantages(
     trajectories: Sequence[Trajectory],
     scale_rewards: ScaleRewards = "group",

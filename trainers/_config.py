@@ -356,6 +356,14 @@ class GRPOConfig:
         "Cap on the importance-sampling weight (> 0). TRL 1.16's name; its deprecated alias "
         "`vllm_importance_sampling_cap` is accepted by `from_dict`.",
     )
+    mask_truncated_completions: bool = _knob(
+        False,
+        "Leave cut-off episodes out of the loss: those that ended truncated (the turn limit, "
+        "the token budget or the context) or whose last turn stopped at its token limit. "
+        "Their rewards still count in their groups' statistics (DAPO's overlong filtering, "
+        "TRL's name). The cost: a policy can then escape a bad score by running out its turns "
+        "or tokens; `rollout/masked_truncated_episodes` counts them.",
+    )
     resample_zero_variance_groups: bool = _knob(
         False,
         "Replay groups whose rewards are all equal (no learning signal) with new tasks, once, "

@@ -45,7 +45,7 @@ from agentgym._errors import Error, InfraError
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 
-from ._advantages import group_key, trajectory_advantages
+from ._advantages import group_key, mask_truncated, trajectory_advantages
 from ._config import GRPOConfig
 from ._distributed import World
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
@@ -228,8 +228,12 @@ class GRPOTrainer:
                 broken_steps = broken_steps + 1 if _mostly_infra_errors(episodes) else 0
                 stop = _infra_stop(episodes, broken_steps, step, cfg.infra_error_patience)
                 advantages = trajectory_advantages(episodes, cfg.scale_rewards, cfg.late_policy)
+                values = advantages.values
+                if cfg.mask_truncated_completions:
+                    values = mask_truncated(values, episodes)
+                masked = sum(a is None for a in values) - sum(a is None for a in advantages.values)
                 first = sum(len(share) for share in shares[: world.rank])
-                mine = advantages.values[first : first + len(trajectories)]
+                mine = values[first : first + len(trajectories)]
                 samples = build_samples(trajectories, mine, cfg.rollout_mode)
                 for group in optimizer.param_groups:
                     group["lr"] = cfg.learning_rate_at(step)
@@ -263,6 +267,8 @@ class GRPOTrainer:
                     **({"data/replayed_tasks": every_rank_replayed} if every_rank_replayed else {}),
                     **episode_metrics(episodes),
                     **advantages.metrics(),
+                    **({"rollout/masked_truncated_episodes": float(masked)}
+                       if cfg.mask_truncated_completions else {}),  # fmt: skip
                     **learned,
                     "time/rollout": batch.seconds, "time/rollout_wait": t1 - t0,
                     "time/train": train_seconds, "time/sync": t3 - t2,

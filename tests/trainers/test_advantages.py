@@ -6,10 +6,11 @@ import math
 
 import pytest
 
-from agentgym import Trajectory
+from agentgym import Trajectory, Turn
 from agentgym.trainers._advantages import (
     STD_EPS,
     group_advantages,
+    mask_truncated,
     trajectory_advantages,
     unbiased_std,
 )
@@ -72,6 +73,23 @@ def test_a_late_episode_that_never_started_is_dropped_under_every_policy(
                               started=[True, True, False])  # fmt: skip
     assert result.values[2] is None and result.num_late == 1
     assert result.kept == ([] if late_policy == "drop_group" else [0, 1])
+
+
+def test_a_masked_truncated_episode_trains_nothing_and_still_sets_its_groups_baseline() -> None:
+    episodes = [
+        Trajectory(env_id="e", task_position=0, final_reward=r, status=s)
+        for r, s in ((1.0, "ok"), (0.0, "truncated"), (0.0, "ok"), (0.5, "ok"))
+    ]
+    unmasked = trajectory_advantages(episodes).values
+    masked = mask_truncated(unmasked, episodes)
+    assert masked[1] is None and unmasked[1] is not None and unmasked[1] < 0
+    # the truncated 0.0 still pulled the group's mean down: the others keep their values
+    assert [masked[i] for i in (0, 2, 3)] == [unmasked[i] for i in (0, 2, 3)]
+    assert mask_truncated(unmasked, [episodes[0]] * 4) == unmasked
+    # an answer stopped at its token limit was cut off too (TRL: no EOS at the end)
+    cut = Trajectory(env_id="e", turns=[Turn(finish_reason="stop"), Turn(finish_reason="length")])
+    done = Trajectory(env_id="e", turns=[Turn(finish_reason="length"), Turn(finish_reason="stop")])
+    assert mask_truncated([0.5, 0.5], [cut, done]) == [None, 0.5]
 
 
 def test_error_episodes_are_scored_and_counted() -> None:
