@@ -45,7 +45,7 @@ from agentgym._errors import Error, InfraError
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 
-from ._advantages import group_key, mask_truncated, trajectory_advantages
+from ._advantages import Advantages, group_key, mask_truncated, trajectory_advantages
 from ._config import GRPOConfig
 from ._distributed import World
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
@@ -227,27 +227,11 @@ class GRPOTrainer:
                 episodes = [t for share in shares for t in share]  # every rank's, in plan order
                 broken_steps = broken_steps + 1 if _mostly_infra_errors(episodes) else 0
                 stop = _infra_stop(episodes, broken_steps, step, cfg.infra_error_patience)
-                advantages = trajectory_advantages(episodes, cfg.scale_rewards, cfg.late_policy)
-                values = advantages.values
-                if cfg.mask_truncated_completions:
-                    values = mask_truncated(values, episodes)
-                masked = sum(a is None for a in values) - sum(a is None for a in advantages.values)
-                first = sum(len(share) for share in shares[: world.rank])
-                mine = values[first : first + len(trajectories)]
+                advantages, mine, masked = self._advantages(episodes, shares)
                 samples = build_samples(trajectories, mine, cfg.rollout_mode)
-                for group in optimizer.param_groups:
-                    group["lr"] = cfg.learning_rate_at(step)
-                if cfg.max_staleness and step < cfg.max_steps:
-                    (train_metrics, train_seconds), ahead = self._run(
-                        self._update_while_collecting(
-                            model, optimizer, samples, spec, policy, step + 1, version
-                        )
-                    )  # fmt: skip
-                else:
-                    train_metrics, train_seconds = _timed(
-                        self._update, model, optimizer, samples, spec
-                    )  # fmt: skip
-                    ahead = None
+                (train_metrics, train_seconds), ahead = self._learn(
+                    model, optimizer, samples, spec, policy, step, version
+                )  # fmt: skip
                 t2 = time.perf_counter()
                 version = self._sync(policy, model, run, version + 1)
                 t3 = time.perf_counter()
@@ -430,6 +414,40 @@ class GRPOTrainer:
             random.Random(cfg.seed * 7_919 + epoch).shuffle(order)
             tasks.append(order[offset])
         return tasks
+
+    def _advantages(
+        self, episodes: list[Trajectory], shares: list[list[Trajectory]]
+    ) -> tuple[Advantages, list[float | None], int]:
+        """Advantages over every rank's ``episodes``, this rank's share, and the masked count.
+
+        The share has None for episodes that train nothing (dropped, or cut off under
+        `mask_truncated_completions`; the count is of the latter).
+        """
+        cfg = self.config
+        advantages = trajectory_advantages(episodes, cfg.scale_rewards, cfg.late_policy)
+        values = advantages.values
+        if cfg.mask_truncated_completions:
+            values = mask_truncated(values, episodes)
+        masked = sum(a is None for a in values) - sum(a is None for a in advantages.values)
+        first = sum(len(share) for share in shares[: self.world.rank])
+        return advantages, values[first : first + len(shares[self.world.rank])], masked
+
+    def _learn(
+        self, model: Any, optimizer: Any, samples: list[Any], spec: LossSpec,
+        policy: RolloutPolicy, step: int, version: int,
+    ) -> tuple[tuple[dict, float], Collected | None]:  # fmt: skip
+        """The step's update at its learning rate, timed, and the next step's episodes.
+
+        Those roll out during the update with ``max_staleness`` 1; else there are none yet.
+        """
+        cfg = self.config
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.learning_rate_at(step)
+        if cfg.max_staleness and step < cfg.max_steps:
+            return self._run(self._update_while_collecting(
+                model, optimizer, samples, spec, policy, step + 1, version
+            ))  # fmt: skip
+        return _timed(self._update, model, optimizer, samples, spec), None
 
     async def _collect(self, policy: RolloutPolicy, step: int, version: int) -> Collected:
         """The step's episodes (this rank's share), flat groups replayed where asked.
