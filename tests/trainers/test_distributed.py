@@ -272,7 +272,10 @@ def test_torchrun_train_shards_each_step_and_resumes(tmp_path) -> None:
     require("vllm")
     from agentgym.trainers import GRPOTrainer
 
-    cfg_path = write_config(tmp_path, max_steps=2, save_steps=1, eval_steps=None)
+    # max_staleness 1: each rank's update (and its collectives) runs in a thread while that
+    # rank rolls out the next step
+    cfg_path = write_config(tmp_path, max_steps=2, save_steps=1, eval_steps=None,
+                            max_staleness=1)  # fmt: skip
     run = tmp_path / "run"
     first = train(cfg_path)
     assert first.returncode == 0, output(first)[-4000:]
@@ -283,6 +286,7 @@ def test_torchrun_train_shards_each_step_and_resumes(tmp_path) -> None:
     assert [m["data/tasks"] for m in steps] == [trainer._tasks_for(s) for s in (1, 2)]
     assert [m["rollout/episodes"] for m in steps] == [4.0, 4.0]  # both ranks' 2 x G=2 episodes
     assert [m["sync/adapter_version"] for m in steps] == [2.0, 3.0]  # checked on each rank
+    assert [m["rollout/staleness"] for m in steps] == [0.0, 1.0]  # step 2 rolled out on v1
     checkpointed = digest(run / "checkpoints/step-000002/adapter/adapter_model.safetensors")
 
     second = train(cfg_path, "--resume", "--set", "max_steps=3")
@@ -291,6 +295,7 @@ def test_torchrun_train_shards_each_step_and_resumes(tmp_path) -> None:
     assert [m["step"] for m in steps] == [1, 2, 3]
     assert steps[2]["data/tasks"] == trainer._tasks_for(3)
     assert steps[2]["rollout/episodes"] == 4.0
+    assert steps[2]["rollout/staleness"] == 0.0  # a resumed run rolls its first step out fresh
     # every rank's engine first serves the checkpoint's adapter, as the next version (v4)
     assert digest(run / "adapters/v4/adapter_model.safetensors") == checkpointed
     state = json.loads((run / "checkpoints/step-000003/trainer_state.json").read_text())
