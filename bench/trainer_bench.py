@@ -287,12 +287,12 @@ def bench_step_time(
     compiled vLLM engine (``rollout_compile=True``), ``compare_overlap`` with the next step
     rolling out while this one trains (``max_staleness=1``), in the same run.
     """
-    variants = {
-        "rollout_compile=True (vLLM compiled)": dict(rollout_compile=True)
-        if workload.engine == "vllm" and compare_compiled else None,
-        "max_staleness=1 (the next step rolls out during the update)": dict(max_staleness=1)
-        if compare_overlap else None,
-    }  # fmt: skip
+    variants: list[tuple[str, dict[str, Any]]] = []
+    if workload.engine == "vllm" and compare_compiled:
+        variants.append(("rollout_compile=True (vLLM compiled)", {"rollout_compile": True}))
+    if compare_overlap:
+        variants.append(("max_staleness=1 (the next step rolls out during the update)",
+                         {"max_staleness": 1}))  # fmt: skip
     trl = _peak_memory(trl_seconds_per_step, model_dir, workload)
     ours = _peak_memory(our_seconds_per_step, model_dir, workload)
     print(f"\n(a) seconds per GRPO step ({workload.episodes} episodes of {workload.env}, "
@@ -305,12 +305,11 @@ def bench_step_time(
           f"(tool calls per episode {ours['tool_calls']:.2f}, turns per episode "
           f"{ours['turns']:.2f}: {_MALFORMED[workload.malformed_call_ends_episode]})  ->  "
           f"{ours['seconds'] / trl['seconds']:.2f}x TRL's (goal <= 1.0x)")  # fmt: skip
-    for label, change in variants.items():
-        if change is not None:
-            other = our_seconds_per_step(model_dir, dataclasses.replace(workload, **change))
-            print(f"  agentgym, {label}: {_phases(other)}  ->  "
-                  f"{other['seconds'] / trl['seconds']:.2f}x TRL's, "
-                  f"{other['seconds'] / ours['seconds']:.2f}x ours above")  # fmt: skip
+    for label, change in variants:
+        other = our_seconds_per_step(model_dir, dataclasses.replace(workload, **change))
+        print(f"  agentgym, {label}: {_phases(other)}  ->  "
+              f"{other['seconds'] / trl['seconds']:.2f}x TRL's, "
+              f"{other['seconds'] / ours['seconds']:.2f}x ours above")  # fmt: skip
     if "peak_gib" in ours:
         print(f"  peak GPU memory: TRL {trl['peak_gib']:.1f} GiB, ours {ours['peak_gib']:.1f} GiB "
               "(ours: trainer and rollout engine each hold the weights)")  # fmt: skip

@@ -257,7 +257,7 @@ class GRPOTrainer:
                     "time/rollout": batch.seconds, "time/rollout_wait": t1 - t0,
                     "time/train": train_seconds, "time/sync": t3 - t2,
                     "time/step": t3 - t0, "rollout/staleness": float(version - 1 - batch.version),
-                    "train/learning_rate": cfg.learning_rate_at(step),
+                    "train/learning_rate": optimizer.param_groups[0]["lr"],  # as `_learn` set it
                     "sync/adapter_version": float(version),
                     "sync/load_seconds": policy.adapters[-1].load_seconds,
                     **(policy.fleet.metrics() if isinstance(policy, RemoteVLLMPolicy) else {}),

@@ -153,7 +153,9 @@ def test_max_staleness_1_rolls_out_the_next_step_during_the_update(tmp_path, mon
     # the step before trained, so each trained one version past the one that sampled it
     assert [m["rollout/staleness"] for m in steps] == [0.0, 1.0, 1.0]
     assert not collecting[4].is_set()  # nothing rolled out past the last step
-    assert all(m["time/step"] >= m["time/train"] for m in steps)
+    # step 1 waited for its whole rollout; steps 2 and 3 found theirs done during the update
+    assert steps[0]["time/rollout_wait"] >= steps[0]["time/rollout"]
+    assert all(m["time/rollout_wait"] < m["time/rollout"] for m in steps[1:])
 
 
 def test_check_versions_refuses_turns_of_another_adapter() -> None:
