@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from ._check import check as run_checks
@@ -113,8 +113,14 @@ def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
 @app.command("list")
 def list_envs() -> None:
     """List registered environments (one that cannot be built here says why)."""
-    table = Table("id", "tools", "tasks", "description")
-    for env_id in registered_envs():
+    env_ids = registered_envs()
+    table = Table(  # ids whole at any width: a user copies them into `make` and configs
+        Column("id", no_wrap=True, min_width=max(map(len, env_ids), default=2)),
+        Column("tools", overflow="fold"),
+        "tasks",
+        "description",
+    )
+    for env_id in env_ids:
         try:
             env = make(env_id)
         except Error as exc:  # a missing extra or service: the row says what to do
@@ -125,7 +131,7 @@ def list_envs() -> None:
             env_id,
             ", ".join(getattr(env, "tools", {})) or "-",
             str(len(getattr(env, "tasks", ()))),
-            doc[0] if doc else "",
+            doc[0].replace("``", "`") if doc else "",  # reST literals as Markdown ones
         )
         env.close()
     stdout.print(table)

@@ -42,6 +42,15 @@ def test_list_shows_calculator() -> None:
     assert "calculate" in proc.stdout and "100" in proc.stdout
 
 
+def test_list_keeps_ids_and_tool_names_whole_in_a_narrow_terminal() -> None:
+    """At 80 columns rich cut ids to ``agentgym/Calculator-…``: the one thing users copy."""
+    proc = run("list", env_vars={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    assert max(map(len, proc.stdout.splitlines())) <= 80
+    assert "…" not in proc.stdout, proc.stdout
+    assert "agentgym/Calculator-v0" in proc.stdout and "``" not in proc.stdout
+
+
 def test_check_calculator_passes() -> None:
     proc = run("check", "calculator")
     assert proc.returncode == 0, proc.stdout + proc.stderr
