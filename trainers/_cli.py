@@ -60,8 +60,8 @@ def train(
 ) -> None:
     """Train a LoRA adapter with GRPO on vLLM rollouts (SFT warm start first if configured).
 
-    Several processes: ``torchrun --standalone --nproc_per_node N --no-python agentgym train
-    CONFIG`` (docs/trainer.md); rank 0 alone indexes the run and prints its figures.
+    Several processes: `torchrun --standalone --nproc_per_node N --no-python agentgym train
+    CONFIG` (docs/trainer.md); rank 0 alone indexes the run and prints its figures.
     """
     _quiet_backends()
     from ._config import GRPOConfig

@@ -44,7 +44,7 @@ def list_runs(
     limit: Annotated[int, typer.Option(min=1, help="Most rows shown, newest first.")] = 50,
     status: Annotated[RunStatus | None, typer.Option(help="Only runs in this state.")] = None,
 ) -> None:
-    """List runs, newest first (runs whose process died are marked ``interrupted``)."""
+    """List runs, newest first (runs whose process died are marked `interrupted`)."""
     store = RunStore(db)
     store.reconcile()
     table = Table("id", "kind", "name", "status", "exit", "step", "created", "figures")
