@@ -445,6 +445,11 @@ class GRPOConfig:
     save_steps: int | None = _knob(
         25, "Checkpoint every N steps (and at the end). None: only at the end."
     )
+    save_total_limit: int | None = _knob(
+        2,
+        "Checkpoints kept: the newest N (each is the adapter, optimizer and RNG state). None: "
+        "every one, so `agentgym export --step` can take an earlier step that evaluated better.",
+    )
     report_to: list[str] = _knob(
         ["auto"],
         "Trackers for metrics besides the JSONL: any of 'tensorboard', 'trackio', 'wandb', each "
@@ -858,7 +863,7 @@ class GRPOConfig:
                 f"warmup_steps={self.warmup_steps!r} is longer than the run's max_steps="
                 f"{self.max_steps}; shorten the warm-up or train longer"
             )
-        for name in ("max_steps", "logging_steps", "eval_steps", "save_steps"):
+        for name in ("max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name}={value!r} must be >= 1 (or null where allowed)")

@@ -150,7 +150,7 @@ class GRPOTrainer:
             if not self.world.is_main:
                 return self._train(None, None)  # rank 0 owns the run folder and trackers
             run = RunDir(Path(cfg.output_dir), cfg.to_dict(), resume=self.resume,
-                         defaults=GRPOConfig.defaults(),
+                         keep=cfg.save_total_limit, defaults=GRPOConfig.defaults(),
                          tasks_sha256=self.tasks_sha256)  # fmt: skip
             trackers: Trackers | None = None
             try:  # a tracker that fails to start marks the run failed too, never left running

@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 #: Config keys a resume may change: they schedule the run, they do not change what it learns.
 #: ``output_dir`` is here because the same folder can be spelled differently.
 RESUMABLE_KEYS = frozenset(
-    {"max_steps", "eval_steps", "save_steps", "logging_steps", "report_to", "output_dir"}
+    {"max_steps", "eval_steps", "save_steps", "save_total_limit", "logging_steps", "report_to",
+     "output_dir"}
 )
 #: Files whose presence means a folder already holds a run.
 _RUN_MARKERS = ("config.yaml", "status.json", "metrics.jsonl", "checkpoints")
@@ -80,7 +81,7 @@ class RunDir:
         config: the resolved config (``GRPOConfig.to_dict()``), saved as ``config.yaml``.
         resume: continue the run already in ``path``. Without it, a folder that holds a run
             is refused. With it, a folder without a run starts fresh.
-        keep: complete checkpoints kept (the newest ones); at least 1.
+        keep: complete checkpoints kept (the newest ones); at least 1, or None for all.
         keep_adapters: adapter versions kept in ``adapters/``; must exceed the engine's
             ``max_loras`` (vLLM re-reads an evicted adapter's folder if it is asked again).
 
@@ -101,12 +102,12 @@ class RunDir:
         config: Mapping[str, Any],
         *,
         resume: bool = False,
-        keep: int = 2,
+        keep: int | None = 2,
         keep_adapters: int = 4,
         defaults: Mapping[str, Any] | None = None,
         tasks_sha256: str | None = None,
     ) -> None:
-        if keep < 1 or keep_adapters < 1:
+        if (keep is not None and keep < 1) or keep_adapters < 1:
             raise ConfigError(f"keep={keep} and keep_adapters={keep_adapters} must be >= 1")
         self.path = Path(path)
         self.keep = keep
@@ -315,7 +316,7 @@ class RunDir:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(_rng_state(), tmp / "rng.pt")
             (tmp / "trainer_state.json").write_text(state_text, encoding="utf-8")
-        for old in self._checkpoints()[: -self.keep]:
+        for old in self._checkpoints()[: -self.keep] if self.keep else ():
             shutil.rmtree(old)
         self._status["checkpoint_step"] = step
         self._write_status()

@@ -46,6 +46,7 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"gradient_accumulation_steps": 33}, "gradient_accumulation_steps=33"),
         ({"report_to": ["none", "wandb"]}, "report_to="),
         ({"eval_steps": 0}, "eval_steps=0"),
+        ({"save_total_limit": 0}, "save_total_limit=0 must be >= 1 (or null"),
         ({"episode_deadline_s": 0}, "episode_deadline_s=0"),
         ({"vllm_importance_sampling_clip_max": 0.0}, "vllm_importance_sampling_clip_max=0.0"),
         ({"rollout_servers": ["http://a:8000"], "sft_steps": 10}, "start the servers on"),

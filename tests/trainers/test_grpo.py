@@ -174,7 +174,7 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     cfg_path.write_text(
         yaml.safe_dump(
             {**TINY_RUN, "output_dir": str(tmp_path / "run"), "max_steps": 4, "save_steps": 1,
-             "eval_steps": None, "lr_scheduler_type": "linear"}
+             "eval_steps": None, "lr_scheduler_type": "linear", "save_total_limit": None}
         )
     )  # fmt: skip
     agentgym = [str(Path(sys.executable).with_name("agentgym")), "train", str(cfg_path)]
@@ -210,3 +210,7 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     state = json.loads((run / "checkpoints" / "step-000004" / "trainer_state.json").read_text())
     assert state["step"] == 4
     assert state["adapter_version"] == resumed_version + (4 - killed_at["step"])
+    # save_total_limit null kept every step's checkpoint, across the kill (2 by default)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        f"step-00000{s}" for s in (1, 2, 3, 4)
+    ]

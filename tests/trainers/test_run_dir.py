@@ -155,7 +155,8 @@ def test_a_run_saved_before_a_knob_existed_resumes_with_its_default(tmp_path: Pa
 
 def test_resume_accepts_schedule_changes_and_saves_them(tmp_path: Path) -> None:
     yaml = require("yaml")
-    assert {"max_steps", "eval_steps", "save_steps", "logging_steps", "report_to"} <= RESUMABLE_KEYS
+    assert {"max_steps", "eval_steps", "save_steps", "save_total_limit", "logging_steps",
+            "report_to"} <= RESUMABLE_KEYS
     RunDir(tmp_path, CONFIG).mark_finished()
     run = RunDir(tmp_path, {**CONFIG, "max_steps": 20, "report_to": ["none"]}, resume=True)
     assert yaml.safe_load(run.config_path.read_text())["max_steps"] == 20
@@ -289,6 +290,14 @@ def test_only_the_last_checkpoints_are_kept_and_half_written_ones_ignored(tmp_pa
     (run.checkpoints_dir / "step-000010").mkdir()  # no trainer_state.json: never completed
     assert run.latest_checkpoint() == run.checkpoints_dir / "step-000006"
     assert not torn.exists()
+
+
+def test_keep_none_keeps_every_checkpoint(tmp_path: Path) -> None:
+    model, optimizer = lora_model(seed=0)
+    run = RunDir(tmp_path, CONFIG, keep=None)  # GRPOConfig.save_total_limit: null
+    for step in (2, 4, 6):
+        run.save_checkpoint(step, model, optimizer)
+    assert [p.name for p in run._checkpoints()] == ["step-000002", "step-000004", "step-000006"]
 
 
 def test_a_failed_save_leaves_no_checkpoint(tmp_path: Path) -> None:
