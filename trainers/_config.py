@@ -49,6 +49,8 @@ VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: Modules vLLM cannot hot-load as LoRA targets, so an adapter on them cannot be synced alone.
 _UNSERVABLE_TARGETS = frozenset({"lm_head", "embed_tokens"})
 REPORT_TO = ("auto", "none", "tensorboard", "trackio", "wandb")
+#: Learning rates below this are full-weight ones, which LoRA barely learns at (a warning).
+_LOWEST_LORA_RATE = 3e-6
 #: Seeds are below this: the trainer derives others from it (``seed * 1_000_003 + step *
 #: episodes_per_step`` in trainers/_grpo.py) that must fit torch's 64-bit seed.
 SEED_LIMIT = 2**31
@@ -473,6 +475,7 @@ class GRPOConfig:
         for check in self._CHECKS:
             getattr(self, check)()
         self._warn_is_bias()
+        self._warn_full_weight_rate()
 
     # --- construction ---------------------------------------------------------------------
 
@@ -897,6 +900,17 @@ class GRPOConfig:
             warnings.warn(
                 "top_p/top_k/min_p truncate the sampling distribution; the trainer scores the "
                 "full one, so importance-sampling weights are biased (TRL #6789)",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+    def _warn_full_weight_rate(self) -> None:
+        """LoRA at a full fine-tuning rate barely moves: the "LoRA doesn't learn" reports."""
+        if 0 < self.learning_rate < _LOWEST_LORA_RATE:
+            warnings.warn(
+                f"learning_rate={self.learning_rate!r} is a full-weight rate (TRL's default is "
+                "1e-6); LoRA needs about 10x that and barely learns here (TRL #2872): try 1e-5",
                 UserWarning,
                 stacklevel=3,
             )

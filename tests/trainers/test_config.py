@@ -113,6 +113,14 @@ def test_truncated_sampling_warns_that_is_weights_are_biased() -> None:
         GRPOConfig(top_p=0.9)
 
 
+def test_a_full_weight_learning_rate_warns_that_lora_barely_learns() -> None:
+    with pytest.warns(UserWarning, match="LoRA needs about 10x"):
+        GRPOConfig(learning_rate=1e-6)  # TRL's default, for full weights
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GRPOConfig(learning_rate=1e-5)
+
+
 def test_unknown_key_suggests_the_close_knob() -> None:
     with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
         GRPOConfig.from_dict({"learning_rat": 1e-5})
