@@ -95,6 +95,14 @@ def export(
     step: Annotated[
         int | None, typer.Option("--step", help="The checkpoint's step (default: the newest).")
     ] = None,
+    best: Annotated[
+        bool,
+        typer.Option(
+            "--best",
+            help="The kept checkpoint whose eval succeeded most (chosen on the held-out tasks, "
+            "so their figure for it is optimistic).",
+        ),
+    ] = False,
     merge: Annotated[
         bool,
         typer.Option("--merge", help="Write the base model with the adapter merged in."),
@@ -108,9 +116,12 @@ def export(
     from ._export import EXPORT_INFO, export_run
 
     with needs_extra("agentgym export --merge", "train") if merge else contextlib.nullcontext():
-        folder = export_run(run, out, step=step, merge=merge, base_model=base_model)
+        folder = export_run(run, out, step=step, best=best, merge=merge, base_model=base_model)
     info = json.loads((folder / EXPORT_INFO).read_text())
     what = "merged model" if merge else "adapter"
+    if best:
+        scores = ", ".join(f"{s}: {v:.1%}" for s, v in info["eval_success"].items())
+        console.print(f"eval success by step on {info['eval_tasks']} held-out tasks: {scores}")
     # soft_wrap: a path or command is printed whole, never broken where it cannot be pasted
     console.print(f"{what} of {run} at step {info['step']} written to {folder}", soft_wrap=True)
     if merge:

@@ -10,6 +10,11 @@ the config's ``model``.
 
 The export is written under a temporary name and renamed into place, so a folder named
 ``OUT`` is complete; ``OUT`` must not exist yet (an export never overwrites).
+
+``best=True`` (``--best``) takes the kept checkpoint whose step's eval did best, for a run
+whose reward peaked before its last step (keep every checkpoint with ``save_total_limit:
+null``). It is chosen on the held-out tasks, so their figure for it is optimistic: tasks it
+was not chosen on say how it does.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from agentgym import Trajectory
 from agentgym._errors import ConfigError
 
-from ._run_dir import atomic_dir, complete_checkpoints
+from ._metrics import is_multi_turn_success
+from ._run_dir import atomic_dir, complete_checkpoints, read_jsonl_records
 
 #: Written into every export: where it came from.
 EXPORT_INFO = "export.json"
@@ -33,6 +40,7 @@ def export_run(
     out: str | os.PathLike[str],
     *,
     step: int | None = None,
+    best: bool = False,
     merge: bool = False,
     base_model: str | os.PathLike[str] | None = None,
 ) -> Path:
@@ -42,14 +50,23 @@ def export_run(
         run_dir: the run's ``output_dir`` (finished, or still running: only read).
         out: a new folder.
         step: the checkpoint's step; None takes the newest.
+        best: take the kept checkpoint whose step's eval did best instead (`best_checkpoint`);
+            ``export.json`` records each kept step's score.
         merge: write the base model with the adapter merged into its weights (and the base's
             tokenizer and generation config) instead of the adapter alone.
         base_model: the base model folder, when the one the adapter records has moved.
 
     Raises:
-        ConfigError: no such run or checkpoint, ``out`` exists, or the base is missing.
+        ConfigError: no such run or checkpoint (or, with ``best``, no kept one was evaluated),
+            ``out`` exists, or the base is missing.
     """
-    checkpoint = _checkpoint(Path(run_dir), step)
+    if best and step is not None:
+        raise ConfigError(f"pass step={step} or best=True, not both")
+    chosen_by: dict[str, Any] = {}
+    if best:
+        checkpoint, chosen_by = best_checkpoint(Path(run_dir))
+    else:
+        checkpoint = _checkpoint(Path(run_dir), step)
     adapter = checkpoint / "adapter"
     base = _base_model(adapter, base_model)
     out = Path(out)
@@ -60,6 +77,7 @@ def export_run(
         "step": int(json.loads((checkpoint / "trainer_state.json").read_text())["step"]),
         "base_model": str(base),
         "merged": merge,
+        **chosen_by,
     }
     with atomic_dir(out, replace=False) as tmp:
         if merge:
@@ -72,6 +90,51 @@ def export_run(
 
 def _checkpoint(run_dir: Path, step: int | None) -> Path:
     """The checkpoint to export: step ``step``, or the newest."""
+    found = _kept_checkpoints(run_dir)
+    if step is None:
+        return found[max(found)]
+    if step not in found:
+        kept = ", ".join(map(str, found))
+        raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it keeps steps {kept}")
+    return found[step]
+
+
+def best_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """The kept checkpoint whose step's eval succeeded most, and how it was chosen.
+
+    Each evaluated step is scored by multi-turn success (`is_multi_turn_success`, the run's
+    headline figure) on the held-out tasks every evaluated step played: periodic evals may play
+    the first `eval_num_tasks`, the final eval plays all. Ties go to the later step.
+    """
+    kept = _kept_checkpoints(run_dir)
+    successes: dict[int, dict[Any, bool]] = {}
+    for record in read_jsonl_records(run_dir / "eval_trajectories.jsonl"):  # a live run's too
+        episode = Trajectory.from_dict(record)
+        step = episode.info.get("step")
+        if step in kept:
+            task = episode.task_position if episode.task_index is None else episode.task_index
+            successes.setdefault(step, {})[task] = is_multi_turn_success(episode)
+    if not successes:
+        steps = ", ".join(map(str, kept))
+        raise ConfigError(
+            f"{run_dir}: no kept checkpoint (steps {steps}) was evaluated; pass --step, or "
+            "train with eval_steps dividing save_steps"
+        )
+    shared = set.intersection(*(set(tasks) for tasks in successes.values()))
+    scores = {
+        step: sum(tasks[t] for t in shared) / max(len(shared), 1)
+        for step, tasks in sorted(successes.items())
+    }
+    best = max(scores, key=lambda step: (scores[step], step))
+    return kept[best], {
+        "chosen_by": "eval/success",
+        "eval_tasks": len(shared),
+        "eval_success": {str(step): score for step, score in scores.items()},
+    }
+
+
+def _kept_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """The run's complete checkpoints by step, oldest first; at least one."""
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(
             f"{run_dir} is not a run folder (no config.yaml); pass a run's output_dir"
@@ -82,13 +145,7 @@ def _checkpoint(run_dir: Path, step: int | None) -> Path:
             f"{run_dir} has no checkpoint yet; a run saves one every save_steps steps and at "
             "the end"
         )
-    if step is None:
-        return found[-1]
-    chosen = run_dir / "checkpoints" / f"step-{step:06d}"
-    if chosen not in found:
-        kept = ", ".join(str(int(p.name.split("-")[1])) for p in found)
-        raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it keeps steps {kept}")
-    return chosen
+    return {int(path.name.split("-")[1]): path for path in found}
 
 
 def _base_model(adapter: Path, given: str | os.PathLike[str] | None) -> Path:

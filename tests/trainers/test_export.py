@@ -103,6 +103,68 @@ def test_what_cannot_be_exported_is_named_with_its_fix(
     assert proc.returncode == 2 and "it keeps steps 2, 4" in one_error_line(proc)
 
 
+def eval_lines(solved: dict[tuple[int, str], set[int]], tasks: range) -> str:
+    """Eval episodes as a run writes them, per ``{(step, label): tasks solved}`` over ``tasks``."""
+    from agentgym import Trajectory, Turn
+    from agentgym._trajectory import to_json_line
+
+    lines = []
+    for (step, label), wins in solved.items():
+        for task in tasks:
+            tool = [{"role": "tool", "content": "42"}] if task in wins else []  # else a guess
+            episode = Trajectory(
+                env_id="agentgym/Calculator-v0", task_index=task, task_position=task,
+                messages=[{"role": "user", "content": "?"}, *tool], turns=[Turn(), Turn()],
+                final_reward=1.0, info={"step": step, "eval": label},
+            )  # fmt: skip
+            lines.append(to_json_line(episode))
+    return "".join(lines)
+
+
+def test_best_exports_the_checkpoint_whose_eval_did_best_on_the_tasks_all_played(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Periodic evals played tasks 0-3, the final one 0-7: steps are compared on 0-3."""
+    from agentgym.trainers import export_run
+
+    run_dir = write_run(tmp_path, tiny_model_dir, {2: 0, 4: 1, 6: 2})
+    evals = run_dir / "eval_trajectories.jsonl"
+    evals.write_text(
+        eval_lines({(0, "eval"): set(), (2, "eval"): {0, 1}, (4, "eval"): {0, 1, 2},
+                    (5, "eval"): {0, 1, 2, 3}}, range(4))  # step 5 has no checkpoint
+        + eval_lines({(6, "final"): {0, 1, 4, 5, 6, 7}}, range(8))
+        + '{"env_id": "agentg'  # a live run's half-written line
+    )  # fmt: skip
+    best = export_run(run_dir, tmp_path / "best", best=True)
+    info = json.loads((best / "export.json").read_text())
+    assert info["step"] == 4 and info["chosen_by"] == "eval/success"
+    assert info["eval_tasks"] == 4 and info["eval_success"] == {"2": 0.5, "4": 0.75, "6": 0.5}
+    adapter = run_dir / "checkpoints" / "step-000004" / "adapter" / "adapter_model.safetensors"
+    assert (best / "adapter_model.safetensors").read_bytes() == adapter.read_bytes()
+    proc = run("export", str(run_dir), str(tmp_path / "cli"), "--best")
+    assert proc.returncode == 0, proc.stderr
+    assert "on 4 held-out tasks: 2: 50.0%, 4: 75.0%, 6: 50.0%" in proc.stdout
+    assert "at step 4 written to" in proc.stdout
+    evals.write_text(eval_lines({(4, "eval"): {0}, (6, "final"): {0}}, range(2)))
+    tie = export_run(run_dir, tmp_path / "tie", best=True)
+    assert json.loads((tie / "export.json").read_text())["step"] == 6  # a tie: the later step
+
+
+def test_best_without_an_evaluated_checkpoint_says_how_to_get_one(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from agentgym.trainers import export_run
+
+    run_dir = write_run(tmp_path, tiny_model_dir, {2: 0, 4: 1})
+    (run_dir / "eval_trajectories.jsonl").write_text(eval_lines({(3, "eval"): {0}}, range(2)))
+    with pytest.raises(ConfigError, match=r"no kept checkpoint \(steps 2, 4\) was evaluated; "
+                                          "pass --step, or train with eval_steps dividing"):
+        export_run(run_dir, tmp_path / "out", best=True)
+    with pytest.raises(ConfigError, match="pass step=2 or best=True, not both"):
+        export_run(run_dir, tmp_path / "out", step=2, best=True)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.vllm
 @pytest.mark.engine
 def test_the_merged_model_serves_in_vllm_what_the_adapter_does_on_its_base(
