@@ -16,6 +16,7 @@ from typing import Any
 
 from agentgym._errors import ConfigError
 
+from ._export import best_checkpoint  # the choice `agentgym export --best` makes
 from ._run_dir import read_jsonl_records
 
 #: Per-reward-function means, as `episode_metrics` names them (``reward/<name>/mean``).
@@ -138,6 +139,25 @@ def _warm_start_line(run_dir: Path) -> str | None:
     return line
 
 
+def _better_checkpoint_line(run_dir: Path) -> str | None:
+    """A kept checkpoint whose eval beat the last step's, and how to export it; else None.
+
+    Why: success can peak before the last step, and a user reading only the final figure
+    would deploy the weaker adapter.
+    """
+    try:
+        path, chosen = best_checkpoint(run_dir)
+    except ConfigError:  # no checkpoint, or none evaluated
+        return None
+    scores: dict[str, float] = chosen["eval_success"]
+    best, last = str(int(path.name.split("-")[1])), max(scores, key=int)
+    if best == last:
+        return None
+    return (f"  best checkpoint   step {best}: {scores[best]:.0%} against step {last}'s "
+            f"{scores[last]:.0%} on {chosen['eval_tasks']} held-out tasks; "
+            f"agentgym export {run_dir} OUT --best")  # fmt: skip
+
+
 def format_summary(run_dir: Path, summary: Mapping[str, Any]) -> str:
     """The printable block: headline figures, reward change, time split, where the curve is."""
     figures: Mapping[str, float] = summary["figures"]
@@ -163,6 +183,9 @@ def format_summary(run_dir: Path, summary: Mapping[str, Any]) -> str:
     if seconds:
         split = "  ".join(f"{k} {v:.1f}s" for k, v in seconds.items())
         lines.append(f"  time              {split}")
+    better = _better_checkpoint_line(run_dir)
+    if better:
+        lines.append(better)
     curve = run_dir / "reward_curve.png"
     if curve.is_file():
         lines.append(f"  curve             {curve}")

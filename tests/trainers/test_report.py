@@ -77,6 +77,23 @@ def test_summary_figures_reward_change_and_times(tmp_path: Path) -> None:
     assert (tmp_path / "summary.txt").read_text() == text + "\n"
 
 
+def test_summary_points_to_a_kept_checkpoint_that_beat_the_last_step(tmp_path: Path) -> None:
+    from tests.trainers.test_export import eval_lines
+
+    write_metrics(tmp_path / "metrics.jsonl")
+    (tmp_path / "config.yaml").write_text("model: tiny\n")
+    for step in (10, 20):
+        (tmp_path / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"step-{step:06d}" / "trainer_state.json").write_text("{}")
+    evals = tmp_path / "eval_trajectories.jsonl"
+    evals.write_text(eval_lines({(10, "eval"): {0, 1, 2}, (20, "final"): {0, 1}}, range(4)))
+    text = write_summary(tmp_path, {"grpo/success": 0.5})
+    assert (f"best checkpoint   step 10: 75% against step 20's 50% on 4 held-out tasks; "
+            f"agentgym export {tmp_path} OUT --best") in text
+    evals.write_text(eval_lines({(10, "eval"): {0}, (20, "final"): {0, 1}}, range(4)))
+    assert "best checkpoint" not in write_summary(tmp_path, {"grpo/success": 0.5})  # the last
+
+
 def test_summary_of_a_run_without_steps() -> None:
     summary = summarize([], {})
     assert summary["steps"] == 0 and summary["reward"] is None and summary["eval_success"] == []
