@@ -904,7 +904,6 @@ class GRPOConfig:
                 stacklevel=3,
             )
 
-
     def _warn_full_weight_rate(self) -> None:
         """LoRA at a full fine-tuning rate barely moves: the "LoRA doesn't learn" reports."""
         if 0 < self.learning_rate < _LOWEST_LORA_RATE:

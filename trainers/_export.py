@@ -64,7 +64,7 @@ def export_run(
         raise ConfigError(f"pass step={step} or best=True, not both")
     chosen_by: dict[str, Any] = {}
     if best:
-        checkpoint, chosen_by = best_checkpoint(Path(run_dir))
+        _, checkpoint, chosen_by = best_checkpoint(Path(run_dir))
     else:
         checkpoint = _checkpoint(Path(run_dir), step)
     adapter = checkpoint / "adapter"
@@ -99,8 +99,8 @@ def _checkpoint(run_dir: Path, step: int | None) -> Path:
     return found[step]
 
 
-def best_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """The kept checkpoint whose step's eval succeeded most, and how it was chosen.
+def best_checkpoint(run_dir: Path) -> tuple[int, Path, dict[str, Any]]:
+    """The step and folder of the kept checkpoint whose eval succeeded most, and the scores.
 
     Each evaluated step is scored by multi-turn success (`is_multi_turn_success`, the run's
     headline figure) on the held-out tasks every evaluated step played: periodic evals may play
@@ -109,24 +109,29 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
     kept = _kept_checkpoints(run_dir)
     successes: dict[int, dict[Any, bool]] = {}
     for record in read_jsonl_records(run_dir / "eval_trajectories.jsonl"):  # a live run's too
-        episode = Trajectory.from_dict(record)
-        step = episode.info.get("step")
+        step = record.get("info", {}).get("step")
         if step in kept:
+            episode = Trajectory.from_dict(record)
             task = episode.task_position if episode.task_index is None else episode.task_index
             successes.setdefault(step, {})[task] = is_multi_turn_success(episode)
+    steps = ", ".join(map(str, sorted(successes) or kept))
     if not successes:
-        steps = ", ".join(map(str, kept))
         raise ConfigError(
             f"{run_dir}: no kept checkpoint (steps {steps}) was evaluated; pass --step, or "
             "train with eval_steps dividing save_steps"
         )
     shared = set.intersection(*(set(tasks) for tasks in successes.values()))
+    if not shared:
+        raise ConfigError(
+            f"{run_dir}: the evals of steps {steps} played no task in common, so they do not "
+            "compare; pass --step"
+        )
     scores = {
-        step: sum(tasks[t] for t in shared) / max(len(shared), 1)
+        step: sum(tasks[t] for t in shared) / len(shared)
         for step, tasks in sorted(successes.items())
     }
     best = max(scores, key=lambda step: (scores[step], step))
-    return kept[best], {
+    return best, kept[best], {
         "chosen_by": "eval/success",
         "eval_tasks": len(shared),
         "eval_success": {str(step): score for step, score in scores.items()},

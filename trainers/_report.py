@@ -146,11 +146,11 @@ def _better_checkpoint_line(run_dir: Path) -> str | None:
     would deploy the weaker adapter.
     """
     try:
-        path, chosen = best_checkpoint(run_dir)
-    except ConfigError:  # no checkpoint, or none evaluated
+        step, _, chosen = best_checkpoint(run_dir)
+    except ConfigError:  # no checkpoint, or none evaluated comparably
         return None
     scores: dict[str, float] = chosen["eval_success"]
-    best, last = str(int(path.name.split("-")[1])), max(scores, key=int)
+    best, last = str(step), max(scores, key=int)
     if best == last:
         return None
     return (f"  best checkpoint   step {best}: {scores[best]:.0%} against step {last}'s "

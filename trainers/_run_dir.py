@@ -316,7 +316,8 @@ class RunDir:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(_rng_state(), tmp / "rng.pt")
             (tmp / "trainer_state.json").write_text(state_text, encoding="utf-8")
-        for old in self._checkpoints()[: -self.keep] if self.keep else ():
+        complete = self._checkpoints()  # also clears a killed save's temporary folders
+        for old in complete[: -self.keep] if self.keep else ():
             shutil.rmtree(old)
         self._status["checkpoint_step"] = step
         self._write_status()

@@ -160,6 +160,11 @@ def test_best_without_an_evaluated_checkpoint_says_how_to_get_one(
     with pytest.raises(ConfigError, match=r"no kept checkpoint \(steps 2, 4\) was evaluated; "
                                           "pass --step, or train with eval_steps dividing"):
         export_run(run_dir, tmp_path / "out", best=True)
+    (run_dir / "eval_trajectories.jsonl").write_text(
+        eval_lines({(2, "eval"): {0}}, range(2)) + eval_lines({(4, "eval"): {2}}, range(2, 4))
+    )
+    with pytest.raises(ConfigError, match="evals of steps 2, 4 played no task in common"):
+        export_run(run_dir, tmp_path / "out", best=True)
     with pytest.raises(ConfigError, match="pass step=2 or best=True, not both"):
         export_run(run_dir, tmp_path / "out", step=2, best=True)
     assert not (tmp_path / "out").exists()

@@ -295,9 +295,15 @@ def test_only_the_last_checkpoints_are_kept_and_half_written_ones_ignored(tmp_pa
 def test_keep_none_keeps_every_checkpoint(tmp_path: Path) -> None:
     model, optimizer = lora_model(seed=0)
     run = RunDir(tmp_path, CONFIG, keep=None)  # GRPOConfig.save_total_limit: null
-    for step in (2, 4, 6):
+    for step in (2, 4):
         run.save_checkpoint(step, model, optimizer)
-    assert [p.name for p in run._checkpoints()] == ["step-000002", "step-000004", "step-000006"]
+    torn = run.checkpoints_dir / ".tmp-step-000005-dead"  # a save killed midway
+    (torn / "adapter").mkdir(parents=True)
+    run.save_checkpoint(6, model, optimizer)
+    assert not torn.exists()  # every save clears those, whatever it keeps
+    assert sorted(p.name for p in run.checkpoints_dir.iterdir()) == [
+        "step-000002", "step-000004", "step-000006"
+    ]
 
 
 def test_a_failed_save_leaves_no_checkpoint(tmp_path: Path) -> None:
