@@ -440,6 +440,12 @@ class GRPOConfig:
         "Send metrics to the report_to trackers every N steps (and at the last step and every "
         "eval); metrics.jsonl keeps every step.",
     )
+    log_completions: bool = _knob(
+        False,
+        "Write the training episodes of every logged step (see logging_steps) to rollouts.jsonl "
+        "in the run folder: conversations, rewards, scores and outcomes, without token ids. "
+        "To read what the policy does for its reward, where a reward hack shows first.",
+    )
     eval_steps: int | None = _knob(
         25, "Evaluate on held-out tasks every N steps (and before and after training). "
         "None: only before and after."

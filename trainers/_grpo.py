@@ -268,6 +268,8 @@ class GRPOTrainer:
                 run.write_metrics(step, metrics)  # every step: the run's record
                 if _log_due(step, cfg, metrics):
                     trackers.log(step, metrics)
+                    if cfg.log_completions:
+                        run.append_rollouts(step, episodes)
                 console.update(step, metrics)
                 if (step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0)
                         or stop):  # fmt: skip

@@ -7,8 +7,9 @@ Layout::
       status.json                          running | finished | failed, pid, host, times, step
       metrics.jsonl                        one JSON object per line: {"step": N, "time": t, ...}
       eval_trajectories.jsonl              eval episodes, one per line, step in info["step"]
+      rollouts.jsonl                       training episodes of logged steps (log_completions)
       metrics.rolled_back.jsonl            lines of steps a resume went back over (replayed)
-      eval_trajectories.rolled_back.jsonl  the same for eval episodes
+      eval_trajectories.rolled_back.jsonl  the same for eval episodes (rollouts.rolled_back.jsonl)
       checkpoints/step-000040/             adapter/, optimizer.pt, rng.pt, trainer_state.json
       adapters/v12/                        adapter versions handed to the running engine
       train.log                            the ``agentgym`` logger while the run is open
@@ -19,7 +20,7 @@ Crash-safety contract:
   written; its torn remainder (no newline) is cut off when the run is reopened.
 - Folders (checkpoints, adapters) are written under a hidden temporary name, fsynced, then
   renamed: a folder with its final name is complete. Leftover temporary folders are removed.
-- The loop writes everything of step N (metrics, eval episodes) before `save_checkpoint` (N).
+- The loop writes everything of step N (metrics, episodes) before `save_checkpoint` (N).
   A resume continues after the last complete checkpoint and moves the lines of later steps
   to the ``*.rolled_back.jsonl`` files (those steps are replayed, so their lines would
   otherwise appear twice); nothing is deleted.
@@ -64,7 +65,7 @@ log = logging.getLogger(__name__)
 #: ``output_dir`` is here because the same folder can be spelled differently.
 RESUMABLE_KEYS = frozenset(
     {"max_steps", "eval_steps", "save_steps", "save_total_limit", "logging_steps", "report_to",
-     "output_dir"}
+     "log_completions", "output_dir"}
 )
 #: Files whose presence means a folder already holds a run.
 _RUN_MARKERS = ("config.yaml", "status.json", "metrics.jsonl", "checkpoints")
@@ -168,6 +169,11 @@ class RunDir:
         return self.path / "eval_trajectories.jsonl"
 
     @property
+    def rollouts_path(self) -> Path:
+        """``rollouts.jsonl``: training episodes (`append_rollouts`), ``info["step"]`` set."""
+        return self.path / "rollouts.jsonl"
+
+    @property
     def checkpoints_dir(self) -> Path:
         """``checkpoints/``: ``step-NNNNNN`` folders."""
         return self.path / "checkpoints"
@@ -218,7 +224,7 @@ class RunDir:
 
     def _go_back_to_checkpoint(self) -> None:
         """Repair torn files, clear the old engine's adapters, roll back past the checkpoint."""
-        for path in (self.metrics_path, self.eval_path):
+        for path in (self.metrics_path, self.eval_path, self.rollouts_path):
             cut = _cut_torn_tail(path)
             if cut:
                 log.warning("%s: cut a torn last line (%d bytes) left by a killed run", path, cut)
@@ -254,11 +260,16 @@ class RunDir:
         ``info["eval"] = label`` says which eval they belong to (``final`` is the one after
         the last step). The caller's trajectories are not modified.
         """
-        lines = [
-            to_json_line(dataclasses.replace(t, info={**t.info, "step": step, "eval": label}))
-            for t in trajectories
-        ]
-        _append_lines(self.eval_path, lines)
+        _append_lines(self.eval_path, _episode_lines(trajectories, step=step, eval=label))
+
+    def append_rollouts(self, step: int, trajectories: Sequence[Trajectory]) -> None:
+        """Append a step's training episodes to ``rollouts.jsonl`` with ``info["step"] = step``.
+
+        What the policy did for its reward, to read beside the metrics (a reward hack shows
+        there before it shows in the held-out figures). The caller's trajectories are not
+        modified.
+        """
+        _append_lines(self.rollouts_path, _episode_lines(trajectories, step=step))
 
     def rollback(self, after_step: int) -> int:
         """Move lines of steps ``> after_step``, and the final eval's, to ``*.rolled_back.jsonl``.
@@ -275,6 +286,7 @@ class RunDir:
             self.eval_path,
             lambda r: r["info"]["step"] > after_step or r["info"].get("eval") == FINAL,
         )
+        moved += _move_lines(self.rollouts_path, lambda r: r["info"]["step"] > after_step)
         return moved
 
     def headline_figures(self, start: str) -> dict[str, float]:
@@ -424,6 +436,11 @@ class RunDir:
 
 #: The label of the eval after the last step (its metrics are ``final/*``).
 FINAL = "final"
+
+
+def _episode_lines(trajectories: Sequence[Trajectory], **info: Any) -> list[str]:
+    """JSONL lines of ``trajectories`` with ``info`` added to each one's own."""
+    return [to_json_line(dataclasses.replace(t, info={**t.info, **info})) for t in trajectories]
 
 
 def read_jsonl_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ import yaml
 import agentgym
 from agentgym import Trajectory, Turn
 from agentgym.trainers import GRPOConfig
+from agentgym.trainers._run_dir import read_jsonl_records
 from tests.conftest import TINY_RUN, require
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
@@ -174,7 +175,8 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     cfg_path.write_text(
         yaml.safe_dump(
             {**TINY_RUN, "output_dir": str(tmp_path / "run"), "max_steps": 4, "save_steps": 1,
-             "eval_steps": None, "lr_scheduler_type": "linear", "save_total_limit": None}
+             "eval_steps": None, "lr_scheduler_type": "linear", "save_total_limit": None,
+             "log_completions": True}
         )
     )  # fmt: skip
     agentgym = [str(Path(sys.executable).with_name("agentgym")), "train", str(cfg_path)]
@@ -210,6 +212,11 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     state = json.loads((run / "checkpoints" / "step-000004" / "trainer_state.json").read_text())
     assert state["step"] == 4
     assert state["adapter_version"] == resumed_version + (4 - killed_at["step"])
+    # log_completions: each step's episodes once (a replayed step's rolled back), its tasks
+    rollouts = read_jsonl_records(run / "rollouts.jsonl")
+    assert [r["info"]["step"] for r in rollouts] == [s for s in (1, 2, 3, 4) for _ in range(4)]
+    for r in rollouts:
+        assert r["task_index"] in steps[r["info"]["step"] - 1]["data/tasks"] and r["messages"]
     # save_total_limit null kept every step's checkpoint, across the kill (2 by default)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         f"step-00000{s}" for s in (1, 2, 3, 4)

@@ -209,10 +209,15 @@ def test_a_torn_last_line_is_cut_when_the_run_reopens(tmp_path: Path) -> None:
     run.save_checkpoint(0, model, optimizer)
     with run.metrics_path.open("a") as f:
         f.write('{"step": 1, "reward/me')
+    run.append_rollouts(0, [Trajectory(env_id="calc")])
+    with run.rollouts_path.open("a") as f:
+        f.write('{"env_id": "ca')
     resumed = RunDir(tmp_path, CONFIG, resume=True)
     assert resumed.resume_step == 0
     assert resumed.metrics_path.read_text().endswith('"eval/success": 0.1}\n')
     assert not (tmp_path / "metrics.rolled_back.jsonl").exists()
+    assert [r["env_id"] for r in read_jsonl_records(resumed.rollouts_path)] == ["calc"]
+    assert resumed.rollouts_path.read_text().endswith("}\n")
 
 
 def test_kill_9_while_writing_loses_at_most_the_line_being_written(tmp_path: Path) -> None:
@@ -323,6 +328,7 @@ def test_resume_moves_lines_after_the_checkpoint_aside(tmp_path: Path) -> None:
         run.write_metrics(step, {"reward/mean": float(step)})
         if step in (2, 4):
             run.append_eval(step, [Trajectory(env_id="calc")])
+        run.append_rollouts(step, [Trajectory(env_id="calc", info={"seed": step})] * 2)
         if step == 3:
             run.save_checkpoint(step, model, optimizer, {"adapter_version": step})
     # killed after step 5 without a clean end
@@ -335,9 +341,15 @@ def test_resume_moves_lines_after_the_checkpoint_aside(tmp_path: Path) -> None:
     evals = [r["info"]["step"] for r in read_jsonl_records(resumed.eval_path)]
     rolled = read_jsonl_records(tmp_path / "eval_trajectories.rolled_back.jsonl")
     assert evals == [2] and [r["info"]["step"] for r in rolled] == [4]
+    rollouts = read_jsonl_records(resumed.rollouts_path)
+    assert [(r["info"]["step"], r["info"]["seed"]) for r in rollouts] == [
+        (1, 1), (1, 1), (2, 2), (2, 2), (3, 3), (3, 3)
+    ]  # each episode's own info kept beside its step
+    rolled = read_jsonl_records(tmp_path / "rollouts.rolled_back.jsonl")
+    assert [r["info"]["step"] for r in rolled] == [4, 4, 5, 5]
     state = resumed.load_checkpoint(resumed.latest_checkpoint() or Path(), model, optimizer)
     assert state["step"] == 3 and steps(resumed.metrics_path) == [1, 2, 3]  # idempotent
-    assert "from checkpoint step 3; moved 3 lines of later steps aside" in (
+    assert "from checkpoint step 3; moved 7 lines of later steps aside" in (
         resumed.log_path.read_text()
     )
 
