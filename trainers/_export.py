@@ -29,7 +29,7 @@ from agentgym import Trajectory
 from agentgym._errors import ConfigError
 
 from ._metrics import is_multi_turn_success
-from ._run_dir import atomic_dir, complete_checkpoints, read_jsonl_records
+from ._run_dir import atomic_dir, checkpoints_by_step, read_jsonl_records
 
 #: Written into every export: where it came from.
 EXPORT_INFO = "export.json"
@@ -144,13 +144,13 @@ def _kept_checkpoints(run_dir: Path) -> dict[int, Path]:
         raise ConfigError(
             f"{run_dir} is not a run folder (no config.yaml); pass a run's output_dir"
         )
-    found = complete_checkpoints(run_dir)
+    found = checkpoints_by_step(run_dir)
     if not found:
         raise ConfigError(
             f"{run_dir} has no checkpoint yet; a run saves one every save_steps steps and at "
             "the end"
         )
-    return {int(path.name.split("-")[1]): path for path in found}
+    return found
 
 
 def _base_model(adapter: Path, given: str | os.PathLike[str] | None) -> Path:

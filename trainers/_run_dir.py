@@ -454,7 +454,12 @@ def read_jsonl_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def complete_checkpoints(run_path: str | os.PathLike[str]) -> list[Path]:
-    """A run folder's complete checkpoints (``checkpoints/step-N``), oldest first.
+    """A run folder's complete checkpoints (``checkpoints/step-N``), oldest first."""
+    return list(checkpoints_by_step(run_path).values())
+
+
+def checkpoints_by_step(run_path: str | os.PathLike[str]) -> dict[int, Path]:
+    """A run folder's complete checkpoints by step, oldest first.
 
     Reads only: a run still being written may be read from another process (`export_run`).
     """
@@ -464,7 +469,7 @@ def complete_checkpoints(run_path: str | os.PathLike[str]) -> list[Path]:
         for p in (folder.iterdir() if folder.is_dir() else ())
         if (m := _CHECKPOINT.match(p.name)) and (p / "trainer_state.json").is_file()
     ]
-    return [p for _, p in sorted(found)]
+    return dict(sorted(found))
 
 
 def load_training_state(path: str | os.PathLike[str], model: Any, optimizer: Any) -> dict:
