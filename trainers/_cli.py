@@ -57,11 +57,19 @@ def train(
         list[str] | None,
         typer.Option("--set", help="Override a config key: --set max_steps=5 (repeatable)."),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Make the checks a run makes before its model loads, print the run's plan "
+            "and stop: no engine, no weights, nothing written to the run folder.",
+        ),
+    ] = False,
 ) -> None:
     """Train a LoRA adapter with GRPO on vLLM rollouts (SFT warm start first if configured).
 
-    Several processes: `torchrun --standalone --nproc_per_node N --no-python agentgym train
-    CONFIG` (docs/trainer.md); rank 0 alone indexes the run and prints its figures.
+    Several processes: `torchrun --standalone --nproc_per_node N --no-python agentgym train CONFIG`
+    (docs/trainer.md); rank 0 alone indexes the run and prints its figures.
     """
     _quiet_backends()
     from ._config import GRPOConfig
@@ -72,6 +80,9 @@ def train(
 
     if not config.is_file():
         raise ConfigError(f"config file {config} does not exist")
+    if dry_run:
+        _print_plan(GRPOConfig.from_yaml(config, overrides=_overrides(set_ or [])), resume)
+        return
     # `kill PID` unwinds like Ctrl-C: the vLLM engine's processes are shut down, not orphaned
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
@@ -87,6 +98,17 @@ def train(
     for name, value in figures.items():
         console.print(f"{name}: {value:.3f}")
     console.print(f"run folder: {cfg.output_dir}", soft_wrap=True)
+
+
+def _print_plan(cfg: Any, resume: bool) -> None:
+    """The dry run's plan, one aspect a line (`trainers._plan`)."""
+    from ._plan import dry_run
+
+    rows = dry_run(cfg, resume=resume)
+    width = max(len(what) for what, _ in rows)
+    for what, how in rows:
+        console.print(f"{what:<{width}}  {how}", soft_wrap=True)
+    console.print("dry run: every check passed; nothing was loaded, trained or written")
 
 
 def export(

@@ -296,15 +296,24 @@ def _check_memory(model_dir: Path, config: GRPOConfig) -> None:
     """Refuse a model that cannot fit in this machine's memory (CPU runs only)."""
     if config.device == "cuda":
         return
-    spec = json.loads((model_dir / "config.json").read_text())
-    hidden, layers = spec.get("hidden_size", 0), spec.get("num_hidden_layers", 0)
-    vocab, mlp = spec.get("vocab_size", 0), spec.get("intermediate_size", 4 * hidden)
-    params = layers * (4 * hidden * hidden + 3 * hidden * mlp) + 2 * vocab * hidden
-    need = params * _BYTES_PER_PARAM_CPU
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    params, need, have = cpu_memory_estimate(model_dir)
     if need > have:
         raise ConfigError(
             f"{model_dir.name} has ~{params / 1e9:.1f} B parameters: ~{need / 2**30:.0f} GiB "
             f"to train on the CPU, this machine has {have / 2**30:.0f} GiB; use device: cuda "
             "or a smaller model"
         )
+
+
+def cpu_memory_estimate(model_dir: Path) -> tuple[int, int, int]:
+    """(parameters, bytes to train with LoRA on the CPU, this machine's bytes of memory).
+
+    The parameter count is read off ``config.json`` (a dense decoder: attention, MLP,
+    embeddings), so a model too big to load is refused before it loads.
+    """
+    spec = json.loads((model_dir / "config.json").read_text())
+    hidden, layers = spec.get("hidden_size", 0), spec.get("num_hidden_layers", 0)
+    vocab, mlp = spec.get("vocab_size", 0), spec.get("intermediate_size", 4 * hidden)
+    params = layers * (4 * hidden * hidden + 3 * hidden * mlp) + 2 * vocab * hidden
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return params, params * _BYTES_PER_PARAM_CPU, have

@@ -116,30 +116,21 @@ class RunDir:
         self.config = _normalise(config)
         self.resumed = False
         self.resume_step: int | None = None
-        existing = self.holds_run(self.path)
+        previous = self.check_open(self.path, self.config, resume=resume, defaults=defaults,
+                                   tasks_sha256=tasks_sha256)  # fmt: skip
+        existing = previous is not None
         #: The folder held a run before (resumed from a checkpoint or, with none, from the start).
         self.reopened = existing
-        if existing and not resume:
-            raise ConfigError(
-                f"{self.path} already holds a run ({self._describe_existing()}); pass --resume "
-                "to continue it, or choose a new output_dir"
-            )
-        if resume and not existing:  # a mistyped output_dir would otherwise restart quietly
-            log.warning("--resume: %s holds no run; starting a new one there", self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints_dir.mkdir(exist_ok=True)
-        previous: dict[str, Any] = {}
-        if existing:
-            _refuse_changed_config(self.path, self.config, defaults)
-            previous = _read_json(self.status_path) or {}
-            _refuse_live_owner(self.path, previous)
-            _refuse_other_tasks(self.path, previous.get("tasks_sha256"), tasks_sha256)
         self._log_level = logging.getLogger("agentgym").level
         self._log_handler: logging.Handler | None = _attach_log_file(self.log_path)
         if existing:
             self._go_back_to_checkpoint()
         atomic_write_text(self.config_path, _dump_yaml(self.config))
-        self._status = _new_status(previous, self.resume_step) | {"tasks_sha256": tasks_sha256}
+        self._status = _new_status(previous or {}, self.resume_step) | {
+            "tasks_sha256": tasks_sha256
+        }
         self._write_status()
 
     @property
@@ -193,6 +184,37 @@ class RunDir:
         """Whether ``path`` already holds a run (config, status, metrics or checkpoints)."""
         return any((Path(path) / name).exists() for name in _RUN_MARKERS)
 
+    @classmethod
+    def check_open(
+        cls,
+        path: str | os.PathLike[str],
+        config: Mapping[str, Any],
+        *,
+        resume: bool = False,
+        defaults: Mapping[str, Any] | None = None,
+        tasks_sha256: str | None = None,
+    ) -> dict[str, Any] | None:
+        """Make the refusals opening ``path`` would make, touching nothing (a dry run's check).
+
+        Returns the saved status of the run it would reopen (``{}`` if it has none), or None
+        when a new run would start there. Raises `ConfigError` as the constructor does.
+        """
+        path = Path(path)
+        if not cls.holds_run(path):
+            if resume:  # a mistyped output_dir would otherwise restart quietly
+                log.warning("--resume: %s holds no run; starting a new one there", path)
+            return None
+        if not resume:
+            raise ConfigError(
+                f"{path} already holds a run ({_describe_run(path)}); pass --resume to "
+                "continue it, or choose a new output_dir"
+            )
+        _refuse_changed_config(path, _normalise(config), defaults)
+        previous = _read_json(path / "status.json") or {}
+        _refuse_live_owner(path, previous)
+        _refuse_other_tasks(path, previous.get("tasks_sha256"), tasks_sha256)
+        return dict(previous)
+
     @staticmethod
     def finished_figures(
         path: str | os.PathLike[str],
@@ -214,14 +236,6 @@ class RunDir:
         return dict(summary["figures"])
 
     # ---- opening an existing run ---------------------------------------------------------
-    def _describe_existing(self) -> str:
-        status = _read_json(self.status_path) or {}
-        state = status.get("state", "unknown state")
-        if state == "running" and not _owner_alive(status):
-            state = "killed"  # its process is gone: it was killed, not running
-        step = status.get("step")
-        return f"{state}, last step {step}" if step is not None else str(state)
-
     def _go_back_to_checkpoint(self) -> None:
         """Repair torn files, clear the old engine's adapters, roll back past the checkpoint."""
         for path in (self.metrics_path, self.eval_path, self.rollouts_path):
@@ -710,6 +724,16 @@ def _refuse_changed_config(
             f"resume with the saved config ({config_path}) or choose a new output_dir. "
             f"Only {sorted(RESUMABLE_KEYS)} may change on resume"
         )
+
+
+def _describe_run(path: Path) -> str:
+    """The saved run's state and last step, for a refusal (a dead ``running`` one: killed)."""
+    status = _read_json(path / "status.json") or {}
+    state = status.get("state", "unknown state")
+    if state == "running" and not _owner_alive(status):
+        state = "killed"  # its process is gone: it was killed, not running
+    step = status.get("step")
+    return f"{state}, last step {step}" if step is not None else str(state)
 
 
 def _owner_alive(status: Mapping[str, Any]) -> bool:

@@ -1,0 +1,96 @@
+"""`agentgym train --dry-run`: the run's plan from the checks a run makes, nothing written."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentgym import ConfigError
+from agentgym.trainers import GRPOConfig
+from agentgym.trainers._plan import dry_run
+from agentgym.trainers._preflight import preflight
+from agentgym.trainers._run_dir import RunDir
+
+
+def config(tmp_path: Path, **knobs: Any) -> GRPOConfig:
+    return GRPOConfig(env="calculator", output_dir=str(tmp_path / "run"), max_steps=12,
+                      tasks_per_step=2, num_generations=4, eval_steps=5, eval_num_tasks=10,
+                      save_steps=4, report_to=["none"], **knobs)  # fmt: skip
+
+
+@pytest.fixture
+def detach_run_logs() -> Any:
+    """A RunDir opened here keeps a file handler on the ``agentgym`` logger; drop it."""
+    logger = logging.getLogger("agentgym")
+    before, level = list(logger.handlers), logger.level
+    yield
+    for handler in [h for h in logger.handlers if h not in before]:
+        logger.removeHandler(handler)
+        handler.close()
+    logger.setLevel(level)
+
+
+def test_a_dry_run_describes_the_schedule_and_writes_no_run_folder(tmp_path: Path) -> None:
+    plan = dict(dry_run(config(tmp_path)))
+    assert plan["env"].startswith("agentgym/Calculator-v0: calculate;")
+    assert plan["each step"].startswith("2 tasks x 4 generations = 8 episodes")
+    assert plan["training"].startswith("12 GRPO steps (96 episodes)")
+    assert plan["evaluation"].endswith("after step 12; the first 10 at steps 5, 10")
+    assert plan["checkpoints"] == "at steps 4, 8, 12; the newest 2 kept"
+    assert plan["run folder"] == f"{tmp_path / 'run'}: a new run"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_dry_run_names_the_warm_start_and_the_cpu_memory(tmp_path: Path) -> None:
+    plan = dict(dry_run(config(tmp_path, sft_steps=30, device="cpu")))
+    assert plan["training"].startswith("30 SFT warm-start steps on 100% reference traces, then")
+    assert "on the base model, after the warm start and after step 12" in plan["evaluation"]
+    assert "M parameters, ~" in plan["model"] and "to train on the CPU" in plan["model"]
+
+
+def test_a_dry_run_makes_the_run_folders_refusals_and_leaves_it_alone(
+    tmp_path: Path, detach_run_logs: Any
+) -> None:
+    cfg = config(tmp_path)
+    digest = preflight(cfg).tasks_sha256
+    with RunDir(cfg.output_dir, cfg.to_dict(), tasks_sha256=digest):
+        pass  # a finished-looking folder without checkpoints: what a killed run leaves
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-000008"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text('{"step": 8}')
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+
+    with pytest.raises(ConfigError, match="already holds a run .* pass --resume"):
+        dry_run(cfg)
+    assert dict(dry_run(cfg, resume=True))["run folder"].endswith("resumes after step 8 of 12")
+    with pytest.raises(ConfigError, match="config differs from the saved one in lora_r"):
+        dry_run(config(tmp_path, lora_r=8), resume=True)
+
+    after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_the_cli_prints_the_plan_or_one_line_naming_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(f"env: calculator\noutput_dir: {tmp_path / 'run'}\nreport_to: [none]\n")
+    agentgym = Path(sys.executable).with_name("agentgym")
+    ok = subprocess.run([str(agentgym), "train", str(path), "--dry-run"],
+                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "each step    4 tasks x 8 generations = 32 episodes" in ok.stdout
+    assert ok.stdout.rstrip().endswith("dry run: every check passed; nothing was loaded, "
+                                       "trained or written")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+    typo = subprocess.run(
+        [str(agentgym), "train", str(path), "--dry-run", "--set", "env=calculater"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in typo.stderr.splitlines() if line.strip()]
+    assert typo.returncode == 2 and len(lines) == 1, typo.stderr
+    assert "calculator" in lines[0], typo.stderr  # "did you mean ..."

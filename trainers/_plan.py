@@ -1,0 +1,140 @@
+"""`agentgym train CONFIG --dry-run`: what a run would do, checked, without doing it.
+
+An hour on a GPU should not start from a config that trains on the wrong tasks, evaluates too
+rarely, or that its run folder refuses once the model has loaded. A dry run makes the checks a
+run makes before it loads weights (`GRPOConfig`'s rules, `preflight`, the run folder's
+refusals, in that order) and describes the run they resolved. It starts no engine, loads no
+weights and writes nothing but the ``tiny`` model's cache, which the run would build too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentgym._registry import resolve_id
+
+from ._config import GRPOConfig
+from ._preflight import Checked, cpu_memory_estimate, preflight
+from ._run_dir import RunDir, checkpoints_by_step
+from ._tracking import resolve_report_to
+
+
+def dry_run(config: GRPOConfig, *, resume: bool = False) -> list[tuple[str, str]]:
+    """Check ``config`` as ``agentgym train`` would; returns the run's plan as (what, how) rows.
+
+    Raises:
+        ConfigError: whatever the run would refuse before its model loads, with the fix.
+    """
+    checked = preflight(config)
+    folder = _run_folder(config, resume, checked.tasks_sha256)
+    episodes = config.tasks_per_step * config.num_generations
+    return [
+        ("model", _model(config, checked)),
+        ("env", _env(config, checked)),
+        ("tasks", f"{len(checked.train_tasks):,} to train on, {len(checked.eval_tasks):,} "
+                  "held out for eval"),  # fmt: skip
+        ("each step", f"{config.tasks_per_step} tasks x {config.num_generations} generations = "
+                      f"{episodes} episodes, up to {config.max_completion_length} tokens a "
+                      f"turn, rolled out on {_engine(config)}"),  # fmt: skip
+        ("training", _training(config, episodes)),
+        ("evaluation", _evaluation(config, len(checked.eval_tasks))),
+        ("checkpoints", _checkpoints(config)),
+        ("trackers", ", ".join(resolve_report_to(config.report_to)) or "none (metrics.jsonl)"),
+        ("run folder", folder),
+    ]
+
+
+def _model(config: GRPOConfig, checked: Checked) -> str:
+    targets = config.lora_target_modules
+    where = targets if isinstance(targets, str) else ", ".join(targets)
+    text = (f"{config.model} ({checked.model_dir}), LoRA r{config.lora_r} alpha "
+            f"{config.lora_alpha:g} on {where}, device {_device(config)}, dtype "
+            f"{config.dtype}")  # fmt: skip
+    if config.load_in_4bit:
+        text += ", 4-bit base (QLoRA)"
+    if config.device != "cuda":
+        params, need, have = cpu_memory_estimate(checked.model_dir)
+        text += (f"; ~{params / 1e6:,.1f} M parameters, ~{_size(need)} of this machine's "
+                 f"{_size(have)} to train on the CPU")  # fmt: skip
+    return text
+
+
+def _device(config: GRPOConfig) -> str:
+    if config.device != "auto":
+        return config.device
+    import torch
+
+    return "auto (cuda here)" if torch.cuda.is_available() else "auto (cpu here)"
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
+
+
+def _env(config: GRPOConfig, checked: Checked) -> str:
+    names = [schema.get("function", {}).get("name", "?") for schema in checked.tools]
+    tools = ", ".join(names) if names else "no tools"
+    return f"{resolve_id(config.env)}: {tools}; up to {checked.env_max_turns} turns an episode"
+
+
+def _engine(config: GRPOConfig) -> str:
+    if config.rollout_servers:
+        return f"{len(config.rollout_servers)} vLLM server(s)"
+    engine = "in-process vLLM" if config.rollout_engine == "vllm" else "transformers"
+    if config.max_staleness:
+        engine += f", while the update runs (max_staleness {config.max_staleness})"
+    return engine
+
+
+def _training(config: GRPOConfig, episodes: int) -> str:
+    grpo = (f"{config.max_steps:,} GRPO steps ({config.max_steps * episodes:,} episodes), "
+            f"learning rate {config.learning_rate:g} ({config.lr_scheduler_type}), "
+            f"loss {config.loss_type}, beta {config.beta:g}")  # fmt: skip
+    if not config.sft_steps:
+        return grpo
+    shares, total = config.sft_scripts, sum(config.sft_scripts.values())
+    scripts = " + ".join(f"{share / total:.0%} {name}" for name, share in shares.items())
+    return f"{config.sft_steps:,} SFT warm-start steps on {scripts} traces, then {grpo}"
+
+
+def _evaluation(config: GRPOConfig, eval_count: int) -> str:
+    before = "on the base model, after the warm start" if config.sft_steps else "before training"
+    text = f"all {eval_count:,} held-out tasks {before} and after step {config.max_steps}"
+    periodic = [s for s in _every(config.eval_steps, config.max_steps) if s < config.max_steps]
+    if periodic:
+        played = min(config.eval_num_tasks or eval_count, eval_count)
+        text += f"; the first {played:,} at steps {_steps(periodic)}"
+    return text
+
+
+def _checkpoints(config: GRPOConfig) -> str:
+    steps = sorted({*_every(config.save_steps, config.max_steps), config.max_steps})
+    kept = "all kept" if config.save_total_limit is None else (
+        f"the newest {config.save_total_limit} kept")  # fmt: skip
+    return f"at steps {_steps(steps)}; {kept}"
+
+
+def _run_folder(config: GRPOConfig, resume: bool, tasks_sha256: str | None) -> str:
+    """What opening ``output_dir`` would do, making the refusals the run would make."""
+    path, defaults = config.output_dir, GRPOConfig.defaults()
+    if resume and RunDir.finished_figures(path, config.max_steps, config.to_dict(), defaults):
+        return f"{path}: finished its {config.max_steps} steps; a resume only reports its figures"
+    previous = RunDir.check_open(path, config.to_dict(), resume=resume, defaults=defaults,
+                                 tasks_sha256=tasks_sha256)  # fmt: skip
+    if previous is None:
+        return f"{path}: a new run"
+    done = checkpoints_by_step(path)
+    if not done:
+        return f"{path}: holds a run with no complete checkpoint; it would start over"
+    return f"{path}: resumes after step {max(done)} of {config.max_steps}"
+
+
+def _every(interval: int | None, last: int) -> list[int]:
+    return list(range(interval, last + 1, interval)) if interval else []
+
+
+def _steps(steps: Sequence[int]) -> str:
+    """``25, 50, 75`` or, for many, ``10, 20, ..., 1000 (100 times)``."""
+    if len(steps) <= 6:
+        return ", ".join(map(str, steps))
+    return f"{steps[0]}, {steps[1]}, ..., {steps[-1]} ({len(steps)} times)"
