@@ -53,7 +53,7 @@ from ._metrics import episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
 from ._preflight import preflight
 from ._report import plot_curves, write_summary
-from ._run_dir import RunDir, load_training_state
+from ._run_dir import RunDir
 from ._samples import (
     PASS_COST_TOKENS,
     Batch,
@@ -65,6 +65,7 @@ from ._samples import (
 )
 from ._sft import SFTConfig, sft_warm_start
 from ._tracking import Trackers, TrainingConsole
+from ._training_state import load_training_state
 
 log = logging.getLogger(__name__)
 #: The engines a run rolls out on: in-process (vLLM or transformers), or vLLM servers.

@@ -44,7 +44,6 @@ import datetime
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import socket
@@ -58,6 +57,8 @@ from agentgym import Trajectory
 from agentgym._durable import atomic_write_text, fsync_dir
 from agentgym._errors import ConfigError
 from agentgym._trajectory import to_json_line
+
+from ._training_state import load_training_state, save_adapter_files, write_training_state
 
 log = logging.getLogger(__name__)
 
@@ -330,18 +331,13 @@ class RunDir:
         adapter version, data-order position). Generators other than the global ones are the
         caller's to store in ``extra`` or derive from the step.
         """
-        import torch
-
         extra = dict(extra or {})
         if "step" in extra:
             raise ValueError("extra must not hold a 'step' key; it is passed as `step`")
         state_text = json.dumps({"step": step, **extra}, indent=1)  # non-JSON extra fails here
         final = self.checkpoints_dir / f"step-{step:06d}"
         with atomic_dir(final) as tmp:
-            model.save_pretrained(tmp / "adapter")
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(_rng_state(), tmp / "rng.pt")
-            (tmp / "trainer_state.json").write_text(state_text, encoding="utf-8")
+            write_training_state(tmp, model, optimizer, state_text)
         complete = self._checkpoints()  # also clears a killed save's temporary folders
         for old in complete[: -self.keep] if self.keep else ():
             shutil.rmtree(old)
@@ -392,7 +388,7 @@ class RunDir:
         self.adapters_dir.mkdir(exist_ok=True)
         final = self.adapter_dir(version)
         with atomic_dir(final, durable=False) as tmp:  # a cache: a resume clears it anyway
-            _save_adapter_files(model, tmp)
+            save_adapter_files(model, tmp)
         versions = sorted(
             (int(m.group(1)), p)
             for p in self.adapters_dir.iterdir()
@@ -484,27 +480,6 @@ def checkpoints_by_step(run_path: str | os.PathLike[str]) -> dict[int, Path]:
         if (m := _CHECKPOINT.match(p.name)) and (p / "trainer_state.json").is_file()
     ]
     return dict(sorted(found))
-
-
-def load_training_state(path: str | os.PathLike[str], model: Any, optimizer: Any) -> dict:
-    """Restore a checkpoint's adapter weights, optimizer and RNG states; returns trainer_state.
-
-    Writes nothing, so every training process can load the same checkpoint
-    (`RunDir.load_checkpoint` also rolls the run's lines back).
-
-    Raises:
-        ConfigError: the checkpoint's adapter does not fit ``model``.
-    """
-    import torch
-
-    path = Path(path)
-    state: dict[str, Any] = _read_json(path / "trainer_state.json")
-    _load_adapter_weights(model, path / "adapter")
-    optimizer.load_state_dict(
-        torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-    )
-    _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
-    return state
 
 
 # ---- helpers: files --------------------------------------------------------------------------
@@ -776,127 +751,3 @@ def _attach_log_file(path: Path) -> logging.Handler:
 
 
 # ---- helpers: weights and RNG ----------------------------------------------------------------
-
-
-def _load_adapter_weights(model: Any, adapter_dir: Path) -> None:
-    """Load a saved PEFT adapter's weights into ``model``'s active adapter, strictly."""
-    from peft import set_peft_model_state_dict
-    from peft.utils import load_peft_weights
-
-    device = next(model.parameters()).device
-    weights = load_peft_weights(str(adapter_dir), device=str(device))
-    result: Any = set_peft_model_state_dict(model, weights)
-    missing = [k for k in result.missing_keys if "lora_" in k]
-    if result.unexpected_keys or missing:
-        raise ConfigError(
-            f"the adapter in {adapter_dir} does not fit the model (unexpected: "
-            f"{result.unexpected_keys[:3]}, missing: {missing[:3]}); resume with the LoRA "
-            "settings the run was started with"
-        )
-
-
-def _save_adapter_files(model: Any, folder: Path) -> None:
-    """The active PEFT adapter as vLLM reads it: weights and config, without a model card."""
-    peft_config = getattr(model, "peft_config", None)
-    if not peft_config:
-        model.save_pretrained(folder)  # not a PEFT model: whatever it saves
-        return
-    name = getattr(model, "active_adapter", "default")
-    layout = _adapter_layout(model, name)
-    weights = {key: t.detach().contiguous() for key, t in layout.tensors(model).items()}
-    _save_safetensors(weights, folder / "adapter_model.safetensors")
-    if layout.config_json is None:
-        peft_config[name].save_pretrained(str(folder))
-        layout.config_json = (folder / "adapter_config.json").read_text()
-    else:
-        (folder / "adapter_config.json").write_text(layout.config_json)
-
-
-def _save_safetensors(weights: dict[str, Any], file: Path) -> None:
-    """``safetensors`` file of ``weights``; CPU float32/float16 ones go through its numpy front end.
-
-    Both front ends write the same bytes, but safetensors 0.8's torch one builds a ctypes view
-    per tensor: 1.08 ms vs 0.62 ms for the tiny model's 28 LoRA tensors, whose whole sync
-    takes ~4 ms. Other dtypes (bfloat16: numpy has none) and GPU tensors take the torch one.
-    """
-    import torch
-
-    fast = (torch.float32, torch.float16)
-    if all(t.device.type == "cpu" and t.dtype in fast for t in weights.values()):
-        from safetensors.numpy import save_file as save_numpy
-
-        save_numpy({k: t.numpy() for k, t in weights.items()}, str(file), metadata={"format": "pt"})
-    else:
-        from safetensors.torch import save_file
-
-        save_file(weights, str(file), metadata={"format": "pt"})
-
-
-@dataclasses.dataclass
-class _AdapterLayout:
-    """What saving one model's adapter writes, worked out once: every sync saves it again.
-
-    PEFT's ``get_peft_model_state_dict`` re-reads the base model's config on each call (to
-    decide whether embeddings belong in the file) and walks every module: ~3 ms of the ~5 ms
-    save on the tiny model. Its keys map to live parameters (the optimiser updates them in
-    place), so later saves read those directly. A key that is not a parameter's storage
-    leaves ``params`` empty and every save asks PEFT again.
-    """
-
-    adapter: str
-    params: dict[str, Any]  # saved key -> the model's parameter holding it
-    config_json: str | None = None  # adapter_config.json as PEFT wrote it the first time
-
-    def tensors(self, model: Any) -> dict[str, Any]:
-        if self.params:
-            return self.params
-        from peft import get_peft_model_state_dict
-
-        return dict(get_peft_model_state_dict(model, adapter_name=self.adapter))
-
-
-def _adapter_layout(model: Any, adapter: str) -> _AdapterLayout:
-    layout: _AdapterLayout | None = getattr(model, "_agentgym_adapter_layout", None)
-    if layout is not None and layout.adapter == adapter:
-        return layout
-    from peft import get_peft_model_state_dict
-
-    reference = get_peft_model_state_dict(model, adapter_name=adapter)
-    storage = {(p.data_ptr(), p.shape): p for p in model.parameters()}
-    params = {key: storage.get((t.data_ptr(), t.shape)) for key, t in reference.items()}
-    layout = _AdapterLayout(adapter, {k: p for k, p in params.items() if p is not None})
-    if len(layout.params) != len(reference):
-        layout.params = {}
-    object.__setattr__(model, "_agentgym_adapter_layout", layout)
-    return layout
-
-
-def _rng_state() -> dict[str, Any]:
-    """The global generators' states, in types ``torch.load(weights_only=True)`` accepts."""
-    import numpy as np
-    import torch
-
-    numpy_state: Any = np.random.get_state(legacy=True)
-    kind, keys, pos, has_gauss, gauss = numpy_state
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"][: torch.cuda.device_count()]
-        torch.cuda.set_rng_state_all(cuda)
