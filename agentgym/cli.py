@@ -42,6 +42,7 @@ from ._eval_folder import (
     remove_stale_writes,
     write_json,
 )
+from ._extras import needs_extra
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
 from ._quick_exit import skip_final_collection
 from ._registry import make, registered_envs, resolve_id
@@ -185,6 +186,14 @@ def evaluate(
     model_path: Annotated[
         Path | None, typer.Option(help="Local model folder (vllm and hf policies).")
     ] = None,
+    adapter: Annotated[
+        Path | None,
+        typer.Option(
+            help="vllm, hf: a trained LoRA adapter to sample with: a run folder (its newest "
+            "checkpoint), a checkpoint, or an adapter folder (agentgym export); --model-path "
+            "defaults to the base it was trained on."
+        ),
+    ] = None,
     base_url: Annotated[
         str, typer.Option(help="OpenAI-compatible server root.")
     ] = "http://127.0.0.1:8000/v1",
@@ -252,6 +261,8 @@ def evaluate(
     template_kwargs = _parse_template_kwargs(chat_template_kwargs)
     servers = _Servers(server, router_url, model)
     _refuse_option_mix(policy, template_kwargs, servers)
+    if adapter is not None:
+        adapter, model_path = _trained_adapter(adapter, model_path, policy, servers)
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
     env_kwargs_built = _with_model(model_path, env_kwargs, policy) if policy.local else env_kwargs
     if policy.local and model_path is not None:  # checked before any engine starts
@@ -272,7 +283,7 @@ def evaluate(
         "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
-        TASKS_KEY: digest,
+        TASKS_KEY: digest, **({"adapter": str(adapter)} if adapter else {}),
     }  # fmt: skip
     from .runs import track_run  # indexes the run; a database failure is only a warning
 
@@ -292,7 +303,7 @@ def evaluate(
             sampling = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens}
             engine = _prepare_engine(
                 model_path, env_id, env_kwargs_built, sampling, template_kwargs, rollout_mode,
-                max_model_len, servers, transformers=policy is PolicyKind.hf,
+                max_model_len, servers, transformers=policy is PolicyKind.hf, adapter=adapter,
             )  # fmt: skip
             agent = stack.enter_context(engine)  # shut down on leaving
         else:
@@ -319,6 +330,22 @@ def _with_model(
     from .engine._model_dir import require_model_folder
 
     return with_model_tokenizer(env_kwargs, str(require_model_folder(model_path)))
+
+
+def _trained_adapter(
+    path: Path, model_path: Path | None, policy: PolicyKind, servers: _Servers
+) -> tuple[Path, Path]:
+    """``--adapter``'s folder, and the model it samples on: ``--model-path``, else its base."""
+    if not policy.local or servers.urls:
+        raise ConfigError(
+            "--adapter applies to --policy vllm or hf on the in-process engine; give a "
+            "server its adapter with vllm serve --lora-modules"
+        )
+    with needs_extra("agentgym eval --adapter", "train"):
+        from agentgym.trainers._export import trained_adapter
+
+    adapter, base = trained_adapter(path, model_path, base_option="--model-path")
+    return adapter.resolve(), base
 
 
 @dataclass(frozen=True)
@@ -355,8 +382,9 @@ def _prepare_engine(
     servers: _Servers,
     *,
     transformers: bool = False,
+    adapter: Path | None = None,
 ) -> Any:
-    """A started engine, its rollout mode decided.
+    """A started engine, its rollout mode decided, sampling with ``adapter`` if given.
 
     `VLLMPolicy`; `RemoteVLLMPolicy` on ``servers``; `HFPolicy` with ``transformers``.
     """
@@ -384,17 +412,33 @@ def _prepare_engine(
             **options,
         )  # fmt: skip
     else:
-        policy = VLLMPolicy(model_path, **options)
+        policy = VLLMPolicy(model_path, **options, **_lora_options(adapter))
     where = ", ".join(servers.urls) or model_path
     with console.status(f"starting {'transformers' if transformers else 'vLLM'} on {where}"):
         policy.start()
     try:
+        if adapter is not None:
+            version = policy.load_adapter(adapter)
+            console.print(f"adapter {adapter} loaded as version {version}", soft_wrap=True)
         decision = policy.mode_for(tools, example)
     except BaseException:
         policy.close()
         raise
     console.print(f"rollout mode {decision.mode}: {decision.reason}", highlight=False)
     return policy
+
+
+def _lora_options(adapter: Path | None) -> dict[str, Any]:
+    """`VLLMPolicy` options that serve ``adapter``: LoRA on, the smallest servable rank."""
+    if adapter is None:
+        return {}
+    from .engine._vllm import LORA_RANKS
+
+    rank = int(json.loads((adapter / "adapter_config.json").read_text())["r"])
+    fits = [r for r in LORA_RANKS if r >= rank]
+    if not fits:
+        raise ConfigError(f"{adapter} has LoRA rank {rank}; vLLM serves at most {LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
 
 
 def _checked_template(

@@ -20,6 +20,7 @@ from agentgym import read_jsonl
 from agentgym.engine import _rpc_dir
 from tests.conftest import VLLMServer, require
 from tests.test_check import HISTORY_REWRITING_TEMPLATE
+from tests.trainers.test_export import write_run
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 
@@ -118,6 +119,67 @@ def test_eval_hf_samples_token_exact_turns_without_vllm(
             assert turn.prompt_ids and 0 < len(turn.completion_ids) <= 12
             assert len(turn.logprobs or []) == len(turn.completion_ids)
     assert json.loads((out / "run.json").read_text())["policy"] == "hf"
+
+
+def assert_sampled_with(adapter: Path, base: Path, out: Path) -> None:
+    """Every turn in ``out`` was sampled by ``adapter`` (version 1) on ``base``, not by ``base``.
+
+    The turns' logprobs are those transformers computes with the adapter, within 0.02 (vLLM's
+    CPU LoRA path sums in another order: 0.003-0.005 apart in fp32 here), and far from those
+    without it (0.5-0.6 apart here).
+    """
+    from agentgym.engine import HFPolicy
+
+    with_adapter = HFPolicy(base, adapter=adapter, dtype="float32")
+    without = HFPolicy(base, dtype="float32")
+    turns = [turn for episode in read_jsonl(out / "trajectories.jsonl") for turn in episode.turns]
+    assert turns
+    for turn in turns:
+        assert turn.adapter_version == 1
+        args = (turn.prompt_ids, turn.completion_ids)
+        assert turn.logprobs == pytest.approx(with_adapter.token_logprobs(*args), abs=2e-2)
+        base_logprobs = without.token_logprobs(*args)
+        assert max(abs(a - b) for a, b in zip(turn.logprobs or [], base_logprobs)) > 0.1
+    run_config = json.loads((out / "run.json").read_text())
+    assert run_config["adapter"] == str(adapter.resolve())
+    assert run_config["model"] == str(base.resolve())  # --model-path: the adapter's base
+
+
+@pytest.mark.vllm
+@pytest.mark.engine
+@pytest.mark.slow
+def test_eval_samples_with_a_runs_trained_adapter_on_vllm(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``--adapter RUN``: the newest checkpoint's adapter, on the base it records, no merge."""
+    require("vllm")
+    run_dir = write_run(tmp_path, tiny_model_dir, {2: 0, 4: 1})
+    out = tmp_path / "eval"
+    proc = run(
+        "eval", "calculator", "--policy", "vllm", "--adapter", str(run_dir), "-n", "2",
+        "--max-tokens", "12", "--seed", "3", "--out", str(out), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    adapter = run_dir / "checkpoints" / "step-000004" / "adapter"
+    assert f"adapter {adapter.resolve()} loaded as version 1" in proc.stderr
+    assert_sampled_with(adapter, tiny_model_dir, out)
+
+
+@pytest.mark.slow
+def test_eval_samples_with_an_exported_adapter_on_transformers(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from agentgym.trainers import export_run
+
+    run_dir = write_run(tmp_path, tiny_model_dir, {2: 0})
+    adapter = export_run(run_dir, tmp_path / "exported")
+    out = tmp_path / "eval"
+    proc = run(
+        "eval", "calculator", "--policy", "hf", "--adapter", str(adapter), "-n", "2",
+        "--max-tokens", "12", "--seed", "3", "--out", str(out), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_sampled_with(adapter, tiny_model_dir, out)
 
 
 @pytest.mark.parametrize(

@@ -153,14 +153,44 @@ def _kept_checkpoints(run_dir: Path) -> dict[int, Path]:
     return found
 
 
-def _base_model(adapter: Path, given: str | os.PathLike[str] | None) -> Path:
+def trained_adapter(
+    path: str | os.PathLike[str],
+    base_model: str | os.PathLike[str] | None = None,
+    *,
+    base_option: str = "--base-model",
+) -> tuple[Path, Path]:
+    """The adapter folder ``path`` names, and the base model folder it was trained on.
+
+    ``path`` is a PEFT adapter folder (an export, a checkpoint's ``adapter/``), a checkpoint
+    folder, or a run folder (its newest checkpoint), so a trained adapter is evaluated where
+    it lies (``agentgym eval --adapter``), without an export or a merge. ``base_model``
+    overrides the base the adapter records; ``base_option`` names it in the error.
+    """
+    path = Path(path)
+    if (path / "adapter_config.json").is_file():
+        adapter = path
+    elif (path / "adapter" / "adapter_config.json").is_file():
+        adapter = path / "adapter"
+    elif (path / "config.yaml").is_file():
+        adapter = _checkpoint(path, None) / "adapter"
+    else:
+        raise ConfigError(
+            f"{path} is not a LoRA adapter (no adapter_config.json), a checkpoint or a run "
+            "folder; pass one of those (agentgym export writes an adapter folder)"
+        )
+    return adapter, _base_model(adapter, base_model, base_option)
+
+
+def _base_model(
+    adapter: Path, given: str | os.PathLike[str] | None, option: str = "--base-model"
+) -> Path:
     """The folder of the model the adapter was trained on (or ``given``), checked."""
     recorded = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
     base = Path(given if given is not None else recorded)
     if not (base / "config.json").is_file():
         raise ConfigError(
             f"the base model {base} is gone (no config.json; the adapter was trained on "
-            f"{recorded}); pass the folder it is in now with --base-model DIR"
+            f"{recorded}); pass the folder it is in now with {option} DIR"
         )
     return base.resolve()
 

@@ -103,6 +103,26 @@ def test_what_cannot_be_exported_is_named_with_its_fix(
     assert proc.returncode == 2 and "it keeps steps 2, 4" in one_error_line(proc)
 
 
+def test_an_adapter_to_evaluate_is_found_in_a_run_a_checkpoint_or_an_export(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`agentgym eval --adapter` takes any of the folders a run leaves, and finds the base."""
+    from agentgym.trainers import export_run
+    from agentgym.trainers._export import trained_adapter
+
+    run_dir = write_run(tmp_path, tiny_model_dir, {2: 0, 4: 1})
+    newest, base = run_dir / "checkpoints" / "step-000004" / "adapter", tiny_model_dir.resolve()
+    assert trained_adapter(run_dir) == (newest, base)  # a run: its newest checkpoint
+    assert trained_adapter(newest.parent) == (newest, base)
+    assert trained_adapter(newest) == (newest, base)
+    exported = export_run(run_dir, tmp_path / "exported", step=2)
+    assert trained_adapter(exported) == (exported, base)
+    with pytest.raises(ConfigError, match="not a LoRA adapter .* a checkpoint or a run folder"):
+        trained_adapter(tmp_path)
+    with pytest.raises(ConfigError, match="is gone .* pass the folder it is in now with --model"):
+        trained_adapter(newest, tmp_path / "nowhere", base_option="--model-path")
+
+
 def eval_lines(solved: dict[tuple[int, str], set[int]], tasks: range) -> str:
     """Eval episodes as a run writes them, per ``{(step, label): tasks solved}`` over ``tasks``."""
     from agentgym import Trajectory, Turn
