@@ -256,6 +256,10 @@ def evaluate(
     env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
 ) -> None:
     """Run evaluation episodes; stream one trajectory per line, then write a summary."""
+    if policy.local:
+        from .engine._quiet import quiet_backends
+
+        quiet_backends()  # before vLLM is imported: its engine processes read it too
     env_id = resolve_id(env)
     env_kwargs = _parse_env_args(env_arg)
     template_kwargs = _parse_template_kwargs(chat_template_kwargs)

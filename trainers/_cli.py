@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -40,8 +39,9 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
 
 def _quiet_backends() -> None:
     """Our progress on the console at INFO; vLLM and transformers only when they warn."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from agentgym.engine._quiet import quiet_backends
+
+    quiet_backends()
     logger = logging.getLogger("agentgym")
     if not any(isinstance(h, RichHandler) for h in logger.handlers):
         logger.addHandler(RichHandler(console=console, show_path=False))

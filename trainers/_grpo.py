@@ -358,8 +358,7 @@ class GRPOTrainer:
         example = reference_conversation(
             cfg.env, cfg.run_env_kwargs, policy.tokenizer, cfg.chat_template_kwargs
         )
-        decision = policy.mode_for(self.tools, example or ())
-        log.info("rollout mode %s: %s", decision.mode, decision.reason)
+        policy.mode_for(self.tools, example or ())  # logs the decision and its reason
 
     def _device(self) -> str:
         import torch

@@ -314,7 +314,9 @@ class TrainingConsole:
             TextColumn("GRPO", style="bold"), BarColumn(bar_width=24), MofNCompleteColumn(),
             TimeElapsedColumn(), TimeRemainingColumn(),
             TextColumn("{task.fields[line]}", markup=False),
-            console=self.console, transient=False,
+            # a log or a pipe gets the persistent lines only: the bar's last frame, printed
+            # once there, is cut to the width and repeats the last step's line
+            console=self.console, transient=not self.console.is_terminal,
         )  # fmt: skip
         self._task = self._progress.add_task("grpo", total=max_steps, completed=start_step,
                                              line="")  # fmt: skip
