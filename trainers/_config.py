@@ -358,6 +358,13 @@ class GRPOConfig:
         "Cap on the importance-sampling weight (> 0). TRL 1.16's name; its deprecated alias "
         "`vllm_importance_sampling_cap` is accepted by `from_dict`.",
     )
+    top_entropy_quantile: float = _knob(
+        1.0,
+        "Train only on the top share of trained tokens by entropy (rho of 'Beyond the 80/20 "
+        "Rule', which recommends 0.2; TRL's name); in [0, 1], 1.0 keeps all. The quantile is "
+        "taken over each forward pass's trained tokens, as TRL takes it over each micro-batch; "
+        "the KL term and the loss's normalisers still count every trained token.",
+    )
     mask_truncated_completions: bool = _knob(
         False,
         "Leave cut-off episodes out of the loss: those that ended truncated (the turn limit, "
@@ -704,6 +711,8 @@ class GRPOConfig:
              "use a whole number of steps, or a share of max_steps in (0, 1)"),
             ("sft_learning_rate", self.sft_learning_rate > 0, "use a positive rate, e.g. 1e-4"),
             ("beta", self.beta >= 0, "use 0.0 (no KL) or a small positive value"),
+            ("top_entropy_quantile", 0 <= self.top_entropy_quantile <= 1,
+             "use a share in [0, 1]: 0.2 as the paper, 1.0 to train on every token"),
             ("num_iterations", self.num_iterations >= 1, "set it to 1 or more"),
             ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0,
              "use a positive norm, or null for no clipping"),

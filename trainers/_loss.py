@@ -41,6 +41,8 @@ class LossSpec:
     is_cap: float = 3.0
     #: Dr. GRPO's constant: ``dr_grpo`` divides the token sum by ``num_sequences * length_norm``.
     length_norm: int = 1
+    #: Share of trained tokens, the highest-entropy ones, the policy term keeps (1.0: all).
+    top_entropy_quantile: float = 1.0
 
     @classmethod
     def from_config(cls, config: GRPOConfig, max_turns: int | None = None) -> LossSpec:
@@ -59,6 +61,7 @@ class LossSpec:
             is_correction=config.vllm_importance_sampling_correction,
             is_cap=config.vllm_importance_sampling_clip_max,
             length_norm=config.max_completion_length * turns,
+            top_entropy_quantile=config.top_entropy_quantile,
         )
 
 
@@ -155,6 +158,21 @@ def importance_weights(
     return torch.exp(diff).clamp(max=cap)
 
 
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, share: float) -> torch.Tensor:
+    """1 on the mask-1 tokens whose entropy is at least the ``1 - share`` quantile of them.
+
+    Why: most tokens of a reasoning trace are near-certain; the few "forking" tokens of high
+    entropy carry the learning signal (Wang et al. 2025, "Beyond the 80/20 Rule"). The
+    quantile interpolates linearly, as TRL's ``get_high_entropy_mask``; ``share`` 0 keeps the
+    highest-entropy token(s) only.
+    """
+    trained = entropies[mask.bool()].float()
+    if trained.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(trained, 1.0 - share)
+    return ((entropies >= threshold) & mask.bool()).to(mask.dtype)
+
+
 def kl_k3(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(policy || reference): ``exp(d) - d - 1``, ``d = ref - logp``."""
     delta = ref_logps - logps
@@ -238,7 +256,8 @@ def grpo_loss(
         engine_logps: ``(B, T)`` the engine's logprobs of the sampled tokens (NaN where
             missing). When given and ``spec.is_correction``, the loss is IS-corrected.
         ref_logps: ``(B, T)`` reference (adapter-disabled) log-probs; needed iff ``spec.beta``.
-        entropies: ``(B, T)`` per-token entropies (`token_entropy`), only for the metric.
+        entropies: ``(B, T)`` per-token entropies (`token_entropy`), for the metric and, with
+            ``spec.top_entropy_quantile`` below 1, to choose the tokens the policy term keeps.
         num_sequences: episodes in the whole optimiser step, for accumulation (`aggregate`).
         num_items: mask-1 tokens in the whole optimiser step, for accumulation (`aggregate`).
         shares: ``(B,)`` each sample's part of its episode's trained tokens (`aggregate`).
@@ -259,6 +278,12 @@ def grpo_loss(
         weights = importance_weights(old, engine_logps, mask, spec.is_cap)
         per_token = per_token * weights
         metrics.update(_sampling_metrics(old, engine_logps, weights, mask))
+    if spec.top_entropy_quantile < 1.0:
+        if entropies is None:
+            raise ValueError("top_entropy_quantile < 1 needs entropies (`token_entropy`)")
+        kept = high_entropy_mask(entropies, mask, spec.top_entropy_quantile)
+        per_token = per_token * kept
+        metrics["loss/high_entropy_share"] = masked_mean(kept, mask).item()
     if spec.beta != 0.0:
         if ref_logps is None:
             raise ValueError("beta != 0 needs ref_logps (the adapter-disabled log-probs)")

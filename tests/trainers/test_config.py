@@ -37,6 +37,7 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"temperature": 0.0}, "temperature=0.0"),
         ({"top_p": 0.0}, "top_p=0.0"),
         ({"beta": -0.1}, "beta=-0.1"),
+        ({"top_entropy_quantile": 1.5}, "top_entropy_quantile=1.5"),
         ({"train_tasks": "100:1100", "eval_tasks": "50:150"}, "share 50 tasks (first: 100)"),
         ({"train_tasks": "5:5"}, "train_tasks='5:5'"),
         ({"eval_tasks": "0:100", "eval_num_tasks": 101}, "eval_num_tasks=101"),

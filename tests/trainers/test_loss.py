@@ -156,6 +156,26 @@ def test_sampling_metrics_report_weights_and_drift(lm: ModuleType) -> None:
     assert off.loss.item() != pytest.approx(out.loss.item())
 
 
+def test_the_high_entropy_mask_keeps_the_top_share_of_trained_tokens_only(
+    lm: ModuleType,
+) -> None:
+    torch = lm.torch
+    entropies = torch.tensor([[0.1, 0.5, 0.9, 2.0], [0.7, 0.2, 0.8, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])  # 2.0 is not trained
+    # the 7 trained entropies sorted: 0.0 0.1 0.2 0.5 0.7 0.8 0.9; the half's quantile is 0.5
+    half = lm.high_entropy_mask(entropies, mask, 0.5)
+    assert half.tolist() == [[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0]]
+    assert lm.high_entropy_mask(entropies, mask, 0.0).tolist() == [[0, 0, 1, 0], [0, 0, 0, 0]]
+    assert lm.high_entropy_mask(entropies, mask, 1.0).tolist() == mask.tolist()
+    assert not lm.high_entropy_mask(entropies, torch.zeros_like(mask), 0.5).any()
+    per_token_spec = spec(lm, top_entropy_quantile=0.5)
+    with pytest.raises(ValueError, match="needs entropies"):
+        lm.grpo_loss(torch.zeros(2, 4), torch.ones(2), mask, per_token_spec)
+    out = lm.grpo_loss(torch.zeros(2, 4), torch.ones(2), mask, per_token_spec,
+                       entropies=entropies)  # fmt: skip
+    assert out.metrics["loss/high_entropy_share"] == pytest.approx(4 / 7)
+
+
 def test_kl_needs_reference_logprobs(lm: ModuleType) -> None:
     torch = lm.torch
     with pytest.raises(ValueError, match="ref_logps"):
@@ -258,6 +278,7 @@ def _ours(lm: ModuleType, model: Any, b: SimpleNamespace, s: Any, with_is: bool)
         old_logps=torch.cat([pad, b.old], 1),
         engine_logps=torch.cat([pad, b.engine], 1) if with_is else None,
         ref_logps=torch.cat([pad, b.ref], 1),
+        entropies=lm.token_entropy(logits.detach(), TEMPERATURE),
     )
 
 
@@ -287,6 +308,33 @@ def test_loss_and_gradients_agree_with_trl(
     ours = _ours(lm, model, batch, s, with_is)
 
     assert ours.metrics["loss/clip_ratio_region"] > 0  # the case exercises clipping
+    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
+    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
+        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantile", [0.5, 0.2, 0.0])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_the_high_entropy_loss_agrees_with_trl(
+    lm: ModuleType, trl_trainer: Any, loss_type: str, quantile: float
+) -> None:
+    """``top_entropy_quantile``: the same tokens kept, the same loss and gradients as TRL's."""
+    s = spec(lm, loss_type=loss_type, epsilon_high=0.28, beta=0.04, length_norm=COMPLETION_LEN,
+             top_entropy_quantile=quantile)
+    trainer, model = trl_trainer, trl_trainer.model
+    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, "token", 0.04
+    trainer.epsilon_low, trainer.epsilon_high = s.epsilon_low, s.epsilon_high
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+    trainer.top_entropy_quantile = quantile
+    batch = _batch(lm, model)
+    try:
+        theirs = trainer._compute_loss(model, _trl_inputs(lm, batch, s))
+    finally:
+        trainer.top_entropy_quantile = 1.0  # the module's trainer serves the other cases
+    ours = _ours(lm, model, batch, s, with_is=True)
+
+    assert 0 < ours.metrics["loss/high_entropy_share"] < 1  # the case drops some tokens
     assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
     for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
         assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
