@@ -11,19 +11,20 @@ Conventions shared by every function here:
 
 The maths follows TRL 1.16's ``GRPOTrainer._compute_loss`` (agreement is tested in
 ``tests/trainers/test_loss.py``): clipped ratios ``min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)``
-at token or sequence (GSPO) level; the engine-mismatch correction as TRL's
-``vllm_importance_sampling_mode="token_truncate"`` with ``clip_min=None`` (weight
+at token or sequence (GSPO) level; the engine-mismatch correction in TRL's four
+``vllm_importance_sampling_mode`` s (``token_truncate`` by default: weight
 ``min(exp(old - engine), cap)`` per token, multiplying the policy term only); the k3 KL with
 TRL's default ``use_bias_correction_kl=True`` (KL times the policy ratio).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from ._config import GRPOConfig, ImportanceSamplingLevel, LossType
+from ._config import GRPOConfig, ImportanceSamplingLevel, ImportanceSamplingMode, LossType
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,12 @@ class LossSpec:
     epsilon_high: float = 0.2
     #: KL coefficient; 0 skips the KL term (``ref_logps`` are then not needed).
     beta: float = 0.0
-    #: Whether engine logprobs, when given, weight the loss (truncated IS).
+    #: Whether engine logprobs, when given, weight the loss (IS, bounded by `is_mode`).
     is_correction: bool = True
-    is_cap: float = 3.0
+    is_mode: ImportanceSamplingMode = "token_truncate"
+    #: Bounds of the IS ratio (None: unbounded on that side).
+    is_cap: float | None = 3.0
+    is_floor: float | None = None
     #: Dr. GRPO's constant: ``dr_grpo`` divides the token sum by ``num_sequences * length_norm``.
     length_norm: int = 1
     #: Share of trained tokens, the highest-entropy ones, the policy term keeps (1.0: all).
@@ -59,7 +63,9 @@ class LossSpec:
             epsilon_high=config.epsilon if config.epsilon_high is None else config.epsilon_high,
             beta=config.beta,
             is_correction=config.vllm_importance_sampling_correction,
+            is_mode=config.vllm_importance_sampling_mode,
             is_cap=config.vllm_importance_sampling_clip_max,
+            is_floor=config.vllm_importance_sampling_clip_min,
             length_norm=config.max_completion_length * turns,
             top_entropy_quantile=config.top_entropy_quantile,
         )
@@ -147,15 +153,31 @@ def log_policy_ratio(
 
 
 def importance_weights(
-    old_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor, cap: float
+    old_logps: torch.Tensor,
+    engine_logps: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float | None,
+    *,
+    floor: float | None = None,
+    mode: ImportanceSamplingMode = "token_truncate",
 ) -> torch.Tensor:
-    """Truncated per-token IS weights ``min(exp(old - engine), cap)`` correcting engine drift.
+    """IS ratios ``exp(old - engine)`` correcting engine drift, bounded to ``[floor, cap]``.
 
-    ``engine_logps`` may hold NaN where the engine gave no logprob; those tokens, and tokens
-    outside ``mask``, get weight 1. No gradient flows through the weights.
+    ``token_*`` modes give one ratio per token, ``sequence_*`` one per row (its tokens'
+    log-ratios summed, shape ``(B, 1)``); ``*_truncate`` clips ratios to the bounds and
+    ``*_mask`` sets those outside them to 0 (TRL's four modes). ``engine_logps`` may hold NaN
+    where the engine gave no logprob; those tokens, and tokens outside ``mask``, add log-ratio
+    0. No gradient flows through the ratios.
     """
     diff = torch.nan_to_num((old_logps.detach() - engine_logps) * mask, nan=0.0)
-    return torch.exp(diff).clamp(max=cap)
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)
+    ratio = torch.exp(diff)
+    low = -math.inf if floor is None else floor
+    high = math.inf if cap is None else cap
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=low, max=high)
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
 def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, share: float) -> torch.Tensor:
@@ -275,9 +297,13 @@ def grpo_loss(
     per_token = clipped_objective(ratio, adv, spec.epsilon_low, spec.epsilon_high)
     metrics = _clip_metrics(ratio, adv, mask, spec)
     if engine_logps is not None and spec.is_correction:
-        weights = importance_weights(old, engine_logps, mask, spec.is_cap)
+        weights = importance_weights(old, engine_logps, mask, spec.is_cap, floor=spec.is_floor,
+                                     mode=spec.is_mode).expand_as(mask)  # fmt: skip
         per_token = per_token * weights
         metrics.update(_sampling_metrics(old, engine_logps, weights, mask))
+        if spec.is_mode.endswith("mask"):
+            metrics["sampling/is_masked_share"] = masked_mean((weights == 0).to(mask.dtype),
+                                                              mask).item()  # fmt: skip
     if spec.top_entropy_quantile < 1.0:
         if entropies is None:
             raise ValueError("top_entropy_quantile < 1 needs entropies (`token_entropy`)")

@@ -38,6 +38,8 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"top_p": 0.0}, "top_p=0.0"),
         ({"beta": -0.1}, "beta=-0.1"),
         ({"top_entropy_quantile": 1.5}, "top_entropy_quantile=1.5"),
+        ({"vllm_importance_sampling_mode": "sequence_clip"}, "vllm_importance_sampling_mode="),
+        ({"vllm_importance_sampling_clip_min": 3.0}, "vllm_importance_sampling_clip_min=3.0"),
         ({"train_tasks": "100:1100", "eval_tasks": "50:150"}, "share 50 tasks (first: 100)"),
         ({"train_tasks": "5:5"}, "train_tasks='5:5'"),
         ({"eval_tasks": "0:100", "eval_num_tasks": 101}, "eval_num_tasks=101"),

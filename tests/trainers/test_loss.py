@@ -82,6 +82,31 @@ def test_importance_weights_truncate_and_ignore_unscored_tokens(lm: ModuleType) 
     assert weights.tolist()[0] == pytest.approx([1.0, math.exp(0.5), 3.0, 1.0, 1.0])
 
 
+@pytest.mark.parametrize(
+    ("mode", "cap", "floor", "expected"),
+    [
+        ("token_truncate", 3.0, None, [[3.0, 0.5, 1.0], [1.5, 1.0, 2.0]]),
+        ("token_truncate", 3.0, 0.6, [[3.0, 0.6, 1.0], [1.5, 1.0, 2.0]]),
+        ("token_mask", 3.0, 0.6, [[0.0, 0.0, 1.0], [1.5, 1.0, 2.0]]),
+        ("token_mask", None, 0.6, [[4.0, 0.0, 1.0], [1.5, 1.0, 2.0]]),
+        ("sequence_truncate", 2.5, None, [[2.0], [2.5]]),  # exp(log 4 + log 0.5), exp(log 3)
+        ("sequence_mask", 2.5, None, [[2.0], [0.0]]),
+        ("sequence_mask", None, 2.5, [[0.0], [3.0]]),
+    ],
+)
+def test_importance_sampling_modes_bound_token_or_sequence_ratios(
+    lm: ModuleType, mode: str, cap: float | None, floor: float | None, expected: list
+) -> None:
+    """TRL's four modes; an unscored (NaN) or untrained token adds log-ratio 0."""
+    torch = lm.torch
+    old = torch.log(torch.tensor([[4.0, 0.5, 9.0], [1.5, 7.0, 2.0]]))
+    engine = torch.tensor([[0.0, 0.0, 0.0], [0.0, float("nan"), 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    weights = lm.importance_weights(old, engine, mask, cap, floor=floor, mode=mode)
+    assert weights.shape == (2, len(expected[0]))
+    assert weights.flatten().tolist() == pytest.approx(sum(expected, []))
+
+
 def test_sequence_level_ratio_is_the_masked_mean_log_ratio(lm: ModuleType) -> None:
     torch = lm.torch
     logps = torch.tensor([[-1.0, -1.0, -5.0]])
@@ -258,7 +283,8 @@ def _batch(lm: ModuleType, model: Any) -> SimpleNamespace:
 
 def _trl_inputs(lm: ModuleType, b: SimpleNamespace, s: Any) -> dict[str, Any]:
     mask = b.completion_mask * b.tool_mask
-    weights = lm.importance_weights(b.old, b.engine, mask.float(), s.is_cap)
+    weights = lm.importance_weights(b.old, b.engine, mask.float(), s.is_cap, floor=s.is_floor,
+                                    mode=s.is_mode)  # fmt: skip
     return {
         "prompt_ids": b.prompt_ids, "prompt_mask": b.prompt_mask,
         "completion_ids": b.completion_ids, "completion_mask": b.completion_mask,
@@ -335,6 +361,30 @@ def test_the_high_entropy_loss_agrees_with_trl(
     ours = _ours(lm, model, batch, s, with_is=True)
 
     assert 0 < ours.metrics["loss/high_entropy_share"] < 1  # the case drops some tokens
+    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
+    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
+        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["token_mask", "sequence_truncate", "sequence_mask"])
+def test_the_loss_under_each_importance_sampling_mode_agrees_with_trl(
+    lm: ModuleType, trl_trainer: Any, mode: str
+) -> None:
+    """A ``(B, 1)`` sequence ratio or a masked token weighs the loss as TRL weighs it."""
+    s = spec(lm, loss_type="dapo", epsilon_high=0.28, beta=0.04, length_norm=COMPLETION_LEN,
+             is_mode=mode, is_cap=2.0, is_floor=0.5)  # tight: some ratios fall outside
+    trainer, model = trl_trainer, trl_trainer.model
+    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = "dapo", "token", 0.04
+    trainer.epsilon_low, trainer.epsilon_high = s.epsilon_low, s.epsilon_high
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+    batch = _batch(lm, model)
+
+    theirs = trainer._compute_loss(model, _trl_inputs(lm, batch, s))
+    ours = _ours(lm, model, batch, s, with_is=True)
+
+    if mode.endswith("mask"):
+        assert 0 < ours.metrics["sampling/is_masked_share"] < 1  # the case masks something
     assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
     for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
         assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
