@@ -372,6 +372,26 @@ class GRPOConfig:
     vllm_importance_sampling_clip_min: float | None = _knob(
         None, "Lower bound of the importance-sampling ratio (>= 0, below clip_max). None: none."
     )
+    delta: float | None = _knob(
+        None,
+        "Two-sided clipping (INTELLECT-2, TRL's name): the unclipped policy ratio is capped at "
+        "delta too, so a negative advantage cannot push a ratio that grew far above 1 further. "
+        "None: off. Must exceed 1 + epsilon_high (the report uses 4).",
+    )
+    use_bias_correction_kl: bool = _knob(
+        True, "Multiply the k3 KL by the policy ratio (TRL's default); false: the plain k3 KL."
+    )
+    off_policy_mask_threshold: float | None = _knob(
+        None,
+        "Off-policy sequence masking (DeepSeek-V3.2, TRL's name): samples with a negative "
+        "advantage whose mean (engine logp - policy logp) over their trained tokens exceeds "
+        "it are left out of the policy term. None: off. E.g. 0.5.",
+    )
+    entropy_coef: float = _knob(
+        0.0,
+        "Entropy bonus (TRL's name): subtract entropy_coef x the mean entropy of the tokens the "
+        "policy term trains, to keep the policy from collapsing. 0: none. >= 0.",
+    )
     top_entropy_quantile: float = _knob(
         1.0,
         "Train only on the top share of trained tokens by entropy (rho of 'Beyond the 80/20 "
@@ -725,6 +745,13 @@ class GRPOConfig:
              "use a whole number of steps, or a share of max_steps in (0, 1)"),
             ("sft_learning_rate", self.sft_learning_rate > 0, "use a positive rate, e.g. 1e-4"),
             ("beta", self.beta >= 0, "use 0.0 (no KL) or a small positive value"),
+            ("delta", self.delta is None or self.delta > 1 + (
+                self.epsilon if self.epsilon_high is None else self.epsilon_high),
+             "use a cap above 1 + epsilon_high (the INTELLECT-2 report uses 4), or null"),
+            ("off_policy_mask_threshold",
+             self.off_policy_mask_threshold is None or self.off_policy_mask_threshold >= 0,
+             "use a KL threshold >= 0 such as 0.5, or null"),
+            ("entropy_coef", self.entropy_coef >= 0, "use 0.0 (no bonus) or a small value"),
             ("top_entropy_quantile", 0 <= self.top_entropy_quantile <= 1,
              "use a share in [0, 1]: 0.2 as the paper, 1.0 to train on every token"),
             ("num_iterations", self.num_iterations >= 1, "set it to 1 or more"),

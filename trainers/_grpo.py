@@ -618,8 +618,11 @@ class GRPOTrainer:
         if spec.beta:
             with torch.no_grad(), model.disable_adapter():  # the base model, no second copy
                 ref = token_logprobs(policy_logits(model, ids, mask, share, keep), ids, temperature)
-        with torch.no_grad():
-            entropies = token_entropy(logits.detach(), temperature, width=ids.shape[1])
+        if spec.entropy_coef:  # the bonus trains on it
+            entropies = token_entropy(logits, temperature, width=ids.shape[1])
+        else:
+            with torch.no_grad():
+                entropies = token_entropy(logits.detach(), temperature, width=ids.shape[1])
         out = grpo_loss(
             logps, part.advantages, part.loss_mask, spec,
             old_logps=old, engine_logps=part.engine_logprobs, ref_logps=ref,

@@ -47,6 +47,14 @@ class LossSpec:
     length_norm: int = 1
     #: Share of trained tokens, the highest-entropy ones, the policy term keeps (1.0: all).
     top_entropy_quantile: float = 1.0
+    #: Two-sided clipping (INTELLECT-2): the unclipped ratio is capped at ``delta``; None: off.
+    delta: float | None = None
+    #: Multiply the k3 KL by the policy ratio (TRL's default bias correction).
+    kl_bias_correction: bool = True
+    #: Drop negative-advantage samples whose mean sampling-to-policy KL exceeds it; None: off.
+    off_policy_mask_threshold: float | None = None
+    #: Weight of the mean-entropy bonus subtracted from the loss; 0: none.
+    entropy_coef: float = 0.0
 
     @classmethod
     def from_config(cls, config: GRPOConfig, max_turns: int | None = None) -> LossSpec:
@@ -68,6 +76,10 @@ class LossSpec:
             is_floor=config.vllm_importance_sampling_clip_min,
             length_norm=config.max_completion_length * turns,
             top_entropy_quantile=config.top_entropy_quantile,
+            delta=config.delta,
+            kl_bias_correction=config.use_bias_correction_kl,
+            off_policy_mask_threshold=config.off_policy_mask_threshold,
+            entropy_coef=config.entropy_coef,
         )
 
 
@@ -202,14 +214,41 @@ def kl_k3(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
 
 
 def clipped_objective(
-    ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
 ) -> torch.Tensor:
     """Per-token PPO-clip loss ``-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)``.
 
     ``advantages`` is ``(B, 1)`` and broadcasts over ``ratio`` (``(B, T)`` or ``(B, 1)``).
+    ``delta`` caps the unclipped ``r`` too (two-sided clipping, INTELLECT-2): a negative
+    advantage then cannot push a ratio that grew far above 1 any further.
     """
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    return -torch.min(ratio * advantages, clipped * advantages)
+    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
+    return -torch.min(unclipped * advantages, clipped * advantages)
+
+
+def off_policy_sequence_mask(
+    advantages: torch.Tensor,
+    logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """``(B, 1)``: 0 for rows with a negative advantage whose policy drifted off the sampler.
+
+    DeepSeek-V3.2's off-policy sequence masking (TRL's ``off_policy_mask_threshold``): a
+    row's mean of ``sampling - policy`` log-probabilities over its trained tokens estimates
+    KL(sampler || policy); a negative-advantage row above ``threshold`` is dropped, since
+    pushing down tokens the policy no longer samples mostly adds noise. Tokens without a
+    sampling log-prob (NaN) add 0.
+    """
+    kl = torch.nan_to_num(sampling_logps - logps.detach(), nan=0.0) * mask
+    mean_kl = kl.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return ((advantages >= 0) | (mean_kl <= threshold)).to(mask.dtype)
 
 
 def aggregate(
@@ -278,8 +317,10 @@ def grpo_loss(
         engine_logps: ``(B, T)`` the engine's logprobs of the sampled tokens (NaN where
             missing). When given and ``spec.is_correction``, the loss is IS-corrected.
         ref_logps: ``(B, T)`` reference (adapter-disabled) log-probs; needed iff ``spec.beta``.
-        entropies: ``(B, T)`` per-token entropies (`token_entropy`), for the metric and, with
-            ``spec.top_entropy_quantile`` below 1, to choose the tokens the policy term keeps.
+        entropies: ``(B, T)`` per-token entropies (`token_entropy`): for the metric; with
+            ``spec.top_entropy_quantile`` below 1, to choose the tokens the policy term keeps;
+            with ``spec.entropy_coef``, carrying gradient, for the entropy bonus (the mean over
+            the tokens the policy term trains, weighted by this batch's part of ``num_items``).
         num_sequences: episodes in the whole optimiser step, for accumulation (`aggregate`).
         num_items: mask-1 tokens in the whole optimiser step, for accumulation (`aggregate`).
         shares: ``(B,)`` each sample's part of its episode's trained tokens (`aggregate`).
@@ -294,8 +335,14 @@ def grpo_loss(
     adv = advantages.reshape(-1, 1).to(logps.dtype)
     log_ratio = log_policy_ratio(logps, old, mask, spec.importance_sampling_level)
     ratio = torch.exp(log_ratio)
-    per_token = clipped_objective(ratio, adv, spec.epsilon_low, spec.epsilon_high)
+    per_token = clipped_objective(ratio, adv, spec.epsilon_low, spec.epsilon_high, spec.delta)
     metrics = _clip_metrics(ratio, adv, mask, spec)
+    if spec.off_policy_mask_threshold is not None:
+        sampled = old if engine_logps is None else engine_logps
+        kept_rows = off_policy_sequence_mask(adv, logps, sampled, mask,
+                                             spec.off_policy_mask_threshold)  # fmt: skip
+        per_token = per_token * kept_rows
+        metrics["loss/off_policy_masked_share"] = 1.0 - kept_rows.mean().item()
     if engine_logps is not None and spec.is_correction:
         weights = importance_weights(old, engine_logps, mask, spec.is_cap, floor=spec.is_floor,
                                      mode=spec.is_mode).expand_as(mask)  # fmt: skip
@@ -307,19 +354,29 @@ def grpo_loss(
     if spec.top_entropy_quantile < 1.0:
         if entropies is None:
             raise ValueError("top_entropy_quantile < 1 needs entropies (`token_entropy`)")
-        kept = high_entropy_mask(entropies, mask, spec.top_entropy_quantile)
+        kept = high_entropy_mask(entropies.detach(), mask, spec.top_entropy_quantile)
         per_token = per_token * kept
         metrics["loss/high_entropy_share"] = masked_mean(kept, mask).item()
+    else:
+        kept = mask
     if spec.beta != 0.0:
         if ref_logps is None:
             raise ValueError("beta != 0 needs ref_logps (the adapter-disabled log-probs)")
         kl = kl_k3(logps, ref_logps)
-        per_token = per_token + spec.beta * kl * ratio
+        per_token = per_token + spec.beta * (kl * ratio if spec.kl_bias_correction else kl)
         metrics["loss/kl"] = masked_mean(kl, mask).item()
     if entropies is not None:
-        metrics["loss/entropy"] = masked_mean(entropies, mask).item()
+        metrics["loss/entropy"] = masked_mean(entropies.detach(), mask).item()
     loss = aggregate(per_token, mask, spec, num_sequences=num_sequences, num_items=num_items,
                      shares=shares)
+    if spec.entropy_coef:
+        if entropies is None or not entropies.requires_grad:
+            raise ValueError("entropy_coef needs entropies with gradient (`token_entropy`)")
+        trained = kept * mask  # the tokens the policy term trains
+        mean = (entropies * trained).sum() / trained.sum().clamp(min=1.0)
+        # this pass's mean, weighted by its part of the step's trained tokens
+        part = 1.0 if num_items is None else float(mask.sum()) / max(num_items, 1.0)
+        loss = loss - spec.entropy_coef * mean * part
     metrics["loss/value"] = loss.item()
     return LossOutput(loss, metrics)
 

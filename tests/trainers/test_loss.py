@@ -201,6 +201,20 @@ def test_the_high_entropy_mask_keeps_the_top_share_of_trained_tokens_only(
     assert out.metrics["loss/high_entropy_share"] == pytest.approx(4 / 7)
 
 
+def test_off_policy_masking_drops_only_drifted_rows_with_negative_advantages(
+    lm: ModuleType,
+) -> None:
+    torch = lm.torch
+    logps = torch.tensor([[-1.0, -1.0, -1.0]] * 4)
+    # mean (sampling - policy) over trained tokens: 0.6, 0.6, 0.1, 0.45 (a NaN token adds 0)
+    sampling = torch.tensor([[-0.4, -0.4, -9.0], [-0.4, -0.4, -9.0], [-0.9, -0.9, -9.0],
+                             [-0.1, float("nan"), -9.0]])  # fmt: skip
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    advantages = torch.tensor([[1.0], [-1.0], [-1.0], [-1.0]])
+    kept = lm.off_policy_sequence_mask(advantages, logps, sampling, mask, threshold=0.5)
+    assert kept.flatten().tolist() == [1.0, 0.0, 1.0, 1.0]
+
+
 def test_kl_needs_reference_logprobs(lm: ModuleType) -> None:
     torch = lm.torch
     with pytest.raises(ValueError, match="ref_logps"):
@@ -290,7 +304,7 @@ def _trl_inputs(lm: ModuleType, b: SimpleNamespace, s: Any) -> dict[str, Any]:
         "completion_ids": b.completion_ids, "completion_mask": b.completion_mask,
         "tool_mask": b.tool_mask, "advantages": b.advantages, "old_per_token_logps": b.old,
         "ref_per_token_logps": b.ref, "importance_sampling_ratio": weights,
-        "num_items_in_batch": mask.sum(),
+        "num_items_in_batch": mask.sum(), "sampling_per_token_logps": b.engine,
     }
 
 
@@ -304,7 +318,7 @@ def _ours(lm: ModuleType, model: Any, b: SimpleNamespace, s: Any, with_is: bool)
         old_logps=torch.cat([pad, b.old], 1),
         engine_logps=torch.cat([pad, b.engine], 1) if with_is else None,
         ref_logps=torch.cat([pad, b.ref], 1),
-        entropies=lm.token_entropy(logits.detach(), TEMPERATURE),
+        entropies=lm.token_entropy(logits if s.entropy_coef else logits.detach(), TEMPERATURE),
     )
 
 
@@ -385,6 +399,61 @@ def test_the_loss_under_each_importance_sampling_mode_agrees_with_trl(
 
     if mode.endswith("mask"):
         assert 0 < ours.metrics["sampling/is_masked_share"] < 1  # the case masks something
+    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
+    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
+        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("knobs", "trl_args", "trl_attrs"),
+    [
+        pytest.param({"delta": 1.3}, {"delta": 1.3}, {}, id="two-sided-clip"),
+        pytest.param({"kl_bias_correction": False}, {"use_bias_correction_kl": False}, {},
+                     id="plain-kl"),
+        pytest.param({"off_policy_mask_threshold": 0.05}, {},
+                     {"off_policy_mask_threshold": 0.05}, id="off-policy-mask"),
+        pytest.param({"entropy_coef": 0.3}, {}, {"entropy_coef": 0.3,
+                                                  "_entropy_bonus_enabled": True},
+                     id="entropy-bonus"),
+        pytest.param({"entropy_coef": 0.3, "top_entropy_quantile": 0.5}, {},
+                     {"entropy_coef": 0.3, "_entropy_bonus_enabled": True,
+                      "top_entropy_quantile": 0.5}, id="entropy-bonus-high-entropy"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_trls_other_loss_knobs_agree_with_trl(
+    lm: ModuleType, trl_trainer: Any, loss_type: str, knobs: dict, trl_args: dict,
+    trl_attrs: dict,
+) -> None:
+    """``delta``, ``use_bias_correction_kl``, ``off_policy_mask_threshold``, ``entropy_coef``."""
+    s = spec(lm, loss_type=loss_type, epsilon_high=0.28, beta=0.04, length_norm=COMPLETION_LEN,
+             **knobs)  # fmt: skip
+    trainer, model = trl_trainer, trl_trainer.model
+    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, "token", 0.04
+    trainer.epsilon_low, trainer.epsilon_high = s.epsilon_low, s.epsilon_high
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+    saved_args = {k: getattr(trainer.args, k) for k in trl_args}
+    saved_attrs = {k: getattr(trainer, k) for k in trl_attrs}
+    batch = _batch(lm, model)
+    try:
+        for k, v in trl_args.items():
+            setattr(trainer.args, k, v)
+        for k, v in trl_attrs.items():
+            setattr(trainer, k, v)
+        theirs = trainer._compute_loss(model, _trl_inputs(lm, batch, s))
+    finally:  # the module's trainer serves the other cases
+        for k, v in saved_args.items():
+            setattr(trainer.args, k, v)
+        for k, v in saved_attrs.items():
+            setattr(trainer, k, v)
+    ours = _ours(lm, model, batch, s, with_is=True)
+
+    if "off_policy_mask_threshold" in knobs:
+        assert 0 < ours.metrics["loss/off_policy_masked_share"] < 1  # the case masks a row
+    without = spec(lm, loss_type=loss_type, epsilon_high=0.28, beta=0.04,
+                   length_norm=COMPLETION_LEN)  # fmt: skip
+    assert ours.loss.item() != pytest.approx(_ours(lm, model, batch, without, True).loss.item())
     assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
     for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
         assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
