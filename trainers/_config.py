@@ -131,7 +131,12 @@ class GRPOConfig:
         None,
         "Task indices trained on: 'start:stop' (half-open) or a list. None: every task of the "
         "env not in `eval_tasks`. The data order is a shuffle of these by `seed`, reshuffled "
-        "each pass; must not overlap `eval_tasks`.",
+        "each pass (see `shuffle_dataset`); must not overlap `eval_tasks`.",
+    )
+    shuffle_dataset: bool = _knob(
+        True,
+        "Play the train tasks in a seeded shuffle, reshuffled each pass (TRL's name). False: "
+        "in the order `train_tasks` lists them, every pass (a curriculum).",
     )
     eval_tasks: str | list[int] | None = _knob(
         None,

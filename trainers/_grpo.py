@@ -405,7 +405,8 @@ class GRPOTrainer:
     def _tasks_for(self, step: int) -> list[int]:
         """The step's tasks: consecutive slices of seeded shuffles of the train tasks.
 
-        A pure function of (seed, step), so a resumed run sees the same data order.
+        A pure function of (seed, step), so a resumed run sees the same data order. Without
+        `shuffle_dataset`, slices of the train tasks in their order, pass after pass.
         """
         cfg, pool = self.config, self.train_tasks
         first = (step - 1) * cfg.tasks_per_step
@@ -413,7 +414,8 @@ class GRPOTrainer:
         for position in range(first, first + cfg.tasks_per_step):
             epoch, offset = divmod(position, len(pool))
             order = list(pool)
-            random.Random(cfg.seed * 7_919 + epoch).shuffle(order)
+            if cfg.shuffle_dataset:
+                random.Random(cfg.seed * 7_919 + epoch).shuffle(order)
             tasks.append(order[offset])
         return tasks
 
