@@ -204,3 +204,20 @@ def test_parse_tasks() -> None:
     for bad in ("5", "a:b", "3:1", [1, 1], [-1]):
         with pytest.raises(ConfigError):
             parse_tasks(bad)
+
+
+def test_the_knobs_the_docs_say_carry_over_from_trl_are_ours_and_trls() -> None:
+    """docs/trainer.md lists a TRL config's knobs that work here by name; keep it true."""
+    import re
+
+    from tests.conftest import require
+
+    trl = require("trl")
+    text = (Path(__file__).parents[2] / "docs" / "trainer.md").read_text()
+    carried = text[text.index("A TRL config's loss knobs") : text.index("Not here:")]
+    listed = set(re.findall(r"`([a-z_]+)`", carried)) - {"grpo", "dr_grpo", "dapo"}
+    ours = {f.name for f in dataclasses.fields(GRPOConfig)}
+    trls = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    assert len(listed) > 30
+    assert listed <= ours, sorted(listed - ours)
+    assert listed <= trls, sorted(listed - trls)
