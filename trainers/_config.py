@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal
 
 from agentgym._errors import ConfigError
 
-LossType = Literal["grpo", "dr_grpo", "dapo"]
+LossType = Literal["grpo", "dr_grpo", "dapo", "cispo", "sapo"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 ImportanceSamplingMode = Literal[
     "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
@@ -315,9 +315,18 @@ class GRPOConfig:
     )
     loss_type: LossType = _knob(
         "dapo",
-        "Loss aggregation, as in TRL. 'grpo': mean over each sequence's tokens, then over "
-        "sequences (length-biased); 'dr_grpo': token sum over a constant (samples x "
-        "max_completion_length x turns); 'dapo': token sum over the step's trained tokens.",
+        "The policy loss, as in TRL. 'grpo': clipped ratios, mean over each sequence's tokens, "
+        "then over sequences (length-biased); 'dr_grpo': token sum over a constant (samples x "
+        "max_completion_length x turns); 'dapo': token sum over the step's trained tokens; "
+        "'cispo' (MiniMax-M1): the ratio capped at epsilon_high weighs the log-prob, summed as "
+        "dapo; 'sapo' (Soft Adaptive Policy Optimization): a sigmoid gate instead of the hard "
+        "clip (sapo_temperature_pos/neg), averaged as grpo.",
+    )
+    sapo_temperature_pos: float = _knob(
+        1.0, "'sapo' gate temperature for tokens with positive advantages (> 0; TRL's name)."
+    )
+    sapo_temperature_neg: float = _knob(
+        1.05, "'sapo' gate temperature for the other tokens (> 0; TRL's name)."
     )
     importance_sampling_level: ImportanceSamplingLevel = _knob(
         "token",
@@ -757,6 +766,8 @@ class GRPOConfig:
              self.off_policy_mask_threshold is None or self.off_policy_mask_threshold >= 0,
              "use a KL threshold >= 0 such as 0.5, or null"),
             ("entropy_coef", self.entropy_coef >= 0, "use 0.0 (no bonus) or a small value"),
+            ("sapo_temperature_pos", self.sapo_temperature_pos > 0, "use a positive value: 1.0"),
+            ("sapo_temperature_neg", self.sapo_temperature_neg > 0, "use a positive value: 1.05"),
             ("top_entropy_quantile", 0 <= self.top_entropy_quantile <= 1,
              "use a share in [0, 1]: 0.2 as the paper, 1.0 to train on every token"),
             ("num_iterations", self.num_iterations >= 1, "set it to 1 or more"),
@@ -797,6 +808,12 @@ class GRPOConfig:
             raise ConfigError(
                 f"epsilon_high={self.epsilon_high!r} is below epsilon={self.epsilon!r}; set "
                 f"epsilon_high >= {self.epsilon} (DAPO uses 0.28) or null to equal epsilon"
+            )
+        if self.loss_type == "cispo" and (self.epsilon_high is None or self.epsilon_high < 1):
+            raise ConfigError(
+                f"loss_type='cispo' caps the policy ratio at epsilon_high, here "
+                f"{self.epsilon_high or self.epsilon!r}; set epsilon_high to 1 or more (ScaleRL "
+                "uses 5.0)"
             )
         if self.max_staleness and not self.vllm_importance_sampling_correction:
             raise ConfigError(

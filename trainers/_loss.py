@@ -55,6 +55,9 @@ class LossSpec:
     off_policy_mask_threshold: float | None = None
     #: Weight of the mean-entropy bonus subtracted from the loss; 0: none.
     entropy_coef: float = 0.0
+    #: ``sapo``'s gate temperatures for positive and other advantages.
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
 
     @classmethod
     def from_config(cls, config: GRPOConfig, max_turns: int | None = None) -> LossSpec:
@@ -80,6 +83,8 @@ class LossSpec:
             kl_bias_correction=config.use_bias_correction_kl,
             off_policy_mask_threshold=config.off_policy_mask_threshold,
             entropy_coef=config.entropy_coef,
+            sapo_temperature_pos=config.sapo_temperature_pos,
+            sapo_temperature_neg=config.sapo_temperature_neg,
         )
 
 
@@ -231,6 +236,25 @@ def clipped_objective(
     return -torch.min(unclipped * advantages, clipped * advantages)
 
 
+def policy_objective(
+    ratio: torch.Tensor, advantages: torch.Tensor, logps: torch.Tensor, spec: LossSpec
+) -> torch.Tensor:
+    """Per-token policy loss of ``spec.loss_type``, before masks, IS weights and the KL.
+
+    - ``grpo``, ``dr_grpo``, ``dapo``: the PPO clip (`clipped_objective`).
+    - ``cispo`` (MiniMax-M1): ``-sg(min(r, epsilon_high)) * A * logp``; the clipped ratio is a
+      constant weight, so every token keeps its gradient (the PPO clip zeroes it).
+    - ``sapo``: ``-sigmoid(tau * (r - 1)) * 4 / tau * A``, a smooth gate in place of the clip,
+      ``tau`` by the advantage's sign.
+    """
+    if spec.loss_type == "cispo":
+        return -torch.clamp(ratio, max=spec.epsilon_high).detach() * advantages * logps
+    if spec.loss_type == "sapo":
+        tau = torch.where(advantages > 0, spec.sapo_temperature_pos, spec.sapo_temperature_neg)
+        return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * advantages
+    return clipped_objective(ratio, advantages, spec.epsilon_low, spec.epsilon_high, spec.delta)
+
+
 def off_policy_sequence_mask(
     advantages: torch.Tensor,
     logps: torch.Tensor,
@@ -268,16 +292,17 @@ def aggregate(
     ``shares``: ``(B,)`` each row's part of its episode's trained tokens (a per-turn sample's;
     1 for a whole episode, and None: all 1), so an episode weighs the same in either mode.
 
-    - ``grpo``: per-sequence token mean weighted by its share, summed / ``num_sequences``.
+    - ``grpo``, ``sapo``: per-sequence token mean weighted by its share, summed /
+      ``num_sequences``.
     - ``dr_grpo``: token sum / (``num_sequences * spec.length_norm``).
-    - ``dapo``: token sum / ``num_items``.
+    - ``dapo``, ``cispo``: token sum / ``num_items``.
     """
     if num_sequences is not None:
         sequences = num_sequences
     else:
         sequences = float(per_token_loss.size(0)) if shares is None else float(shares.sum())
     token_sum = per_token_loss * mask
-    if spec.loss_type == "grpo":
+    if spec.loss_type in ("grpo", "sapo"):
         per_sequence = token_sum.sum(-1) / mask.sum(-1).clamp(min=1.0)
         if shares is not None:
             per_sequence = per_sequence * shares
@@ -335,7 +360,7 @@ def grpo_loss(
     adv = advantages.reshape(-1, 1).to(logps.dtype)
     log_ratio = log_policy_ratio(logps, old, mask, spec.importance_sampling_level)
     ratio = torch.exp(log_ratio)
-    per_token = clipped_objective(ratio, adv, spec.epsilon_low, spec.epsilon_high, spec.delta)
+    per_token = policy_objective(ratio, adv, logps, spec)
     metrics = _clip_metrics(ratio, adv, mask, spec)
     if spec.off_policy_mask_threshold is not None:
         sampled = old if engine_logps is None else engine_logps
@@ -384,9 +409,16 @@ def grpo_loss(
 def _clip_metrics(
     ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, spec: LossSpec
 ) -> dict[str, float]:
-    """Fractions of trained tokens (or sequences, for GSPO) whose ratio was clipped."""
+    """Fractions of trained tokens (or sequences, for GSPO) whose ratio was clipped.
+
+    ``cispo`` clips only its weight's top (at ``epsilon_high`` itself); ``sapo`` clips nothing.
+    """
     low = ((ratio < 1 - spec.epsilon_low) & (adv < 0)).to(mask.dtype)
     high = ((ratio > 1 + spec.epsilon_high) & (adv > 0)).to(mask.dtype)
+    if spec.loss_type == "cispo":
+        low, high = torch.zeros_like(low), ((ratio > spec.epsilon_high) & (adv > 0)).to(mask.dtype)
+    elif spec.loss_type == "sapo":
+        low = high = torch.zeros_like(low)
     weight = mask if ratio.size(-1) == mask.size(-1) else (mask.sum(-1, keepdim=True) > 0)
     weight = weight.to(mask.dtype)
     return {
