@@ -327,6 +327,37 @@ def _grads(lm: ModuleType, model: Any, loss: Any) -> list[Any]:
     return list(lm.torch.autograd.grad(loss, params))
 
 
+def _both_losses(
+    lm: ModuleType, trainer: Any, s: Any, with_is: bool = True
+) -> tuple[Any, Any, SimpleNamespace]:
+    """Our loss and TRL's on one batch, TRL's trainer set from the spec ``s`` in every knob."""
+    trainer.loss_type, trainer.importance_sampling_level = s.loss_type, s.importance_sampling_level
+    trainer.beta, trainer.epsilon_low, trainer.epsilon_high = s.beta, s.epsilon_low, s.epsilon_high
+    trainer.use_vllm = with_is  # TRL applies inputs["importance_sampling_ratio"] only then
+    trainer.vllm_importance_sampling_correction = True
+    trainer.top_entropy_quantile = s.top_entropy_quantile
+    trainer.off_policy_mask_threshold = s.off_policy_mask_threshold
+    trainer.entropy_coef, trainer._entropy_bonus_enabled = s.entropy_coef, bool(s.entropy_coef)
+    trainer.args.delta, trainer.args.use_bias_correction_kl = s.delta, s.kl_bias_correction
+    trainer.args.sapo_temperature_pos = s.sapo_temperature_pos
+    trainer.args.sapo_temperature_neg = s.sapo_temperature_neg
+    batch = _batch(lm, trainer.model)
+    theirs = trainer._compute_loss(trainer.model, _trl_inputs(lm, batch, s))
+    return _ours(lm, trainer.model, batch, s, with_is), theirs, batch
+
+
+def _assert_agree(lm: ModuleType, model: Any, ours: Any, theirs: Any) -> None:
+    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
+    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
+        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+def _loss_spec(lm: ModuleType, loss_type: str = "dapo", **knobs: Any) -> Any:
+    """The agreement tests' spec: DAPO's epsilon_high, a KL term, Dr. GRPO's constant."""
+    return spec(lm, **{"loss_type": loss_type, "epsilon_high": 0.28, "beta": 0.04,
+                       "length_norm": COMPLETION_LEN, **knobs})  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("with_is", [False, True], ids=["no_is", "is"])
 @pytest.mark.parametrize("beta", [0.0, 0.04], ids=["no_kl", "kl"])
@@ -335,22 +366,10 @@ def _grads(lm: ModuleType, model: Any, loss: Any) -> list[Any]:
 def test_loss_and_gradients_agree_with_trl(
     lm: ModuleType, trl_trainer: Any, loss_type: str, level: str, beta: float, with_is: bool
 ) -> None:
-    s = spec(lm, loss_type=loss_type, importance_sampling_level=level, epsilon_high=0.28,
-             beta=beta, length_norm=COMPLETION_LEN)
-    trainer, model = trl_trainer, trl_trainer.model
-    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, level, beta
-    trainer.epsilon_low, trainer.epsilon_high = s.epsilon_low, s.epsilon_high
-    trainer.use_vllm = with_is  # TRL applies inputs["importance_sampling_ratio"] only then
-    trainer.vllm_importance_sampling_correction = True
-    batch = _batch(lm, model)
-
-    theirs = trainer._compute_loss(model, _trl_inputs(lm, batch, s))
-    ours = _ours(lm, model, batch, s, with_is)
-
+    s = _loss_spec(lm, loss_type, importance_sampling_level=level, beta=beta)
+    ours, theirs, _ = _both_losses(lm, trl_trainer, s, with_is)
     assert ours.metrics["loss/clip_ratio_region"] > 0  # the case exercises clipping
-    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
-    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
-        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    _assert_agree(lm, trl_trainer.model, ours, theirs)
 
 
 @pytest.mark.slow
@@ -360,24 +379,10 @@ def test_the_high_entropy_loss_agrees_with_trl(
     lm: ModuleType, trl_trainer: Any, loss_type: str, quantile: float
 ) -> None:
     """``top_entropy_quantile``: the same tokens kept, the same loss and gradients as TRL's."""
-    s = spec(lm, loss_type=loss_type, epsilon_high=0.28, beta=0.04, length_norm=COMPLETION_LEN,
-             top_entropy_quantile=quantile)
-    trainer, model = trl_trainer, trl_trainer.model
-    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, "token", 0.04
-    trainer.epsilon_low, trainer.epsilon_high = s.epsilon_low, s.epsilon_high
-    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
-    trainer.top_entropy_quantile = quantile
-    batch = _batch(lm, model)
-    try:
-        theirs = trainer._compute_loss(model, _trl_inputs(lm, batch, s))
-    finally:
-        trainer.top_entropy_quantile = 1.0  # the module's trainer serves the other cases
-    ours = _ours(lm, model, batch, s, with_is=True)
-
+    s = _loss_spec(lm, loss_type, top_entropy_quantile=quantile)
+    ours, theirs, _ = _both_losses(lm, trl_trainer, s)
     assert 0 < ours.metrics["loss/high_entropy_share"] < 1  # the case drops some tokens
-    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
-    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
-        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    _assert_agree(lm, trl_trainer.model, ours, theirs)
 
 
 @pytest.mark.slow
@@ -386,104 +391,50 @@ def test_the_loss_under_each_importance_sampling_mode_agrees_with_trl(
     lm: ModuleType, trl_trainer: Any, mode: str
 ) -> None:
     """A ``(B, 1)`` sequence ratio or a masked token weighs the loss as TRL weighs it."""
-    s = spec(lm, loss_type="dapo", epsilon_high=0.28, beta=0.04, length_norm=COMPLETION_LEN,
-             is_mode=mode, is_cap=2.0, is_floor=0.5)  # tight: some ratios fall outside
-    trainer, model = trl_trainer, trl_trainer.model
-    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = "dapo", "token", 0.04
-    trainer.epsilon_low, trainer.epsilon_high = s.epsilon_low, s.epsilon_high
-    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
-    batch = _batch(lm, model)
-
-    theirs = trainer._compute_loss(model, _trl_inputs(lm, batch, s))
-    ours = _ours(lm, model, batch, s, with_is=True)
-
+    s = _loss_spec(lm, is_mode=mode, is_cap=2.0, is_floor=0.5)  # some ratios fall outside
+    ours, theirs, _ = _both_losses(lm, trl_trainer, s)
     if mode.endswith("mask"):
         assert 0 < ours.metrics["sampling/is_masked_share"] < 1  # the case masks something
-    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
-    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
-        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    _assert_agree(lm, trl_trainer.model, ours, theirs)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("knobs", "trl_args", "trl_attrs"),
+    "knobs",
     [
-        pytest.param({"delta": 1.3}, {"delta": 1.3}, {}, id="two-sided-clip"),
-        pytest.param({"kl_bias_correction": False}, {"use_bias_correction_kl": False}, {},
-                     id="plain-kl"),
-        pytest.param({"off_policy_mask_threshold": 0.05}, {},
-                     {"off_policy_mask_threshold": 0.05}, id="off-policy-mask"),
-        pytest.param({"entropy_coef": 0.3}, {}, {"entropy_coef": 0.3,
-                                                  "_entropy_bonus_enabled": True},
-                     id="entropy-bonus"),
-        pytest.param({"entropy_coef": 0.3, "top_entropy_quantile": 0.5}, {},
-                     {"entropy_coef": 0.3, "_entropy_bonus_enabled": True,
-                      "top_entropy_quantile": 0.5}, id="entropy-bonus-high-entropy"),
+        pytest.param({"delta": 1.3}, id="two-sided-clip"),
+        pytest.param({"kl_bias_correction": False}, id="plain-kl"),
+        pytest.param({"off_policy_mask_threshold": 0.05}, id="off-policy-mask"),
+        pytest.param({"entropy_coef": 0.3}, id="entropy-bonus"),
+        pytest.param({"entropy_coef": 0.3, "top_entropy_quantile": 0.5},
+                     id="entropy-bonus-high-entropy"),
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_trls_other_loss_knobs_agree_with_trl(
-    lm: ModuleType, trl_trainer: Any, loss_type: str, knobs: dict, trl_args: dict,
-    trl_attrs: dict,
+    lm: ModuleType, trl_trainer: Any, loss_type: str, knobs: dict
 ) -> None:
     """``delta``, ``use_bias_correction_kl``, ``off_policy_mask_threshold``, ``entropy_coef``."""
-    s = spec(lm, loss_type=loss_type, epsilon_high=0.28, beta=0.04, length_norm=COMPLETION_LEN,
-             **knobs)  # fmt: skip
-    trainer, model = trl_trainer, trl_trainer.model
-    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, "token", 0.04
-    trainer.epsilon_low, trainer.epsilon_high = s.epsilon_low, s.epsilon_high
-    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
-    saved_args = {k: getattr(trainer.args, k) for k in trl_args}
-    saved_attrs = {k: getattr(trainer, k) for k in trl_attrs}
-    batch = _batch(lm, model)
-    try:
-        for k, v in trl_args.items():
-            setattr(trainer.args, k, v)
-        for k, v in trl_attrs.items():
-            setattr(trainer, k, v)
-        theirs = trainer._compute_loss(model, _trl_inputs(lm, batch, s))
-    finally:  # the module's trainer serves the other cases
-        for k, v in saved_args.items():
-            setattr(trainer.args, k, v)
-        for k, v in saved_attrs.items():
-            setattr(trainer, k, v)
-    ours = _ours(lm, model, batch, s, with_is=True)
-
+    ours, theirs, batch = _both_losses(lm, trl_trainer, _loss_spec(lm, loss_type, **knobs))
     if "off_policy_mask_threshold" in knobs:
         assert 0 < ours.metrics["loss/off_policy_masked_share"] < 1  # the case masks a row
-    without = spec(lm, loss_type=loss_type, epsilon_high=0.28, beta=0.04,
-                   length_norm=COMPLETION_LEN)  # fmt: skip
-    assert ours.loss.item() != pytest.approx(_ours(lm, model, batch, without, True).loss.item())
-    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
-    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
-        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    without = _ours(lm, trl_trainer.model, batch, _loss_spec(lm, loss_type), True)
+    assert ours.loss.item() != pytest.approx(without.loss.item())  # the knob changes the loss
+    _assert_agree(lm, trl_trainer.model, ours, theirs)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize(
     ("loss_type", "knobs"),
-    [("cispo", {"epsilon_high": 1.2}), ("sapo", {"sapo_temperature_pos": 1.0,
-                                                 "sapo_temperature_neg": 1.05})],
+    [("cispo", {"epsilon_high": 1.2}),
+     ("sapo", {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05})],
 )  # fmt: skip
 def test_cispo_and_sapo_agree_with_trl(
     lm: ModuleType, trl_trainer: Any, loss_type: str, knobs: dict, level: str
 ) -> None:
-    s = spec(lm, loss_type=loss_type, importance_sampling_level=level, beta=0.04,
-             length_norm=COMPLETION_LEN, **knobs)  # fmt: skip
-    trainer, model = trl_trainer, trl_trainer.model
-    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, level, 0.04
-    trainer.epsilon_low, trainer.epsilon_high = s.epsilon_low, s.epsilon_high
-    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
-    trainer.args.sapo_temperature_pos = s.sapo_temperature_pos
-    trainer.args.sapo_temperature_neg = s.sapo_temperature_neg
-    batch = _batch(lm, model)
-
-    theirs = trainer._compute_loss(model, _trl_inputs(lm, batch, s))
-    ours = _ours(lm, model, batch, s, with_is=True)
-
-    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
-    for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
-        assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    s = _loss_spec(lm, loss_type, importance_sampling_level=level, **knobs)
+    ours, theirs, _ = _both_losses(lm, trl_trainer, s)
+    _assert_agree(lm, trl_trainer.model, ours, theirs)
     if loss_type == "cispo" and level == "token":
         assert ours.metrics["loss/clip_ratio_high"] > 0  # the case caps some weights
