@@ -20,16 +20,23 @@ import dataclasses
 import difflib
 import functools
 import math
-import types
 import typing
-import urllib.parse
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from agentgym._errors import ConfigError
+
+from ._config_rules import (
+    CONFIG_RULES,
+    SEED_LIMIT,
+    SFT_VALIDATION_TASKS,
+    VLLM_LORA_RANKS,
+    check_split,
+    matches,
+)
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "cispo", "sapo"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
@@ -47,22 +54,6 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 #: Held-out tasks when `eval_tasks` is not set: a tenth of the env's, at most this many.
 DEFAULT_EVAL_TASKS = 100
-#: LoRA ranks vLLM can serve (``max_lora_rank`` choices in ``vllm/config/lora.py``).
-VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-#: Modules vLLM cannot hot-load as LoRA targets, so an adapter on them cannot be synced alone.
-_UNSERVABLE_TARGETS = frozenset({"lm_head", "embed_tokens"})
-REPORT_TO = ("auto", "none", "tensorboard", "trackio", "wandb")
-#: Learning rates below this are full-weight ones, which LoRA barely learns at (a warning).
-_LOWEST_LORA_RATE = 3e-6
-#: Seeds are below this: the trainer derives others from it (``seed * 1_000_003 + step *
-#: episodes_per_step`` in trainers/_grpo.py) that must fit torch's 64-bit seed.
-SEED_LIMIT = 2**31
-#: Train tasks the SFT warm start holds back for validation when `sft_target_accuracy` is set:
-SFT_VALIDATION_TASKS = 128
-#: Knobs that only rollout servers read, with the value that means "not set".
-_SERVER_ONLY: dict[str, Any] = {
-    "rollout_model_name": None, "adapter_storage": None, "on_server_failure": "retry",
-}  # fmt: skip
 #: Deprecated TRL names accepted by `from_dict`, mapped to the current TRL name.
 _RENAMED = {"vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max"}
 
@@ -521,22 +512,13 @@ class GRPOConfig:
         "accepted.",
     )
 
-    #: Checks run in this order by `__post_init__`; each raises `ConfigError`.
-    _CHECKS: ClassVar[tuple[str, ...]] = (
-        "_check_types", "_check_finite", "_check_ranges", "_check_clipping", "_check_tasks",
-        "_check_lora", "_check_hardware", "_check_rollout_servers", "_check_schedule",
-        "_check_output_dir",
-    )
-
     def __post_init__(self) -> None:
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         if self.report_to == []:
             self.report_to = ["none"]
-        for check in self._CHECKS:
-            getattr(self, check)()
-        self._warn_is_bias()
-        self._warn_full_weight_rate()
+        for rule in CONFIG_RULES:  # each raises ConfigError naming the fix, or warns
+            rule(self)
 
     # --- construction ---------------------------------------------------------------------
 
@@ -626,7 +608,7 @@ class GRPOConfig:
         return kwargs
 
     @property
-    def _warmup_steps(self) -> int:
+    def warmup_step_count(self) -> int:
         """`warmup_steps` in steps: a share of `max_steps` rounds up, as in transformers."""
         if 0 < self.warmup_steps < 1:
             return math.ceil(self.warmup_steps * self.max_steps)
@@ -639,7 +621,7 @@ class GRPOConfig:
         counts): a step's rate depends on nothing else, so a resumed run needs no scheduler
         state. ``tests/trainers/test_config.py`` checks it against ``transformers.get_scheduler``.
         """
-        warmup, taken = self._warmup_steps, step - 1
+        warmup, taken = self.warmup_step_count, step - 1
         if self.lr_scheduler_type == "constant":
             return self.learning_rate
         if taken < warmup:
@@ -678,7 +660,7 @@ class GRPOConfig:
                     f"{task_count} tasks; shrink the ranges, leave them unset (null) to split "
                     "the env's tasks, or pass a larger num_tasks in env_kwargs"
                 )
-        self._check_split(train, held_out)
+        check_split(self, train, held_out)
         return train or [], held_out or []
 
     def sft_split(self, train_tasks: list[int]) -> tuple[list[int], list[int]]:
@@ -693,370 +675,15 @@ class GRPOConfig:
         traces = [t for t in train_tasks if t not in held_back]
         return traces[: self.sft_num_traces], validation
 
-    # --- checks ---------------------------------------------------------------------------
-
-    def _check_types(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not _matches(value, hints[f.name]):
-                raise ConfigError(
-                    f"{f.name}={value!r} ({type(value).__name__}) is not a valid "
-                    f"{_describe(hints[f.name])}; {f.metadata['help']}"
-                )
-
-    def _check_finite(self) -> None:
-        """NaN or inf in any float knob (``epsilon_high: .nan`` trained on to a NaN loss)."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                default = "null" if f.default is None else repr(f.default)
-                unset = " or null (see its help)" if "None" in str(f.type) else ""
-                raise ConfigError(
-                    f"{f.name}={value!r} is not a finite number; use a finite number{unset} "
-                    f"(the default is {default})"
-                )
-
-    def _check_ranges(self) -> None:
-        rules: list[tuple[str, bool, str]] = [
-            ("num_generations", self.num_generations >= 2,
-             "GRPO compares episodes of a task; set it to 2 or more"),
-            ("tasks_per_step", self.tasks_per_step >= 1, "set it to 1 or more"),
-            ("max_completion_length", self.max_completion_length >= 1, "set it to 1 or more"),
-            ("max_episode_tokens",
-             self.max_episode_tokens is None or self.max_episode_tokens >= 1,
-             "set it to 1 or more, or null for no budget but max_model_len"),
-            ("seed", 0 <= self.seed < SEED_LIMIT,
-             f"use 0 <= seed < 2**31 ({SEED_LIMIT}): the trainer derives seeds such as "
-             "seed * 1_000_003 + step * episodes_per_step that must fit torch's 64-bit seed"),
-            ("sft_target_accuracy",
-             self.sft_target_accuracy is None or 0 < self.sft_target_accuracy <= 1,
-             "use a share in (0, 1], or null to run all sft_steps"),
-            ("sft_eval_every", self.sft_eval_every >= 1, "set it to 1 or more"),
-            ("max_model_len", self.max_model_len > self.max_completion_length,
-             "the context must hold a prompt and a full turn; raise it above "
-             "max_completion_length"),
-            ("max_turns", self.max_turns is None or self.max_turns >= 1,
-             "set it to 1 or more, or null for the env's own"),
-            ("temperature", self.temperature > 0,
-             "logits are divided by it; use 1.0 (greedy decoding is not GRPO)"),
-            ("top_p", 0 < self.top_p <= 1, "use a value in (0, 1]; 1.0 disables it"),
-            ("top_k", self.top_k >= 0, "use 0 to disable it"),
-            ("min_p", self.min_p is None or 0 <= self.min_p <= 1, "use [0, 1] or null"),
-            ("max_concurrency", self.max_concurrency is None or self.max_concurrency >= 1,
-             "set it to 1 or more, or null"),
-            ("max_staleness", self.max_staleness in (0, 1),
-             "use 0 (on-policy) or 1 (the next step rolls out while this one trains)"),
-            ("infra_error_patience",
-             self.infra_error_patience is None or self.infra_error_patience >= 1,
-             "set it to 1 or more steps, or null to never stop"),
-            ("episode_deadline_s", self.episode_deadline_s is None or self.episode_deadline_s > 0,
-             "use seconds > 0, or null to wait for every episode"),
-            ("learning_rate", self.learning_rate > 0, "use a positive rate, e.g. 1e-5"),
-            ("weight_decay", self.weight_decay >= 0, "use 0.0 (none) or a small positive value"),
-            ("warmup_steps",
-             self.warmup_steps >= 0 and (self.warmup_steps < 1 or self.warmup_steps % 1 == 0),
-             "use a whole number of steps, or a share of max_steps in (0, 1)"),
-            ("sft_learning_rate", self.sft_learning_rate > 0, "use a positive rate, e.g. 1e-4"),
-            ("beta", self.beta >= 0, "use 0.0 (no KL) or a small positive value"),
-            ("delta", self.delta is None or self.delta > 1 + (
-                self.epsilon if self.epsilon_high is None else self.epsilon_high),
-             "use a cap above 1 + epsilon_high (the INTELLECT-2 report uses 4), or null"),
-            ("off_policy_mask_threshold",
-             self.off_policy_mask_threshold is None or self.off_policy_mask_threshold >= 0,
-             "use a KL threshold >= 0 such as 0.5, or null"),
-            ("entropy_coef", self.entropy_coef >= 0, "use 0.0 (no bonus) or a small value"),
-            ("sapo_temperature_pos", self.sapo_temperature_pos > 0, "use a positive value: 1.0"),
-            ("sapo_temperature_neg", self.sapo_temperature_neg > 0, "use a positive value: 1.05"),
-            ("top_entropy_quantile", 0 <= self.top_entropy_quantile <= 1,
-             "use a share in [0, 1]: 0.2 as the paper, 1.0 to train on every token"),
-            ("num_iterations", self.num_iterations >= 1, "set it to 1 or more"),
-            ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0,
-             "use a positive norm, or null for no clipping"),
-            ("vllm_importance_sampling_clip_max",
-             self.vllm_importance_sampling_clip_max is None
-             or self.vllm_importance_sampling_clip_max > 0,
-             "use a positive cap (TRL uses 3.0), or null for none"),
-            ("vllm_importance_sampling_clip_min",
-             self.vllm_importance_sampling_clip_min is None
-             or 0 <= self.vllm_importance_sampling_clip_min
-             < (self.vllm_importance_sampling_clip_max or math.inf),
-             "use a bound >= 0 and below vllm_importance_sampling_clip_max, or null"),
-            ("lora_alpha", self.lora_alpha > 0, "use a positive value, e.g. 2 * lora_r"),
-            ("lora_dropout", 0 <= self.lora_dropout < 1, "use a value in [0, 1)"),
-            ("sft_steps", self.sft_steps >= 0, "use 0 to skip the warm start"),
-            ("sft_batch_size", self.sft_batch_size >= 1, "set it to 1 or more"),
-            ("sft_num_traces", self.sft_num_traces >= 1, "set it to 1 or more"),
-            ("micro_batch_tokens", self.micro_batch_tokens is None or self.micro_batch_tokens >= 1,
-             "use a token count such as 16384, or null for no cap"),
-            ("sft_scripts",
-             bool(self.sft_scripts) and all(_is_share(v) for v in self.sft_scripts.values()),
-             "map script names to finite positive numbers (not true/false), e.g. "
-             "{reference: 1.0}"),
-        ]
-        for name, ok, fix in rules:
-            if not ok:
-                raise ConfigError(f"{name}={getattr(self, name)!r} is out of range; {fix}")
-
-    def _check_clipping(self) -> None:
-        if not 0 < self.epsilon < 1:
-            raise ConfigError(
-                f"epsilon={self.epsilon!r} must be in (0, 1): ratios below 1 - epsilon are "
-                "clipped; TRL uses 0.2"
-            )
-        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
-            raise ConfigError(
-                f"epsilon_high={self.epsilon_high!r} is below epsilon={self.epsilon!r}; set "
-                f"epsilon_high >= {self.epsilon} (DAPO uses 0.28) or null to equal epsilon"
-            )
-        if self.loss_type == "cispo" and (self.epsilon_high is None or self.epsilon_high < 1):
-            raise ConfigError(
-                f"loss_type='cispo' caps the policy ratio at epsilon_high, here "
-                f"{self.epsilon_high or self.epsilon!r}; set epsilon_high to 1 or more (ScaleRL "
-                "uses 5.0)"
-            )
-        if self.max_staleness and not self.vllm_importance_sampling_correction:
-            raise ConfigError(
-                "max_staleness=1 trains on episodes one adapter version old, and only the "
-                "importance-sampling correction accounts for that; set "
-                "vllm_importance_sampling_correction: true, or max_staleness: 0"
-            )
-        if self.importance_sampling_level == "sequence" and self.loss_type != "grpo":
-            warnings.warn(
-                f"importance_sampling_level='sequence' with loss_type={self.loss_type!r} sums "
-                "per-token losses; GSPO as published uses loss_type='grpo'",
-                UserWarning,
-                stacklevel=4,
-            )
-
-    def _check_tasks(self) -> None:
-        self.task_split(None)
-
-    def _check_split(self, train: list[int] | None, held_out: list[int] | None) -> None:
-        """The checks `task_split` runs on what it knows (None: not known yet)."""
-        overlap = sorted(set(train or ()) & set(held_out or ()))
-        if overlap:
-            raise ConfigError(
-                f"train_tasks={self.train_tasks!r} and eval_tasks={self.eval_tasks!r} share "
-                f"{len(overlap)} tasks (first: {overlap[0]}); make the ranges disjoint so "
-                "evaluation is held out"
-            )
-        if held_out is not None and self.eval_num_tasks is not None:
-            if not 1 <= self.eval_num_tasks <= len(held_out):
-                raise ConfigError(
-                    f"eval_num_tasks={self.eval_num_tasks!r} must be between 1 and the "
-                    f"{len(held_out)} eval_tasks; lower it or null to use all"
-                )
-        if train is not None and self.tasks_per_step > len(train):
-            raise ConfigError(
-                f"tasks_per_step={self.tasks_per_step} exceeds the {len(train)} train_tasks; "
-                "lower it or widen train_tasks"
-            )
-        if train is not None and self.sft_steps and not self.sft_split(train)[0]:
-            raise ConfigError(
-                f"sft_steps={self.sft_steps} leaves no train task for SFT traces: "
-                f"sft_target_accuracy={self.sft_target_accuracy!r} holds back the last "
-                f"{SFT_VALIDATION_TASKS} train tasks for validation and there are "
-                f"{len(train)}; give train_tasks more than {SFT_VALIDATION_TASKS} tasks or set "
-                "sft_target_accuracy null"
-            )
-
-    def _check_lora(self) -> None:
-        if self.lora_r not in VLLM_LORA_RANKS:
-            raise ConfigError(
-                f"lora_r={self.lora_r!r} cannot be served by vLLM; use one of {VLLM_LORA_RANKS}"
-            )
-        targets = [self.lora_target_modules] if isinstance(self.lora_target_modules, str) \
-            else self.lora_target_modules
-        bad = sorted(set(targets) & _UNSERVABLE_TARGETS)
-        if bad or not targets:
-            raise ConfigError(
-                f"lora_target_modules={self.lora_target_modules!r}: vLLM cannot hot-load "
-                f"adapters on {bad or 'nothing'}; use 'all-linear' or attention/MLP projections"
-            )
-
-    def _check_hardware(self) -> None:
-        if self.device == "cpu":
-            self.check_device("cpu")
-
-    def check_device(self, device: str) -> None:
-        """The rules of training on ``device``, what `device` resolves to ('cpu' or 'cuda').
-
-        The config checks them for ``device: cpu``; `preflight` once more for the device
-        ``auto`` resolves to on this machine.
-
-        Raises:
-            ConfigError: float16 or 4-bit loading on the CPU.
-        """
-        if device != "cpu":
-            return
-        where = "device='cpu'" if self.device == "cpu" else \
-            f"device={self.device!r}, the CPU here (torch sees no CUDA device)"
-        if self.dtype == "float16":
-            raise ConfigError(
-                f"dtype='float16' with {where}: CPU training in float16 is unsupported; "
-                "use dtype 'float32' or 'bfloat16' (or 'auto')"
-            )
-        if self.load_in_4bit:
-            fix = "set device 'cuda'" if self.device == "cpu" else "run on a CUDA machine"
-            raise ConfigError(
-                f"load_in_4bit=True with {where}: QLoRA needs bitsandbytes on CUDA; "
-                f"{fix} or set load_in_4bit false"
-            )
-
-    def _check_rollout_servers(self) -> None:
-        if self.rollout_servers and self.rollout_engine != "vllm":
-            raise ConfigError(
-                f"rollout_engine={self.rollout_engine!r} with rollout_servers: servers are vLLM; "
-                "drop rollout_servers to roll out in process, or set rollout_engine 'vllm'"
-            )
-        if self.rollout_servers and self.sft_steps:
-            raise ConfigError(
-                "rollout_servers with sft_steps > 0: the servers serve `model`, not the warm "
-                "start's output; start the servers on a model folder that has it (a run's sft/ "
-                "folder) and train with model set to that folder and sft_steps 0"
-            )
-        if self.rollout_router_url and not self.rollout_servers:
-            raise ConfigError(
-                "rollout_router_url needs rollout_servers too: adapters are published to each "
-                "server directly (routers forward requests, not adapter loads)"
-            )
-        for name, unset in _SERVER_ONLY.items():
-            value = getattr(self, name)
-            if value != unset and not self.rollout_servers:
-                raise ConfigError(
-                    f"{name}={value!r} applies only with rollout_servers (in-process rollouts "
-                    f"never read it); set rollout_servers, or drop {name}"
-                )
-        bad = [url for url in self.rollout_servers if not _is_http_url(url)]
-        if bad:
-            raise ConfigError(
-                f"rollout_servers={self.rollout_servers!r}: {bad[0]!r} is not an http(s) URL; "
-                "write each server as e.g. 'http://gpu-a:8000'"
-            )
-        if self.rollout_router_url is not None and not _is_http_url(self.rollout_router_url):
-            raise ConfigError(
-                f"rollout_router_url={self.rollout_router_url!r} is not an http(s) URL; write "
-                "it as e.g. 'http://router:30000'"
-            )
-
-    def _check_schedule(self) -> None:
-        if self.warmup_steps and self.lr_scheduler_type == "constant":
-            raise ConfigError(
-                f"warmup_steps={self.warmup_steps!r} with lr_scheduler_type='constant', which "
-                "has no warm-up; use 'constant_with_warmup' (or 'linear', 'cosine')"
-            )
-        if self._warmup_steps > self.max_steps:
-            raise ConfigError(
-                f"warmup_steps={self.warmup_steps!r} is longer than the run's max_steps="
-                f"{self.max_steps}; shorten the warm-up or train longer"
-            )
-        for name in ("max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name}={value!r} must be >= 1 (or null where allowed)")
-        if self.gradient_accumulation_steps < 1 or \
-                self.gradient_accumulation_steps > self.episodes_per_step:
-            raise ConfigError(
-                f"gradient_accumulation_steps={self.gradient_accumulation_steps!r} must be "
-                f"between 1 and the {self.episodes_per_step} episodes per step"
-            )
-        unknown = [r for r in self.report_to if r not in REPORT_TO]
-        if unknown or (len(self.report_to) > 1 and {"auto", "none"} & set(self.report_to)):
-            raise ConfigError(
-                f"report_to={self.report_to!r}: use 'auto', 'none', or a list of {REPORT_TO[2:]}"
-            )
-        twice = [r for i, r in enumerate(self.report_to) if r in self.report_to[:i]]
-        if twice:
-            raise ConfigError(
-                f"report_to={self.report_to!r} names {twice[0]!r} twice; list each tracker once"
-            )
-
-    def _check_output_dir(self) -> None:
-        if not self.output_dir.strip():
-            raise ConfigError(
-                f"output_dir={self.output_dir!r} is empty, which would write the run into the "
-                "current folder; name a run folder, e.g. 'runs/grpo'"
-            )
-
-    def _warn_is_bias(self) -> None:
-        truncated = self.top_p < 1 or self.top_k > 0 or bool(self.min_p)
-        if truncated and self.vllm_importance_sampling_correction:
-            warnings.warn(
-                "top_p/top_k/min_p truncate the sampling distribution; the trainer scores the "
-                "full one, so importance-sampling weights are biased (TRL #6789)",
-                UserWarning,
-                stacklevel=3,
-            )
-
-    def _warn_full_weight_rate(self) -> None:
-        """LoRA at a full fine-tuning rate barely moves: the "LoRA doesn't learn" reports."""
-        if 0 < self.learning_rate < _LOWEST_LORA_RATE:
-            warnings.warn(
-                f"learning_rate={self.learning_rate!r} is a full-weight rate (TRL's default is "
-                "1e-6); LoRA needs about 10x that and barely learns here (TRL #2872): try 1e-5",
-                UserWarning,
-                stacklevel=3,
-            )
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether ``value`` fits the type ``hint`` (the subset of types GRPOConfig uses)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin is Literal:
-        return value in args
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in args)
-    if origin is list:
-        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict)
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
-
-
-def _is_share(value: Any) -> bool:
-    """A finite positive number that is not a bool (``true`` is an int to Python)."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return number and math.isfinite(value) and value > 0
-
-
-def _is_http_url(url: str) -> bool:
-    """``http(s)://host...``: what `VLLMFleet` and the router client can send requests to."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:  # e.g. an unclosed IPv6 bracket
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
-
 
 def _yaml_float(value: Any, hint: Any) -> Any:
     """``value`` as a float when it is a numeric string and ``hint`` accepts floats."""
-    if isinstance(value, str) and _matches(1.5, hint) and not _matches(value, hint):
+    if isinstance(value, str) and matches(1.5, hint) and not matches(value, hint):
         try:
             return float(value)
         except ValueError:
             return value
     return value
-
-
-def _describe(hint: Any) -> str:
-    """A short human name for a type hint, for error messages."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Literal:
-        return "value, one of " + ", ".join(repr(a) for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if hint is type(None):
-        return "null"
-    return getattr(hint, "__name__", str(hint))
 
 
 def _default_of(f: dataclasses.Field[Any]) -> Any:

@@ -27,7 +27,8 @@ from agentgym._registry import resolve_id
 from agentgym._tasks import task_text, tasks_digest
 from agentgym.engine._model_dir import context_length
 
-from ._config import _UNSERVABLE_TARGETS, GRPOConfig
+from ._config import GRPOConfig
+from ._config_rules import UNSERVABLE_TARGETS, check_device
 from ._tracking import BACKENDS, resolve_report_to
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def _check_device(config: GRPOConfig) -> None:
                 f"device='cuda' but torch {torch.__version__} sees no CUDA device on this "
                 "machine; use device: auto or cpu (or a CUDA build of torch on a GPU machine)"
             )
-        config.check_device("cuda" if cuda else "cpu")
+        check_device(config, "cuda" if cuda else "cpu")
     if config.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError(
             "load_in_4bit=True but bitsandbytes is not installed; pip install bitsandbytes, "
@@ -234,7 +235,7 @@ def _check_lora_targets(model_dir: Path, config: GRPOConfig) -> None:
         return
     missing = _unmatched(targets, names)
     if missing:
-        valid = sorted({n.rpartition(".")[2] for n in names} - _UNSERVABLE_TARGETS)
+        valid = sorted({n.rpartition(".")[2] for n in names} - UNSERVABLE_TARGETS)
         regex = (
             " (a string other than 'all-linear' is a regex over full module names, as in PEFT)"
             if isinstance(targets, str) else ""
