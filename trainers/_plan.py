@@ -37,6 +37,7 @@ def dry_run(config: GRPOConfig, *, resume: bool = False) -> list[tuple[str, str]
                       f"{episodes} episodes, up to {config.max_completion_length} tokens a "
                       f"turn, rolled out on {_engine(config)}"),  # fmt: skip
         ("training", _training(config, episodes)),
+        ("loss", _loss(config)),
         ("evaluation", _evaluation(config, len(checked.eval_tasks))),
         ("checkpoints", _checkpoints(config)),
         ("trackers", ", ".join(resolve_report_to(config.report_to)) or "none (metrics.jsonl)"),
@@ -88,13 +89,31 @@ def _engine(config: GRPOConfig) -> str:
 
 def _training(config: GRPOConfig, episodes: int) -> str:
     grpo = (f"{config.max_steps:,} GRPO steps ({config.max_steps * episodes:,} episodes), "
-            f"learning rate {config.learning_rate:g} ({config.lr_scheduler_type}), "
-            f"loss {config.loss_type}, beta {config.beta:g}")  # fmt: skip
+            f"learning rate {config.learning_rate:g} ({config.lr_scheduler_type})")  # fmt: skip
     if not config.sft_steps:
         return grpo
     shares, total = config.sft_scripts, sum(config.sft_scripts.values())
     scripts = " + ".join(f"{share / total:.0%} {name}" for name, share in shares.items())
     return f"{config.sft_steps:,} SFT warm-start steps on {scripts} traces, then {grpo}"
+
+
+#: The knobs that shape the loss, shown by `_loss` where they differ from their defaults.
+_LOSS_KNOBS = (
+    "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta",
+    "use_bias_correction_kl", "scale_rewards", "num_iterations", "mask_truncated_completions",
+    "top_entropy_quantile", "off_policy_mask_threshold", "entropy_coef",
+    "sapo_temperature_pos", "sapo_temperature_neg", "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max",
+)  # fmt: skip
+
+
+def _loss(config: GRPOConfig) -> str:
+    """The loss type and the loss knobs set away from their defaults (to check a TRL config)."""
+    defaults = GRPOConfig.defaults()
+    changed = [f"{k} {getattr(config, k)}" for k in _LOSS_KNOBS
+               if getattr(config, k) != defaults[k]]  # fmt: skip
+    return f"{config.loss_type}; " + (", ".join(changed) or "every other loss knob at its default")
 
 
 def _evaluation(config: GRPOConfig, eval_count: int) -> str:

@@ -40,14 +40,19 @@ def test_a_dry_run_describes_the_schedule_and_writes_no_run_folder(tmp_path: Pat
     assert plan["env"].startswith("agentgym/Calculator-v0: calculate;")
     assert plan["each step"].startswith("2 tasks x 4 generations = 8 episodes")
     assert plan["training"].startswith("12 GRPO steps (96 episodes)")
+    assert plan["loss"] == "dapo; every other loss knob at its default"
     assert plan["evaluation"].endswith("after step 12; the first 10 at steps 5, 10")
     assert plan["checkpoints"] == "at steps 4, 8, 12; the newest 2 kept"
     assert plan["run folder"] == f"{tmp_path / 'run'}: a new run"
     assert not (tmp_path / "run").exists()
 
 
-def test_a_dry_run_names_the_warm_start_and_the_cpu_memory(tmp_path: Path) -> None:
-    plan = dict(dry_run(config(tmp_path, sft_steps=30, device="cpu")))
+def test_a_dry_run_names_the_warm_start_the_cpu_memory_and_changed_loss_knobs(
+    tmp_path: Path,
+) -> None:
+    plan = dict(dry_run(config(tmp_path, sft_steps=30, device="cpu", loss_type="grpo",
+                               epsilon_high=0.28, top_entropy_quantile=0.2)))  # fmt: skip
+    assert plan["loss"] == "grpo; epsilon_high 0.28, top_entropy_quantile 0.2"
     assert plan["training"].startswith("30 SFT warm-start steps on 100% reference traces, then")
     assert "on the base model, after the warm start and after step 12" in plan["evaluation"]
     assert "M parameters, ~" in plan["model"] and "to train on the CPU" in plan["model"]
