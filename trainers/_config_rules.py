@@ -169,7 +169,8 @@ def check_clipping(config: GRPOConfig) -> None:
             "importance-sampling correction accounts for that; set "
             "vllm_importance_sampling_correction: true, or max_staleness: 0"
         )
-    if config.importance_sampling_level == "sequence" and config.loss_type != "grpo":
+    averaged = ("grpo", "sapo")  # the losses that average each sequence's tokens
+    if config.importance_sampling_level == "sequence" and config.loss_type not in averaged:
         warnings.warn(
             f"importance_sampling_level='sequence' with loss_type={config.loss_type!r} sums "
             "per-token losses; GSPO as published uses loss_type='grpo'",
