@@ -121,6 +121,16 @@ def test_eval_hf_samples_token_exact_turns_without_vllm(
     assert json.loads((out / "run.json").read_text())["policy"] == "hf"
 
 
+def eval_with_adapter(policy: str, adapter: Path, out: Path) -> str:
+    """``agentgym eval --adapter`` on two tasks without ``--model-path``; returns its stderr."""
+    proc = run(
+        "eval", "calculator", "--policy", policy, "--adapter", str(adapter), "-n", "2",
+        "--max-tokens", "12", "--seed", "3", "--out", str(out), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
 def assert_sampled_with(adapter: Path, base: Path, out: Path) -> None:
     """Every turn in ``out`` was sampled by ``adapter`` (version 1) on ``base``, not by ``base``.
 
@@ -154,15 +164,10 @@ def test_eval_samples_with_a_runs_trained_adapter_on_vllm(
     """``--adapter RUN``: the newest checkpoint's adapter, on the base it records, no merge."""
     require("vllm")
     run_dir = write_run(tmp_path, tiny_model_dir, {2: 0, 4: 1})
-    out = tmp_path / "eval"
-    proc = run(
-        "eval", "calculator", "--policy", "vllm", "--adapter", str(run_dir), "-n", "2",
-        "--max-tokens", "12", "--seed", "3", "--out", str(out), timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    stderr = eval_with_adapter("vllm", run_dir, tmp_path / "eval")
     adapter = run_dir / "checkpoints" / "step-000004" / "adapter"
-    assert f"adapter {adapter.resolve()} loaded as version 1" in proc.stderr
-    assert_sampled_with(adapter, tiny_model_dir, out)
+    assert f"adapter {adapter.resolve()} loaded as version 1" in stderr
+    assert_sampled_with(adapter, tiny_model_dir, tmp_path / "eval")
 
 
 @pytest.mark.slow
@@ -173,13 +178,8 @@ def test_eval_samples_with_an_exported_adapter_on_transformers(
 
     run_dir = write_run(tmp_path, tiny_model_dir, {2: 0})
     adapter = export_run(run_dir, tmp_path / "exported")
-    out = tmp_path / "eval"
-    proc = run(
-        "eval", "calculator", "--policy", "hf", "--adapter", str(adapter), "-n", "2",
-        "--max-tokens", "12", "--seed", "3", "--out", str(out), timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_sampled_with(adapter, tiny_model_dir, out)
+    eval_with_adapter("hf", adapter, tmp_path / "eval")
+    assert_sampled_with(adapter, tiny_model_dir, tmp_path / "eval")
 
 
 @pytest.mark.parametrize(

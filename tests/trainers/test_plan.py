@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -21,18 +20,6 @@ def config(tmp_path: Path, **knobs: Any) -> GRPOConfig:
     return GRPOConfig(env="calculator", output_dir=str(tmp_path / "run"), max_steps=12,
                       tasks_per_step=2, num_generations=4, eval_steps=5, eval_num_tasks=10,
                       save_steps=4, report_to=["none"], **knobs)  # fmt: skip
-
-
-@pytest.fixture
-def detach_run_logs() -> Any:
-    """A RunDir opened here keeps a file handler on the ``agentgym`` logger; drop it."""
-    logger = logging.getLogger("agentgym")
-    before, level = list(logger.handlers), logger.level
-    yield
-    for handler in [h for h in logger.handlers if h not in before]:
-        logger.removeHandler(handler)
-        handler.close()
-    logger.setLevel(level)
 
 
 def test_a_dry_run_describes_the_schedule_and_writes_no_run_folder(tmp_path: Path) -> None:

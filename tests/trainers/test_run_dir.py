@@ -22,16 +22,8 @@ from tests.conftest import require
 CONFIG: dict[str, Any] = {"model": "tiny", "lora_r": 8, "max_steps": 10, "report_to": ["auto"]}
 
 
-@pytest.fixture(autouse=True)
-def detach_run_logs() -> Any:
-    """Runs a test leaves open keep a file handler on the ``agentgym`` logger; drop them."""
-    logger = logging.getLogger("agentgym")
-    before, level = list(logger.handlers), logger.level
-    yield
-    for handler in [h for h in logger.handlers if h not in before]:
-        logger.removeHandler(handler)
-        handler.close()
-    logger.setLevel(level)
+#: Runs a test leaves open keep a log handler; conftest.py drops them after each test.
+pytestmark = pytest.mark.usefixtures("detach_run_logs")
 
 
 def steps(path: Path) -> list[int]:
