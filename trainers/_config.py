@@ -38,7 +38,7 @@ from ._config_rules import (
     matches,
 )
 
-LossType = Literal["grpo", "dr_grpo", "dapo", "cispo", "sapo"]
+LossType = Literal["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 ImportanceSamplingMode = Literal[
     "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
@@ -311,7 +311,9 @@ class GRPOConfig:
         "max_completion_length x turns); 'dapo': token sum over the step's trained tokens; "
         "'cispo' (MiniMax-M1): the ratio capped at epsilon_high weighs the log-prob, summed as "
         "dapo; 'sapo' (Soft Adaptive Policy Optimization): a sigmoid gate instead of the hard "
-        "clip (sapo_temperature_pos/neg), averaged as grpo.",
+        "clip (sapo_temperature_pos/neg), averaged as grpo; 'luspo' (Length-Unbiased Sequence "
+        "Policy Optimization): each sequence's token sum, averaged over episodes (pair it "
+        "with importance_sampling_level 'sequence').",
     )
     sapo_temperature_pos: float = _knob(
         1.0, "'sapo' gate temperature for tokens with positive advantages (> 0; TRL's name)."

@@ -169,7 +169,14 @@ def check_clipping(config: GRPOConfig) -> None:
             "importance-sampling correction accounts for that; set "
             "vllm_importance_sampling_correction: true, or max_staleness: 0"
         )
-    averaged = ("grpo", "sapo")  # the losses that average each sequence's tokens
+    if config.loss_type == "luspo" and config.importance_sampling_level != "sequence":
+        warnings.warn(
+            "loss_type='luspo' with importance_sampling_level='token'; LUSPO as published "
+            "uses importance_sampling_level='sequence'",
+            UserWarning,
+            stacklevel=4,
+        )
+    averaged = ("grpo", "sapo", "luspo")  # the losses that are not a plain token sum
     if config.importance_sampling_level == "sequence" and config.loss_type not in averaged:
         warnings.warn(
             f"importance_sampling_level='sequence' with loss_type={config.loss_type!r} sums "

@@ -241,7 +241,7 @@ def policy_objective(
 ) -> torch.Tensor:
     """Per-token policy loss of ``spec.loss_type``, before masks, IS weights and the KL.
 
-    - ``grpo``, ``dr_grpo``, ``dapo``: the PPO clip (`clipped_objective`).
+    - ``grpo``, ``dr_grpo``, ``dapo``, ``luspo``: the PPO clip (`clipped_objective`).
     - ``cispo`` (MiniMax-M1): ``-sg(min(r, epsilon_high)) * A * logp``; the clipped ratio is a
       constant weight, so every token keeps its gradient (the PPO clip zeroes it).
     - ``sapo``: ``-sigmoid(tau * (r - 1)) * 4 / tau * A``, a smooth gate in place of the clip,
@@ -295,6 +295,7 @@ def aggregate(
     - ``grpo``, ``sapo``: per-sequence token mean weighted by its share, summed /
       ``num_sequences``.
     - ``dr_grpo``: token sum / (``num_sequences * spec.length_norm``).
+    - ``luspo``: token sum / ``num_sequences`` (each sequence's sum, averaged over episodes).
     - ``dapo``, ``cispo``: token sum / ``num_items``.
     """
     if num_sequences is not None:
@@ -309,6 +310,8 @@ def aggregate(
         return per_sequence.sum() / sequences
     if spec.loss_type == "dr_grpo":
         return token_sum.sum() / (sequences * spec.length_norm)
+    if spec.loss_type == "luspo":
+        return token_sum.sum() / sequences
     items = mask.sum().clamp(min=1.0) if num_items is None else max(num_items, 1.0)
     return token_sum.sum() / items
 

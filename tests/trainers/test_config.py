@@ -217,7 +217,7 @@ def test_the_knobs_the_docs_say_carry_over_from_trl_are_ours_and_trls() -> None:
     trl = require("trl")
     text = (Path(__file__).parents[2] / "docs" / "trainer.md").read_text()
     carried = text[text.index("A TRL config's loss knobs") : text.index("Not here:")]
-    loss_types = {"grpo", "dr_grpo", "dapo", "cispo", "sapo"}  # values, not knobs
+    loss_types = {"grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"}  # values, not knobs
     listed = set(re.findall(r"`([a-z_]+)`", carried)) - loss_types
     ours = {f.name for f in dataclasses.fields(GRPOConfig)}
     trls = {f.name for f in dataclasses.fields(trl.GRPOConfig)}

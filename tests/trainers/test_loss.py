@@ -428,9 +428,9 @@ def test_trls_other_loss_knobs_agree_with_trl(
 @pytest.mark.parametrize(
     ("loss_type", "knobs"),
     [("cispo", {"epsilon_high": 1.2}),
-     ("sapo", {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05})],
+     ("sapo", {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}), ("luspo", {})],
 )  # fmt: skip
-def test_cispo_and_sapo_agree_with_trl(
+def test_cispo_sapo_and_luspo_agree_with_trl(
     lm: ModuleType, trl_trainer: Any, loss_type: str, knobs: dict, level: str
 ) -> None:
     s = _loss_spec(lm, loss_type, importance_sampling_level=level, **knobs)
