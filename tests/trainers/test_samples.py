@@ -186,7 +186,7 @@ def uneven_episode() -> Trajectory:
     return Trajectory("calc", turns=[first, second, third], final_reward=1.0)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"])
 def test_an_episode_weighs_the_same_trained_whole_or_turn_by_turn(loss_type: str) -> None:
     """Which mode an episode gets depends on the chat template (``auto``), not on what it did;
     counted as samples, its three turns weighed three times one episode played in one turn."""
@@ -195,7 +195,8 @@ def test_an_episode_weighs_the_same_trained_whole_or_turn_by_turn(loss_type: str
 
     from agentgym.trainers._loss import LossSpec, grpo_loss
 
-    spec = LossSpec(epsilon_low=0.2, epsilon_high=0.2, loss_type=loss_type, length_norm=8)
+    high = 1.2 if loss_type == "cispo" else 0.2  # cispo's epsilon_high caps the ratio itself
+    spec = LossSpec(epsilon_low=0.2, epsilon_high=high, loss_type=loss_type, length_norm=8)
     episodes = [uneven_episode(), tool_episode()]
 
     def loss_and_grad(mode: str) -> tuple[float, float]:
