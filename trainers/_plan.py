@@ -27,7 +27,7 @@ def dry_run(config: GRPOConfig, *, resume: bool = False) -> list[tuple[str, str]
     """
     checked = preflight(config)
     folder = _run_folder(config, resume, checked.tasks_sha256)
-    episodes = config.tasks_per_step * config.num_generations
+    episodes = config.episodes_per_step
     return [
         ("model", _model(config, checked)),
         ("env", _env(config, checked)),
@@ -48,12 +48,13 @@ def dry_run(config: GRPOConfig, *, resume: bool = False) -> list[tuple[str, str]
 def _model(config: GRPOConfig, checked: Checked) -> str:
     targets = config.lora_target_modules
     where = targets if isinstance(targets, str) else ", ".join(targets)
+    device = _device(config)
+    shown = device if config.device != "auto" else f"auto ({device} here)"
     text = (f"{config.model} ({checked.model_dir}), LoRA r{config.lora_r} alpha "
-            f"{config.lora_alpha:g} on {where}, device {_device(config)}, dtype "
-            f"{config.dtype}")  # fmt: skip
+            f"{config.lora_alpha:g} on {where}, device {shown}, dtype {config.dtype}")  # fmt: skip
     if config.load_in_4bit:
         text += ", 4-bit base (QLoRA)"
-    if config.device != "cuda":
+    if device == "cpu":
         params, need, have = cpu_memory_estimate(checked.model_dir)
         text += (f"; ~{params / 1e6:,.1f} M parameters, ~{_size(need)} of this machine's "
                  f"{_size(have)} to train on the CPU")  # fmt: skip
@@ -61,11 +62,12 @@ def _model(config: GRPOConfig, checked: Checked) -> str:
 
 
 def _device(config: GRPOConfig) -> str:
+    """'cpu' or 'cuda': the device the run trains on here (``auto`` resolved)."""
     if config.device != "auto":
         return config.device
     import torch
 
-    return "auto (cuda here)" if torch.cuda.is_available() else "auto (cpu here)"
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _size(count: int) -> str:
