@@ -438,7 +438,8 @@ def _lora_options(adapter: Path | None) -> dict[str, Any]:
         return {}
     from .engine._vllm import LORA_RANKS
 
-    rank = int(json.loads((adapter / "adapter_config.json").read_text())["r"])
+    peft_config = json.loads((adapter / "adapter_config.json").read_text())
+    rank = max([int(peft_config["r"]), *map(int, (peft_config.get("rank_pattern") or {}).values())])
     fits = [r for r in LORA_RANKS if r >= rank]
     if not fits:
         raise ConfigError(f"{adapter} has LoRA rank {rank}; vLLM serves at most {LORA_RANKS[-1]}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym import read_jsonl
+from agentgym import ConfigError, read_jsonl
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 
@@ -243,3 +243,19 @@ def test_resume_plays_only_missing_episodes_after_a_torn_write(tmp_path: Path) -
     assert {key(t): t.seed for t in resumed} == {key(t): t.seed for t in full}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["episodes"] == 8 and summary["reward/mean"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("peft_config", "rank"),
+    [({"r": 16}, 16), ({"r": 4}, 8), ({"r": 4, "rank_pattern": {"q_proj": 24}}, 32)],
+)
+def test_an_adapter_is_served_at_the_smallest_rank_holding_its_largest(
+    tmp_path: Path, peft_config: dict, rank: int
+) -> None:
+    from agentgym.cli import _lora_options
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps(peft_config))
+    assert _lora_options(tmp_path)["max_lora_rank"] == rank
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 1024}))
+    with pytest.raises(ConfigError, match="rank 1024; vLLM serves at most 512"):
+        _lora_options(tmp_path)
