@@ -38,7 +38,7 @@ from ._config_rules import (
     matches,
 )
 
-LossType = Literal["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
+LossType = Literal["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 ImportanceSamplingMode = Literal[
     "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
@@ -313,7 +313,9 @@ class GRPOConfig:
         "dapo; 'sapo' (Soft Adaptive Policy Optimization): a sigmoid gate instead of the hard "
         "clip (sapo_temperature_pos/neg), averaged as grpo; 'luspo' (Length-Unbiased Sequence "
         "Policy Optimization): each sequence's token sum, averaged over episodes (pair it "
-        "with importance_sampling_level 'sequence').",
+        "with importance_sampling_level 'sequence'); 'vespo' (Variational Sequence-Level Soft "
+        "Policy Optimization): a smooth gamma weight of the sequence ratio instead of the "
+        "clip (vespo_k_pos/neg, vespo_lambda_pos/neg), summed as dapo.",
     )
     sapo_temperature_pos: float = _knob(
         1.0, "'sapo' gate temperature for tokens with positive advantages (> 0; TRL's name)."
@@ -321,6 +323,14 @@ class GRPOConfig:
     sapo_temperature_neg: float = _knob(
         1.05, "'sapo' gate temperature for the other tokens (> 0; TRL's name)."
     )
+    vespo_k_pos: float = _knob(
+        2.0, "'vespo' exponent k for non-negative advantages (>= 0; TRL's name)."
+    )
+    vespo_lambda_pos: float = _knob(
+        3.0, "'vespo' decay lambda for non-negative advantages (> 0; TRL's name)."
+    )
+    vespo_k_neg: float = _knob(3.0, "'vespo' exponent k for negative advantages (>= 0).")
+    vespo_lambda_neg: float = _knob(2.0, "'vespo' decay lambda for negative advantages (> 0).")
     importance_sampling_level: ImportanceSamplingLevel = _knob(
         "token",
         "'token': one policy ratio per token; 'sequence': the mean log-ratio over a sequence's "

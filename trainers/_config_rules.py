@@ -115,6 +115,10 @@ def check_ranges(config: GRPOConfig) -> None:
         ("entropy_coef", config.entropy_coef >= 0, "use 0.0 (no bonus) or a small value"),
         ("sapo_temperature_pos", config.sapo_temperature_pos > 0, "use a positive value: 1.0"),
         ("sapo_temperature_neg", config.sapo_temperature_neg > 0, "use a positive value: 1.05"),
+        ("vespo_k_pos", config.vespo_k_pos >= 0, "use a value >= 0: 2.0"),
+        ("vespo_k_neg", config.vespo_k_neg >= 0, "use a value >= 0: 3.0"),
+        ("vespo_lambda_pos", config.vespo_lambda_pos > 0, "use a positive value: 3.0"),
+        ("vespo_lambda_neg", config.vespo_lambda_neg > 0, "use a positive value: 2.0"),
         ("top_entropy_quantile", 0 <= config.top_entropy_quantile <= 1,
          "use a share in [0, 1]: 0.2 as the paper, 1.0 to train on every token"),
         ("num_iterations", config.num_iterations >= 1, "set it to 1 or more"),
@@ -169,6 +173,20 @@ def check_clipping(config: GRPOConfig) -> None:
             "importance-sampling correction accounts for that; set "
             "vllm_importance_sampling_correction: true, or max_staleness: 0"
         )
+    if (config.loss_type == "vespo" and config.vllm_importance_sampling_correction
+            and not config.vllm_importance_sampling_mode.startswith("token")):  # fmt: skip
+        raise ConfigError(
+            f"loss_type='vespo' folds per-token importance ratios into its weight; "
+            f"vllm_importance_sampling_mode={config.vllm_importance_sampling_mode!r} is "
+            "per-sequence: use 'token_truncate' or 'token_mask'"
+        )
+    if config.loss_type == "vespo" and config.importance_sampling_level != "token":
+        warnings.warn(
+            "loss_type='vespo' with importance_sampling_level='sequence'; VESPO weighs "
+            "whole sequences itself and as published uses importance_sampling_level='token'",
+            UserWarning,
+            stacklevel=4,
+        )
     if config.loss_type == "luspo" and config.importance_sampling_level != "sequence":
         warnings.warn(
             "loss_type='luspo' with importance_sampling_level='token'; LUSPO as published "
@@ -176,7 +194,7 @@ def check_clipping(config: GRPOConfig) -> None:
             UserWarning,
             stacklevel=4,
         )
-    averaged = ("grpo", "sapo", "luspo")  # the losses that are not a plain token sum
+    averaged = ("grpo", "sapo", "luspo", "vespo")  # not a plain token sum of clipped ratios
     if config.importance_sampling_level == "sequence" and config.loss_type not in averaged:
         warnings.warn(
             f"importance_sampling_level='sequence' with loss_type={config.loss_type!r} sums "

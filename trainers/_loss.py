@@ -58,6 +58,11 @@ class LossSpec:
     #: ``sapo``'s gate temperatures for positive and other advantages.
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    #: ``vespo``'s gamma weight exponents and decays, for non-negative and negative advantages.
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
 
     @classmethod
     def from_config(cls, config: GRPOConfig, max_turns: int | None = None) -> LossSpec:
@@ -85,6 +90,10 @@ class LossSpec:
             entropy_coef=config.entropy_coef,
             sapo_temperature_pos=config.sapo_temperature_pos,
             sapo_temperature_neg=config.sapo_temperature_neg,
+            vespo_k_pos=config.vespo_k_pos,
+            vespo_lambda_pos=config.vespo_lambda_pos,
+            vespo_k_neg=config.vespo_k_neg,
+            vespo_lambda_neg=config.vespo_lambda_neg,
         )
 
 
@@ -237,7 +246,14 @@ def clipped_objective(
 
 
 def policy_objective(
-    ratio: torch.Tensor, advantages: torch.Tensor, logps: torch.Tensor, spec: LossSpec
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    logps: torch.Tensor,
+    spec: LossSpec,
+    *,
+    old_logps: torch.Tensor,
+    mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token policy loss of ``spec.loss_type``, before masks, IS weights and the KL.
 
@@ -246,13 +262,43 @@ def policy_objective(
       constant weight, so every token keeps its gradient (the PPO clip zeroes it).
     - ``sapo``: ``-sigmoid(tau * (r - 1)) * 4 / tau * A``, a smooth gate in place of the clip,
       ``tau`` by the advantage's sign.
+    - ``vespo``: ``-sg(phi(w)) * A * logp`` with `vespo_weights` (``is_weights`` fold into w).
     """
     if spec.loss_type == "cispo":
         return -torch.clamp(ratio, max=spec.epsilon_high).detach() * advantages * logps
     if spec.loss_type == "sapo":
         tau = torch.where(advantages > 0, spec.sapo_temperature_pos, spec.sapo_temperature_neg)
         return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * advantages
+    if spec.loss_type == "vespo":
+        phi = vespo_weights(advantages, logps.detach() - old_logps, mask, is_weights, spec)
+        return -phi * advantages * logps
     return clipped_objective(ratio, advantages, spec.epsilon_low, spec.epsilon_high, spec.delta)
+
+
+def vespo_weights(
+    advantages: torch.Tensor,
+    token_log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    is_weights: torch.Tensor | None,
+    spec: LossSpec,
+) -> torch.Tensor:
+    """``(B, 1)`` VESPO's weight ``phi(w) = exp(lam + k log w - lam w)`` of each row's ratio w.
+
+    ``w`` is the row's sequence ratio (its trained tokens' ``policy / old`` ratios multiplied,
+    and the engine correction ``is_weights`` with them), so ``phi(1) = 1`` and ``phi`` falls
+    smoothly on both sides instead of a hard clip; ``k`` and ``lam`` by the advantage's sign.
+    Logs are clamped to [log 1e-8, 20] as in the VESPO reference and TRL. No gradient.
+    """
+    floor = math.log(1e-8)
+    log_w = (token_log_ratio.clamp(-20.0, 20.0) * mask).sum(-1, keepdim=True)
+    if is_weights is not None:
+        log_w = log_w + torch.log(is_weights).clamp(floor, 20.0).sum(-1, keepdim=True)
+    log_w = log_w.clamp(floor, 20.0)
+    positive = advantages >= 0
+    k = torch.where(positive, spec.vespo_k_pos, spec.vespo_k_neg)
+    lam = torch.where(positive, spec.vespo_lambda_pos, spec.vespo_lambda_neg).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).detach()
 
 
 def off_policy_sequence_mask(
@@ -296,7 +342,7 @@ def aggregate(
       ``num_sequences``.
     - ``dr_grpo``: token sum / (``num_sequences * spec.length_norm``).
     - ``luspo``: token sum / ``num_sequences`` (each sequence's sum, averaged over episodes).
-    - ``dapo``, ``cispo``: token sum / ``num_items``.
+    - ``dapo``, ``cispo``, ``vespo``: token sum / ``num_items``.
     """
     if num_sequences is not None:
         sequences = num_sequences
@@ -363,22 +409,25 @@ def grpo_loss(
     adv = advantages.reshape(-1, 1).to(logps.dtype)
     log_ratio = log_policy_ratio(logps, old, mask, spec.importance_sampling_level)
     ratio = torch.exp(log_ratio)
-    per_token = policy_objective(ratio, adv, logps, spec)
     metrics = _clip_metrics(ratio, adv, mask, spec)
+    weights = None
+    if engine_logps is not None and spec.is_correction:
+        weights = importance_weights(old, engine_logps, mask, spec.is_cap, floor=spec.is_floor,
+                                     mode=spec.is_mode).expand_as(mask)  # fmt: skip
+        metrics.update(_sampling_metrics(old, engine_logps, weights, mask))
+        if spec.is_mode.endswith("mask"):
+            metrics["sampling/is_masked_share"] = masked_mean((weights == 0).to(mask.dtype),
+                                                              mask).item()  # fmt: skip
+    per_token = policy_objective(ratio, adv, logps, spec, old_logps=old, mask=mask,
+                                 is_weights=weights)  # fmt: skip
+    if weights is not None and spec.loss_type != "vespo":  # vespo folds them into its weight
+        per_token = per_token * weights
     if spec.off_policy_mask_threshold is not None:
         sampled = old if engine_logps is None else engine_logps
         kept_rows = off_policy_sequence_mask(adv, logps, sampled, mask,
                                              spec.off_policy_mask_threshold)  # fmt: skip
         per_token = per_token * kept_rows
         metrics["loss/off_policy_masked_share"] = 1.0 - kept_rows.mean().item()
-    if engine_logps is not None and spec.is_correction:
-        weights = importance_weights(old, engine_logps, mask, spec.is_cap, floor=spec.is_floor,
-                                     mode=spec.is_mode).expand_as(mask)  # fmt: skip
-        per_token = per_token * weights
-        metrics.update(_sampling_metrics(old, engine_logps, weights, mask))
-        if spec.is_mode.endswith("mask"):
-            metrics["sampling/is_masked_share"] = masked_mean((weights == 0).to(mask.dtype),
-                                                              mask).item()  # fmt: skip
     if spec.top_entropy_quantile < 1.0:
         if entropies is None:
             raise ValueError("top_entropy_quantile < 1 needs entropies (`token_entropy`)")
@@ -414,13 +463,14 @@ def _clip_metrics(
 ) -> dict[str, float]:
     """Fractions of trained tokens (or sequences, for GSPO) whose ratio was clipped.
 
-    ``cispo`` clips only its weight's top (at ``epsilon_high`` itself); ``sapo`` clips nothing.
+    ``cispo`` clips only its weight's top (at ``epsilon_high`` itself); ``sapo`` and ``vespo``
+    clip nothing.
     """
     low = ((ratio < 1 - spec.epsilon_low) & (adv < 0)).to(mask.dtype)
     high = ((ratio > 1 + spec.epsilon_high) & (adv > 0)).to(mask.dtype)
     if spec.loss_type == "cispo":
         low, high = torch.zeros_like(low), ((ratio > spec.epsilon_high) & (adv > 0)).to(mask.dtype)
-    elif spec.loss_type == "sapo":
+    elif spec.loss_type in ("sapo", "vespo"):
         low = high = torch.zeros_like(low)
     weight = mask if ratio.size(-1) == mask.size(-1) else (mask.sum(-1, keepdim=True) > 0)
     weight = weight.to(mask.dtype)

@@ -43,6 +43,9 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"entropy_coef": -0.1}, "entropy_coef=-0.1"),
         ({"loss_type": "cispo"}, "loss_type='cispo' caps the policy ratio at epsilon_high"),
         ({"sapo_temperature_neg": 0.0}, "sapo_temperature_neg=0.0"),
+        ({"vespo_lambda_pos": 0.0}, "vespo_lambda_pos=0.0"),
+        ({"loss_type": "vespo", "vllm_importance_sampling_mode": "sequence_mask"},
+         "loss_type='vespo' folds per-token importance ratios"),
         ({"vllm_importance_sampling_mode": "sequence_clip"}, "vllm_importance_sampling_mode="),
         ({"vllm_importance_sampling_clip_min": 3.0}, "vllm_importance_sampling_clip_min=3.0"),
         ({"train_tasks": "100:1100", "eval_tasks": "50:150"}, "share 50 tasks (first: 100)"),
@@ -217,7 +220,7 @@ def test_the_knobs_the_docs_say_carry_over_from_trl_are_ours_and_trls() -> None:
     trl = require("trl")
     text = (Path(__file__).parents[2] / "docs" / "trainer.md").read_text()
     carried = text[text.index("A TRL config's loss knobs") : text.index("Not here:")]
-    loss_types = {"grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"}  # values, not knobs
+    loss_types = {"grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}  # not knobs
     listed = set(re.findall(r"`([a-z_]+)`", carried)) - loss_types
     ours = {f.name for f in dataclasses.fields(GRPOConfig)}
     trls = {f.name for f in dataclasses.fields(trl.GRPOConfig)}

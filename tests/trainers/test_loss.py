@@ -341,13 +341,20 @@ def _both_losses(
     trainer.args.delta, trainer.args.use_bias_correction_kl = s.delta, s.kl_bias_correction
     trainer.args.sapo_temperature_pos = s.sapo_temperature_pos
     trainer.args.sapo_temperature_neg = s.sapo_temperature_neg
+    trainer.args.vespo_k_pos, trainer.args.vespo_lambda_pos = s.vespo_k_pos, s.vespo_lambda_pos
+    trainer.args.vespo_k_neg, trainer.args.vespo_lambda_neg = s.vespo_k_neg, s.vespo_lambda_neg
     batch = _batch(lm, trainer.model)
-    theirs = trainer._compute_loss(trainer.model, _trl_inputs(lm, batch, s))
+    inputs = _trl_inputs(lm, batch, s)
+    if not with_is:  # TRL adds the ratios to a batch only with vLLM (VESPO reads them anyway)
+        del inputs["importance_sampling_ratio"]
+    theirs = trainer._compute_loss(trainer.model, inputs)
     return _ours(lm, trainer.model, batch, s, with_is), theirs, batch
 
 
-def _assert_agree(lm: ModuleType, model: Any, ours: Any, theirs: Any) -> None:
-    assert ours.loss.item() == pytest.approx(theirs.item(), rel=LOSS_RTOL, abs=LOSS_ATOL)
+def _assert_agree(
+    lm: ModuleType, model: Any, ours: Any, theirs: Any, loss_rtol: float = LOSS_RTOL
+) -> None:
+    assert ours.loss.item() == pytest.approx(theirs.item(), rel=loss_rtol, abs=LOSS_ATOL)
     for mine, trls in zip(_grads(lm, model, ours.loss), _grads(lm, model, theirs), strict=True):
         assert lm.torch.allclose(mine, trls, rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
@@ -438,3 +445,37 @@ def test_cispo_sapo_and_luspo_agree_with_trl(
     _assert_agree(lm, trl_trainer.model, ours, theirs)
     if loss_type == "cispo" and level == "token":
         assert ours.metrics["loss/clip_ratio_high"] > 0  # the case caps some weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_is", [False, True], ids=["no_is", "is"])
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask"])
+def test_vespo_agrees_with_trl(lm: ModuleType, trl_trainer: Any, mode: str, with_is: bool) -> None:
+    """VESPO's gamma weight, with the engine correction folded in as TRL folds it."""
+    s = _loss_spec(lm, "vespo", is_mode=mode, is_cap=2.0, is_floor=0.5)
+    ours, theirs, batch = _both_losses(lm, trl_trainer, s, with_is)
+    # exp(lambda + k log w - lambda w) of sums over a row's tokens: rounding differences in
+    # the two sides' logprobs (TRL's fused head) grow to ~2e-6 of the loss here
+    _assert_agree(lm, trl_trainer.model, ours, theirs, loss_rtol=1e-5)
+    without = _ours(lm, trl_trainer.model, batch, _loss_spec(lm, "dapo"), with_is)
+    assert ours.loss.item() != pytest.approx(without.loss.item())
+
+
+def test_vespos_weight_is_its_gamma_function_of_the_sequence_ratio() -> None:
+    """phi(w) = exp(lam + k log w - lam w): 1 at w = 1 for either sign, smaller far from it."""
+    lm = importlib.import_module("agentgym.trainers._loss")
+    torch = lm.torch
+    s = spec(lm, loss_type="vespo")
+    mask = torch.ones(5, 2)
+    # row log-ratios summed over 2 tokens: 0, 0, log 0.25, log 4, 0 with a halving engine weight
+    token_log_ratio = torch.log(torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.5, 0.5], [2.0, 2.0],
+                                              [1.0, 1.0]]))  # fmt: skip
+    advantages = torch.tensor([[1.0], [-1.0], [1.0], [1.0], [1.0]])
+    is_weights = torch.ones(5, 2)
+    is_weights[4, 0] = 0.5
+    phi = lm.vespo_weights(advantages, token_log_ratio, mask, is_weights, s).flatten().tolist()
+    w = [1.0, 1.0, 0.25, 4.0, 0.5]
+    expected = [math.exp(3 + 2 * math.log(x) - 3 * x) for x in w]
+    expected[1] = 1.0  # k 3, lambda 2 at w = 1
+    assert phi == pytest.approx(expected, rel=1e-5)
+    assert phi[0] == pytest.approx(1.0) and max(phi[2], phi[3]) < 0.6  # w = 0.25 and 4
