@@ -150,7 +150,7 @@ def check_ranges(config: GRPOConfig) -> None:
             raise ConfigError(f"{name}={getattr(config, name)!r} is out of range; {fix}")
 
 
-def check_clipping(config: GRPOConfig) -> None:
+def check_loss(config: GRPOConfig) -> None:
     if not 0 < config.epsilon < 1:
         raise ConfigError(
             f"epsilon={config.epsilon!r} must be in (0, 1): ratios below 1 - epsilon are "
@@ -180,28 +180,24 @@ def check_clipping(config: GRPOConfig) -> None:
             f"vllm_importance_sampling_mode={config.vllm_importance_sampling_mode!r} is "
             "per-sequence: use 'token_truncate' or 'token_mask'"
         )
-    if config.loss_type == "vespo" and config.importance_sampling_level != "token":
-        warnings.warn(
-            "loss_type='vespo' with importance_sampling_level='sequence'; VESPO weighs "
-            "whole sequences itself and as published uses importance_sampling_level='token'",
-            UserWarning,
-            stacklevel=4,
+    for message in _level_mismatches(config):  # runs, but not as the method was published
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def _level_mismatches(config: GRPOConfig) -> list[str]:
+    """Warnings for a loss type paired with the ratio level its paper does not use (as TRL's)."""
+    level, loss = config.importance_sampling_level, config.loss_type
+    published = {"vespo": "token", "luspo": "sequence"}  # VESPO weighs sequences itself
+    mismatches = [
+        f"loss_type={loss!r} with importance_sampling_level={level!r}; as published it uses "
+        f"importance_sampling_level={published[loss]!r}"
+    ] if loss in published and level != published[loss] else []  # fmt: skip
+    if level == "sequence" and loss not in ("grpo", "sapo", "luspo", "vespo"):
+        mismatches.append(
+            f"importance_sampling_level='sequence' with loss_type={loss!r} sums per-token "
+            "losses; GSPO as published uses loss_type='grpo'"
         )
-    if config.loss_type == "luspo" and config.importance_sampling_level != "sequence":
-        warnings.warn(
-            "loss_type='luspo' with importance_sampling_level='token'; LUSPO as published "
-            "uses importance_sampling_level='sequence'",
-            UserWarning,
-            stacklevel=4,
-        )
-    averaged = ("grpo", "sapo", "luspo", "vespo")  # not a plain token sum of clipped ratios
-    if config.importance_sampling_level == "sequence" and config.loss_type not in averaged:
-        warnings.warn(
-            f"importance_sampling_level='sequence' with loss_type={config.loss_type!r} sums "
-            "per-token losses; GSPO as published uses loss_type='grpo'",
-            UserWarning,
-            stacklevel=4,
-        )
+    return mismatches
 
 
 def check_tasks(config: GRPOConfig) -> None:
@@ -435,7 +431,7 @@ def _describe(hint: Any) -> str:
 
 #: Every rule, in the order `GRPOConfig.__post_init__` runs them.
 CONFIG_RULES: tuple[Callable[[GRPOConfig], None], ...] = (
-    check_types, check_finite, check_ranges, check_clipping, check_tasks, check_lora,
+    check_types, check_finite, check_ranges, check_loss, check_tasks, check_lora,
     check_hardware, check_rollout_servers, check_schedule, check_output_dir,
     warn_is_bias, warn_full_weight_rate,
 )  # fmt: skip

@@ -19,8 +19,10 @@ TRL's default ``use_bias_correction_kl=True`` (KL times the policy ratio).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -72,29 +74,20 @@ class LossSpec:
         (``max_completion_length * turns``), the constant Dr. GRPO needs for multi-turn samples.
         """
         turns = config.max_turns or max_turns or 1
-        return cls(
-            loss_type=config.loss_type,
-            importance_sampling_level=config.importance_sampling_level,
-            epsilon_low=config.epsilon,
-            epsilon_high=config.epsilon if config.epsilon_high is None else config.epsilon_high,
-            beta=config.beta,
-            is_correction=config.vllm_importance_sampling_correction,
-            is_mode=config.vllm_importance_sampling_mode,
-            is_cap=config.vllm_importance_sampling_clip_max,
-            is_floor=config.vllm_importance_sampling_clip_min,
-            length_norm=config.max_completion_length * turns,
-            top_entropy_quantile=config.top_entropy_quantile,
-            delta=config.delta,
-            kl_bias_correction=config.use_bias_correction_kl,
-            off_policy_mask_threshold=config.off_policy_mask_threshold,
-            entropy_coef=config.entropy_coef,
-            sapo_temperature_pos=config.sapo_temperature_pos,
-            sapo_temperature_neg=config.sapo_temperature_neg,
-            vespo_k_pos=config.vespo_k_pos,
-            vespo_lambda_pos=config.vespo_lambda_pos,
-            vespo_k_neg=config.vespo_k_neg,
-            vespo_lambda_neg=config.vespo_lambda_neg,
-        )
+        derived: dict[str, Any] = {
+            "epsilon_low": config.epsilon,
+            "epsilon_high": config.epsilon if config.epsilon_high is None else config.epsilon_high,
+            "is_correction": config.vllm_importance_sampling_correction,
+            "is_mode": config.vllm_importance_sampling_mode,
+            "is_cap": config.vllm_importance_sampling_clip_max,
+            "is_floor": config.vllm_importance_sampling_clip_min,
+            "kl_bias_correction": config.use_bias_correction_kl,
+            "length_norm": config.max_completion_length * turns,
+        }
+        # every other field is the config's knob of the same name (loss_type, beta, delta, ...)
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in derived]
+        same_name: dict[str, Any] = {name: getattr(config, name) for name in names}
+        return cls(**same_name, **derived)
 
 
 @dataclass(frozen=True)

@@ -119,14 +119,29 @@ def test_sequence_level_with_token_sum_loss_warns_like_trl() -> None:
         GRPOConfig(importance_sampling_level="sequence", loss_type="grpo")
 
 
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [({"loss_type": "luspo"}, "as published it uses importance_sampling_level='sequence'"),
+     ({"loss_type": "vespo", "importance_sampling_level": "sequence"},
+      "as published it uses importance_sampling_level='token'")],
+)  # fmt: skip
+def test_a_loss_at_the_ratio_level_its_paper_does_not_use_warns_like_trl(
+    knobs: dict, message: str
+) -> None:
+    with pytest.warns(UserWarning, match=message) as caught:
+        GRPOConfig(**knobs)
+    assert caught[0].filename == __file__  # the line that built the config, not dataclass code
+
+
 def test_truncated_sampling_warns_that_is_weights_are_biased() -> None:
     with pytest.warns(UserWarning, match="biased"):
         GRPOConfig(top_p=0.9)
 
 
 def test_a_full_weight_learning_rate_warns_that_lora_barely_learns() -> None:
-    with pytest.warns(UserWarning, match="LoRA needs about 10x"):
+    with pytest.warns(UserWarning, match="LoRA needs about 10x") as caught:
         GRPOConfig(learning_rate=1e-6)  # TRL's default, for full weights
+    assert caught[0].filename == __file__  # points at the caller
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         GRPOConfig(learning_rate=1e-5)

@@ -229,6 +229,30 @@ def test_spec_from_config_resolves_epsilon_high_and_length_norm(lm: ModuleType) 
     assert (resolved.epsilon_high, resolved.length_norm, resolved.is_cap) == (0.2, 128, 3.0)
 
 
+def test_spec_from_config_carries_every_loss_knob(lm: ModuleType) -> None:
+    """Each spec field comes from the config: set away from its default, it shows in the spec."""
+    from agentgym.trainers._config import GRPOConfig
+
+    knobs = {
+        "loss_type": "grpo", "importance_sampling_level": "sequence", "beta": 0.04,
+        "top_entropy_quantile": 0.2, "delta": 4.0, "off_policy_mask_threshold": 0.5,
+        "entropy_coef": 0.01, "sapo_temperature_pos": 0.9, "sapo_temperature_neg": 1.2,
+        "vespo_k_pos": 1.5, "vespo_lambda_pos": 2.5, "vespo_k_neg": 2.5, "vespo_lambda_neg": 1.5,
+        "epsilon": 0.1, "epsilon_high": 0.3, "vllm_importance_sampling_correction": False,
+        "vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_max": 2.0,
+        "vllm_importance_sampling_clip_min": 0.5, "use_bias_correction_kl": False,
+    }  # fmt: skip
+    spec_ = lm.LossSpec.from_config(GRPOConfig(max_completion_length=32, **knobs))
+    default = lm.LossSpec()
+    changed = {f: getattr(spec_, f) for f in default.__dataclass_fields__
+               if getattr(spec_, f) != getattr(default, f)}  # fmt: skip
+    assert changed == {
+        **{k: v for k, v in knobs.items() if k in default.__dataclass_fields__},
+        "epsilon_low": 0.1, "epsilon_high": 0.3, "is_correction": False, "is_mode": "token_mask",
+        "is_cap": 2.0, "is_floor": 0.5, "kl_bias_correction": False, "length_norm": 32,
+    }  # fmt: skip
+
+
 # --- agreement with TRL 1.16 ---------------------------------------------------------------------
 
 TEMPERATURE = 0.7
