@@ -407,7 +407,31 @@ class GRPOConfig:
     entropy_coef: float = _knob(
         0.0,
         "Entropy bonus (TRL's name): subtract entropy_coef x the mean entropy of the tokens the "
-        "policy term trains, to keep the policy from collapsing. 0: none. >= 0.",
+        "policy term trains, to keep the policy from collapsing. 0: none. >= 0. With "
+        "use_adaptive_entropy, the starting coefficient.",
+    )
+    use_adaptive_entropy: bool = _knob(
+        False,
+        "Adaptive entropy control (Skywork-OR1, TRL's name): after each optimiser step, raise "
+        "entropy_coef by entropy_coef_delta when the trained tokens' mean entropy was at or "
+        "below entropy_target, else lower it; the bonus applies only while the last step's "
+        "entropy was at or below the target. Checkpoints keep the coefficient; "
+        "`loss/entropy_coef` logs the one each step applied.",
+    )
+    entropy_coef_min: float = _knob(
+        0.0, "Lowest coefficient adaptive entropy control goes to (TRL's name)."
+    )
+    entropy_coef_max: float = _knob(
+        1.0, "Highest coefficient adaptive entropy control goes to (TRL's name)."
+    )
+    entropy_coef_delta: float = _knob(
+        0.005, "Step of adaptive entropy control's coefficient per optimiser step (TRL's name)."
+    )
+    entropy_target: float = _knob(
+        0.2,
+        "Mean per-token entropy (nats) adaptive entropy control holds the policy above, "
+        "measured over the tokens the policy term trains (TRL's name and default, which "
+        "engages only on near-total collapse: set it near the `loss/entropy` of early steps).",
     )
     top_entropy_quantile: float = _knob(
         1.0,

@@ -113,6 +113,13 @@ def check_ranges(config: GRPOConfig) -> None:
          config.off_policy_mask_threshold is None or config.off_policy_mask_threshold >= 0,
          "use a KL threshold >= 0 such as 0.5, or null"),
         ("entropy_coef", config.entropy_coef >= 0, "use 0.0 (no bonus) or a small value"),
+        ("entropy_coef_min", 0 <= config.entropy_coef_min <= config.entropy_coef_max,
+         "use a value >= 0 and <= entropy_coef_max"),
+        ("entropy_coef_delta", config.entropy_coef_delta > 0, "use a positive step: 0.005"),
+        ("entropy_target", config.entropy_target >= 0, "use nats >= 0, near the early entropy"),
+        ("entropy_coef", not config.use_adaptive_entropy
+         or config.entropy_coef_min <= config.entropy_coef <= config.entropy_coef_max,
+         "start adaptive entropy control inside [entropy_coef_min, entropy_coef_max]"),
         ("sapo_temperature_pos", config.sapo_temperature_pos > 0, "use a positive value: 1.0"),
         ("sapo_temperature_neg", config.sapo_temperature_neg > 0, "use a positive value: 1.05"),
         ("vespo_k_pos", config.vespo_k_pos >= 0, "use a value >= 0: 2.0"),

@@ -48,6 +48,7 @@ from agentgym.engine._episode import ModeChoice
 from ._advantages import Advantages, group_key, mask_truncated, trajectory_advantages
 from ._config import GRPOConfig
 from ._distributed import World
+from ._entropy_control import EntropyControl
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
@@ -130,6 +131,8 @@ class GRPOTrainer:
         #: The run's event loop (`train` sets it) and the envs its rollouts reuse across steps.
         self._loop: asyncio.Runner | None = None
         self._envs = EnvPool(config.env, config.run_env_kwargs)
+        #: Adaptive entropy control's state (`use_adaptive_entropy`), saved in checkpoints.
+        self._entropy = EntropyControl.from_config(config)
 
     # ---- the run ------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -201,11 +204,13 @@ class GRPOTrainer:
             figures["base/success"] = self._evaluate_model(self.model_dir, run, "base")
         start_model: Path = world.broadcast(self._warm_start(run) if run else None)
         model, optimizer = self._trainable(start_model)
-        state = {"step": 0}
+        state: dict[str, Any] = {"step": 0}
         checkpoint = world.broadcast(run.latest_checkpoint() if run and run.resumed else None)
         if checkpoint is not None:  # the run folder was rolled back to it when it was opened
             state = load_training_state(checkpoint, model, optimizer)
             log.info("resumed from %s at step %d", checkpoint, state["step"])
+            if self._entropy is not None:
+                self._entropy.restore(state["entropy_control"])
         policy = self._policy(start_model, world.broadcast(run.run_id if run else None))
         spec = LossSpec.from_config(cfg, max_turns=self.env_max_turns)
         console = TrainingConsole(cfg.max_steps, start_step=state["step"])
@@ -274,7 +279,7 @@ class GRPOTrainer:
                 console.update(step, metrics)
                 if (step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0)
                         or stop):  # fmt: skip
-                    run.save_checkpoint(step, model, optimizer, {"adapter_version": version})
+                    run.save_checkpoint(step, model, optimizer, self._checkpoint_state(version))
                 if stop:
                     raise stop
             if run is None:
@@ -558,11 +563,16 @@ class GRPOTrainer:
         metrics: dict[str, list[float]] = {}
         for iteration in range(cfg.num_iterations):
             optimizer.zero_grad(set_to_none=True)
+            if self._entropy is not None:  # the coefficient of the last step's entropy
+                spec = dataclasses.replace(spec, entropy_coef=self._entropy.applied)
+            entropy_sum = entropy_tokens = 0.0
             for k, part in enumerate(micro):
                 out, logps = self._micro_loss(
                     model, part, spec, olds[k], num_sequences=num_sequences, num_items=num_items
                 )
                 out.loss.backward()
+                entropy_sum += out.trained_entropy[0]
+                entropy_tokens += out.trained_entropy[1]
                 if iteration == 0:
                     olds[k] = logps.detach()  # the sampling-time policy, for later iterations
                 for name, value in out.metrics.items():
@@ -572,6 +582,11 @@ class GRPOTrainer:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 metrics.setdefault("train/grad_norm", []).append(float(norm))
             optimizer.step()
+            if self._entropy is not None:
+                totals = self.world.gather((entropy_sum, entropy_tokens))
+                self._entropy.observe(*(sum(column) for column in zip(*totals)))
+            if spec.entropy_coef or self._entropy is not None:
+                metrics.setdefault("loss/entropy_coef", []).append(spec.entropy_coef)
         summary = {name: sum(v) / len(v) for name, v in metrics.items()}
         summary["train/samples"] = float(len(samples))
         summary["train/tokens"] = float(tokens)
@@ -632,6 +647,13 @@ class GRPOTrainer:
             shares=part.shares,
         )  # fmt: skip
         return out, logps
+
+    def _checkpoint_state(self, adapter_version: int) -> dict[str, Any]:
+        """What a checkpoint holds beside the weights, optimiser and RNG states."""
+        state: dict[str, Any] = {"adapter_version": adapter_version}
+        if self._entropy is not None:
+            state["entropy_control"] = self._entropy.state()
+        return state
 
     def _sync(self, policy: RolloutPolicy, model: Any, run: RunDir | None, expected: int) -> int:
         """Save the adapter as version ``expected`` and make the engine serve it, or stop.

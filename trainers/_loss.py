@@ -96,6 +96,9 @@ class LossOutput:
 
     loss: torch.Tensor
     metrics: dict[str, float]
+    #: Entropy summed over the tokens the policy term trained, and their count (0, 0 without
+    #: entropies): what adaptive entropy control (`EntropyControl`) reads over a whole step.
+    trained_entropy: tuple[float, float] = (0.0, 0.0)
 
 
 # --- log-probabilities and entropy ------------------------------------------------------------
@@ -435,20 +438,22 @@ def grpo_loss(
         kl = kl_k3(logps, ref_logps)
         per_token = per_token + spec.beta * (kl * ratio if spec.kl_bias_correction else kl)
         metrics["loss/kl"] = masked_mean(kl, mask).item()
+    trained = kept * mask  # the tokens the policy term trains
+    trained_entropy = (0.0, 0.0)
     if entropies is not None:
         metrics["loss/entropy"] = masked_mean(entropies.detach(), mask).item()
+        trained_entropy = ((entropies.detach() * trained).sum().item(), trained.sum().item())
     loss = aggregate(per_token, mask, spec, num_sequences=num_sequences, num_items=num_items,
                      shares=shares)
     if spec.entropy_coef:
         if entropies is None or not entropies.requires_grad:
             raise ValueError("entropy_coef needs entropies with gradient (`token_entropy`)")
-        trained = kept * mask  # the tokens the policy term trains
         mean = (entropies * trained).sum() / trained.sum().clamp(min=1.0)
         # this pass's mean, weighted by its part of the step's trained tokens
         part = 1.0 if num_items is None else float(mask.sum()) / max(num_items, 1.0)
         loss = loss - spec.entropy_coef * mean * part
     metrics["loss/value"] = loss.item()
-    return LossOutput(loss, metrics)
+    return LossOutput(loss, metrics, trained_entropy)
 
 
 def _clip_metrics(

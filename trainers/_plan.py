@@ -103,8 +103,10 @@ def _training(config: GRPOConfig, episodes: int) -> str:
 _LOSS_KNOBS = (
     "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta",
     "use_bias_correction_kl", "scale_rewards", "num_iterations", "mask_truncated_completions",
-    "top_entropy_quantile", "off_policy_mask_threshold", "entropy_coef",
-    "sapo_temperature_pos", "sapo_temperature_neg", "vllm_importance_sampling_correction",
+    "top_entropy_quantile", "off_policy_mask_threshold", "entropy_coef", "use_adaptive_entropy",
+    "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target",
+    "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos",
+    "vespo_k_neg", "vespo_lambda_neg", "vllm_importance_sampling_correction",
     "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
     "vllm_importance_sampling_clip_max",
 )  # fmt: skip

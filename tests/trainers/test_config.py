@@ -41,6 +41,11 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"delta": 1.1}, "delta=1.1"),
         ({"off_policy_mask_threshold": -1.0}, "off_policy_mask_threshold=-1.0"),
         ({"entropy_coef": -0.1}, "entropy_coef=-0.1"),
+        ({"entropy_coef_min": 2.0}, "entropy_coef_min=2.0 is out of range"),
+        ({"entropy_coef_delta": 0.0}, "entropy_coef_delta=0.0"),
+        ({"entropy_target": -1.0}, "entropy_target=-1.0"),
+        ({"use_adaptive_entropy": True, "entropy_coef": 2.0},
+         "start adaptive entropy control inside [entropy_coef_min, entropy_coef_max]"),
         ({"loss_type": "cispo"}, "loss_type='cispo' caps the policy ratio at epsilon_high"),
         ({"sapo_temperature_neg": 0.0}, "sapo_temperature_neg=0.0"),
         ({"vespo_lambda_pos": 0.0}, "vespo_lambda_pos=0.0"),
@@ -227,7 +232,7 @@ def test_parse_tasks() -> None:
 
 
 def test_the_knobs_the_docs_say_carry_over_from_trl_are_ours_and_trls() -> None:
-    """docs/trainer.md lists a TRL config's knobs that work here by name; keep it true."""
+    """docs/trainer.md lists the knobs a TRL config and ours share by name; keep it true."""
     import re
 
     from tests.conftest import require
@@ -242,3 +247,4 @@ def test_the_knobs_the_docs_say_carry_over_from_trl_are_ours_and_trls() -> None:
     assert len(listed) > 30
     assert listed <= ours, sorted(listed - ours)
     assert listed <= trls, sorted(listed - trls)
+    assert (ours & trls) <= listed, sorted((ours & trls) - listed)  # a new shared knob is listed

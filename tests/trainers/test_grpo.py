@@ -176,7 +176,9 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
         yaml.safe_dump(
             {**TINY_RUN, "output_dir": str(tmp_path / "run"), "max_steps": 4, "save_steps": 1,
              "eval_steps": None, "lr_scheduler_type": "linear", "save_total_limit": None,
-             "log_completions": True}
+             "log_completions": True,
+             # adaptive entropy control, its target above any entropy: +0.01 every step
+             "use_adaptive_entropy": True, "entropy_target": 100.0, "entropy_coef_delta": 0.01}
         )
     )  # fmt: skip
     agentgym = [str(Path(sys.executable).with_name("agentgym")), "train", str(cfg_path)]
@@ -205,6 +207,10 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     rates = [trainer.config.learning_rate_at(s) for s in (1, 2, 3, 4)]
     assert [m["train/learning_rate"] for m in steps] == rates
     assert rates == sorted(rates, reverse=True) and len(set(rates)) == 4  # it did decay
+    # the checkpoint kept the entropy controller: the resumed step applied what it had reached
+    # (a fresh controller applies no bonus until it has measured a step)
+    applied = [m["loss/entropy_coef"] for m in steps]
+    assert applied == pytest.approx([0.0, 0.01, 0.02, 0.03])
     # the resumed engine first serves the checkpoint's adapter, as the next version number
     resumed_version = killed_at["adapter_version"] + 1
     served = digest(run / "adapters" / f"v{resumed_version}" / "adapter_model.safetensors")

@@ -9,6 +9,7 @@ the gradients they induce on every weight must agree (float32, tolerances below)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import os
@@ -351,10 +352,8 @@ def _grads(lm: ModuleType, model: Any, loss: Any) -> list[Any]:
     return list(lm.torch.autograd.grad(loss, params))
 
 
-def _both_losses(
-    lm: ModuleType, trainer: Any, s: Any, with_is: bool = True
-) -> tuple[Any, Any, SimpleNamespace]:
-    """Our loss and TRL's on one batch, TRL's trainer set from the spec ``s`` in every knob."""
+def _set_trl_knobs(trainer: Any, s: Any, with_is: bool = True) -> None:
+    """TRL's trainer set from the spec ``s`` in every knob (adaptive entropy control off)."""
     trainer.loss_type, trainer.importance_sampling_level = s.loss_type, s.importance_sampling_level
     trainer.beta, trainer.epsilon_low, trainer.epsilon_high = s.beta, s.epsilon_low, s.epsilon_high
     trainer.use_vllm = with_is  # TRL applies inputs["importance_sampling_ratio"] only then
@@ -362,11 +361,19 @@ def _both_losses(
     trainer.top_entropy_quantile = s.top_entropy_quantile
     trainer.off_policy_mask_threshold = s.off_policy_mask_threshold
     trainer.entropy_coef, trainer._entropy_bonus_enabled = s.entropy_coef, bool(s.entropy_coef)
+    trainer.use_adaptive_entropy = False
     trainer.args.delta, trainer.args.use_bias_correction_kl = s.delta, s.kl_bias_correction
     trainer.args.sapo_temperature_pos = s.sapo_temperature_pos
     trainer.args.sapo_temperature_neg = s.sapo_temperature_neg
     trainer.args.vespo_k_pos, trainer.args.vespo_lambda_pos = s.vespo_k_pos, s.vespo_lambda_pos
     trainer.args.vespo_k_neg, trainer.args.vespo_lambda_neg = s.vespo_k_neg, s.vespo_lambda_neg
+
+
+def _both_losses(
+    lm: ModuleType, trainer: Any, s: Any, with_is: bool = True
+) -> tuple[Any, Any, SimpleNamespace]:
+    """Our loss and TRL's on one batch, TRL's trainer set from the spec ``s`` in every knob."""
+    _set_trl_knobs(trainer, s, with_is)
     batch = _batch(lm, trainer.model)
     inputs = _trl_inputs(lm, batch, s)
     if not with_is:  # TRL adds the ratios to a batch only with vLLM (VESPO reads them anyway)
@@ -452,6 +459,48 @@ def test_trls_other_loss_knobs_agree_with_trl(
     without = _ours(lm, trl_trainer.model, batch, _loss_spec(lm, loss_type), True)
     assert ours.loss.item() != pytest.approx(without.loss.item())  # the knob changes the loss
     _assert_agree(lm, trl_trainer.model, ours, theirs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantile", [1.0, 0.5])
+def test_adaptive_entropy_control_agrees_with_trl(
+    lm: ModuleType, trl_trainer: Any, quantile: float
+) -> None:
+    """``use_adaptive_entropy``: over four optimiser steps, the same coefficient, gate and loss.
+
+    Each call of TRL's ``_compute_loss`` outside gradient accumulation is one optimiser
+    step's window, so it moves TRL's coefficient as `EntropyControl.observe` moves ours. The
+    targets take it up, to its cap, then (below the entropy) off and down.
+    """
+    from agentgym.trainers._entropy_control import EntropyControl
+
+    trainer = trl_trainer
+    s = _loss_spec(lm, "dapo", top_entropy_quantile=quantile)
+    _set_trl_knobs(trainer, s)
+    trainer.entropy_coef = 0.3
+    trainer.use_adaptive_entropy = trainer._entropy_bonus_enabled = True
+    trainer._last_world_entropy, trainer._entropy_window_stats = math.inf, None
+    trainer.args.entropy_coef_delta, trainer.args.entropy_coef_min = 0.1, 0.0
+    trainer.args.entropy_coef_max = 0.45
+    control = EntropyControl(coef=0.3, target=0.0, delta=0.1, low=0.0, high=0.45)
+    batch = _batch(lm, trainer.model)
+    inputs = _trl_inputs(lm, batch, s)
+    applied = []
+    try:
+        for target in (100.0, 100.0, 100.0, 0.01):  # nats: above, then below, any entropy here
+            trainer.args.entropy_target = control.target = target
+            applied.append(control.applied)
+            now = dataclasses.replace(s, entropy_coef=control.applied)
+            ours = _ours(lm, trainer.model, batch, now, True)
+            theirs = trainer._compute_loss(trainer.model, inputs)
+            _assert_agree(lm, trainer.model, ours, theirs)
+            control.observe(*ours.trained_entropy)
+            assert control.coef == pytest.approx(trainer.entropy_coef, abs=1e-9)
+            assert control.last_entropy == pytest.approx(trainer._last_world_entropy, rel=1e-6)
+    finally:
+        trainer.use_adaptive_entropy = False
+    assert applied == pytest.approx([0.0, 0.4, 0.45, 0.0])  # gated, raised, capped, gated
+    assert control.coef == pytest.approx(0.35)  # and lowered
 
 
 @pytest.mark.slow

@@ -45,6 +45,20 @@ def test_a_dry_run_names_the_warm_start_the_cpu_memory_and_changed_loss_knobs(
     assert "M parameters, ~" in plan["model"] and "to train on the CPU" in plan["model"]
 
 
+def test_the_plan_shows_every_loss_knob_a_config_sets() -> None:
+    """Each `LossSpec` knob taken from the config by name, and the adaptive entropy knobs."""
+    import dataclasses
+
+    from agentgym.trainers._loss import LossSpec
+    from agentgym.trainers._plan import _LOSS_KNOBS
+
+    config_knobs = {f.name for f in dataclasses.fields(GRPOConfig)}
+    spec_knobs = {f.name for f in dataclasses.fields(LossSpec)} & config_knobs - {"loss_type"}
+    assert spec_knobs and spec_knobs <= set(_LOSS_KNOBS), sorted(spec_knobs - set(_LOSS_KNOBS))
+    adaptive = {name for name in config_knobs if name.startswith("entropy_")}
+    assert {"use_adaptive_entropy", *adaptive} <= set(_LOSS_KNOBS)
+
+
 def test_a_dry_run_makes_the_run_folders_refusals_and_leaves_it_alone(
     tmp_path: Path, detach_run_logs: Any
 ) -> None:
