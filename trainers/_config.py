@@ -244,6 +244,14 @@ class GRPOConfig:
         "(later ones read vLLM's cache). GPUs compile either way (vLLM's default). False: "
         "eager on the CPU build.",
     )
+    vllm_gpu_memory_utilization: float = _knob(
+        0.3,
+        "Share of the GPU's memory the in-process 'vllm' engine takes for its weights and KV "
+        "cache (TRL's name and default for its colocated engine): the trainer's model, "
+        "activations and optimiser share the same GPU, and vLLM's own default (0.9) leaves "
+        "them a tenth. In (0, 1]. Not used on the CPU build (its KV cache is "
+        "VLLM_CPU_KVCACHE_SPACE), by 'hf' or by rollout_servers.",
+    )
     rollout_servers: list[str] = _knob(
         [],
         "URLs of vLLM servers to roll out on instead of the in-process engine (each started "

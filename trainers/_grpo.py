@@ -341,21 +341,26 @@ class GRPOTrainer:
         """The ``rollout_engine`` policy on ``model_dir`` (training rollouts and evals).
 
         Float32 on the CPU (exact logprobs), bfloat16 elsewhere; ``lora`` makes room in vLLM
-        for the adapter versions each sync loads (`HFPolicy` loads them on demand).
+        for the adapter versions each sync loads (`HFPolicy` loads them on demand). On a GPU
+        vLLM takes ``vllm_gpu_memory_utilization`` of it, leaving the rest to the trainer.
         """
         cfg = self.config
-        dtype = "float32" if self._device() == "cpu" else "bfloat16"
+        on_cpu = self._device() == "cpu"
+        dtype = "float32" if on_cpu else "bfloat16"
         common: dict[str, Any] = {
             "sampling": sampling, "max_model_len": cfg.max_model_len, "dtype": dtype,
             "chat_template_kwargs": cfg.chat_template_kwargs, "rollout_mode": rollout_mode,
         }  # fmt: skip
         if cfg.rollout_engine == "hf":
             return HFPolicy(model_dir, device=self._device(), **common)
+        engine_kwargs: dict[str, Any] = (
+            {} if on_cpu else {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization}
+        )
         if lora:
             common |= {"enable_lora": True, "max_lora_rank": cfg.lora_r}
             if cfg.rollout_compile:  # the run's engine; base and warm-start evals stay eager
-                common["engine_kwargs"] = {"enforce_eager": False}
-        return VLLMPolicy(model_dir, **common)
+                engine_kwargs["enforce_eager"] = False
+        return VLLMPolicy(model_dir, **common, engine_kwargs=engine_kwargs)
 
     def _decide_mode(self, policy: RolloutPolicy) -> None:
         """Decide ``concat``/``per_turn`` on the env's reference episode, as `check` does."""

@@ -41,6 +41,7 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"delta": 1.1}, "delta=1.1"),
         ({"off_policy_mask_threshold": -1.0}, "off_policy_mask_threshold=-1.0"),
         ({"entropy_coef": -0.1}, "entropy_coef=-0.1"),
+        ({"vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization=0.0"),
         ({"entropy_coef_min": 2.0}, "entropy_coef_min=2.0 is out of range"),
         ({"entropy_coef_delta": 0.0}, "entropy_coef_delta=0.0"),
         ({"entropy_target": -1.0}, "entropy_target=-1.0"),

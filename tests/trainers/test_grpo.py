@@ -159,6 +159,27 @@ def test_max_staleness_1_rolls_out_the_next_step_during_the_update(tmp_path, mon
     assert all(m["time/rollout_wait"] < m["time/rollout"] for m in steps[1:])
 
 
+def test_on_a_gpu_the_engine_takes_the_configured_share_and_leaves_the_rest(
+    tmp_path, monkeypatch
+) -> None:
+    """vLLM's default (0.9 of the GPU) would starve the trainer on the same GPU.
+
+    No GPU here: the trainer is told its device is CUDA and the engine (lazy) is not started;
+    what is checked is what it would be started with.
+    """
+    from agentgym.trainers import GRPOTrainer
+
+    trainer = GRPOTrainer(config(tmp_path, vllm_gpu_memory_utilization=0.25,
+                                 rollout_compile=True))  # fmt: skip
+    on_cpu = trainer._in_process_engine(trainer.model_dir, {}, lora=True, rollout_mode="auto")
+    assert "gpu_memory_utilization" not in on_cpu._engine_args  # the CPU build sizes its own
+    assert on_cpu._engine_args["enforce_eager"] is False  # rollout_compile
+    monkeypatch.setattr(trainer, "_device", lambda: "cuda")
+    on_gpu = trainer._in_process_engine(trainer.model_dir, {}, lora=False, rollout_mode="auto")
+    assert on_gpu._engine_args["gpu_memory_utilization"] == 0.25
+    assert on_gpu._engine_args["dtype"] == "bfloat16"
+
+
 def test_check_versions_refuses_turns_of_another_adapter() -> None:
     from agentgym.trainers._grpo import StaleAdapterError, check_versions
 
