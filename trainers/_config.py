@@ -37,6 +37,7 @@ from ._config_rules import (
     check_split,
     matches,
 )
+from ._trl_keys import trl_key_hint
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
@@ -94,9 +95,11 @@ def parse_tasks(spec: str | list[int], name: str = "tasks") -> list[int]:
 
 
 def _unknown_knob(key: Any, knobs: list[str]) -> ConfigError:
-    """The error for a key that is not a knob, with the closest knob's name when one is."""
+    """The error for a key that is not a knob: what to set for a TRL key, else the closest knob."""
     close = difflib.get_close_matches(str(key), knobs, n=1)
-    hint = f"did you mean {close[0]!r}?" if close else "see `help(GRPOConfig)`"
+    hint = trl_key_hint(str(key)) or (
+        f"did you mean {close[0]!r}?" if close else "see `help(GRPOConfig)`"
+    )
     return ConfigError(f"unknown config key {key!r}; {hint}")
 
 

@@ -158,6 +158,38 @@ def test_unknown_key_suggests_the_close_knob() -> None:
         GRPOConfig.from_dict({"learning_rat": 1e-5})
 
 
+@pytest.mark.parametrize(
+    ("key", "fix"),
+    [("per_device_train_batch_size", "set tasks_per_step"),
+     ("generation_batch_size", "set tasks_per_step"),  # not the closest spelling, sft_batch_size
+     ("use_vllm", "set rollout_engine: vllm"), ("max_tool_calling_iterations", "set max_turns"),
+     ("bf16", "set dtype: bfloat16"), ("num_train_epochs", "set max_steps")],
+)  # fmt: skip
+def test_a_trl_key_without_a_knob_here_names_what_to_set(key: str, fix: str) -> None:
+    with pytest.raises(ConfigError, match=f"unknown config key '{key}'; it is TRL's; here") as info:
+        GRPOConfig.from_dict({key: 1})
+    assert fix in str(info.value)
+
+
+def test_the_trl_keys_table_names_only_trl_keys_and_our_knobs() -> None:
+    """Each key is TRL's, not ours (else unreachable); each snake_case word of a fix is ours."""
+    import re
+
+    from tests.conftest import require
+    from trainers._trl_keys import TRL_KEYS
+
+    trl = require("trl")
+    ours = {f.name for f in dataclasses.fields(GRPOConfig)}
+    trls = {f.name for config in (trl.GRPOConfig, trl.ModelConfig, trl.ScriptArguments)
+            for f in dataclasses.fields(config)}  # fmt: skip
+    assert not set(TRL_KEYS) & ours
+    # keys of TRL configs before 1.16 / transformers 5, and a GRPOTrainer argument
+    older = {"max_prompt_length", "warmup_ratio", "logging_dir", "reward_funcs"}
+    assert set(TRL_KEYS) - older <= trls, sorted(set(TRL_KEYS) - older - trls)
+    named = {word for fix in TRL_KEYS.values() for word in re.findall(r"\b[a-z]+_[a-z_]+\b", fix)}
+    assert named and named <= ours, sorted(named - ours)
+
+
 def test_deprecated_trl_name_is_forwarded() -> None:
     with pytest.warns(FutureWarning, match="vllm_importance_sampling_clip_max"):
         config = GRPOConfig.from_dict({"vllm_importance_sampling_cap": 2.0})
