@@ -49,7 +49,7 @@ from ._advantages import Advantages, group_key, mask_truncated, trajectory_advan
 from ._config import GRPOConfig
 from ._distributed import World
 from ._entropy_control import EntropyControl
-from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
+from ._loss import LossSpec, combine_metrics, grpo_loss, token_entropy, token_logprobs
 from ._metrics import episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
 from ._preflight import preflight
@@ -565,34 +565,36 @@ class GRPOTrainer:
         micro = self._micro_batches(model, samples)
         olds: list[torch.Tensor | None] = [None] * len(micro)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        metrics: dict[str, list[float]] = {}
+        iterations: list[tuple[dict[str, float], float]] = []
         for iteration in range(cfg.num_iterations):
             optimizer.zero_grad(set_to_none=True)
             if self._entropy is not None:  # the coefficient of the last step's entropy
                 spec = dataclasses.replace(spec, entropy_coef=self._entropy.applied)
+            passes: list[tuple[dict[str, float], float]] = []
             entropy_sum = entropy_tokens = 0.0
             for k, part in enumerate(micro):
                 out, logps = self._micro_loss(
                     model, part, spec, olds[k], num_sequences=num_sequences, num_items=num_items
                 )
                 out.loss.backward()
+                passes.append((out.metrics, float(part.num_items)))
                 entropy_sum += out.trained_entropy[0]
                 entropy_tokens += out.trained_entropy[1]
                 if iteration == 0:
                     olds[k] = logps.detach()  # the sampling-time policy, for later iterations
-                for name, value in out.metrics.items():
-                    metrics.setdefault(name, []).append(value)
+            metrics = combine_metrics(passes)
             self.world.sum_gradients(trainable)
             if cfg.max_grad_norm is not None:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                metrics.setdefault("train/grad_norm", []).append(float(norm))
+                metrics["train/grad_norm"] = float(norm)
             optimizer.step()
             if self._entropy is not None:
                 totals = self.world.gather((entropy_sum, entropy_tokens))
                 self._entropy.observe(*(sum(column) for column in zip(*totals)))
             if spec.entropy_coef or self._entropy is not None:
-                metrics.setdefault("loss/entropy_coef", []).append(spec.entropy_coef)
-        summary = {name: sum(v) / len(v) for name, v in metrics.items()}
+                metrics["loss/entropy_coef"] = spec.entropy_coef
+            iterations.append((metrics, 1.0))
+        summary = combine_metrics(iterations, summed=())
         summary["train/samples"] = float(len(samples))
         summary["train/tokens"] = float(tokens)
         summary["train/micro_batches"] = float(len(micro))
