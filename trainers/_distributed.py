@@ -19,8 +19,7 @@ import contextlib
 import datetime
 import logging
 import os
-import statistics
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -182,28 +181,3 @@ class World:
         dist.all_reduce(flat)
         for param, grad in zip(params, flat.split([g.numel() for g in grads])):
             param.grad = grad.view_as(param)
-
-    def merge_metrics(
-        self, metrics: Mapping[str, float], summed: Collection[str]
-    ) -> dict[str, float]:
-        """The step's metrics from each rank's.
-
-        ``summed`` keys add up, ``*_min`` / ``*_max`` keys take the min / max, the others the
-        mean over the ranks that report them.
-        """
-        shares = self.gather(dict(metrics))
-        keys = dict.fromkeys(key for share in shares for key in share)
-        return {
-            key: _reduction(key, summed)([share[key] for share in shares if key in share])
-            for key in keys
-        }
-
-
-def _reduction(key: str, summed: Collection[str]) -> Callable[[list[float]], float]:
-    if key in summed:
-        return lambda values: float(sum(values))
-    if key.endswith("_min"):
-        return min
-    if key.endswith("_max"):
-        return max
-    return statistics.fmean

@@ -49,8 +49,8 @@ from ._advantages import Advantages, group_key, mask_truncated, trajectory_advan
 from ._config import GRPOConfig
 from ._distributed import World
 from ._entropy_control import EntropyControl
-from ._loss import LossSpec, combine_metrics, grpo_loss, token_entropy, token_logprobs
-from ._metrics import episode_metrics, eval_metrics
+from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
+from ._metrics import combine_metrics, episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
 from ._preflight import preflight
 from ._report import plot_curves, write_summary
@@ -73,7 +73,8 @@ log = logging.getLogger(__name__)
 RolloutPolicy = VLLMPolicy | HFPolicy | RemoteVLLMPolicy
 #: Offset of replayed groups' episode seeds, past the steps' (`resample_zero_variance_groups`).
 _REPLAY_SEEDS = 1 << 32
-#: Per-rank step metrics that add up to the step's (the rest are averaged over the ranks).
+#: Per-rank step metrics that add up to the step's (the rest are averaged over the ranks,
+#: weighted by their trained tokens).
 #: ``loss/value`` adds up too: each rank's loss is divided by the whole step's counts.
 _SUMMED_METRICS = frozenset({
     "train/samples", "train/tokens", "loss/value",
@@ -245,9 +246,11 @@ class GRPOTrainer:
                     [t for share in world.gather(replayed) for t in share]
                     if cfg.resample_zero_variance_groups else []
                 )  # fmt: skip
-                learned = world.merge_metrics(
-                    {**rollout_mode_metrics(samples), **train_metrics}, _SUMMED_METRICS
-                )
+                learned = combine_metrics(
+                    [(share, share.get("train/tokens", 0.0)) for share in
+                     world.gather({**rollout_mode_metrics(samples), **train_metrics})],
+                    _SUMMED_METRICS,
+                )  # fmt: skip
                 if run is None or trackers is None:
                     if stop:
                         raise stop

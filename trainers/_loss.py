@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -497,33 +496,3 @@ def _sampling_metrics(
         "sampling/logprob_drift_max": drift.max().item(),
     }
 
-
-def combine_metrics(
-    parts: Sequence[tuple[Mapping[str, float], float]],
-    summed: Collection[str] = ("loss/value",),
-) -> dict[str, float]:
-    """One step's loss metrics from its parts' (metrics, weight).
-
-    The parts are an optimiser step's forward passes, weighted by their trained tokens, or
-    a step's iterations (``num_iterations``) weighted alike with nothing ``summed``. Passes
-    differ in size (one long episode may go alone), so a plain mean over them would let a
-    pass of a few tokens count as much as all the others (a step's entropy logged at 0.21
-    where its tokens averaged under 0.05). Means are weighted; ``*_min`` / ``*_max`` take
-    the extreme; ``summed`` names add up (each pass holds its part of the step's loss).
-    """
-    names = dict.fromkeys(name for metrics, _ in parts for name in metrics)
-    out: dict[str, float] = {}
-    for name in names:
-        pairs = [(metrics[name], weight) for metrics, weight in parts if name in metrics]
-        values = [value for value, _ in pairs]
-        if name.endswith("_min"):
-            out[name] = min(values)
-        elif name.endswith("_max"):
-            out[name] = max(values)
-        elif name in summed:
-            out[name] = sum(values)
-        else:
-            total = sum(weight for _, weight in pairs)
-            out[name] = (sum(value * weight for value, weight in pairs) / total if total
-                         else sum(values) / len(values))  # fmt: skip
-    return out

@@ -1,13 +1,14 @@
-"""Step metrics from trajectories: what the episodes did, namespaced as ``reward/``, ``rollout/``.
+"""Step metrics: what the episodes did (``reward/``, ``rollout/``), and parts' metrics combined.
 
 Pure functions of the trajectories (no model, no engine), so they are the same for training
-steps and evaluation and are tested on hand-built trajectories.
+steps and evaluation and are tested on hand-built trajectories; `combine_metrics` makes one
+step's figures from its passes', iterations' and processes'.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from agentgym import Trajectory
 
@@ -70,3 +71,35 @@ def eval_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "eval/tool_calls_per_episode": step["rollout/tool_calls_per_episode"],
         "eval/episodes": float(len(trajectories)),
     }
+
+
+def combine_metrics(
+    parts: Sequence[tuple[Mapping[str, float], float]],
+    summed: Collection[str] = ("loss/value",),
+) -> dict[str, float]:
+    """One step's metrics from its parts' (metrics, weight).
+
+    The parts are an optimiser step's forward passes or the processes of a torchrun step,
+    weighted by their trained tokens, or a step's iterations (``num_iterations``) weighted
+    alike with nothing ``summed``. Passes differ in size (one long episode may go alone), so
+    a plain mean over them would let a pass of a few tokens count as much as all the others
+    (a step's entropy logged at 0.21 where its tokens averaged under 0.05). Means are
+    weighted (a plain mean where no part has weight); ``*_min`` / ``*_max`` take the extreme;
+    ``summed`` names add up (each pass holds its part of the step's loss).
+    """
+    names = dict.fromkeys(name for metrics, _ in parts for name in metrics)
+    out: dict[str, float] = {}
+    for name in names:
+        pairs = [(metrics[name], weight) for metrics, weight in parts if name in metrics]
+        values = [value for value, _ in pairs]
+        if name.endswith("_min"):
+            out[name] = min(values)
+        elif name.endswith("_max"):
+            out[name] = max(values)
+        elif name in summed:
+            out[name] = sum(values)
+        else:
+            total = sum(weight for _, weight in pairs)
+            out[name] = (sum(value * weight for value, weight in pairs) / total if total
+                         else sum(values) / len(values))  # fmt: skip
+    return out

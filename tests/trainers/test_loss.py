@@ -254,24 +254,6 @@ def test_spec_from_config_carries_every_loss_knob(lm: ModuleType) -> None:
     }  # fmt: skip
 
 
-def test_a_steps_metrics_weigh_its_passes_by_their_tokens(lm: ModuleType) -> None:
-    """A pass of 10 tokens counts a tenth of one of 90; extremes stay extremes; losses add."""
-    big = {"loss/entropy": 0.02, "sampling/is_ratio_max": 1.5, "sampling/is_ratio_min": 0.9,
-           "loss/value": -0.3}  # fmt: skip
-    small = {"loss/entropy": 0.8, "sampling/is_ratio_max": 1.1, "sampling/is_ratio_min": 0.7,
-             "loss/value": -0.1, "loss/high_entropy_share": 0.5}  # fmt: skip
-    step = lm.combine_metrics([(big, 90.0), (small, 10.0)])
-    assert step["loss/entropy"] == pytest.approx(0.02 * 0.9 + 0.8 * 0.1)  # not (0.02 + 0.8) / 2
-    assert step["sampling/is_ratio_max"] == 1.5 and step["sampling/is_ratio_min"] == 0.7
-    assert step["loss/value"] == pytest.approx(-0.4)  # each pass holds its part of the loss
-    assert step["loss/high_entropy_share"] == 0.5  # reported by one pass only
-    iterations = lm.combine_metrics([(step, 1.0), ({**step, "loss/value": -0.2}, 1.0)], summed=())
-    assert iterations["loss/value"] == pytest.approx(-0.3)  # iterations average
-    assert lm.combine_metrics([({"loss/kl": 0.2}, 0.0), ({"loss/kl": 0.4}, 0.0)]) == {
-        "loss/kl": pytest.approx(0.3)
-    }  # passes without trained tokens: a plain mean
-
-
 # --- agreement with TRL 1.16 ---------------------------------------------------------------------
 
 TEMPERATURE = 0.7

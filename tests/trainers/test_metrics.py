@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentgym import Trajectory, Turn
-from agentgym.trainers._metrics import episode_metrics, eval_metrics
+from agentgym.trainers._metrics import combine_metrics, episode_metrics, eval_metrics
 
 CALL = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calculate"}}]}
 RESULT = {"role": "tool", "content": "42"}
@@ -46,3 +46,21 @@ def test_eval_success_counts_every_episode_played() -> None:
     m = eval_metrics([episode("ok", 1.0), episode("ok", 1.0, tool=False), episode("late", None)])
     assert m["eval/success"] == pytest.approx(1 / 3)  # a right answer without the tool is not
     assert m["eval/episodes"] == 3.0
+
+
+def test_a_steps_metrics_weigh_its_passes_by_their_tokens() -> None:
+    """A pass of 10 tokens counts a tenth of one of 90; extremes stay extremes; losses add."""
+    big = {"loss/entropy": 0.02, "sampling/is_ratio_max": 1.5, "sampling/is_ratio_min": 0.9,
+           "loss/value": -0.3}  # fmt: skip
+    small = {"loss/entropy": 0.8, "sampling/is_ratio_max": 1.1, "sampling/is_ratio_min": 0.7,
+             "loss/value": -0.1, "loss/high_entropy_share": 0.5}  # fmt: skip
+    step = combine_metrics([(big, 90.0), (small, 10.0)])
+    assert step["loss/entropy"] == pytest.approx(0.02 * 0.9 + 0.8 * 0.1)  # not (0.02 + 0.8) / 2
+    assert step["sampling/is_ratio_max"] == 1.5 and step["sampling/is_ratio_min"] == 0.7
+    assert step["loss/value"] == pytest.approx(-0.4)  # each pass holds its part of the loss
+    assert step["loss/high_entropy_share"] == 0.5  # reported by one pass only
+    iterations = combine_metrics([(step, 1.0), ({**step, "loss/value": -0.2}, 1.0)], summed=())
+    assert iterations["loss/value"] == pytest.approx(-0.3)  # iterations average
+    assert combine_metrics([({"loss/kl": 0.2}, 0.0), ({"loss/kl": 0.4}, 0.0)]) == {
+        "loss/kl": pytest.approx(0.3)
+    }  # passes without trained tokens: a plain mean
