@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from agentgym import ConfigError
 from agentgym.trainers._config import VLLM_LORA_RANKS, GRPOConfig, parse_tasks
@@ -281,3 +282,19 @@ def test_the_knobs_the_docs_say_carry_over_from_trl_are_ours_and_trls() -> None:
     assert listed <= ours, sorted(listed - ours)
     assert listed <= trls, sorted(listed - trls)
     assert (ours & trls) <= listed, sorted((ours & trls) - listed)  # a new shared knob is listed
+
+
+def test_the_coming_from_trl_config_in_the_docs_is_valid_and_its_defaults_hold() -> None:
+    """docs/trainer.md's translation of a TRL run: its YAML builds, the defaults it names hold."""
+    import re
+
+    text = (Path(__file__).parents[2] / "docs" / "trainer.md").read_text()
+    section = text[text.index("### Coming from TRL") :]
+    block = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert block is not None
+    config = GRPOConfig.from_dict(yaml.safe_load(block.group(1)))
+    assert (config.tasks_per_step, config.vllm_gpu_memory_utilization) == (8, 0.3)
+    defaults = GRPOConfig.defaults()
+    assert (defaults["learning_rate"], defaults["lr_scheduler_type"]) == (1e-5, "constant")
+    assert defaults["vllm_importance_sampling_mode"] == "token_truncate"
+    assert defaults["max_completion_length"] == 256
