@@ -495,4 +495,3 @@ def _sampling_metrics(
         "sampling/logprob_drift_mean": drift.mean().item(),
         "sampling/logprob_drift_max": drift.max().item(),
     }
-
