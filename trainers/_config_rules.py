@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentgym._errors import ConfigError
 
+from ._trl_keys import trl_value_hint
+
 if TYPE_CHECKING:
     from ._config import GRPOConfig
 
@@ -47,7 +49,8 @@ def check_types(config: GRPOConfig) -> None:
         if not matches(value, hints[f.name]):
             raise ConfigError(
                 f"{f.name}={value!r} ({type(value).__name__}) is not a valid "
-                f"{_describe(hints[f.name])}; {f.metadata['help']}"
+                f"{_describe(hints[f.name])}; "
+                f"{trl_value_hint(f.name, value) or f.metadata['help']}"
             )
 
 

@@ -71,6 +71,23 @@ TRL_KEYS: dict[str, str] = {
 }
 
 
+#: (knob, TRL value) -> what to write here instead, for values TRL takes and this knob does not.
+TRL_VALUES: dict[tuple[str, object], str] = {
+    ("loss_type", "bnpo"): "TRL's 'bnpo' divides by each micro-batch's tokens, which here would "
+    "hang on how the trainer cuts a step into passes; use 'dapo', the step's tokens (bnpo "
+    "with one micro-batch)",
+    ("scale_rewards", True): "TRL's older spelling of 'group'; write 'group'",
+    ("scale_rewards", False): "TRL's older spelling of 'none'; write 'none'",
+}
+
+
+def trl_value_hint(knob: str, value: object) -> str | None:
+    """What to write instead of a value TRL takes for ``knob``, or None."""
+    if not isinstance(value, (str, bool)):
+        return None
+    return TRL_VALUES.get((knob, value))
+
+
 def trl_key_hint(key: str) -> str | None:
     """What to set instead of TRL's ``key``, or None when it is not one of TRL's keys."""
     hint = TRL_KEYS.get(key)

@@ -32,8 +32,11 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"num_generations": 1}, "num_generations=1"),
         ({"lora_r": 4}, "lora_r=4 cannot be served by vLLM"),
         ({"lora_target_modules": ["q_proj", "lm_head"]}, "['lm_head']"),
-        ({"loss_type": "bnpo"}, "loss_type='bnpo'"),
-        ({"scale_rewards": True}, "scale_rewards=True"),
+        ({"loss_type": "bnpo"}, "loss_type='bnpo' (str) is not a valid value, one of 'grpo', "
+         "'dr_grpo', 'dapo', 'cispo', 'sapo', 'luspo', 'vespo'; TRL's 'bnpo' divides"),
+        ({"scale_rewards": True}, "scale_rewards=True (bool) is not a valid value, one of "
+         "'group', 'batch', 'none'; TRL's older spelling of 'group'"),
+        ({"scale_rewards": "per_group"}, "'none'; Advantage scaling:"),  # the knob's help
         ({"learning_rate": "fast"}, "learning_rate='fast' (str)"),
         ({"temperature": 0.0}, "temperature=0.0"),
         ({"top_p": 0.0}, "top_p=0.0"),
@@ -177,7 +180,7 @@ def test_the_trl_keys_table_names_only_trl_keys_and_our_knobs() -> None:
     import re
 
     from tests.conftest import require
-    from trainers._trl_keys import TRL_KEYS
+    from trainers._trl_keys import TRL_KEYS, TRL_VALUES
 
     trl = require("trl")
     ours = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -189,6 +192,10 @@ def test_the_trl_keys_table_names_only_trl_keys_and_our_knobs() -> None:
     assert set(TRL_KEYS) - older <= trls, sorted(set(TRL_KEYS) - older - trls)
     named = {word for fix in TRL_KEYS.values() for word in re.findall(r"\b[a-z]+_[a-z_]+\b", fix)}
     assert named and named <= ours, sorted(named - ours)
+    assert {knob for knob, _ in TRL_VALUES} <= ours  # values TRL takes for knobs we share
+    for (knob, value), fix in TRL_VALUES.items():
+        with pytest.raises(ConfigError, match=re.escape(fix)):
+            GRPOConfig.from_dict({knob: value})
 
 
 def test_deprecated_trl_name_is_forwarded() -> None:
