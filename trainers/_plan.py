@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from agentgym._registry import resolve_id
 
 from ._config import GRPOConfig
-from ._preflight import Checked, cpu_memory_estimate, preflight
+from ._memory import cpu_memory_estimate, parameter_count
+from ._preflight import Checked, gpu_split, preflight, resolved_device
 from ._run_dir import RunDir, checkpoints_by_step
 from ._tracking import resolve_report_to
 
@@ -48,7 +49,7 @@ def dry_run(config: GRPOConfig, *, resume: bool = False) -> list[tuple[str, str]
 def _model(config: GRPOConfig, checked: Checked) -> str:
     targets = config.lora_target_modules
     where = targets if isinstance(targets, str) else ", ".join(targets)
-    device = _device(config)
+    device = resolved_device(config)
     shown = device if config.device != "auto" else f"auto ({device} here)"
     text = (f"{config.model} ({checked.model_dir}), LoRA r{config.lora_r} alpha "
             f"{config.lora_alpha:g} on {where}, device {shown}, dtype {config.dtype}")  # fmt: skip
@@ -58,16 +59,10 @@ def _model(config: GRPOConfig, checked: Checked) -> str:
         params, need, have = cpu_memory_estimate(checked.model_dir)
         text += (f"; ~{params / 1e6:,.1f} M parameters, ~{_size(need)} of this machine's "
                  f"{_size(have)} to train on the CPU")  # fmt: skip
+    else:
+        params = parameter_count(checked.model_dir)
+        text += f"; ~{params / 1e6:,.1f} M parameters, {gpu_split(config, params).describe()}"
     return text
-
-
-def _device(config: GRPOConfig) -> str:
-    """'cpu' or 'cuda': the device the run trains on here (``auto`` resolved)."""
-    if config.device != "auto":
-        return config.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _size(count: int) -> str:

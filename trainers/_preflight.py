@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,13 +27,11 @@ from agentgym.engine._model_dir import context_length
 
 from ._config import GRPOConfig
 from ._config_rules import UNSERVABLE_TARGETS, check_device
+from ._memory import GIB, GpuSplit, cpu_memory_estimate, parameter_count
 from ._tracking import BACKENDS, resolve_report_to
 
 log = logging.getLogger(__name__)
 
-#: Bytes per parameter while training with LoRA in float32 on the CPU: weights (4) plus
-#: activations and the engine's own copy of the weights (4); the adapter is negligible.
-_BYTES_PER_PARAM_CPU = 8
 #: The module each tracker backend imports when it starts (`trainers._tracking`).
 _TRACKER_MODULES = {
     "tensorboard": "torch.utils.tensorboard", "trackio": "trackio", "wandb": "wandb",
@@ -294,27 +290,32 @@ def _check_template(model_dir: Path, tools: list[dict[str, Any]], kwargs: dict[s
 
 
 def _check_memory(model_dir: Path, config: GRPOConfig) -> None:
-    """Refuse a model that cannot fit in this machine's memory (CPU runs only)."""
-    if config.device == "cuda":
+    """Refuse a model that cannot fit this machine's memory, or a GPU share its weights."""
+    if resolved_device(config) == "cpu":
+        params, need, have = cpu_memory_estimate(model_dir)
+        if need > have:
+            raise ConfigError(
+                f"{model_dir.name} has ~{params / 1e9:.1f} B parameters: ~{need / GIB:.0f} GiB "
+                f"to train on the CPU, this machine has {have / GIB:.0f} GiB; use device: cuda "
+                "or a smaller model"
+            )
         return
-    params, need, have = cpu_memory_estimate(model_dir)
-    if need > have:
-        raise ConfigError(
-            f"{model_dir.name} has ~{params / 1e9:.1f} B parameters: ~{need / 2**30:.0f} GiB "
-            f"to train on the CPU, this machine has {have / 2**30:.0f} GiB; use device: cuda "
-            "or a smaller model"
-        )
+    params = parameter_count(model_dir)
+    gpu_split(config, params).check(model_dir.name, params, config.vllm_gpu_memory_utilization)
 
 
-def cpu_memory_estimate(model_dir: Path) -> tuple[int, int, int]:
-    """(parameters, bytes to train with LoRA on the CPU, this machine's bytes of memory).
+def resolved_device(config: GRPOConfig) -> str:
+    """'cpu' or 'cuda': the device the run trains on here (``auto`` resolved)."""
+    if config.device != "auto":
+        return config.device
+    import torch
 
-    The parameter count is read off ``config.json`` (a dense decoder: attention, MLP,
-    embeddings), so a model too big to load is refused before it loads.
-    """
-    spec = json.loads((model_dir / "config.json").read_text())
-    hidden, layers = spec.get("hidden_size", 0), spec.get("num_hidden_layers", 0)
-    vocab, mlp = spec.get("vocab_size", 0), spec.get("intermediate_size", 4 * hidden)
-    params = layers * (4 * hidden * hidden + 3 * hidden * mlp) + 2 * vocab * hidden
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return params, params * _BYTES_PER_PARAM_CPU, have
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gpu_split(config: GRPOConfig, params: int) -> GpuSplit:
+    """How the run would share this process's GPU."""
+    import torch
+
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return GpuSplit.of(params, config, total)
