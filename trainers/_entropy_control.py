@@ -47,9 +47,12 @@ class EntropyControl:
         """Move the coefficient after an optimiser step, from its trained tokens' entropy.
 
         ``entropy_sum`` and ``tokens`` are the step's totals over every micro-batch and rank,
-        so the mean is the step's, not one micro-batch's.
+        so the mean is the step's, not one micro-batch's. A step that trained no token
+        measured nothing and moves nothing (TRL would read its entropy as 0).
         """
-        entropy = entropy_sum / max(tokens, 1.0)
+        if tokens <= 0:
+            return
+        entropy = entropy_sum / tokens
         if entropy <= self.target:
             self.coef = min(self.coef + self.delta, self.high)
         else:

@@ -64,3 +64,4 @@ def test_a_steps_metrics_weigh_its_passes_by_their_tokens() -> None:
     assert combine_metrics([({"loss/kl": 0.2}, 0.0), ({"loss/kl": 0.4}, 0.0)]) == {
         "loss/kl": pytest.approx(0.3)
     }  # passes without trained tokens: a plain mean
+
