@@ -1,4 +1,4 @@
-"""`EntropyControl`'s own rules; its agreement with TRL is in test_loss.py, its resume in test_grpo.py."""
+"""`EntropyControl`'s own rules (its agreement with TRL: test_loss.py; its resume: test_grpo.py)."""
 
 from __future__ import annotations
 
@@ -19,5 +19,6 @@ def test_adaptive_entropy_control_moves_only_on_a_measured_step() -> None:
     restored.restore(json.loads(json.dumps(control.state())))
     assert (restored.coef, restored.last_entropy) == (control.coef, control.last_entropy)
     fresh = EntropyControl(coef=0.2, target=0.5, delta=0.05, low=0.0, high=1.0)
-    restored.restore(json.loads(json.dumps(fresh.state(), allow_nan=False)))  # before any step: inf survives the JSON round trip
+    # before any step: inf survives a strict JSON round trip
+    restored.restore(json.loads(json.dumps(fresh.state(), allow_nan=False)))
     assert restored.last_entropy == float("inf") and restored.applied == 0.0
