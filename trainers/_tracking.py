@@ -258,6 +258,8 @@ CONSOLE_FIELDS: tuple[Field, ...] = (
     Field("eval", "eval/success", "{:.0%}"),
     Field("kl", "loss/kl", "{:.4f}"),
     Field("clip", ("loss/clip_ratio_low", "loss/clip_ratio_high"), "{:.1%}"),
+    Field("entropy", "loss/entropy", "{:.3f}"),  # a collapse shows here first
+    Field("coef", "loss/entropy_coef", "{:.3f}"),  # with an entropy bonus (adaptive or not)
     Field("len", "rollout/completion_length", "{:.0f}"),
     Field("rollout", "time/rollout", "{:.1f}s"),
     Field("train", "time/train", "{:.1f}s"),

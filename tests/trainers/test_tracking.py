@@ -172,11 +172,12 @@ def test_format_metrics_is_compact_and_skips_absent_or_nan_values() -> None:
     line = format_metrics({
         "reward/mean": 0.4123, "reward/std": 0.2, "reward/success": 0.375,
         "loss/kl": math.nan, "loss/clip_ratio_low": 0.01, "loss/clip_ratio_high": 0.02,
-        "time/rollout": 3.14159, "time/sync": 0.0512, "other": 7.0,
+        "time/rollout": 3.14159, "time/sync": 0.0512, "other": 7.0, "loss/entropy": 0.1469,
     })  # fmt: skip
     assert line == (
-        "reward 0.412±0.200  success 38%  clip 3.0%  rollout 3.1s  sync 0.05s"
+        "reward 0.412±0.200  success 38%  clip 3.0%  entropy 0.147  rollout 3.1s  sync 0.05s"
     )
+    assert "coef 0.050" in format_metrics({"loss/entropy_coef": 0.05})  # with a bonus only
 
 
 def test_console_prints_about_twenty_lines_a_run_plus_evals() -> None:
