@@ -52,7 +52,7 @@ from ._entropy_control import EntropyControl
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import combine_metrics, episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
-from ._preflight import preflight
+from ._preflight import preflight, resolved_device
 from ._report import plot_curves, write_summary
 from ._run_dir import RunDir
 from ._samples import (
@@ -374,11 +374,7 @@ class GRPOTrainer:
         policy.mode_for(self.tools, example or ())  # logs the decision and its reason
 
     def _device(self) -> str:
-        import torch
-
-        if self.config.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.config.device
+        return resolved_device(self.config)
 
     def _trainable(self, model_dir: Path) -> tuple[Any, Any]:
         """The policy model with a fresh LoRA adapter (seeded), and its AdamW optimiser."""

@@ -88,7 +88,7 @@ class GpuSplit:
                        f"{self.trainer_weights / GIB:.1f} GiB, then the adapter, its optimiser "
                        "state and activations)")
 
-    def check(self, model_name: str, params: int, utilization: float) -> None:
+    def check(self, model_name: str, params: int) -> None:
         """Refuse a split in which a part's share cannot hold its weights.
 
         Raises:
@@ -97,7 +97,8 @@ class GpuSplit:
         size = f"{model_name} (~{params / 1e9:.1f} B parameters)"
         if self.engine and self.engine_weights > ENGINE_WEIGHTS_SHARE * self.engine:
             raise ConfigError(
-                f"vLLM's share of the GPU (vllm_gpu_memory_utilization {utilization:g} of "
+                f"vLLM's share of the GPU (vllm_gpu_memory_utilization "
+                f"{self.engine / self.total:g} of "
                 f"{self.total / GIB:.1f} GiB = {self.engine / GIB:.1f} GiB) cannot hold the "
                 f"16-bit weights of {size}, {self.engine_weights / GIB:.1f} GiB, and a KV "
                 "cache; raise vllm_gpu_memory_utilization, or roll out on other GPUs "

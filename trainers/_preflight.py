@@ -301,7 +301,7 @@ def _check_memory(model_dir: Path, config: GRPOConfig) -> None:
             )
         return
     params = parameter_count(model_dir)
-    gpu_split(config, params).check(model_dir.name, params, config.vllm_gpu_memory_utilization)
+    gpu_split(config, params).check(model_dir.name, params)
 
 
 def resolved_device(config: GRPOConfig) -> str:

@@ -39,7 +39,7 @@ def test_parameter_counts_match_the_published_sizes(tmp_path: Path) -> None:
 def test_a_05b_model_fits_a_24_gib_gpu_beside_its_engine(tmp_path: Path) -> None:
     params = parameter_count(model_dir(tmp_path, QWEN_05B))
     split = GpuSplit.of(params, GRPOConfig(), GPU_24G)
-    split.check("qwen2.5-0.5b", params, 0.3)
+    split.check("qwen2.5-0.5b", params)
     assert split.engine == pytest.approx(0.3 * GPU_24G)
     assert split.trainer == pytest.approx(0.7 * GPU_24G)
     assert split.describe().startswith("GPU 24.0 GiB: vLLM 7.2 GiB (weights 0.9 GiB")
@@ -64,8 +64,7 @@ def test_a_7b_model_on_24_gib_is_refused_naming_the_share_and_the_fix(
     params = parameter_count(model_dir(tmp_path, QWEN_7B))
     config = GRPOConfig(**knobs)
     with pytest.raises(ConfigError) as info:
-        GpuSplit.of(params, config, GPU_24G).check("qwen2.5-7b", params,
-                                                  config.vllm_gpu_memory_utilization)  # fmt: skip
+        GpuSplit.of(params, config, GPU_24G).check("qwen2.5-7b", params)
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
@@ -73,10 +72,10 @@ def test_qlora_or_rollout_servers_make_room_for_the_7b_model(tmp_path: Path) -> 
     params = parameter_count(model_dir(tmp_path, QWEN_7B))
     qlora = GpuSplit.of(params, GRPOConfig(vllm_gpu_memory_utilization=0.7, load_in_4bit=True),
                         GPU_24G)  # fmt: skip
-    qlora.check("qwen2.5-7b", params, 0.7)  # 4-bit: 3.9 GiB in the trainer's 7.2 GiB
+    qlora.check("qwen2.5-7b", params)  # 4-bit: 3.9 GiB in the trainer's 7.2 GiB
     assert qlora.trainer_weights == pytest.approx(0.55 * params)
     servers = GpuSplit.of(params, GRPOConfig(rollout_servers=["http://a:8000"]), GPU_24G)
-    servers.check("qwen2.5-7b", params, 0.3)  # the engine is elsewhere: the whole GPU trains
+    servers.check("qwen2.5-7b", params)  # the engine is elsewhere: the whole GPU trains
     assert (servers.engine, servers.trainer) == (0.0, GPU_24G)
 
 
