@@ -25,7 +25,7 @@ advantage is ``(r - mean) / (std + 1e-4)``, or ``r - mean`` for ``"none"``.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agentgym._trajectory import Status, Trajectory
@@ -161,6 +161,72 @@ def group_advantages(
     )
 
 
+def decoupled_advantages(
+    components: Sequence[Sequence[float | None]],
+    weights: Sequence[float],
+    groups: Sequence[Hashable],
+    statuses: Sequence[Status],
+    late_policy: LatePolicy = "drop",
+    started: Sequence[bool] | None = None,
+) -> Advantages:
+    """GDPO's advantages (TRL's ``multi_objective_aggregation="normalize_then_sum"``).
+
+    Why: summed before normalising, a reward on a wide scale drowns one on a narrow scale,
+    and distinct combinations of rewards collapse to the same advantage (GDPO, Liu et al.
+    2026). Each component (a reward function's score, None where it raised) is normalised
+    within its group, ``(r - mean) / (std + 1e-4)`` over the members that have it; the
+    results are summed with ``weights``; the sums are normalised over the step's kept
+    episodes. An episode with no component scored, or alone in its group, gets 0 and stays
+    out of the step's statistics, as TRL's NaN rows do. Dropped episodes and ``late_policy``
+    are as in `group_advantages` (``zero``: a late episode's components are all 0).
+
+    Raises:
+        ValueError: the sequences differ in length, or a row's components differ from
+            ``weights`` in number.
+    """
+    if not len(components) == len(groups) == len(statuses):
+        raise ValueError(
+            f"components, groups and statuses must be parallel lists, got lengths "
+            f"{len(components)}, {len(groups)}, {len(statuses)}"
+        )
+    if any(len(row) != len(weights) for row in components):
+        raise ValueError(f"every episode needs {len(weights)} components, one per weight")
+    if late_policy == "zero":
+        components = [[0.0] * len(weights) if s == "late" else row
+                      for row, s in zip(components, statuses)]  # fmt: skip
+    members = _kept_by_group(groups, statuses, late_policy, started)
+    sums: list[float | None] = [None] * len(components)
+    flat: list[Hashable] = []
+    for key, indices in members.items():
+        varied = False
+        for k, weight in enumerate(weights):
+            present = [i for i in indices if components[i][k] is not None]
+            scores = [float(components[i][k]) for i in present]  # type: ignore[arg-type]
+            if len(scores) < 2:
+                continue
+            mean, std = _mean(scores), unbiased_std(scores)
+            varied = varied or (weight != 0 and not math.isclose(std, 0.0, abs_tol=1e-12))
+            for i, score in zip(present, scores):
+                sums[i] = (sums[i] or 0.0) + weight * (score - mean) / (std + STD_EPS)
+        if not varied:
+            flat.append(key)
+    kept = [value for value in sums if value is not None]
+    mean, std = (_mean(kept), unbiased_std(kept)) if kept else (0.0, 0.0)
+    values: list[float | None] = [None] * len(components)
+    for indices in members.values():
+        for i in indices:
+            value = sums[i]
+            values[i] = 0.0 if value is None else (value - mean) / (std + STD_EPS)
+    return Advantages(
+        values=values,
+        zero_variance_groups=flat,
+        num_groups=len(members),
+        num_infra_error=sum(s == "infra_error" for s in statuses),
+        num_error=sum(s == "error" for s in statuses),
+        num_late=sum(s == "late" for s in statuses),
+    )
+
+
 def group_key(trajectory: Trajectory) -> Hashable:
     """The group an episode belongs to within one rollout call.
 
@@ -201,13 +267,24 @@ def trajectory_advantages(
     trajectories: Sequence[Trajectory],
     scale_rewards: ScaleRewards = "group",
     late_policy: LatePolicy = "drop",
+    reward_weights: Mapping[str, float] | None = None,
 ) -> Advantages:
-    """`group_advantages` over trajectories: reward = ``total_reward``, grouped by `group_key`."""
-    return group_advantages(
-        [t.total_reward for t in trajectories],
-        [group_key(t) for t in trajectories],
-        [t.status for t in trajectories],
-        scale_rewards,
-        late_policy,
-        [bool(t.turns) for t in trajectories],
-    )
+    """Advantages of trajectories, grouped by `group_key`.
+
+    Without ``reward_weights``: `group_advantages` of each ``total_reward``. With them (the
+    rubric's function names and weights): `decoupled_advantages` of each function's score,
+    plus the episode's summed step rewards as one more component (weight 1) when any
+    episode has them; ``scale_rewards`` does not apply.
+    """
+    groups = [group_key(t) for t in trajectories]
+    statuses = [t.status for t in trajectories]
+    started = [bool(t.turns) for t in trajectories]
+    if reward_weights is None:
+        rewards = [t.total_reward for t in trajectories]
+        return group_advantages(rewards, groups, statuses, scale_rewards, late_policy, started)
+    names, weights = list(reward_weights), list(reward_weights.values())
+    rows = [[t.scores.get(name) for name in names] for t in trajectories]
+    if any(any(t.step_rewards) for t in trajectories):
+        rows = [[*row, sum(t.step_rewards)] for row, t in zip(rows, trajectories)]
+        weights.append(1.0)
+    return decoupled_advantages(rows, weights, groups, statuses, late_policy, started)

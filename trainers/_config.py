@@ -45,6 +45,7 @@ ImportanceSamplingMode = Literal[
     "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 ]
 ScaleRewards = Literal["group", "batch", "none"]
+MultiObjectiveAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 RolloutMode = Literal["auto", "concat", "per_turn"]
 LatePolicy = Literal["drop", "drop_group", "zero"]
 LrSchedule = Literal["constant", "constant_with_warmup", "linear", "cosine"]
@@ -351,6 +352,15 @@ class GRPOConfig:
         "group",
         "Advantage scaling: 'group' divides by each group's reward std, 'batch' by the step's "
         "std, 'none' only subtracts the group mean (Dr. GRPO).",
+    )
+    multi_objective_aggregation: MultiObjectiveAggregation = _knob(
+        "sum_then_normalize",
+        "How the env rubric's reward functions make an advantage (TRL's name): "
+        "'sum_then_normalize' normalises each episode's weighted sum in its group "
+        "(scale_rewards); 'normalize_then_sum' (GDPO) normalises each function's score in its "
+        "group, sums them with the rubric's weights, then normalises the sums over the step, "
+        "so a reward on a wide scale does not drown one on a narrow scale (scale_rewards does "
+        "not apply). Needs an env with a Rubric.",
     )
     num_iterations: int = _knob(
         1, "Optimiser updates per batch of rollouts (mu in the GRPO paper); >1 reuses samples."

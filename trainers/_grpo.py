@@ -129,6 +129,10 @@ class GRPOTrainer:
         #: The env's turn limit and tool schemas, read off the env preflight built.
         self.env_max_turns, self.tools = checked.env_max_turns, checked.tools
         self.tasks_sha256 = checked.tasks_sha256
+        #: The rubric's weights, for GDPO advantages (`multi_objective_aggregation`).
+        self.reward_weights = (checked.reward_weights
+                               if config.multi_objective_aggregation == "normalize_then_sum"
+                               else None)  # fmt: skip
         #: The run's event loop (`train` sets it) and the envs its rollouts reuse across steps.
         self._loop: asyncio.Runner | None = None
         self._envs = EnvPool(config.env, config.run_env_kwargs)
@@ -437,13 +441,19 @@ class GRPOTrainer:
         `mask_truncated_completions`; the count is of the latter).
         """
         cfg = self.config
-        advantages = trajectory_advantages(episodes, cfg.scale_rewards, cfg.late_policy)
+        advantages = self._group_advantages(episodes)
         values = advantages.values
         if cfg.mask_truncated_completions:
             values = mask_truncated(values, episodes)
         masked = sum(a is None for a in values) - sum(a is None for a in advantages.values)
         first = sum(len(share) for share in shares[: self.world.rank])
         return advantages, values[first : first + len(shares[self.world.rank])], masked
+
+    def _group_advantages(self, episodes: Sequence[Trajectory]) -> Advantages:
+        """The step's advantages, as `multi_objective_aggregation` makes them."""
+        cfg = self.config
+        return trajectory_advantages(episodes, cfg.scale_rewards, cfg.late_policy,
+                                     self.reward_weights)  # fmt: skip
 
     def _learn(
         self, model: Any, optimizer: Any, samples: list[Any], spec: LossSpec,
@@ -529,8 +539,7 @@ class GRPOTrainer:
         Returns the step's episodes and the replacement task indices.
         """
         cfg, world = self.config, self.world
-        advantages = trajectory_advantages(trajectories, cfg.scale_rewards, cfg.late_policy)
-        flat = advantages.zero_variance_groups
+        flat = self._group_advantages(trajectories).zero_variance_groups
         unused = sorted(set(self.train_tasks) - set(self._tasks_for(step)))
         random.Random(f"{cfg.seed}/{step}").shuffle(unused)
         tasks = unused[world.rank :: world.world_size][: len(flat)]

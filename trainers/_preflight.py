@@ -51,6 +51,8 @@ class Checked(NamedTuple):
     #: `tasks_digest` of the train then eval tasks (None: the env has no task list); a resume
     #: checks it (`RunDir`).
     tasks_sha256: str | None = None
+    #: The env rubric's function names and weights (None: no `Rubric`), for GDPO advantages.
+    reward_weights: dict[str, float] | None = None
 
 
 def preflight(config: GRPOConfig) -> Checked:
@@ -63,13 +65,13 @@ def preflight(config: GRPOConfig) -> Checked:
     _check_engine(config)
     _check_trackers(config)
     _check_device(config)
-    train_tasks, eval_tasks, tools, max_turns, digest = _check_env(config)
+    train_tasks, eval_tasks, tools, max_turns, digest, weights = _check_env(config)
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_context(model_dir, config)
     _check_template(model_dir, tools, config.chat_template_kwargs)
     _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
-    return Checked(model_dir, train_tasks, eval_tasks, tools, max_turns, digest)
+    return Checked(model_dir, train_tasks, eval_tasks, tools, max_turns, digest, weights)
 
 
 def resolve_model(model: str, seed: int = 0) -> Path:
@@ -139,10 +141,11 @@ def _check_device(config: GRPOConfig) -> None:
 
 def _check_env(
     config: GRPOConfig,
-) -> tuple[list[int], list[int], list[dict[str, Any]], int, str | None]:
-    """Build the env once: its split, SFT scripts, tool schemas, turn limit, task digest."""
+) -> tuple[list[int], list[int], list[dict[str, Any]], int, str | None, dict[str, float] | None]:
+    """Build the env once: split, SFT scripts, tools, turn limit, task digest, reward weights."""
     env = make(config.env, **config.run_env_kwargs)
     try:
+        weights = _reward_weights(env, config)
         tools = list(getattr(env, "tool_schemas", []))
         train_tasks, eval_tasks = config.task_split(_task_count(env, config))
         tasks = getattr(env, "tasks", None)
@@ -153,7 +156,22 @@ def _check_env(
         max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
     finally:
         env.close()
-    return train_tasks, eval_tasks, tools, max_turns, digest
+    return train_tasks, eval_tasks, tools, max_turns, digest, weights
+
+
+def _reward_weights(env: Any, config: GRPOConfig) -> dict[str, float] | None:
+    """The rubric's {function name: weight}, which GDPO advantages need; None without one."""
+    rubric = getattr(env, "rubric", None)
+    names, weights = getattr(rubric, "names", None), getattr(rubric, "weights", None)
+    if names is None or weights is None:
+        if config.multi_objective_aggregation == "normalize_then_sum":
+            raise ConfigError(
+                f"multi_objective_aggregation='normalize_then_sum' normalises each reward "
+                f"function of the env's Rubric, and {config.env!r} has none; use "
+                "'sum_then_normalize', or give the env a Rubric"
+            )
+        return None
+    return dict(zip(names, weights))
 
 
 def _task_count(env: Any, config: GRPOConfig) -> int | None:

@@ -9,6 +9,7 @@ import pytest
 from agentgym import Trajectory, Turn
 from agentgym.trainers._advantages import (
     STD_EPS,
+    decoupled_advantages,
     group_advantages,
     mask_truncated,
     trajectory_advantages,
@@ -130,3 +131,69 @@ def test_trajectories_group_by_task_position_then_index() -> None:
 def test_parallel_lists_must_match() -> None:
     with pytest.raises(ValueError, match="parallel"):
         group_advantages([1.0], [0, 0], ["ok"])
+
+
+# --- GDPO: multi_objective_aggregation="normalize_then_sum" -------------------------------------
+
+
+def test_gdpo_keeps_a_narrow_reward_from_drowning_under_a_wide_one() -> None:
+    """Scores (wide 0/100, narrow 0/1): summed, earning only the narrow reward looks like
+    earning nothing; normalised apart, it counts as much as earning only the wide one."""
+    rows = [[100.0, 0.0], [0.0, 1.0], [0.0, 0.0], [100.0, 1.0]]
+    groups, statuses = ["a"] * 4, ["ok"] * 4
+    gdpo = decoupled_advantages(rows, [1.0, 1.0], groups, statuses).values
+    summed = group_advantages([sum(r) for r in rows], groups, statuses).values
+    assert gdpo[0] == pytest.approx(gdpo[1], abs=1e-3)  # up to the 1e-4 added to each std
+    assert gdpo[3] > gdpo[0] > gdpo[2]
+    assert summed[1] - summed[2] < 0.02 * (summed[0] - summed[2])  # the narrow one drowned
+    assert sum(gdpo) == pytest.approx(0.0, abs=1e-9)
+    assert unbiased_std(gdpo) == pytest.approx(1.0, rel=1e-3)  # normalised over the step
+
+
+def test_gdpo_with_one_reward_is_the_group_score_normalised_over_the_step() -> None:
+    rewards, groups = [1.0, 0.0, 0.0, 3.0, 1.0, 2.0], ["a", "a", "a", "b", "b", "b"]
+    statuses = ["ok"] * 6
+    per_group = group_advantages(rewards, groups, statuses, "group").values
+    mean, std = sum(per_group) / 6, unbiased_std(per_group)
+    gdpo = decoupled_advantages([[r] for r in rewards], [2.0], groups, statuses).values
+    # a weight scales every sum alike, so the step's normalisation takes it out again
+    assert gdpo == pytest.approx([(v - mean) / (std + STD_EPS) for v in per_group], rel=1e-3)
+
+
+def test_gdpo_skips_a_score_that_raised_and_leaves_dropped_episodes_out() -> None:
+    rows = [[1.0, 1.0], [0.0, None], [1.0, 0.0], [None, None], [5.0, 5.0], [0.0, 0.0]]
+    groups = ["a", "a", "a", "a", "b", "b"]
+    statuses = ["ok", "error", "ok", "ok", "infra_error", "ok"]
+    result = decoupled_advantages(rows, [1.0, 0.5], groups, statuses)
+    assert result.values[3] == 0.0  # nothing scored: no signal
+    assert result.values[4] is None and result.num_infra_error == 1  # dropped, not scored 0
+    assert result.values[5] == 0.0 and result.zero_variance_groups == ["b"]  # alone in b
+    without_dropped = decoupled_advantages(rows[:4], [1.0, 0.5], groups[:4], statuses[:4])
+    assert result.values[:4] == pytest.approx(without_dropped.values)
+
+
+def test_gdpo_reports_a_group_flat_when_only_unweighted_scores_vary() -> None:
+    rows = [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [1.0, 1.0]]  # a: weighted score equal
+    result = decoupled_advantages(rows, [1.0, 0.0], ["a", "a", "b", "b"], ["ok"] * 4)
+    assert result.zero_variance_groups == ["a"]
+    assert result.values[0] == result.values[1]
+
+
+def test_trajectory_advantages_read_the_rubric_scores_and_step_rewards() -> None:
+    def episode(group: int, correct: float, used: float, step: float = 0.0) -> Trajectory:
+        t = Trajectory(env_id="x", task_position=group, turns=[Turn(reward=step)],
+                       final_reward=correct, scores={"correct": correct, "used": used})
+        return t
+
+    weights = {"correct": 1.0, "used": 0.0}
+    plain = [episode(0, 1.0, 1.0), episode(0, 0.0, 1.0), episode(1, 1.0, 0.0), episode(1, 0.0, 0.0)]
+    gdpo = trajectory_advantages(plain, reward_weights=weights).values
+    assert gdpo == pytest.approx(decoupled_advantages(
+        [[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]], [1.0, 0.0], [0, 0, 1, 1], ["ok"] * 4
+    ).values)  # fmt: skip
+    stepped = [*plain[:3], episode(1, 0.0, 0.0, step=0.5)]  # step rewards: one more component
+    with_steps = trajectory_advantages(stepped, reward_weights=weights).values
+    assert with_steps == pytest.approx(decoupled_advantages(
+        [[1.0, 1.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.5]],
+        [1.0, 0.0, 1.0], [0, 0, 1, 1], ["ok"] * 4,
+    ).values)  # fmt: skip

@@ -64,6 +64,16 @@ def test_an_env_without_a_task_list_needs_both_ranges() -> None:
     _refusal(GRPOConfig(env="tests/NoTasks-v0"), "has no task list to split; set train_tasks")
 
 
+def test_gdpo_reads_the_rubrics_weights_and_needs_a_rubric() -> None:
+    checked = preflight(GRPOConfig(multi_objective_aggregation="normalize_then_sum",
+                                   **SMALL_TASKS))  # fmt: skip
+    assert checked.reward_weights == {"correct_answer": 1.0, "used_calculator": 0.0}
+    agentgym.register("tests/NoRubric-v0", TasksElsewhere)
+    config = GRPOConfig(env="tests/NoRubric-v0", train_tasks="4:8", eval_tasks=[0],
+                        multi_objective_aggregation="normalize_then_sum")  # fmt: skip
+    _refusal(config, "'normalize_then_sum' normalises each reward function of the env's Rubric")
+
+
 def test_an_env_with_an_empty_task_list_is_refused() -> None:
     agentgym.register("tests/EmptyTasks-v0", lambda: agentgym.ToolEnv([]))
     _refusal(GRPOConfig(env="tests/EmptyTasks-v0"), "has no tasks with env_kwargs")
