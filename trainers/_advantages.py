@@ -48,6 +48,19 @@ class Advantages:
     num_error: int = 0
     num_late: int = 0
 
+    @classmethod
+    def tallied(
+        cls, values: list[float | None], flat: list[Hashable], groups: int,
+        statuses: Sequence[Status],
+    ) -> Advantages:  # fmt: skip
+        """The advantages with the step's outcome counts taken from ``statuses``."""
+        return cls(
+            values=values, zero_variance_groups=flat, num_groups=groups,
+            num_infra_error=sum(s == "infra_error" for s in statuses),
+            num_error=sum(s == "error" for s in statuses),
+            num_late=sum(s == "late" for s in statuses),
+        )  # fmt: skip
+
     @property
     def kept(self) -> list[int]:
         """Indices of episodes that train (advantage not None)."""
@@ -151,14 +164,7 @@ def group_advantages(
         scale = {"group": std + STD_EPS, "batch": batch_std + STD_EPS, "none": 1.0}[scale_rewards]
         for i in indices:
             values[i] = (rewards[i] - mean) / scale
-    return Advantages(
-        values=values,
-        zero_variance_groups=flat,
-        num_groups=len(members),
-        num_infra_error=sum(s == "infra_error" for s in statuses),
-        num_error=sum(s == "error" for s in statuses),
-        num_late=sum(s == "late" for s in statuses),
-    )
+    return Advantages.tallied(values, flat, len(members), statuses)
 
 
 def decoupled_advantages(
@@ -217,14 +223,7 @@ def decoupled_advantages(
         for i in indices:
             value = sums[i]
             values[i] = 0.0 if value is None else (value - mean) / (std + STD_EPS)
-    return Advantages(
-        values=values,
-        zero_variance_groups=flat,
-        num_groups=len(members),
-        num_infra_error=sum(s == "infra_error" for s in statuses),
-        num_error=sum(s == "error" for s in statuses),
-        num_late=sum(s == "late" for s in statuses),
-    )
+    return Advantages.tallied(values, flat, len(members), statuses)
 
 
 def group_key(trajectory: Trajectory) -> Hashable:
