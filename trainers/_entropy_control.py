@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._config import GRPOConfig
 
 
 @dataclass
@@ -31,7 +34,7 @@ class EntropyControl:
     last_entropy: float = math.inf
 
     @classmethod
-    def from_config(cls, config: Any) -> EntropyControl | None:
+    def from_config(cls, config: GRPOConfig) -> EntropyControl | None:
         """The controller of a `GRPOConfig`, or None when it does not use one."""
         if not config.use_adaptive_entropy:
             return None

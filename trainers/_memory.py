@@ -14,9 +14,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from agentgym._errors import ConfigError
+
+if TYPE_CHECKING:
+    from ._config import GRPOConfig
 
 #: Bytes per parameter while training with LoRA in float32 on the CPU: weights (4) plus
 #: activations and the engine's own copy of the weights (4); the adapter is negligible.
@@ -65,7 +68,7 @@ class GpuSplit:
     trainer_holds: str = "its copy of the weights"
 
     @classmethod
-    def of(cls, params: int, config: Any, total: int) -> GpuSplit:
+    def of(cls, params: int, config: GRPOConfig, total: int) -> GpuSplit:
         """The split for a `GRPOConfig` on a GPU of ``total`` bytes."""
         base = params * (BYTES_PER_PARAM_4BIT if config.load_in_4bit else BYTES_PER_PARAM_16BIT)
         sixteen = params * BYTES_PER_PARAM_16BIT

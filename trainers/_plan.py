@@ -98,8 +98,8 @@ def _training(config: GRPOConfig, episodes: int) -> str:
 _LOSS_KNOBS = (
     "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta",
     "use_bias_correction_kl", "scale_rewards", "multi_objective_aggregation", "num_iterations",
-    "mask_truncated_completions",
-    "top_entropy_quantile", "off_policy_mask_threshold", "entropy_coef", "use_adaptive_entropy",
+    "mask_truncated_completions", "top_entropy_quantile", "off_policy_mask_threshold",
+    "entropy_coef", "use_adaptive_entropy",
     "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target",
     "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos",
     "vespo_k_neg", "vespo_lambda_neg", "vllm_importance_sampling_correction",

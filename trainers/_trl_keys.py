@@ -21,6 +21,8 @@ _SAMPLING = "the sampling knobs here are temperature, top_p, top_k and min_p"
 _REFERENCE = "the KL reference is the base model with the adapter disabled (set beta)"
 _RUN_FOLDER = "output_dir is the run folder: config, logs, metrics and checkpoints"
 _COMPLETIONS = "set log_completions: the logged steps' episodes go to rollouts.jsonl"
+_SERVERS = "set rollout_servers: [http://HOST:PORT]"
+_EXPORT = "agentgym export RUN_DIR writes the adapter or a merged model to upload"
 
 #: TRL key -> what to set here instead (one clause, no trailing period).
 TRL_KEYS: dict[str, str] = {
@@ -35,9 +37,9 @@ TRL_KEYS: dict[str, str] = {
     "max_tool_calling_iterations": "set max_turns",
     "use_vllm": _ENGINE,
     "vllm_mode": _ENGINE,
-    "vllm_server_base_url": "set rollout_servers: [http://HOST:PORT]",
-    "vllm_server_host": "set rollout_servers: [http://HOST:PORT]",
-    "vllm_server_port": "set rollout_servers: [http://HOST:PORT]",
+    "vllm_server_base_url": _SERVERS,
+    "vllm_server_host": _SERVERS,
+    "vllm_server_port": _SERVERS,
     "vllm_max_model_length": "set max_model_len",
     "vllm_tensor_parallel_size": "one GPU per engine here; more GPUs: torchrun, one rank each",
     "bf16": "set dtype: bfloat16 ('auto' is bfloat16 on CUDA, float32 on the CPU)",
@@ -58,8 +60,8 @@ TRL_KEYS: dict[str, str] = {
     "resume=True))",
     "run_name": _RUN_FOLDER,
     "logging_dir": _RUN_FOLDER,
-    "push_to_hub": "agentgym export RUN_DIR writes the adapter or a merged model to upload",
-    "hub_model_id": "agentgym export RUN_DIR writes the adapter or a merged model to upload",
+    "push_to_hub": _EXPORT,
+    "hub_model_id": _EXPORT,
     "optim": "the optimiser is AdamW: set learning_rate and weight_decay",
     "sync_ref_model": _REFERENCE,
     "ref_model_sync_steps": _REFERENCE,
@@ -83,7 +85,7 @@ TRL_VALUES: dict[tuple[str, object], str] = {
 
 def trl_value_hint(knob: str, value: object) -> str | None:
     """What to write instead of a value TRL takes for ``knob``, or None."""
-    if not isinstance(value, (str, bool)):
+    if not isinstance(value, (str, bool)):  # the table's values; a list would not hash
         return None
     return TRL_VALUES.get((knob, value))
 
