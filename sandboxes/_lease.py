@@ -40,10 +40,10 @@ class SandboxLease(SandboxBase):
     # -- the Sandbox protocol ---------------------------------------------------------------
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout: float | None = None, *,
-            session: bool | None = None) -> ExecResult:
+            session: bool | None = None, end_session: bool = False) -> ExecResult:
         """The sandbox's ``run``, while the lease lasts."""
         return self._call(self.sandbox.run, code, language, stdin, files, timeout,
-                          session=session)
+                          session=session, end_session=end_session)
 
     def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
              files: Files | None = None, timeout: float | None = None) -> ExecResult:

@@ -78,8 +78,12 @@ class LocalSandbox(SandboxBase):
 
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout: float | None = None, *,
-            session: bool | None = None) -> ExecResult:
-        """Run ``code`` in a fresh process (``session`` is accepted and ignored)."""
+            session: bool | None = None, end_session: bool = False) -> ExecResult:
+        """Run ``code`` in a fresh process.
+
+        ``session`` and ``end_session`` are accepted and ignored: there is no session, and a
+        call's process group ends with it.
+        """
         argv = language_argv(language, code) or [sys.executable, "-I", "-c", code]
         return self.exec(argv, stdin=stdin, files=files, timeout=timeout)
 

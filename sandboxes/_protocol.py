@@ -26,7 +26,10 @@ class Sandbox(Protocol):
     ``files`` maps paths relative to the work directory to contents written before the call;
     ``timeout`` is in seconds (None: the backend's default). ``session`` picks, for Python,
     the sandbox's persistent session (True), a fresh interpreter (False) or the backend's
-    default (None); a backend without sessions always runs fresh. Both return an
+    default (None); a backend without sessions always runs fresh. ``end_session=True`` ends
+    the session first (its threads and every process the code left), so nothing of the code
+    runs beside the call: reward verification asks for it, since a thread left in the agent's
+    session could otherwise tamper with the test runner's files. Both return an
     `ExecResult` and never raise for anything the code did; only the backend's own failures
     show up, as ``status == "infra_error"``. ``reset`` returns the sandbox to a clean state
     (work dir emptied, every process of the code killed); ``interrupt`` kills the code of
@@ -36,7 +39,7 @@ class Sandbox(Protocol):
 
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout: float | None = None, *,
-            session: bool | None = None) -> ExecResult:
+            session: bool | None = None, end_session: bool = False) -> ExecResult:
         """Run source code and return its result."""
         ...
 
@@ -47,7 +50,7 @@ class Sandbox(Protocol):
 
     async def arun(self, code: str, language: str = "python", stdin: str | bytes | None = None,
                    files: Files | None = None, timeout: float | None = None, *,
-                   session: bool | None = None) -> ExecResult:
+                   session: bool | None = None, end_session: bool = False) -> ExecResult:
         """Async twin of `run`."""
         ...
 

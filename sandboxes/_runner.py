@@ -103,6 +103,7 @@ NO_BUILTIN_TESTS = (
     "built-in runner takes no classes): name test functions test_*"
 )
 BROKEN_TESTS = "the test file itself failed to import or collect, before any test ran"
+ITERATION_ENDERS = ("StopIteration", "StopAsyncIteration")  # never rebuilt (see _rebuilt)
 TOTAL_RAN_OUT = "the sample's total_timeout ({:g}s) ran out before this test finished"
 
 
@@ -697,10 +698,13 @@ def _rebuilt(name, message, func):
     """The exception the candidate's function raised, as a builtin exception when it is one.
 
     So a test that expects ``ValueError`` can catch it; anything else (SystemExit, the
-    code's own classes) is a `CandidateError` naming it.
+    code's own classes) is a `CandidateError` naming it, and so are the exceptions that steer
+    the judge's own control flow (`ITERATION_ENDERS`): a ``StopIteration`` raised inside the
+    test's ``map()`` or ``filter()`` would end it early, so ``all(map(f, cases))`` passed
+    (Python turns one leaving a generator into RuntimeError for the same reason, PEP 479).
     """
     cls = getattr(builtins, name, None) if name.isidentifier() else None
-    if isinstance(cls, type) and issubclass(cls, Exception):
+    if isinstance(cls, type) and issubclass(cls, Exception) and name not in ITERATION_ENDERS:
         try:
             return cls(message)
         except Exception:
@@ -1067,9 +1071,10 @@ def _pytest_args(d):
     Why: without them pytest looks for a config file (pytest.ini, setup.py ...) and for
     conftest.py files in every parent of the workspace, /tmp included, where the code may
     have left one (earlier in the lease): a conftest.py is imported into the judge and could
-    make every test pass.
+    make every test pass. ``--noconftest`` as well: a task's tests are one module, so no
+    conftest.py is ever the task's, not even one in the workspace itself.
     """
-    return [os.path.join(d, "test_solution.py"), "-q", "-p", "no:cacheprovider",
+    return [os.path.join(d, "test_solution.py"), "-q", "-p", "no:cacheprovider", "--noconftest",
             "-c", os.path.join(d, "pytest.ini"), "--rootdir", d, "--confcutdir", d]
 
 
@@ -1133,6 +1138,7 @@ def _outcomes_plugin(req, res_w):
     class Outcomes:
         def __init__(self):
             self.running = {}
+            self.timed_out = set()  # node ids whose per-test timer fired
 
         def pytest_itemcollected(self, item):
             write({"collected": _test_name(item.nodeid)})
@@ -1153,6 +1159,7 @@ def _outcomes_plugin(req, res_w):
                 # early, the TimeoutError would pass `pytest.raises(Exception)` for a function
                 # that never raised. Only the timer's alarm, at the deadline, counts.
                 if time.monotonic() >= deadline:
+                    self.timed_out.add(item.nodeid)  # not the message: the code can raise it
                     raise TimeoutError("test exceeded {:g}s".format(req["per_test_timeout"]))
 
             old = signal.signal(signal.SIGALRM, on_alarm)
@@ -1171,19 +1178,18 @@ def _outcomes_plugin(req, res_w):
             )
             state["duration"] += report.duration or 0.0
             if state["status"] == "passed" and not report.passed:  # the first problem decides
-                state.update(_phase_outcome(item, report))
+                state.update(_phase_outcome(item, report, item.nodeid in self.timed_out))
             if report.when == "teardown":
                 write(self.running.pop(item.nodeid))
 
     return Outcomes()
 
 
-def _phase_outcome(item, report):
-    """Status and message of a phase that did not pass."""
+def _phase_outcome(item, report, timed_out):
+    """Status and message of a phase that did not pass (``timed_out``: its timer fired)."""
     why = _why(report)
     if report.failed:
-        timeout = "TimeoutError: test exceeded" in report.longreprtext
-        return {"status": "timeout" if timeout else "failed", "passed": False, "message": why}
+        return {"status": "timeout" if timed_out else "failed", "passed": False, "message": why}
     declared = any(True for name in ("skip", "skipif", "xfail") for _ in item.iter_markers(name))
     if declared:
         return {"status": "skipped", "passed": False, "message": why}

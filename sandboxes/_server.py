@@ -19,8 +19,9 @@ The code never holds a fd of the harness except, in a session, the kernel socket
 process must keep to be the next kernel: G has only fds 0-2 (C keeps the control pipe), and
 S reads the kernel socket as untrusted (`_Replies`). After every call S kills every process of
 its uid except itself and the current kernel (scanning /proc until none is left), so detached
-``setsid`` children do not survive. Timeouts and the output cap are enforced here, inside the
-container.
+``setsid`` children do not survive. A request with ``end_session`` ends the kernel first, so
+nothing the code left running (a session thread) runs beside it: verification asks for that.
+Timeouts and the output cap are enforced here, inside the container.
 """
 
 import base64
@@ -464,6 +465,8 @@ class Server:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_fd = _stdin_fd(req.get("stdin"))
+        if req.get("end_session"):  # nothing the code left running may run beside this call
+            self._end_session()
         session = bool(req["op"] == "run" and req.get("session"))
         if session:
             note = self._send_cell(req, in_fd, out_w, err_w)

@@ -152,11 +152,16 @@ def _score(result: ExecResult, reward: str) -> VerifyResult:
 
 
 def _run_kwargs(sandbox: Any, payload: str, total_timeout: float) -> dict[str, Any]:
-    """Keyword arguments of the runner's one call; never in the agent's Python session."""
+    """Keyword arguments of the runner's one call.
+
+    Never in the agent's Python session, and with that session ended first: a thread it left
+    running could rewrite the judge's workspace while the tests collect.
+    """
     if not isinstance(sandbox, (Sandbox, SandboxPool)):
         raise ConfigError(f"sandbox must be a Sandbox or a SandboxPool, got "
                           f"{type(sandbox).__name__}")
-    return {"stdin": payload, "timeout": total_timeout + RUNNER_SLACK_S, "session": False}
+    return {"stdin": payload, "timeout": total_timeout + RUNNER_SLACK_S, "session": False,
+            "end_session": True}
 
 
 def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *,

@@ -70,6 +70,60 @@ def test_a_conftest_left_in_tmp_is_not_loaded_by_pytest(sb, config):
     assert (res.reward, res.status, res.infra_error) == (0.0, "failed", None), res.tests
 
 
+PLANT_FROM_A_SESSION_THREAD = f"""
+import os, threading, time
+def plant():
+    while True:
+        for name in os.listdir("/tmp"):
+            if name.startswith("agentgym-verify-"):
+                try:
+                    with open(f"/tmp/{{name}}/conftest.py", "w") as fh:
+                        fh.write({PASS_EVERYTHING_CONFTEST!r})
+                except OSError:
+                    pass
+        time.sleep(0.0005)
+threading.Thread(target=plant, daemon=True).start()
+"""
+
+
+def test_a_thread_left_in_the_agents_session_cannot_plant_a_conftest(sb):
+    # An agent's tool call (a session cell) leaves a thread that writes conftest.py into the
+    # pytest judge's workspace while the tests collect: verification ends the session first.
+    assert sb.run(PLANT_FROM_A_SESSION_THREAD, session=True).ok
+    res = verify(WRONG_ADD, PYTEST_TESTS, "pytest", sandbox=sb)
+    assert (res.reward, res.status, res.infra_error) == (0.0, "failed", None), res.tests
+    after = sb.run("print(threading.active_count())", session=True)
+    assert "the Python session was lost" in after.stderr, after
+    assert "NameError" in after.stderr  # a new session: the planter's globals are gone
+
+
+@pytest.mark.parametrize("mode", ["assert", "pytest"])
+def test_a_stop_iteration_from_the_candidate_does_not_end_the_tests_loops(sb, mode):
+    # Rebuilt as StopIteration in the judge, it ended the test's map() early: all() saw no
+    # item and any() none, so both asserts held for a function that only raises.
+    code = "def is_even(x):\n    raise StopIteration\n"
+    checks = ["assert all(map(is_even, [2, 4, 6]))", "assert not any(map(is_even, [1, 3]))"]
+    tests = checks if mode == "assert" else "from solution import is_even\n\n" + "".join(
+        f"def test_{k}():\n    {check}\n\n" for k, check in enumerate(checks))
+    res = verify(code, tests, mode, sandbox=sb)
+    assert (res.reward, res.status, res.infra_error) == (0.0, "failed", None), res.tests
+    assert all("is_even() raised StopIteration" in t.message for t in res.tests), res.tests
+
+
+def test_a_timeout_error_the_code_raises_is_a_failure_not_a_timeout(sb):
+    # The judge told its own per-test timeout by the message, which the code can write too.
+    code = ("import time\n"
+            "def add(a, b):\n"
+            "    raise TimeoutError('test exceeded 3s')\n"
+            "def slow(a, b):\n"
+            "    time.sleep(60)\n")
+    tests = ("from solution import add, slow\n\n"
+             "def test_add():\n    assert add(1, 2) == 3\n\n"
+             "def test_slow():\n    slow(1, 2)\n")
+    res = verify(code, tests, "pytest", sandbox=sb, per_test_timeout=1)
+    assert {t.name: t.status for t in res.tests} == {"test_add": "failed", "test_slow": "timeout"}
+
+
 BROADCAST_SIGALRM = (
     "    for pid in os.listdir('/proc'):\n"
     "        if pid.isdigit() and int(pid) not in (1, os.getpid()):\n"
