@@ -138,6 +138,19 @@ def test_a_score_that_is_not_a_finite_number_is_recorded_as_an_error(bad: object
     assert "bad" in result.errors
 
 
+def test_a_failing_reward_function_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    # Gymnasium's step returns a number whatever happens: the log says a function failed.
+    def flaky_reward(completion: str) -> float:
+        raise ValueError("no score for " + completion)
+
+    rubric = Rubric([flaky_reward])
+    with caplog.at_level("WARNING", logger="agentgym._rubric"):
+        for _ in range(3):
+            assert score(rubric, completion="42").scores == {"flaky_reward": None}
+    said = [r.getMessage() for r in caplog.records if "flaky_reward" in r.getMessage()]
+    assert len(said) == 1 and "ValueError: no score for 42" in said[0], said
+
+
 @pytest.mark.parametrize("weight", ["a", float("nan"), True, None])
 def test_weights_must_be_finite_numbers(weight: object) -> None:
     with pytest.raises(ConfigError, match="weight 0 is"):
