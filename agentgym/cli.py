@@ -15,6 +15,8 @@ import contextlib
 import json
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -97,13 +99,21 @@ def _parse_template_kwargs(text: str | None) -> dict[str, Any]:
     return value
 
 
+#: Python's spellings of JSON's null, true and false: users type ``tool_timeout=None``, and
+#: an option that takes a number or None refused the string 'None' (``'"None"'`` is that string).
+_PYTHON_CONSTANTS: dict[str, Any] = {"None": None, "True": True, "False": False}
+
+
 def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values are read as JSON when they parse, else kept as strings."""
+    """``key=value`` pairs; a value is read as JSON or None/True/False, else kept a string."""
     kwargs: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"--env-arg expects key=value, got {pair!r}")
+        if value in _PYTHON_CONSTANTS:
+            kwargs[key] = _PYTHON_CONSTANTS[value]
+            continue
         try:
             kwargs[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -174,6 +184,7 @@ def check_env(
 
 @app.command("eval")
 def evaluate(
+    ctx: typer.Context,
     env: Annotated[str, typer.Argument(help="Env id or short name, e.g. calculator.")],
     policy: Annotated[
         PolicyKind,
@@ -195,16 +206,18 @@ def evaluate(
         ),
     ] = None,
     base_url: Annotated[
-        str, typer.Option(help="OpenAI-compatible server root.")
+        str, typer.Option(help="openai: the server root (OpenAI-compatible).")
     ] = "http://127.0.0.1:8000/v1",
     model: Annotated[
         str | None,
         typer.Option(help="Served model name (openai; vllm with --server: default the folder's)."),
     ] = None,
     api_key: Annotated[
-        str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token.")
+        str | None, typer.Option(envvar="OPENAI_API_KEY", help="openai: bearer token.")
     ] = None,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    temperature: Annotated[
+        float, typer.Option(help="openai, vllm, hf: sampling temperature.")
+    ] = 1.0,
     num_tasks: Annotated[
         int | None, typer.Option("--num-tasks", "-n", min=1, help="First N tasks; all if omitted.")
     ] = None,
@@ -215,7 +228,9 @@ def evaluate(
         int | None,
         typer.Option(min=1, help="Episodes in flight at once (default: enough to fill it)."),
     ] = None,
-    max_tokens: Annotated[int | None, typer.Option(min=1, help="Max new tokens per turn.")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, help="openai, vllm, hf: max new tokens per turn.")
+    ] = None,
     seed: Annotated[
         int, typer.Option(help="Base seed of the episodes (and of vllm sampling: runs repeat).")
     ] = 0,
@@ -264,7 +279,7 @@ def evaluate(
     env_kwargs = _parse_env_args(env_arg)
     template_kwargs = _parse_template_kwargs(chat_template_kwargs)
     servers = _Servers(server, router_url, model)
-    _refuse_option_mix(policy, template_kwargs, servers)
+    _refuse_option_mix(policy, _typed_options(ctx), servers)
     if adapter is not None:
         adapter, model_path = _trained_adapter(adapter, model_path, policy, servers)
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
@@ -277,10 +292,10 @@ def evaluate(
     tasks = getattr(probe, "tasks", ())
     total = len(tasks) if num_tasks is None else min(num_tasks, len(tasks))
     digest = tasks_digest(tasks, range(total))  # the first `total` tasks are played
-    reference: Any = getattr(probe, "reference_turns", None)
-    probe.close()
-    if policy is PolicyKind.reference and reference is None:
-        raise ConfigError("this env has no reference solution; use --policy openai or vllm")
+    try:
+        reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None
+    finally:
+        probe.close()
     run_config = {
         "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value,
         "model": str(model_path) if policy.local else model,
@@ -302,6 +317,7 @@ def evaluate(
             return
         agent: Policy
         if policy is PolicyKind.reference:
+            assert reference is not None  # checked above; narrows the type
             agent = ScriptedPolicy(reference)
         elif policy.local and model_path is not None:
             sampling = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens}
@@ -319,8 +335,10 @@ def evaluate(
             "num_tasks": num_tasks, "group_size": group_size, "max_concurrency": concurrency,
             "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs_built,
         }  # fmt: skip
-        summary = _run_eval(out, env_id, agent, run_config, done, total * group_size, plan, lock)
-        _refuse_all_infra_errors(summary, out, played=summary["episodes"] - len(done))
+        summary, played = _run_eval(
+            out, env_id, agent, run_config, done, total * group_size, plan, lock
+        )
+        _refuse_failed_episodes(played, out)
         # inside the tracked block: a follower of the run's log stops once it is finished
         _print_summary(summary, out)
 
@@ -361,18 +379,72 @@ class _Servers:
     served_name: str | None
 
 
-def _refuse_option_mix(
-    policy: PolicyKind, template_kwargs: dict[str, Any], servers: _Servers
-) -> None:
-    """Options that belong to another ``--policy``, refused before anything loads."""
-    if template_kwargs and not policy.local:
-        raise ConfigError("--chat-template-kwargs applies to --policy vllm or hf only")
+_LOCAL = (PolicyKind.vllm, PolicyKind.hf)
+_SAMPLED = (PolicyKind.openai, *_LOCAL)
+#: `eval` options only some policies read -> those policies; the rest apply to every one.
+#: (``--adapter`` is `_trained_adapter`'s: it is refused on servers too.)
+_POLICY_OPTIONS: dict[str, tuple[PolicyKind, ...]] = {
+    "model_path": _LOCAL, "chat_template_kwargs": _LOCAL, "rollout_mode": _LOCAL,
+    "max_model_len": _LOCAL, "server": (PolicyKind.vllm,), "router_url": (PolicyKind.vllm,),
+    "base_url": (PolicyKind.openai,), "api_key": (PolicyKind.openai,),
+    "model": (PolicyKind.openai, PolicyKind.vllm),  # vllm: the name served by --server
+    "temperature": _SAMPLED, "max_tokens": _SAMPLED,
+}  # fmt: skip
+
+
+def _typed_options(ctx: typer.Context) -> dict[str, str]:
+    """The options typed on the command line, name -> flag.
+
+    Not those left at their default (``--temperature`` 1.0) nor read from the environment
+    (``OPENAI_API_KEY`` set for other tools): only a typed option asks for something.
+    """
+    return {
+        param.name: param.opts[0]
+        for param in ctx.command.params
+        if param.name
+        and getattr(ctx.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
+    }
+
+
+def _refuse_option_mix(policy: PolicyKind, typed: dict[str, str], servers: _Servers) -> None:
+    """Options that belong to another ``--policy``, refused before anything loads.
+
+    Ignored, they would read as applied: ``--model-path DIR`` without ``--policy`` evaluated
+    the env's reference answers and filed them as the model's.
+    """
+    for name, flag in typed.items():
+        owners = [p.value for p in _POLICY_OPTIONS.get(name, tuple(PolicyKind))]
+        if policy.value not in owners:
+            others = f" (or {', '.join(owners[1:])})" if owners[1:] else ""
+            raise ConfigError(
+                f"{flag} applies to --policy {_either(owners)}, not {policy.value}; "
+                f"pass --policy {owners[0]}{others}, or drop {flag}"
+            )
     if policy is PolicyKind.openai and not servers.served_name:
         raise ConfigError("--policy openai needs --model NAME (the served model name)")
-    if (servers.urls or servers.router_url) and policy is not PolicyKind.vllm:
-        raise ConfigError("--server and --router-url apply to --policy vllm (token ids in/out)")
     if servers.router_url and not servers.urls:
         raise ConfigError("--router-url needs the --server URLs too (adapters and checks)")
+
+
+def _either(names: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``: the choices a message offers."""
+    return " or ".join(filter(None, (", ".join(names[:-1]), names[-1])))
+
+
+def _reference_turns(probe: Any, tasks: Sequence[Any]) -> Callable[[Any], Sequence[str]]:
+    """The env's reference turns, refused before any work when it has none.
+
+    `ToolEnv`'s default ``reference_turns`` returns None: played, every episode ended in
+    'error' (a TypeError deep in `ScriptedPolicy`) and the run exited 0. Task 0 stands for
+    all, as in `agentgym check`.
+    """
+    reference = getattr(probe, "reference_turns", None)
+    if reference is None or (len(tasks) and reference(tasks[0]) is None):
+        why = "its reference_turns returns None" if reference else "no reference_turns method"
+        raise ConfigError(
+            f"this env has no reference solution ({why}); use --policy openai, vllm or hf"
+        )
+    return reference
 
 
 def _prepare_engine(
@@ -491,8 +563,8 @@ def _run_eval(
     total: int,
     plan: dict[str, Any],
     lock: FolderLock,
-) -> dict[str, Any]:
-    """Play the missing episodes, streaming each to ``out``; return the summary it wrote."""
+) -> tuple[dict[str, Any], list[Trajectory]]:
+    """Play the missing episodes, streaming each to ``out``: (the summary written, them)."""
     out.mkdir(parents=True, exist_ok=True)
     if lock.acquire() and (out / "trajectories.jsonl").exists():
         raise ConfigError(  # a fresh run raced another into the same new folder
@@ -502,21 +574,33 @@ def _run_eval(
     remove_stale_writes(out)
     write_json(out / "run.json", run_config)
     started = time.perf_counter()
-    with _progress() as progress, (out / "trajectories.jsonl").open("a") as sink:
-        bar = progress.add_task(f"eval {env_id}", total=total, completed=len(done))
+    results = out / "trajectories.jsonl"
+    written = len(done)  # episodes in `results`, for the line a Ctrl-C prints
+    try:
+        with _progress() as progress, results.open("a") as sink:
+            bar = progress.add_task(f"eval {env_id}", total=total, completed=len(done))
 
-        def record(trajectory: Trajectory) -> None:
-            sink.write(to_json_line(trajectory))
-            sink.flush()  # a killed run keeps every finished episode
-            progress.advance(bar)
+            def record(trajectory: Trajectory) -> None:
+                nonlocal written
+                sink.write(to_json_line(trajectory))
+                sink.flush()  # a killed run keeps every finished episode
+                written += 1
+                progress.advance(bar)
 
-        skip = {(t.task_index, t.group_index) for t in done}
-        played = rollout(env_id, agent, on_episode=record, skip=skip, **plan)
+            skip = {(t.task_index, t.group_index) for t in done}
+            played = rollout(env_id, agent, on_episode=record, skip=skip, **plan)
+    except KeyboardInterrupt:  # still exits 130 (typer), and the run store files it interrupted
+        console.print(
+            f"interrupted: {written} of {total} episodes are in {results}; run the same "
+            "command with --resume to play the rest",
+            soft_wrap=True,
+        )
+        raise
     wall = time.perf_counter() - started
     summary = summarize(done + played, wall_seconds=wall, played=len(played))
     summary |= {k: run_config[k] for k in ("env", "policy", "model", "group_size")}
     write_json(out / "summary.json", summary)
-    return summary
+    return summary, played
 
 
 def _progress() -> Progress:
@@ -529,14 +613,44 @@ def _progress() -> Progress:
     )
 
 
-def _refuse_all_infra_errors(summary: dict[str, Any], out: Path, played: int) -> None:
-    """A run whose every episode the machinery failed did not evaluate anything: say so."""
-    if played and summary["status"].get("infra_error", 0) == played:
+def _refuse_failed_episodes(played: list[Trajectory], out: Path) -> None:
+    """A run whose every played episode failed evaluated nothing: refuse it, not exit 0.
+
+    All infra_error (the model server or sandbox failed) exits 75, which queues retry, and
+    --resume plays them again; all error (an exception in the env or the policy) exits 1
+    naming the first one's exception. Some errors among scored episodes:
+    a warning, since the scores stand.
+    """
+    results = out / "trajectories.jsonl"
+    statuses = Counter(t.status for t in played)
+    if played and statuses["infra_error"] == len(played):
         raise InfraError(
-            f"all {played} episodes played ended in infra_error (the model server or sandbox "
-            f"failed; see {out / 'trajectories.jsonl'}); fix it, then rerun with --resume to "
-            "play them again"
+            _all_failed(played, "infra_error", "the model server or sandbox failed", results)
+            + "; fix it, then rerun with --resume to play them again"
         )
+    if played and statuses["error"] == len(played):
+        first = _last_line(played[0].error)
+        raise Error(
+            _all_failed(played, "error", f"the first: {first}", results)
+            + "; fix it, then rerun with another --out"  # --resume keeps episodes that errored
+        )
+    if statuses["error"]:
+        console.print(
+            f"warning: {statuses['error']} of {len(played)} episodes played ended in error; "
+            f"their tracebacks are in {results}",
+            soft_wrap=True,
+        )
+
+
+def _all_failed(played: list[Trajectory], status: str, cause: str, results: Path) -> str:
+    """The start of the line refusing a run whose every played episode ended in ``status``."""
+    return f"all {len(played)} episodes played ended in {status} ({cause}; see {results})"
+
+
+def _last_line(text: str | None) -> str:
+    """A traceback's last line: the exception and its message."""
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else "no error recorded"
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:

@@ -126,7 +126,8 @@ THINK_OFF = '{"enable_thinking": false}'
         pytest.param(["eval", "calculator", "--policy", "vllm", "--model-path", "/"],
                      "not a model folder", id="vllm-model-path-not-a-model"),
         pytest.param(["eval", "calculator", "--chat-template-kwargs", THINK_OFF],
-                     "--policy vllm or hf only", id="template-kwargs-without-vllm"),
+                     "--chat-template-kwargs applies to --policy vllm or hf, not reference",
+                     id="template-kwargs-without-vllm"),
         pytest.param(["eval", "calculator", "--policy", "hf"], "--policy hf needs --model-path",
                      id="hf-without-model-path"),
         pytest.param(["eval", "calculator", "--policy", "vllm", "--model-path", "/",
@@ -243,6 +244,43 @@ def test_resume_plays_only_missing_episodes_after_a_torn_write(tmp_path: Path) -
     assert {key(t): t.seed for t in resumed} == {key(t): t.seed for t in full}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["episodes"] == 8 and summary["reward/mean"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("pair", "value"),
+    [
+        ("tool_timeout=None", None), ("flag=True", True), ("flag=False", False),
+        ("tool_timeout=null", None), ("flag=true", True), ("tool_timeout=2.5", 2.5),
+        ('name="None"', "None"), ("name=none", "none"), ("name=Nonesuch", "Nonesuch"),
+        ("prompt=Use the tool.", "Use the tool."), ("seq=[1, 2]", [1, 2]), ("empty=", ""),
+    ],
+)  # fmt: skip
+def test_env_args_read_json_and_python_constants_else_a_string(pair: str, value: object) -> None:
+    """``tool_timeout=None`` was the string 'None', refused as "input should be a valid number"."""
+    from agentgym.cli import _parse_env_args
+
+    key = pair.partition("=")[0]
+    assert _parse_env_args([pair]) == {key: value}
+
+
+def test_eval_takes_an_env_arg_of_none(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run("eval", "calculator", "-n", "1", "--env-arg", "tool_timeout=None", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "run.json").read_text())["env_kwargs"] == {"tool_timeout": None}
+    assert [t.status for t in read_jsonl(out / "trajectories.jsonl")] == ["ok"]
+
+
+def test_a_trl_key_in_a_train_config_names_what_to_set_in_one_sentence(tmp_path: Path) -> None:
+    config = tmp_path / "grpo.yaml"
+    config.write_text("model: tiny\nenv: calculator\nmax_prompt_length: 512\n")
+    proc = run("train", str(config), "--dry-run")
+    assert proc.returncode == 2, proc.stderr
+    assert one_error_line(proc) == (
+        "error: unknown config key 'max_prompt_length'; it is TRL's; here prompts grow with "
+        "every turn: set max_episode_tokens (sampled tokens per episode) and max_model_len "
+        "(the context)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ TRL_KEYS: dict[str, str] = {
     "steps_per_generation": "each step rolls out its own episodes; num_iterations reuses them "
     "for more optimiser steps",
     "num_train_epochs": "set max_steps (GRPO steps)",
-    "max_prompt_length": "prompts grow with every turn here: set max_episode_tokens (sampled "
+    "max_prompt_length": "prompts grow with every turn: set max_episode_tokens (sampled "
     "tokens per episode) and max_model_len (the context)",
     "max_tool_calling_iterations": "set max_turns",
     "use_vllm": _ENGINE,
