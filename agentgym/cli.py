@@ -392,7 +392,7 @@ _POLICY_OPTIONS: dict[str, tuple[PolicyKind, ...]] = {
 }  # fmt: skip
 
 
-def _typed_options(ctx: typer.Context) -> dict[str, str]:
+def _typed_options(ctx: Any) -> dict[str, str]:
     """The options typed on the command line, name -> flag.
 
     Not those left at their default (``--temperature`` 1.0) nor read from the environment
@@ -404,6 +404,16 @@ def _typed_options(ctx: typer.Context) -> dict[str, str]:
         if param.name
         and getattr(ctx.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
     }
+
+
+def check_policy_options(ctx: Any) -> None:
+    """`_refuse_option_mix` for a parsed ``eval`` command line (a queued job's, too).
+
+    ``ctx``: the command's click context (typer's, or one `make_context` built).
+    """
+    p = ctx.params
+    servers = _Servers(p["server"], p["router_url"], p["model"])
+    _refuse_option_mix(PolicyKind(p["policy"]), _typed_options(ctx), servers)
 
 
 def _refuse_option_mix(policy: PolicyKind, typed: dict[str, str], servers: _Servers) -> None:

@@ -173,9 +173,11 @@ def _check_eval(config: Mapping[str, Any]) -> None:
     args = _eval_args(config)
     resolve_id(args[0])  # UnknownEnvError names the close ids
     try:
-        eval_command.make_context("eval", [*args, "--out", "unused"], resilient_parsing=False)
+        ctx = eval_command.make_context("eval", [*args, "--out", "unused"],
+                                        resilient_parsing=False)
     except typer.TyperException as exc:  # typer's (vendored click's) usage errors
         raise ConfigError(f"eval config: {exc.format_message()}") from None
+    cli.check_policy_options(ctx)  # temperature under the reference policy: refused now
 
 
 def _check_train(config: Mapping[str, Any]) -> None:

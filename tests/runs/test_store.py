@@ -136,7 +136,8 @@ def test_a_bad_job_is_refused_before_a_row_exists(db_url: str, tmp_path: Path) -
     store = RunStore(db_url)
     for kind, config in [("eval", "env: nope"), ("eval", "env: calculator\nnum_taks: 2"),
                          ("eval", "{unclosed"), ("serve", "env: calculator"),
-                         ("eval", "env: calculator\ngroup_size: many")]:  # fmt: skip
+                         ("eval", "env: calculator\ngroup_size: many"),
+                         ("eval", "env: calculator\ntemperature: 0.7")]:  # fmt: skip
         with pytest.raises(ConfigError):
             submit_job(store, kind, config, runs_root=tmp_path, source="serve")
     assert store.list_runs() == []
