@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import enum
 import functools
+import inspect
 import os
 import re
+import types
+import typing
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import docstring_parser
 from gymnasium.utils.env_checker import check_env
 
 from ._env import Env
@@ -31,7 +36,7 @@ from ._errors import ConfigError
 from ._policies import ScriptedPolicy
 from ._registry import make
 from ._rollout import EpisodeSpec, run_episode
-from ._tools import example_arguments
+from ._tools import Tool, _described_function, example_arguments
 from ._trajectory import Trajectory
 from ._types import Message
 from .parsers import ToolCall, ToolCallParser, available_parsers, get_parser
@@ -50,11 +55,26 @@ _SENTINEL = "\u2063agentgym-content\u2063"
 
 @dataclass
 class CheckResult:
-    """One named check: passed or not, and what it found."""
+    """One named check: passed or not, and what it found.
+
+    ``skipped`` marks a check that had nothing to check (an env without a reference
+    solution): it counts as passed, so it never fails a run, yet a report must not show it
+    as a pass. ``trace`` holds a failure's full traceback; ``detail`` stays one line per
+    problem, readable in a table cell.
+    """
 
     name: str
     passed: bool
     detail: str = ""
+    skipped: bool = False
+    trace: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """What a report shows: ``pass``, ``skip`` or ``FAIL``."""
+        if not self.passed:
+            return "FAIL"
+        return "skip" if self.skipped else "pass"
 
 
 def check(
@@ -74,6 +94,11 @@ def check(
         chat_template_kwargs: extra chat-template variables (``{"enable_thinking": False}``),
             used as the engine uses them; each must be a variable the template reads.
         env_kwargs: options of the env (``parser="mistral"`` ...).
+
+    Returns:
+        One `CheckResult` per row. A row with nothing to check (the reference episode of an
+        env without a reference solution) is skipped: ``skipped`` and ``passed`` are both
+        true, so it fails nothing, and its ``verdict`` is ``"skip"``.
 
     Raises:
         ConfigError: the env id, an env option or the tokenizer path is wrong (nothing runs).
@@ -95,6 +120,7 @@ def check(
     checks: list[Callable[[], CheckResult | list[CheckResult]]] = [
         lambda: _gymnasium_api(env_id, env_kwargs),
         lambda: _tool_schemas(make(env_id, **env_kwargs)),
+        lambda: _tool_parameters(make(env_id, **env_kwargs)),
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
         lambda: _reference_episode(*reference()),
     ]
@@ -169,17 +195,145 @@ def _gymnasium_api(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:
 
 
 def _tool_schemas(env: Env) -> CheckResult:
-    problems = []
-    schemas = getattr(env, "tool_schemas", [])
-    for schema in schemas:
-        fn = schema.get("function", {})
-        if not _TOOL_NAME.match(fn.get("name", "")):
-            problems.append(f"tool name {fn.get('name')!r} must match {_TOOL_NAME.pattern}")
-        if not fn.get("description"):
-            problems.append(f"tool {fn.get('name')!r} has no description (write a docstring)")
+    """Names a server accepts and a description for every tool, as the model is shown them."""
+    schemas = [s.get("function", {}) for s in getattr(env, "tool_schemas", [])]
     env.close()
+    problems = [
+        f"tool name {fn.get('name')!r} must match {_TOOL_NAME.pattern}"
+        for fn in schemas
+        if not _TOOL_NAME.match(fn.get("name", ""))
+    ]
+    if undescribed := [repr(fn.get("name")) for fn in schemas if not fn.get("description")]:
+        problems.append(f"tool(s) {', '.join(undescribed)} have no description: write a docstring")
     detail = "; ".join(problems) or f"{len(schemas)} tool(s) valid"
     return CheckResult("tool schemas", not problems, detail)
+
+
+#: What the env fills each injected name with, for messages (`ToolEnv.tool_context`).
+_FILLED_WITH = {
+    "task": "the env's task dict",
+    "state": "the episode's state",
+    "messages": "the conversation so far",
+    "env": "the env itself",
+    "sandbox": "the episode's sandbox",
+}
+#: Annotations of a value a model sends: never what the env injects under any name.
+_MODEL_VALUES = (str, int, float, bool, bytes)
+
+
+@dataclass
+class _Described:
+    """A tool whose schema was built from its function: the signature and the Args: lines."""
+
+    tool: Tool
+    params: Mapping[str, inspect.Parameter]
+    docs: dict[str, str]
+    hints: dict[str, Any]
+
+
+def _tool_parameters(env: Env) -> CheckResult:
+    """Each tool's docstring against its signature, and its injected parameters.
+
+    A documented parameter the function lacks (``town`` documented, ``city`` taken) means
+    the model is shown a schema without the description the author wrote. A parameter
+    named like an injected one (`agentgym._tools.INJECTABLE`: ``task``, ``state`` ...) is
+    filled by the env and hidden from the model, by design; documented in ``Args:`` (unless
+    its line says it is injected) or annotated as a value the model would send, it was
+    meant as the model's argument, and the model can never give it. Parameters with no
+    description are named, all of them, without failing the check (a clear name may do).
+    Tools built from a raw schema (MCP, OpenAPI) have no signature to compare.
+    """
+    tools = list(getattr(env, "tools", {}).values())
+    env.close()
+    described = [d for d in map(_described, tools) if d is not None]
+    problems = [p for d in described for p in _parameter_problems(d)]
+    undocumented = [
+        f"{d.tool.name!r} ({', '.join(names)})"
+        for d in described
+        if (names := [p for p in d.params if p not in d.docs and p not in d.tool.injected])
+    ]
+    detail = "; ".join(problems) or f"{len(described)} tool(s) built from functions checked"
+    if undocumented:
+        detail += f"; parameters with no description: {'; '.join(undocumented)}"
+    return CheckResult("tool parameters", not problems, detail)
+
+
+def _described(tool: Tool) -> _Described | None:
+    """The signature and docstring a tool's schema was built from; None for a raw schema."""
+    try:
+        fn = _described_function(tool.fn)
+        params = inspect.signature(fn).parameters
+    except (ConfigError, TypeError, ValueError):  # a builtin, a partial: no signature
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None  # a wrapper around a raw schema (MCP, OpenAPI): **arguments
+    docs = {
+        p.arg_name: p.description or ""
+        for p in docstring_parser.parse(inspect.getdoc(fn) or "").params
+        if p.args[0] != "attribute"
+    }
+    return _Described(tool, params, docs, _hints(fn))
+
+
+def _parameter_problems(d: _Described) -> list[str]:
+    """Stray Args: entries and injected parameters meant for the model (see above)."""
+    problems = []
+    if stray := [name for name in d.docs if name not in d.params]:
+        shown = ", ".join(repr(p) for p in d.params if p not in d.tool.injected) or "none"
+        problems.append(
+            f"tool {d.tool.name!r}: its docstring's Args: documents "
+            f"{', '.join(map(repr, stray))}, which it does not take (its parameters: {shown}); "
+            "make the names match"
+        )
+    for name in sorted(d.tool.injected & d.params.keys()):
+        if why := _meant_for_the_model(name, d.docs.get(name), d.hints.get(name, Any)):
+            problems.append(
+                f"tool {d.tool.name!r}: parameter {name!r} is {why}, as if the model gave it, "
+                f"but the model never sees it: {name!r} is filled with "
+                f"{_FILLED_WITH.get(name, 'a value of the env')}; rename it"
+            )
+    return problems
+
+
+def _meant_for_the_model(name: str, doc: str | None, hint: Any) -> str:
+    """How an injected parameter looks like the model's argument; "" when it does not."""
+    signs = []
+    if doc is not None and "inject" not in doc.lower():
+        signs.append(f"documented in Args: ({doc!r})")
+    if not _injectable_hint(name, hint):
+        signs.append(f"annotated {hint.__name__ if isinstance(hint, type) else hint}")
+    return " and ".join(signs)
+
+
+def _injectable_hint(name: str, hint: Any) -> bool:
+    """Whether ``hint`` can describe what the env injects under ``name``.
+
+    ``task`` is a dict (a mapping type, a TypedDict, Any); no injected value is a string,
+    number, bool, Literal or Enum: the values a model sends.
+    """
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _injectable_hint(name, typing.get_args(hint)[0])
+    if origin in (typing.Union, types.UnionType):
+        return all(_injectable_hint(name, a) for a in typing.get_args(hint) if a is not type(None))
+    base = origin or hint
+    if hint is Any or base is object:
+        return True
+    if base is typing.Literal:
+        return False
+    if not isinstance(base, type):  # a TypeVar, a NewType ...: given the benefit of the doubt
+        return True
+    if name == "task":
+        return issubclass(base, Mapping)  # dict, Mapping, a TypedDict
+    return not issubclass(base, (*_MODEL_VALUES, enum.Enum))
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """``fn``'s resolved annotations; none where they do not resolve (they are not checked)."""
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # a forward reference only a type checker resolves
+        return {}
 
 
 def _parser_round_trip(env: Env) -> CheckResult:
@@ -302,13 +456,45 @@ def _play(
 def _reference_episode(
     trajectory: Trajectory | None, tools: list[Any], parser: Any, why_none: str
 ) -> CheckResult:
+    """The env's own solution must play and earn a reward; with none, the row is skipped."""
     if trajectory is None:
-        return CheckResult("reference episode", True, f"not played: {why_none}")
-    ok = trajectory.status in ("ok", "truncated") and (trajectory.final_reward or 0) > 0
+        return CheckResult("reference episode", True, f"skipped: {why_none}", skipped=True)
+    earned = (trajectory.final_reward or 0) > 0
+    ok = trajectory.status in ("ok", "truncated") and earned
     detail = f"status {trajectory.status}, reward {trajectory.final_reward}"
-    return CheckResult(
-        "reference episode", ok, detail + (f"\n{trajectory.error}" if trajectory.error else "")
-    )
+    if trajectory.error:
+        detail += f": {_error_summary(trajectory.error)}"
+    elif not earned and not trajectory.scores:
+        detail += ": the env's own reference solution earns nothing because its rubric scores "
+        detail += "nothing (give the env rubric=Rubric([...]))"
+    elif not earned:
+        detail += (
+            f": the env's own reference solution earns nothing (scores {trajectory.scores}); "
+            "the reference or the reward functions are wrong"
+        )
+    return CheckResult("reference episode", ok, detail, trace=trajectory.error or "")
+
+
+#: The line `_record_outcome` writes above each failing reward function's traceback.
+_REWARD_ERROR = re.compile(r"^(reward function .+):$", re.MULTILINE)
+
+
+def _error_summary(error: str) -> str:
+    """A recorded error as one line per cause: ``reward function 'f' raised ValueError: x``.
+
+    Why: the full traceback, wrapped into a table cell, buries the one line that matters.
+    """
+    parts = _REWARD_ERROR.split(error)  # [before, header, traceback, header, traceback ...]
+    causes = [f"{head} raised {_last_line(body)}" for head, body in zip(parts[1::2], parts[2::2])]
+    if parts[0].strip():
+        causes.insert(0, f"the episode raised {_last_line(parts[0])}")
+    return "; ".join(causes)
+
+
+def _last_line(traceback_text: str) -> str:
+    """The exception line of a traceback: its last non-blank line."""
+    lines = [line.strip() for line in traceback_text.splitlines() if line.strip()]
+    return lines[-1] if lines else "an error"
 
 
 def reference_conversation(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -122,10 +123,14 @@ class ScriptedPolicy:
     ``turns`` is one list for every episode, or a function of the task (e.g. an env's
     ``reference_turns``) for per-task oracles. Past the script it answers ``""`` (a final
     answer with no content), so a short script ends the episode rather than looping.
+
+    Raises:
+        ConfigError: ``turns`` is not a list of strings (a bare str would play its
+            characters as turns), nor a function; a function's result is checked per turn.
     """
 
     def __init__(self, turns: Sequence[str] | Callable[[Any], Sequence[str]]) -> None:
-        self._turns = turns
+        self._turns = turns if callable(turns) else _script(turns, "turns", _OR_FUNCTION)
 
     async def generate(
         self,
@@ -135,9 +140,41 @@ class ScriptedPolicy:
         max_tokens: int | None = None,
         task: Any = None,
     ) -> Completion:
-        script = self._turns(task) if callable(self._turns) else self._turns
+        if callable(self._turns):
+            script = _script(self._turns(task), "the turns function's result")
+        else:
+            script = self._turns
         k = sum(1 for m in messages if m.get("role") == "assistant")
         return Completion(text=script[k] if k < len(script) else "", finish_reason="stop")
+
+
+_OR_FUNCTION = " or a function of the task returning one"
+
+
+def _script(turns: Any, what: str, alternative: str = "") -> Sequence[str]:
+    """``turns`` if it is a list of strings; a ConfigError naming the mistake otherwise.
+
+    Why: a str is a sequence of characters, so ``ScriptedPolicy("68.0")`` used to play
+    ``"6"`` as its first turn, a silent wrong episode rather than an error.
+    """
+    if isinstance(turns, (str, bytes)):
+        raise ConfigError(
+            f"{what} must be a list of strings (one per assistant turn), got a "
+            f"{type(turns).__name__}: wrap it in a list, [{reprlib.repr(turns)}]"
+        )
+    if not isinstance(turns, Sequence):
+        raise ConfigError(
+            f"{what} must be a list of strings (one per assistant turn){alternative}, got "
+            f"{type(turns).__name__} {reprlib.repr(turns)}"
+        )
+    odd = [t for t in turns if not isinstance(t, str)]
+    if odd:
+        raise ConfigError(
+            f"{what} must be a list of strings (one per assistant turn), but it holds "
+            f"{type(odd[0]).__name__} {reprlib.repr(odd[0])}: write each turn as the text the "
+            "model would produce"
+        )
+    return turns
 
 
 class OpenAIPolicy:

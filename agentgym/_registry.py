@@ -13,6 +13,7 @@ agentgym never imports someone else's package.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import importlib
@@ -20,12 +21,13 @@ import inspect
 import os
 import re
 import sys
+import textwrap
 import typing
 import warnings
 from collections import abc
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
-from types import UnionType
+from types import ModuleType, UnionType
 from typing import Any, Literal, Union
 
 import gymnasium
@@ -39,16 +41,30 @@ _OUR_IDS: set[str] = set()
 _plugins_loaded = False
 
 
-def register(id: str, entry_point: str | Callable[..., Env], **defaults: Any) -> None:
+def register(
+    id: str,
+    entry_point: str | Callable[..., Env],
+    *,
+    kwargs: dict[str, Any] | None = None,
+    **defaults: Any,
+) -> None:
     """Register an env under ``id`` (e.g. ``"myorg/Search-v0"``).
 
     Args:
         id: Gymnasium-style id, ``[namespace/]Name-vN``.
         entry_point: ``"package.module:ClassOrFactory"`` (imported only on `make`) or a callable.
+        kwargs: the default options as one dict, Gymnasium's spelling
+            (``register(id, ep, kwargs={"num_tasks": 5})``); merged with ``defaults``.
         defaults: keyword arguments passed to the entry point; `make`'s kwargs override them.
+
+    Raises:
+        ConfigError: a malformed id or entry point, a ``kwargs`` that is not a dict, or an
+            option given both in ``kwargs`` and as a keyword (nothing is registered).
     """
     if not re.fullmatch(r"([\w.-]+/)?[\w.:-]+-v\d+", id):
         raise ConfigError(f"env id {id!r} must look like 'namespace/Name-v0'")
+    _check_entry_point(id, entry_point)
+    defaults = _merged_defaults(id, kwargs, defaults)
     previous = gymnasium.registry.get(id)
     if previous is not None and _entry_name(previous.entry_point) != _entry_name(entry_point):
         warnings.warn(
@@ -62,6 +78,54 @@ def register(id: str, entry_point: str | Callable[..., Env], **defaults: Any) ->
             id=id, entry_point=entry_point, kwargs=defaults, disable_env_checker=True
         )
     _OUR_IDS.add(id)
+
+
+#: ``"package.module:Attr"``: what `_load_entry_point` can import (one attribute, no dots).
+_ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def _check_entry_point(id: str, entry_point: Any) -> None:
+    """Refuse an entry point `make` could never call, when it is registered.
+
+    Why: a typo'd string or a stray value used to be accepted and fail only at `make`,
+    often in another process (a trainer's workers), far from the ``register`` line.
+    """
+    if callable(entry_point):
+        return
+    if not isinstance(entry_point, str):
+        raise ConfigError(
+            f"register({id!r}, ...): the entry point must be an env class, a function returning "
+            f"an env, or a 'package.module:ClassName' string, got {type(entry_point).__name__} "
+            f"{entry_point!r}"
+        )
+    if not _ENTRY_POINT.fullmatch(entry_point):
+        raise ConfigError(
+            f"register({id!r}, {entry_point!r}): an entry point string must look like "
+            "'package.module:ClassName' (the module to import, a colon, the class or function)"
+        )
+
+
+def _merged_defaults(
+    id: str, kwargs: dict[str, Any] | None, defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """The default options: Gymnasium's ``kwargs={...}`` and our keywords, together.
+
+    Why: ``kwargs=`` is how `gymnasium.register` takes them, so code written for Gymnasium
+    passes it; taken as an option named ``kwargs`` it failed only at `make`.
+    """
+    if kwargs is None:
+        return defaults
+    if not isinstance(kwargs, dict):
+        raise ConfigError(
+            f"register({id!r}, ...): kwargs= holds the default options as a dict, got "
+            f"{type(kwargs).__name__} {kwargs!r}; or pass each as a keyword (num_tasks=5)"
+        )
+    if twice := sorted(kwargs.keys() & defaults.keys()):
+        raise ConfigError(
+            f"register({id!r}, ...): option(s) {twice} given both in kwargs= and as keywords; "
+            "give each once"
+        )
+    return {**kwargs, **defaults}
 
 
 def _entry_name(entry_point: Any) -> str:
@@ -120,33 +184,43 @@ def resolve_id(name: str) -> str:
         return name
     module, colon, env_name = name.partition(":")
     if colon and module and env_name:  # Gymnasium's "module:Env-v0": the import registers it
-        _import_env_module(module)
-        return resolve_id(env_name)
+        imported = _import_env_module(module)
+        try:
+            return resolve_id(env_name)
+        except UnknownEnvError:
+            raise UnknownEnvError(_registers_no(imported, env_name)) from None
     short = name.lower()
     matches = [i for i in _OUR_IDS if _short_name(i) == short]
     if matches:
         return max(matches, key=lambda i: int(i.rsplit("-v", 1)[1]))
-    close = difflib.get_close_matches(
-        name, sorted(_OUR_IDS) + [_short_name(i) for i in _OUR_IDS], n=1
-    )
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    known = ", ".join(sorted(_OUR_IDS)) or "none"
     raise UnknownEnvError(
-        f"unknown env {name!r}.{hint} Registered: {known}. Register yours with "
+        f"unknown env {name!r}.{_known(name)} Register yours with "
         "agentgym.register(id, 'pkg.module:Class') in a module, and name it 'module:id'"
     )
 
 
-def _import_env_module(module: str) -> None:
-    """Import ``module``, which registers envs; the working directory is searched last.
+def _known(name: str) -> str:
+    """`` Did you mean 'x'? Registered: a, b.``: what an unknown ``name`` may have meant."""
+    close = difflib.get_close_matches(
+        name, sorted(_OUR_IDS) + [_short_name(i) for i in _OUR_IDS], n=1
+    )
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"{hint} Registered: {', '.join(sorted(_OUR_IDS)) or 'none'}."
 
-    Why: ``agentgym train`` runs as a console script, whose import path does not hold the
-    folder it was started in, where a user's ``myenv.py`` usually is.
+
+def _import_env_module(module: str) -> ModuleType:
+    """Import ``module``, which registers envs, searching the working directory first.
+
+    Why: ``agentgym check`` runs as a console script, whose import path does not hold the
+    folder it was started in, where a user's ``myenv.py`` usually is. The folder goes first
+    while ``module`` imports, as ``python -m`` and ``python -c`` put it, so the command and a
+    script started there find the same ``test.py``; afterwards it stays, but last, so a later
+    import of an installed package (transformers ...) is never shadowed by a file there.
     """
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # last: never shadows an installed package
+    cwd = os.getcwd()
+    sys.path.insert(0, cwd)
     try:
-        importlib.import_module(module)
+        return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name != module and not module.startswith(f"{exc.name}."):
             raise  # the module imports something missing: its own error says what
@@ -154,6 +228,43 @@ def _import_env_module(module: str) -> None:
             f"cannot import {module!r} to register its envs ({exc}); run from the folder that "
             "holds it or add that folder to PYTHONPATH"
         ) from None
+    finally:
+        if cwd in sys.path:  # the first occurrence: the one inserted above
+            sys.path.remove(cwd)
+        if cwd not in sys.path:
+            sys.path.append(cwd)
+
+
+def _registers_no(module: ModuleType, env_name: str) -> str:
+    """Why 'module:id' found no env: where ``module`` came from, and whether it is the user's.
+
+    Why: a module named like one Python already has (``test``, ``json``) may not be the
+    user's file at all, and "unknown env" alone sends them looking in the wrong place.
+    """
+    where = getattr(module, "__file__", None)
+    source = f"imported from {where}" if where else "built into Python"
+    mine = _module_file_here(module.__name__)
+    if mine is not None and not (where and _is_inside(where, mine)):
+        return (
+            f"module {module.__name__!r} was {source}, so {mine} in the current folder is "
+            f"shadowed by it; rename {mine} (e.g. to my_{os.path.basename(mine)}) and write "
+            f"the new name before the colon, 'my_{module.__name__}:{env_name}'"
+        )
+    return f"module {module.__name__!r} ({source}) registers no env {env_name!r}.{_known(env_name)}"
+
+
+def _module_file_here(module: str) -> str | None:
+    """The ``.py`` file or package folder ``module`` names in the working directory, if any."""
+    path = os.path.join(*module.split("."))
+    if os.path.isfile(f"{path}.py"):
+        return f"{path}.py"
+    return path if os.path.isfile(os.path.join(path, "__init__.py")) else None
+
+
+def _is_inside(path: str, mine: str) -> bool:
+    """Whether ``path`` is the file ``mine``, or lies in the package folder ``mine``."""
+    real, own = os.path.realpath(path), os.path.realpath(mine)
+    return os.path.commonpath([real, own]) == own
 
 
 def _short_name(env_id: str) -> str:
@@ -173,11 +284,11 @@ def make(id: str, **kwargs: Any) -> Env:
     _check_kwargs(spec.id, factory, merged)
     try:
         env = factory(**merged)
-    except TypeError as exc:  # e.g. an option the env already sets for its base class
-        named = [k for k in kwargs if f"keyword argument '{k}'" in str(exc)]
-        if not named:
+    except TypeError as exc:  # an option the env sets for its base class, unseen in its source
+        repeated = _REPEATED.search(str(exc))
+        if repeated is None or repeated[1] not in merged:
             raise  # a TypeError from inside the env is a bug there, not a bad option
-        raise ConfigError(f"{spec.id}: {exc}; drop option(s) {named}") from exc
+        raise ConfigError(_set_itself(spec.id, [repeated[1]])) from None
     if not isinstance(env, gymnasium.Env):
         raise ConfigError(
             f"{spec.id}'s entry point returned {type(env).__name__}, not an env; register a "
@@ -211,21 +322,87 @@ def _constructors(factory: Callable[..., Env]) -> Iterator[Callable[..., Any]]:
             return
 
 
-def _accepted_kwargs(factory: Callable[..., Env]) -> set[str] | None:
-    """Keyword names ``factory`` takes, following ``**kwargs`` up a class's bases; None = any."""
+#: How Python says a call passed one argument twice (positionally and by keyword, or twice).
+_REPEATED = re.compile(r"got multiple values for (?:keyword )?argument '(\w+)'")
+
+
+def _set_itself(env_id: str, names: list[str]) -> str:
+    """The one-line refusal of options the env's constructor already passes to its base."""
+    return (
+        f"{env_id} sets option(s) {names} itself (its constructor passes them to its base "
+        f"class), so they cannot be given; drop option(s) {names}"
+    )
+
+
+def _options(factory: Callable[..., Env]) -> tuple[set[str] | None, set[str]]:
+    """(keyword names ``factory`` takes, None = any; names its constructors set themselves).
+
+    Follows ``**kwargs`` up a class's bases. A base's option that a subclass passes to
+    ``super().__init__`` itself (a ToolEnv subclass's ``tools``, ``tasks``, ``rubric``) is
+    not one it takes: given again, the call fails with "got multiple values".
+    """
     names: set[str] = set()
+    set_itself: set[str] = set()
     open_ended = False  # the last signature passes **kwargs on to nothing we can read
+    caller: Callable[..., Any] | None = None
     for fn in _constructors(factory):
         if fn is object.__init__:
-            return None
+            return None, set_itself
         params = inspect.signature(fn).parameters.values()
-        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if caller is not None:
+            set_itself |= _passed_up(caller, fn)
+        own = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        names |= own - set_itself
         open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
-    return None if open_ended else names - {"self"}
+        caller = fn
+    return (None if open_ended else names - {"self"}), set_itself - names
+
+
+@functools.cache
+def _passed_up(caller: Callable[..., Any], base: Callable[..., Any]) -> frozenset[str]:
+    """Parameters of ``base`` that ``caller``'s source fills in its ``super().__init__`` call.
+
+    Read from the source, because only the call itself says which arguments it passes; a
+    source that cannot be read or parsed (a C extension, a lambda in a REPL) sets none.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(caller)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return frozenset()
+    positional = [
+        p.name
+        for p in inspect.signature(base).parameters.values()
+        if p.kind is p.POSITIONAL_OR_KEYWORD and p.name != "self"
+    ]
+    passed: set[str] = set()
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call) or (skipped := _leading_self(call)) is None:
+            continue
+        passed |= {k.arg for k in call.keywords if k.arg is not None}
+        args = call.args[skipped:]
+        count = next((i for i, a in enumerate(args) if isinstance(a, ast.Starred)), len(args))
+        passed |= set(positional[:count])
+    return frozenset(passed)
+
+
+def _leading_self(call: ast.Call) -> int | None:
+    """For a ``super().__init__(...)`` call, 0; for ``Base.__init__(self, ...)``, 1; else None.
+
+    The number is how many leading positional arguments are not options (``self``).
+    """
+    if not isinstance(call.func, ast.Attribute) or call.func.attr != "__init__":
+        return None
+    target = call.func.value
+    if isinstance(target, ast.Call) and isinstance(target.func, ast.Name):
+        return 0 if target.func.id == "super" else None
+    first = call.args[0] if call.args else None
+    return 1 if isinstance(first, ast.Name) and first.id == "self" else None
 
 
 def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
-    accepted = _accepted_kwargs(factory)
+    accepted, set_itself = _options(factory)
+    if repeated := sorted(set(kwargs) & set_itself):
+        raise ConfigError(_set_itself(env_id, repeated))
     if accepted is not None and (unknown := sorted(set(kwargs) - accepted)):
         raise ConfigError(
             f"{env_id} does not take option(s) {unknown}; it takes: {', '.join(sorted(accepted))}"
@@ -279,5 +456,3 @@ def _is_plain(hint: Any) -> bool:
         return True
     args = [a for a in typing.get_args(hint) if a is not Ellipsis]
     return origin in _CONTAINERS and all(_is_plain(a) for a in args)
-
-

@@ -174,10 +174,13 @@ def check_env(
         **_parse_env_args(env_arg),
     )
     table = Table("check", "result", "detail")
+    styles = {"pass": "green", "skip": "yellow", "FAIL": "red"}
     for r in results:
-        verdict = Text("pass", style="green") if r.passed else Text("FAIL", style="red")
-        table.add_row(r.name, verdict, r.detail)
+        table.add_row(r.name, Text(r.verdict, style=styles[r.verdict]), r.detail)
     stdout.print(table)
+    for r in results:  # a failure's whole traceback, where a table cell would wrap it
+        if r.trace:
+            stdout.print(f"traceback of {r.name}:\n{r.trace}", soft_wrap=True, highlight=False)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
 

@@ -228,7 +228,8 @@ def test_gpt_oss_parser_rows_say_cannot_render_instead_of_crashing() -> None:
     require("vllm")
     found = rows(QWEN3_LIKE, parser="vllm:openai")
     assert found["parser round trip (vllm:openai)"].detail.startswith("cannot render")
-    assert found["reference episode"].detail.startswith("not played: cannot render")
+    assert found["reference episode"].detail.startswith("skipped: cannot render")
+    assert found["reference episode"].verdict == "skip"  # nothing played: not a pass
     # the mode is still decided, on the engine's generic conversation
     assert "on a generic two-call conversation (cannot render" in found["rollout mode"].detail
 

@@ -88,6 +88,43 @@ def test_failed_check_row_exits_1_after_printing_the_table() -> None:
     assert "reference episode" in proc.stdout and "FAIL" in proc.stdout
 
 
+CHECKED_ENVS = """
+import agentgym
+
+def boom(completion: str) -> float:
+    raise ValueError("reward exploded")
+
+class NoReference(agentgym.ToolEnv):
+    def __init__(self, **kwargs):
+        super().__init__([], tasks=[{"prompt": "hi"}], **kwargs)
+
+class RaisingReward(NoReference):
+    def __init__(self, **kwargs):
+        super().__init__(rubric=agentgym.Rubric([boom]), **kwargs)
+
+    def reference_turns(self, task):
+        return ["hello"]
+
+agentgym.register("checked/NoReference-v0", NoReference)
+agentgym.register("checked/RaisingReward-v0", RaisingReward)
+"""
+
+
+def test_check_shows_a_skip_as_skip_and_a_failure_s_traceback_below_the_table(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "checked.py").write_text(CHECKED_ENVS)
+    skipped = run("check", "checked:checked/NoReference-v0", cwd=tmp_path)
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    row = next(line for line in skipped.stdout.splitlines() if "reference episode" in line)
+    assert "skip" in row and "pass" not in row, skipped.stdout
+    failed = run("check", "checked:checked/RaisingReward-v0", cwd=tmp_path)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    table, _, below = failed.stdout.partition("traceback of reference episode:")
+    assert "reward function 'boom' raised ValueError: reward exploded" in table
+    assert "Traceback (most recent call last)" in below and 'raise ValueError("reward' in below
+
+
 @pytest.mark.slow
 def test_eval_writes_trajectories_and_summary(tmp_path: Path) -> None:
     out = tmp_path / "run"
