@@ -32,19 +32,20 @@ import math
 import numbers
 import time
 import traceback
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ._env import Env
 from ._errors import ConfigError, ConversationError, InfraError
 from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
-from ._tools import cancel_and_wait
+from ._tools import CANCEL_GRACE_SECONDS, cancel_and_wait
 from ._trajectory import Trajectory, Turn
 from ._types import Completion
 
 EnvFactory = Callable[[], Env]
+_T = TypeVar("_T")
 
 #: Episodes in flight when the policy does not say how large the engine's batch is.
 DEFAULT_CONCURRENCY = 256
@@ -516,12 +517,88 @@ def _default_concurrency(policy: Policy) -> int:
 
 
 def rollout(env: str | EnvFactory | EnvPool, policy: Policy, **kwargs: Any) -> list[Trajectory]:
-    """Sync adapter over `arollout` (same arguments); inside async code, await `arollout`."""
+    """Sync adapter over `arollout` (same arguments); inside async code, await `arollout`.
+
+    It runs its own event loop (`_run_on_own_loop`), whose close a tool call that ignores
+    cancellation cannot hold up.
+    """
+    if _loop_running():
+        raise ConfigError("rollout() called inside a running event loop; use `await arollout(...)`")
+    return _run_on_own_loop(_rollout_and_close(env, policy, **kwargs))
+
+
+def _loop_running() -> bool:
+    """Whether this thread runs an event loop.
+
+    Why a function: the rollout must not run inside the ``except`` that catches the check's
+    RuntimeError, or every episode traceback it records would begin with that error
+    ("During handling of the above exception ...").
+    """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(_rollout_and_close(env, policy, **kwargs))
-    raise ConfigError("rollout() called inside a running event loop; use `await arollout(...)`")
+        return False
+    return True
+
+
+def _run_on_own_loop(main: Coroutine[Any, Any, _T]) -> _T:
+    """`asyncio.run`, except that tasks which ignore cancellation cannot hang its close.
+
+    `asyncio.run` cancels the tasks left at the end and waits for all of them, without a
+    limit: a task that swallows `asyncio.CancelledError`, started by a tool or an env and
+    left behind by its episode, would hang `rollout` and ``agentgym eval`` after the rollout
+    itself returned. (Tool calls leave none: `Tool.acall` closes a tool that ignores its
+    cancellation.) `asyncio.Runner` still runs ``main`` (a first Ctrl-C cancels it, so envs
+    are closed), and `_end_leftovers` closes the loop instead of ``Runner.close``.
+    """
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return asyncio.Runner(loop_factory=lambda: loop).run(main)
+    finally:
+        try:
+            _end_leftovers(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks left on ``loop``, and wait `CANCEL_GRACE_SECONDS` for them to end.
+
+    Those still running then are left with the closed loop, named in one warning: they
+    ignore cancellation, and waiting longer would only hang the caller.
+    """
+    left = asyncio.all_tasks(loop)
+    for task in left:
+        task.cancel()
+    if not left:
+        return
+    _, stuck = loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_GRACE_SECONDS))
+    for task in left - stuck:  # what asyncio.run reports for the tasks it cancels
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler({
+                "message": "unhandled exception in a task cancelled as rollout() returned",
+                "exception": task.exception(), "task": task,
+            })  # fmt: skip
+    if stuck:
+        names = sorted({_task_label(task) for task in stuck})
+        log.warning(
+            "rollout(): %d task(s) still ran %g s after being cancelled as the rollout "
+            "returned, and were left behind when its event loop closed: %s. Code run on the "
+            "event loop must let asyncio.CancelledError propagate",
+            len(stuck), CANCEL_GRACE_SECONDS, ", ".join(names),
+        )  # fmt: skip
+        for task in stuck:  # warned above; no "Task was destroyed but it is pending!"
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
+
+
+def _task_label(task: asyncio.Task[Any]) -> str:
+    """What the warning calls a task: its name, and the coroutine it runs (the code to fix)."""
+    coro = task.get_coro()
+    return f"{task.get_name()} ({getattr(coro, '__qualname__', type(coro).__name__)})"
 
 
 async def _rollout_and_close(

@@ -410,7 +410,11 @@ class ToolEnv(Env):
         return messages, errors
 
     async def _call_tool(self, call: ToolCall) -> tuple[str, str | None]:
-        """Run one call; return (tool message content, error or None)."""
+        """Run one call; return (tool message content, error or None).
+
+        A result with no text for the model (an object whose str is its memory address) is
+        the tool's error too (`format_result`), so the model reads why, not an address.
+        """
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(self.tools) or "none"
@@ -419,13 +423,13 @@ class ToolEnv(Env):
         try:
             context = self.tool_context() if tool.injected else None
             result = await tool.acall(call.arguments, context, threads=self._tool_threads)
+            return format_result(result, call.name), None
         except InfraError:
             raise
         except ToolError as exc:
             if isinstance(exc, Forfeit) and self.state.forfeit is None:
                 self.state.forfeit = f"{call.name}: {exc}"
             return f"Error: {exc}", str(exc)
-        return format_result(result), None
 
     def _out_of_budget(self) -> bool:
         if self.state.turn >= self.max_turns:

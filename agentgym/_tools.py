@@ -22,11 +22,14 @@ import contextvars
 import functools
 import inspect
 import json
+import logging
 import numbers
 import os
 import queue
+import re
 import reprlib
 import threading
+import time
 import types
 import typing
 from collections import deque
@@ -52,6 +55,14 @@ from ._fast_schema import compile_fast_check
 
 #: Parameter names the environment fills in; a tool that declares one gets it injected.
 INJECTABLE = frozenset({"task", "state", "sandbox", "messages", "env"})
+
+#: Seconds a cancelled async tool may go on waiting (its cleanup) before it is closed.
+CANCEL_GRACE_SECONDS = 1.0
+#: An async tool step that holds the event loop this long is called blocking (asyncio's debug
+#: mode calls a callback slow from 0.1 s: every other episode waits that long).
+BLOCKING_STEP_SECONDS = 0.1
+
+log = logging.getLogger(__name__)
 
 #: Hints whose schema-valid JSON values already are what the function asks for.
 _AS_DECODED: tuple[Any, ...] = (str, int, float, bool, type(None), Any, dict, list)
@@ -227,8 +238,9 @@ class Tool:
 
         ``threads`` caps how many sync calls run at once (an env passes its own); None gives
         this call a thread of its own. Cancelling the caller cancels the call: an async tool
-        sees `asyncio.CancelledError` and has finished when this returns; a sync tool's
-        thread is abandoned (see `tool`).
+        sees `asyncio.CancelledError` and has finished when this returns (closed if it was
+        still running `CANCEL_GRACE_SECONDS` later); a sync tool's thread is abandoned (see
+        `tool`).
         """
         self.validate(arguments)
         kwargs = self._convert(arguments) if self.converters else dict(arguments)
@@ -277,30 +289,65 @@ class Tool:
         The tool runs in a context of its own, as a task of its own would, but without one:
         most tool calls finish without ever waiting, and those pay neither a task nor a timer
         (each costs more than the rest of an env step). Only a call that suspends is timed by
-        `asyncio.timeout_at`, with the deadline the call had from its start. When the timeout
+        a timer of `_Resume`, with the deadline the call had from its start. When the timeout
         fires or the caller is cancelled, the tool sees `asyncio.CancelledError` where it
-        waits, and its cleanup has run when this returns. A `TimeoutError` the tool raises
-        itself stays the tool's error, not a timeout.
+        waits, and its cleanup has run when this returns, unless it takes longer than
+        `CANCEL_GRACE_SECONDS`: then the tool is closed where it waits (`_Resume`), so a tool
+        that ignores cancellation cannot hang its episode. A call that ends past its timeout
+        without the timer cutting it (it blocked the event loop, so the timer could not run)
+        is timed out all the same: the timeout is the tool's contract. A `TimeoutError` the
+        tool raises itself stays the tool's error, not a timeout.
         """
-        start = asyncio.get_running_loop().time()
+        # The process's clock, not the loop's: a loop may read its clock once per iteration
+        # (uvloop does), which would hide exactly the time a blocking tool holds the loop.
+        clock = time.monotonic
+        start = clock()
         context = contextvars.copy_context()
         coro = self.fn(**kwargs)
         try:
             signal = context.run(coro.send, None)
-        except StopIteration as finished:
+        except StopIteration as finished:  # the usual call: its one extra cost is a clock read
+            if self.timeout is not None and clock() - start > self.timeout:
+                raise self._timed_out(clock() - start) from None  # it blocked the loop
             return finished.value
+        resume = _Resume(coro, signal, context, self.name, clock() - start)
         if self.timeout is None:
-            return await _Resume(coro, signal, context)
-        scope = asyncio.timeout_at(start + self.timeout)
+            return await resume
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.timeout - resume.longest, resume.time_out)
         try:
-            async with scope:
-                result = await _Resume(coro, signal, context)
-        except TimeoutError:
-            if not scope.expired():
-                raise  # the tool's own
-        if scope.expired():  # also when the tool swallowed the cancellation and returned
-            raise ToolTimeoutError(f"{self.name!r} timed out after {self.timeout:g} s")
+            result = await resume
+        except asyncio.CancelledError:
+            if resume.withdraw_timeout():
+                raise self._timed_out(resume.longest) from None
+            raise
+        finally:
+            timer.cancel()
+        if clock() - start > self.timeout:  # it blocked the loop past its deadline: the timer
+            raise self._timed_out(resume.longest)  # never got to run
         return result
+
+    def _timed_out(self, blocked: float) -> ToolTimeoutError:
+        """The call's timeout error; ``blocked``: the longest the tool held the event loop.
+
+        A tool that blocks the loop (``time.sleep`` in an ``async def``) cannot be cancelled
+        while it does, and holds up every other episode: the model's message and one warning
+        per tool say so, with the fix, since the timeout alone would not tell why.
+        """
+        message = f"{self.name!r} timed out after {self.timeout:g} s"
+        if blocked < BLOCKING_STEP_SECONDS:
+            return ToolTimeoutError(message)
+        _warn_once(
+            "blocked", self.name,
+            "async tool %r blocked the event loop for %.1f s in one go (timeout %g s): every "
+            "episode waited, and its timeout could not interrupt it; make it a plain `def` "
+            "(it then runs on a thread) or await instead of blocking",
+            self.name, blocked, self.timeout,
+        )  # fmt: skip
+        return ToolTimeoutError(
+            f"{message}: it blocked the event loop for {blocked:.1f} s; an async tool must "
+            "await instead of blocking, or be a plain `def` (which runs on a thread)"
+        )
 
     async def _run_in_thread(self, kwargs: dict[str, Any]) -> Any:
         """Run a sync tool on a worker thread and wait up to `timeout` for its result.
@@ -320,7 +367,7 @@ class Tool:
             if timer is not None:
                 timer.cancel()
         if result is _TIMED_OUT:
-            raise ToolTimeoutError(f"{self.name!r} timed out after {self.timeout:g} s")
+            raise self._timed_out(0.0)  # a thread never blocks the loop
         return result
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -410,33 +457,155 @@ class _Resume:
     """Awaiting this runs the rest of ``coro``, which has already run up to yielding ``signal``.
 
     Each step of ``coro`` runs in ``context``. What the awaiting task sends or throws (a
-    result, `asyncio.CancelledError`) goes on to ``coro``, as ``await coro`` would have done.
+    result, `asyncio.CancelledError`) goes on to ``coro``, as ``await coro`` would have done,
+    and ``longest`` keeps the longest step (how long the tool held the event loop in one go;
+    ``first``: its first step's).
+
+    A cancellation of the call (its timeout, or the caller's) holds whatever the tool does
+    with it. A tool that returns or raises while one is pending raises it. One that goes on
+    waiting (its cleanup awaits, or it swallows cancellations) gets `CANCEL_GRACE_SECONDS`;
+    then it is closed where it waits (``coro.close()``: its ``finally`` blocks run) and the
+    call ends, so it cannot hang its episode. Cancellations the tool asks for itself, on its
+    own task (``asyncio.timeout``, a TaskGroup, anyio's cancel scopes inside httpx), are its
+    own business: they are withdrawn (``Task.uncancel``) by the time they are handled, so
+    only requests still counted by ``Task.cancelling`` above ``base``, the count the call
+    started with, are the call's. None of this costs a step until something is thrown into
+    the tool. `time_out` is the call's own timer (`Tool._run_coroutine`): it cancels the
+    call's task, as `asyncio.timeout` would, without its context manager's cost.
     """
 
-    __slots__ = ("coro", "signal", "context")
+    __slots__ = ("coro", "signal", "context", "name", "longest", "task", "base", "grace",
+                 "timed_out")  # fmt: skip
 
     def __init__(
-        self, coro: Coroutine[Any, Any, Any], signal: Any, context: contextvars.Context
+        self,
+        coro: Coroutine[Any, Any, Any],
+        signal: Any,
+        context: contextvars.Context,
+        name: str,
+        first: float,
     ) -> None:
-        self.coro, self.signal, self.context = coro, signal, context
+        self.coro, self.signal, self.context, self.name = coro, signal, context, name
+        self.longest = first
+        self.task = asyncio.current_task()
+        self.base = 0 if self.task is None else self.task.cancelling()
+        self.grace: asyncio.TimerHandle | _Spent | None = None  # `_OVERDUE` once it is over
+        self.timed_out = False
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        coro, signal, run = self.coro, self.signal, self.context.run
-        while True:
-            try:
-                sent = yield signal
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # cancellation, delivered where the tool waits
-                step: Callable[[Any], Any] = coro.throw
-                sent = exc
-            else:
-                step = coro.send
-            try:
-                signal = run(step, sent)
-            except StopIteration as finished:
-                return finished.value
+        coro, signal, run, clock = self.coro, self.signal, self.context.run, time.monotonic
+        longest, watch = self.longest, False
+        try:
+            while True:
+                try:
+                    sent = yield signal
+                except GeneratorExit:
+                    coro.close()
+                    raise
+                except BaseException as exc:  # cancellation, delivered where the tool waits
+                    if self.grace is _OVERDUE:
+                        self._close(exc)
+                    step: Callable[[Any], Any] = coro.throw
+                    sent, watch = exc, True
+                else:
+                    step = coro.send
+                began = clock()
+                try:
+                    signal = run(step, sent)
+                except StopIteration as finished:
+                    if watch and self._pending():  # it returned from the call's cancellation
+                        raise asyncio.CancelledError(f"{self.name!r} was cancelled") from None
+                    return finished.value
+                except Exception as error:
+                    if watch and self._pending():
+                        raise asyncio.CancelledError(f"{self.name!r} was cancelled") from error
+                    raise
+                finally:
+                    took = clock() - began
+                    if took > longest:
+                        longest = took
+                if watch:
+                    watch = self._keep_watching()
+        finally:
+            self.longest = longest
+            if self.grace is not None:
+                self.grace.cancel()
+
+    def time_out(self) -> None:
+        """The call's timer: cancel the call (`withdraw_timeout` tells it apart)."""
+        if self.task is not None:
+            self.timed_out = True
+            self.task.cancel()
+
+    def withdraw_timeout(self) -> bool:
+        """Withdraw `time_out`'s request, if it made one; whether it alone ended the call.
+
+        As `asyncio.timeout` does: when the caller was cancelled too, its cancellation goes on.
+        """
+        if not self.timed_out or self.task is None:
+            return False
+        return self.task.uncancel() <= self.base
+
+    def _pending(self) -> bool:
+        """Whether a cancellation of the call (not one the tool asked for) is pending."""
+        return self.task is not None and self.task.cancelling() > self.base
+
+    def _keep_watching(self) -> bool:
+        """After the tool went on from a cancellation: time its grace while one is pending."""
+        if self._pending():
+            if self.grace is None:
+                loop = asyncio.get_running_loop()
+                self.grace = loop.call_later(CANCEL_GRACE_SECONDS, self._end_grace)
+            return True
+        if self.grace is not None:  # its own cancellation, handled: nothing to time
+            self.grace.cancel()
+            self.grace = None
+        return False
+
+    def _end_grace(self) -> None:
+        """The grace is over: wake the call's task, to close the tool (`_close`)."""
+        if self.task is not None:
+            self.grace = _OVERDUE
+            self.task.cancel()
+
+    def _close(self, wake_up: BaseException) -> typing.NoReturn:
+        """Close the tool where it waits, and end the call with the cancellation it ignored."""
+        assert self.task is not None  # only a task's call is woken up
+        self.task.uncancel()  # the wake-up's own request; the call's are still counted
+        try:
+            self.coro.close()
+        except RuntimeError:  # it awaited in its cleanup ("coroutine ignored GeneratorExit")
+            pass
+        _warn_once(
+            "closed", self.name,
+            "async tool %r was still running %g s after it was cancelled (it swallows "
+            "asyncio.CancelledError, or its cleanup waits that long), so it was closed where "
+            "it waited and its episode went on. Let CancelledError propagate out of async "
+            "tools, and keep cleanup short", self.name, CANCEL_GRACE_SECONDS,
+        )  # fmt: skip
+        raise wake_up
+
+
+class _Spent:
+    """What `_Resume.grace` holds once a cancelled tool's grace is over: a timer that ran."""
+
+    def cancel(self) -> None:
+        """Nothing left to cancel."""
+
+
+_OVERDUE = _Spent()
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(kind: str, tool_name: str, message: str, *args: Any) -> None:
+    """Log ``message`` the first time tool ``tool_name`` misbehaves in way ``kind``.
+
+    Why once: a tool misbehaves on every call, and a run makes thousands of calls.
+    """
+    if (kind, tool_name) not in _warned:
+        _warned.add((kind, tool_name))
+        log.warning(message, *args)
 
 
 _TIMED_OUT = object()  # what the timer settles a sync call's future with
@@ -726,7 +895,13 @@ def tool(
             for a thread.
 
     Async functions run on the episode's event loop; when the call times out or the episode
-    is cancelled they are cancelled, and their cleanup has run before the episode goes on.
+    is cancelled they are cancelled, and their cleanup has run before the episode goes on,
+    unless it takes more than `CANCEL_GRACE_SECONDS` (1 s): then the coroutine is closed
+    where it waits (its ``finally`` blocks run) and one warning names the tool, so a tool that
+    swallows `asyncio.CancelledError` cannot hang its episode, `rollout` or ``agentgym eval``. An
+    async function must not block: one that holds the event loop past its timeout (``time.sleep``
+    in an ``async def``) is timed out all the same, even if it returned, and the model's
+    message and a warning say it blocked the loop.
     Sync functions run on a thread of their own, at most `ToolEnv.max_tool_threads` of an
     episode at once. A thread cannot be killed: when its call times out or the episode is
     cancelled, the model is told at once and the episode moves on, while the thread runs on
@@ -770,14 +945,31 @@ def _example(prop: dict[str, Any]) -> Any:
 _BYTES = (bytes, bytearray, memoryview)
 
 
-def format_result(value: Any) -> str:
+#: What a memory address looks like in a repr (``<__main__.O object at 0x7f35...>``).
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
+class _Opaque(Exception):
+    """Raised out of `json.dumps` for a value whose only text is its memory address."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(type(value).__name__)
+        self.value = value
+
+
+def format_result(value: Any, tool_name: str | None = None) -> str:
     """Render a tool's return value as the text of a ``tool`` message.
 
     A str is the text itself, bytes too when they are UTF-8 (else a note of their length:
     the model cannot read binary). Anything else is written as JSON: pydantic models as
     their JSON data, not their repr, and floats JSON has no number for (NaN, Infinity,
     -Infinity) as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, so the text stays
-    valid JSON without losing what the value was. Values JSON cannot carry fall back to str.
+    valid JSON without losing what the value was. Values JSON cannot carry fall back to
+    their str (a date, a set, a dataclass), except those whose str shows a memory address
+    (an object without a ``__repr__``, a function): it differs in every run, so an episode
+    could not be replayed, and it tells the model nothing. Such a result raises `ToolError`
+    naming its type, for the model to read and the tool's author to fix (``tool_name``
+    names the tool in the message).
     """
     if isinstance(value, str):
         return value
@@ -786,9 +978,23 @@ def format_result(value: Any) -> str:
     if isinstance(value, _BYTES):
         return _bytes_text(value)
     try:
+        return _json_text(value)
+    except _Opaque as opaque:
+        what = type(opaque.value).__name__
+        holding = "a" if opaque.value is value else "data holding a"
+        raise ToolError(
+            f"{'the tool' if tool_name is None else repr(tool_name)} returned {holding} {what}, "
+            "which is not JSON data (its text would be a memory address); the tool must "
+            "return a str or JSON data (dict, list, str, int, float, bool, None)"
+        ) from None
+
+
+def _json_text(value: Any) -> str:
+    """``value`` as JSON text, or as its str when JSON cannot write it (a dict's tuple key)."""
+    try:
         text = json.dumps(value, ensure_ascii=False, default=_json_data)
     except (TypeError, ValueError):
-        return str(value)
+        return _plain_text(value)
     if "NaN" in text or "Infinity" in text:  # maybe a float JSON has no number for: quote it
         text = json.dumps(json.loads(text, parse_constant=str), ensure_ascii=False)
     return text
@@ -803,7 +1009,15 @@ def _json_data(value: Any) -> Any:
             return value.model_dump(mode="json")
         except ValueError:  # a field pydantic cannot write as JSON (bytes that are not UTF-8)
             return value.model_dump()  # whose values come back here
-    return str(value)
+    return _plain_text(value)
+
+
+def _plain_text(value: Any) -> str:
+    """``str(value)``; raises `_Opaque` when that shows a memory address (see `format_result`)."""
+    text = str(value)
+    if _ADDRESS.search(text) is not None:
+        raise _Opaque(value)
+    return text
 
 
 def _bytes_text(data: bytes | bytearray | memoryview) -> str:

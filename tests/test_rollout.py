@@ -159,6 +159,18 @@ def test_env_failure_marks_only_that_episode() -> None:
     assert [trajectories[i].final_reward for i in (0, 3)] == [1.0, 1.0]
 
 
+def test_a_recorded_traceback_holds_only_the_episodes_own_error() -> None:
+    """Not the sync adapter's own check for a running loop, chained before it."""
+    errors = [t.error for t in rollout(FlakyEnv, ScriptedPolicy(lambda task: [task["answer"]]))]
+    failed = [e for e in errors if e]
+    assert len(failed) == 2
+    for error in failed:
+        assert error.startswith("Traceback (most recent call last):")
+        assert error.count("Traceback") == 1
+        assert "no running event loop" not in error
+        assert "During handling of the above exception" not in error
+
+
 class CountedEnv(FlakyEnv):
     """`FlakyEnv` that numbers its instances and logs ``(instance, event)`` into ``log``."""
 

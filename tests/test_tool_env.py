@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import json
+from datetime import date
 from typing import Any
 
 import pytest
@@ -202,6 +204,57 @@ def test_bad_input_recorded_in_trajectory(text: str, expected: str) -> None:
     assert trajectory.final_reward == 1.0
     tool_messages = [m for m in trajectory.messages if m["role"] == "tool"]
     assert len(tool_messages) == 1 and expected in tool_messages[0]["content"]
+
+
+class Opaque:
+    """An object without a ``__repr__``: its only text is its memory address."""
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: int
+
+
+def giving(value: Any) -> ToolEnv:
+    """An env whose one tool, ``give``, returns ``value``; reset."""
+
+    def give() -> Any:
+        """Return the value."""
+        return value
+
+    env = ToolEnv([tool(give)], tasks=TASKS)
+    env.reset(seed=0)
+    return env
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(Opaque(), "returned a Opaque,"), ({"rows": [Opaque()]}, "returned data holding a Opaque,"),
+     (says_answer, "returned a function,")],
+    ids=["object", "nested", "function"],
+)  # fmt: skip
+def test_a_result_whose_text_is_a_memory_address_is_the_tools_error(
+    value: Any, expected: str
+) -> None:
+    obs, _, terminated, _, info = giving(value).step(call("give"))
+    [error] = info["tool_errors"]
+    assert error.startswith(f"'give' {expected} which is not JSON data")
+    assert "return a str or JSON data" in error
+    assert obs[-1]["content"] == f"Error: {error}"  # the model reads why, not an address
+    assert " at 0x" not in obs[-1]["content"] and not terminated
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(Point(1, 2), '"Point(x=1, y=2)"'), (date(2020, 1, 2), '"2020-01-02"'), ({3}, '"{3}"')],
+    ids=["dataclass", "date", "set"],
+)
+def test_a_result_json_cannot_carry_still_reaches_the_model_as_its_str(
+    value: Any, text: str
+) -> None:
+    obs, *_, info = giving(value).step(call("give"))
+    assert obs[-1]["content"] == text and info["tool_errors"] == []
 
 
 def test_infra_error_from_tool_propagates(env: ToolEnv) -> None:
