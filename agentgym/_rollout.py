@@ -519,7 +519,7 @@ def _default_concurrency(policy: Policy) -> int:
 def rollout(env: str | EnvFactory | EnvPool, policy: Policy, **kwargs: Any) -> list[Trajectory]:
     """Sync adapter over `arollout` (same arguments); inside async code, await `arollout`.
 
-    It runs its own event loop (`_run_on_own_loop`), whose close a tool call that ignores
+    It runs its own event loop (`_run_on_own_loop`), whose close a task that ignores
     cancellation cannot hold up.
     """
     if _loop_running():

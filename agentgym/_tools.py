@@ -319,7 +319,7 @@ class Tool:
             result = await resume
         except asyncio.CancelledError:
             if resume.withdraw_timeout():
-                raise self._timed_out(resume.longest) from None
+                raise self._timed_out(resume.longest, cut=True) from None
             raise
         finally:
             timer.cancel()
@@ -327,15 +327,18 @@ class Tool:
             raise self._timed_out(resume.longest)  # never got to run
         return result
 
-    def _timed_out(self, blocked: float) -> ToolTimeoutError:
+    def _timed_out(self, blocked: float, cut: bool = False) -> ToolTimeoutError:
         """The call's timeout error; ``blocked``: the longest the tool held the event loop.
 
         A tool that blocks the loop (``time.sleep`` in an ``async def``) cannot be cancelled
         while it does, and holds up every other episode: the model's message and one warning
-        per tool say so, with the fix, since the timeout alone would not tell why.
+        per tool say so, with the fix, since the timeout alone would not tell why. ``cut``:
+        the timer cut the call, so a block under half the timeout is not named (it did not
+        make the call late; a slow service did).
         """
         message = f"{self.name!r} timed out after {self.timeout:g} s"
-        if blocked < BLOCKING_STEP_SECONDS:
+        least = max(BLOCKING_STEP_SECONDS, (self.timeout or 0.0) / 2 if cut else 0.0)
+        if blocked < least:
             return ToolTimeoutError(message)
         _warn_once(
             "blocked", self.name,
@@ -574,8 +577,8 @@ class _Resume:
         self.task.uncancel()  # the wake-up's own request; the call's are still counted
         try:
             self.coro.close()
-        except RuntimeError:  # it awaited in its cleanup ("coroutine ignored GeneratorExit")
-            pass
+        except Exception:  # its cleanup awaited ("coroutine ignored GeneratorExit") or failed:
+            pass  # the call ends cancelled all the same, or its task's count would be off
         _warn_once(
             "closed", self.name,
             "async tool %r was still running %g s after it was cancelled (it swallows "

@@ -302,15 +302,16 @@ async def test_an_async_tool_blocking_the_loop_past_its_timeout_is_timed_out_and
 
 
 async def test_a_timeout_not_caused_by_blocking_does_not_blame_the_tool() -> None:
-    @tool(timeout=0.2)
+    @tool(timeout=0.5)
     async def waits() -> str:
-        """Wait longer than its timeout, without blocking."""
+        """Block briefly (under half the timeout), then wait longer than the timeout."""
+        time.sleep(0.15)
         await asyncio.sleep(5)
         return "late"
 
     with pytest.raises(ToolTimeoutError) as excinfo:
         await waits.acall({})
-    assert str(excinfo.value) == "'waits' timed out after 0.2 s"
+    assert str(excinfo.value) == "'waits' timed out after 0.5 s"
 
 
 async def test_a_step_of_an_env_reports_the_blocking_tool_to_the_model() -> None:
