@@ -19,7 +19,6 @@ corrupt the training signal, and a NaN would turn every advantage of its group i
 from __future__ import annotations
 
 import inspect
-import logging
 import math
 import numbers
 import traceback
@@ -28,9 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ConfigError, InfraError
-
-log = logging.getLogger(__name__)
-_warned: set[str] = set()  # reward functions whose first failure was logged
+from ._tools import warn_once
 
 
 @dataclass
@@ -114,27 +111,17 @@ class Rubric:
             except Exception as exc:
                 scores[name] = None
                 errors[name] = traceback.format_exc()
-                _warn_once(fn, name, exc)
+                key = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', name)}"
+                warn_once(  # Gymnasium's step returns a number whatever happens: say it once
+                    "reward", key,
+                    "reward function %r raised %s: %s; its episodes are 'error', not scored "
+                    "(full traceback in info['reward_errors'] and Trajectory.error; said once)",
+                    name, type(exc).__name__, exc,
+                )  # fmt: skip
                 continue
             scores[name] = value
             total += weight * value
         return RubricResult(reward=total, scores=scores, errors=errors)
-
-
-def _warn_once(fn: Callable[..., Any], name: str, exc: Exception) -> None:
-    """Log a function's first failure.
-
-    Why: an env stepped through Gymnasium's ``step`` returns a number whatever happens, with
-    the error only in ``info["reward_errors"]``.
-    """
-    key = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', name)}"
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(
-            "reward function %r raised %s: %s; its episodes are 'error', not scored (full "
-            "traceback in info['reward_errors'] and Trajectory.error; said once)",
-            name, type(exc).__name__, exc,
-        )
 
 
 def _finite(value: Any) -> float:

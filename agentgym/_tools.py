@@ -340,7 +340,7 @@ class Tool:
         least = max(BLOCKING_STEP_SECONDS, (self.timeout or 0.0) / 2 if cut else 0.0)
         if blocked < least:
             return ToolTimeoutError(message)
-        _warn_once(
+        warn_once(
             "blocked", self.name,
             "async tool %r blocked the event loop for %.1f s in one go (timeout %g s): every "
             "episode waited, and its timeout could not interrupt it; make it a plain `def` "
@@ -579,7 +579,7 @@ class _Resume:
             self.coro.close()
         except Exception:  # its cleanup awaited ("coroutine ignored GeneratorExit") or failed:
             pass  # the call ends cancelled all the same, or its task's count would be off
-        _warn_once(
+        warn_once(
             "closed", self.name,
             "async tool %r was still running %g s after it was cancelled (it swallows "
             "asyncio.CancelledError, or its cleanup waits that long), so it was closed where "
@@ -601,13 +601,13 @@ _OVERDUE = _Spent()
 _warned: set[tuple[str, str]] = set()
 
 
-def _warn_once(kind: str, tool_name: str, message: str, *args: Any) -> None:
-    """Log ``message`` the first time tool ``tool_name`` misbehaves in way ``kind``.
+def warn_once(kind: str, name: str, message: str, *args: Any) -> None:
+    """Log ``message`` the first time ``name`` (a tool, a reward function) fails in way ``kind``.
 
-    Why once: a tool misbehaves on every call, and a run makes thousands of calls.
+    Why once: such code fails on every call, and a run makes thousands of calls.
     """
-    if (kind, tool_name) not in _warned:
-        _warned.add((kind, tool_name))
+    if (kind, name) not in _warned:
+        _warned.add((kind, name))
         log.warning(message, *args)
 
 

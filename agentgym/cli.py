@@ -281,8 +281,8 @@ def evaluate(
     env_id = resolve_id(env)
     env_kwargs = _parse_env_args(env_arg)
     template_kwargs = _parse_template_kwargs(chat_template_kwargs)
+    check_policy_options(ctx)
     servers = _Servers(server, router_url, model)
-    _refuse_option_mix(policy, _typed_options(ctx), servers)
     if adapter is not None:
         adapter, model_path = _trained_adapter(adapter, model_path, policy, servers)
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
