@@ -36,7 +36,8 @@ from ._errors import ConfigError
 from ._policies import ScriptedPolicy
 from ._registry import make
 from ._rollout import EpisodeSpec, run_episode
-from ._tools import Tool, _described_function, example_arguments
+from ._tool_schema import example_arguments
+from ._tools import Tool, _described_function
 from ._trajectory import Trajectory
 from ._types import Message
 from .parsers import ToolCall, ToolCallParser, available_parsers, get_parser

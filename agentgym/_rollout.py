@@ -40,7 +40,7 @@ from ._env import Env
 from ._errors import ConfigError, ConversationError, InfraError
 from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
-from ._tools import CANCEL_GRACE_SECONDS, cancel_and_wait
+from ._tool_calls import CANCEL_GRACE_SECONDS, cancel_and_wait
 from ._trajectory import Trajectory, Turn
 from ._types import Completion
 

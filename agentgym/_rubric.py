@@ -19,6 +19,7 @@ corrupt the training signal, and a NaN would turn every advantage of its group i
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import numbers
 import traceback
@@ -27,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ConfigError, InfraError
-from ._tools import warn_once
+from ._warn_once import warn_once
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,7 +116,7 @@ class Rubric:
                 errors[name] = traceback.format_exc()
                 key = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', name)}"
                 warn_once(  # Gymnasium's step returns a number whatever happens: say it once
-                    "reward", key,
+                    log, "reward", key,
                     "reward function %r raised %s: %s; its episodes are 'error', not scored "
                     "(full traceback in info['reward_errors'] and Trajectory.error; said once)",
                     name, type(exc).__name__, exc,

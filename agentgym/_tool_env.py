@@ -30,16 +30,10 @@ from typing import Any, Literal
 from ._env import Action, Env, json_copy
 from ._errors import ConfigError, Forfeit, InfraError, ToolError
 from ._rubric import Rubric
-from ._tools import (
-    Tool,
-    ToolThreads,
-    as_tool,
-    cancel_and_wait,
-    check_timeout,
-    example_arguments,
-    format_result,
-    shown,
-)
+from ._tool_calls import ToolThreads, cancel_and_wait
+from ._tool_results import format_result
+from ._tool_schema import example_arguments
+from ._tools import Tool, as_tool, check_timeout, shown
 from ._trajectory import Trajectory, Turn
 from ._types import Completion, Message
 from .parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser

@@ -12,7 +12,7 @@ import pytest
 
 from agentgym import ToolArgumentsError, tool
 from agentgym._fast_schema import compile_fast_check
-from agentgym._tools import type_to_schema
+from agentgym._tool_schema import type_to_schema
 
 
 class Mode(enum.Enum):

@@ -144,7 +144,7 @@ def test_a_failing_reward_function_is_logged_once(caplog: pytest.LogCaptureFixtu
         raise ValueError("no score for " + completion)
 
     rubric = Rubric([flaky_reward])
-    with caplog.at_level("WARNING", logger="agentgym._tools"):
+    with caplog.at_level("WARNING", logger="agentgym._rubric"):
         for _ in range(3):
             assert score(rubric, completion="42").scores == {"flaky_reward": None}
     said = [r.getMessage() for r in caplog.records if "flaky_reward" in r.getMessage()]

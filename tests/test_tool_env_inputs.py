@@ -12,7 +12,7 @@ import pydantic
 import pytest
 
 from agentgym import ConfigError, Rubric, ToolEnv, tool
-from agentgym._tools import format_result
+from agentgym._tool_results import format_result
 
 TASKS = [{"prompt": "What is 2 + 3?", "answer": "5"}]
 

@@ -21,7 +21,7 @@ from typing_extensions import TypedDict
 
 from agentgym import ConfigError, ToolArgumentsError, ToolEnv, tool
 from agentgym._fast_schema import compile_fast_check
-from agentgym._tools import example_arguments
+from agentgym._tool_schema import example_arguments
 
 
 class Size(enum.Enum):

@@ -25,10 +25,11 @@ from agentgym import (
     ToolArgumentsError,
     ToolError,
     ToolTimeoutError,
-    _tools,
+    _tool_calls,
     tool,
 )
-from agentgym._tools import ToolThreads, example_arguments
+from agentgym._tool_calls import ToolThreads
+from agentgym._tool_schema import example_arguments
 
 
 class Color(enum.Enum):
@@ -651,7 +652,7 @@ async def test_sync_calls_reuse_a_warm_thread() -> None:
 
 
 async def test_idle_worker_threads_exit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_tools, "IDLE_THREAD_SECONDS", 0.05)
+    monkeypatch.setattr(_tool_calls, "IDLE_THREAD_SECONDS", 0.05)
     gate = threading.Barrier(3)
 
     @tool

@@ -30,7 +30,7 @@ from agentgym import (
     rollout,
     tool,
 )
-from agentgym._tools import CANCEL_GRACE_SECONDS
+from agentgym._tool_calls import CANCEL_GRACE_SECONDS
 
 #: Slack on every wall-time bound: scheduling on a busy machine, not the behaviour tested.
 SLACK = 2.0
