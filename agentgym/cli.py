@@ -29,12 +29,8 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from ._check import check as run_checks
-from ._check import (
-    load_tokenizer,
-    reference_conversation,
-    unread_template_kwargs,
-    with_model_tokenizer,
-)
+from ._check import load_tokenizer, reference_conversation, with_model_tokenizer
+from ._check_template import unread_template_kwargs
 from ._errors import ConfigError, Error, InfraError
 from ._eval_folder import (
     TASKS_KEY,

@@ -1,0 +1,280 @@
+"""The chat-template rows of `agentgym check --model`: kwargs, rollout mode, round trip.
+
+The template is exercised exactly as the rollout engine uses it (`agentgym.engine.ChatRenderer`)
+on a played episode: the ``rollout mode`` row says whether episodes train as one sequence
+(``concat``) or one sample per turn (``per_turn``) and why; the round-trip row says whether
+the template writes each assistant turn as the model produced it, and if not, which cause.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._check_result import CheckResult
+from ._trajectory import Trajectory
+from ._types import Message
+from .parsers import ToolCallParser, available_parsers, get_parser
+
+if TYPE_CHECKING:
+    from .engine import ChatRenderer
+
+#: The reasoning of each exercise turn when the model thinks (no digits: answers stay right).
+REASONING = "The tool gives the exact result, so I use it."
+#: Marks where an assistant turn's content starts in a render; no template rewrites it.
+_SENTINEL = "\u2063agentgym-content\u2063"
+
+
+def reasoning_prefix(tokenizer: Any, kwargs: dict[str, Any], tools: list[dict[str, Any]]) -> str:
+    """A short ``<think>`` block when the template expects the model to open with one.
+
+    Such a template (Qwen3 with thinking on) writes an empty ``<think></think>`` before the
+    content of a finished turn that has none, but its generation prompt stops before it: the
+    model writes the block. Without reasoning in the turns, the check would judge the
+    template on empty blocks (which Qwen3 drops), not on what a thinking model samples.
+    """
+    from .engine import ChatRenderer, TemplateError
+
+    user = [{"role": "user", "content": "hi"}]
+    try:
+        renderer = ChatRenderer(tokenizer, kwargs)
+        prompt = renderer.render_text(user, tools or None, generation=True)
+        finished = [*user, {"role": "assistant", "content": _SENTINEL}]
+        last = renderer.render_text(finished, tools or None, generation=False)
+    except TemplateError:  # the template rows say why
+        return ""
+    opening = last[len(prompt) : last.find(_SENTINEL)] if last.startswith(prompt) else ""
+    thinks = re.fullmatch(r"\s*<think>\s*</think>\s*", opening) is not None
+    return f"<think>\n{REASONING}\n</think>\n\n" if thinks else ""
+
+
+def template_checks(
+    tokenizer: Any,
+    kwargs: dict[str, Any],
+    trajectory: Trajectory | None,
+    tools: list[dict[str, Any]],
+    parser: ToolCallParser | None,
+    why_none: str,
+) -> list[CheckResult]:
+    """The template's rows: its kwargs, the rollout mode, and the turns' round trip."""
+    from .engine import ChatRenderer, TemplateError
+    from .engine._episode import probe_conversation
+
+    rows = [_template_kwargs(tokenizer, kwargs)] if kwargs else []
+    try:
+        renderer = ChatRenderer(tokenizer, kwargs)
+    except TemplateError as exc:
+        return [*rows, CheckResult("chat template", False, str(exc))]
+    played = trajectory is not None and any(t.text for t in trajectory.turns)
+    if trajectory is not None and played:
+        conversation, source = trajectory.messages, "the env's reference episode + a 2nd call"
+        if trajectory.turns[0].text.startswith("<think>"):
+            source += ", each turn opening with the <think> block the template expects"
+    else:
+        conversation = probe_conversation(tools)
+        source = f"a generic two-call conversation ({why_none or 'no reference turns played'})"
+    checks: list[Callable[[], CheckResult]] = [
+        lambda: _rollout_mode(renderer, conversation, tools, source)
+    ]
+    if trajectory is not None and played and parser is not None:
+        checks.append(lambda: _template_round_trip(renderer, trajectory, tools, parser))
+    for run in checks:
+        try:
+            rows.append(run())
+        except TemplateError as exc:  # the template refused the conversation: one row says so
+            return [*rows, CheckResult("chat template", False, str(exc))]
+    return rows
+
+
+def _template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> CheckResult:
+    """Every chat-template kwarg must be a variable the template reads (typos do nothing)."""
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    if _template_variables(getattr(tokenizer, "chat_template", None)) is None:
+        return CheckResult("chat template kwargs", True, f"{shown} (template not inspected)")
+    problem = unread_template_kwargs(tokenizer, kwargs)
+    if problem:
+        return CheckResult("chat template kwargs", False, problem)
+    return CheckResult("chat template kwargs", True, f"{shown}: read by the template")
+
+
+def unread_template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> str:
+    """What is wrong with chat-template kwargs the template never reads; "" when none is.
+
+    Such a kwarg changes nothing, silently (``enable_thinkng``); a template that cannot be
+    inspected gets the benefit of the doubt.
+    """
+    read = _template_variables(getattr(tokenizer, "chat_template", None))
+    unknown = [k for k in kwargs if read is not None and k not in read]
+    if read is None or not unknown:
+        return ""
+    hints = [
+        f"did you mean {close[0]!r} for {k!r}?"
+        for k in unknown
+        if (close := difflib.get_close_matches(k, read, n=1))
+    ]
+    return (
+        f"the template never reads {', '.join(map(repr, unknown))}, so it changes nothing"
+        f"{'; ' + ' '.join(hints) if hints else ''} (it reads: {', '.join(sorted(read))})"
+    )
+
+
+def _template_variables(template: Any) -> set[str] | None:
+    """Names a jinja template reads from its context; None when it cannot be parsed."""
+    if not isinstance(template, str):
+        return None
+    try:
+        from jinja2 import Environment, meta
+
+        return set(meta.find_undeclared_variables(Environment().parse(template)))
+    except Exception:  # an extension tag (e.g. {% generation %}) or no jinja2: not inspected
+        return None
+
+
+def _rollout_mode(
+    renderer: ChatRenderer, conversation: list[Message], tools: list[dict[str, Any]], source: str
+) -> CheckResult:
+    """The mode the engine gives this model and env, decided as the engine decides it."""
+    decision = renderer.decide_mode(conversation, tools)
+    detail = f"{decision.mode}: {decision.reason} (on {source})"
+    if decision.mode == "per_turn":
+        where = _first_rewrite(renderer, conversation, tools)
+        detail += (f"; {where}" if where else "") + (
+            "; every turn then trains as its own sample (Trajectory.mode='per_turn')"
+        )
+    return CheckResult("rollout mode", True, detail)
+
+
+def _first_rewrite(
+    renderer: ChatRenderer, conversation: list[Message], tools: list[dict[str, Any]]
+) -> str:
+    """Where consecutive renders stop extending each other, as the engine builds prompts.
+
+    The engine needs each turn's prompt to be a prefix of the conversation once the turn is
+    added, and that to be a prefix of the next turn's prompt. The first pair that is not is
+    shown token-aligned (never from mid-token); "" when every pair extends as text.
+    """
+    ends = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
+    for k, end in enumerate(ends):
+        prompt = _text(renderer, conversation[:end], tools, True)
+        turn = _text(renderer, conversation[: end + 1], tools, False)
+        if not turn.startswith(prompt):
+            old, new = _token_aligned(renderer, prompt, turn)
+            return (
+                f"the prompt of assistant turn {k + 1} has {old!r} where, once the turn is "
+                f"added, the template writes {new!r}"
+            )
+        if k + 1 < len(ends):
+            following = _text(renderer, conversation[: ends[k + 1]], tools, True)
+            if not following.startswith(turn):
+                old, new = _token_aligned(renderer, turn, following)
+                return (
+                    f"assistant turn {k + 1} renders as {old!r} while it is the last message "
+                    f"but as {new!r} once messages follow it"
+                )
+    return ""
+
+
+def _text(
+    renderer: ChatRenderer,
+    messages: Sequence[Message],
+    tools: list[dict[str, Any]],
+    generation: bool,
+) -> str:
+    return renderer.render_text(messages, tools or None, generation=generation)
+
+
+def _token_aligned(renderer: ChatRenderer, a: str, b: str, width: int = 32) -> tuple[str, str]:
+    """``a`` and ``b`` from the first token where they differ, ``width`` characters of each.
+
+    Starting at a token boundary shows whole markers (``<tool_call>``, not ``ool_call>``).
+    """
+    from .engine._render import first_difference
+
+    ids_a, ids_b = renderer.encode(a), renderer.encode(b)
+    at = first_difference(ids_a, ids_b)
+    decode = renderer.tokenizer.decode
+    return decode(ids_a[at : at + width])[:width], decode(ids_b[at : at + width])[:width]
+
+
+def _template_round_trip(
+    renderer: ChatRenderer,
+    trajectory: Trajectory,
+    tools: list[dict[str, Any]],
+    parser: ToolCallParser,
+) -> CheckResult:
+    """The template must write each parsed assistant turn as the text the model produced.
+
+    Otherwise a fresh render (``per_turn`` prompts, SFT data, a server) shows the model
+    history it never wrote (text before a call dropped, JSON re-spaced, another format).
+    """
+    ends = [i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant"]
+    for k, (end, turn) in enumerate(zip(ends, trajectory.turns, strict=False)):
+        rendered = _rendered_turn(renderer, trajectory.messages[: end + 1], tools)
+        if not rendered.startswith(turn.text):
+            produced, written = _token_aligned(renderer, turn.text, rendered)
+            return CheckResult(
+                "chat template round trip",
+                False,
+                f"assistant turn {k + 1} was produced as {produced!r} but the template writes "
+                f"{written!r}: {_blame(turn.text, rendered, parser)}",
+            )
+    return CheckResult(
+        "chat template round trip", True, f"{len(ends)} assistant turns render as produced"
+    )
+
+
+def _rendered_turn(
+    renderer: ChatRenderer, upto_turn: Sequence[Message], tools: list[dict[str, Any]]
+) -> str:
+    """How the template writes the last (assistant) message, without its turn end.
+
+    The turn starts where its generation prompt ends, as the model samples it; if the render
+    does not extend that prompt, where a render with a sentinel as the content diverges. The
+    text the sentinel render has after the sentinel is the turn end.
+    """
+    full = _text(renderer, upto_turn, tools, False)
+    probe = [*upto_turn[:-1], {"role": "assistant", "content": _SENTINEL}]
+    marked = _text(renderer, probe, tools, False)
+    at = marked.find(_SENTINEL)
+    prompt = _text(renderer, upto_turn[:-1], tools, True)
+    if full.startswith(prompt):  # the model samples right after its prompt
+        start = len(prompt)
+    else:  # the template rewrote the prompt (Mistral's system prompt): align on the sentinel
+        start = at if at >= 0 else 0
+        diverge = (i for i, (x, y) in enumerate(zip(full[:start], marked[:start])) if x != y)
+        start = next(diverge, start)
+    turn_end = marked[at + len(_SENTINEL) :] if at >= 0 else ""
+    body = full[start:]
+    return body[: len(body) - len(turn_end)] if turn_end and body.endswith(turn_end) else body
+
+
+def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:
+    """The most likely cause of a round-trip difference, with the fix."""
+    ours = parser.parse(produced)
+    if ours.content and ours.content not in rendered:
+        return (
+            f"the template drops the text before a tool call ({ours.content[:40]!r}); a fresh "
+            "render loses it, so keep the concat mode's sampled tokens or prompt the model "
+            "not to write text before calls"
+        )
+
+    def reads_back(reader: ToolCallParser) -> bool:
+        turn = reader.parse(rendered)
+        same_calls = [(c.name, c.arguments) for c in turn.tool_calls] == [
+            (c.name, c.arguments) for c in ours.tool_calls
+        ]
+        return same_calls and turn.content == ours.content and not turn.errors
+
+    if ours.tool_calls and not reads_back(parser):
+        other = next((n for n in available_parsers() if reads_back(get_parser(n))), None)
+        hint = f"; it reads as the {other!r} format (--env-arg parser={other})" if other else ""
+        return f"the template writes tool calls the {parser.name!r} parser does not read{hint}"
+    squeezed = "".join(produced.split())
+    if "".join(rendered.split()).startswith(squeezed):
+        return "only whitespace differs; make the parser's render match the template's spacing"
+    return (
+        "the template writes the same calls differently (JSON spacing, key order, ids or "
+        "markup); make the parser's render match the template"
+    )
