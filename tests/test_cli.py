@@ -294,10 +294,10 @@ def test_resume_plays_only_missing_episodes_after_a_torn_write(tmp_path: Path) -
 )  # fmt: skip
 def test_env_args_read_json_and_python_constants_else_a_string(pair: str, value: object) -> None:
     """``tool_timeout=None`` was the string 'None', refused as "input should be a valid number"."""
-    from agentgym.cli import _parse_env_args
+    from agentgym._cli_common import parse_env_args
 
     key = pair.partition("=")[0]
-    assert _parse_env_args([pair]) == {key: value}
+    assert parse_env_args([pair]) == {key: value}
 
 
 def test_eval_takes_an_env_arg_of_none(tmp_path: Path) -> None:
@@ -327,10 +327,10 @@ def test_a_trl_key_in_a_train_config_names_what_to_set_in_one_sentence(tmp_path:
 def test_an_adapter_is_served_at_the_smallest_rank_holding_its_largest(
     tmp_path: Path, peft_config: dict, rank: int
 ) -> None:
-    from agentgym.cli import _lora_options
+    from agentgym._eval_engine import lora_options
 
     (tmp_path / "adapter_config.json").write_text(json.dumps(peft_config))
-    assert _lora_options(tmp_path)["max_lora_rank"] == rank
+    assert lora_options(tmp_path)["max_lora_rank"] == rank
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 1024}))
     with pytest.raises(ConfigError, match="rank 1024; vLLM serves at most 512"):
-        _lora_options(tmp_path)
+        lora_options(tmp_path)

@@ -160,6 +160,7 @@ def _check_eval(config: Mapping[str, Any]) -> None:
     import typer.main
 
     from agentgym import cli
+    from agentgym._eval_options import check_policy_options
     from agentgym._registry import resolve_id
 
     eval_command = getattr(typer.main.get_command(cli.app), "commands")["eval"]  # noqa: B009
@@ -177,7 +178,7 @@ def _check_eval(config: Mapping[str, Any]) -> None:
                                         resilient_parsing=False)
     except typer.TyperException as exc:  # typer's (vendored click's) usage errors
         raise ConfigError(f"eval config: {exc.format_message()}") from None
-    cli.check_policy_options(ctx)  # temperature under the reference policy: refused now
+    check_policy_options(ctx)  # temperature under the reference policy: refused now
 
 
 def _check_train(config: Mapping[str, Any]) -> None:

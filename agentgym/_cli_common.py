@@ -1,0 +1,59 @@
+"""What every ``agentgym`` command shares: its consoles and the parsing of repeated options."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from ._errors import ConfigError
+
+#: Consoles that read no markup: what they print (templates, errors, paths) is the user's text,
+#: and a '[/INST]' in it would otherwise be a markup error. Styles are `rich.text.Text`.
+console = Console(stderr=True, markup=False)
+stdout = Console(markup=False)
+
+
+def parse_template_kwargs(text: str | None) -> dict[str, Any]:
+    """``--chat-template-kwargs`` JSON as a dict (``'{"enable_thinking": false}'``)."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f'--chat-template-kwargs must be a JSON object, e.g. \'{{"enable_thinking": '
+            f"false}}'; got {text!r} ({exc.msg})"
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--chat-template-kwargs must be a JSON object, got {text!r}")
+    return value
+
+
+#: Python's spellings of JSON's null, true and false: users type ``tool_timeout=None``, and
+#: an option that takes a number or None refused the string 'None' (``'"None"'`` is that string).
+_PYTHON_CONSTANTS: dict[str, Any] = {"None": None, "True": True, "False": False}
+
+
+def parse_env_args(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs; a value is read as JSON or None/True/False, else kept a string."""
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env-arg expects key=value, got {pair!r}")
+        if value in _PYTHON_CONSTANTS:
+            kwargs[key] = _PYTHON_CONSTANTS[value]
+            continue
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return kwargs
+
+
+def print_error(message: str) -> None:
+    """One ``error: ...`` line on stderr."""
+    console.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)

@@ -1,0 +1,326 @@
+"""``agentgym eval ENV``: play evaluation episodes, stream them to a folder, summarise.
+
+User mistakes print one line naming the fix before anything is written (`_eval_options`,
+`_eval_engine`); episodes stream to ``trajectories.jsonl`` as they finish, so a killed run
+loses none and ``--resume`` plays only what is missing (`_eval_folder`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ._cli_common import console, parse_env_args, parse_template_kwargs, stdout
+from ._errors import ConfigError, Error, InfraError
+from ._eval_engine import local_env_kwargs, prepare_engine, trained_adapter_and_base
+from ._eval_folder import (
+    TASKS_KEY,
+    FolderLock,
+    finished_summary,
+    previous_episodes,
+    remove_stale_writes,
+    write_json,
+)
+from ._eval_options import PolicyKind, RolloutModeChoice, Servers, check_policy_options
+from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
+from ._registry import make, resolve_id
+from ._rollout import rollout
+from ._summary import summarize
+from ._tasks import tasks_digest
+from ._trajectory import Trajectory, to_json_line
+
+
+def evaluate(
+    ctx: typer.Context,
+    env: Annotated[str, typer.Argument(help="Env id or short name, e.g. calculator.")],
+    policy: Annotated[
+        PolicyKind,
+        typer.Option(
+            help="reference: the env's own solution; openai: a running server (--base-url, "
+            "--model); vllm: --model-path in the in-process engine, token in / token out; "
+            "hf: the same with transformers (no vLLM needed)."
+        ),
+    ] = PolicyKind.reference,
+    model_path: Annotated[
+        Path | None, typer.Option(help="Local model folder (vllm and hf policies).")
+    ] = None,
+    adapter: Annotated[
+        Path | None,
+        typer.Option(
+            help="vllm, hf: a trained LoRA adapter to sample with: a run folder (its newest "
+            "checkpoint), a checkpoint, or an adapter folder (agentgym export); --model-path "
+            "defaults to the base it was trained on."
+        ),
+    ] = None,
+    base_url: Annotated[
+        str, typer.Option(help="openai: the server root (OpenAI-compatible).")
+    ] = "http://127.0.0.1:8000/v1",
+    model: Annotated[
+        str | None,
+        typer.Option(help="Served model name (openai; vllm with --server: default the folder's)."),
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="OPENAI_API_KEY", help="openai: bearer token.")
+    ] = None,
+    temperature: Annotated[
+        float, typer.Option(help="openai, vllm, hf: sampling temperature.")
+    ] = 1.0,
+    num_tasks: Annotated[
+        int | None, typer.Option("--num-tasks", "-n", min=1, help="First N tasks; all if omitted.")
+    ] = None,
+    group_size: Annotated[
+        int, typer.Option("--group-size", "-g", min=1, help="Episodes per task.")
+    ] = 1,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, help="Episodes in flight at once (default: enough to fill it)."),
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, help="openai, vllm, hf: max new tokens per turn.")
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="Base seed of the episodes (and of vllm sampling: runs repeat).")
+    ] = 0,
+    chat_template_kwargs: Annotated[
+        str | None,
+        typer.Option(
+            help="vllm, hf: chat-template variables as JSON, '{\"enable_thinking\": false}'."
+        ),
+    ] = None,
+    rollout_mode: Annotated[
+        RolloutModeChoice,
+        typer.Option(help="vllm, hf: concat (one sequence per episode), per_turn, or auto."),
+    ] = RolloutModeChoice.auto,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            min=16,
+            help="vllm, hf: context window; a longer episode ends truncated. "
+            "[default: 4096, or the model's positions if fewer]",
+        ),
+    ] = None,
+    server: Annotated[
+        list[str],
+        typer.Option(
+            help="vllm: a vLLM server to sample on instead of the in-process engine "
+            "(repeatable; token ids in and out, episodes routed sticky)."
+        ),
+    ] = [],  # noqa: B006
+    router_url: Annotated[
+        str | None, typer.Option(help="vllm: a router before the --server URLs (vllm-router).")
+    ] = None,
+    out: Annotated[
+        Path, typer.Option(help="Folder for trajectories.jsonl, summary.json and run.json.")
+    ] = Path("runs/eval"),
+    resume: Annotated[
+        bool, typer.Option(help="Continue a killed run in --out: play only missing episodes.")
+    ] = False,
+    env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
+) -> None:
+    """Run evaluation episodes; stream one trajectory per line, then write a summary."""
+    if policy.local:
+        from .engine._quiet import quiet_backends
+
+        quiet_backends()  # before vLLM is imported: its engine processes read it too
+    env_id = resolve_id(env)
+    env_kwargs = parse_env_args(env_arg)
+    template_kwargs = parse_template_kwargs(chat_template_kwargs)
+    check_policy_options(ctx)
+    servers = Servers(server, router_url, model)
+    if adapter is not None:
+        adapter, model_path = trained_adapter_and_base(adapter, model_path, policy, servers)
+    # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
+    env_kwargs_built = (
+        local_env_kwargs(model_path, env_kwargs, policy) if policy.local else env_kwargs
+    )
+    if policy.local and model_path is not None:  # checked before any engine starts
+        from .engine._model_dir import context_length
+
+        max_model_len = context_length(model_path, max_model_len)
+    probe = make(env_id, **env_kwargs_built)  # validates options before any work
+    tasks = getattr(probe, "tasks", ())
+    total = len(tasks) if num_tasks is None else min(num_tasks, len(tasks))
+    digest = tasks_digest(tasks, range(total))  # the first `total` tasks are played
+    try:
+        reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None
+    finally:
+        probe.close()
+    run_config = {
+        "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value,
+        "model": str(model_path) if policy.local else model,
+        "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
+        "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
+        "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
+        TASKS_KEY: digest, **({"adapter": str(adapter)} if adapter else {}),
+    }  # fmt: skip
+    from .runs import track_run  # indexes the run; a database failure is only a warning
+
+    with contextlib.ExitStack() as stack:
+        lock = stack.enter_context(FolderLock(out, warn=console.print))
+        lock.acquire()  # before reading what is there: no second writer appends next to us
+        done = previous_episodes(out, run_config, resume)
+        stack.enter_context(track_run("eval", out.name, run_config, out))
+        finished = finished_summary(out, len(done), total * group_size)
+        if finished is not None:  # resumed with nothing left to play: start no engine
+            _print_summary(finished, out)
+            return
+        agent: Policy
+        if policy is PolicyKind.reference:
+            assert reference is not None  # checked above; narrows the type
+            agent = ScriptedPolicy(reference)
+        elif policy.local and model_path is not None:
+            sampling = {"temperature": temperature, "seed": seed, "max_tokens": max_tokens}
+            engine = prepare_engine(
+                model_path, env_id, env_kwargs_built, sampling, template_kwargs, rollout_mode,
+                max_model_len, servers, transformers=policy is PolicyKind.hf, adapter=adapter,
+            )  # fmt: skip
+            agent = stack.enter_context(engine)  # shut down on leaving
+        else:
+            assert model is not None  # checked above; narrows the type
+            agent = OpenAIPolicy(
+                base_url, model, api_key=api_key, sampling={"temperature": temperature}
+            )
+        plan = {
+            "num_tasks": num_tasks, "group_size": group_size, "max_concurrency": concurrency,
+            "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs_built,
+        }  # fmt: skip
+        summary, played = _run_eval(
+            out, env_id, agent, run_config, done, total * group_size, plan, lock
+        )
+        _refuse_failed_episodes(played, out)
+        # inside the tracked block: a follower of the run's log stops once it is finished
+        _print_summary(summary, out)
+
+
+def _reference_turns(probe: Any, tasks: Sequence[Any]) -> Callable[[Any], Sequence[str]]:
+    """The env's reference turns, refused before any work when it has none.
+
+    `ToolEnv`'s default ``reference_turns`` returns None: played, every episode ended in
+    'error' (a TypeError deep in `ScriptedPolicy`) and the run exited 0. Task 0 stands for
+    all, as in `agentgym check`.
+    """
+    reference = getattr(probe, "reference_turns", None)
+    if reference is None or (len(tasks) and reference(tasks[0]) is None):
+        why = "its reference_turns returns None" if reference else "no reference_turns method"
+        raise ConfigError(
+            f"this env has no reference solution ({why}); use --policy openai, vllm or hf"
+        )
+    return reference
+
+
+def _run_eval(
+    out: Path,
+    env_id: str,
+    agent: Policy,
+    run_config: dict[str, Any],
+    done: list[Trajectory],
+    total: int,
+    plan: dict[str, Any],
+    lock: FolderLock,
+) -> tuple[dict[str, Any], list[Trajectory]]:
+    """Play the missing episodes, streaming each to ``out``: (the summary written, them)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if lock.acquire() and (out / "trajectories.jsonl").exists():
+        raise ConfigError(  # a fresh run raced another into the same new folder
+            f"another agentgym eval started writing {out} meanwhile; rerun with --resume "
+            "once it ended, or choose another --out"
+        )
+    remove_stale_writes(out)
+    write_json(out / "run.json", run_config)
+    started = time.perf_counter()
+    results = out / "trajectories.jsonl"
+    written = len(done)  # episodes in `results`, for the line a Ctrl-C prints
+    try:
+        with _progress() as progress, results.open("a") as sink:
+            bar = progress.add_task(f"eval {env_id}", total=total, completed=len(done))
+
+            def record(trajectory: Trajectory) -> None:
+                nonlocal written
+                sink.write(to_json_line(trajectory))
+                sink.flush()  # a killed run keeps every finished episode
+                written += 1
+                progress.advance(bar)
+
+            skip = {(t.task_index, t.group_index) for t in done}
+            played = rollout(env_id, agent, on_episode=record, skip=skip, **plan)
+    except KeyboardInterrupt:  # still exits 130 (typer), and the run store files it interrupted
+        console.print(
+            f"interrupted: {written} of {total} episodes are in {results}; run the same "
+            "command with --resume to play the rest",
+            soft_wrap=True,
+        )
+        raise
+    wall = time.perf_counter() - started
+    summary = summarize(done + played, wall_seconds=wall, played=len(played))
+    summary |= {k: run_config[k] for k in ("env", "policy", "model", "group_size")}
+    write_json(out / "summary.json", summary)
+    return summary, played
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}", style="bold", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def _refuse_failed_episodes(played: list[Trajectory], out: Path) -> None:
+    """A run whose every played episode failed evaluated nothing: refuse it, not exit 0.
+
+    All infra_error (the model server or sandbox failed) exits 75, which queues retry, and
+    --resume plays them again; all error (an exception in the env or the policy) exits 1
+    naming the first one's exception. Some errors among scored episodes:
+    a warning, since the scores stand.
+    """
+    results = out / "trajectories.jsonl"
+    statuses = Counter(t.status for t in played)
+    if played and statuses["infra_error"] == len(played):
+        raise InfraError(
+            _all_failed(played, "infra_error", "the model server or sandbox failed", results)
+            + "; fix it, then rerun with --resume to play them again"
+        )
+    if played and statuses["error"] == len(played):
+        first = _last_line(played[0].error)
+        raise Error(
+            _all_failed(played, "error", f"the first: {first}", results)
+            + "; fix it, then rerun with another --out"  # --resume keeps episodes that errored
+        )
+    if statuses["error"]:
+        console.print(
+            f"warning: {statuses['error']} of {len(played)} episodes played ended in error; "
+            f"their tracebacks are in {results}",
+            soft_wrap=True,
+        )
+
+
+def _all_failed(played: list[Trajectory], status: str, cause: str, results: Path) -> str:
+    """The start of the line refusing a run whose every played episode ended in ``status``."""
+    return f"all {len(played)} episodes played ended in {status} ({cause}; see {results})"
+
+
+def _last_line(text: str | None) -> str:
+    """A traceback's last line: the exception and its message."""
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else "no error recorded"
+
+
+def _print_summary(summary: dict[str, Any], out: Path) -> None:
+    table = Table("metric", "value", title=f"{summary['env']} ({summary['policy']})")
+    for key, value in summary.items():
+        if key in ("env", "policy", "model"):
+            continue
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        table.add_row(key, shown)
+    stdout.print(table)
+    console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}", soft_wrap=True)

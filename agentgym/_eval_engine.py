@@ -1,0 +1,155 @@
+"""The model that plays ``agentgym eval --policy vllm | hf``: checked, then started.
+
+The chat template is checked on the tokenizer alone (kwargs it never reads, ``--rollout-mode
+concat`` it cannot do) before the slow engine start; the rollout mode is then decided on the
+conversation `agentgym check --model` reports on, so the two agree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ._check import load_tokenizer, reference_conversation, with_model_tokenizer
+from ._check_template import unread_template_kwargs
+from ._cli_common import console
+from ._errors import ConfigError
+from ._eval_options import PolicyKind, RolloutModeChoice, Servers
+from ._extras import needs_extra
+from ._registry import make
+from ._types import Message
+
+
+def local_env_kwargs(
+    model_path: Path | None, env_kwargs: dict[str, Any], policy: PolicyKind
+) -> dict[str, Any]:
+    """Env options for a local model: a model folder, and vllm: parsers get its tokenizer."""
+    if model_path is None:
+        raise ConfigError(f"--policy {policy.value} needs --model-path DIR (a local model folder)")
+    from .engine._model_dir import require_model_folder
+
+    return with_model_tokenizer(env_kwargs, str(require_model_folder(model_path)))
+
+
+def trained_adapter_and_base(
+    path: Path, model_path: Path | None, policy: PolicyKind, servers: Servers
+) -> tuple[Path, Path]:
+    """``--adapter``'s folder, and the model it samples on: ``--model-path``, else its base."""
+    if not policy.local or servers.urls:
+        raise ConfigError(
+            "--adapter applies to --policy vllm or hf on the in-process engine; give a "
+            "server its adapter with vllm serve --lora-modules"
+        )
+    with needs_extra("agentgym eval --adapter", "train"):
+        from agentgym.trainers._export import trained_adapter
+
+    adapter, base = trained_adapter(path, model_path, base_option="--model-path")
+    return adapter.resolve(), base
+
+
+def prepare_engine(
+    model_path: Path,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    sampling: dict[str, Any],
+    template_kwargs: dict[str, Any],
+    rollout_mode: RolloutModeChoice,
+    max_model_len: int | None,
+    servers: Servers,
+    *,
+    transformers: bool = False,
+    adapter: Path | None = None,
+) -> Any:
+    """A started engine, its rollout mode decided, sampling with ``adapter`` if given.
+
+    `VLLMPolicy`; `RemoteVLLMPolicy` on ``servers``; `HFPolicy` with ``transformers``.
+    """
+    from .engine import HFPolicy, RemoteVLLMPolicy, SamplingConfig, VLLMFleet, VLLMPolicy
+
+    tools, example = _checked_template(
+        model_path, env_id, env_kwargs, template_kwargs, rollout_mode
+    )
+    options: dict[str, Any] = {
+        "sampling": SamplingConfig.from_dict({k: v for k, v in sampling.items() if v is not None}),
+        "chat_template_kwargs": template_kwargs,
+        "rollout_mode": rollout_mode.value,
+        "max_model_len": max_model_len,
+    }
+    policy: VLLMPolicy | RemoteVLLMPolicy | HFPolicy
+    if servers.urls:
+        fleet = VLLMFleet(servers.urls, servers.served_name or model_path.name)
+        policy = RemoteVLLMPolicy(model_path, fleet, router_url=servers.router_url, **options)
+    elif transformers:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        policy = HFPolicy(
+            model_path, device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
+            **options,
+        )  # fmt: skip
+    else:
+        policy = VLLMPolicy(model_path, **options, **lora_options(adapter))
+    where = ", ".join(servers.urls) or model_path
+    with console.status(f"starting {'transformers' if transformers else 'vLLM'} on {where}"):
+        policy.start()
+    try:
+        if adapter is not None:
+            version = policy.load_adapter(adapter)
+            console.print(f"adapter {adapter} loaded as version {version}", soft_wrap=True)
+        decision = policy.mode_for(tools, example)
+    except BaseException:
+        policy.close()
+        raise
+    console.print(f"rollout mode {decision.mode}: {decision.reason}", highlight=False)
+    return policy
+
+
+def lora_options(adapter: Path | None) -> dict[str, Any]:
+    """`VLLMPolicy` options that serve ``adapter``: LoRA on, the smallest servable rank."""
+    if adapter is None:
+        return {}
+    from .engine._vllm import LORA_RANKS
+
+    peft_config = json.loads((adapter / "adapter_config.json").read_text())
+    rank = max([int(peft_config["r"]), *map(int, (peft_config.get("rank_pattern") or {}).values())])
+    fits = [r for r in LORA_RANKS if r >= rank]
+    if not fits:
+        raise ConfigError(f"{adapter} has LoRA rank {rank}; vLLM serves at most {LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
+
+
+def _checked_template(
+    model_path: Path,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    template_kwargs: dict[str, Any],
+    rollout_mode: RolloutModeChoice,
+) -> tuple[list[dict[str, Any]], list[Message]]:
+    """The env's tool schemas and the conversation the rollout mode is decided on.
+
+    That conversation is the one `agentgym check --model` reports on (the env's reference
+    episode, or a probe with a second call after text). Chat-template kwargs the template
+    never reads, and ``--rollout-mode concat`` with a template that cannot, are refused here,
+    on the tokenizer alone, before the slow engine start.
+    """
+    from .engine import ChatRenderer
+    from .engine._episode import probe_conversation
+
+    probe = make(env_id, **env_kwargs)
+    tools = getattr(probe, "tool_schemas", [])
+    probe.close()
+    tokenizer = load_tokenizer(str(model_path))
+    problem = unread_template_kwargs(tokenizer, template_kwargs)
+    if problem:
+        raise ConfigError(f"--chat-template-kwargs: {problem}")
+    example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
+    example = example or probe_conversation(tools)
+    if rollout_mode is RolloutModeChoice.concat:
+        decision = ChatRenderer(tokenizer, template_kwargs).decide_mode(example, tools)
+        if decision.mode != "concat":
+            raise ConfigError(
+                f"--rollout-mode concat, but the chat template cannot: {decision.reason}; "
+                "use --rollout-mode auto (or per_turn)"
+            )
+    return tools, example
