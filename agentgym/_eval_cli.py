@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ._cli_common import console, parse_env_args, parse_template_kwargs, stdout
 from ._errors import ConfigError, Error, InfraError
-from ._eval_engine import local_env_kwargs, prepare_engine, trained_adapter_and_base
+from ._eval_engine import local_env_kwargs, local_model, prepare_engine, trained_adapter_and_base
 from ._eval_folder import (
     TASKS_KEY,
     FolderLock,
@@ -50,7 +50,11 @@ def evaluate(
         ),
     ] = PolicyKind.reference,
     model_path: Annotated[
-        Path | None, typer.Option(help="Local model folder (vllm and hf policies).")
+        Path | None,
+        typer.Option(
+            help="vllm, hf: a local model folder, or tiny / tiny:PRESET (the project's offline "
+            "model, built with --seed as train builds it with its seed)."
+        ),
     ] = None,
     adapter: Annotated[
         Path | None,
@@ -135,6 +139,7 @@ def evaluate(
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
     check_policy_options(ctx)
     servers = Servers(server, router_url, model)
+    model_path = local_model(model_path, seed)
     if adapter is not None:
         adapter, model_path = trained_adapter_and_base(adapter, model_path, policy, servers)
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer

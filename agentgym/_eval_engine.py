@@ -21,6 +21,18 @@ from ._registry import make
 from ._types import Message
 
 
+def local_model(model_path: Path | None, seed: int) -> Path | None:
+    """``--model-path`` as a folder: ``tiny`` / ``tiny:PRESET`` are built here, with ``seed``.
+
+    So the model a run trained from (``model: tiny:quickstart``) is named the same way here.
+    """
+    if model_path is None:
+        return None
+    from .engine.tiny import tiny_model_folder
+
+    return tiny_model_folder(str(model_path), seed=seed) or model_path
+
+
 def local_env_kwargs(
     model_path: Path | None, env_kwargs: dict[str, Any], policy: PolicyKind
 ) -> dict[str, Any]:

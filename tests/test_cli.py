@@ -334,3 +334,20 @@ def test_an_adapter_is_served_at_the_smallest_rank_holding_its_largest(
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 1024}))
     with pytest.raises(ConfigError, match="rank 1024; vLLM serves at most 512"):
         lora_options(tmp_path)
+
+
+def test_eval_builds_the_tiny_model_a_run_names_as_train_does(tmp_path: Path) -> None:
+    # `model: tiny:quickstart` trains; the same name was "not a model folder" to eval
+    from agentgym.engine.tiny import build_preset
+
+    args = ["--policy", "hf", "--model-path", "tiny:test", "--seed", "3", "-n", "1"]
+    proc = run("eval", "calculator", *args, "--max-tokens", "4", "--out", str(tmp_path / "a"))
+    assert proc.returncode == 0, proc.stderr
+    played = json.loads((tmp_path / "a" / "run.json").read_text())["model"]
+    assert played == str(build_preset("test", seed=3))  # the seed's model, as train builds it
+    proc = run("eval", "calculator", "--policy", "hf", "--model-path", "tiny:nope",
+               "--out", str(tmp_path / "b"))  # fmt: skip
+    assert proc.returncode == 2
+    refused = "unknown tiny model preset 'nope'; presets: ['quickstart', 'test']"
+    assert refused in one_error_line(proc)
+    assert not (tmp_path / "b").exists()

@@ -505,6 +505,18 @@ def build_preset(
     return build_tiny_model(out_dir, seed=seed, **PRESETS[name])
 
 
+def tiny_model_folder(model: str, *, seed: int = 0) -> Path | None:
+    """The folder of ``tiny`` / ``tiny:PRESET`` (built offline with ``seed``, cached); else None.
+
+    Why one function: ``train`` (``model: tiny:quickstart``) and ``eval --model-path
+    tiny:quickstart`` name the project's own model the same way, and build the same one.
+    """
+    if model != "tiny" and not model.startswith("tiny:"):
+        return None
+    preset = model.partition(":")[2]
+    return build_preset(preset, seed=seed) if preset else build_tiny_model(seed=seed)
+
+
 def random_lora_model(
     model_dir: str | os.PathLike[str],
     *,
