@@ -24,6 +24,7 @@ from ._eval_engine import local_env_kwargs, local_model, prepare_engine, trained
 from ._eval_folder import (
     TASKS_KEY,
     FolderLock,
+    check_out_folder,
     finished_summary,
     previous_episodes,
     remove_stale_writes,
@@ -138,6 +139,7 @@ def evaluate(
     env_kwargs = parse_env_args(env_arg)
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
     check_policy_options(ctx)
+    check_out_folder(out)
     servers = Servers(server, router_url, model)
     model_path = local_model(model_path, seed)
     if adapter is not None:

@@ -351,3 +351,13 @@ def test_eval_builds_the_tiny_model_a_run_names_as_train_does(tmp_path: Path) ->
     refused = "unknown tiny model preset 'nope'; presets: ['quickstart', 'test']"
     assert refused in one_error_line(proc)
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path, below: str) -> None:
+    # it failed at the run's first write, after the env (and a model) loaded, with a traceback
+    (tmp_path / "notes.txt").write_text("mine")
+    proc = run("eval", "calculator", "--out", str(tmp_path / "notes.txt" / below))
+    assert proc.returncode == 2
+    assert "notes.txt is a file, not a folder; choose another --out" in one_error_line(proc)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
