@@ -31,7 +31,7 @@ from ._eval_folder import (
     write_json,
 )
 from ._eval_options import PolicyKind, RolloutModeChoice, Servers, check_policy_options
-from ._policies import OpenAIPolicy, Policy, ScriptedPolicy
+from ._policies import OpenAIPolicy, Policy, ScriptedPolicy, check_base_url
 from ._registry import make, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
@@ -140,6 +140,8 @@ def evaluate(
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
     check_policy_options(ctx)
     check_out_folder(out)
+    if policy is PolicyKind.openai:
+        check_base_url(base_url)
     servers = Servers(server, router_url, model)
     model_path = local_model(model_path, seed)
     if adapter is not None:
@@ -294,7 +296,12 @@ def _refuse_failed_episodes(played: list[Trajectory], out: Path) -> None:
     statuses = Counter(t.status for t in played)
     if played and statuses["infra_error"] == len(played):
         raise InfraError(
-            _all_failed(played, "infra_error", "the model server or sandbox failed", results)
+            _all_failed(
+                played,
+                "infra_error",
+                f"the model server or sandbox failed; the first: {_last_line(played[0].error)}",
+                results,
+            )
             + "; fix it, then rerun with --resume to play them again"
         )
     if played and statuses["error"] == len(played):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import reprlib
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -214,6 +215,7 @@ class OpenAIPolicy:
             raise ConfigError(
                 f"max_retries and retry_backoff must be >= 0, got {max_retries}, {retry_backoff}"
             )
+        check_base_url(base_url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
         self.sampling = dict(sampling or {})
@@ -281,6 +283,20 @@ class OpenAIPolicy:
     async def aclose(self) -> None:
         """Close the HTTP connection pool; the policy stays usable (a new pool opens on demand)."""
         await self._http.aclose()
+
+
+def check_base_url(base_url: str) -> None:
+    """Refuse a server root that is not an http(s) URL, before any episode.
+
+    Otherwise every request fails, is retried, and each episode is filed as an infrastructure
+    failure (a server that is down), which hides the typo.
+    """
+    parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            "base_url (--base-url) must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+            f"got {base_url!r}"
+        )
 
 
 def _completion_from_response(data: dict[str, Any]) -> Completion:

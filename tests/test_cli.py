@@ -179,6 +179,9 @@ THINK_OFF = '{"enable_thinking": false}'
                      id="zero-group-size"),
         pytest.param(["eval", "calculator", "-n", "1", "--concurrency", "0"], "--concurrency",
                      id="zero-concurrency"),
+        pytest.param(["eval", "calculator", "--policy", "openai", "--model", "m", "--base-url",
+                      "127.0.0.1:8000/v1"], "base_url (--base-url) must be an http(s) URL",
+                     id="base-url-without-scheme"),
     ],
 )  # fmt: skip
 def test_user_errors_exit_2_with_one_line_and_write_nothing(
@@ -216,6 +219,7 @@ def test_an_eval_whose_every_episode_the_backend_failed_exits_as_infra(tmp_path:
     proc = run("eval", "calculator", "-n", "2", *dead, "--out", str(tmp_path / "run"))
     assert proc.returncode == 75, proc.stderr  # EXIT_INFRA: a queue retries it (was 0)
     assert "all 2 episodes played ended in infra_error" in proc.stderr
+    assert "the first: agentgym._errors.ModelError: http://127.0.0.1:9/v1" in proc.stderr  # why
     statuses = [t.status for t in read_jsonl(tmp_path / "run" / "trajectories.jsonl")]
     assert statuses == ["infra_error"] * 2  # kept, for --resume to play again
 

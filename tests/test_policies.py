@@ -130,6 +130,13 @@ def test_negative_retries_are_a_config_error() -> None:
         agentgym.OpenAIPolicy("http://127.0.0.1:1/v1", "m", max_retries=-1)
 
 
+@pytest.mark.parametrize("url", ["localhost:8000/v1", "127.0.0.1:8000", "ftp://host/v1", "http://"])
+def test_a_base_url_that_is_not_an_http_url_is_a_config_error(url: str) -> None:
+    # every request failed and every episode was filed as the server's failure (infra_error)
+    with pytest.raises(agentgym.ConfigError, match=r"must be an http\(s\) URL"):
+        agentgym.OpenAIPolicy(url, "m")
+
+
 def test_sync_rollouts_reuse_the_policy_and_leave_no_open_connections(serve) -> None:
     server = serve([(200, REPLY)])
     policy = agentgym.OpenAIPolicy(server.base_url, "m")
