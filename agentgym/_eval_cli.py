@@ -20,7 +20,15 @@ from rich.table import Table
 
 from ._cli_common import console, parse_env_args, parse_template_kwargs, stdout
 from ._errors import ConfigError, Error, InfraError
-from ._eval_engine import local_env_kwargs, local_model, prepare_engine, trained_adapter_and_base
+from ._eval_engine import (
+    PlaySettings,
+    local_env_kwargs,
+    local_model,
+    prepare_engine,
+    trained_adapter_and_base,
+    trained_run,
+    with_run_settings,
+)
 from ._eval_folder import (
     TASKS_KEY,
     FolderLock,
@@ -30,7 +38,13 @@ from ._eval_folder import (
     remove_stale_writes,
     write_json,
 )
-from ._eval_options import PolicyKind, RolloutModeChoice, Servers, check_policy_options
+from ._eval_options import (
+    PolicyKind,
+    RolloutModeChoice,
+    Servers,
+    check_policy_options,
+    typed_options,
+)
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy, check_base_url
 from ._registry import make, resolve_id
 from ._rollout import rollout
@@ -146,6 +160,12 @@ def evaluate(
     model_path = local_model(model_path, seed)
     if adapter is not None:
         adapter, model_path = trained_adapter_and_base(adapter, model_path, policy, servers)
+        run = trained_run(adapter)
+        if run is not None:  # play the episodes as its run did, unless told otherwise
+            given = PlaySettings(env_kwargs, max_tokens, max_model_len, template_kwargs)
+            as_run = with_run_settings(run, env_id, typed_options(ctx), given)
+            env_kwargs, max_tokens = as_run.env_kwargs, as_run.max_tokens
+            max_model_len, template_kwargs = as_run.max_model_len, as_run.chat_template_kwargs
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
     env_kwargs_built = (
         local_env_kwargs(model_path, env_kwargs, policy) if policy.local else env_kwargs

@@ -7,7 +7,9 @@ conversation `agentgym check --model` reports on, so the two agree.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from ._cli_common import console
 from ._errors import ConfigError
 from ._eval_options import PolicyKind, RolloutModeChoice, Servers
 from ._extras import needs_extra
-from ._registry import make
+from ._registry import make, resolve_id
 from ._types import Message
 
 
@@ -58,6 +60,85 @@ def trained_adapter_and_base(
 
     adapter, base = trained_adapter(path, model_path, base_option="--model-path")
     return adapter.resolve(), base
+
+
+@dataclasses.dataclass(frozen=True)
+class PlaySettings:
+    """The eval options that decide what an episode asks of the model (besides the model)."""
+
+    env_kwargs: dict[str, Any]
+    max_tokens: int | None
+    max_model_len: int | None
+    chat_template_kwargs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedRun:
+    """The run folder an adapter was trained in, and how that run played its episodes."""
+
+    folder: Path
+    env: str
+    settings: PlaySettings
+    eval_tasks: Any
+
+
+def trained_run(adapter: Path) -> TrainedRun | None:
+    """The run folder holding ``adapter`` (a checkpoint's or a served one), if any.
+
+    Why: the run played its episodes with its own env options (a system prompt, a turn
+    limit, a task count), tokens per turn and context; an eval of its adapter that plays
+    them otherwise measures another task (the quickstart's adapter scored 0% under the
+    env's default system prompt, 92% under its own).
+    """
+    folder = next((p for p in adapter.parents if (p / "config.yaml").is_file()), None)
+    if folder is None or not (folder / "checkpoints").is_dir():
+        return None
+    from agentgym.trainers._config import GRPOConfig
+
+    try:
+        config = GRPOConfig.from_yaml(folder / "config.yaml")
+    except ConfigError as exc:
+        console.print(f"warning: not using the settings of run {folder}: {exc}", soft_wrap=True)
+        return None
+    settings = PlaySettings(
+        config.run_env_kwargs,
+        config.max_completion_length,
+        config.max_model_len,
+        config.chat_template_kwargs,
+    )
+    return TrainedRun(folder, config.env, settings, config.eval_tasks)
+
+
+def with_run_settings(
+    run: TrainedRun, env_id: str, typed: Collection[str], given: PlaySettings
+) -> PlaySettings:
+    """``given`` with the run's settings where the command line gave none, said in a line.
+
+    Env options merge key by key (an ``--env-arg`` wins over the run's value of that key); on
+    another env than the run's, nothing is taken.
+    """
+    if resolve_id(run.env) != env_id:
+        console.print(
+            f"warning: the adapter's run {run.folder} trained on {resolve_id(run.env)}; its "
+            f"settings are not used on {env_id}",
+            soft_wrap=True,
+        )
+        return given
+    taken = {
+        f.name: getattr(run.settings, f.name)
+        for f in dataclasses.fields(PlaySettings)
+        if f.name not in typed and f.name != "env_kwargs"
+    }
+    merged = dataclasses.replace(
+        given, env_kwargs={**run.settings.env_kwargs, **given.env_kwargs}, **taken
+    )
+    shown = ", ".join(f"{k} {v!r}" for k, v in dataclasses.asdict(merged).items())
+    console.print(
+        f"playing as run {run.folder} did (an option given here wins): {shown}; its held-out "
+        f"tasks: {run.eval_tasks}",
+        soft_wrap=True,
+    )
+    return merged
 
 
 def prepare_engine(

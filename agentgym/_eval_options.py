@@ -58,7 +58,7 @@ _POLICY_OPTIONS: dict[str, tuple[PolicyKind, ...]] = {
 }  # fmt: skip
 
 
-def _typed_options(ctx: Any) -> dict[str, str]:
+def typed_options(ctx: Any) -> dict[str, str]:
     """The options typed on the command line, name -> flag.
 
     Not those left at their default (``--temperature`` 1.0) nor read from the environment
@@ -79,7 +79,7 @@ def check_policy_options(ctx: Any) -> None:
     """
     p = ctx.params
     servers = Servers(p["server"], p["router_url"], p["model"])
-    _refuse_option_mix(PolicyKind(p["policy"]), _typed_options(ctx), servers)
+    _refuse_option_mix(PolicyKind(p["policy"]), typed_options(ctx), servers)
 
 
 def _refuse_option_mix(policy: PolicyKind, typed: dict[str, str], servers: Servers) -> None:

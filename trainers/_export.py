@@ -186,13 +186,27 @@ def _base_model(
 ) -> Path:
     """The folder of the model the adapter was trained on (or ``given``), checked."""
     recorded = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
-    base = Path(given if given is not None else recorded)
+    base = Path(given) if given is not None else _recorded_base(adapter, Path(recorded))
     if not (base / "config.json").is_file():
         raise ConfigError(
             f"the base model {base} is gone (no config.json; the adapter was trained on "
             f"{recorded}); pass the folder it is in now with {option} DIR"
         )
     return base.resolve()
+
+
+def _recorded_base(adapter: Path, recorded: Path) -> Path:
+    """The base an adapter records, found from any working folder.
+
+    A run given a relative ``output_dir`` records its SFT base relative to the folder it was
+    started in (``runs/quickstart/sft``); read from elsewhere, that path names nothing. The
+    run folder travels with its adapter, so such a path is also tried against the adapter's
+    own folders, nearest first.
+    """
+    if recorded.is_absolute() or (recorded / "config.json").is_file():
+        return recorded
+    found = (p / recorded for p in adapter.resolve().parents)
+    return next((p for p in found if (p / "config.json").is_file()), recorded)
 
 
 def _write_merged(base: Path, adapter: Path, out: Path) -> None:
