@@ -199,14 +199,18 @@ def _recorded_base(adapter: Path, recorded: Path) -> Path:
     """The base an adapter records, found from any working folder.
 
     A run given a relative ``output_dir`` records its SFT base relative to the folder it was
-    started in (``runs/quickstart/sft``); read from elsewhere, that path names nothing. The
-    run folder travels with its adapter, so such a path is also tried against the adapter's
-    own folders, nearest first.
+    started in (``runs/quickstart/sft``); read from elsewhere, that path names nothing. An
+    export says where the base was when it was written (`EXPORT_INFO`); a checkpoint's run
+    folder travels with it, so the path is also tried against the adapter's own folders,
+    nearest first.
     """
     if recorded.is_absolute() or (recorded / "config.json").is_file():
         return recorded
-    found = (p / recorded for p in adapter.resolve().parents)
-    return next((p for p in found if (p / "config.json").is_file()), recorded)
+    candidates = [p / recorded for p in adapter.resolve().parents]
+    if (adapter / EXPORT_INFO).is_file():
+        exported = json.loads((adapter / EXPORT_INFO).read_text(encoding="utf-8"))
+        candidates.insert(0, Path(exported["base_model"]))
+    return next((p for p in candidates if (p / "config.json").is_file()), recorded)
 
 
 def _write_merged(base: Path, adapter: Path, out: Path) -> None:

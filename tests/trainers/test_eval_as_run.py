@@ -21,6 +21,7 @@ from tests.trainers.test_export import write_run
 def test_a_run_started_with_a_relative_output_dir_finds_its_base_from_elsewhere(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from agentgym.trainers import export_run
     from agentgym.trainers._export import trained_adapter
 
     work = tmp_path / "work"
@@ -34,6 +35,10 @@ def test_a_run_started_with_a_relative_output_dir_finds_its_base_from_elsewhere(
     monkeypatch.chdir(tmp_path / "elsewhere")
     _, base = trained_adapter(work / "runs" / "run")
     assert base == (work / "runs" / "run" / "sft").resolve()  # was "runs/run/sft is gone"
+    monkeypatch.chdir(work)
+    exported = export_run(Path("runs/run"), tmp_path / "exported")  # its own folder
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert trained_adapter(exported) == (exported, base)
 
 
 def test_eval_of_a_runs_adapter_plays_with_the_runs_settings_unless_told_otherwise(
