@@ -76,11 +76,11 @@ def preflight(config: GRPOConfig) -> Checked:
 
 def resolve_model(model: str, seed: int = 0) -> Path:
     """The model folder: ``tiny`` / ``tiny:PRESET`` are built offline, seeded; else a path."""
-    if model == "tiny" or model.startswith("tiny:"):
-        from agentgym.engine.tiny import build_preset, build_tiny_model
+    from agentgym.engine.tiny import tiny_model_folder
 
-        preset = model.partition(":")[2]
-        return build_preset(preset, seed=seed) if preset else build_tiny_model(seed=seed)
+    tiny = tiny_model_folder(model, seed=seed)
+    if tiny is not None:
+        return tiny
     path = Path(model).expanduser()
     if not (path / "config.json").is_file():
         raise ConfigError(
