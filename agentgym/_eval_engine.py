@@ -173,16 +173,15 @@ def prepare_engine(
     if servers.urls:
         fleet = VLLMFleet(servers.urls, servers.served_name or model_path.name)
         policy = RemoteVLLMPolicy(model_path, fleet, router_url=servers.router_url, **options)
-    elif transformers:
+    else:  # float32 on the CPU, as a run's rollouts: an eval measures what the run trained
         import torch
 
         cuda = torch.cuda.is_available()
-        policy = HFPolicy(
-            model_path, device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
-            **options,
-        )  # fmt: skip
-    else:
-        policy = VLLMPolicy(model_path, **options, **lora_options(adapter))
+        dtype = "bfloat16" if cuda else "float32"
+        if transformers:
+            policy = HFPolicy(model_path, device="cuda" if cuda else "cpu", dtype=dtype, **options)
+        else:
+            policy = VLLMPolicy(model_path, dtype=dtype, **options, **lora_options(adapter))
     where = ", ".join(servers.urls) or model_path
     with console.status(f"starting {'transformers' if transformers else 'vLLM'} on {where}"):
         policy.start()

@@ -128,6 +128,8 @@ def eval_with_adapter(policy: str, adapter: Path, out: Path) -> str:
         "--max-tokens", "12", "--seed", "3", "--out", str(out), timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # float32 on the CPU, as a run's rollouts (vLLM chose bfloat16, with a warning per weight)
+    assert "with dtype torch.bfloat16" not in proc.stdout + proc.stderr
     return proc.stderr
 
 
