@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentgym._errors import ConfigError
+
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
 from ._docker import container_options
 from ._pool import SandboxPool
@@ -124,7 +126,10 @@ async def verify_all(pool: SandboxPool, cases: list[tuple[str, list[str]]]) -> l
 def run_bench(image: str = DEFAULT_IMAGE, pool_size: int = 4, n: int = 300, cold_n: int = 10,
               seconds: float = 3.0, humaneval: bool = True,
               log: Callable[[str], None] = lambda _: None) -> BenchResult:
-    """Run every measurement and return the figures."""
+    """Run every measurement and return the figures; `ConfigError` for counts below 1."""
+    if n < 1 or cold_n < 1 or not seconds > 0:
+        raise ConfigError(f"n (--n), cold_n and seconds must be >= 1, >= 1 and > 0, got {n}, "
+                          f"{cold_n}, {seconds}")
     with SandboxPool(size=pool_size, image=image) as pool:
         log(f"pool of {pool_size} started; warm latency ({n} runs)")
         warm = warm_latencies(pool, n)

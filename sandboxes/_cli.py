@@ -59,9 +59,12 @@ def build(
     from ._image import build_image
 
     if if_missing:
+        from ._client import import_docker
+
+        client = docker_client()  # a daemon it cannot reach is that error, not "build it"
         try:
-            docker_client().images.get(tag)
-        except Exception:  # noqa: BLE001 - docker's NotFound; any failure means "build it"
+            client.images.get(tag)
+        except import_docker().errors.ImageNotFound:
             pass
         else:
             console.print(f"{tag} exists; nothing to build (drop --if-missing to rebuild)")

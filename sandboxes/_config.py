@@ -18,6 +18,9 @@ DEFAULT_IMAGE = "agentgym-sandbox:py3"
 """Tag of the default image that ``agentgym sandbox build`` produces (python3 + pytest)."""
 
 
+MIN_MEM_MB = 64  # the code server + verify's runner + pytest, with room to spare
+MIN_PIDS = 16  # keeper, server, kernel, a call's child and grandchild, runner, judge, factory
+
 @dataclass(frozen=True)
 class DockerSandboxConfig:
     """Hardening and resource knobs of one `DockerSandbox` container.
@@ -97,6 +100,15 @@ class DockerSandboxConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        # Below these the harness itself cannot run (the code server, verify's runner, judge
+        # and factory, pytest): every sample then fails as the code's doing, reward 0, not
+        # infra_error (measured: pytest mode failed at 32 MiB, verify at 6 pids).
+        for name, least in (("mem_limit_mb", MIN_MEM_MB), ("pids_limit", MIN_PIDS)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name} must be >= {least}, got {getattr(self, name)!r}: "
+                                  "below that the sandbox's own server and verify's runner "
+                                  "do not fit (the default is "
+                                  f"{getattr(DockerSandboxConfig, name)})")
         if self.max_lifetime_s is not None and self.max_lifetime_s <= 0:
             raise ConfigError(f"max_lifetime_s must be > 0 or None, got {self.max_lifetime_s!r}")
         if self.cpus <= 0 or self.default_timeout <= 0 or self.host_grace_s <= 0:
@@ -147,3 +159,19 @@ class DockerSandboxConfig:
     def replace(self, **changes: Any) -> DockerSandboxConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def docker_config(config: object, what: str = "config") -> DockerSandboxConfig:
+    """``config`` itself, or the default for None; `ConfigError` for anything else.
+
+    Why: a mapping of knobs (``{"mem_limit_mb": 256}``) was taken and failed only at the
+    first container, as "'dict' object has no attribute 'loosened'".
+    """
+    if config is None:
+        return DockerSandboxConfig()
+    if not isinstance(config, DockerSandboxConfig):
+        hint = (f": use DockerSandboxConfig(**{config!r})"
+                if isinstance(config, dict) and len(repr(config)) < 80 else "")
+        raise ConfigError(f"{what} must be a DockerSandboxConfig (or None), got "
+                          f"{type(config).__name__}{hint}")
+    return config

@@ -27,9 +27,16 @@ from agentgym._errors import SandboxError
 from . import _reap
 from ._channel import ChannelClosed, ChannelDeadline, ServerChannel
 from ._client import import_docker
-from ._config import DEFAULT_IMAGE, DockerSandboxConfig
+from ._config import DEFAULT_IMAGE, DockerSandboxConfig, docker_config
 from ._hosts import DockerHost
-from ._protocol import Files, SandboxBase, check_relative, language_argv, to_bytes
+from ._protocol import (
+    Files,
+    SandboxBase,
+    check_relative,
+    check_timeout,
+    language_argv,
+    to_bytes,
+)
 from ._result import ExecResult, ExecStatus
 
 log = logging.getLogger("agentgym.sandboxes")
@@ -76,7 +83,7 @@ class DockerSandbox(SandboxBase):
                  *, labels: Mapping[str, str] | None = None, client: Any = None,
                  host: DockerHost | None = None) -> None:
         self.image = image
-        self.config = config or DockerSandboxConfig()
+        self.config = docker_config(config)
         self.host = host or DockerHost()
         """The daemon the container runs on."""
         self._labels = dict(labels or {})
@@ -262,7 +269,7 @@ class DockerSandbox(SandboxBase):
 
     def _call(self, req: dict[str, Any], stdin: str | bytes | None, files: Files | None,
               timeout: float | None) -> ExecResult:
-        timeout = self.config.default_timeout if timeout is None else float(timeout)
+        timeout = check_timeout(self.config.default_timeout if timeout is None else timeout)
         for path in files or {}:
             check_relative(path)
         req = {**req, "timeout": timeout, "limit": self.config.output_limit_bytes,

@@ -25,7 +25,7 @@ from agentgym._errors import ConfigError, SandboxError
 from agentgym._tool_env import ToolEnv
 from agentgym._tools import Tool
 
-from ._config import DEFAULT_IMAGE, DockerSandboxConfig
+from ._config import DEFAULT_IMAGE, DockerSandboxConfig, docker_config
 from ._hosts import DockerHost
 from ._lease import SandboxLease
 from ._local import LocalSandbox
@@ -99,7 +99,7 @@ class SandboxToolEnv(ToolEnv):
         kwargs.setdefault("max_tool_calls_per_turn", SANDBOX_CALLS_PER_TURN)
         super().__init__(tools, **kwargs)
         self.backend, self.image, self.pool_size = backend, image, pool_size
-        self.sandbox_config = sandbox_config or DockerSandboxConfig()
+        self.sandbox_config = docker_config(sandbox_config, "sandbox_config")
         self.lease_timeout = lease_timeout
         self.sandbox_hosts = (
             tuple(DockerHost.parse(h) for h in sandbox_hosts) if sandbox_hosts else None

@@ -55,8 +55,24 @@ class SandboxLease(SandboxBase):
         self._call(self.sandbox.reset, **options)
 
     def interrupt(self) -> None:
-        """Kill the code of the calls running now; the lease goes on."""
+        """Kill the code of the calls running now; the lease goes on.
+
+        Once the lease has ended it does nothing: its own calls were killed by `end`, and the
+        sandbox may already run the next holder's code, which this must not kill.
+        """
+        with self._cond:
+            if self._ended:
+                return
         self.sandbox.interrupt()
+
+    # -- state fork: the sandbox's, gated like the calls ------------------------------------
+    def snapshot(self, *args: Any, **kwargs: Any) -> Any:
+        """The sandbox's ``snapshot``, while the lease lasts (after it: the next holder's files)."""
+        return self._call(self.sandbox.snapshot, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def restore(self, *args: Any, **kwargs: Any) -> None:
+        """The sandbox's ``restore``, while the lease lasts (after it: the next holder's files)."""
+        self._call(self.sandbox.restore, *args, **kwargs)  # type: ignore[attr-defined]
 
     def close(self) -> None:
         """End the lease (see `end`)."""

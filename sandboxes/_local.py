@@ -20,7 +20,14 @@ from typing import IO, cast
 
 from agentgym._errors import ConfigError
 
-from ._protocol import Files, SandboxBase, check_relative, language_argv, to_bytes
+from ._protocol import (
+    Files,
+    SandboxBase,
+    check_relative,
+    check_timeout,
+    language_argv,
+    to_bytes,
+)
 from ._result import ExecResult, ExecStatus
 
 WARNING = ("LocalSandbox is NOT a security boundary: the code runs as your user, on your "
@@ -90,7 +97,7 @@ class LocalSandbox(SandboxBase):
     def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
              files: Files | None = None, timeout: float | None = None) -> ExecResult:
         """Run ``argv`` in the work dir."""
-        timeout = self.config.default_timeout if timeout is None else float(timeout)
+        timeout = check_timeout(self.config.default_timeout if timeout is None else timeout)
         for path, content in (files or {}).items():
             self._write(path, to_bytes(content) or b"")
         started = time.monotonic()

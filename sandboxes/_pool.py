@@ -34,7 +34,7 @@ from typing import Any
 from agentgym._errors import ConfigError, SandboxError
 
 from . import _reap
-from ._config import DEFAULT_IMAGE, DockerSandboxConfig
+from ._config import DEFAULT_IMAGE, DockerSandboxConfig, docker_config
 from ._docker import DockerSandbox, Snapshot
 from ._host_slot import HostSlot, HostStats
 from ._hosts import DockerHost
@@ -122,7 +122,7 @@ class SandboxPool:
                               f"{host_cooloff_s!r}, {health_interval_s!r}")
         targets = _check_hosts(hosts, client, size)
         self.size, self.image, self.max_uses = size, image, max_uses
-        self.config = config or DockerSandboxConfig()
+        self.config = docker_config(config)
         self.host_cooloff_s, self.health_interval_s = host_cooloff_s, health_interval_s
         self.pool_id = uuid.uuid4().hex[:12]
         n = len(targets)

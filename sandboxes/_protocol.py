@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import numbers
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -151,6 +152,22 @@ def language_argv(language: str, code: str) -> list[str] | None:
     if language not in LANGUAGES:
         raise ConfigError(f"language must be one of {LANGUAGES}, got {language!r}")
     return None if language == "python" else [language, "-c", code]
+
+
+MAX_TIMEOUT_S = 7 * 86400.0  # a week: past that, the platform's clocks overflow (inf did)
+
+
+def check_timeout(timeout: Any, what: str = "timeout") -> float:
+    """``timeout`` as seconds; `ConfigError` unless it is a number in (0, MAX_TIMEOUT_S].
+
+    Why: nan or inf reached the server and came back as an ``infra_error`` (the caller's
+    mistake scored as the sandbox's), a negative one as the code's ``timeout``.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not (
+            0 < float(timeout) <= MAX_TIMEOUT_S):
+        raise ConfigError(f"{what} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}, "
+                          f"got {timeout!r}")
+    return float(timeout)
 
 
 def check_relative(path: str) -> None:

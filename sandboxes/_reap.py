@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 import uuid
-import weakref
 from typing import Any
 
 MANAGED = "agentgym.managed"
@@ -34,7 +33,10 @@ EXPIRES = "agentgym.expires"  # unix time after which anyone may reap it, live o
 PROCESS_SESSION = uuid.uuid4().hex[:12]
 """Identifies this interpreter's containers (one value per process)."""
 
-_live: weakref.WeakSet[Any] = weakref.WeakSet()
+# Strong references: a sandbox the caller dropped without close() (``DockerSandbox().run(...)``)
+# still has a container, which only the atexit hook removes; a WeakSet forgot it, and the
+# container outlived the process. `DockerSandbox.close` untracks.
+_live: set[Any] = set()
 _lock = threading.Lock()
 
 

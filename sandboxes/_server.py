@@ -327,7 +327,16 @@ def _child_run(req, in_fd, out_w, err_w, ctl_w):
         _send(ctl_w, {"exit_code": _exit_code(status), "memory_error": bool(flag[0]),
                       "id": req.get("id")})
         os._exit(0)
-    except BaseException:
+    except BaseException as exc:
+        # Silent, this was an `error` with nothing on stderr. Mostly a fork that found no pid
+        # free: zombie children of the Python session hold them until the session ends.
+        why = (f"sandbox: this call's process could not start ({type(exc).__name__}: {exc}); "
+               "processes the code left (children of the Python session) may hold every "
+               "pid: end the session with reset()\n")
+        try:
+            os.write(err_w, why.encode())
+        except OSError:
+            pass
         os._exit(125)
 
 

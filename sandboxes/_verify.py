@@ -13,7 +13,7 @@ only plain data comes back (see ``_runner.py`` and docs/sandboxes.md).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +21,7 @@ from typing import Any, Literal
 from agentgym._errors import ConfigError
 
 from ._pool import SandboxPool
-from ._protocol import Sandbox
+from ._protocol import Sandbox, check_timeout
 from ._result import ExecResult, ExecStatus
 
 VerifyMode = Literal["assert", "stdio", "pytest"]
@@ -80,19 +80,44 @@ def _payload(code: str, tests: Any, mode: str, per_test_timeout: float,
     if mode not in ("assert", "stdio", "pytest"):
         raise ConfigError(f"mode must be assert, stdio or pytest, got {mode!r}")
     if mode == "pytest" and not isinstance(tests, str):
-        tests = "\n\n".join(tests)
-    elif mode == "assert" and isinstance(tests, str):
-        raise ConfigError("assert mode takes a list of test snippets, got one string: "
-                          "wrap it in a list")
+        tests = "\n\n".join(_snippets(tests, "pytest", "test module"))
+    elif mode == "assert":
+        tests = _snippets(tests, "assert", "test snippet")
     elif mode == "stdio":
         tests = _stdio_cases(tests)
     if not tests:
         raise ConfigError("verify needs at least one test")
-    if per_test_timeout <= 0 or total_timeout <= 0:
-        raise ConfigError(f"timeouts must be > 0, got {per_test_timeout}, {total_timeout}")
+    per_test_timeout = check_timeout(per_test_timeout, "per_test_timeout")
+    total_timeout = check_timeout(total_timeout, "total_timeout")
+    if not isinstance(code, str):
+        raise ConfigError(f"code must be a str (the candidate's source), got "
+                          f"{type(code).__name__}")
     return json.dumps({"code": code, "tests": tests if isinstance(tests, str) else list(tests),
                        "mode": mode, "per_test_timeout": per_test_timeout,
                        "total_timeout": total_timeout})
+
+
+def _snippets(tests: Any, mode: str, what: str) -> list[str]:
+    """The source strings of ``assert`` tests (or pytest parts); `ConfigError` for a bad one.
+
+    Why up front: a test that is not a string would fail every sample as the candidate's
+    failure, and a blank one asserts nothing, so it would pass every candidate.
+    """
+    if mode == "assert" and isinstance(tests, str):
+        raise ConfigError("assert mode takes a list of test snippets, got one string: "
+                          "wrap it in a list")
+    if isinstance(tests, (bytes, Mapping)) or not isinstance(tests, Iterable):
+        raise ConfigError(f"{mode} mode takes a list of {what}s (str), got one "
+                          f"{type(tests).__name__}")
+    snippets = list(tests)
+    for i, snippet in enumerate(snippets):
+        if not isinstance(snippet, str):
+            raise ConfigError(f"{mode} test {i} is {type(snippet).__name__}, not str: each "
+                              f"test is a {what} (Python source)")
+        if mode == "assert" and not snippet.strip():
+            raise ConfigError(f"assert test {i} is empty: it asserts nothing and would pass "
+                              "every candidate; drop it or write an assert")
+    return snippets
 
 
 STDIO_SHAPE = '{"input": str, "output": str}'
