@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,16 +163,23 @@ class DockerSandboxConfig:
 
 
 def docker_config(config: object, what: str = "config") -> DockerSandboxConfig:
-    """``config`` itself, or the default for None; `ConfigError` for anything else.
+    """``config`` as a `DockerSandboxConfig`: itself, the default for None, or built from a mapping.
 
-    Why: a mapping of knobs (``{"mem_limit_mb": 256}``) was taken and failed only at the
-    first container, as "'dict' object has no attribute 'loosened'".
+    Why a mapping: a training config is YAML (``env_kwargs: {sandbox_config: {mem_limit_mb:
+    256}}``), which cannot name a class; its keys are the dataclass's fields, checked now. A
+    mapping used to be taken as it was and failed only at the first container ("'dict'
+    object has no attribute 'loosened'").
     """
     if config is None:
         return DockerSandboxConfig()
-    if not isinstance(config, DockerSandboxConfig):
-        hint = (f": use DockerSandboxConfig(**{config!r})"
-                if isinstance(config, dict) and len(repr(config)) < 80 else "")
-        raise ConfigError(f"{what} must be a DockerSandboxConfig (or None), got "
-                          f"{type(config).__name__}{hint}")
-    return config
+    if isinstance(config, DockerSandboxConfig):
+        return config
+    if isinstance(config, Mapping):
+        fields = {f.name for f in dataclasses.fields(DockerSandboxConfig)}
+        unknown = sorted(str(k) for k in config if k not in fields)
+        if unknown:
+            raise ConfigError(f"{what}: unknown knob(s) {', '.join(unknown)}; "
+                              f"DockerSandboxConfig has {', '.join(sorted(fields))}")
+        return DockerSandboxConfig(**config)
+    raise ConfigError(f"{what} must be a DockerSandboxConfig, a mapping of its knobs, or None; "
+                      f"got {type(config).__name__}")

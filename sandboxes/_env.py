@@ -54,7 +54,8 @@ class SandboxToolEnv(ToolEnv):
         backend: ``docker`` (hardened containers from a shared warm pool) or ``local``
             (a `LocalSandbox` per episode: NOT a security boundary, for trusted code only).
         image: the Docker image (build the default with ``agentgym sandbox build``).
-        sandbox_config: the containers' hardening knobs; None: `DockerSandboxConfig()`.
+        sandbox_config: the containers' hardening knobs, a `DockerSandboxConfig` or a mapping of
+            its fields (what a YAML training config gives); None: `DockerSandboxConfig()`.
         pool_size: warm containers in the shared pool; episodes wait when all are out.
         sandbox_hosts: Docker hosts the pool spreads over (`DockerHost`s, addresses, or
             ``{url, cert_dir}`` mappings from a config file); None: the local daemon.
@@ -84,7 +85,7 @@ class SandboxToolEnv(ToolEnv):
         *,
         backend: Literal["docker", "local"] = "docker",
         image: str = DEFAULT_IMAGE,
-        sandbox_config: DockerSandboxConfig | None = None,
+        sandbox_config: DockerSandboxConfig | Mapping[str, Any] | None = None,
         pool_size: int = 4,
         lease_timeout: float | None = None,
         sandbox_hosts: Sequence[str | Mapping[str, Any] | DockerHost] | None = None,

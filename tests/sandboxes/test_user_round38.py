@@ -206,16 +206,18 @@ def test_a_sandbox_dropped_without_close_is_removed_at_exit(docker_client):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: SandboxPool(size=1, config={"mem_limit_mb": 256}),
-    lambda: SandboxToolEnv([], tasks=[{"prompt": "x"}], sandbox_config={"mem_limit_mb": 256}),
-    lambda: DockerSandbox(config={"mem_limit_mb": 256}),
+    lambda knobs: SandboxPool(size=1, config=knobs).config,
+    lambda knobs: SandboxToolEnv([], tasks=[{"prompt": "x"}], sandbox_config=knobs).sandbox_config,
+    lambda knobs: DockerSandbox(config=knobs).config,
 ])
-def test_a_mapping_as_config_is_refused_up_front(make):
-    # Before: taken, then the first container failed with "'dict' object has no attribute
-    # 'loosened'" (an infra_error for a DockerSandbox's first call).
-    with pytest.raises(ConfigError, match=r"DockerSandboxConfig \(or None\), got dict: use "
-                                          r"DockerSandboxConfig\(\*\*"):
-        make()
+def test_a_mapping_of_knobs_is_a_config_and_a_wrong_one_is_refused_up_front(make):
+    # Before: a mapping (what YAML gives a training config's env_kwargs) was taken as it was,
+    # then the first container failed with "'dict' object has no attribute 'loosened'".
+    assert make({"mem_limit_mb": 256}) == DockerSandboxConfig(mem_limit_mb=256)
+    with pytest.raises(ConfigError, match=r"unknown knob\(s\) mem_limit; DockerSandboxConfig has"):
+        make({"mem_limit": 256})
+    with pytest.raises(ConfigError, match="mem_limit_mb must be >= 64"):
+        make({"mem_limit_mb": 8})
 
 
 @pytest.mark.parametrize("knobs, match", [
