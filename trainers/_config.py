@@ -223,10 +223,12 @@ class GRPOConfig:
     infra_error_patience: int | None = _knob(
         3,
         "Consecutive steps in which at least half the episodes ended infra_error (a sandbox, "
-        "tool service or engine failed, not the model) before the run stops with InfraError, "
-        "after a checkpoint: fix what broke and `--resume`. Each such step trains on what is "
-        "left; a run whose infrastructure is down would otherwise spend every remaining step "
-        "on nothing. None: never stop.",
+        "tool service or engine failed, not the model), or every episode ended error or "
+        "infra_error (the env or a reward function raised each time), before the run stops "
+        "with InfraError (EpisodesFailedError for the latter), after a checkpoint: fix what "
+        "broke and `--resume`. Each such step trains on what is left; a run whose "
+        "infrastructure or env is broken would otherwise spend every remaining step on "
+        "nothing. None: never stop.",
     )
 
     # --- rollout engine: in process, or servers (scale-out) -------------------------------
@@ -758,4 +760,31 @@ def _render_help(cls: type) -> str:
     return "\n".join(lines)
 
 
+def _refusing_unknown_keywords(init: Any) -> Any:
+    """``GRPOConfig(...)`` refuses unknown keywords as `GRPOConfig.from_dict` refuses keys.
+
+    The dataclass's own ``__init__`` raised a bare ``TypeError`` (no closest knob, no TRL hint),
+    so a TRL user writing ``GRPOConfig(per_device_train_batch_size=8)`` in the README's
+    Python form learnt less than one writing it in YAML.
+    """
+    names = [f.name for f in dataclasses.fields(GRPOConfig)]
+
+    @functools.wraps(init)
+    def __init__(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
+        for key in list(kwargs):
+            if key in _RENAMED and _RENAMED[key] not in kwargs:
+                warnings.warn(
+                    f"config key {key!r} is deprecated (as in TRL); use {_RENAMED[key]!r}",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                kwargs[_RENAMED[key]] = kwargs.pop(key)
+            elif key not in names:
+                raise _unknown_knob(key, names)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+GRPOConfig.__init__ = _refusing_unknown_keywords(GRPOConfig.__init__)  # type: ignore[method-assign]
 GRPOConfig.__doc__ = (GRPOConfig.__doc__ or "") + _render_help(GRPOConfig)

@@ -193,7 +193,7 @@ def check_loss(config: GRPOConfig) -> None:
             "per-sequence: use 'token_truncate' or 'token_mask'"
         )
     for message in _level_mismatches(config):  # runs, but not as the method was published
-        warnings.warn(message, UserWarning, stacklevel=4)
+        warnings.warn(message, UserWarning, stacklevel=5)
 
 
 def _level_mismatches(config: GRPOConfig) -> list[str]:
@@ -377,7 +377,7 @@ def warn_is_bias(config: GRPOConfig) -> None:
             "top_p/top_k/min_p truncate the sampling distribution; the trainer scores the "
             "full one, so importance-sampling weights are biased (TRL #6789)",
             UserWarning,
-            stacklevel=4,  # the code that built the config
+            stacklevel=5,  # the code that built the config (through its __init__ wrapper)
         )
 
 
@@ -388,7 +388,7 @@ def warn_full_weight_rate(config: GRPOConfig) -> None:
             f"learning_rate={config.learning_rate!r} is a full-weight rate (TRL's default is "
             "1e-6); LoRA needs about 10x that and barely learns here (TRL #2872): try 1e-5",
             UserWarning,
-            stacklevel=4,  # the code that built the config
+            stacklevel=5,  # the code that built the config (through its __init__ wrapper)
         )
 
 

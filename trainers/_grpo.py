@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import math
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -169,6 +170,8 @@ class GRPOTrainer:
                                     resume_step=replayed_after)  # fmt: skip
                 figures = self._train(run, trackers)
             except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):  # Ctrl-C, `kill PID`
+                    log.warning("%s", _interrupted(run))
                 run.mark_failed(exc)
                 raise
             finally:
@@ -225,7 +228,7 @@ class GRPOTrainer:
             if run and state["step"] == 0:
                 success = self._evaluate(policy, run, step=0, num_tasks=None)  # a headline
                 figures[start] = success
-            broken_steps = 0  # consecutive steps that were mostly infra_error
+            broken_steps = 0  # consecutive steps mostly infra_error, or with no episode scored
             ahead: Collected | None = None  # the next step's episodes (max_staleness 1)
             for step in range(state["step"] + 1, cfg.max_steps + 1):
                 torch.manual_seed(cfg.seed * 100_003 + step)
@@ -236,8 +239,8 @@ class GRPOTrainer:
                 check_versions(trajectories, batch.version)
                 shares = world.gather([_without_token_ids(t) for t in trajectories])
                 episodes = [t for share in shares for t in share]  # every rank's, in plan order
-                broken_steps = broken_steps + 1 if _mostly_infra_errors(episodes) else 0
-                stop = _infra_stop(episodes, broken_steps, step, cfg.infra_error_patience)
+                broken_steps = broken_steps + 1 if _broken_step(episodes) else 0
+                stop = _broken_stop(episodes, broken_steps, step, cfg.infra_error_patience)
                 advantages, mine, masked = self._advantages(episodes, shares)
                 samples = build_samples(trajectories, mine, cfg.rollout_mode)
                 (train_metrics, train_seconds), ahead = self._learn(
@@ -764,6 +767,60 @@ def _infra_stop(
         f"{broken_steps} steps in a row had at least half their episodes end infra_error "
         f"(one said: {last}); the run stopped at step {step} after a checkpoint: fix the "
         "infrastructure, then run again with --resume (infra_error_patience sets the steps)"
+    )
+
+
+def _all_failed(episodes: Sequence[Trajectory]) -> bool:
+    """Whether every episode of a step ended ``error`` or ``infra_error``, all with one reward.
+
+    Then every advantage is zero and the update is a no-op: an env or reward function that
+    raises every time would otherwise run out all its steps and exit 0. Episodes that differ
+    in reward (another reward function still scored them) still teach, so they do not count.
+    """
+    failed = bool(episodes) and all(t.status in ("error", "infra_error") for t in episodes)
+    rewards = {t.total_reward if math.isfinite(t.total_reward) else None for t in episodes}
+    return failed and len(rewards) == 1  # a NaN reward (status error) teaches nothing either
+
+
+def _broken_step(episodes: Sequence[Trajectory]) -> bool:
+    """Whether a step counts towards `infra_error_patience`: nothing in it can train."""
+    return _mostly_infra_errors(episodes) or _all_failed(episodes)
+
+
+class EpisodesFailedError(Error):
+    """Every episode of several steps in a row raised (the env, a tool loop or a reward)."""
+
+
+def _broken_stop(
+    episodes: Sequence[Trajectory], broken_steps: int, step: int, patience: int | None
+) -> Error | None:
+    """The error that stops the run after `infra_error_patience` broken steps in a row.
+
+    `InfraError` when the infrastructure failed; `EpisodesFailedError` when the env's own code
+    did, so the message points at the env or reward function rather than at a service.
+    """
+    if _mostly_infra_errors(episodes) or patience is None or broken_steps < patience:
+        return _infra_stop(episodes, broken_steps, step, patience)
+    errors = [t.error for t in episodes if t.error]
+    last = (errors[0].strip().splitlines() or [""])[-1][:200] if errors else "no message"
+    return EpisodesFailedError(
+        f"{broken_steps} steps in a row had every episode end in an error (one said: {last}); "
+        f"nothing was scored, so nothing was learnt: the run stopped at step {step} after a "
+        "checkpoint: fix the env or its reward functions (agentgym check), then run again with "
+        "--resume (infra_error_patience sets the steps)"
+    )
+
+
+def _interrupted(run: RunDir) -> str:
+    """What a stopped run kept, and how to go on: the console said nothing after Ctrl-C."""
+    checkpoint = run.latest_checkpoint()
+    kept = (
+        f"its newest checkpoint is {checkpoint.name} (later steps are replayed)"
+        if checkpoint is not None else "it has no checkpoint yet (a resume starts at step 1)"
+    )  # fmt: skip
+    return (
+        f"interrupted: {run.path} is kept and {kept}; continue it with the same command "
+        "and --resume"
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import logging
 import re
 from pathlib import Path
@@ -88,7 +89,32 @@ def resolve_model(model: str, seed: int = 0) -> Path:
             "cannot download from a hub: download it elsewhere and pass the folder, or use "
             "model: tiny"
         )
+    _check_model_files(path, model)
     return path
+
+
+#: The weight files transformers and vLLM load from a folder (shards have an index).
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.safetensors.index.json")
+
+
+def _check_model_files(path: Path, model: str) -> None:
+    """``config.json`` parses and weights are there, which the load would find out too late.
+
+    A torn copy (no weights, a half-written config.json) passed the dry run, then failed with a
+    traceback after the run folder was made, so a retry needed ``--resume``.
+    """
+    try:
+        json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"model {model!r}: {path / 'config.json'} is not valid JSON ({exc}); copy the "
+            "model folder again"
+        ) from None
+    if not any(next(path.glob(pattern), None) for pattern in _WEIGHT_PATTERNS):
+        raise ConfigError(
+            f"model {model!r} has no weights ({path} holds no *.safetensors or *.bin "
+            "file); copy the whole model folder, weights included"
+        )
 
 
 def _check_engine(config: GRPOConfig) -> None:

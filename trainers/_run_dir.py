@@ -201,6 +201,7 @@ class RunDir:
         when a new run would start there. Raises `ConfigError` as the constructor does.
         """
         path = Path(path)
+        _refuse_unusable(path)
         if not cls.holds_run(path):
             if resume:  # a mistyped output_dir would otherwise restart quietly
                 log.warning("--resume: %s holds no run; starting a new one there", path)
@@ -214,6 +215,7 @@ class RunDir:
         previous = _read_json(path / "status.json") or {}
         _refuse_live_owner(path, previous)
         _refuse_other_tasks(path, previous.get("tasks_sha256"), tasks_sha256)
+        _refuse_fewer_steps(path, config.get("max_steps"), previous)
         return dict(previous)
 
     @staticmethod
@@ -723,6 +725,38 @@ def _owner_alive(status: Mapping[str, Any]) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def _refuse_unusable(path: Path) -> None:
+    """Refuse an output_dir that is, or lies under, a file.
+
+    The dry run passed it, then the run stopped on a ``FileExistsError`` traceback once the
+    checks were done.
+    """
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ConfigError(
+                    f"output_dir {path} cannot be a folder: {folder} is a file; choose "
+                    "another output_dir"
+                )
+            return
+
+
+def _refuse_fewer_steps(path: Path, max_steps: Any, status: Mapping[str, Any]) -> None:
+    """Refuse a resume whose `max_steps` is below the step its checkpoint already reached.
+
+    It used to train nothing, then label the final eval of the step-N model as step
+    `max_steps` and report N GRPO steps as if the run had been asked for them.
+    """
+    done = status.get("checkpoint_step")
+    if status.get("state") == "finished" or not isinstance(max_steps, int):
+        return  # a finished run has nothing to resume (`finished_figures`)
+    if isinstance(done, int) and done > max_steps:
+        raise ConfigError(
+            f"cannot resume {path} with max_steps={max_steps}: its checkpoint is at step "
+            f"{done}; set max_steps to {done} or more, or export that checkpoint as it is"
+        )
 
 
 def _refuse_live_owner(path: Path, status: Mapping[str, Any]) -> None:
