@@ -159,6 +159,11 @@ def _sweep_configs(source: Path, grid: list[str], kind: str) -> list[tuple[str, 
         return [_split_kind(_read_config(p), kind) for p in files]
     job_kind, base = _split_kind(_read_config(source), kind)
     axes = [_grid_axis(item) for item in grid]
+    keys = [key for key, _ in axes]
+    for key in dict.fromkeys(k for k in keys if keys.count(k) > 1):  # a later axis would win
+        values = [item.partition("=")[2] for item in grid if item.partition("=")[0].strip() == key]
+        raise ConfigError(f"--grid names {key!r} more than once; give its values in one --grid "
+                          f"{key}={','.join(values)}")  # fmt: skip
     combos = itertools.product(*[[(key, v) for v in values] for key, values in axes])
     return [(job_kind, {**base, **dict(combo)}) for combo in combos]
 
@@ -180,13 +185,27 @@ def _grid_axis(item: str) -> tuple[str, list[Any]]:
     key, sep, values = item.partition("=")
     if not sep or not key or not values:
         raise ConfigError(f"--grid takes key=v1,v2,..., got {item!r}")
-    return key.strip(), [load_yaml(v, f"--grid {item!r}") for v in values.split(",")]
+    parsed = [load_yaml(v, f"--grid {item!r}") for v in values.split(",")]
+    seen: list[Any] = []
+    for value in parsed:  # a repeated value is the same run twice
+        if value in seen:
+            raise ConfigError(f"--grid {item!r} lists {value!r} twice; give each value once")
+        seen.append(value)
+    return key.strip(), parsed
 
 
 def _find(store: RunStore, run_id: str) -> dict[str, Any]:
+    if not run_id.strip():
+        raise ConfigError("give a run id (or a unique prefix of one, or a run folder); see "
+                          "`agentgym runs ls`")  # fmt: skip
     run = store.find_run(run_id) or _by_folder(store, run_id)
     if run is None:
-        raise ConfigError(f"no run with id {run_id!r} (or it is an ambiguous prefix); see "
+        several = [r["id"] for r in store.list_runs(limit=None) if r["id"].startswith(run_id)]
+        if len(several) > 1:
+            shown = ", ".join(several[:5]) + (", ..." if len(several) > 5 else "")
+            raise ConfigError(f"{run_id!r} is the start of {len(several)} run ids ({shown}); "
+                              "give more of the id")  # fmt: skip
+        raise ConfigError(f"no run with id {run_id!r} (nor a run folder of that name); see "
                           "`agentgym runs ls`")  # fmt: skip
     return run
 

@@ -198,7 +198,10 @@ class JobQueue:
     def _requeue_interrupted(self, run_id: str) -> bool:
         """Re-queue an ``interrupted`` job with ``--resume`` when it has a checkpoint."""
         row = self.store.get_run(run_id)
-        if row is None or row["attempt"] >= row["max_attempts"]:
+        if row is None:
+            return False
+        if row["attempt"] >= row["max_attempts"]:
+            self._stays_interrupted(row, f"its {row['max_attempts']} attempts are used up")
             return False
         if row["cancel_requested"]:  # cancelled while it ran: it stopped, do not resume it
             self.store.update_run(
@@ -206,10 +209,29 @@ class JobQueue:
             )
             return False
         if not has_checkpoint(row["kind"], Path(row["run_dir"])):
+            folder = Path(row["run_dir"])
+            why = "its folder has no checkpoint to resume from"
+            self._stays_interrupted(row, why if folder.is_dir() else f"its folder {folder} is gone")
             return False
         return self.store.update_run(
             run_id, only_if={"status": "interrupted"}, status=RunStatus.queued, resume=True,
             owner=None,
+        )  # fmt: skip
+
+    def _stays_interrupted(self, row: dict[str, Any], why: str) -> None:
+        """Say in ``error_tail`` why an interrupted job is not resumed, and what to do.
+
+        Why: otherwise the row reads ``interrupted`` with no reason, as if a queue might still
+        pick it up.
+        """
+        tail = log_tail(Path(row["run_dir"])) if row["run_dir"] else None
+        note = (
+            "agentgym: the job stopped with the queue running it (`agentgym serve` or `sweep` "
+            f"shut down or killed) and is not resumed: {why}; resubmit the job"
+        )
+        self.store.update_run(
+            row["id"], only_if={"status": "interrupted"},
+            error_tail=f"{tail}\n{note}" if tail else note,
         )  # fmt: skip
 
     def _forward_cancels(self) -> None:

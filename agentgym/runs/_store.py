@@ -67,8 +67,13 @@ def resolve_db_url(url: str | None = None) -> str:
     """The database URL to use: ``url``, ``$AGENTGYM_RUNS_DB``, or the default SQLite file."""
     chosen = url or os.environ.get("AGENTGYM_RUNS_DB") or str(agentgym_home() / "runs.db")
     if "://" in chosen:
+        database = chosen.partition(":///")[2] if chosen.startswith("sqlite") else ""
+        if database and Path(database).is_dir():
+            raise _folder_not_file(chosen, Path(database))
         return chosen
     path = Path(chosen).expanduser().resolve()
+    if path.is_dir():
+        raise _folder_not_file(str(path), path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -312,6 +317,12 @@ def _cannot_open(url: str, reason: BaseException | str) -> ConfigError:
     return ConfigError(
         f"cannot open the runs database {shown} ({text}); check --db / $AGENTGYM_RUNS_DB"
     )
+
+
+def _folder_not_file(url: str, folder: Path) -> ConfigError:
+    """A SQLite "file" that is a folder (sqlite's own word: "unable to open database file")."""
+    reason = f"a folder, not a database file; name a file in it, e.g. {folder / 'runs.db'}"
+    return _cannot_open(url, reason)
 
 
 def _make_engine(url: str) -> sa.Engine:

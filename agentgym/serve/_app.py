@@ -24,6 +24,8 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -33,7 +35,7 @@ from agentgym.runs import TERMINAL, JobQueue, RunStatus, RunStore, submit_job
 from agentgym.runs._folder import log_path
 
 from ._cli import _is_loopback
-from ._dashboard import dashboard_router
+from ._dashboard import check_folder, dashboard_router
 from ._files import metric_lines
 
 #: The cookie a browser signed in with ``/?token=`` sends instead of an Authorization header.
@@ -135,7 +137,10 @@ def create_app(
     def list_jobs(
         status: str | None = None, limit: int = Query(200, ge=1, le=10_000)
     ) -> list[dict[str, Any]]:
-        """Runs and jobs, newest first."""
+        """Runs and jobs, newest first; ``status`` one of `RunStatus` (else 422)."""
+        if status is not None and status not in RunStatus.__members__:
+            valid = ", ".join(RunStatus.__members__)
+            raise HTTPException(422, f"unknown status {status!r}; use one of: {valid}")
         return store.list_runs(limit, status=status)
 
     @app.get("/jobs/{run_id}", response_model=Job)
@@ -165,7 +170,9 @@ def create_app(
     @app.get("/jobs/{run_id}/logs", response_class=StreamingResponse)
     def job_logs(run_id: str, follow: bool = False) -> StreamingResponse:
         """The job's log as text lines; ``follow``: stream new lines until the job ends."""
-        run_dir = _get(store, run_id)["run_dir"]
+        run = _get(store, run_id)
+        check_folder(run)
+        run_dir = run["run_dir"]
         lines = _follow(store, run_id, lambda: log_path(run_dir) if run_dir else None, follow,
                         None, partial=True)  # fmt: skip
         return StreamingResponse(lines, media_type="text/plain; charset=utf-8")
@@ -174,6 +181,7 @@ def create_app(
     def job_metrics(run_id: str, follow: bool = False) -> StreamingResponse:
         """NDJSON: train ``metrics.jsonl`` lines, or per-episode rewards of an eval."""
         run = _get(store, run_id)
+        check_folder(run)
         path_of, project = metric_lines(run["kind"], run["run_dir"])
         lines = _follow(store, run_id, path_of, follow, project, partial=False)
         return StreamingResponse(lines, media_type="application/x-ndjson")
@@ -182,6 +190,21 @@ def create_app(
     def health() -> dict[str, Any]:
         """Liveness, and the database's schema version."""
         return {"ok": True, "schema_version": store.schema_version}
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A body that is not JSON: 422 with one line; other validation errors as FastAPI does."""
+        for error in exc.errors():
+            if error.get("type") == "json_invalid":
+                reason = (error.get("ctx") or {}).get("error", "malformed")
+                at = error["loc"][-1] if len(error.get("loc", ())) > 1 else "?"
+                return JSONResponse(
+                    {"detail": f"the request body is not valid JSON ({reason} at character "
+                               f"{at}); send a JSON object such as "
+                               '{"kind": "eval", "config": {"env": "calculator"}}'},
+                    status_code=422,  # FastAPI's status for it, kept: clients test for it
+                )  # fmt: skip
+        return await request_validation_exception_handler(request, exc)
 
     app.include_router(dashboard_router(store))
     return app

@@ -40,6 +40,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse
 
 from .._trajectory import PrefixMismatchError, Status, Trajectory
+from ..runs import TERMINAL
 from ..runs._folder import run_file
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -474,6 +475,23 @@ def _run_dir(run: dict[str, Any]) -> Path | None:
     return Path(run["run_dir"]) if run.get("run_dir") else None
 
 
+def check_folder(run: dict[str, Any]) -> None:
+    """404 naming the folder when a run that ran has lost its folder (deleted or moved).
+
+    Why: without it the run's logs, curves and trajectories read as empty, as if it had
+    played nothing. A queued job, or one cancelled before it started, has no folder yet.
+    """
+    run_dir = _run_dir(run)
+    if run_dir is None or run.get("started_at") is None or run.get("status") not in TERMINAL:
+        return
+    if not run_dir.is_dir():
+        raise HTTPException(
+            404, f"run {run['id']!r} ({run['status']}) has no folder {run_dir} any more "
+            f"(deleted or moved?); its row is kept: restore the folder, or read the row at "
+            f"/jobs/{run['id']}",
+        )  # fmt: skip
+
+
 def trajectory_file(run: dict[str, Any]) -> Path | None:
     """The run's trajectories JSONL (see `TRAJECTORY_FILES`), or None when it has none yet."""
     run_dir = _run_dir(run)
@@ -527,7 +545,9 @@ def dashboard_router(store: RunStore) -> APIRouter:
         key: Annotated[list[str] | None, Query(description="fnmatch patterns; none = all")] = None,
     ) -> dict[str, Any]:
         """Metric points after byte ``since``; poll again from ``next``."""
-        run_dir = _run_dir(get_run(run_id))
+        run = get_run(run_id)
+        check_folder(run)
+        run_dir = _run_dir(run)
         path = run_file(run_dir, "metrics.jsonl") if run_dir is not None else None
         if path is None:
             return {"points": [], "next": 0, "reset": False}
@@ -546,7 +566,9 @@ def dashboard_router(store: RunStore) -> APIRouter:
         step: int | None = None,
     ) -> dict[str, Any]:
         """One page of trajectory summaries matching every given filter."""
-        path = trajectory_file(get_run(run_id))
+        run = get_run(run_id)
+        check_folder(run)
+        path = trajectory_file(run)
         if path is None:
             return {"total": 0, "matched": 0, "offset": offset, "bad_lines": 0, "items": []}
         where = TrajectoryFilter(
@@ -558,6 +580,7 @@ def dashboard_router(store: RunStore) -> APIRouter:
     def trajectory(run_id: str, index: Annotated[int, PathParam(ge=0)]) -> dict[str, Any]:
         """One trajectory in full: messages, tool calls and results, scores, loss mask."""
         run = get_run(run_id)
+        check_folder(run)
         path = trajectory_file(run)
         found = cache.get(path) if path is not None else TrajectoryIndex(Path())
         if index >= len(found.rows):
