@@ -62,8 +62,8 @@ def context_length(model: str | os.PathLike[str], max_model_len: int | None) -> 
         return min(DEFAULT_MAX_MODEL_LEN, longest)
     if max_model_len > longest:
         raise ConfigError(
-            f"max_model_len={max_model_len} exceeds {os.fspath(model)!r}'s {why} (its "
-            f"config.json); lower max_model_len to {longest} or less"
+            f"max_model_len={max_model_len} exceeds the {why} of the model in "
+            f"{os.fspath(model)} (its config.json); lower max_model_len to {longest} or less"
         )
     return max_model_len
 
