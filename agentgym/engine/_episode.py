@@ -65,7 +65,8 @@ class SamplingConfig:
         top_k: keep the k most likely tokens; 0 or -1 disables.
         min_p: drop tokens below ``min_p`` times the top probability; 0 disables.
         max_tokens: new tokens per turn (a turn is cut with finish reason ``length``).
-        stop: strings ending a turn; they stay in the text (e.g. ``"</tool_call>"``).
+        stop: strings ending a turn; they stay in the text (e.g. ``["</tool_call>"]``; one
+            string is taken as a list of it).
         extra: more fields of vLLM's ``SamplingParams`` (``allowed_token_ids``, ``logit_bias``
             ...); backends other than vLLM refuse them.
         seed: when set, episode e's turn t samples with seed ``seed + 1000 * e + t``: runs
@@ -82,6 +83,9 @@ class SamplingConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p"):
+            if not _is_number(getattr(self, name)):
+                raise ConfigError(f"{name} must be a number, got {getattr(self, name)!r}")
         if not 0 <= self.temperature < math.inf or not 0 < self.top_p <= 1 or not (
             0 <= self.min_p <= 1
         ):  # NaN fails every comparison: refused here, not sampled with
@@ -89,19 +93,47 @@ class SamplingConfig:
                 f"sampling needs a finite temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1; got "
                 f"temperature={self.temperature}, top_p={self.top_p}, min_p={self.min_p}"
             )
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not _is_int(self.top_k) or self.top_k < -1:  # -5 was silently "no top-k"
+            raise ConfigError(
+                f"top_k must be an int >= 1, or 0 / -1 for no top-k; got {self.top_k!r}"
+            )
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ConfigError(f"seed must be an int or None, got {self.seed!r}")
+        self.stop = _stop_strings(self.stop)
+        if not isinstance(self.extra, Mapping):
+            raise ConfigError(
+                f"extra must be a dict of vLLM SamplingParams fields, got {self.extra!r}"
+            )
+        owned = sorted(set(self.extra) & _ENGINE_OWNED)
+        if owned:
+            raise ConfigError(
+                f"extra sets {', '.join(map(repr, owned))}, which the engine sets itself; "
+                "give SamplingConfig's own fields (temperature, top_p, top_k, min_p, "
+                "max_tokens, stop, seed) instead, and leave the others to the engine"
+            )
 
     @classmethod
     def from_dict(cls, knobs: Mapping[str, Any]) -> SamplingConfig:
         """From a dict of fields; an unknown key is one `ConfigError` naming the close one."""
-        known = [f.name for f in fields(cls)]
-        for key in knobs:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; known: {known}"
-                raise ConfigError(f"unknown sampling knob {key!r}{hint}")
+        if not isinstance(knobs, Mapping):
+            raise ConfigError(
+                f"sampling must be a SamplingConfig or a dict of its fields "
+                f"{[f.name for f in fields(cls)]}, got {knobs!r}"
+            )
+        _refuse_unknown_knobs(knobs)
         return cls(**knobs)
+
+
+def _refuse_unknown_knobs(knobs: Mapping[str, Any]) -> None:
+    """One `ConfigError` for the first key that is not a `SamplingConfig` field."""
+    known = [f.name for f in fields(SamplingConfig)]
+    for key in knobs:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {known}"
+            raise ConfigError(f"unknown sampling knob {key!r}{hint}")
 
 
 class TokenPolicy:
@@ -119,9 +151,10 @@ class TokenPolicy:
         sampling: SamplingConfig | dict[str, Any] | None = None,
         rollout_mode: ModeChoice = "auto",
     ) -> None:
-        if isinstance(sampling, dict):
-            sampling = SamplingConfig.from_dict(sampling)
+        if sampling is not None and not isinstance(sampling, SamplingConfig):
+            sampling = SamplingConfig.from_dict(sampling)  # a dict, or one clear error
         self.sampling = sampling or SamplingConfig()
+        self._check_sampling(self.sampling)
         if rollout_mode not in ("auto", "concat", "per_turn"):
             raise ConfigError(
                 f"rollout_mode must be 'auto', 'concat' or 'per_turn', got {rollout_mode!r}"
@@ -189,6 +222,7 @@ class TokenPolicy:
         if room < 1:
             raise ContextLengthError(
                 f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"
+                " (raise max_model_len, up to the model's positions, for longer episodes)"
             )
         return min(max_tokens or sampling.max_tokens, room)
 
@@ -196,8 +230,15 @@ class TokenPolicy:
         """The same model and engine with other sampling knobs (e.g. greedy evaluation).
 
         Nothing is copied or restarted: the view forwards every turn to this policy.
+        Raises `ConfigError` for an unknown knob or a value the backend cannot sample with.
         """
-        return _SamplingView(self, replace(self.sampling, **changes))
+        _refuse_unknown_knobs(changes)  # not replace()'s TypeError
+        sampling = replace(self.sampling, **changes)
+        self._check_sampling(sampling)
+        return _SamplingView(self, sampling)
+
+    def _check_sampling(self, sampling: SamplingConfig) -> None:
+        """Refuse knobs this backend would ignore (`ConfigError`); every knob works here."""
 
     def mode_for(
         self, tools: list[dict[str, Any]], example: Sequence[Message] = ()
@@ -348,14 +389,17 @@ class _SamplingView(TokenPolicy):
     """A policy that samples through another one with its own `SamplingConfig`."""
 
     def __init__(self, parent: TokenPolicy, sampling: SamplingConfig) -> None:
+        self._parent = parent  # before __init__ checks the sampling with it
         super().__init__(sampling, parent.rollout_mode)
-        self._parent = parent
         self.max_model_len = parent.max_model_len
         self._modes = parent._modes
 
     @property
     def renderer(self) -> ChatRenderer:
         return self._parent.renderer
+
+    def _check_sampling(self, sampling: SamplingConfig) -> None:
+        self._parent._check_sampling(sampling)  # a view of a view: the backend's refusals
 
     async def generate_ids(
         self,
@@ -379,6 +423,42 @@ class _SamplingView(TokenPolicy):
         close = getattr(self._parent, "aclose", None)
         if close is not None:
             await close()
+
+
+#: Sampling fields a policy sets from `SamplingConfig` or for itself: not for ``extra``. Given
+#: there, vLLM got the field twice (a TypeError in every turn) or the engine lost what it
+#: relies on (the sampled token's logprob, one completion per request, the stop string).
+_ENGINE_OWNED = frozenset(
+    {"temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "n",
+     "logprobs", "output_kind", "detokenize", "include_stop_str_in_output",
+     "skip_special_tokens", "spaces_between_special_tokens", "model", "prompt",
+     "cache_salt", "return_token_ids"}
+)  # fmt: skip
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _stop_strings(stop: Any) -> list[str]:
+    """``stop`` as a list of strings: one string is one stop string, not its characters.
+
+    Why: ``stop="</tool_call>"`` went through ``list(stop)`` into the engine as eleven
+    one-character stop strings, and every turn ended at its first ``<``.
+    """
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+        raise ConfigError(
+            f"stop must be a list of non-empty strings (e.g. ['</tool_call>']), got {stop!r}"
+        )
+    return list(stop)
 
 
 def probe_conversation(tools: list[dict[str, Any]]) -> list[Message]:

@@ -31,8 +31,8 @@ from ._episode import (
     TokenPolicy,
     next_adapter_version,
 )
-from ._model_dir import context_length, model_source
-from ._render import ChatRenderer
+from ._model_dir import check_adapter_base, context_length, model_source
+from ._render import ChatRenderer, policy_renderer
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,7 @@ class HFPolicy(TokenPolicy):
         max_batch_size: int = 64,
         straggler_wait: float = 0.1,
     ) -> None:
-        super().__init__(sampling, rollout_mode)
-        if self.sampling.min_p or self.sampling.extra:
-            raise ConfigError(
-                "HFPolicy supports neither min_p nor extra vLLM sampling fields; "
-                "drop them or use VLLMPolicy"
-            )
+        super().__init__(sampling, rollout_mode)  # its sampling checked by _check_sampling
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if not 0 <= straggler_wait <= 1:
@@ -116,8 +111,19 @@ class HFPolicy(TokenPolicy):
         self._last_batch_seconds = 0.0
         model = model_source(model)
         self.max_model_len = context_length(model, max_model_len)
+        if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ConfigError(
+                f"dtype must name a torch dtype ('float32', 'bfloat16', 'float16'), got {dtype!r}"
+            )
+        self._model_source = model
         tokenizer = AutoTokenizer.from_pretrained(model)
-        self._renderer = ChatRenderer(tokenizer, chat_template_kwargs)
+        self._renderer = policy_renderer(tokenizer, chat_template_kwargs)
+        local = adapter is not None and (
+            os.fspath(adapter).startswith(("/", ".", "~")) or Path(adapter).exists()
+        )  # else a hub id, PEFT's to fetch
+        if adapter is not None and local:  # before the weights load
+            next_adapter_version(Path(adapter).expanduser(), 0, None)  # a PEFT folder
+            check_adapter_base(Path(adapter).expanduser(), model)
         net: Any = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
         net.generation_config = _bare_generation_config(net.generation_config)
         if adapter is not None:
@@ -138,6 +144,18 @@ class HFPolicy(TokenPolicy):
         """The chat-template renderer of the model's tokenizer."""
         return self._renderer
 
+    def _check_sampling(self, sampling: SamplingConfig) -> None:
+        """Refuse what `generate` would ignore: ``min_p`` and vLLM's ``extra`` fields.
+
+        Checked for the policy's own sampling and for every `with_sampling` view: a view
+        with ``min_p`` used to sample without it, silently.
+        """
+        if sampling.min_p or sampling.extra:
+            raise ConfigError(
+                "HFPolicy supports neither min_p nor extra vLLM sampling fields; "
+                "drop them or use VLLMPolicy"
+            )
+
     async def generate_ids(
         self,
         prompt_ids: list[int],
@@ -149,6 +167,7 @@ class HFPolicy(TokenPolicy):
     ) -> Completion:
         """Sample one turn from exact prompt ids, batched with the turns queued beside it."""
         s = sampling or self.sampling
+        self._check_sampling(s)
         limit = self.turn_limit(prompt_ids, max_tokens, s)
         loop = asyncio.get_running_loop()
         turn = _Turn(list(prompt_ids), limit, seed, s, session, loop.create_future())
@@ -322,6 +341,7 @@ class HFPolicy(TokenPolicy):
 
         last = self.adapters[-1].version if self.adapters else 0
         version = next_adapter_version(path, last, version)
+        check_adapter_base(path, self._model_source)  # PEFT fails halfway through, model changed
         with self._lock:
             started = time.perf_counter()
             if isinstance(self.model, PeftModel):

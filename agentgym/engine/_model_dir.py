@@ -8,8 +8,10 @@ engine start, reported as an infrastructure failure; past them a model's output 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,13 @@ def context_length(model: str | os.PathLike[str], max_model_len: int | None) -> 
     (no local config) and vLLM's own escape hatch, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``, are
     not checked. Raises `ConfigError` for a longer one, naming the limit.
     """
+    if max_model_len is not None and (
+        not isinstance(max_model_len, int) or isinstance(max_model_len, bool) or max_model_len < 1
+    ):  # vLLM refused it only once its engine had started, as an engine failure
+        raise ConfigError(
+            f"max_model_len must be an int >= 1 (the context window in tokens) or None for "
+            f"the model's own, got {max_model_len!r}"
+        )
     limit = _position_limit(Path(model) / "config.json")
     if limit is None:
         return DEFAULT_MAX_MODEL_LEN if max_model_len is None else max_model_len
@@ -131,3 +140,127 @@ def _generation_config_file(model: str) -> Path | None:
     except ValueError:  # neither a folder nor a repo id
         return None
     return Path(cached) if isinstance(cached, str) else None
+
+
+def adapter_rank(adapter: str | os.PathLike[str]) -> int | None:
+    """The largest LoRA rank of a PEFT adapter folder (``r``, ``rank_pattern``); None if unread."""
+    try:
+        spec = json.loads((Path(adapter) / "adapter_config.json").read_text())
+        ranks = [spec["r"], *(spec.get("rank_pattern") or {}).values()]
+        return max(int(r) for r in ranks)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def check_adapter_base(adapter: str | os.PathLike[str], model: str | os.PathLike[str]) -> None:
+    """Refuse a LoRA adapter whose layers do not fit the model's (trained on another model).
+
+    Why: vLLM failed such a load deep in its engine (a shape error, or a layer it has not),
+    and transformers had already added the adapter's layers to the model when it failed.
+    Compared from the safetensors headers alone (no weights read): every ``lora_A`` must take
+    its base layer's input width and every ``lora_B`` give its output width. Adapters or
+    models not stored as safetensors are not checked.
+    """
+    lora = _safetensors_shapes([Path(adapter) / "adapter_model.safetensors"])
+    base = _model_shapes(str(Path(model)), _stamp(Path(model)))
+    if not lora or not base:
+        return
+    for key, shape in lora.items():
+        for part, axis in ((".lora_A.weight", 1), (".lora_B.weight", 0)):
+            if key.endswith(part) and len(shape) == 2:
+                problem = _misfit(key[: -len(part)].removeprefix("base_model.model."), shape,
+                                  axis, base)  # fmt: skip
+                if problem:
+                    raise ConfigError(
+                        f"the adapter at {os.fspath(adapter)} does not fit the model in "
+                        f"{os.fspath(model)}: {problem}; it was trained on another base "
+                        "model: load an adapter trained on this one"
+                    )
+
+
+def _misfit(module: str, shape: list[int], axis: int, base: dict[str, list[int]]) -> str:
+    """Why a LoRA matrix of ``module`` does not fit the base weights, or "".
+
+    "" also when the names do not say (a tied ``lm_head`` has no weight of its own).
+    """
+    weight = base.get(f"{module}.weight")
+    if weight is not None:
+        if len(weight) != 2 or weight[axis] == shape[axis]:
+            return ""
+        side = "input" if axis == 1 else "output"
+        return f"its {module} has {side} width {shape[axis]}, the model's has {weight[axis]}"
+    layer = re.match(r"(.*\blayers\.)(\d+)\.", module)
+    if layer is None or not any(name.startswith(layer[1]) for name in base):
+        return ""
+    if any(name.startswith(f"{layer[1]}{layer[2]}.") for name in base):
+        return ""
+    count = len({name[len(layer[1]) :].split(".")[0] for name in base if name.startswith(layer[1])})
+    return f"it adapts layer {layer[2]}, and the model has {count} layers"
+
+
+def _stamp(model: Path) -> tuple[int, ...]:
+    """When the model's weight files last changed (a folder rebuilt in place is read again)."""
+    stamps = []
+    for name in ("model.safetensors", "model.safetensors.index.json"):
+        try:
+            stamps.append((model / name).stat().st_mtime_ns)
+        except OSError:
+            stamps.append(0)
+    return tuple(stamps)
+
+
+@functools.lru_cache(maxsize=8)
+def _model_shapes(folder: str, stamp: tuple[int, ...]) -> dict[str, list[int]]:
+    """Weight shapes of a local safetensors model (one file or an index of shards).
+
+    Cached per folder and ``stamp``: a trainer loads an adapter every step.
+    """
+    model = Path(folder)
+    index = model / "model.safetensors.index.json"
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        shards = ["model.safetensors"]
+    return _safetensors_shapes([model / shard for shard in shards])
+
+
+def _safetensors_shapes(files: list[Path]) -> dict[str, list[int]]:
+    """Tensor shapes from safetensors headers; empty when a file is missing or unreadable."""
+    shapes: dict[str, list[int]] = {}
+    for file in files:
+        try:
+            with open(file, "rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                if not 0 < size < 100_000_000:
+                    return {}
+                header = json.loads(handle.read(size))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(header, dict):
+            return {}
+        for name, entry in header.items():
+            if isinstance(entry, dict) and isinstance(entry.get("shape"), list):
+                shapes[name] = entry["shape"]
+    return shapes
+
+
+def config_head_size(model: str | os.PathLike[str]) -> int | None:
+    """A local model's attention head size from its config.json; None when not plain to see.
+
+    ``head_dim`` if given, else ``hidden_size / num_attention_heads``; None for a hub id, an
+    unreadable config, or latent attention (MLA's ``kv_lora_rank``), whose size vLLM derives.
+    """
+    try:
+        spec = json.loads((Path(model) / "config.json").read_text())
+        spec = {**spec, **spec.get("text_config", {})}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if spec.get("kv_lora_rank") is not None:
+        return None
+    head = spec.get("head_dim")
+    if isinstance(head, int) and not isinstance(head, bool):
+        return head
+    hidden, heads = spec.get("hidden_size"), spec.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None

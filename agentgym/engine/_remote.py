@@ -40,7 +40,7 @@ from ._episode import (
     next_adapter_version,
 )
 from ._fleet import VLLMFleet, server_root, stage_adapter
-from ._render import ChatRenderer
+from ._render import ChatRenderer, policy_renderer
 
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length|context_length_exceeded|too long")
 #: Answers after which the same request may succeed on another server.
@@ -138,7 +138,7 @@ class RemoteVLLMPolicy(TokenPolicy):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(self.model)
-            self._renderer = ChatRenderer(tokenizer, self._chat_template_kwargs)
+            self._renderer = policy_renderer(tokenizer, self._chat_template_kwargs)
         return self._renderer
 
     # ---- sampling -----------------------------------------------------------------------

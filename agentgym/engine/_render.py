@@ -302,6 +302,27 @@ class ChatRenderer:
         return text[at + len(_SENTINEL) :]
 
 
+def policy_renderer(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> ChatRenderer:
+    """A policy's `ChatRenderer`, refusing chat-template kwargs the template never reads.
+
+    Why: such a kwarg (``enable_thinkng``, or ``enable_thinking`` for a model whose template
+    has no switch) changes nothing, silently; ``agentgym eval`` and the trainer refused it
+    before their engines started, a policy built in Python did not. A template that cannot
+    be inspected gets the benefit of the doubt.
+    """
+    from .._check_template import unread_template_kwargs
+
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise ConfigError(
+            "chat_template_kwargs must be a dict of template variables (e.g. "
+            f"{{'enable_thinking': False}}), got {chat_template_kwargs!r}"
+        )
+    problem = unread_template_kwargs(tokenizer, chat_template_kwargs or {})
+    if problem:
+        raise ConfigError(f"chat_template_kwargs: {problem}; drop it or fix its name")
+    return ChatRenderer(tokenizer, chat_template_kwargs)
+
+
 def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
     """Index of the first position where ``a`` and ``b`` differ (the shorter length if none)."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

