@@ -37,13 +37,19 @@ def parse_template_kwargs(text: str | None) -> dict[str, Any]:
 _PYTHON_CONSTANTS: dict[str, Any] = {"None": None, "True": True, "False": False}
 
 
+def key_value(pair: str, flag: str) -> tuple[str, str]:
+    """A repeatable option's ``key=value``, split at the first ``=``; one line naming ``flag``."""
+    key, sep, value = pair.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"{flag} takes key=value, got {pair!r}")
+    return key.strip(), value
+
+
 def parse_env_args(pairs: list[str]) -> dict[str, Any]:
     """``key=value`` pairs; a value is read as JSON or None/True/False, else kept a string."""
     kwargs: dict[str, Any] = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--env-arg expects key=value, got {pair!r}")
+        key, value = key_value(pair, "--env-arg")
         if value in _PYTHON_CONSTANTS:
             kwargs[key] = _PYTHON_CONSTANTS[value]
             continue

@@ -12,6 +12,8 @@ import os
 import uuid
 from pathlib import Path
 
+from ._errors import ConfigError
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a fsynced temp file and a rename."""
@@ -34,3 +36,18 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def check_folder_can_be_made(path: Path, option: str) -> None:
+    """Refuse a run folder that is, or lies under, a file, or that cannot be written, up front.
+
+    Otherwise the run fails at its first write, after the model loaded, with a traceback.
+    ``option`` names what the user set (``--out``, ``output_dir``).
+    """
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(
+            f"{option} {path}: {existing} is a file, not a folder; choose another {option}"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: cannot write in {existing}; choose another {option}")

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ._cli_common import console, parse_env_args, parse_template_kwargs, stdout
+from ._durable import check_folder_can_be_made
 from ._errors import ConfigError, Error, InfraError
 from ._eval_engine import (
     PlaySettings,
@@ -32,7 +33,6 @@ from ._eval_engine import (
 from ._eval_folder import (
     TASKS_KEY,
     FolderLock,
-    check_out_folder,
     finished_summary,
     previous_episodes,
     remove_stale_writes,
@@ -153,7 +153,7 @@ def evaluate(
     env_kwargs = parse_env_args(env_arg)
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
     check_policy_options(ctx)
-    check_out_folder(out)
+    check_folder_can_be_made(out, "--out")
     if policy is PolicyKind.openai:
         check_base_url(base_url)
     servers = Servers(server, router_url, model)

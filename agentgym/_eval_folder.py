@@ -25,18 +25,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=2))
 
 
-def check_out_folder(out: Path) -> None:
-    """Refuse an ``--out`` that cannot become a folder we write in, before any work.
-
-    Otherwise the run fails at its first write, after the model loaded, with a traceback.
-    """
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(f"--out {out}: {existing} is a file, not a folder; choose another --out")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: cannot write in {existing}; choose another --out")
-
-
 def remove_stale_writes(out: Path) -> None:
     """Delete the temp files of writes a killed run never finished (call holding the lock)."""
     for stale in [*out.glob("*.tmp"), *out.glob(".*.tmp")]:

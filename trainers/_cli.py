@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
+from agentgym._cli_common import key_value
 from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._yaml import load_yaml
@@ -28,13 +29,8 @@ console = Console(markup=False)  # figures and paths, never markup
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
     """``key=value`` pairs, values parsed as YAML (``max_steps=5``, ``report_to=[none]``)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set takes key=value, got {pair!r}")
-        out[key.strip()] = load_yaml(value, f"--set {pair!r}")
-    return out
+    split = [(pair, *key_value(pair, "--set")) for pair in pairs]
+    return {key: load_yaml(value, f"--set {pair!r}") for pair, key, value in split}
 
 
 def _quiet_backends() -> None:

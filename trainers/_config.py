@@ -597,19 +597,8 @@ class GRPOConfig:
                 "write one 'name: value' per line"
             )
         hints = typing.get_type_hints(cls)
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in _RENAMED:
-                warnings.warn(
-                    f"config key {key!r} is deprecated (as in TRL); use {_RENAMED[key]!r}",
-                    FutureWarning,
-                    stacklevel=2,
-                )
-                key = _RENAMED[key]
-            if key not in hints or key.startswith("_"):
-                raise _unknown_knob(key, [f.name for f in dataclasses.fields(cls)])
-            kwargs[key] = _yaml_float(value, hints[key])
-        return cls(**kwargs)
+        known = _known_knobs(data, stacklevel=3)
+        return cls(**{key: _yaml_float(value, hints[key]) for key, value in known.items()})
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: Mapping[str, Any] | None = None) -> GRPOConfig:
@@ -760,28 +749,38 @@ def _render_help(cls: type) -> str:
     return "\n".join(lines)
 
 
-def _refusing_unknown_keywords(init: Any) -> Any:
-    """``GRPOConfig(...)`` refuses unknown keywords as `GRPOConfig.from_dict` refuses keys.
+def _known_knobs(knobs: Mapping[str, Any], stacklevel: int) -> dict[str, Any]:
+    """``knobs`` with TRL's deprecated names renamed (a FutureWarning each), unknown ones refused.
 
-    The dataclass's own ``__init__`` raised a bare ``TypeError`` (no closest knob, no TRL hint),
-    so a TRL user writing ``GRPOConfig(per_device_train_batch_size=8)`` in the README's
-    Python form learnt less than one writing it in YAML.
+    One place for `GRPOConfig.from_dict` and the constructor: the dataclass's own ``__init__``
+    raised a bare ``TypeError`` (no closest knob, no TRL hint), so a TRL user writing
+    ``GRPOConfig(per_device_train_batch_size=8)`` in the README's Python form learnt less than
+    one writing it in YAML. ``stacklevel`` points the warning at the user's line.
     """
     names = [f.name for f in dataclasses.fields(GRPOConfig)]
+    known: dict[str, Any] = {}
+    for key, value in knobs.items():
+        if key in _RENAMED:
+            warnings.warn(
+                f"config key {key!r} is deprecated (as in TRL); use {_RENAMED[key]!r}",
+                FutureWarning,
+                stacklevel=stacklevel,
+            )
+            key = _RENAMED[key]
+        if key not in names or key.startswith("_"):
+            raise _unknown_knob(key, names)
+        if key in known:
+            raise ConfigError(f"config key {key!r} is given twice (once by its deprecated name)")
+        known[key] = value
+    return known
+
+
+def _refusing_unknown_keywords(init: Any) -> Any:
+    """``GRPOConfig(...)`` refuses unknown keywords as `from_dict` does (`_known_knobs`)."""
 
     @functools.wraps(init)
     def __init__(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
-        for key in list(kwargs):
-            if key in _RENAMED and _RENAMED[key] not in kwargs:
-                warnings.warn(
-                    f"config key {key!r} is deprecated (as in TRL); use {_RENAMED[key]!r}",
-                    FutureWarning,
-                    stacklevel=2,
-                )
-                kwargs[_RENAMED[key]] = kwargs.pop(key)
-            elif key not in names:
-                raise _unknown_knob(key, names)
-        init(self, *args, **kwargs)
+        init(self, *args, **_known_knobs(kwargs, stacklevel=3))
 
     return __init__
 

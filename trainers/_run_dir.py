@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym import Trajectory
-from agentgym._durable import atomic_write_text, fsync_dir
+from agentgym._durable import atomic_write_text, check_folder_can_be_made, fsync_dir
 from agentgym._errors import ConfigError
 from agentgym._trajectory import to_json_line
 
@@ -201,7 +201,7 @@ class RunDir:
         when a new run would start there. Raises `ConfigError` as the constructor does.
         """
         path = Path(path)
-        _refuse_unusable(path)
+        check_folder_can_be_made(path, "output_dir")
         if not cls.holds_run(path):
             if resume:  # a mistyped output_dir would otherwise restart quietly
                 log.warning("--resume: %s holds no run; starting a new one there", path)
@@ -725,22 +725,6 @@ def _owner_alive(status: Mapping[str, Any]) -> bool:
     except PermissionError:
         pass
     return True
-
-
-def _refuse_unusable(path: Path) -> None:
-    """Refuse an output_dir that is, or lies under, a file.
-
-    The dry run passed it, then the run stopped on a ``FileExistsError`` traceback once the
-    checks were done.
-    """
-    for folder in (path, *path.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise ConfigError(
-                    f"output_dir {path} cannot be a folder: {folder} is a file; choose "
-                    "another output_dir"
-                )
-            return
 
 
 def _refuse_fewer_steps(path: Path, max_steps: Any, status: Mapping[str, Any]) -> None:

@@ -172,7 +172,8 @@ def test_an_output_dir_that_is_a_file_is_refused_by_the_checks(tmp_path: Path, w
     from trainers._run_dir import RunDir
 
     (tmp_path / "notes.txt").write_text("mine\n")
-    with pytest.raises(agentgym.ConfigError, match="notes.txt is a file; choose another"):
+    refused = "notes.txt is a file, not a folder; choose another output_dir"
+    with pytest.raises(agentgym.ConfigError, match=refused):
         RunDir.check_open(tmp_path / where, {})
     assert (tmp_path / "notes.txt").read_text() == "mine\n"
 
