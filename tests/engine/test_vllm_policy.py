@@ -161,10 +161,33 @@ def test_the_cpu_build_runs_eager_without_chunked_prefill_unless_asked() -> None
     """Compiling lengthens every start (3-27 s, for a tiny model's batch 7-37% faster:
     bench/engine_lifecycle_bench.py), and a seeded prompt split across steps kills its engine."""
     require("vllm")
-    assert VLLMPolicy._cpu_safe({"max_num_seqs": 8}) == {
+    assert VLLMPolicy._cpu_safe({"max_num_seqs": 8}, None) == {
         "enable_chunked_prefill": False, "enforce_eager": True, "max_num_seqs": 8}  # fmt: skip
     asked = {"enable_chunked_prefill": True, "enforce_eager": False}
-    assert VLLMPolicy._cpu_safe(asked) == asked
+    assert VLLMPolicy._cpu_safe(asked, None) == asked
+
+
+def test_each_engine_gets_its_own_kv_cache_size(
+    policy: VLLMPolicy, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kv_cache_gib went through os.environ.setdefault: the first engine of a process decided
+    every later one's cache, and a variable set by the user silently beat the argument."""
+    require("vllm")
+    cache = policy._engine.vllm_config.cache_config  # started with the default
+    assert cache.kv_cache_memory_bytes == int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")) * 2**30
+    half = VLLMPolicy(tiny_model_dir, kv_cache_gib=0.5)
+    assert half._cpu_safe(half._engine_args, half._kv_cache_gib)["kv_cache_memory_bytes"] == 2**29
+    with pytest.raises(agentgym.ConfigError, match="above 0"):
+        VLLMPolicy(tiny_model_dir, kv_cache_gib=0)
+    with pytest.raises(agentgym.ConfigError, match="not both"):
+        VLLMPolicy(tiny_model_dir, kv_cache_gib=2, engine_kwargs={"kv_cache_memory_bytes": 1})
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    with pytest.raises(agentgym.ConfigError, match="unset the variable or leave kv_cache_gib out"):
+        VLLMPolicy(tiny_model_dir, kv_cache_gib=2)
+    from_env = VLLMPolicy(tiny_model_dir)  # vLLM applies the variable itself
+    assert "kv_cache_memory_bytes" not in from_env._cpu_safe(
+        from_env._engine_args, from_env._kv_cache_gib
+    )
 
 
 def test_the_engines_processes_stop_busy_waiting_soon_after_a_turn(policy: VLLMPolicy) -> None:
