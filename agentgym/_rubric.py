@@ -79,6 +79,16 @@ class Rubric:
                 )
         _check_unique(self.names)
         self._params = [self._injected(name, fn) for name, fn in zip(self.names, self.funcs)]
+        #: Per function, the injectable parameters it asks for without a default.
+        self._required = [_required(fn, self.INJECTABLE) for fn in self.funcs]
+
+    def asking_for(self, name: str) -> list[str]:
+        """The names of the functions that ask for ``name`` without a default value.
+
+        Why: a task without the field (``answer``) gives them None, and each of their
+        episodes ends ``error``; a trainer refuses such tasks before it trains on them.
+        """
+        return [n for n, required in zip(self.names, self._required) if name in required]
 
     def _injected(self, name: str, fn: Callable[..., Any]) -> tuple[str, ...]:
         """The context values ``fn`` asks for: its injectable parameters, or all with **kwargs."""
@@ -125,6 +135,15 @@ class Rubric:
             scores[name] = value
             total += weight * value
         return RubricResult(reward=total, scores=scores, errors=errors)
+
+
+def _required(fn: Callable[..., Any], injectable: frozenset[str]) -> frozenset[str]:
+    """The injectable parameters ``fn`` declares without a default (not through **kwargs)."""
+    return frozenset(
+        p.name for p in inspect.signature(fn).parameters.values()
+        if p.name in injectable and p.default is p.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    )  # fmt: skip
 
 
 def _finite(value: Any) -> float:

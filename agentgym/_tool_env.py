@@ -39,6 +39,10 @@ from ._types import Completion, Message
 from .parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
 from .parsers._base import json_loads
 
+#: The ``name`` of the tool message answering a tool call that could not be parsed: no tool
+#: ran, so metrics count it as a failed call attempt, never as a tool's result.
+MALFORMED_CALL = "invalid_tool_call"
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant that can call tools. Call a tool when it helps; "
     "when you know the answer, reply with it and no tool call."
@@ -396,7 +400,7 @@ class ToolEnv(Env):
                 {
                     "role": "tool",
                     "tool_call_id": self.parser.make_call_id(self.state.turn, len(calls) + i),
-                    "name": "invalid_tool_call",
+                    "name": MALFORMED_CALL,
                     "content": f"Error: {problem}. Emit tool calls in the documented format.",
                 }
             )

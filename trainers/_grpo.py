@@ -42,9 +42,10 @@ from typing import Any
 
 from agentgym import EnvPool, Trajectory, arollout
 from agentgym._check import reference_conversation
-from agentgym._errors import Error, InfraError
+from agentgym._errors import ConfigError, Error, InfraError
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
+from agentgym.engine._vllm import unguarded_script
 
 from ._advantages import Advantages, group_key, mask_truncated, trajectory_advantages
 from ._config import GRPOConfig
@@ -156,6 +157,7 @@ class GRPOTrainer:
             log.warning("%s finished its %d steps already: nothing to resume", cfg.output_dir,
                         cfg.max_steps)  # fmt: skip
             return done if self.world.is_main else {}
+        self._refuse_unguarded_script()  # before the run folder: a fixed script reruns as new
         with self.world.joined(self._device()), self._rollout_loop():
             if not self.world.is_main:
                 return self._train(None, None)  # rank 0 owns the run folder and trackers
@@ -179,6 +181,24 @@ class GRPOTrainer:
                     trackers.close()
             run.mark_finished()
             return figures
+
+    def _refuse_unguarded_script(self) -> None:
+        """Refuse a script that starts the in-process vLLM engine without a ``__main__`` guard.
+
+        vLLM's engine process (spawn) imports the script again, so the engine failed to start
+        only after the run folder was made; the fixed script was then refused, the folder
+        holding a failed run ("pass --resume"). The README asks for the guard in any script.
+        """
+        cfg = self.config
+        if cfg.rollout_engine != "vllm" or cfg.rollout_servers:
+            return
+        script = unguarded_script()
+        if script is not None:
+            raise ConfigError(
+                f"{script} trains without an `if __name__ == \"__main__\":` guard; vLLM's "
+                "engine process imports the script again and would fail to start: move the "
+                "code that calls train() under one"
+            )
 
     @contextlib.contextmanager
     def _rollout_loop(self) -> Iterator[None]:

@@ -9,23 +9,35 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from agentgym import Trajectory
+from agentgym._tool_env import MALFORMED_CALL
 
 
 def is_multi_turn_success(trajectory: Trajectory) -> bool:
     """Ended on its own with full reward, after calling a tool and reading its result.
 
     The quickstart's figure: a right final answer alone (a lucky guess without the tool) is
-    not a success of a tool-calling agent.
+    not a success of a tool-calling agent. The error message answering a call that could not be
+    parsed is no tool's result: a malformed call, then the right answer, is a guess.
     """
-    used_tool = any(m.get("role") == "tool" for m in trajectory.messages)
+    used_tool = any(_is_tool_result(m) for m in trajectory.messages)
     return (
         trajectory.status == "ok"
         and (trajectory.final_reward or 0.0) >= 1.0
         and used_tool
         and len(trajectory.turns) >= 2
     )
+
+
+def _is_tool_result(message: Mapping[str, Any]) -> bool:
+    return message.get("role") == "tool" and message.get("name") != MALFORMED_CALL
+
+
+def _malformed_calls(trajectory: Trajectory) -> int:
+    return sum(m.get("role") == "tool" and m.get("name") == MALFORMED_CALL
+               for m in trajectory.messages)  # fmt: skip
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -47,13 +59,16 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         metrics[f"reward/{name}/mean"] = _mean(values)
     turns = [turn for t in scored for turn in t.turns]
     calls = sum(len(m.get("tool_calls") or []) for t in scored for m in t.messages)
+    # a turn's tool errors include its calls that could not be parsed: count those as attempts
+    # too, or a step of only malformed calls logged a tool-error rate of 0
     errors = sum(len(turn.tool_errors) for turn in turns)
+    attempts = calls + sum(_malformed_calls(t) for t in scored)
     metrics |= {
         "rollout/episodes": float(len(trajectories)),
         "rollout/turns_per_episode": _mean([float(len(t.turns)) for t in scored]),
         "rollout/completion_length": _mean([float(len(t.completion_ids or [])) for t in turns]),
         "rollout/tool_calls_per_episode": calls / len(scored) if scored else 0.0,
-        "rollout/tool_error_rate": errors / calls if calls else 0.0,
+        "rollout/tool_error_rate": errors / attempts if attempts else 0.0,
     }
     for status in ("truncated", "error", "infra_error", "late"):
         metrics[f"rollout/frac_{status}"] = _mean([float(t.status == status) for t in trajectories])

@@ -122,7 +122,7 @@ def _evaluation(config: GRPOConfig, eval_count: int) -> str:
     periodic = [s for s in _every(config.eval_steps, config.max_steps) if s < config.max_steps]
     if periodic:
         played = min(config.eval_num_tasks or eval_count, eval_count)
-        text += f"; the first {played:,} at steps {_steps(periodic)}"
+        text += f"; the first {played:,} {_at(periodic)}"
     return text
 
 
@@ -130,7 +130,7 @@ def _checkpoints(config: GRPOConfig) -> str:
     steps = sorted({*_every(config.save_steps, config.max_steps), config.max_steps})
     kept = "all kept" if config.save_total_limit is None else (
         f"the newest {config.save_total_limit} kept")  # fmt: skip
-    return f"at steps {_steps(steps)}; {kept}"
+    return f"{_at(steps)}; {kept}"
 
 
 def _run_folder(config: GRPOConfig, resume: bool, tasks_sha256: str | None) -> str:
@@ -150,6 +150,11 @@ def _run_folder(config: GRPOConfig, resume: bool, tasks_sha256: str | None) -> s
 
 def _every(interval: int | None, last: int) -> list[int]:
     return list(range(interval, last + 1, interval)) if interval else []
+
+
+def _at(steps: Sequence[int]) -> str:
+    """``at step 3`` or ``at steps 25, 50, 75``."""
+    return f"at step {steps[0]}" if len(steps) == 1 else f"at steps {_steps(steps)}"
 
 
 def _steps(steps: Sequence[int]) -> str:

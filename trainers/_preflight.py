@@ -173,8 +173,11 @@ def _check_env(
     try:
         weights = _reward_weights(env, config)
         tools = list(getattr(env, "tool_schemas", []))
+        _check_tool_descriptions(tools, config)
         train_tasks, eval_tasks = config.task_split(_task_count(env, config))
         tasks = getattr(env, "tasks", None)
+        if tasks is not None:
+            _check_task_fields(env, tasks, [*train_tasks, *eval_tasks], config)
         _warn_repeated_tasks(tasks, train_tasks, eval_tasks)
         digest = None if tasks is None else tasks_digest(tasks, [*train_tasks, *eval_tasks])
         if config.sft_steps:
@@ -183,6 +186,62 @@ def _check_env(
     finally:
         env.close()
     return train_tasks, eval_tasks, tools, max_turns, digest, weights
+
+
+def _check_tool_descriptions(tools: list[dict[str, Any]], config: GRPOConfig) -> None:
+    """Every tool tells the model what it does (`agentgym check` fails one that does not).
+
+    A tool without a description (a function without a docstring) is shown to the model by
+    its name alone; the dry run said "every check passed" where `agentgym check` failed it.
+    """
+    functions = [schema.get("function", schema) for schema in tools if isinstance(schema, dict)]
+    bare = [str(fn.get("name")) for fn in functions if not fn.get("description")]
+    if bare:
+        raise ConfigError(
+            f"tool(s) {bare} of {config.env!r} have no description, so the model is told only "
+            "their names: write each a docstring (agentgym check lists every tool problem)"
+        )
+
+
+def _check_task_fields(env: Any, tasks: Any, indices: list[int], config: GRPOConfig) -> None:
+    """The train and eval tasks hold what the env's prompt and its reward functions read.
+
+    A task without ``prompt`` (under `ToolEnv`'s own `build_prompt`) fails its episode at
+    reset; one without ``answer`` gives a reward function that asks for it None, and its
+    episodes end ``error``. Either trained for ``infra_error_patience`` steps before the run
+    stopped, where the dry run had said every check passed.
+    """
+    from agentgym import ToolEnv
+
+    plain_prompt = isinstance(env, ToolEnv) and type(env).build_prompt is ToolEnv.build_prompt
+    asking_for = getattr(getattr(env, "rubric", None), "asking_for", None)
+    readers = asking_for("answer") if callable(asking_for) else []
+    if not plain_prompt and not readers:
+        return
+    no_prompt: list[int] = []
+    no_answer: list[int] = []
+    for index in indices:
+        task = tasks[index]
+        if not isinstance(task, dict):
+            continue  # the env refuses it by name when it picks it
+        if plain_prompt and "prompt" not in task:
+            no_prompt.append(index)
+        if readers and task.get("answer") is None:
+            no_answer.append(index)
+    count = f"of the {len(indices):,} train and eval tasks of {config.env!r}"
+    if no_prompt:
+        first = no_prompt[0]
+        raise ConfigError(
+            f"{len(no_prompt):,} {count} have no 'prompt' (first: task {first}, keys "
+            f"{sorted(tasks[first])}); give each task one (load_tasks(..., fields={{'question': "
+            "'prompt'})), or override the env's build_prompt"
+        )
+    if no_answer:
+        raise ConfigError(
+            f"reward function(s) {readers} ask for 'answer', but {len(no_answer):,} {count} "
+            f"have none (first: task {no_answer[0]}); give every task an 'answer', or the "
+            "parameter a default (answer=None) if it scores tasks without one"
+        )
 
 
 def _reward_weights(env: Any, config: GRPOConfig) -> dict[str, float] | None:

@@ -209,7 +209,8 @@ class RunDir:
         if not resume:
             raise ConfigError(
                 f"{path} already holds a run ({_describe_run(path)}); pass --resume to "
-                "continue it, or choose a new output_dir"
+                "continue it, or choose a new output_dir (in Python: GRPOTrainer(config, "
+                "resume=True))"
             )
         _refuse_changed_config(path, _normalise(config), defaults)
         previous = _read_json(path / "status.json") or {}
