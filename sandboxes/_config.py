@@ -8,6 +8,7 @@ names every such change so the sandbox logs it when the container starts: never 
 from __future__ import annotations
 
 import dataclasses
+import math
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ DEFAULT_IMAGE = "agentgym-sandbox:py3"
 
 
 MIN_MEM_MB = 64  # the code server + verify's runner + pytest, with room to spare
+MAX_TIMEOUT_S = 7 * 86400.0  # what a call's timeout may be (_protocol.check_timeout)
 MIN_PIDS = 16  # keeper, server, kernel, a call's child and grandchild, runner, judge, factory
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class DockerSandboxConfig:
         """Check values and cross-field rules before any container starts."""
         positive = ("mem_limit_mb", "pids_limit", "workdir_size_mb", "tmp_size_mb",
                     "shm_size_mb", "nofile", "fsize_mb", "output_limit_bytes")
+        self._check_types(positive)
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -125,6 +128,30 @@ class DockerSandboxConfig:
             raise ConfigError(f"workdir must be an absolute path other than / and /tmp, "
                               f"got {self.workdir!r}")
         self._check_import_paths()
+
+    def _check_types(self, whole: tuple[str, ...]) -> None:
+        """Whole numbers where Docker takes them; finite numbers for the rest.
+
+        Why: a YAML ``"256"`` raised a bare ``TypeError`` here, and nan or inf passed every
+        ``<= 0`` test: ``default_timeout=nan`` made every later call a ``ConfigError``
+        about a ``timeout`` the caller never passed, ``cpus=nan`` every start an
+        ``infra_error``.
+        """
+        for name in whole + ("code_uid", "keeper_uid"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be a whole number, got {value!r}")
+        for name in ("cpus", "default_timeout", "host_grace_s", "max_lifetime_s"):
+            value = getattr(self, name)
+            if value is None and name == "max_lifetime_s":
+                continue
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value)):
+                raise ConfigError(f"{name} must be a finite number of "
+                                  f"{'CPUs' if name == 'cpus' else 'seconds'}, got {value!r}")
+        if self.default_timeout > MAX_TIMEOUT_S:
+            raise ConfigError(f"default_timeout must be <= {MAX_TIMEOUT_S:g} s (a week), got "
+                              f"{self.default_timeout!r}")
 
     def _check_import_paths(self) -> None:
         """Refuse a PYTHONPATH (or PYTHONHOME) into a folder the code can write.

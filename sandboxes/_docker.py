@@ -32,9 +32,11 @@ from ._hosts import DockerHost
 from ._protocol import (
     Files,
     SandboxBase,
+    check_call_args,
     check_relative,
     check_timeout,
     language_argv,
+    running_call,
     to_bytes,
 )
 from ._result import ExecResult, ExecStatus
@@ -91,6 +93,9 @@ class DockerSandbox(SandboxBase):
         self._container: Any = None
         self._channel: ServerChannel | None = None
         self._lock = threading.RLock()
+        self._closed = False  # close() ran: calls are refused until an explicit start()
+        self._busy = False  # a call holds the code server now (`interrupt` kills only then)
+        self._killed = False  # that call's code was killed from outside already
         self.needs_recycle = False
         """True after a host-side intervention or a backend failure (pools replace it)."""
         self.left_behind: str | None = None
@@ -116,8 +121,9 @@ class DockerSandbox(SandboxBase):
                 and time.time() > expiry - lifetime / 10)
 
     def start(self) -> DockerSandbox:
-        """Create the container and start its code server (idempotent)."""
+        """Create the container and start its code server (idempotent; reopens a closed one)."""
         with self._lock:
+            self._closed = False
             if self._container is None:
                 self._create_container()
             if self._channel is None or not self._channel.is_open:
@@ -180,6 +186,7 @@ class DockerSandbox(SandboxBase):
         server; if that fails too, the container is replaced.
         """
         with self._lock:
+            self._refuse_if_closed("reset")
             if self._container is None:
                 self.start()
                 return
@@ -196,10 +203,22 @@ class DockerSandbox(SandboxBase):
                 self._replace_container()
 
     def close(self) -> None:
-        """Remove the container (idempotent)."""
+        """Remove the container (idempotent); later calls raise `SandboxError`.
+
+        A call running now (another thread's) is killed first and returns ``infra_error``:
+        waiting for it held ``close`` (a pool's too) for the call's whole timeout, and a
+        call let in after it started a new container nobody would remove before exit.
+        """
+        self._closed = True
+        self.interrupt()
         with self._lock:
             self._remove_container()
             _reap.untrack(self)
+
+    def _refuse_if_closed(self, what: str) -> None:
+        if self._closed:
+            raise SandboxError(f"this DockerSandbox is closed (its container is removed); "
+                               f"{what} did not run: use a new one, or start() it again")
 
     def _drop_channel(self) -> None:
         if self._channel is not None:
@@ -219,15 +238,26 @@ class DockerSandbox(SandboxBase):
                 log.debug("removing %s: %s", container.short_id, exc)
 
     def interrupt(self) -> None:
-        """Kill every code process now, from outside, even while a call holds the sandbox.
+        """Kill the code of the call running now, from outside, while that call holds the sandbox.
 
         Calls are serialised by a lock, so this is the only way to reach a running one (a
         cancelled episode's, say). That call sees its server die, restarts it and returns an
-        ``error``; the sandbox is marked for recycling. Never raises.
+        ``error``; the sandbox is marked for recycling. With no call running it does nothing
+        (the next call runs as usual). Never raises.
         """
+        if not self._busy or self._killed:
+            # No call runs: killing would only take down the idle code server, and the next
+            # call (which ran nothing yet) came back as the code's `error`. A call already
+            # killed is recovering: a second kill would hit the server it restarts.
+            return
+        self._kill_this_call()
+
+    def _kill_this_call(self) -> None:
+        """``kill -9 -1`` as the code uid from outside, for the call running now."""
         container = self._container
         if container is None:
             return
+        self._killed = True
         self.needs_recycle = True
         uid = self.config.code_uid
         try:
@@ -255,6 +285,7 @@ class DockerSandbox(SandboxBase):
         ``end_session``: end the Python session (its threads, every process the code left)
         before the call, so nothing of the code runs beside it (see `Sandbox`).
         """
+        check_call_args("code", code, stdin, files)
         argv = language_argv(language, code)
         req: dict[str, Any] = {"op": "exec", "argv": argv, "end_session": end_session}
         if argv is None:
@@ -265,6 +296,7 @@ class DockerSandbox(SandboxBase):
     def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
              files: Files | None = None, timeout: float | None = None) -> ExecResult:
         """Run ``argv`` (looked up on the image's PATH) in the work dir."""
+        check_call_args("argv", argv, stdin, files)
         return self._call({"op": "exec", "argv": [str(a) for a in argv]}, stdin, files, timeout)
 
     def _call(self, req: dict[str, Any], stdin: str | bytes | None, files: Files | None,
@@ -276,7 +308,9 @@ class DockerSandbox(SandboxBase):
                "stdin": _b64(to_bytes(stdin)),
                "files": {p: _b64(to_bytes(c)) for p, c in (files or {}).items()}}
         started = time.monotonic()
-        with self._lock:
+        with self._lock, running_call(self._kill_this_call):
+            self._refuse_if_closed("the call")
+            self._busy, self._killed = True, False
             try:
                 self.start()
                 reply = self._open_channel().request(req, timeout + self.config.host_grace_s)
@@ -288,6 +322,8 @@ class DockerSandbox(SandboxBase):
                 self.needs_recycle = True
                 return ExecResult.infra_failure(f"sandbox: {type(exc).__name__}: {exc}",
                                                 time.monotonic() - started)
+            finally:
+                self._busy = False
         if "input_error" in reply:  # e.g. a file path outside the work dir: the caller's doing
             return ExecResult("", f"sandbox: {reply['input_error']}\n", None,
                               time.monotonic() - started, ExecStatus.ERROR)
@@ -309,6 +345,10 @@ class DockerSandbox(SandboxBase):
         replaced (the daemon failed), is infrastructure.
         """
         self.needs_recycle = True
+        if self._closed:  # close() killed this call: not the code's doing, and nothing to restart
+            return ExecResult.infra_failure("sandbox: closed while this call ran (its pool or "
+                                            "owner closed it); the call's outcome is unknown",
+                                            time.monotonic() - started)
         restarted = False
         try:
             running = self._container_running()
@@ -369,6 +409,7 @@ class DockerSandbox(SandboxBase):
 
     def _state_request(self, what: str, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One tar/untar request; a dead or silent server is restarted, then `SandboxError`."""
+        self._refuse_if_closed(what)
         self.start()
         try:
             reply = self._open_channel().request(req, timeout)

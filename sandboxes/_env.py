@@ -93,10 +93,13 @@ class SandboxToolEnv(ToolEnv):
     ) -> None:
         if backend not in ("docker", "local"):
             raise ConfigError(f"backend must be 'docker' or 'local', got {backend!r}")
-        if pool_size < 1:
-            raise ConfigError(f"pool_size must be >= 1, got {pool_size}")
-        if lease_timeout is not None and lease_timeout <= 0:
-            raise ConfigError(f"lease_timeout must be > 0 or None, got {lease_timeout}")
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ConfigError(f"pool_size must be a whole number >= 1, got {pool_size!r}")
+        if lease_timeout is not None and (
+                isinstance(lease_timeout, bool) or not isinstance(lease_timeout, (int, float))
+                or not 0 < lease_timeout < float("inf")):  # nan fails this too
+            raise ConfigError(f"lease_timeout must be a finite number of seconds > 0 or None, "
+                              f"got {lease_timeout!r}")
         kwargs.setdefault("max_tool_calls_per_turn", SANDBOX_CALLS_PER_TURN)
         super().__init__(tools, **kwargs)
         self.backend, self.image, self.pool_size = backend, image, pool_size

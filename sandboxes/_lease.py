@@ -12,6 +12,9 @@ from agentgym._errors import SandboxError
 from ._protocol import Files, Sandbox, SandboxBase
 from ._result import ExecResult
 
+INTERRUPT_AGAIN_S = 0.5
+"""How often an ending lease interrupts its calls again while some are still running."""
+
 
 class SandboxLease(SandboxBase):
     """A sandbox as one episode sees it; a `Sandbox` whose calls stop when the lease ends.
@@ -118,9 +121,13 @@ class SandboxLease(SandboxBase):
 
     def _finish(self, busy: bool, failed: bool) -> None:
         if busy:
-            self.sandbox.interrupt()
-            with self._cond:
-                self._cond.wait_for(lambda: self._running == 0)
+            # Again until none is left: `interrupt` kills only a call that runs in the sandbox
+            # now, and one of ours may have passed the gate but not yet reached the sandbox.
+            while True:
+                self.sandbox.interrupt()
+                with self._cond:
+                    if self._cond.wait_for(lambda: self._running == 0, INTERRUPT_AGAIN_S):
+                        break
         self._give_back(failed or busy)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -18,14 +18,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, cast
 
-from agentgym._errors import ConfigError
+from agentgym._errors import ConfigError, SandboxError
 
 from ._protocol import (
     Files,
     SandboxBase,
+    check_call_args,
     check_relative,
     check_timeout,
     language_argv,
+    running_call,
     to_bytes,
 )
 from ._result import ExecResult, ExecStatus
@@ -54,10 +56,13 @@ class LocalSandboxConfig:
 
     def __post_init__(self) -> None:
         """Check values."""
-        for name in ("mem_limit_mb", "fsize_mb", "nofile", "output_limit_bytes",
-                     "default_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("mem_limit_mb", "fsize_mb", "nofile", "output_limit_bytes", "nproc"):
+            value = getattr(self, name)
+            if name == "nproc" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a whole number > 0, got {value!r}")
+        check_timeout(self.default_timeout, "default_timeout")  # nan, inf: every call refused
 
 
 class LocalSandbox(SandboxBase):
@@ -81,6 +86,7 @@ class LocalSandbox(SandboxBase):
             warnings.warn(WARNING, UserWarning, stacklevel=2)
         self.config = config or LocalSandboxConfig()
         self.workdir = tempfile.mkdtemp(prefix="agentgym-local-")
+        self._closed = False
         self._running: set[int] = set()  # process groups of the calls running now
 
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
@@ -91,28 +97,42 @@ class LocalSandbox(SandboxBase):
         ``session`` and ``end_session`` are accepted and ignored: there is no session, and a
         call's process group ends with it.
         """
+        check_call_args("code", code, stdin, files)
         argv = language_argv(language, code) or [sys.executable, "-I", "-c", code]
         return self.exec(argv, stdin=stdin, files=files, timeout=timeout)
 
     def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
              files: Files | None = None, timeout: float | None = None) -> ExecResult:
         """Run ``argv`` in the work dir."""
+        check_call_args("argv", argv, stdin, files)
         timeout = check_timeout(self.config.default_timeout if timeout is None else timeout)
+        if self._closed:
+            raise SandboxError("this LocalSandbox is closed (its work dir is deleted); make a "
+                               "new LocalSandbox() for more calls")
         for path, content in (files or {}).items():
             self._write(path, to_bytes(content) or b"")
         started = time.monotonic()
-        proc = subprocess.Popen(
-            list(argv), cwd=self.workdir, env=self._env(), start_new_session=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=self._limits(timeout),
-        )
-        self._running.add(proc.pid)
-        try:
-            _feed(proc, to_bytes(stdin) or b"")
-            out, err, status = _collect(proc, started + timeout, self.config.output_limit_bytes)
-        finally:
-            self._running.discard(proc.pid)
-            _kill_group(proc.pid)
+        pid: list[int] = []
+
+        def kill() -> None:  # this call's process group only: others may run beside it
+            if pid:
+                _kill_group(pid[0])
+
+        with running_call(kill):
+            proc = subprocess.Popen(
+                list(argv), cwd=self.workdir, env=self._env(), start_new_session=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                preexec_fn=self._limits(timeout),
+            )
+            pid.append(proc.pid)
+            self._running.add(proc.pid)
+            try:
+                _feed(proc, to_bytes(stdin) or b"")
+                out, err, status = _collect(proc, started + timeout,
+                                            self.config.output_limit_bytes)
+            finally:
+                self._running.discard(proc.pid)
+                _kill_group(proc.pid)
         code = proc.wait()
         for stream in (proc.stdout, proc.stderr):
             assert stream is not None  # opened with PIPE
@@ -131,12 +151,17 @@ class LocalSandbox(SandboxBase):
             _kill_group(pid)
 
     def reset(self) -> None:
-        """Empty the work dir."""
+        """Empty the work dir (kill the calls running now first)."""
+        if self._closed:
+            raise SandboxError("this LocalSandbox is closed; make a new LocalSandbox()")
+        self.interrupt()
         shutil.rmtree(self.workdir, ignore_errors=True)
         os.makedirs(self.workdir, exist_ok=True)
 
     def close(self) -> None:
-        """Delete the work dir."""
+        """Kill the calls running now and delete the work dir; later calls raise `SandboxError`."""
+        self._closed = True
+        self.interrupt()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _write(self, path: str, content: bytes) -> None:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -111,6 +112,10 @@ class SandboxPool:
                  hosts: Sequence[DockerHost | str] | None = None,
                  max_creates_per_second: float | None = None, host_cooloff_s: float = 30.0,
                  health_interval_s: float = 5.0) -> None:
+        for name, value in (("size", size), ("max_concurrent_creates", max_concurrent_creates),
+                            ("max_uses", max_uses)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be a whole number, got {value!r}")
         if size < 1 or max_concurrent_creates < 1 or max_uses < 1:
             raise ConfigError(f"size, max_concurrent_creates and max_uses must be >= 1, got "
                               f"{size}, {max_concurrent_creates}, {max_uses}")
@@ -377,11 +382,17 @@ class SandboxPool:
             self._deliver(exc)
 
     def _acquire_sync(self, timeout: float | None) -> DockerSandbox:
+        timeout = _lease_timeout(timeout)
         waiter = _Waiter()
         sandbox = self._take_or_wait(waiter)
         if sandbox is not None:
             return sandbox
-        if not waiter.event.wait(timeout):
+        try:
+            handed = waiter.event.wait(timeout)
+        except BaseException:  # Ctrl-C while waiting: a sandbox handed over now is not lost
+            self._withdraw_sync(waiter)
+            raise
+        if not handed:
             with self._lock:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
@@ -390,6 +401,7 @@ class SandboxPool:
         return self._unwrap(waiter.item)
 
     async def _acquire_async(self, timeout: float | None) -> DockerSandbox:
+        timeout = _lease_timeout(timeout)
         waiter = _Waiter(asyncio.get_running_loop())
         sandbox = self._take_or_wait(waiter)
         if sandbox is not None:
@@ -410,6 +422,16 @@ class SandboxPool:
         down = [slot.host.name for slot in self._slots if slot.down]
         return SandboxError(f"no sandbox free within {timeout}s (pool size {self.size}"
                             + (f"; hosts down: {', '.join(down)})" if down else ")"))
+
+    def _withdraw_sync(self, waiter: _Waiter) -> None:
+        """`_withdraw` for a blocking waiter: out of the queue, or pass on what it got."""
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                return
+        waiter.event.wait()  # handed over: `_hand` sets the item right after the dequeue
+        if isinstance(waiter.item, DockerSandbox):
+            self._deliver(waiter.item)
 
     def _withdraw(self, waiter: _Waiter) -> None:
         """Take a waiter that gave up out of the queue, or pass on what it was handed.
@@ -647,6 +669,22 @@ class SandboxPool:
         except RuntimeError:  # the waiter's loop is closed
             if isinstance(item, DockerSandbox):
                 self._deliver(item)
+
+
+def _lease_timeout(timeout: Any) -> float | None:
+    """A lease's wait: None (as long as it takes) or a finite number of seconds >= 0.
+
+    Why up front: a string raised a bare ``TypeError`` from inside the wait and left the
+    waiter queued, so the next sandbox returned went to it and was lost (the pool's next
+    lease then hung); nan or a negative number gave up at once, as if the pool were full.
+    """
+    if timeout is None:
+        return None
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout) or timeout < 0):
+        raise ConfigError(f"lease timeout must be None (wait as long as it takes) or a finite "
+                          f"number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
 
 
 def _least_busy(slot: HostSlot) -> tuple[int, int]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import numbers
 import posixpath
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from agentgym._errors import ConfigError
+from agentgym._errors import ConfigError, SandboxError
 
 from ._result import ExecResult
 
@@ -85,12 +87,12 @@ class SandboxBase:
     """
 
     async def arun(self, *args: Any, **kwargs: Any) -> ExecResult:
-        """Async twin of ``run``."""
-        return await asyncio.to_thread(self.run, *args, **kwargs)  # type: ignore[attr-defined]
+        """Async twin of ``run``; cancelled, it kills its own code and waits for the call."""
+        return await cancellable_in_thread(self.run, *args, **kwargs)  # type: ignore[attr-defined]
 
     async def aexec(self, *args: Any, **kwargs: Any) -> ExecResult:
-        """Async twin of ``exec``."""
-        return await asyncio.to_thread(self.exec, *args, **kwargs)  # type: ignore[attr-defined]
+        """Async twin of ``exec``; cancelled, it kills its own code and waits for the call."""
+        return await cancellable_in_thread(self.exec, *args, **kwargs)  # type: ignore[attr-defined]
 
     async def areset(self) -> None:
         """Async twin of ``reset``."""
@@ -116,25 +118,108 @@ class SandboxBase:
         await self.aclose()
 
 
+class CallToken:
+    """One async call's link to the code it runs, so cancelling the await kills that code.
+
+    Why: ``asyncio.to_thread`` cannot stop its thread. A cancelled ``arun`` of a bare
+    `DockerSandbox` or `LocalSandbox` left the code running until its own timeout (a
+    cancelled ``averify``: 35 s by default), blocked the sandbox's next call that long and
+    held ``asyncio.run`` at exit. A backend calls `begin` once the call owns the code's
+    process (``kill`` ends exactly that call) and `end` before it lets the next call in.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kill: Callable[[], object] | None = None
+        self.cancelled = False
+
+    def begin(self, kill: Callable[[], object]) -> None:
+        """Register how to kill this call's code; `SandboxError` if it was cancelled already."""
+        with self._lock:
+            if self.cancelled:
+                raise SandboxError("the call was cancelled before it started; nothing ran")
+            self._kill = kill
+
+    def end(self) -> None:
+        """The call's code is over: a cancel from now on kills nothing."""
+        with self._lock:
+            self._kill = None
+
+    def cancel(self) -> None:
+        """Kill the call's code if it runs now; refuse it if it has not started.
+
+        Under the lock, so the call cannot end and hand the sandbox to the next call (whose
+        code ``kill`` would end) while the kill is under way.
+        """
+        with self._lock:
+            self.cancelled = True
+            if self._kill is not None:
+                self._kill()
+
+
+_current = threading.local()
+
+
+@contextlib.contextmanager
+def running_call(kill: Callable[[], object]) -> Iterator[None]:
+    """Mark the backend's call on this thread as running (see `CallToken`)."""
+    token: CallToken | None = getattr(_current, "token", None)
+    if token is None:  # a plain blocking call: nothing can cancel it
+        yield
+        return
+    token.begin(kill)
+    try:
+        yield
+    finally:
+        token.end()
+
+
+async def cancellable_in_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``await asyncio.to_thread(fn, ...)`` whose cancellation kills the call's code.
+
+    Cancelled, it kills what the call runs (`CallToken`), waits for the thread to return
+    (even when cancelled again) and re-raises, so no code of a cancelled call runs on.
+    """
+    token = CallToken()
+
+    def work() -> _T:
+        _current.token = token
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _current.token = None
+
+    return await in_thread_to_the_end(work, on_cancel=token.cancel)
+
+
 async def in_thread_to_the_end(
-    fn: Callable[[], _T], after_cancel: Callable[[], object] | None = None
+    fn: Callable[[], _T],
+    after_cancel: Callable[[], object] | None = None,
+    on_cancel: Callable[[], object] | None = None,
 ) -> _T:
     """``await asyncio.to_thread(fn)`` that, cancelled, lets ``fn`` finish before it re-raises.
 
     A cancelled thread runs on: a container start or a snapshot restore cancelled midway would
     go on touching the container after the caller let go of it (a restore restarts a container
-    the pool has just removed: a leak). So a cancel waits for ``fn`` to end, then runs
-    ``after_cancel`` (e.g. closing what a cancelled start made), then re-raises.
+    the pool has just removed: a leak). So a cancel runs ``on_cancel`` (e.g. killing the
+    call's code, so it ends soon), waits for ``fn`` to end, then runs ``after_cancel`` (e.g.
+    closing what a cancelled start made), then re-raises.
     """
     running = asyncio.ensure_future(asyncio.to_thread(fn))
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
-        await asyncio.shield(_settle(running, after_cancel))
+        await asyncio.shield(_settle(running, after_cancel, on_cancel))
         raise
 
 
-async def _settle(running: asyncio.Future[Any], after: Callable[[], object] | None) -> None:
+async def _settle(
+    running: asyncio.Future[Any],
+    after: Callable[[], object] | None,
+    first: Callable[[], object] | None,
+) -> None:
+    if first is not None:
+        await asyncio.to_thread(first)
     await asyncio.wait([running])
     if not running.cancelled():
         running.exception()  # retrieved: a call that failed cleaned up after itself
@@ -168,6 +253,32 @@ def check_timeout(timeout: Any, what: str = "timeout") -> float:
         raise ConfigError(f"{what} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}, "
                           f"got {timeout!r}")
     return float(timeout)
+
+
+def check_call_args(what: str, code: Any, stdin: Any, files: Any) -> None:
+    """`ConfigError` for a call's arguments of the wrong type, before anything runs.
+
+    Why: code that is not text came back from the container as an ``infra_error`` (the
+    caller's mistake scored as the sandbox's, and the sandbox recycled); an argv given as one
+    string ran its first letter; ``stdin`` or a file's content that is not text or bytes
+    raised a bare ``TypeError``.
+    """
+    if what == "code" and not isinstance(code, str):
+        raise ConfigError(f"code must be a str (the source to run), got {type(code).__name__}")
+    if what == "argv" and (isinstance(code, (str, bytes)) or not isinstance(code, Sequence)
+                           or not code):
+        raise ConfigError(f"argv must be a non-empty list of strings such as ['ls', '-la'], "
+                          f"got {code!r:.80}")
+    if stdin is not None and not isinstance(stdin, (str, bytes)):
+        raise ConfigError(f"stdin must be str, bytes or None, got {type(stdin).__name__}")
+    if files is not None:
+        if not isinstance(files, Mapping):
+            raise ConfigError(f"files must map relative paths to str or bytes, got "
+                              f"{type(files).__name__}")
+        for path, content in files.items():
+            if not isinstance(path, str) or not isinstance(content, (str, bytes)):
+                raise ConfigError(f"files[{path!r}] must be str or bytes under a str path, got "
+                                  f"{type(content).__name__}")
 
 
 def check_relative(path: str) -> None:

@@ -111,8 +111,14 @@ def _pid_exists(pid: int) -> bool:
 
 
 def managed_containers(client: Any) -> list[Any]:
-    """Every agentgym container the daemon knows, running or not."""
-    return client.containers.list(all=True, filters={"label": f"{MANAGED}=1"})
+    """Every agentgym container the daemon knows, running or not.
+
+    ``ignore_removed``: docker-py inspects each listed container, and one that another
+    process's reaper removed in between raised NotFound, failing this pool's start.
+    """
+    return client.containers.list(
+        all=True, filters={"label": f"{MANAGED}=1"}, ignore_removed=True
+    )
 
 
 def reap_leaked(client: Any, everything: bool = False) -> list[str]:

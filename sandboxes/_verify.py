@@ -147,6 +147,13 @@ def _stdio_case(index: int, case: Any) -> dict[str, str]:
             raise ConfigError(
                 f"stdio test {index}: {key!r} is {got} (keys {sorted(str(k) for k in case)}); "
                 f'each test is {STDIO_SHAPE}, "input": "" for a program that reads nothing')
+    for key in ("input", "output"):
+        try:
+            case[key].encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no program can read or print it
+            raise ConfigError(f"stdio test {index}: {key!r} is not valid Unicode text "
+                              f"({exc.reason} at position {exc.start}); every candidate "
+                              "would fail it") from None
     return {"input": case["input"], "output": case["output"]}
 
 

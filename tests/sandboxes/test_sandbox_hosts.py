@@ -183,8 +183,14 @@ def test_create_rate_cap_holds(docker_ready):
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_sandbox_near_its_expiry_is_replaced_not_reused(docker_ready):
-    config = DockerSandboxConfig(max_lifetime_s=0.001)  # expiring as soon as it exists
+def test_a_sandbox_near_its_expiry_is_replaced_not_reused(docker_ready, monkeypatch):
+    # Its labels say an hour, so no other process's reaper removes it mid-test (with
+    # max_lifetime_s=0.001 another xdist worker's pool start did); this process reads every
+    # expiry as a second away: a tenth of the lifetime is left, so it is expiring, not expired.
+    from agentgym.sandboxes import _reap
+
+    monkeypatch.setattr(_reap, "expires_at", lambda labels: time.time() + 1.0)
+    config = DockerSandboxConfig(max_lifetime_s=3600)
     with SandboxPool(size=1, config=config) as pool:
         ids = []
         for _ in range(2):

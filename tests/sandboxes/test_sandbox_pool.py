@@ -212,6 +212,29 @@ def test_live_owners_are_not_reaped(pool, docker_client):
         assert sb.run("print(1)").ok
 
 
+def test_a_container_removed_while_the_reaper_lists_them_is_skipped(docker_client, monkeypatch):
+    """Two processes reaping at once: one removed a container between the other's list and
+    its inspect of it, and docker-py's NotFound failed the second pool's start."""
+    from docker.models.containers import ContainerCollection
+
+    from agentgym.sandboxes import DEFAULT_IMAGE
+
+    doomed = docker_client.containers.create(
+        DEFAULT_IMAGE, command="true", labels=_reap.ownership_labels(lifetime_s=3600)
+    )
+    real_get = ContainerCollection.get
+
+    def removed_first(self, container_id, *args, **kwargs):  # the other reaper wins the race
+        if container_id == doomed.id:
+            doomed.remove(force=True)
+        return real_get(self, container_id, *args, **kwargs)
+
+    monkeypatch.setattr(ContainerCollection, "get", removed_first)
+    listed = _reap.managed_containers(docker_client)
+    assert doomed.id not in {c.id for c in listed}
+    assert _reap.reap_leaked(docker_client) == []
+
+
 def test_pool_close_removes_its_containers(docker_client):
     pool = SandboxPool(size=2).start()
     with pool.lease() as sb:
