@@ -22,6 +22,7 @@ from typing import Any
 from gymnasium.utils.env_checker import check_env
 
 from ._check_result import CheckResult
+from ._check_tasks import missing_task_fields
 from ._check_template import reasoning_prefix, template_checks
 from ._check_tool_params import tool_parameters
 from ._env import Env
@@ -84,6 +85,7 @@ def check(
         lambda: _tool_schemas(make(env_id, **env_kwargs)),
         lambda: tool_parameters(make(env_id, **env_kwargs)),
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
+        lambda: _task_fields(make(env_id, **env_kwargs)),
         lambda: _reference_episode(*reference()),
     ]
     if tok is not None:
@@ -169,6 +171,20 @@ def _tool_schemas(env: Env) -> CheckResult:
         problems.append(f"tool(s) {', '.join(undescribed)} have no description: write a docstring")
     detail = "; ".join(problems) or f"{len(schemas)} tool(s) valid"
     return CheckResult("tool schemas", not problems, detail)
+
+
+def _task_fields(env: Env) -> CheckResult:
+    """Every task holds what the env's prompt and its reward functions read."""
+    try:
+        tasks = getattr(env, "tasks", None)
+        problem = missing_task_fields(env)
+    finally:
+        env.close()
+    if problem is not None:
+        return CheckResult("task fields", False, problem)
+    if tasks is None:
+        return CheckResult("task fields", True, "the env keeps no task list to read")
+    return CheckResult("task fields", True, f"{len(tasks):,} task(s), each with what is read")
 
 
 def _parser_round_trip(env: Env) -> CheckResult:

@@ -29,7 +29,8 @@ def summarize(
     task are not independent draws, and counting them as such would understate it).
     ``pass@k`` (`pass_at_k`, over the tasks with at least k scored episodes): the chance that
     one of k episodes of a task reaches reward 1.0; ``pass@1`` with one episode per task, and
-    more k with ``group_size`` > 1.
+    more k with ``group_size`` > 1. ``tokens/completions_total`` counts every token the
+    policy sampled (what an eval cost), ``tokens/per_episode`` its mean per episode.
     """
     trajectories = list(trajectories)  # e.g. read_jsonl's generator
     scored = [t for t in trajectories if t.status in ("ok", "truncated")]
@@ -49,7 +50,8 @@ def summarize(
         "turns/mean": fmean(turns) if turns else None,
         "tools/errors": tool_errors,
         "episodes/forfeit": sum("forfeit" in t.info for t in trajectories),
-        "tokens/completion": tokens,
+        "tokens/completions_total": tokens,
+        "tokens/per_episode": tokens / len(trajectories) if trajectories else None,
     }
     for name in score_names:
         values = [v for t in scored if (v := t.scores.get(name)) is not None]

@@ -134,7 +134,10 @@ def test_cli_eval_against_the_server_records_token_ids(vllm_server, tmp_path) ->
     trajectories = list(agentgym.read_jsonl(out / "trajectories.jsonl"))
     assert len(trajectories) == 2
     assert all(turn.completion_ids for t in trajectories for turn in t.turns)
-    assert json.loads((out / "summary.json").read_text())["tokens/completion"] > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tokens/completions_total"] > 0
+    total = summary["tokens/completions_total"]
+    assert summary["tokens/per_episode"] == total / summary["episodes"]
 
 
 def test_cli_eval_serves_a_local_model_itself(tiny_model_dir, tmp_path) -> None:

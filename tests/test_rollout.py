@@ -387,6 +387,15 @@ def test_summarize_counts_and_excludes_failed_episodes() -> None:
     assert summary["time/episodes_per_second"] == 2.5
 
 
+def test_summary_names_its_token_count_a_total_and_gives_the_mean() -> None:
+    """It printed ``tokens/completion: 384`` for 10 one-turn episodes: a total read as a mean."""
+    one, two = _traj("ok", 1.0), _traj("ok", 0.0)
+    one.turns[0].completion_ids, two.turns[0].completion_ids = [1, 2, 3], [4]
+    summary = summarize([one, two])
+    assert summary["tokens/completions_total"] == 4 and summary["tokens/per_episode"] == 2.0
+    assert "tokens/completion" not in summary
+
+
 def test_summarize_with_no_scored_episode() -> None:
     summary = summarize([_traj("error", None)])
     assert summary["reward/mean"] is None and summary["status"]["ok"] == 0

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentgym import make
+from agentgym._check_tasks import missing_task_fields
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
 from agentgym._tasks import task_text, tasks_digest
@@ -176,8 +177,8 @@ def _check_env(
         _check_tool_descriptions(tools, config)
         train_tasks, eval_tasks = config.task_split(_task_count(env, config))
         tasks = getattr(env, "tasks", None)
-        if tasks is not None:
-            _check_task_fields(env, tasks, [*train_tasks, *eval_tasks], config)
+        if problem := missing_task_fields(env, [*train_tasks, *eval_tasks]):
+            raise ConfigError(f"{config.env!r}, its train and eval tasks: {problem}")
         _warn_repeated_tasks(tasks, train_tasks, eval_tasks)
         digest = None if tasks is None else tasks_digest(tasks, [*train_tasks, *eval_tasks])
         if config.sft_steps:
@@ -200,47 +201,6 @@ def _check_tool_descriptions(tools: list[dict[str, Any]], config: GRPOConfig) ->
         raise ConfigError(
             f"tool(s) {bare} of {config.env!r} have no description, so the model is told only "
             "their names: write each a docstring (agentgym check lists every tool problem)"
-        )
-
-
-def _check_task_fields(env: Any, tasks: Any, indices: list[int], config: GRPOConfig) -> None:
-    """The train and eval tasks hold what the env's prompt and its reward functions read.
-
-    A task without ``prompt`` (under `ToolEnv`'s own `build_prompt`) fails its episode at
-    reset; one without ``answer`` gives a reward function that asks for it None, and its
-    episodes end ``error``. Either trained for ``infra_error_patience`` steps before the run
-    stopped, where the dry run had said every check passed.
-    """
-    from agentgym import ToolEnv
-
-    plain_prompt = isinstance(env, ToolEnv) and type(env).build_prompt is ToolEnv.build_prompt
-    asking_for = getattr(getattr(env, "rubric", None), "asking_for", None)
-    readers = asking_for("answer") if callable(asking_for) else []
-    if not plain_prompt and not readers:
-        return
-    no_prompt: list[int] = []
-    no_answer: list[int] = []
-    for index in indices:
-        task = tasks[index]
-        if not isinstance(task, dict):
-            continue  # the env refuses it by name when it picks it
-        if plain_prompt and "prompt" not in task:
-            no_prompt.append(index)
-        if readers and task.get("answer") is None:
-            no_answer.append(index)
-    count = f"of the {len(indices):,} train and eval tasks of {config.env!r}"
-    if no_prompt:
-        first = no_prompt[0]
-        raise ConfigError(
-            f"{len(no_prompt):,} {count} have no 'prompt' (first: task {first}, keys "
-            f"{sorted(tasks[first])}); give each task one (load_tasks(..., fields={{'question': "
-            "'prompt'})), or override the env's build_prompt"
-        )
-    if no_answer:
-        raise ConfigError(
-            f"reward function(s) {readers} ask for 'answer', but {len(no_answer):,} {count} "
-            f"have none (first: task {no_answer[0]}); give every task an 'answer', or the "
-            "parameter a default (answer=None) if it scores tasks without one"
         )
 
 

@@ -125,7 +125,7 @@ def test_tasks_without_the_answer_a_reward_function_asks_for_are_refused(scratch
     with pytest.raises(ConfigError) as refused:
         dry_run(GRPOConfig.from_dict(knobs(env)))
     message = str(refused.value)
-    assert "['correct'] ask for 'answer'" in message and "40 of the 50" in message
+    assert "['correct'] ask for 'answer'" in message and "40 of 50 tasks" in message
     assert "first: task 10" in message and "answer=None" in message and "\n" not in message
     # a function that gives the parameter a default scores such tasks itself: not refused
     lenient = write_env(
@@ -135,11 +135,21 @@ def test_tasks_without_the_answer_a_reward_function_asks_for_are_refused(scratch
     assert dict(dry_run(GRPOConfig.from_dict(knobs(lenient))))["run folder"].endswith("new run")
 
 
+def test_agentgym_check_fails_tasks_without_the_answer_as_the_dry_run_does(scratch: Path) -> None:
+    """`agentgym check` passed these tasks (exit 0, a one-time reward warning), no row."""
+    module = write_env(scratch, "capitals_check", mistake="for t in tasks[10:]: del t['answer']")
+    rows = {row.name: row for row in agentgym.check(module)}
+    assert not rows["task fields"].passed
+    assert "40 of 50 tasks have none (first: task 10)" in rows["task fields"].detail
+    fine = {row.name: row for row in agentgym.check(write_env(scratch, "capitals_fine"))}
+    assert fine["task fields"].passed
+
+
 def test_tasks_without_a_prompt_are_refused(scratch: Path) -> None:
     env = write_env(scratch, "capitals_noprompt",
                     mistake="tasks = [{'question': t['prompt'], 'answer': t['answer']} "
                             "for t in tasks]")  # fmt: skip
-    with pytest.raises(ConfigError, match=r"50 of the 50 .* no 'prompt' \(first: task 10, keys "
+    with pytest.raises(ConfigError, match=r"50 of 50 tasks have no 'prompt' \(first: task 10, keys "
                                           r"\['answer', 'question'\]\)"):  # fmt: skip
         dry_run(GRPOConfig.from_dict(knobs(env)))
 
