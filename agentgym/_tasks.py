@@ -55,20 +55,48 @@ def load_tasks(
     renames = dict(fields or {})
     tasks: list[dict[str, Any]] = []
     columns: set[str] = set()
-    for i, row in enumerate(_read(source, hf_split)):
+    for where, row in _located(_read(source, hf_split), source):
         if not isinstance(row, Mapping):
-            raise ConfigError(f"task {i} is a {type(row).__name__}, not a JSON object (a dict)")
+            raise ConfigError(f"{where} is a {type(row).__name__}, not a JSON object (a dict)")
         columns.update(row)
+        clash = sorted(
+            k for k in renames if k in row and renames[k] in row and renames[k] not in renames
+        )
+        if clash:
+            raise ConfigError(
+                f"{where}: fields renames {clash} to {[renames[k] for k in clash]}, a column it "
+                "already has; rename that column too, or drop it"
+            )
         task: dict[str, Any] = {renames[k] if k in renames else k: v for k, v in row.items()}
         try:
             json.dumps(task)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"task {i} is not JSON data ({exc}); convert that column") from exc
+            raise ConfigError(f"{where} is not JSON data ({exc}); convert that column") from exc
         tasks.append(task)
     absent = sorted(set(renames) - columns)
     if tasks and absent:
-        raise ConfigError(f"fields renames column(s) {absent} that no task has")
+        raise ConfigError(
+            f"fields renames column(s) {absent} that no task has; the tasks' columns are "
+            f"{sorted(columns)}"
+        )
     return tasks
+
+
+class _Located(NamedTuple):
+    """A row read from a file, with where it is (``'qa.jsonl' line 3``)."""
+
+    where: str
+    row: Any
+
+
+def _located(rows: Iterable[Any], source: Any) -> Iterable[tuple[str, Any]]:
+    """(where, row) pairs: a file's line when known, else the row's index (and the file)."""
+    in_file = f" of {str(source)!r}" if isinstance(source, (str, os.PathLike)) else ""
+    for i, row in enumerate(rows):
+        if isinstance(row, _Located):
+            yield row.where, row.row
+        else:
+            yield f"task {i}{in_file}", row
 
 
 def _read(source: TaskSource, hf_split: str) -> Iterable[Any]:
@@ -97,10 +125,17 @@ def _read_path(path: Path, hf_split: str) -> Iterable[Any]:
         return _pick_split(loaded, hf_split) if _is_dataset_dict(loaded) else loaded
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            return [_json_line(line, path, n) for n, line in enumerate(f, 1) if line.strip()]
+        lines = _text(path).split("\n")  # not splitlines: JSON strings may hold U+2028
+        return [
+            _Located(f"{str(path)!r} line {n}", _json_line(line, path, n))
+            for n, line in enumerate(lines, 1)
+            if line.strip()
+        ]
     if suffix == ".json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            rows = json.loads(_text(path))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{str(path)!r} line {exc.lineno} is not JSON: {exc.msg}") from exc
         if not isinstance(rows, list):
             raise ConfigError(f"{str(path)!r} must hold a JSON list of objects (or use .jsonl)")
         return rows
@@ -114,7 +149,7 @@ def _read_path(path: Path, hf_split: str) -> Iterable[Any]:
     )
 
 
-def _read_csv(path: Path) -> list[dict[str, str]]:
+def _read_csv(path: Path) -> list[_Located]:
     """The rows of a CSV file as dicts of the header's names to each cell's text.
 
     CSV has no types, so none are guessed: a reader that infers them (pandas, `datasets`)
@@ -129,7 +164,14 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
             if header is None:
                 return []
             _check_csv_header(header, path)
-            return [_csv_row(header, row, path, reader.line_num) for row in reader if row]
+            return [
+                _Located(f"{str(path)!r} line {reader.line_num}",
+                         _csv_row(header, row, path, reader.line_num))
+                for row in reader
+                if row
+            ]  # fmt: skip
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(path, exc) from exc
         except csv.Error as exc:
             raise ConfigError(
                 f"{str(path)!r} line {reader.line_num} is not valid CSV ({exc}); fix that line, "
@@ -138,6 +180,12 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def _check_csv_header(header: list[str], path: Path) -> None:
+    for sep, name in ((";", "semicolons"), ("\t", "tabs")):
+        if len(header) == 1 and sep in header[0]:
+            raise ConfigError(
+                f"{str(path)!r} line 1 separates its columns with {name}, not commas; save it "
+                "as comma-separated CSV (or write the tasks as .jsonl)"
+            )
     twice = sorted(name for name, n in Counter(header).items() if n > 1)
     if twice:
         raise ConfigError(
@@ -152,6 +200,23 @@ def _csv_row(header: list[str], row: list[str], path: Path, line: int) -> dict[s
             'quote cells that contain commas ("a, b") and give every row every column'
         )
     return dict(zip(header, row, strict=True))
+
+
+def _text(path: Path) -> str:
+    """A UTF-8 file's text (a leading byte-order mark dropped, as Excel and Notepad write)."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, exc) from exc
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> ConfigError:
+    with path.open("rb") as f:
+        line = f.read(exc.start).count(b"\n") + 1 if exc.start >= 0 else "?"
+    return ConfigError(
+        f"{str(path)!r} line {line} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+        "save the file as UTF-8"
+    )
 
 
 def _json_line(line: str, path: Path, number: int) -> Any:
@@ -182,7 +247,8 @@ def _is_dataset_dict(value: Any) -> bool:
 def _pick_split(dataset_dict: Any, hf_split: str) -> Any:
     if hf_split not in dataset_dict:
         raise ConfigError(
-            f"no split {hf_split!r} in the dataset; pass hf_split= one of {sorted(dataset_dict)}"
+            f"no split {hf_split!r} in the dataset; pass hf_split= one of {sorted(dataset_dict)} "
+            "to load_tasks (for an env's tasks=, pass it the list load_tasks returns)"
         )
     return dataset_dict[hf_split]
 
@@ -217,8 +283,18 @@ def split_tasks(
             document are all train or all eval) or a function of the task; None: the whole
             task, so identical tasks stay together.
     """
-    if not 0 <= eval_fraction < 1:
-        raise ConfigError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+    if (
+        isinstance(eval_fraction, bool)
+        or not isinstance(eval_fraction, (int, float))
+        or not 0 <= eval_fraction < 1
+    ):
+        raise ConfigError(f"eval_fraction must be a number in [0, 1), got {eval_fraction!r}")
+    tasks = list(tasks)  # a generator would be read up by the grouping
+    if isinstance(key, str) and tasks and not any(key in t for t in tasks):
+        raise ConfigError(
+            f"split key {key!r} is in no task; the tasks' keys are "
+            f"{sorted({k for t in tasks for k in t})}"
+        )
     group_of = _group_function(key)
     groups = [json.dumps(group_of(t), sort_keys=True, default=str) for t in tasks]
     unique = sorted(set(groups), key=lambda g: hashlib.sha256(f"{seed}\0{g}".encode()).digest())

@@ -12,6 +12,7 @@ into verification. A sandbox failure is ``infra_error``, never a fake 0.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -51,10 +52,21 @@ def task_mode(task: Mapping[str, Any], index: int | None = None) -> Mode:
     """
     where = f"task {index}" if index is not None else "the task"
     tests = task.get("tests")
-    if not isinstance(task.get("prompt"), str) or not isinstance(tests, list) or not tests:
+    if "prompt" not in task or "tests" not in task:
         raise ConfigError(
             f"{where} needs 'prompt' (a string) and 'tests' (a non-empty list), got keys "
             f"{sorted(task)}; rename columns with fields={{'column': 'tests'}}"
+        )
+    if not isinstance(task["prompt"], str):
+        raise ConfigError(
+            f"{where}: 'prompt' must be a string, got {type(task['prompt']).__name__}"
+        )
+    if not isinstance(tests, list) or not tests:
+        raise ConfigError(
+            f"{where} needs 'prompt' (a string) and 'tests': 'tests' must be a non-empty list "
+            "(of assert snippets or "
+            f'{{"input", "output"}} cases), got {str(tests)[:80]!r}; in a CSV cell write it '
+            'as JSON text: ["assert f(1) == 2"]'
         )
     if all(isinstance(t, str) for t in tests):
         found: Mode = "assert"
@@ -69,6 +81,19 @@ def task_mode(task: Mapping[str, Any], index: int | None = None) -> Mode:
     if task.get("mode", found) != found:
         raise ConfigError(f"{where} says mode {task['mode']!r} but its tests are {found} tests")
     return found
+
+
+def _decoded_tests(task: dict[str, Any]) -> dict[str, Any]:
+    """``task`` with ``tests`` held as JSON text (a CSV cell can hold no list) decoded."""
+    tests = task.get("tests")
+    if isinstance(tests, str) and tests.lstrip().startswith("["):
+        try:
+            decoded = json.loads(tests)
+        except ValueError:
+            return task
+        if isinstance(decoded, list):
+            return {**task, "tests": decoded}
+    return task
 
 
 class PythonCodeEnv(SandboxToolEnv):
@@ -116,8 +141,15 @@ class PythonCodeEnv(SandboxToolEnv):
         if per_test_timeout <= 0:
             raise ConfigError(f"per_test_timeout must be > 0, got {per_test_timeout}")
         loaded = humaneval_tasks() if tasks is None else load_tasks(tasks, fields=fields)
+        loaded = [_decoded_tests(task) for task in loaded]
         for i, task in enumerate(loaded):
             task_mode(task, i)
+        chosen = select_split(loaded, split, eval_fraction, split_seed)[:num_tasks]
+        if loaded and not chosen:
+            raise ConfigError(
+                f"split={split!r} with eval_fraction={eval_fraction} leaves no task; raise "
+                "eval_fraction or use split='all'"
+            )
         kwargs.setdefault("max_turns", 6)
         kwargs.setdefault(
             "system_prompt",
@@ -126,7 +158,7 @@ class PythonCodeEnv(SandboxToolEnv):
         )
         super().__init__(
             [run_python],
-            tasks=select_split(loaded, split, eval_fraction, split_seed)[:num_tasks],
+            tasks=chosen,
             rubric=Rubric([self.passes_tests, has_code_block], weights=[1.0, 0.0]),
             backend=backend,
             pool_size=pool_size,

@@ -138,14 +138,23 @@ def searched(state: Any) -> float:
 
 
 def _check_task(i: int, task: Mapping[str, Any]) -> None:
-    answer = task.get("answer")
-    golds_ok = isinstance(answer, str) or (
-        isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer)
-    )
-    if not isinstance(task.get("question"), str) or not golds_ok:
+    if "question" not in task or "answer" not in task:
         raise ConfigError(
             f"search task {i} needs 'question' (a string) and 'answer' (a string or a list of "
             f"strings), got keys {sorted(task)}; rename columns with load_tasks(fields=...)"
+        )
+    answer, question = task["answer"], task["question"]
+    if not isinstance(question, str) or not question.strip():
+        raise ConfigError(
+            f"search task {i}: 'question' must be a non-empty string, got {question!r}"
+        )
+    golds_ok = isinstance(answer, str) or (
+        isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer)
+    )
+    if not golds_ok:
+        raise ConfigError(
+            f"search task {i}: 'answer' must be a string or a non-empty list of strings, got "
+            f'{answer!r}; write numbers as strings ("42")'
         )
 
 
@@ -199,7 +208,14 @@ class SearchEnv(ToolEnv):
         questions = make_tasks() if tasks is None else load_tasks(tasks)
         for i, task in enumerate(questions):
             _check_task(i, task)
-        chosen = select_split(questions, split, eval_fraction, split_seed, key="doc_id")
+        # questions about one document stay on one side; tasks without doc_id: by question
+        by_doc = "doc_id" if any("doc_id" in q for q in questions) else None
+        chosen = select_split(questions, split, eval_fraction, split_seed, key=by_doc)
+        if questions and not chosen:
+            raise ConfigError(
+                f"split={split!r} with eval_fraction={eval_fraction} leaves no question; raise "
+                "eval_fraction or use split='all'"
+            )
         kwargs.setdefault("max_turns", 6)
         kwargs.setdefault(
             "system_prompt",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,13 +113,23 @@ class BM25Backend:
             raise ConfigError("the search corpus is empty; give it at least one document")
         self.docs = {d.id: d for d in docs}
         if len(self.docs) != len(docs):
-            raise ConfigError("document ids must be unique; fix the corpus's id column")
+            counts = Counter(d.id for d in docs)
+            twice = sorted(i for i, n in counts.items() if n > 1)
+            raise ConfigError(
+                f"document ids must be unique; {len(twice)} id(s) appear more than once "
+                f"({twice[:5]}); fix the corpus's id column"
+            )
         self._order = list(docs)
         self._bm25s = bm25s
         self.snippet_chars = snippet_chars
         tokens = bm25s.tokenize(
             [f"{d.title}\n{d.text}" for d in docs], stopwords="en", show_progress=False
         )
+        if not tokens.vocab:  # bm25s fails on an empty vocabulary (max() of nothing)
+            raise ConfigError(
+                "the search corpus has no word to index (every document's title and text are "
+                "empty, stopwords or one-letter words); check the text column (fields=)"
+            )
         self._index = bm25s.BM25()
         self._index.index(tokens, show_progress=False)
 
@@ -162,6 +173,12 @@ def docs_from_records(
                 )
         title = record.get(columns["title"])
         docs.append(Doc(str(record[columns["id"]]), str(title or ""), str(record[columns["text"]])))
+    if fields and "title" in fields and records:
+        if not any(columns["title"] in record for record in records):
+            raise ConfigError(
+                f"fields names {columns['title']!r} as the title column, but no corpus record "
+                f"has it (columns: {sorted({k for r in records for k in r})})"
+            )
     return docs
 
 
