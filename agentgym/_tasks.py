@@ -69,7 +69,7 @@ def load_tasks(
             )
         task: dict[str, Any] = {renames[k] if k in renames else k: v for k, v in row.items()}
         try:
-            json.dumps(task)
+            json.dumps(task, allow_nan=False)  # NaN: recorded trajectories would not be JSON
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where} is not JSON data ({exc}); convert that column") from exc
         tasks.append(task)

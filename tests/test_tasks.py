@@ -64,6 +64,10 @@ def test_bad_sources_are_config_errors_naming_the_fix(tmp_path: Path):
         load_tasks([{"prompt": "x"}, "y"])
     with pytest.raises(ConfigError, match="task 0 is not JSON data"):
         load_tasks([{"prompt": {1, 2}}])
+    # Python's json reads NaN, but a trajectory recording it would not be JSON any more
+    (tmp_path / "nan.jsonl").write_text('{"prompt": "x", "answer": NaN}\n')
+    with pytest.raises(ConfigError, match="nan.jsonl' line 1 is not JSON data"):
+        load_tasks(tmp_path / "nan.jsonl")
     with pytest.raises(ConfigError, match=r"column\(s\) \['question'\]"):
         load_tasks(ROWS, fields={"question": "prompt"})
     with pytest.raises(ConfigError, match="a path, a list of dicts"):
