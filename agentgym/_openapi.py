@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -148,10 +149,41 @@ def openapi_tools(
             None: every failed call is an `InfraError` (see the module docstring for why a
             service a model's input can break wants one).
     """
+    _check_doc(doc)
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"base_url must be the service's root URL, e.g. 'http://127.0.0.1:8000', "
+            f"got {base_url!r}"
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ConfigError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     root = base_url.rstrip("/")
-    if probe is not None and not probe.startswith("/"):
+    if probe is not None and not (isinstance(probe, str) and probe.startswith("/")):
         raise ConfigError(f"probe must be a path starting with '/', got {probe!r}")
     return [_tool(op, root, client, timeout, probe) for op in operations(doc)]
+
+
+def _check_doc(doc: Any) -> None:
+    """A document given as anything but the parsed document is refused, naming the fix."""
+    if isinstance(doc, Mapping):
+        return
+    if isinstance(doc, str) and doc.startswith(("http://", "https://")):
+        fix = f"fetch and parse it first: openapi_tools(httpx.get({doc!r}).json(), ...)"
+    elif isinstance(doc, str | bytes) and doc.lstrip()[:1] in ("{", b"{"):
+        fix = "parse it first: openapi_tools(json.loads(text), ...)"
+    elif isinstance(doc, str | os.PathLike):
+        fix = (
+            f"read and parse the file first: "
+            f"openapi_tools(json.loads(pathlib.Path({os.fspath(doc)!r}).read_text()), ...)"
+        )
+    elif hasattr(doc, "json") and hasattr(doc, "status_code"):
+        fix = "parse the response first: openapi_tools(response.json(), ...)"
+    else:
+        fix = "parse it into a dict first"
+    raise ConfigError(
+        f"openapi_tools needs the OpenAPI document as a parsed dict, got a "
+        f"{type(doc).__name__}; {fix}"
+    )
 
 
 class _CallFailed(InfraError):
@@ -237,20 +269,38 @@ async def _blamed(
     if op.method in _SAFE_METHODS and not failure.timed_out:
         with contextlib.suppress(_CallFailed):
             return _outcome(op.name, await send())
-    if not await _answers_probe(http, probe_url, timeout):
-        raise InfraError(f"{op.name}: {failure}; the probe {probe_url} fails too") from failure
+    probe_failure = await _probe_failure(http, probe_url, timeout)
+    if probe_failure is not None:
+        raise InfraError(
+            f"{op.name}: {failure}; the probe {probe_url} fails too ({probe_failure})"
+        ) from failure
     raise ToolError(
         f"{op.name} failed: {failure}; the service answers other requests, so change the arguments"
     ) from failure
 
 
-async def _answers_probe(http: httpx.AsyncClient | None, url: str, timeout: float) -> bool:
-    """Whether a GET of ``url`` answers 2xx within `faults.PROBE_TIMEOUT`, in `PROBE_TRIES`."""
+async def _probe_failure(http: httpx.AsyncClient | None, url: str, timeout: float) -> str | None:
+    """How a GET of ``url`` failed; None when it answers 2xx (`faults.PROBE_TRIES` tries).
+
+    Each try has `faults.PROBE_TIMEOUT`. A 404 or 405 says the probe path is wrong, not that
+    the service is down: the answer names ``probe=``.
+    """
+    failure = "no answer"
     for _ in range(faults.PROBE_TRIES):
-        with contextlib.suppress(_CallFailed):
-            if (await _send(http, "GET", url, min(faults.PROBE_TIMEOUT, timeout))).is_success:
-                return True
-    return False
+        try:
+            response = await _send(http, "GET", url, min(faults.PROBE_TIMEOUT, timeout))
+        except _CallFailed as exc:
+            failure = str(exc)
+            continue
+        if response.is_success:
+            return None
+        failure = f"HTTP {response.status_code}"
+        if response.status_code in (404, 405):
+            return (
+                f"{failure}: the service answers, but not this path; give openapi_tools "
+                "probe= a path it answers a GET to with 2xx, such as '/health'"
+            )
+    return failure
 
 
 def _outcome(name: str, response: httpx.Response) -> dict[str, Any]:

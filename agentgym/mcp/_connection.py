@@ -84,6 +84,8 @@ if hasattr(os, "register_at_fork"):  # a forked child has no hub thread: start i
         _hub = None
         _shared.clear()  # the parent's sessions: their loop and pipes are not this child's
         _shared_locks.clear()
+        _live.clear()
+        _starting.clear()
 
     os.register_at_fork(after_in_child=_forget_hub)
 
@@ -157,9 +159,24 @@ class MCPConnection:
 
     @classmethod
     async def open(cls, spec: MCPServer) -> MCPConnection:
-        """Start the server (stdio) or connect (http) and finish the MCP handshake."""
+        """Start the server (stdio) or connect (http) and finish the MCP handshake.
+
+        At most `MAX_STARTING` stdio servers start at once (the rest wait their turn, and
+        ``start_timeout`` counts from their turn): a batch of episodes starting a server each
+        would otherwise share the CPUs until none finishes within its ``start_timeout``, and
+        every episode would be ``infra_error`` for a load of our own making.
+        """
         mcp = _import_mcp()
+        if spec.transport != "stdio":
+            return await cls._open(mcp, spec)
+        async with _start_slots():
+            return await cls._open(mcp, spec)
+
+    @classmethod
+    async def _open(cls, mcp: Any, spec: MCPServer) -> MCPConnection:
         connection = cls(spec)
+        _live.add(connection)
+        _close_at_exit()
         ready = asyncio.get_running_loop().create_future()
         try:
             if spec.workspace is not None:  # no await: a cancel cannot leave a copy behind
@@ -212,7 +229,11 @@ class MCPConnection:
             await asyncio.wait([owner])
         if self.workspace is not None:  # the server is gone: nothing writes there any more
             copy, self.workspace = self.workspace, None
-            await asyncio.to_thread(shutil.rmtree, copy, ignore_errors=True)
+            try:
+                await asyncio.to_thread(shutil.rmtree, copy, ignore_errors=True)
+            except RuntimeError:  # the interpreter is exiting: no new threads, remove it here
+                shutil.rmtree(copy, ignore_errors=True)
+        _live.discard(self)
 
     async def list_tools(self) -> list[mcp_types.Tool]:
         """Every tool the server lists, all pages."""
@@ -282,6 +303,17 @@ async def _call_tool(
 _shared: dict[tuple[object, ...], MCPConnection] = {}
 _shared_locks: dict[tuple[object, ...], asyncio.Lock] = {}
 _listings: dict[tuple[object, ...], list[Any]] = {}
+#: Every session opened and not yet closed (episode-scoped ones too): closed at exit.
+_live: set[MCPConnection] = set()
+#: How many stdio servers may be starting at once (see `MCPConnection.open`).
+MAX_STARTING = max(2, os.cpu_count() or 1)
+_starting: list[asyncio.Semaphore] = []  # made on the hub loop, once
+
+
+def _start_slots() -> asyncio.Semaphore:
+    if not _starting:
+        _starting.append(asyncio.Semaphore(MAX_STARTING))
+    return _starting[0]
 
 
 async def connect(spec: MCPServer) -> MCPConnection:
@@ -381,7 +413,22 @@ def close_shared_servers() -> None:
     on_hub_sync(close())
 
 
+def _close_everything() -> None:
+    """At exit: stop the shared servers and every other server still running.
+
+    An env that was never closed, an eval stopped with Ctrl-C: their episode servers stop and
+    their workspace copies are removed.
+    """
+    close_shared_servers()
+
+    async def close_live() -> None:  # on the hub, the only thread that touches `_live`
+        await close_all(list(_live))
+
+    if _hub is not None:
+        on_hub_sync(close_live())
+
+
 @functools.cache
 def _close_at_exit() -> None:
-    """One exit hook for the shared servers, registered with the first one (not at import)."""
-    atexit.register(close_shared_servers)
+    """One exit hook for every server, registered with the first one (not at import)."""
+    atexit.register(_close_everything)

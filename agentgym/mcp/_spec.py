@@ -75,6 +75,13 @@ class MCPServer:
     call_timeout: float = 60.0
 
     def __post_init__(self) -> None:
+        # a lone string would be split into characters: one argument or tool per letter
+        for name, example in (("args", "args=['server.py']"), ("tools", "tools=['search']")):
+            if isinstance(getattr(self, name), str | bytes):
+                raise ConfigError(
+                    f"MCPServer {name} must be a list of strings, got the string "
+                    f"{getattr(self, name)!r}; write {example}"
+                )
         # frozen: normalise through object.__setattr__ so equal specs hash alike
         object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "env", dict(self.env))
