@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ Transport = Literal["stdio", "http"]
 Scope = Literal["episode", "shared"]
 #: Replaced by the path of the episode's copy of `MCPServer.workspace`.
 WORKSPACE = "{workspace}"
+#: What a tool name may start with (names allow these characters, 64 at most).
+_PREFIX = re.compile(r"^[a-zA-Z0-9_-]{1,48}$")
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,13 @@ class MCPServer:
             )
         if self.scope not in ("episode", "shared"):
             raise ConfigError(f"MCPServer scope must be 'episode' or 'shared', got {self.scope!r}")
+        if self.prefix and not _PREFIX.match(self.prefix):
+            # tool names allow letters, digits, '_' and '-' (64 at most): "time." made every
+            # tool a name the model's API refuses, and only `agentgym check` said so
+            raise ConfigError(
+                f"MCPServer prefix {self.prefix!r} may hold only letters, digits, '_' and '-' "
+                "(it starts every tool's name); e.g. prefix='time_'"
+            )
         if self.workspace is not None:
             self._check_workspace()
         for name in ("start_timeout", "call_timeout"):

@@ -183,6 +183,16 @@ def test_a_list_field_given_as_one_string_is_a_config_error(field: str):
         MCPServer(command=sys.executable, **{field: "server.py"})
 
 
+@pytest.mark.parametrize("prefix", ["time.", "a b_", "x" * 49])
+def test_a_prefix_no_tool_name_may_hold_is_refused_when_the_server_is_made(prefix: str):
+    from agentgym.mcp import MCPServer
+
+    # before: accepted, and every tool got a name the model's API refuses (only check said so)
+    with pytest.raises(ConfigError, match="prefix .* may hold only letters, digits"):
+        MCPServer(command=sys.executable, prefix=prefix)
+    assert MCPServer(command=sys.executable, prefix="time_").prefix == "time_"
+
+
 def test_an_env_never_closed_leaves_no_workspace_copy_at_exit(raw_server: Path, tmp_path: Path):
     workspace = tmp_path / "ws"
     workspace.mkdir()
