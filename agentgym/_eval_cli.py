@@ -8,7 +8,9 @@ loses none and ``--resume`` plays only what is missing (`_eval_folder`).
 from __future__ import annotations
 
 import contextlib
+import sysconfig
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -174,7 +176,7 @@ def evaluate(
         from .engine._model_dir import context_length
 
         max_model_len = context_length(model_path, max_model_len)
-    probe = make(env_id, **env_kwargs_built)  # validates options before any work
+    probe = _built(env_id, env_kwargs_built)  # validates options before any work
     tasks = getattr(probe, "tasks", ())
     total = len(tasks) if num_tasks is None else min(num_tasks, len(tasks))
     digest = tasks_digest(tasks, range(total))  # the first `total` tasks are played
@@ -336,6 +338,27 @@ def _refuse_failed_episodes(played: list[Trajectory], out: Path) -> None:
             f"their tracebacks are in {results}",
             soft_wrap=True,
         )
+
+
+def _built(env_id: str, env_kwargs: dict[str, Any]) -> Any:
+    """The env, or one line saying where its own code failed to build it.
+
+    Why: an env whose constructor raised (its service down: a ``ConnectError``) printed a
+    full traceback through the CLI's internals; the line names the env's frame instead.
+    """
+    try:
+        return make(env_id, **env_kwargs)
+    except Error:
+        raise
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        libraries = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])
+        own = [f for f in frames if not f.filename.startswith(libraries)] or frames
+        where = f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
+        raise Error(
+            f"{env_id} could not be built: {type(exc).__name__}: {exc}{where} (the env's own "
+            f"code raised it; agentgym.make({env_id!r}) in Python shows the whole traceback)"
+        ) from exc
 
 
 def _all_failed(played: list[Trajectory], status: str, cause: str, results: Path) -> str:

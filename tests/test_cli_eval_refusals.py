@@ -54,8 +54,16 @@ class NoReference(agentgym.ToolEnv):
         super().__init__([], tasks=[{"prompt": "hi"}], **kwargs)
 
 
+class Unbuildable(agentgym.ToolEnv):
+    '''Its service is down: the constructor itself raises.'''
+
+    def __init__(self, **kwargs):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
 agentgym.register("test/Faulty-v0", Faulty)
 agentgym.register("test/NoReference-v0", NoReference)
+agentgym.register("test/Unbuildable-v0", Unbuildable)
 """
 FAULTY = "faulty:test/Faulty-v0"
 
@@ -92,6 +100,15 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     return lines[0].removeprefix("error: ")
+
+
+def test_an_env_whose_constructor_raises_is_one_line_naming_its_frame(workdir: Path) -> None:
+    """It printed a full traceback through the CLI's internals (the user's service down)."""
+    proc = run(workdir, "faulty:test/Unbuildable-v0", "-n", "1")
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert line.startswith("test/Unbuildable-v0 could not be built: ConnectionRefusedError")
+    assert f"at {workdir / 'faulty.py'}:" in line and "agentgym.make(" in line
 
 
 # --- options of another policy -----------------------------------------------------------------
