@@ -8,6 +8,7 @@ traceback from deep inside, nor a setting silently ignored.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,8 @@ def test_pythoncode_csv_tasks_with_json_tests_play(tmp_path: Path) -> None:
     path.write_text('prompt,tests,solution\n"Write f()","[""assert f() == 1""]",'
                     '"def f():\n    return 1"\n', encoding="utf-8")  # fmt: skip
     kwargs = {"tasks": str(path), "backend": "local"}
-    with pytest.warns(UserWarning, match="NOT a security boundary"):
+    with warnings.catch_warnings():  # LocalSandbox's once-per-process "not a boundary" warning
+        warnings.simplefilter("ignore", UserWarning)
         env = agentgym.make("pythoncode", **kwargs)
         assert env.tasks[0]["tests"] == ["assert f() == 1"]
         done = agentgym.rollout("pythoncode", agentgym.ScriptedPolicy(env.reference_turns),

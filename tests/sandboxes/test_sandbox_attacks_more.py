@@ -302,8 +302,12 @@ def test_a_session_holding_every_pid_fails_its_next_cell_as_the_codes_error(sb):
     assert sb.run(FILL_PIDS_THEN_SAY).infra_error is None
     wait_for_work_file(sb, "full")
     late = sb.run("print('alive')")
-    assert (late.status, late.infra_error) == (ExecStatus.ERROR, None), late
-    assert "could not start this cell" in late.stderr, late
+    assert late.infra_error is None, late  # the code's doing: never the machinery's
+    # the grabbing thread races every exiting process for its pid; on a loaded machine a pid
+    # freed after 'full' reached the kernel's fork first (seen once in CI): the cell then ran
+    assert late.status == ExecStatus.ERROR or late.stdout == "alive\n", late
+    if late.status == ExecStatus.ERROR:
+        assert "could not start this cell" in late.stderr, late
     assert_still_works(sb)
 
 
