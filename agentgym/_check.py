@@ -167,8 +167,9 @@ def _tool_schemas(env: Env) -> CheckResult:
         for fn in schemas
         if not _TOOL_NAME.match(fn.get("name", ""))
     ]
-    if undescribed := [repr(fn.get("name")) for fn in schemas if not fn.get("description")]:
-        problems.append(f"tool(s) {', '.join(undescribed)} have no description: write a docstring")
+    if undescribed := undescribed_tools(schemas):
+        names = ", ".join(map(repr, undescribed))
+        problems.append(f"tool(s) {names} have no description: write a docstring")
     detail = "; ".join(problems) or f"{len(schemas)} tool(s) valid"
     return CheckResult("tool schemas", not problems, detail)
 
@@ -185,6 +186,15 @@ def _task_fields(env: Env) -> CheckResult:
     if tasks is None:
         return CheckResult("task fields", True, "the env keeps no task list to read")
     return CheckResult("task fields", True, f"{len(tasks):,} task(s), each with what is read")
+
+
+def undescribed_tools(schemas: Sequence[dict[str, Any]]) -> list[str]:
+    """The names of the tools shown to the model by name alone (no description).
+
+    The check's row fails them, and the trainer's pre-flight refuses them.
+    """
+    functions = [schema.get("function", schema) for schema in schemas if isinstance(schema, dict)]
+    return [str(fn.get("name")) for fn in functions if not fn.get("description")]
 
 
 def _parser_round_trip(env: Env) -> CheckResult:

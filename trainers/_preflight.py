@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentgym import make
+from agentgym._check import undescribed_tools
 from agentgym._check_tasks import missing_task_fields
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
@@ -195,9 +196,7 @@ def _check_tool_descriptions(tools: list[dict[str, Any]], config: GRPOConfig) ->
     A tool without a description (a function without a docstring) is shown to the model by
     its name alone; the dry run said "every check passed" where `agentgym check` failed it.
     """
-    functions = [schema.get("function", schema) for schema in tools if isinstance(schema, dict)]
-    bare = [str(fn.get("name")) for fn in functions if not fn.get("description")]
-    if bare:
+    if bare := undescribed_tools(tools):
         raise ConfigError(
             f"tool(s) {bare} of {config.env!r} have no description, so the model is told only "
             "their names: write each a docstring (agentgym check lists every tool problem)"
