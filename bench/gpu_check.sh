@@ -10,15 +10,21 @@
 #     gymnasium farama-notifications jsonschema jsonschema-specifications referencing rpds-py \
 #     docstring-parser pydantic pydantic-core annotated-types typing-inspection sqlalchemy \
 #     greenlet trl datasets dill multiprocess jmespath      # what that image lacks (~11 MB)
-#   one real GRPO step of a Qwen2.5-0.5B-shaped model (random weights), ours vs TRL, then the
-#   same with 8x the episodes, then the tiny model; each log lands in $OUT.
+# and copy the warm-started quickstart model there (made here on the CPU, cached, so the GPU's
+# minutes go to timing, not to SFT):
+#   AGENTGYM_CACHE=$PWD/.gpucache python bench/trainer_bench.py --shape quickstart \
+#     --warm-start 1500 --system-prompt "Use the calculate tool, then give the number." --skip-step --skip-sync
+# Runs, ours vs TRL, each with a malformed call ending the episode on both sides (the same
+# workload): the CPU headline's workload (the warm-started quickstart model, which calls the
+# tool), then real GRPO steps of a Qwen2.5-0.5B-shaped model (random weights), then the same
+# with 8x the episodes; each log lands in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site AGENTGYM_CACHE=$PWD/.gpucache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 - <<'PY'
 import importlib.metadata as md, torch
@@ -34,6 +40,7 @@ run() {  # NAME SECONDS ARGS...: one bench run, its log kept whole in $OUT, its 
     echo "exit $?"
     grep -A6 "^(a) seconds per GRPO step" "$OUT/$name.log" || tail -20 "$OUT/$name.log"
 }
-run qwen05b 150 --shape qwen2.5-0.5b
-run qwen05b-64 130 --shape qwen2.5-0.5b --tasks-per-step 8 --num-generations 8
-run tiny 70 --shape tiny
+run quickstart 130 --shape quickstart --warm-start 1500 --malformed-ends-episode \
+    --system-prompt "Use the calculate tool, then give the number." --trl-completion-length 144 --steps 8
+run qwen05b 140 --shape qwen2.5-0.5b --malformed-ends-episode
+run qwen05b-64 130 --shape qwen2.5-0.5b --tasks-per-step 8 --num-generations 8 --malformed-ends-episode
