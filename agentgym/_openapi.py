@@ -21,6 +21,9 @@ How a call is classified, so that the model is scored only on its own mistakes:
   while the service answers the probe, and an `InfraError` only when it does not; a safe
   method (GET ...) that failed is first sent once more, not after a timeout. Without a
   ``probe`` every such failure is an `InfraError`.
+- a 404 is the model's (a path parameter naming nothing) once the probe has answered under
+  the same base URL; a tool's first 404 asks it, and a probe that 404s too is an `InfraError`
+  (a base URL without the service's path prefix would make every call the model's 404).
 
 Header and cookie parameters are not offered to the model: they are the client's business
 (credentials, a tenant id), set on the `httpx.AsyncClient` the tools send with.
@@ -197,14 +200,21 @@ class _CallFailed(InfraError):
 def _tool(
     op: Operation, root: str, client: ClientFactory | None, timeout: float, probe: str | None
 ) -> Tool:
+    root_answers = False  # the probe answered 2xx under ``root``: a 404 is the arguments'
+
     async def call(env: Any = None, **arguments: Any) -> dict[str, Any]:
+        nonlocal root_answers
         path, query, body = op.request(arguments)
         http = None if client is None else client(env)
         send = functools.partial(
             _send, http, op.method, root + path, timeout, params=query, json=body
         )
         try:
-            return _outcome(op.name, await _served(send, op.method in _SAFE_METHODS))
+            response = await _served(send, op.method in _SAFE_METHODS)
+            if response.status_code == 404 and probe is not None and not root_answers:
+                await _check_root(op.name, root + path, http, root, probe, timeout)
+                root_answers = True
+            return _outcome(op.name, response)
         except _CallFailed as failure:
             if probe is None:
                 raise InfraError(f"{op.name}: {failure}") from failure
@@ -277,6 +287,24 @@ async def _blamed(
     raise ToolError(
         f"{op.name} failed: {failure}; the service answers other requests, so change the arguments"
     ) from failure
+
+
+async def _check_root(
+    name: str, url: str, http: httpx.AsyncClient | None, root: str, probe: str, timeout: float
+) -> None:
+    """Raise `InfraError` when the probe 404s too: ``root`` lacks the service's path prefix.
+
+    Why: a ``base_url`` without the prefix the API is mounted under makes every call a 404,
+    which reads as the model's tool error, so a whole run would score 0 with nothing said.
+    Asked on a tool's first 404 only; a probe that answers clears the tool for good.
+    """
+    failure = await _probe_failure(http, root + probe, timeout)
+    if failure is not None:
+        raise InfraError(
+            f"{name}: HTTP 404 for {url}, and the probe "
+            f"{root}{probe} fails too ({failure}); is base_url {root!r} missing the path "
+            "prefix the service is mounted under?"
+        )
 
 
 async def _probe_failure(http: httpx.AsyncClient | None, url: str, timeout: float) -> str | None:

@@ -4,14 +4,14 @@ It is written with the MCP SDK's ``MCPServer`` (FastMCP) in `agentgym.envs.mcp.n
 this script serves it, so any MCP client (or an `agentgym.mcp.MCPToolEnv`) can use it::
 
     python examples/mcp_server.py              # over stdio
-    python examples/mcp_server.py --http 8000  # streamable HTTP at http://127.0.0.1:8000/mcp
+    python examples/mcp_server.py --http 8765  # streamable HTTP at http://127.0.0.1:8765/mcp
 
 and from Python::
 
     from agentgym.mcp import MCPServer, MCPToolEnv
 
     stdio = MCPServer(command=sys.executable, args=["examples/mcp_server.py"])
-    http = MCPServer(url="http://127.0.0.1:8000/mcp")
+    http = MCPServer(url="http://127.0.0.1:8765/mcp")
 """
 
 from agentgym.envs.mcp import main

@@ -219,7 +219,8 @@ def test_documents_the_tools_cannot_use_are_refused() -> None:
 
 class _Handler(BaseHTTPRequestHandler):
     """Echoes requests; ``/status/N`` answers N; ``/hang`` answers when the test lets it;
-    ``/flaky`` fails its first request. ``seen`` records each request's method and path."""
+    ``/flaky`` fails its first request; nothing is served under ``/nowhere`` (a base URL with
+    a wrong path prefix). ``seen`` records each request's method and path."""
 
     release: threading.Event
     seen: list[tuple[str, str]]
@@ -236,6 +237,8 @@ class _Handler(BaseHTTPRequestHandler):
             code, payload = (200, {"ok": True}) if served else (429, {"detail": "slow down"})
         elif self.path.startswith("/status/"):
             code, payload = int(self.path.split("/")[2]), {"detail": "not today"}
+        elif self.path.startswith("/nowhere"):
+            code, payload = 404, {"detail": "Not Found"}
         elif self.path == "/hang":
             self.release.wait(10)
             code, payload = 200, {}
@@ -370,6 +373,24 @@ async def test_with_a_probe_a_service_that_fails_it_too_is_infrastructure(server
         await gone.acall({"code": 200})
     with pytest.raises(ConfigError, match="probe must be a path starting with '/'"):
         openapi_tools(DOC, server, probe="health")
+
+
+async def test_with_a_probe_a_base_url_missing_its_path_prefix_is_infrastructure(
+    server: str, seen: list[tuple[str, str]]
+) -> None:
+    """Every call to a base URL without the service's prefix is a 404: were it the model's
+    error, a whole run would score 0 with nothing said. A tool's first 404 asks the probe once."""
+    wrong = _tool(openapi_tools(DOC, server + "/nowhere", probe="/health"), "status")
+    prefix = "HTTP 404 for .*/nowhere/status/200, and the probe .*/nowhere/health fails too"
+    with pytest.raises(InfraError, match=prefix + ".*missing the path prefix") as raised:
+        await wrong.acall({"code": 200})
+    assert not isinstance(raised.value, ToolError)
+    seen.clear()
+    right = _tool(openapi_tools(DOC, server, probe="/health"), "status")
+    for _ in range(2):  # a 404 under a root the probe answers is the arguments'
+        with pytest.raises(ToolError, match="HTTP 404 from status"):
+            await right.acall({"code": 404})
+    assert seen == [("GET", "/status/404"), ("GET", "/health"), ("GET", "/status/404")]
 
 
 def test_in_an_env_a_4xx_goes_back_to_the_model_and_a_5xx_ends_the_episode(server: str) -> None:
