@@ -9,7 +9,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     gymnasium farama-notifications jsonschema jsonschema-specifications referencing rpds-py \
 #     docstring-parser pydantic pydantic-core annotated-types typing-inspection sqlalchemy \
-#     greenlet trl datasets dill multiprocess jmespath      # what that image lacks (~11 MB)
+#     greenlet trl datasets dill multiprocess jmespath typing-extensions  # what that image lacks (~12 MB)
 # and copy the warm-started quickstart model there (made here on the CPU, cached, so the GPU's
 # minutes go to timing, not to SFT):
 #   AGENTGYM_CACHE=$PWD/.gpucache python bench/trainer_bench.py --shape quickstart \
