@@ -100,7 +100,9 @@ def search(query: str, k: int = 5) -> str:
     """
     if not 1 <= k <= 10:
         raise ValueError(f"k must be between 1 and 10, got {k}")
-    hits = index().search(query, k)
+    # JSON Schema counts 3.0 as an integer, so it passes validation; as a slice bound it raised
+    # a TypeError the model could not make sense of.
+    hits = index().search(query, int(k))
     return "\n".join(f"{d.name}: {d.summary[:120]}" for d in hits) or "no results"
 
 
@@ -113,8 +115,17 @@ def read(name: str) -> str:
     """
     doc = next((d for d in corpus() if d.name == name), None)
     if doc is None:
-        raise ValueError(f"no document named {name!r}; use a name that search returned")
+        raise ValueError(f"no document named {shorten(name)!r}; use a name that search returned")
     return doc.text
+
+
+def shorten(text: str, limit: int = 100) -> str:
+    """``text`` cut to ``limit`` characters for an error message.
+
+    Why: the error quotes the name the model sent, so a 100,000-character name came back whole
+    and doubled what it cost the conversation; no real name is longer than ~40 characters.
+    """
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def make_tasks(num_tasks: int | None, seed: int) -> list[dict[str, Any]]:

@@ -15,10 +15,16 @@ import functools
 import re
 from typing import Any, Literal
 
-from agentgym import ConfigError, Rubric, SandboxError, ToolCall, tool
+from agentgym import ConfigError, Rubric, SandboxError, Tool, ToolCall, tool
 from agentgym.sandboxes import DEFAULT_IMAGE, ExecResult, Sandbox, SandboxToolEnv, averify
+from agentgym.sandboxes._protocol import MAX_TIMEOUT_S, check_timeout
 
-_CODE_BLOCK = re.compile(r"```(python|py)?[ \t\r]*\n(.*?)```", re.DOTALL)
+# An opening fence with a Python tag (``python``, ``py``, ``python3``, ``py3``, any case, maybe
+# an info string after it) or none; other languages (```text, ```bash) are not code blocks.
+_CODE_BLOCK = re.compile(
+    r"```[ \t]*(?:((?i:python3?|py3?))\b[^\n`]*)?[ \t\r]*\n(.*?)```", re.DOTALL
+)
+VERIFY_SLACK_S = 10.0  # what the whole verification may take beyond per_test_timeout
 
 
 @functools.cache
@@ -89,6 +95,36 @@ async def run_python(code: str, sandbox: Sandbox) -> str:
     return describe(result)
 
 
+run_python_fresh = tool(
+    name="run_python",
+    description="Run Python code in a fresh process; files persist between calls, but "
+    "variables and imports do not (define what you use in the same call).",
+    timeout=60.0,
+)(run_python.fn)
+"""`run_python` as the ``local`` backend offers it: `LocalSandbox` has no Python session, so
+telling the model that variables persist (the Docker backend's description) was false."""
+
+
+def run_python_for(backend: str) -> Tool:
+    """The ``run_python`` tool whose description is true of ``backend``'s sandbox."""
+    return run_python_fresh if backend == "local" else run_python
+
+
+def check_per_test_timeout(value: Any) -> float:
+    """``per_test_timeout`` as seconds, or `ConfigError` when the env is made.
+
+    Why then: an invalid one (0, -1, nan, more than a week with the slack) passed the
+    constructor and failed every episode's reward as ``error``, after its turns were sampled.
+    """
+    seconds = check_timeout(value, "per_test_timeout")
+    if seconds + VERIFY_SLACK_S > MAX_TIMEOUT_S:
+        raise ConfigError(
+            f"per_test_timeout must be <= {MAX_TIMEOUT_S - VERIFY_SLACK_S:g} seconds "
+            f"(verification adds {VERIFY_SLACK_S:g}), got {value!r}"
+        )
+    return seconds
+
+
 def has_code_block(completion: str) -> float:
     """Metric only (weight 0): the final answer holds a fenced Python block."""
     return float(bool(_CODE_BLOCK.search(completion or "")))
@@ -114,6 +150,7 @@ class HumanEvalEnv(SandboxToolEnv):
         per_test_timeout: float = 10.0,
         **kwargs: Any,
     ) -> None:
+        per_test_timeout = check_per_test_timeout(per_test_timeout)
         kwargs.setdefault("max_turns", 6)
         kwargs.setdefault(
             "system_prompt",
@@ -121,7 +158,7 @@ class HumanEvalEnv(SandboxToolEnv):
             "with the complete function in one ```python block.",
         )
         super().__init__(
-            [run_python],
+            [run_python_for(backend)],
             tasks=load_problems(),
             rubric=Rubric([self.passes_tests, has_code_block], weights=[1.0, 0.0]),
             backend=backend,
@@ -148,7 +185,7 @@ class HumanEvalEnv(SandboxToolEnv):
             hidden_tests(task),
             sandbox=sandbox,
             per_test_timeout=self.per_test_timeout,
-            total_timeout=self.per_test_timeout + 10.0,
+            total_timeout=self.per_test_timeout + VERIFY_SLACK_S,
         )
         if result.infra_error:
             raise SandboxError(f"verification failed in the sandbox: {result.infra_error}")

@@ -20,7 +20,7 @@ from agentgym import ConfigError, Rubric, SandboxError, ToolCall
 from agentgym._tasks import Split, TaskSource, load_tasks, select_split
 from agentgym.sandboxes import DEFAULT_IMAGE, Sandbox, SandboxToolEnv, averify
 
-from .humaneval import extract_code, has_code_block, hidden_tests, load_problems, run_python
+from .humaneval import extract_code, has_code_block, hidden_tests, load_problems, run_python_for
 
 Mode = Literal["assert", "stdio"]
 INSTRUCTIONS: dict[Mode, str] = {
@@ -157,7 +157,7 @@ class PythonCodeEnv(SandboxToolEnv):
             "with your complete solution in one ```python block.",
         )
         super().__init__(
-            [run_python],
+            [run_python_for(backend)],
             tasks=chosen,
             rubric=Rubric([self.passes_tests, has_code_block], weights=[1.0, 0.0]),
             backend=backend,
