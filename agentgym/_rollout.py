@@ -474,6 +474,8 @@ async def arollout(
     try:
         if tasks is None:
             tasks = _env_tasks(envs, env_id, num_tasks)
+        else:
+            tasks = _checked_tasks(envs, list(tasks))
         plan = [spec for spec in plan_episodes(tasks, group_size, seed) if spec.key not in skip]
         running = [asyncio.ensure_future(bounded(spec)) for spec in plan]
         return list(await asyncio.gather(*running))
@@ -483,11 +485,36 @@ async def arollout(
             await envs.aclose()
 
 
-def _env_tasks(envs: EnvPool, env_id: str, num_tasks: int | None) -> list[int]:
-    """The indices of the env's first ``num_tasks`` tasks (all when None)."""
+def _task_count(envs: EnvPool) -> int:
+    """How many tasks the pool's envs hold (0: no task list, the env picks its own)."""
     probe = envs.take()  # fails fast on an unknown id or bad kwargs; plays later
     envs.idle.append(probe)
-    count = len(getattr(probe, "tasks", None) or ())
+    return len(getattr(probe, "tasks", None) or ())
+
+
+def _checked_tasks(
+    envs: EnvPool, tasks: list[int | dict[str, Any]]
+) -> list[int | dict[str, Any]]:
+    """``tasks``, refused before any episode plays when one names no task the env has.
+
+    Why: `reset` refuses such a task, but inside each episode: ``tasks=[999]`` or
+    ``["HumanEval/5"]`` played every episode to ``error`` with a traceback, and a run read
+    as a model that failed. An env without a task list decides its indices itself.
+    """
+    count = _task_count(envs) if tasks else 0
+    indices = f"a task index in [0, {count})" if count else "an integer task index"
+    for position, task in enumerate(tasks):
+        index = _as_index(task)
+        if isinstance(index, dict):
+            continue
+        if type(index) is not int or (count and not 0 <= index < count):
+            raise ConfigError(f"tasks[{position}] must be a task dict or {indices}, got {task!r}")
+    return tasks
+
+
+def _env_tasks(envs: EnvPool, env_id: str, num_tasks: int | None) -> list[int]:
+    """The indices of the env's first ``num_tasks`` tasks (all when None)."""
+    count = _task_count(envs)
     if not count:
         raise ConfigError(
             f"{env_id} has no task list to play (no `tasks` attribute, or it is empty); "

@@ -130,6 +130,24 @@ async def test_an_env_reward_that_is_not_finite_marks_the_episode_error() -> Non
     assert "finite number" in (trajectory.error or "")
 
 
+@pytest.mark.parametrize("task", [4, -1, "task 0", 1.5, True, None])
+async def test_a_task_the_env_does_not_have_is_refused_before_any_episode(task: Any) -> None:
+    """`reset` refused it inside every episode: each ended ``error`` with a traceback, and the
+    rollout read as a model that failed."""
+    CountedEnv.made = CountedEnv.closed = 0
+    with pytest.raises(ConfigError, match=r"tasks\[1\] must be a task dict or a task index "
+                       r"in \[0, 4\), got "):  # fmt: skip
+        await arollout(CountedEnv, ScriptedPolicy(["0"]), tasks=[0, task])
+    assert CountedEnv.closed == CountedEnv.made == 1  # the env that counted the tasks
+
+
+async def test_an_env_without_a_task_list_takes_any_integer_index_but_not_a_name() -> None:
+    with pytest.raises(ConfigError, match="must be a task dict or an integer task index"):
+        await arollout(NoTasksEnv, ScriptedPolicy(["hi"]), tasks=["first"])
+    [trajectory] = await arollout(NoTasksEnv, ScriptedPolicy(["hi"]), tasks=[7])
+    assert trajectory.task_index == 7
+
+
 async def test_numpy_task_indices_are_recorded_as_indices() -> None:
     trajectories = await arollout(CountedEnv, ScriptedPolicy(["0"]), tasks=np.arange(2))
     assert [t.task_index for t in trajectories] == [0, 1]
