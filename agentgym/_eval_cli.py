@@ -47,6 +47,7 @@ from ._eval_options import (
     check_policy_options,
     typed_options,
 )
+from ._eval_server import check_served_model
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy, check_base_url
 from ._registry import make, resolve_id
 from ._rollout import rollout
@@ -108,7 +109,8 @@ def evaluate(
         int | None, typer.Option(min=1, help="openai, vllm, hf: max new tokens per turn.")
     ] = None,
     seed: Annotated[
-        int, typer.Option(help="Base seed of the episodes (and of vllm sampling: runs repeat).")
+        int,
+        typer.Option(min=0, help="Base seed of the episodes (and of vllm sampling: runs repeat)."),
     ] = 0,
     chat_template_kwargs: Annotated[
         str | None,
@@ -184,6 +186,9 @@ def evaluate(
         reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None
     finally:
         probe.close()
+    _warn_short_of_tasks(num_tasks, len(tasks))
+    if policy is PolicyKind.openai and model is not None:
+        check_served_model(base_url, model, api_key)  # a 404 / 401 here is the command's
     run_config = {
         "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value,
         "model": str(model_path) if policy.local else model,
@@ -229,6 +234,19 @@ def evaluate(
         _refuse_failed_episodes(played, out)
         # inside the tracked block: a follower of the run's log stops once it is finished
         _print_summary(summary, out)
+
+
+def _warn_short_of_tasks(num_tasks: int | None, available: int) -> None:
+    """Say so when ``-n`` asks for more tasks than the env has: the summary counts fewer.
+
+    Why: ``-n 1000`` on a 100-task env played 100 and said nothing; the summary's episode
+    count then reads as a run cut short, or goes unnoticed in a comparison of two evals.
+    """
+    if num_tasks is not None and num_tasks > available:
+        console.print(
+            f"warning: -n {num_tasks}, but the env has {available} tasks; playing all {available}",
+            soft_wrap=True,
+        )
 
 
 def _reference_turns(probe: Any, tasks: Sequence[Any]) -> Callable[[Any], Sequence[str]]:

@@ -30,19 +30,23 @@ def summarize(
     ``pass@k`` (`pass_at_k`, over the tasks with at least k scored episodes): the chance that
     one of k episodes of a task reaches reward 1.0; ``pass@1`` with one episode per task, and
     more k with ``group_size`` > 1. ``tokens/completions_total`` counts every token the
-    policy sampled (what an eval cost), ``tokens/per_episode`` its mean per episode.
+    policy sampled (what an eval cost, failed episodes included); ``tokens/per_episode`` and
+    ``turns/mean`` are means over the scored episodes, as the trainer's per-episode figures
+    are: an ``infra_error`` or ``late`` episode cut at turn 0 says nothing about how long the
+    policy's episodes run, and averaged in it made a run whose server failed half the time
+    read as one of episodes half as long. ``status`` lists every status in one order.
     """
     trajectories = list(trajectories)  # e.g. read_jsonl's generator
     scored = [t for t in trajectories if t.status in ("ok", "truncated")]
     rewards = [t.total_reward for t in scored]
     score_names = sorted({name for t in scored for name in t.scores})
-    turns = [len(t.turns) for t in trajectories]
+    turns = [len(t.turns) for t in scored]
     tool_errors = sum(len(turn.tool_errors) for t in trajectories for turn in t.turns)
-    tokens = sum(len(turn.completion_ids or ()) for t in trajectories for turn in t.turns)
+    tokens = sum(_sampled(t) for t in trajectories)
     by_task = list(_by_task(scored).values())
     summary: dict[str, Any] = {
         "episodes": len(trajectories),
-        "status": {s: c for s, c in Counter(t.status for t in trajectories).items()},
+        "status": _status_counts(trajectories),
         "reward/mean": fmean(rewards) if rewards else None,
         "reward/std": pstdev(rewards) if rewards else None,
         "reward/stderr": _stderr(by_task),
@@ -51,7 +55,7 @@ def summarize(
         "tools/errors": tool_errors,
         "episodes/forfeit": sum("forfeit" in t.info for t in trajectories),
         "tokens/completions_total": tokens,
-        "tokens/per_episode": tokens / len(trajectories) if trajectories else None,
+        "tokens/per_episode": fmean(map(_sampled, scored)) if scored else None,
     }
     for name in score_names:
         values = [v for t in scored if (v := t.scores.get(name)) is not None]
@@ -60,9 +64,22 @@ def summarize(
         summary["time/wall_seconds"] = wall_seconds
         count = len(trajectories) if played is None else played
         summary["time/episodes_per_second"] = count / wall_seconds if wall_seconds else None
-    for status in STATUSES:
-        summary["status"].setdefault(status, 0)
     return summary
+
+
+def _sampled(trajectory: Trajectory) -> int:
+    """Tokens the policy sampled in one episode (0 where the backend returned no ids)."""
+    return sum(len(turn.completion_ids or ()) for turn in trajectory.turns)
+
+
+def _status_counts(trajectories: list[Trajectory]) -> dict[str, int]:
+    """Episodes per status, every status listed in `STATUSES` order (zeros included).
+
+    Why: in the order first met, two runs' ``summary.json`` listed them differently (a run
+    whose first episode failed began with ``infra_error``), which reads as a change in a diff.
+    """
+    counts: Counter[str] = Counter(t.status for t in trajectories)
+    return {status: counts[status] for status in (*STATUSES, *sorted(counts.keys() - {*STATUSES}))}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,0 +1,186 @@
+"""`agentgym eval` as a new user meets it: the mistakes one makes on the command line.
+
+Each was found playing README's use 3 from a scratch folder: a negative ``--seed`` played the
+whole run into ``error``; ``-n`` beyond the env's tasks played fewer without a word; a
+``--base-url`` without ``/v1``, an unserved ``--model`` or a refused key filed every episode
+``infra_error`` and exited 75 (a retry that cannot succeed). The CLI runs in a subprocess;
+the OpenAI-compatible server is a small stdlib one in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from agentgym import read_jsonl, summarize
+from agentgym._trajectory import STATUSES, Trajectory, Turn
+
+AGENTGYM = Path(sys.executable).parent / "agentgym"
+SERVED = "served-model"
+KEY = "right-key"
+
+
+def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb",
+        "AGENTGYM_RUNS_DB": "off",
+    }  # fmt: skip
+    env.pop("OPENAI_API_KEY", None)
+    return subprocess.run(
+        [str(AGENTGYM), "eval", "calculator", *args, "--out", str(workdir / "out")],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0].removeprefix("error: ")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """vLLM's shape: the API under ``/v1``, ``/v1/models`` listing one name, a bearer key."""
+
+    def _answer(self, status: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorised(self) -> bool:
+        if self.headers.get("Authorization") == f"Bearer {KEY}":
+            return True
+        self._answer(401, {"error": "Unauthorized"})
+        return False
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path != "/v1/models":
+            self._answer(404, {"detail": "Not Found"})
+        elif self._authorised():
+            self._answer(200, {"object": "list", "data": [{"id": SERVED, "object": "model"}]})
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length", 0))
+        request = json.loads(self.rfile.read(length))
+        if self.path != "/v1/chat/completions":
+            self._answer(404, {"detail": "Not Found"})
+        elif request.get("model") != SERVED:
+            self._answer(404, {"error": {"message": f"The model `{request.get('model')}`"}})
+        elif self._authorised():
+            message = {"role": "assistant", "content": "The answer is 90."}
+            self._answer(200, {"choices": [{"message": message, "finish_reason": "stop"}]})
+
+    def log_message(self, *args: object) -> None:
+        """Quiet: the test reads the CLI's output, not the server's."""
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    """The root URL (no ``/v1``) of a server that answers until the test ends."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+def openai(server_url: str, *args: str) -> list[str]:
+    return ["--policy", "openai", "--base-url", server_url, "-n", "2", *args]
+
+
+def test_a_negative_seed_is_refused_before_any_work(tmp_path: Path) -> None:
+    """``--seed -3`` played every episode into gymnasium's seed error and wrote the folder."""
+    proc = run(tmp_path, "--seed", "-3", "-n", "2")
+    assert proc.returncode == 2
+    assert "--seed" in one_error_line(proc) and "greater than or equal to 0" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_more_tasks_than_the_env_has_are_played_with_a_warning(tmp_path: Path) -> None:
+    proc = run(tmp_path, "-n", "1000")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: -n 1000, but the env has 100 tasks; playing all 100" in proc.stderr
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["episodes"] == 100
+
+
+def test_as_many_tasks_as_the_env_has_warns_nothing(tmp_path: Path) -> None:
+    proc = run(tmp_path, "-n", "100")
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+
+
+def test_a_base_url_without_v1_is_refused_naming_the_v1_url(tmp_path: Path, server: str) -> None:
+    proc = run(tmp_path, *openai(server, "--model", SERVED, "--api-key", KEY))
+    assert proc.returncode == 2
+    assert one_error_line(proc).endswith(f"pass --base-url {server}/v1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_the_server_does_not_serve_is_refused_naming_what_it_serves(
+    tmp_path: Path, server: str
+) -> None:
+    proc = run(tmp_path, *openai(f"{server}/v1", "--model", "typo", "--api-key", KEY))
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert line.startswith("--model typo is not served") and line.endswith(f"--model {SERVED}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_api_key_is_one_line_naming_the_option(tmp_path: Path, server: str) -> None:
+    proc = run(tmp_path, *openai(f"{server}/v1", "--model", SERVED, "--api-key", "wrong"))
+    assert proc.returncode == 2
+    assert "refused the API key (401); pass --api-key" in one_error_line(proc)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_right_url_name_and_key_play_the_run(tmp_path: Path, server: str) -> None:
+    proc = run(tmp_path, *openai(f"{server}/v1", "--model", SERVED, "--api-key", KEY))
+    assert proc.returncode == 0, proc.stderr
+    played = list(read_jsonl(tmp_path / "out" / "trajectories.jsonl"))
+    assert [t.status for t in played] == ["ok", "ok"]
+    first = next(t for t in played if t.task_index == 0)  # lines come in finishing order
+    assert first.final_reward == 1.0  # task 0 asks 66 + 24; the server says 90
+
+
+def test_an_unreachable_server_is_still_the_runs_infra_error(tmp_path: Path) -> None:
+    """Down is the machinery's failure: exit 75 (retry), not a refused command."""
+    proc = run(tmp_path, *openai("http://127.0.0.1:9/v1", "--model", SERVED))
+    assert proc.returncode == 75, proc.stderr
+    assert "infra_error" in proc.stderr
+
+
+def _episode(status: str, turns: int, reward: float | None = None) -> Trajectory:
+    trajectory = Trajectory(env_id="x", task_position=0, status=status, final_reward=reward)  # type: ignore[arg-type]
+    trajectory.turns = [Turn(text="t", completion_ids=[1, 2, 3, 4]) for _ in range(turns)]
+    return trajectory
+
+
+def test_failed_episodes_do_not_shorten_the_per_episode_means() -> None:
+    """Half the episodes cut by the server at turn 0 read as episodes half as long."""
+    played = [_episode("ok", 2, 1.0), _episode("ok", 2, 0.0)]
+    played += [_episode("infra_error", 0), _episode("late", 0), _episode("infra_error", 1)]
+    summary = summarize(played)
+    assert summary["turns/mean"] == 2.0
+    assert summary["tokens/per_episode"] == 8.0  # the scored episodes' 2 turns x 4 tokens
+    assert summary["tokens/completions_total"] == 20  # every sampled token is a cost
+    assert summarize([_episode("infra_error", 0)])["turns/mean"] is None
+
+
+def test_the_status_counts_list_every_status_in_one_order() -> None:
+    first_failed = summarize([_episode("infra_error", 0), _episode("ok", 1, 1.0)])["status"]
+    first_ok = summarize([_episode("ok", 1, 1.0), _episode("infra_error", 0)])["status"]
+    assert list(first_failed) == list(first_ok) == list(STATUSES)
+    assert first_failed == {"ok": 1, "truncated": 0, "error": 0, "infra_error": 1, "late": 0}
