@@ -192,7 +192,9 @@ class OpenAIPolicy:
         base_url: server root, e.g. ``http://127.0.0.1:8000/v1``.
         model: the served model name.
         api_key: sent as a bearer token when given.
-        sampling: extra request fields (``temperature``, ``top_p``, ``seed`` ...).
+        sampling: extra request fields (``temperature``, ``top_p``, ``seed`` ...); a
+            ``max_tokens`` here is the default, a turn's own limit (the rollout's
+            ``max_tokens_per_turn``) wins.
         timeout: seconds per request.
         vllm_extensions: ask for token ids (``return_token_ids``) and raw special tokens.
         max_retries: retries of a request that failed in transit or got 429/5xx, with
@@ -231,11 +233,12 @@ class OpenAIPolicy:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "logprobs": True}
         if tools:
             body |= {"tools": tools, "tool_choice": "none"}
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
         if self.vllm_extensions:
             body |= {"return_token_ids": True, "skip_special_tokens": False}
-        return body | self.sampling
+        body |= self.sampling
+        if max_tokens is not None:  # the caller's per-turn limit, as the token policies take it
+            body["max_tokens"] = max_tokens
+        return body
 
     async def generate(
         self,

@@ -85,6 +85,17 @@ async def test_retries_transient_errors_then_returns_tokens(serve) -> None:
     assert server.requests[0]["return_token_ids"] is True and server.requests[0]["logprobs"]
 
 
+async def test_the_callers_per_turn_limit_wins_over_the_policys_default(serve) -> None:
+    """An env's ``max_tokens_per_turn`` was overridden by ``sampling={"max_tokens": ...}``:
+    turns ran past the budget the rollout set, as no token policy lets them."""
+    server = serve([(200, REPLY)])
+    policy = agentgym.OpenAIPolicy(server.base_url, "m", sampling={"max_tokens": 16})
+    await policy.generate([{"role": "user", "content": "hi"}], [], max_tokens=8)
+    await policy.generate([{"role": "user", "content": "hi"}], [])
+    await policy.aclose()
+    assert [r["max_tokens"] for r in server.requests] == [8, 16]
+
+
 async def test_gives_up_after_max_retries_with_a_model_error(serve) -> None:
     server = serve([(503, {"error": "down"})])
     policy = agentgym.OpenAIPolicy(server.base_url, "m", max_retries=2, retry_backoff=0.01)
