@@ -10,6 +10,9 @@ from typing import Any
 
 from ._trajectory import STATUSES, Trajectory
 
+#: The statuses of episodes scored as the policy's (as the trainer keeps them in its groups).
+POLICY_STATUSES = ("ok", "truncated", "error")
+
 
 def summarize(
     trajectories: Iterable[Trajectory],
@@ -21,9 +24,13 @@ def summarize(
     ``wall_seconds`` is how long ``played`` of the episodes took (all of them by default; fewer
     when a resumed run only played the missing ones), for the episodes-per-second figure.
 
-    Rewards are averaged over episodes that produced one (``ok`` and ``truncated``):
-    ``error``/``infra_error`` episodes say nothing about the policy and are counted apart.
-    ``episodes/forfeit`` counts the scored episodes a call ended with reward 0 (`Forfeit`).
+    Rewards are averaged over the policy's episodes (``ok``, ``truncated`` and ``error``, with
+    the reward an ``error`` episode got, 0 where none was computed), as the trainer's are:
+    an ``error`` is an exception in the env, a reward function or the policy, and left out
+    it would raise the mean of a policy whose answers make scoring crash (the eval names
+    their count). ``infra_error`` and ``late`` episodes (the server, a sandbox or the clock
+    failed) say nothing about the policy and are counted apart. ``episodes/forfeit`` counts
+    the scored episodes a call ended with reward 0 (`Forfeit`).
     ``reward/stderr`` is the mean's standard error, so two evals can be told apart from
     noise; with several episodes per task it is taken over the tasks' means (episodes of one
     task are not independent draws, and counting them as such would understate it).
@@ -31,13 +38,13 @@ def summarize(
     one of k episodes of a task reaches reward 1.0; ``pass@1`` with one episode per task, and
     more k with ``group_size`` > 1. ``tokens/completions_total`` counts every token the
     policy sampled (what an eval cost, failed episodes included); ``tokens/per_episode`` and
-    ``turns/mean`` are means over the scored episodes, as the trainer's per-episode figures
-    are: an ``infra_error`` or ``late`` episode cut at turn 0 says nothing about how long the
-    policy's episodes run, and averaged in it made a run whose server failed half the time
-    read as one of episodes half as long. ``status`` lists every status in one order.
+    ``turns/mean`` are means over the policy's episodes too, as the trainer's per-episode
+    figures are: an ``infra_error`` or ``late`` episode cut at turn 0 says nothing about how
+    long the policy's episodes run, and averaged in it made a run whose server failed half
+    the time read as one of episodes half as long. ``status`` lists every status in one order.
     """
     trajectories = list(trajectories)  # e.g. read_jsonl's generator
-    scored = [t for t in trajectories if t.status in ("ok", "truncated")]
+    scored = [t for t in trajectories if t.status in POLICY_STATUSES]
     rewards = [t.total_reward for t in scored]
     score_names = sorted({name for t in scored for name in t.scores})
     turns = [len(t.turns) for t in scored]

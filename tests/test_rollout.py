@@ -373,18 +373,19 @@ def test_summarize_counts_and_excludes_failed_episodes() -> None:
     trajectories = [
         _traj("ok", 1.0, correct=1.0),
         _traj("truncated", 0.0, step=0.5, correct=0.0),
-        _traj("error", 100.0, correct=1.0),
+        _traj("error", None),  # scoring crashed: the policy's episode, reward 0
         _traj("infra_error", None),
+        _traj("late", None),
         _traj("ok", 0.0),
     ]
     trajectories[-1].info["forfeit"] = "wreck: the world is gone"
     summary = summarize(trajectories, wall_seconds=2.0)
-    assert summary["episodes"] == 5
-    assert summary["status"] == {"ok": 2, "truncated": 1, "error": 1, "infra_error": 1, "late": 0}
-    assert summary["reward/mean"] == pytest.approx(0.5)  # (1.0 + 0.5 + 0.0) / 3
+    assert summary["episodes"] == 6
+    assert summary["status"] == {"ok": 2, "truncated": 1, "error": 1, "infra_error": 1, "late": 1}
+    assert summary["reward/mean"] == pytest.approx(0.375)  # (1.0 + 0.5 + 0 + 0.0) / 4
     assert summary["scores/correct"] == pytest.approx(0.5)
-    assert summary["tools/errors"] == 5 and summary["episodes/forfeit"] == 1
-    assert summary["time/episodes_per_second"] == 2.5
+    assert summary["tools/errors"] == 6 and summary["episodes/forfeit"] == 1
+    assert summary["time/episodes_per_second"] == 3.0
 
 
 def test_summary_names_its_token_count_a_total_and_gives_the_mean() -> None:
@@ -396,8 +397,12 @@ def test_summary_names_its_token_count_a_total_and_gives_the_mean() -> None:
     assert "tokens/completion" not in summary
 
 
-def test_summarize_with_no_scored_episode() -> None:
-    summary = summarize([_traj("error", None)])
+def test_an_error_episode_counts_as_the_policys_but_infra_error_as_nobodys() -> None:
+    """Left out of the mean, an episode whose answer crashed the scoring raised the eval's
+    figure; the trainer already scores it with the reward it got (0 without one)."""
+    summary = summarize([_traj("error", None), _traj("ok", 1.0)])
+    assert summary["reward/mean"] == 0.5 and summary["pass@1"] == 0.5
+    summary = summarize([_traj("infra_error", None)])
     assert summary["reward/mean"] is None and summary["status"]["ok"] == 0
 
 
