@@ -110,7 +110,11 @@ def evaluate(
     ] = None,
     seed: Annotated[
         int,
-        typer.Option(min=0, help="Base seed of the episodes (and of vllm sampling: runs repeat)."),
+        typer.Option(
+            min=0,
+            help="Base seed of the episodes and of their sampling (vllm: runs repeat; "
+            "openai: sent per turn, repeats where the server honours seeds).",
+        ),
     ] = 0,
     chat_template_kwargs: Annotated[
         str | None,
@@ -222,8 +226,9 @@ def evaluate(
         else:
             assert model is not None  # checked above; narrows the type
             agent = OpenAIPolicy(
-                base_url, model, api_key=api_key, sampling={"temperature": temperature}
-            )
+                base_url, model, api_key=api_key,
+                sampling={"temperature": temperature, "seed": seed},
+            )  # fmt: skip
         plan = {
             "num_tasks": num_tasks, "group_size": group_size, "max_concurrency": concurrency,
             "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs_built,

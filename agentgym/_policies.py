@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._errors import ConfigError, ContextLengthError, ConversationError, ModelError
 from ._http import LoopClient
+from ._seeds import turn_seed
 from ._types import Completion, Message
 
 if TYPE_CHECKING:
@@ -91,9 +92,7 @@ class _StatelessEpisode:
         self, messages: list[Message], *, max_tokens: int | None = None
     ) -> Completion:
         try:
-            completion = await self._policy.generate(
-                messages, self._tools, max_tokens=max_tokens, task=self._task
-            )
+            completion = await self._ask(messages, max_tokens)
         except RequestRefused as exc:
             if not self._turns:
                 raise
@@ -102,6 +101,27 @@ class _StatelessEpisode:
             ) from exc
         self._turns += 1
         return completion
+
+    async def _ask(self, messages: list[Message], max_tokens: int | None) -> Completion:
+        return await self._policy.generate(
+            messages, self._tools, max_tokens=max_tokens, task=self._task
+        )
+
+
+class _SeededEpisode(_StatelessEpisode):
+    """An `OpenAIPolicy` episode: each turn sends its own seed (`turn_seed`) to the server."""
+
+    def __init__(
+        self, policy: OpenAIPolicy, tools: list[dict[str, Any]], task: Any, seed: int
+    ) -> None:
+        super().__init__(policy, tools, task)
+        self._server_policy, self._episode_seed = policy, seed
+
+    async def _ask(self, messages: list[Message], max_tokens: int | None) -> Completion:
+        seed = turn_seed(self._server_policy.sampling.get("seed"), self._episode_seed, self._turns)
+        return await self._server_policy.generate(
+            messages, self._tools, max_tokens=max_tokens, task=self._task, seed=seed
+        )
 
 
 def start_episode(
@@ -194,7 +214,9 @@ class OpenAIPolicy:
         api_key: sent as a bearer token when given.
         sampling: extra request fields (``temperature``, ``top_p``, ``seed`` ...); a
             ``max_tokens`` here is the default, a turn's own limit (the rollout's
-            ``max_tokens_per_turn``) wins.
+            ``max_tokens_per_turn``) wins. A ``seed`` is a base: in a rollout, episode e's
+            turn t is sent ``seed + 1000 * e + t`` (as `VLLMPolicy` samples), so a group's
+            episodes differ and a run repeats where the server honours seeds.
         timeout: seconds per request.
         vllm_extensions: ask for token ids (``return_token_ids``) and raw special tokens.
         max_retries: retries of a request that failed in transit or got 429/5xx, with
@@ -240,6 +262,12 @@ class OpenAIPolicy:
             body["max_tokens"] = max_tokens
         return body
 
+    def start_episode(
+        self, tools: list[dict[str, Any]], *, task: Any = None, seed: int | None = None
+    ) -> PolicyEpisode:
+        """A rollout's handle: each turn is a `generate` call with its own seed."""
+        return _SeededEpisode(self, tools, task, seed or 0)
+
     async def generate(
         self,
         messages: list[Message],
@@ -247,8 +275,13 @@ class OpenAIPolicy:
         *,
         max_tokens: int | None = None,
         task: Any = None,
+        seed: int | None = None,
     ) -> Completion:
-        response = await self._post(self._request_body(messages, tools, max_tokens))
+        """One turn; ``seed`` (a rollout's per-turn seed) replaces the sampling's ``seed``."""
+        body = self._request_body(messages, tools, max_tokens)
+        if seed is not None:
+            body["seed"] = seed
+        response = await self._post(body)
         if response.status_code == 400 and _CONTEXT_OVERFLOW.search(response.text):
             raise ContextLengthError(
                 f"the prompt outgrew the model's context: {response.text[:300]}"

@@ -96,6 +96,17 @@ async def test_the_callers_per_turn_limit_wins_over_the_policys_default(serve) -
     assert [r["max_tokens"] for r in server.requests] == [8, 16]
 
 
+def test_each_episode_and_turn_sends_its_own_seed(serve) -> None:
+    """One seed sent with every request sampled a group's episodes (same prompt) alike."""
+    server = serve([(200, REPLY)])
+    policy = agentgym.OpenAIPolicy(server.base_url, "m", sampling={"seed": 5})
+    agentgym.rollout("calculator", policy, num_tasks=2, group_size=2, seed=10)
+    assert sorted(r["seed"] for r in server.requests) == [10005, 11005, 12005, 13005]
+    server.requests.clear()
+    agentgym.rollout("calculator", agentgym.OpenAIPolicy(server.base_url, "m"), num_tasks=1)
+    assert "seed" not in server.requests[0]  # no base seed: the server draws
+
+
 async def test_gives_up_after_max_retries_with_a_model_error(serve) -> None:
     server = serve([(503, {"error": "down"})])
     policy = agentgym.OpenAIPolicy(server.base_url, "m", max_retries=2, retry_backoff=0.01)

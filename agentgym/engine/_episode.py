@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from .._errors import ConfigError, ContextLengthError, ConversationError
+from .._seeds import turn_seed
 from .._types import Completion, Message
 from ._render import ChatRenderer, ModeDecision, RolloutMode, TemplateError
 
@@ -346,8 +347,7 @@ class TokenEpisode:
             raise ConversationError(
                 f"the chat template refused the conversation after the model's turns: {exc}"
             ) from exc
-        base = self.policy.sampling.seed
-        seed = None if base is None else base + 1000 * self._episode_seed + self._turn
+        seed = turn_seed(self.policy.sampling.seed, self._episode_seed, self._turn)
         completion = await self.policy.generate_ids(
             prompt, max_tokens=max_tokens, seed=seed, sampling=self.policy.sampling,
             session=self.session,
