@@ -334,11 +334,14 @@ class GRPOTrainer:
             steps=cfg.sft_steps, lr=cfg.sft_learning_rate, batch_size=cfg.sft_batch_size,
             seed=cfg.seed, log=_log_sft_progress, target_accuracy=cfg.sft_target_accuracy,
             eval_every=cfg.sft_eval_every if cfg.sft_target_accuracy else 0,
+            max_length=cfg.max_model_len,
         )  # fmt: skip
+        # the env and template the rollouts play: traces of other limits or renders would
+        # teach tokens the run never samples
         return sft_warm_start(
-            self.model_dir, cfg.env, cfg.env_kwargs, out, sft,
+            self.model_dir, cfg.env, cfg.run_env_kwargs, out, sft,
             tasks=traces, validation_tasks=validation,
-            scripts=cfg.sft_scripts,
+            scripts=cfg.sft_scripts, chat_template_kwargs=cfg.chat_template_kwargs,
         )  # fmt: skip
 
     def _policy(self, model_dir: Path, run_id: str) -> RolloutPolicy:

@@ -183,7 +183,7 @@ def _check_env(
         _warn_repeated_tasks(tasks, train_tasks, eval_tasks)
         digest = None if tasks is None else tasks_digest(tasks, [*train_tasks, *eval_tasks])
         if config.sft_steps:
-            _check_scripts(env, config)
+            _check_scripts(env, config, config.sft_split(train_tasks)[0])
         max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
     finally:
         env.close()
@@ -264,13 +264,31 @@ def _task_key(task: Any) -> str:
     return task_text(task)
 
 
-def _check_scripts(env: Any, config: GRPOConfig) -> None:
+def _check_scripts(env: Any, config: GRPOConfig, trace_tasks: list[int]) -> None:
+    """Every warm-start script exists and scripts the first trace task.
+
+    `ToolEnv` has a `reference_turns` that returns None (no oracle), so an env that never
+    wrote one passed a check for the method alone and failed once the warm start began,
+    after the model loaded and the base model was evaluated.
+    """
     missing = [n for n in config.sft_scripts if not callable(getattr(env, f"{n}_turns", None))]
     if missing:
         raise ConfigError(
             f"sft_scripts names {missing} but {config.env!r} has no "
             f"{', '.join(n + '_turns' for n in missing)}; use scripts the env defines "
             "(every SFT-ready env has reference)"
+        )
+    tasks = getattr(env, "tasks", None)
+    if tasks is None or not trace_tasks:
+        return
+    task = tasks[trace_tasks[0]]
+    silent = [n for n in config.sft_scripts if getattr(env, f"{n}_turns")(task) is None]
+    if silent:
+        raise ConfigError(
+            f"sft_steps={config.sft_steps} but in env {config.env!r} "
+            f"{', '.join(n + '_turns' for n in silent)} returned None for train task "
+            f"{trace_tasks[0]} (no script to imitate); define it to return the assistant "
+            "turns of a task, or set sft_steps 0"
         )
 
 

@@ -28,6 +28,7 @@ torch and transformers are imported inside the functions, so importing this modu
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -41,6 +42,7 @@ from agentgym import ScriptedPolicy, make, rollout
 from agentgym._errors import ConfigError
 
 Message = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,6 +76,9 @@ class SFTConfig:
     target_accuracy: float | None = None
     """Stop early once `reference_accuracy` on the eval traces reaches this (needs
     ``eval_every``); None trains all ``steps``."""
+    max_length: int | None = None
+    """Longest trace in tokens; None: the model's position limit (its config.json). A longer
+    trace is refused before the model loads: it would teach positions rollouts never reach."""
     log: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
     """Called with each step's metrics (``step``, ``loss``, ``lr``, ``seconds``, ...)."""
 
@@ -91,6 +96,13 @@ class SFTConfig:
             )
         if self.method not in ("full", "lora"):
             raise ConfigError(f"SFTConfig.method must be 'full' or 'lora', got {self.method!r}")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ConfigError(
+                f"SFTConfig.target_accuracy must be a share in (0, 1] (a share of validation "
+                f"traces), or None to train all steps; got {self.target_accuracy}"
+            )
+        if self.max_length is not None and self.max_length < 1:
+            raise ConfigError(f"SFTConfig.max_length must be >= 1 or None, got {self.max_length}")
         if self.target_accuracy is not None and not self.eval_every:
             raise ConfigError("target_accuracy needs eval_every > 0 (how often to measure it)")
 
@@ -187,14 +199,18 @@ def mixed_conversations(
 
 
 def tokenize_conversation(
-    tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any,
+    messages: list[Message],
+    tools: list[dict[str, Any]] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> Example:
     """Token ids of the rendered conversation and its loss mask (assistant tokens only).
 
     The chat template is rendered prefix by prefix: before each assistant message the prompt
     (``add_generation_prompt=True``) must extend the previous render, and the assistant's
     part is its content through the end-of-turn token (``tokenizer.eos_token``); what follows
-    that token belongs to the next prompt.
+    that token belongs to the next prompt. ``chat_template_kwargs`` (e.g. ``{"enable_thinking":
+    False}``) render it as the rollouts render it, so SFT trains the tokens they sample.
 
     Raises:
         ConfigError: the template rewrites history (not a prefix), or an assistant turn does
@@ -205,7 +221,11 @@ def tokenize_conversation(
     def render(msgs: list[Message], gen: bool) -> str:
         return str(
             tokenizer.apply_chat_template(
-                msgs, tools=tools or None, tokenize=False, add_generation_prompt=gen
+                msgs,
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=gen,
+                **(chat_template_kwargs or {}),
             )
         )
 
@@ -323,6 +343,7 @@ def sft_warm_start(
     tasks: Sequence[int] | None = None,
     validation_tasks: Sequence[int] = (),
     scripts: Mapping[str, float] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> Path:
     """Fine-tune ``model_dir`` on the env's oracle trajectories; save the result in ``out_dir``.
 
@@ -340,9 +361,14 @@ def sft_warm_start(
             training split: a stopping rule tuned on the eval tasks would leak them.
         scripts: shares of the training tasks played by each of the env's scripted
             behaviours (`mixed_conversations`); None plays all with ``reference``.
+        chat_template_kwargs: passed to the chat template, as the rollouts pass them.
 
     Returns:
         ``out_dir`` as a Path.
+
+    Raises:
+        ConfigError: no trace to train on, or a trace longer than ``config.max_length`` (the
+            model's context by default); both before the model loads.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -361,11 +387,14 @@ def sft_warm_start(
     conversations, tools = mixed_conversations(
         env_id, env_kwargs, tasks, scripts or {"reference": 1.0}, seed=config.seed
     )
-    examples = [tokenize_conversation(tokenizer, c, tools) for c in conversations]
+    examples = [
+        tokenize_conversation(tokenizer, c, tools, chat_template_kwargs) for c in conversations
+    ]
     held_out: list[Example] = []
     if validation_tasks:
         convs, _ = oracle_conversations(env_id, env_kwargs, tasks=validation_tasks)
-        held_out = [tokenize_conversation(tokenizer, c, tools) for c in convs]
+        held_out = [tokenize_conversation(tokenizer, c, tools, chat_template_kwargs) for c in convs]
+    _check_traces(examples, held_out, model_dir, config, env_id)
     torch.manual_seed(config.seed)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if config.method == "lora":
@@ -388,7 +417,52 @@ def sft_warm_start(
         "history": history,
     }
     (out / "sft.json").write_text(json.dumps(summary, indent=1, default=str))
+    _log_done(history, len(examples), out)
     return out
+
+
+def _log_done(history: Sequence[Mapping[str, Any]], traces: int, out: Path) -> None:
+    """One line when the warm start ends: a short one otherwise leaves the log nothing."""
+    if history:
+        log.info(
+            "sft done: %d steps on %d traces, loss %.4f -> %.4f, saved in %s",
+            len(history), traces, history[0]["loss"], history[-1]["loss"], out,
+        )  # fmt: skip
+
+
+def _check_traces(
+    examples: Sequence[Example],
+    held_out: Sequence[Example],
+    model_dir: str | os.PathLike[str],
+    config: SFTConfig,
+    env_id: str,
+) -> None:
+    """Refuse, before the model loads, traces the loop cannot train on.
+
+    No trace at all failed inside the first batch (``max() arg is an empty sequence``) after
+    the model loaded; traces past the model's context trained silently on positions the
+    model was never built for.
+    """
+    from agentgym.engine._model_dir import _position_limit
+
+    if not examples:
+        raise ConfigError(
+            f"the SFT warm start on {env_id!r} has no trace to train on (no train task, or "
+            "every scripted episode failed); give it train tasks whose scripts play, or skip "
+            "SFT (sft_steps 0)"
+        )
+    limit, why = config.max_length, "max_length"
+    if limit is None:
+        found = _position_limit(Path(model_dir) / "config.json")
+        if found is None:
+            return
+        limit, why = found[0], f"model's {found[1]}"
+    longest = max(len(e.ids) for e in [*examples, *held_out])
+    if longest > limit:
+        raise ConfigError(
+            f"the longest SFT trace of {env_id!r} has {longest} tokens, over the {why} "
+            f"({limit}); shorten the env's prompts or turns, or use a model with a longer context"
+        )
 
 
 def _with_lora(model: Any, config: SFTConfig) -> Any:
