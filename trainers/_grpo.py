@@ -228,8 +228,8 @@ class GRPOTrainer:
         cfg, world = self.config, self.world
         start = "sft/success" if cfg.sft_steps else "base/success"  # the step-0 eval's name
         figures: dict[str, float] = run.headline_figures(start) if run and run.resumed else {}
-        if run and cfg.sft_steps and not run.resumed:
-            figures["base/success"] = self._evaluate_model(self.model_dir, run, "base")
+        if run and trackers and cfg.sft_steps and not run.resumed:
+            figures["base/success"] = self._evaluate_model(self.model_dir, run, trackers)
         start_model: Path = world.broadcast(self._warm_start(run) if run else None)
         model, optimizer = self._trainable(start_model)
         state: dict[str, Any] = {"step": 0}
@@ -245,9 +245,8 @@ class GRPOTrainer:
         with policy, console:
             self._decide_mode(policy)
             version = self._sync(policy, model, run, state.get("adapter_version", 0) + 1)
-            if run and state["step"] == 0:
-                success = self._evaluate(policy, run, step=0, num_tasks=None)  # a headline
-                figures[start] = success
+            if run and trackers and state["step"] == 0:
+                figures[start] = self._headline_eval(policy, run, trackers, 0, "eval")
             broken_steps = 0  # consecutive steps mostly infra_error, or with no episode scored
             ahead: Collected | None = None  # the next step's episodes (max_staleness 1)
             for step in range(state["step"] + 1, cfg.max_steps + 1):
@@ -299,8 +298,7 @@ class GRPOTrainer:
                     **(policy.fleet.metrics() if isinstance(policy, RemoteVLLMPolicy) else {}),
                 }  # fmt: skip
                 if cfg.eval_steps and step % cfg.eval_steps == 0 and step < cfg.max_steps:
-                    success = self._evaluate(policy, run, step, num_tasks=cfg.eval_num_tasks)
-                    metrics["eval/success"] = success
+                    metrics |= self._evaluate(policy, run, step, num_tasks=cfg.eval_num_tasks)
                 run.write_metrics(step, metrics)  # every step: the run's record
                 if _log_due(step, cfg, metrics):
                     trackers.log(step, metrics)
@@ -312,9 +310,9 @@ class GRPOTrainer:
                     run.save_checkpoint(step, model, optimizer, self._checkpoint_state(version))
                 if stop:
                     raise stop
-            if run is None:
+            if run is None or trackers is None:
                 return figures
-            final = self._evaluate(policy, run, cfg.max_steps, num_tasks=None, label="final")
+            final = self._headline_eval(policy, run, trackers, cfg.max_steps, "final")
         figures["grpo/success"] = final
         plot_curves(run.path / "metrics.jsonl", run.path / "reward_curve.png", title=cfg.env)
         console.console.print(write_summary(run.path, figures))
@@ -721,11 +719,13 @@ class GRPOTrainer:
 
     def _evaluate(
         self, policy: Any, run: RunDir, step: int, num_tasks: int | None, label: str = "eval"
-    ) -> float:
-        """Greedy episodes on the held-out tasks; returns multi-turn success and logs them.
+    ) -> dict[str, float]:
+        """Greedy episodes on the held-out tasks (kept in the run folder); their figures.
 
         ``label`` names the metrics: ``eval`` (during training; step 0 is the starting
         model), ``base`` (the model before the SFT warm start), ``final`` (all eval tasks).
+        A mid-run eval's figures go into its step's line (every one of them, not the success
+        alone: ``eval/reward`` had a point at step 0 only).
         """
         cfg = self.config
         tasks = self.eval_tasks[:num_tasks] if num_tasks else self.eval_tasks
@@ -736,18 +736,27 @@ class GRPOTrainer:
             )
         )  # fmt: skip
         run.append_eval(step, trajectories, label)
-        figures = {
-            k.replace("eval/", f"{label}/"): v for k, v in eval_metrics(trajectories).items()
-        }
-        if step == 0 or label != "eval":  # mid-run evals go into their step's line
-            run.write_metrics(step, figures)
+        return {k.replace("eval/", f"{label}/"): v for k, v in eval_metrics(trajectories).items()}
+
+    def _headline_eval(
+        self, policy: Any, run: RunDir, trackers: Trackers, step: int, label: str
+    ) -> float:
+        """An eval on every held-out task with a metrics line of its own; its success.
+
+        Step 0's, the base model's and the final one: their figures go to the trackers too
+        (only ``metrics.jsonl`` had them, so ``final/success``, the run's headline, was
+        missing from TensorBoard, trackio and W&B).
+        """
+        figures = self._evaluate(policy, run, step, num_tasks=None, label=label)
+        run.write_metrics(step, figures)
+        trackers.log(step, figures)
         return figures[f"{label}/success"]
 
-    def _evaluate_model(self, model_dir: Path, run: RunDir, label: str) -> float:
+    def _evaluate_model(self, model_dir: Path, run: RunDir, trackers: Trackers) -> float:
         """Eval of a model folder without an adapter (the base model, before SFT)."""
         greedy = {"max_tokens": self.config.max_completion_length, "temperature": 0.0}
         with self._in_process_engine(model_dir, greedy, lora=False, rollout_mode="auto") as policy:
-            return self._evaluate(policy, run, 0, num_tasks=None, label=label)
+            return self._headline_eval(policy, run, trackers, 0, "base")
 
 
 def swap_groups(

@@ -553,6 +553,11 @@ def _cut_torn_tail(path: Path) -> int:
     return len(data) - keep
 
 
+def rolled_back_path(path: Path) -> Path:
+    """Where a resume moves the lines of ``path`` it replays: ``<stem>.rolled_back.jsonl``."""
+    return path.with_name(f"{path.stem}.rolled_back.jsonl")
+
+
 def _move_lines(path: Path, moves: Any) -> int:
     """Move the lines whose JSON satisfies ``moves`` to ``<stem>.rolled_back.jsonl``.
 
@@ -567,7 +572,7 @@ def _move_lines(path: Path, moves: Any) -> int:
         (moved if line.strip() and moves(json.loads(line)) else kept).append(line)
     if not moved:
         return 0
-    _append_lines(path.with_name(f"{path.stem}.rolled_back.jsonl"), [m.decode() for m in moved])
+    _append_lines(rolled_back_path(path), [m.decode() for m in moved])
     atomic_write_text(path, b"".join(kept).decode())
     return len(moved)
 

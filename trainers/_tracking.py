@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentgym._errors import ConfigError
+
+from ._run_dir import rolled_back_path
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +79,41 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def trackio_run_name(run_dir: Path) -> str:
+    """The trackio run of ``run_dir``: its folder name and the run's own id (``status.json``).
+
+    Why: trackio continues any run of the same name in the project, so two runs whose folders
+    share a name (``a/exp`` and ``b/exp``, or a folder deleted and trained again) would fold
+    into one trackio run, their steps logged twice. The id survives ``--resume``, so a
+    resumed run continues its own trackio run. A folder without an id keeps its bare name.
+    """
+    try:
+        run_id = json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        run_id = None
+    return f"{run_dir.name}-{run_id}" if isinstance(run_id, str) and run_id else run_dir.name
+
+
+def replayed_through(run_dir: Path) -> int | None:
+    """The last step a resume rolled back (``metrics.rolled_back.jsonl``), None if none.
+
+    Why: those steps reached the trackers before the run was killed, and are replayed now.
+    """
+    last: int | None = None
+    try:
+        with open(rolled_back_path(run_dir / "metrics.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    step = json.loads(line).get("step")
+                except (ValueError, AttributeError):
+                    continue  # a torn or foreign line
+                if isinstance(step, int) and not isinstance(step, bool):
+                    last = step if last is None else max(last, step)
+    except OSError:
+        return None
+    return last
+
+
 class _Backend(Protocol):
     def log(self, step: int, values: Mapping[str, float]) -> None: ...
 
@@ -105,13 +143,24 @@ class _TensorBoard:
 
 
 class _Trackio:
-    """A local trackio run (``trackio show`` opens the dashboard), resumed by run name."""
+    """A local trackio run (``trackio show`` opens the dashboard), resumed by run name.
 
-    def __init__(self, project: str, name: str, config: Mapping[str, Any]):
+    trackio cannot delete a step's points, so after a resume the steps it logged before the
+    kill (``logged_through``) are not logged again: a second point at the same step would
+    fold the curve back. As with W&B, it keeps their first values (``metrics.jsonl`` and
+    TensorBoard have the replayed ones).
+    """
+
+    def __init__(
+        self, project: str, name: str, config: Mapping[str, Any], logged_through: int | None
+    ):
         self.trackio = importlib.import_module("trackio")
+        self.logged_through = logged_through
         self.trackio.init(project=project, name=name, config=dict(config), resume="allow")
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
+        if self.logged_through is not None and step <= self.logged_through:
+            return
         self.trackio.log(dict(values), step=step)
 
     def close(self) -> None:
@@ -189,7 +238,8 @@ class Trackers:
         if name == "tensorboard":
             return _TensorBoard(run_dir, config, resume)
         if name == "trackio":
-            return _Trackio(project, run_dir.name, config)
+            replayed = replayed_through(run_dir) if resume is not None else None
+            return _Trackio(project, trackio_run_name(run_dir), config, replayed)
         return _WandB(project, run_dir, config)
 
     @property

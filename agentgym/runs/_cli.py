@@ -20,7 +20,7 @@ from rich.text import Text
 from agentgym._errors import ConfigError
 from agentgym._yaml import load_yaml
 
-from ._folder import _read_json
+from ._folder import _read_json, live_step
 from ._jobs import parse_config, submit_job
 from ._queue import JobQueue
 from ._store import RunStatus, RunStore, agentgym_home, new_run_id
@@ -53,7 +53,7 @@ def list_runs(
         shown = {k: v for k, v in run["figures"].items() if k in _HEADLINE}
         table.add_row(
             run["id"], run["kind"], _text(run["name"]), _coloured(run["status"]),
-            _text(run["exit_code"]), _text(run["step"]), run["created_at"][:16],
+            _text(run["exit_code"]), _text(live_step(run)), run["created_at"][:16],
             ", ".join(f"{_text(k)}={_text(v)}" for k, v in shown.items()),
         )  # fmt: skip
     console.print(table)
@@ -66,6 +66,7 @@ def show_run(
 ) -> None:
     """Everything the index holds about one run: status, folder, figures, config, error."""
     run = _find(RunStore(db), run_id)
+    run = {**run, "step": live_step(run)}
     table = Table("field", "value", title=f"run {run['id']}")
     for key in ("kind", "name", "status", "exit_code", "source", "run_dir", "pid", "host",
                 "created_at", "started_at", "ended_at", "step", "attempt", "sweep_id"):  # fmt: skip
@@ -87,12 +88,12 @@ def compare_runs(
 ) -> None:
     """Two runs side by side: their figures, and the config keys that differ."""
     store = RunStore(db)
-    a, b = _find(store, first), _find(store, second)
+    a, b = ({**r, "step": live_step(r)} for r in (_find(store, first), _find(store, second)))
     table = Table("", a["id"], b["id"], title="figures")
     for key in ("kind", "name", "status", "step"):
         table.add_row(key, _text(a[key]), _text(b[key]))
     for key in sorted(a["figures"].keys() | b["figures"].keys()):
-        table.add_row(_text(key), _text(a["figures"].get(key)), _text(b["figures"].get(key)))
+        table.add_row(_text(key), *_told_apart(a["figures"].get(key), b["figures"].get(key)))
     console.print(table)
     differ = Table("config key", a["id"], b["id"], title="config differences")
     for key in sorted(a["config"].keys() | b["config"].keys()):
@@ -234,6 +235,22 @@ def _by_folder(store: RunStore, key: str) -> dict[str, Any] | None:
 def _coloured(status: str) -> Text:
     colour = _STATUS_COLOURS.get(status, "yellow")
     return Text(status, style=colour)
+
+
+def _told_apart(first: Any, second: Any) -> tuple[str, str]:
+    """Both values as text, with as many digits as it takes to show that they differ.
+
+    Why: at 4 significant digits 0.91234 and 0.91236 both read 0.9123, and a comparison
+    that prints two different figures the same says the runs did equally well.
+    """
+    texts = _text(first), _text(second)
+    if not (isinstance(first, float) and isinstance(second, float)) or first == second:
+        return texts
+    for digits in range(5, 18):
+        texts = f"{first:.{digits}g}", f"{second:.{digits}g}"
+        if texts[0] != texts[1]:
+            break
+    return texts
 
 
 def _text(value: Any) -> str:

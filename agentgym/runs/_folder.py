@@ -45,6 +45,17 @@ def read_step(run_dir: Path) -> int | None:
     return None
 
 
+def live_step(run: Mapping[str, Any]) -> int | None:
+    """The step a run has reached: the index's, or a running run's own (``status.json``).
+
+    Why: the index records a run's step when its process ends, so while a run trains, the
+    step column of `agentgym runs ls` and of the dashboard's runs table stayed empty.
+    """
+    if run.get("step") is not None or run.get("status") != "running" or not run.get("run_dir"):
+        return run.get("step")
+    return read_step(Path(run["run_dir"]))
+
+
 def run_file(run_dir: str | Path, name: str) -> Path | None:
     """``run_dir/name`` when it is a regular file inside the run folder, else None.
 

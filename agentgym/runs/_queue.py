@@ -97,7 +97,10 @@ class JobQueue:
         self._wake = asyncio.Event()
         while not self._stopping:
             self._forward_cancels()
-            while len(self._procs) < self.workers and not self._stopping:
+            # count tasks, not processes: a job's process exists only once its task has run,
+            # so counting processes claimed every queued job in one pass (`--parallel 1` ran
+            # a whole sweep at once)
+            while len(self._tasks) < self.workers and not self._stopping:
                 job = self.store.claim_next(self.owner, sweep_id=self.sweep_id)
                 if job is None:
                     break

@@ -41,7 +41,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 
 from .._trajectory import PrefixMismatchError, Status, Trajectory
 from ..runs import TERMINAL
-from ..runs._folder import run_file
+from ..runs._folder import live_step, run_file
 
 STATIC_DIR = Path(__file__).with_name("static")
 #: Files the page loads; nothing else under ``static/`` is served.
@@ -467,7 +467,7 @@ def detail(trajectory: Trajectory, index: int, run: dict[str, Any]) -> dict[str,
 def run_summary(run: dict[str, Any]) -> dict[str, Any]:
     """The runs-table fields of a store record (no config: the table does not need it)."""
     keys = ("id", "kind", "name", "status", "created_at", "step", "figures", "run_dir")
-    return dict(_finite({k: run.get(k) for k in keys}))
+    return dict(_finite({k: run.get(k) for k in keys} | {"step": live_step(run)}))
 
 
 def _run_dir(run: dict[str, Any]) -> Path | None:

@@ -86,6 +86,7 @@ def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
         tmp_path, env="test/Chatter-v0", max_steps=2, eval_steps=None, save_steps=None,
         rollout_engine=engine.split("-")[0], rollout_compile=engine == "vllm-compiled",
         train_tasks=None, eval_tasks=None,  # the split: eval 0-3
+        report_to=["tensorboard"],
     )  # fmt: skip
     trainer = GRPOTrainer(cfg)
     base = trainer.model_dir / "model.safetensors"
@@ -105,6 +106,16 @@ def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
     changed = [k for k in v1 if not (v1[k] == v3[k]).all()]
     assert changed and all("lora_" in k for k in v1)
     assert 0.0 <= figures["grpo/success"] <= 1.0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()  # the evals with lines of their own reach the trackers too
+    assert [(e.step, e.value) for e in events.Scalars("eval/success")] == [
+        (0, pytest.approx(figures["base/success"]))
+    ]
+    assert [(e.step, e.value) for e in events.Scalars("final/success")] == [
+        (2, pytest.approx(figures["grpo/success"]))
+    ]
     assert (run / "reward_curve.png").stat().st_size > 1000
     evals = [
         json.loads(line) for line in (run / "eval_trajectories.jsonl").read_text().splitlines()
