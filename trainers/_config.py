@@ -567,13 +567,13 @@ class GRPOConfig:
         ["auto"],
         "Trackers for metrics besides the JSONL: any of 'tensorboard', 'trackio', 'wandb', each "
         "once (a named one must be installed: checked before the run folder is made); 'auto' "
-        "(each that is installed) or 'none'. An empty list [] means 'none'; a single string is "
-        "accepted.",
+        "(each that is installed) or 'none'. An empty list [] means 'none'; a string is read as "
+        "a comma-separated list ('tensorboard,trackio').",
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.report_to, str):
-            self.report_to = [self.report_to]
+        if isinstance(self.report_to, str):  # `--set report_to=tensorboard,trackio` names two
+            self.report_to = [name.strip() for name in self.report_to.split(",")]
         if self.report_to == []:
             self.report_to = ["none"]
         for rule in CONFIG_RULES:  # each raises ConfigError naming the fix, or warns

@@ -329,6 +329,16 @@ def check_rollout_servers(config: GRPOConfig) -> None:
         )
 
 
+
+#: Step-count knobs that must be >= 1, and what null means for the ones that may be null.
+_STEP_KNOBS: dict[str, str | None] = {
+    "max_steps": None,
+    "logging_steps": None,
+    "eval_steps": "no periodic eval (step 0 and the final one still run)",
+    "save_steps": "a checkpoint at the last step only",
+    "save_total_limit": "keep every checkpoint",
+}
+
 def check_schedule(config: GRPOConfig) -> None:
     if config.warmup_steps and config.lr_scheduler_type == "constant":
         raise ConfigError(
@@ -340,10 +350,11 @@ def check_schedule(config: GRPOConfig) -> None:
             f"warmup_steps={config.warmup_steps!r} is longer than the run's max_steps="
             f"{config.max_steps}; shorten the warm-up or train longer"
         )
-    for name in ("max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit"):
+    for name, off in _STEP_KNOBS.items():
         value = getattr(config, name)
         if value is not None and value < 1:
-            raise ConfigError(f"{name}={value!r} must be >= 1 (or null where allowed)")
+            null = f", or null: {off}" if off else ""
+            raise ConfigError(f"{name}={value!r} must be >= 1{null}")
     if config.gradient_accumulation_steps < 1 or \
             config.gradient_accumulation_steps > config.episodes_per_step:
         raise ConfigError(

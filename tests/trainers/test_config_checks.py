@@ -81,6 +81,9 @@ def test_max_episode_tokens_below_one_is_refused(tokens: int) -> None:
 def test_report_to_refuses_duplicates_and_reads_an_empty_list_as_none() -> None:
     _refused("names 'tensorboard' twice", report_to=["tensorboard", "tensorboard"])
     assert GRPOConfig(report_to=[]).report_to == ["none"]
+    # `--set report_to=tensorboard,trackio` was one unknown tracker named with a comma
+    assert GRPOConfig(report_to="tensorboard, trackio").report_to == ["tensorboard", "trackio"]
+    assert GRPOConfig.from_dict({"report_to": "none"}).report_to == ["none"]
     assert "[]" in GRPOConfig.help("report_to")
 
 
