@@ -11,8 +11,9 @@ Subclasses implement `areset` (calling ``await super().areset(seed=seed)`` first
 `np_random` as Gymnasium's `reset` does, so both paths seed alike) and `astep`. The sync
 `reset`/`step` run them on an event loop shared by all envs of the calling thread, so
 Gymnasium tools (`check_env`, wrappers) work unchanged and an env that is never closed leaks
-no loop; async code (the rollout engine) awaits `areset`/`astep` directly so that one
-episode's slow tool never blocks another.
+no loop; called where an event loop already runs (a Jupyter cell), they run that same loop
+on a helper thread and wait for it. Async code (the rollout engine) awaits `areset`/`astep`
+directly so that one episode's slow tool never blocks another.
 
 Data flows one way: the env is given actions and reports, in each step's ``info``, what it
 rewarded; it never reads what the engine records. Reward functions that want the episode get
@@ -23,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import threading
-from collections.abc import Coroutine
+import weakref
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import gymnasium
@@ -83,6 +86,17 @@ class MessagesSpace(spaces.Space[list[Message]]):
     def __repr__(self) -> str:
         return "MessagesSpace()"
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to any `MessagesSpace`: its generator is not part of what it holds.
+
+        Why: `gymnasium.vector.AsyncVectorEnv` compares the spaces its workers send back
+        (copies, unpickled) with its own, and identity made every copy "not equivalent".
+        """
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
 
 class AssistantTurnSpace(spaces.Space[Any]):
     """Raw assistant text, or an assistant message dict; samples random short text."""
@@ -104,10 +118,76 @@ class AssistantTurnSpace(spaces.Space[Any]):
     def __repr__(self) -> str:
         return f"AssistantTurnSpace(max_length={self.max_length})"
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when it samples the same lengths; see `MessagesSpace.__eq__` for why."""
+        if type(other) is not type(self):
+            return False
+        assert isinstance(other, AssistantTurnSpace)
+        return other.max_length == self.max_length
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.max_length))
+
+
+class _SpacePerEnv:
+    """A class attribute giving each env a space of its own, made on first read.
+
+    Why: Gymnasium seeds and samples spaces per env (``env.action_space.seed(0)``); one space
+    object shared by every env of a class made one env's seed change another env's samples.
+    Each env's space is made afresh (not copied from the template), so it starts unseeded, as
+    a Gymnasium env's does. Assigning ``self.observation_space = ...`` (or a subclass's own
+    class attribute) wins.
+    """
+
+    def __init__(self, make: Callable[[], spaces.Space[Any]]) -> None:
+        self.make = make
+        self.template = make()
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, env: object, owner: type | None = None) -> Any:
+        if env is None:
+            return self.template  # read on the class
+        space = self.make()
+        env.__dict__[self.name] = space  # later reads find it first (a non-data descriptor)
+        return space
+
 
 def _random_text(rng: np.random.Generator, max_length: int) -> str:
     length = int(rng.integers(1, max_length + 1))
     return "".join(rng.choice(list(_SAMPLE_CHARS), size=length))
+
+
+#: Set while `Env.reset` runs: the base `areset` then serves a subclass's own sync `reset`.
+_in_sync_reset: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "agentgym_in_sync_reset", default=False
+)
+
+
+def _overrides_only_sync(cls: type, name: str) -> bool:
+    """Whether ``cls`` overrides Gymnasium's sync ``name`` but not agentgym's async ``a{name}``."""
+    return getattr(cls, name) is not getattr(Env, name) and getattr(cls, f"a{name}") is getattr(
+        Env, f"a{name}"
+    )
+
+
+def _sync_only_message(cls: type, name: str) -> str:
+    """The one-line refusal of an env that implements ``name`` the Gymnasium way only.
+
+    Why: the rollout engine awaits `areset`/`astep`; an env written as a Gymnasium env (sync
+    ``reset``/``step``) passed ``check_env`` but played an empty conversation in a rollout, or
+    failed there with a bare NotImplementedError.
+    """
+    base = name.removeprefix("a")
+    if name == base:
+        return (
+            f"{cls.__name__} overrides the sync {base}() but not async a{base}(), which the "
+            f"rollout engine awaits; rename it to `async def a{base}(...)` (calling "
+            f"`await super().a{base}(...)` where it called super().{base}); env.{base}() then "
+            "runs it"
+        )
+    return f"{cls.__name__} does not implement `async def {name}(self, action)`"
 
 
 class Env(gymnasium.Env[list[Message], Action]):
@@ -120,8 +200,8 @@ class Env(gymnasium.Env[list[Message], Action]):
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
-    observation_space = MessagesSpace()
-    action_space = AssistantTurnSpace()
+    observation_space: spaces.Space[Any] = _SpacePerEnv(MessagesSpace)  # type: ignore[assignment]
+    action_space: spaces.Space[Any] = _SpacePerEnv(AssistantTurnSpace)  # type: ignore[assignment]
     _pending_seed: int | None = None  # a seed the generator has yet to be built from
     _lazy_rng: np.random.Generator | None = None  # the generator, once built
 
@@ -137,6 +217,8 @@ class Env(gymnasium.Env[list[Message], Action]):
         like Gymnasium's `reset`, it reseeds `np_random` when ``seed`` is given and keeps the
         current generator when it is None. The base returns an empty conversation.
         """
+        if not _in_sync_reset.get() and _overrides_only_sync(type(self), "reset"):
+            raise ConfigError(_sync_only_message(type(self), "reset"))
         if seed is not None:
             self._seed(seed)
         self.messages = []
@@ -204,17 +286,32 @@ class Env(gymnasium.Env[list[Message], Action]):
                 model's mistakes this step, as messages), ``turn``; when the episode ends also
                 ``final_reward``, ``scores`` and ``reward_errors``.
         """
-        raise NotImplementedError
+        which = "step" if _overrides_only_sync(type(self), "step") else "astep"
+        raise NotImplementedError(_sync_only_message(type(self), which))
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        """Sync adapter over `areset`; inside running async code, await `areset` instead."""
-        return self._run_sync(self.areset(seed=seed, options=options))
+        """Sync adapter over `areset` (works in a notebook too); async code awaits `areset`."""
+        token = _in_sync_reset.set(True)  # a Gymnasium-style reset override calls this
+        try:
+            return self._run_sync(self.areset(seed=seed, options=options))
+        finally:
+            _in_sync_reset.reset(token)
 
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        """Sync adapter over `astep`; inside running async code, await `astep` instead."""
+        """Sync adapter over `astep` (works in a notebook too); async code awaits `astep`."""
         return self._run_sync(self.astep(action))
+
+    def render(self) -> Any:
+        """Not drawn: an env's state is its conversation, `messages`, which is read directly.
+
+        Gymnasium's base raised a bare ``NotImplementedError``; this one says where to look.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no render modes; read the conversation so far from "
+            "env.unwrapped.messages (OpenAI-format message dicts)"
+        )
 
     async def atruncate(self) -> dict[str, Any]:
         """End the episode from outside (its conversation outgrew the model's context).
@@ -232,20 +329,56 @@ class Env(gymnasium.Env[list[Message], Action]):
         self._run_sync(self.aclose())
 
     def _run_sync(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``coro`` to its end on the calling thread's sync-adapter loop.
+
+        Inside a running event loop (a Jupyter cell, code under ``asyncio.run``) that loop
+        cannot run on this thread while the running one waits, so it runs on a helper thread
+        while this one blocks, as a sync call blocks: a notebook can call ``env.reset()``.
+        The env's coroutines run on the same loop either way, so what it made there (locks,
+        clients) keeps working. Async code should still await `areset`/`astep`: a sync call
+        holds up every other task of the running loop until it returns.
+        """
         try:
-            asyncio.get_running_loop()
+            running = asyncio.get_running_loop()
         except RuntimeError:
-            pass
-        else:
+            return _thread_loop().run_until_complete(coro)
+        if running in _adapter_loops or (loop := _thread_loop()).is_running():
             coro.close()
             raise ConfigError(
-                "Env.reset/step called from inside a running event loop; "
-                "use `await env.areset(...)` / `await env.astep(...)` there"
+                "Env.reset/step/close called inside another sync env call (from its tool or "
+                "reward, or that call was interrupted); await env.areset(...) / env.astep(...) "
+                "/ env.aclose() there"
             )
-        return _thread_loop().run_until_complete(coro)
+        return _run_beside(loop, coro)
+
+
+def _run_beside(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` on ``loop`` in a helper thread and wait for it; its error is re-raised.
+
+    The helper runs in a copy of the caller's context, so context variables set by the caller
+    are seen by the env, as on the plain sync path.
+    """
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = loop.run_until_complete(coro)
+        except BaseException as exc:  # re-raised in the caller, KeyboardInterrupt included
+            outcome["error"] = exc
+
+    context = contextvars.copy_context()
+    helper = threading.Thread(target=context.run, args=(work,), name="agentgym-sync-env")
+    helper.start()
+    helper.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    value: _T = outcome["value"]
+    return value
 
 
 _loops = threading.local()
+#: Every loop the sync adapters made: one running means the caller is inside a sync call.
+_adapter_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
 def _thread_loop() -> asyncio.AbstractEventLoop:
@@ -253,5 +386,6 @@ def _thread_loop() -> asyncio.AbstractEventLoop:
     loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
     if loop is None or loop.is_closed():
         loop = _loops.loop = asyncio.new_event_loop()
+        _adapter_loops.add(loop)
         atexit.register(loop.close)
     return loop

@@ -14,6 +14,7 @@ agentgym never imports someone else's package.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -31,6 +32,7 @@ from types import ModuleType, UnionType
 from typing import Any, Literal, Union
 
 import gymnasium
+from gymnasium.envs.registration import EnvSpec
 from pydantic import TypeAdapter, ValidationError
 
 from ._env import Env
@@ -271,13 +273,19 @@ def _short_name(env_id: str) -> str:
     return env_id.rsplit("/", 1)[-1].rsplit("-v", 1)[0].lower()
 
 
-def make(id: str, **kwargs: Any) -> Env:
+def make(id: str | EnvSpec, **kwargs: Any) -> Env:
     """Build a registered env, unwrapped; ``kwargs`` override the registered defaults.
+
+    ``id`` may also be an env's ``spec`` (as `gymnasium.make` takes it): the env is rebuilt
+    with the options that spec records.
 
     Raises:
         UnknownEnvError: nothing is registered under ``id`` (the message suggests close ids).
         ConfigError: the env does not accept one of ``kwargs``.
     """
+    if isinstance(id, EnvSpec):
+        kwargs = {**(id.kwargs or {}), **kwargs}
+        id = id.id
     spec = gymnasium.spec(resolve_id(id))
     factory = _load_entry_point(spec.entry_point)
     merged = {**(spec.kwargs or {}), **kwargs}
@@ -294,8 +302,18 @@ def make(id: str, **kwargs: Any) -> Env:
             f"{spec.id}'s entry point returned {type(env).__name__}, not an env; register a "
             "class or a function that returns an agentgym.Env"
         )
-    env.spec = spec
+    env.spec = _spec_as_made(spec, merged)
     return env
+
+
+def _spec_as_made(spec: EnvSpec, options: dict[str, Any]) -> EnvSpec:
+    """The env's own spec: the registered one with the options it was made with.
+
+    Why: as after `gymnasium.make`, ``gymnasium.make(env.spec)`` must rebuild this env, not
+    the registered default; and the registry's spec object must not be shared (a user who
+    edits ``env.spec`` would edit the registry).
+    """
+    return dataclasses.replace(spec, kwargs=dict(options))
 
 
 def _load_entry_point(entry_point: Any) -> Callable[..., Env]:

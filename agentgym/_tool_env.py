@@ -171,6 +171,20 @@ class ToolEnv(Env):
         self._tool_schemas = [t.schema for t in self.tools.values()]
         self._tool_threads = ToolThreads(self.max_tool_threads)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Refuse `copy`, `copy.deepcopy` and `pickle` in one line naming what to do instead.
+
+        Why: a ToolEnv holds live things (its tool threads' lock, and in subclasses sandbox
+        leases, servers, connections): a deep copy or a pickle failed deep inside with
+        "cannot pickle '_thread.lock' object", and a shallow copy shared the episode, so
+        stepping one copy changed the other.
+        """
+        raise ConfigError(
+            f"{type(self).__name__} cannot be copied or pickled (it holds tool threads and may "
+            "hold sandboxes or servers); make another with agentgym.make(env.spec), and pass "
+            "a function that makes the env where one must cross processes (AsyncVectorEnv)"
+        )
+
     # ---- hooks -------------------------------------------------------------------------
     def build_prompt(self, task: dict[str, Any]) -> list[Message]:
         """The opening messages for ``task``: the system prompt, then the task's prompt."""
