@@ -45,6 +45,7 @@ from agentgym._check import reference_conversation
 from agentgym._errors import ConfigError, Error, InfraError
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
+from agentgym.engine._fleet import run_namespace
 from agentgym.engine._vllm import unguarded_script
 
 from ._advantages import Advantages, group_key, mask_truncated, trajectory_advantages
@@ -239,7 +240,8 @@ class GRPOTrainer:
             log.info("resumed from %s at step %d", checkpoint, state["step"])
             if self._entropy is not None:
                 self._entropy.restore(state["entropy_control"])
-        policy = self._policy(start_model, world.broadcast(run.run_id if run else None))
+        namespace = world.broadcast(run_namespace(run.run_id) if run else None)
+        policy = self._policy(start_model, namespace)
         spec = LossSpec.from_config(cfg, max_turns=self.env_max_turns)
         console = TrainingConsole(cfg.max_steps, start_step=state["step"])
         with policy, console:
@@ -342,11 +344,12 @@ class GRPOTrainer:
             scripts=cfg.sft_scripts, chat_template_kwargs=cfg.chat_template_kwargs,
         )  # fmt: skip
 
-    def _policy(self, model_dir: Path, run_id: str) -> RolloutPolicy:
+    def _policy(self, model_dir: Path, namespace: str) -> RolloutPolicy:
         """The rollout policy: an in-process engine serving ``model_dir`` + LoRA, or servers.
 
-        With ``rollout_servers`` episodes run on those servers, adapters named after
-        ``run_id`` (a new run never meets an old run's versions there). Under torchrun each
+        With ``rollout_servers`` episodes run on those servers, adapters named in
+        ``namespace`` (`run_namespace`: a new run, or a resumed one, never meets the versions
+        of another run or of its killed process there). Under torchrun each
         rank has its own and rolls out only its share of each step.
         """
         cfg = self.config
@@ -357,7 +360,7 @@ class GRPOTrainer:
         mode: ModeChoice = cfg.rollout_mode  # concat: the engine refuses a template that cannot
         if cfg.rollout_servers:
             name = cfg.rollout_model_name or model_dir.name
-            fleet = VLLMFleet(cfg.rollout_servers, name, namespace=run_id)
+            fleet = VLLMFleet(cfg.rollout_servers, name, namespace=namespace)
             return RemoteVLLMPolicy(
                 model_dir, fleet, router_url=cfg.rollout_router_url, sampling=sampling,
                 max_model_len=cfg.max_model_len, chat_template_kwargs=cfg.chat_template_kwargs,

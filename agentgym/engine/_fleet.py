@@ -4,8 +4,9 @@ Two planes, as in SkyRL and prime-rl:
 
 - *Data plane*: each request goes to the replica `StickyLeastLoaded` picks (an episode stays
   where its prefix is cached). A replica that fails in transit or answers 5xx is routed around
-  for ``cool_off`` seconds; after that it is probed, and it takes traffic again only once it
-  serves every adapter version the fleet keeps (a restarted server comes back empty).
+  for ``cool_off`` seconds; after that it is probed (in the background past ``probe_wait``
+  while another server is up), and it takes traffic again only once it serves every adapter
+  version the fleet keeps (a restarted server comes back empty).
 - *Control plane*: `publish` loads a new adapter version on every healthy server at once
   (``/v1/load_lora_adapter``; the servers need ``--enable-lora`` and
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``), retrying "not found" while shared storage catches
@@ -27,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import time
 import uuid
@@ -50,6 +52,17 @@ _NOT_FOUND_HINTS = ("not found", "does not exist", "no such file", "no adapter",
 
 class AdapterPublishError(ModelError):
     """A new adapter version did not reach every server; it was unloaded where it was loaded."""
+
+
+def run_namespace(run_id: str) -> str:
+    """The adapter namespace of one process of run ``run_id``: its id and a fresh suffix.
+
+    Why fresh per process: a run killed and resumed redoes its steps from the checkpoint, and
+    under the same names the servers (which skip a name they serve) and the adapter storage
+    (which reuses a staged folder) would serve the killed process's weights as the resumed
+    run's versions, silently.
+    """
+    return f"{run_id}.{secrets.token_hex(3)}"
 
 
 def adapter_name(version: int, namespace: str = "") -> str:
@@ -83,6 +96,9 @@ class VLLMFleet:
         timeout: seconds per request.
         max_imbalance: see `StickyLeastLoaded`.
         cool_off: seconds a failed server is routed around before it is probed again.
+        probe_wait: seconds a request waits for such a probe while another server is up; a
+            longer probe (a host that does not answer, adapters slow to load) goes on in the
+            background and the request goes to a healthy server.
         load_timeout: seconds to keep retrying an adapter load that answers "not found".
         keep_versions: adapter versions kept loaded on every server (``max_staleness + 1``;
             the servers' ``--max-loras`` must be above this).
@@ -99,6 +115,7 @@ class VLLMFleet:
         timeout: float = 120.0,
         max_imbalance: int = 8,
         cool_off: float = 5.0,
+        probe_wait: float = 1.0,
         load_timeout: float = 120.0,
         keep_versions: int = 2,
         namespace: str = "",
@@ -109,6 +126,7 @@ class VLLMFleet:
         self.router = StickyLeastLoaded(self.urls, max_imbalance)
         self.model = model
         self.cool_off = cool_off
+        self.probe_wait = probe_wait
         self.load_timeout = load_timeout
         self.keep_versions = keep_versions
         self.namespace = namespace
@@ -120,6 +138,7 @@ class VLLMFleet:
         #: Adapter loads retried because a server did not see the folder yet (shared storage lag).
         self.not_found_retries = 0
         self._probing: set[str] = set()
+        self._probes: set[asyncio.Task[None]] = set()  # referenced until done
 
     @property
     def adapter_version(self) -> int:
@@ -177,25 +196,49 @@ class VLLMFleet:
         self.router.finish(session)
 
     async def _probe_due(self) -> None:
-        """Bring back down servers whose cool-off passed, once they serve the kept adapters."""
-        due = [r for r in self.router.due_for_probe() if r.url not in self._probing]
-        if due:
-            await asyncio.gather(*(self._rejoin(r.url) for r in due))
+        """Bring back down servers whose cool-off passed, once they serve the kept adapters.
+
+        A request waits for the probes at most ``probe_wait`` seconds while a server is up:
+        awaited to the end, one turn per cool-off waited out a dead host's whole ``timeout``
+        (and a slow adapter load's ``load_timeout``) although a healthy server was free.
+        """
+        due = [r.url for r in self.router.due_for_probe() if r.url not in self._probing]
+        started = [self._start_probe(url) for url in due]
+        if not self.router.healthy_urls():  # nowhere else to go: wait for every probe
+            started = [t for t in self._probes if t.get_loop() is asyncio.get_running_loop()]
+            if started:
+                await asyncio.wait(started)
+        elif started:
+            await asyncio.wait(started, timeout=self.probe_wait)
+
+    def _start_probe(self, url: str) -> asyncio.Task[None]:
+        """`_rejoin` ``url`` in a task; it counts as probing until the task ends, however."""
+        self._probing.add(url)  # now, not when the task starts: no second probe meanwhile
+        task = asyncio.ensure_future(self._rejoin(url))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+        task.add_done_callback(lambda _: self._probing.discard(url))  # cancelled unstarted too
+        return task
 
     async def _rejoin(self, url: str) -> None:
-        self._probing.add(url)
         try:
-            served = await self.served_names(url)
-            for adapter in self.adapters:
-                if adapter.name not in served:
-                    await self._load(url, adapter.name, adapter.path)
+            await self._load_kept(url, await self.served_names(url))
         except (ModelError, OSError) as exc:
             self.router.mark_down(url, f"probe failed: {exc}", self.cool_off)
         else:
             log.info("rollout server %s is back (serves v%d)", url, self.adapter_version)
             self.router.mark_up(url)
-        finally:
-            self._probing.discard(url)
+
+    async def _load_kept(self, url: str, served: set[str]) -> None:
+        """Load every kept version ``url`` lacks, until none is missing.
+
+        Why a loop: a publish can finish while these loads run; a server that rejoined with
+        only the versions it saw at the start would take traffic for one it does not serve.
+        """
+        while missing := [a for a in self.adapters if a.name not in served]:
+            for adapter in missing:
+                await self._load(url, adapter.name, adapter.path)
+                served.add(adapter.name)
 
     # ---- control plane ------------------------------------------------------------------
     async def served_names(self, url: str) -> set[str]:
@@ -257,8 +300,19 @@ class VLLMFleet:
         self.adapters.append(
             AdapterVersion(version, name, str(path), time.perf_counter() - started)
         )
+        self._reprobe_joined_during(targets, version)
         await self._retire_old()
         return PublishReport(version, tuple(loaded), tuple(down), self.adapters[-1].load_seconds)
+
+    def _reprobe_joined_during(self, targets: list[str], version: int) -> None:
+        """Send servers that came back while ``version`` was loading through a probe again.
+
+        They rejoined with the versions kept before it, so new traffic on ``version`` would
+        meet a server without it; the probe (due at once) loads it before they take traffic.
+        """
+        for url in self.router.healthy_urls():
+            if url not in targets:
+                self.router.mark_down(url, f"rejoined while v{version} was published", 0.0)
 
     async def _retire_old(self) -> None:
         """Unload versions beyond ``keep_versions`` from every healthy server."""
@@ -329,7 +383,14 @@ class VLLMFleet:
             log.warning("unloading %s on %s failed: %r", name, url, exc)
 
     async def aclose(self) -> None:
-        """Close the HTTP connection pool (a new one opens on demand)."""
+        """Stop this loop's probes and close the HTTP connection pool (it reopens on demand).
+
+        A stopped probe leaves its server down and due: the next request probes it again.
+        """
+        here = [t for t in self._probes if t.get_loop() is asyncio.get_running_loop()]
+        for task in here:
+            task.cancel()
+        await asyncio.gather(*here, return_exceptions=True)
         await self.http.aclose()
 
 

@@ -50,6 +50,11 @@ ServerFailurePolicy = Literal["retry", "fail"]
 #: output, so never a server failure the model could use to leave its group). vLLM's "abort"
 #: and "error" (and anything else) mean the server cut it short.
 _FINISHED = frozenset({"stop", "length", "repetition"})
+#: Where a user gave each kind of URL (eval option / training config key).
+_URL_OPTIONS = {
+    "server": "--server / rollout_servers",
+    "router": "--router-url / rollout_router_url",
+}
 
 
 class RemoteVLLMPolicy(TokenPolicy):
@@ -106,7 +111,7 @@ class RemoteVLLMPolicy(TokenPolicy):
         self._vocab_size: int | None = None
 
     def start(self) -> None:
-        """Check that every server answers and serves the model now, not mid-run.
+        """Check that every server (and the router) answers and serves the model now, not mid-run.
 
         Also loads the tokenizer and the vocabulary size. Raises `ConfigError` naming the
         fix, or `ModelError` when a server is unreachable.
@@ -115,17 +120,42 @@ class RemoteVLLMPolicy(TokenPolicy):
         async def check() -> None:
             try:
                 for url in self.fleet.urls:
-                    names = await self.fleet.served_names(url)
-                    if self.fleet.model not in names:
-                        raise ConfigError(
-                            f"{url} serves {sorted(names)}, not {self.fleet.model!r}; give the "
-                            "servers' --served-model-name as the model name"
-                        )
+                    self._require_model(url, await self._names_at_start(url, "server"))
+                if self.router_url is not None:
+                    await self._check_router(self.router_url)
             finally:
                 await self.fleet.aclose()
 
         asyncio.run(check())
         _ = self.renderer, self.vocab_size  # read from disk now, not on a turn's event loop
+
+    async def _names_at_start(self, url: str, what: str) -> set[str]:
+        """What ``url`` serves; unreachable is a `ModelError` that names the fix.
+
+        Why here: a typo'd or stopped URL found mid-run ends every episode ``infra_error``.
+        """
+        try:
+            return await self.fleet.served_names(url)
+        except ModelError as exc:
+            option = _URL_OPTIONS[what]
+            raise ModelError(
+                f"{exc}; start that {what}, or fix or drop its URL ({option})"
+            ) from exc
+
+    def _require_model(self, url: str, names: set[str]) -> None:
+        if self.fleet.model not in names:
+            raise ConfigError(
+                f"{url} serves {sorted(names)}, not {self.fleet.model!r}; give the "
+                "servers' --served-model-name as the model name"
+            )
+
+    async def _check_router(self, url: str) -> None:
+        """The router must answer and route to the model, before any episode is played.
+
+        Without this check a wrong router URL ran the whole eval or step, every turn failing
+        in transit, every episode ``infra_error``.
+        """
+        self._require_model(url, await self._names_at_start(url, "router"))
 
     def close(self) -> None:
         """Nothing to shut down: the servers are not ours and keep running."""

@@ -250,14 +250,17 @@ def test_grpo_rolls_out_on_both_servers_and_publishes_each_step_to_both(
     assert last["router/servers_up"] == 2.0 and last["router/moved_episodes"] == 0.0
     assert last["router/requests_server0"] > 0 and last["router/requests_server1"] > 0
     run_id = json.loads((run / "status.json").read_text())["run_id"]
-    kept = {f"agentgym-{run_id}-v2", f"agentgym-{run_id}-v3"}  # keep_versions=2: v1 unloaded
+    staged = sorted(p.name for p in (tmp_path / "shared").iterdir())
+    # the run's id and this process's own suffix (a resumed process gets another)
+    namespace = re.fullmatch(rf"agentgym-({re.escape(run_id)}\.[0-9a-f]{{6}})-v1", staged[0])
+    assert namespace, staged
+    ns = namespace.group(1)
+    assert staged == [f"agentgym-{ns}-v{v}" for v in (1, 2, 3)]  # staged atomically, no temp
+    kept = {f"agentgym-{ns}-v2", f"agentgym-{ns}-v3"}  # keep_versions=2: v1 unloaded
     fleet = VLLMFleet([s.root for s in servers], "tiny")
     for server in servers:
         adapters = {n for n in asyncio.run(fleet.served_names(server.root)) if run_id in n}
         assert adapters == kept, server.root
-    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == sorted(
-        f"agentgym-{run_id}-v{v}" for v in (1, 2, 3)
-    )  # staged atomically on the shared storage, no temporary left
     served = [served_requests(s) - b for s, b in zip(servers, before)]
     assert min(served) > 0  # both servers rolled out (and evaluated) episodes
 
@@ -295,7 +298,12 @@ async def test_a_server_killed_mid_run_ends_its_episodes_and_comes_back_with_the
         before = fleet.router.replicas[victim.root].requests
         third = await agentgym.arollout(NudgeEnv, retrying, tasks=list(range(8)), max_concurrency=8)
         assert [t.status for t in third] == ["truncated"] * 8
+        if fleet._probes:  # the probe goes on in the background while the other server serves
+            await asyncio.wait(fleet._probes)
         assert "agentgym-v1" in await fleet.served_names(restarted.root)  # healed before traffic
+        tasks = list(range(8))
+        fourth = await agentgym.arollout(NudgeEnv, retrying, tasks=tasks, max_concurrency=8)
+        assert [t.status for t in fourth] == ["truncated"] * 8
         assert fleet.router.replicas[victim.root].requests > before
-        assert {t.adapter_version for t in third for t in t.turns} == {1}
+        assert {t.adapter_version for t in third + fourth for t in t.turns} == {1}
     await fleet.aclose()

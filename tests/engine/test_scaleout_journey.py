@@ -1,0 +1,240 @@
+"""Scale-out mistakes a user makes, and races a fleet meets, on stand-in vLLM servers.
+
+Found by playing docs/deployment.md end to end: a wrong or stopped router URL ran every
+episode to ``infra_error`` instead of stopping at the start; a server down at the start was
+reported without saying what to change; and a server that came back while an adapter version
+was being published took traffic for a version it did not serve. Stand-ins:
+`tests.engine.fault_server` (real HTTP on loopback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentgym import ConfigError, ModelError
+from agentgym.engine import RemoteVLLMPolicy, VLLMFleet
+from agentgym.engine._fleet import adapter_name
+from agentgym.engine._serve import free_port
+from tests.conftest import require
+from tests.engine.fault_server import FaultServer, fault_servers
+
+PROMPT = [1, 2, 3, 4]
+
+
+@pytest.fixture
+def pair() -> Iterator[list[FaultServer]]:
+    require("fastapi")
+    require("uvicorn")
+    with fault_servers(2) as servers:
+        yield servers
+
+
+@pytest.fixture
+def adapter(tmp_path: Path) -> Path:
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text("{}")  # the stand-ins never read it
+    return folder
+
+
+def make_policy(
+    model_dir: Path, urls: list[str], router_url: str | None = None
+) -> RemoteVLLMPolicy:
+    fleet = VLLMFleet(urls, "tiny", timeout=3.0, cool_off=3600)
+    return RemoteVLLMPolicy(model_dir, fleet, router_url=router_url, sampling={"max_tokens": 8})
+
+
+def completions(servers: list[FaultServer]) -> int:
+    return sum(len(s.completions) for s in servers)
+
+
+# ---- wrong URLs are refused at the start, naming the option to fix ----------------------------
+
+
+def test_a_router_url_nothing_listens_on_is_refused_before_any_episode(
+    pair: list[FaultServer], tiny_model_dir: Path
+) -> None:
+    router = f"http://127.0.0.1:{free_port()}"
+    policy = make_policy(tiny_model_dir, [s.url for s in pair], router_url=router)
+    with pytest.raises(ModelError, match=r"127\.0\.0\.1.*start that router.*--router-url"):
+        policy.start()
+    assert completions(pair) == 0
+
+
+def test_a_router_in_front_of_another_model_is_a_config_error(
+    pair: list[FaultServer], tiny_model_dir: Path
+) -> None:
+    with fault_servers(1, model="someone-else") as (router,):
+        policy = make_policy(tiny_model_dir, [s.url for s in pair], router_url=router.url)
+        with pytest.raises(ConfigError, match="not 'tiny'; give the servers' --served-model"):
+            policy.start()
+
+
+def test_a_router_that_serves_the_model_passes_the_start_check(
+    pair: list[FaultServer], tiny_model_dir: Path
+) -> None:
+    policy = make_policy(tiny_model_dir, [pair[0].url], router_url=f"{pair[1].url}/v1")
+    policy.start()  # a vLLM server answers as a router would: accepted
+    assert policy.router_url == pair[1].url
+
+
+def test_a_server_down_at_the_start_names_the_option_to_fix(
+    pair: list[FaultServer], tiny_model_dir: Path
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    policy = make_policy(tiny_model_dir, [pair[0].url, dead])
+    with pytest.raises(ModelError, match=r"unreachable.*start that server.*rollout_servers"):
+        policy.start()
+
+
+# ---- a server that comes back during a publish serves the new version first ------------------
+
+
+def gate_loads(
+    fleet: VLLMFleet, monkeypatch: pytest.MonkeyPatch, url: str, name: str | None = None
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """Hold adapter loads on ``url`` (of ``name``, or any) until the returned gate opens."""
+    original, entered, gate = fleet._load, asyncio.Event(), asyncio.Event()
+
+    async def held(target: str, lora: str, path: str) -> None:
+        if target == url and name in (None, lora):
+            entered.set()
+            await gate.wait()
+        await original(target, lora, path)
+
+    monkeypatch.setattr(fleet, "_load", held)
+    return entered, gate
+
+
+def restarted(fleet: VLLMFleet, server: FaultServer) -> None:
+    """``server`` came back empty and its cool-off passed: the next request probes it."""
+    server.served = {server.model}
+    fleet.router.mark_down(server.url, "killed", 0.0)
+
+
+def healthy_without(fleet: VLLMFleet, servers: list[FaultServer], version: int) -> list[str]:
+    name = adapter_name(version)
+    return [s.url for s in servers if fleet.router.replicas[s.url].healthy and name not in s.served]
+
+
+async def test_a_publish_during_a_rejoin_reaches_the_rejoining_server(
+    pair: list[FaultServer], adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steady, back = pair
+    fleet = VLLMFleet([s.url for s in pair], "tiny", timeout=3.0, cool_off=3600)
+    await fleet.publish(adapter, 1)
+    restarted(fleet, back)
+    entered, gate = gate_loads(fleet, monkeypatch, back.url)
+    probe = asyncio.create_task(fleet._probe_due())  # reloading v1 on the restarted server
+    await entered.wait()
+    await fleet.publish(adapter, 2)  # only `steady` is healthy: v2 goes there
+    gate.set()
+    await probe
+    await fleet.aclose()
+    assert fleet.router.replicas[back.url].healthy
+    assert healthy_without(fleet, pair, 2) == []
+
+
+async def test_a_server_that_rejoined_mid_publish_gets_the_version_before_traffic(
+    pair: list[FaultServer], adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steady, back = pair
+    fleet = VLLMFleet([s.url for s in pair], "tiny", timeout=3.0, cool_off=3600)
+    await fleet.publish(adapter, 1)
+    restarted(fleet, back)
+    entered, gate = gate_loads(fleet, monkeypatch, steady.url, adapter_name(2))
+    publish = asyncio.create_task(fleet.publish(adapter, 2))  # v2 loading on `steady`
+    await entered.wait()
+    await fleet._probe_due()  # `back` rejoins with v1, the only version kept so far
+    gate.set()
+    await publish
+    async with fleet.replica("episode"):  # the next request brings `back` up to date first
+        pass
+    await fleet.aclose()
+    assert fleet.adapter_version == 2
+    assert healthy_without(fleet, pair, 2) == []
+    assert fleet.router.replicas[back.url].healthy
+
+
+# ---- a probe of a server that does not answer never holds a turn ------------------------------
+
+
+def hold_model_lists(
+    fleet: VLLMFleet, monkeypatch: pytest.MonkeyPatch, url: str
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """``url``'s ``/v1/models`` answers only once the returned gate opens (a silent host)."""
+    original, asked, gate = fleet.served_names, asyncio.Event(), asyncio.Event()
+
+    async def held(target: str) -> set[str]:
+        if target == url:
+            asked.set()
+            await gate.wait()
+        return await original(target)
+
+    monkeypatch.setattr(fleet, "served_names", held)
+    return asked, gate
+
+
+async def test_a_turn_does_not_wait_out_the_probe_of_a_silent_server(
+    pair: list[FaultServer], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    up, silent = pair
+    policy = make_policy(tiny_model_dir, [s.url for s in pair])
+    policy.fleet.probe_wait = 0.05
+    policy.fleet.router.mark_down(silent.url, "killed", 0.0)  # its cool-off has passed
+    asked, gate = hold_model_lists(policy.fleet, monkeypatch, silent.url)
+    turn = await asyncio.wait_for(policy.generate_ids(PROMPT, session="e"), timeout=20)
+    assert asked.is_set() and silent.url in policy.fleet._probing  # probed, still unanswered
+    assert (len(up.completions), len(silent.completions)) == (1, 0)
+    assert turn.completion_ids
+    gate.set()  # the host answers: the probe finishes in the background and it rejoins
+    await asyncio.gather(*policy.fleet._probes)
+    assert policy.fleet.router.replicas[silent.url].healthy
+    await policy.aclose()
+
+
+async def test_closing_stops_a_pending_probe_and_leaves_the_server_due(
+    pair: list[FaultServer], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    silent = pair[1]
+    policy = make_policy(tiny_model_dir, [s.url for s in pair])
+    policy.fleet.probe_wait = 0.05
+    policy.fleet.router.mark_down(silent.url, "killed", 0.0)
+    asked, _ = hold_model_lists(policy.fleet, monkeypatch, silent.url)
+    await asyncio.wait_for(policy.generate_ids(PROMPT, session="e"), timeout=20)
+    await policy.aclose()
+    assert asked.is_set() and not policy.fleet._probes and not policy.fleet._probing
+    assert policy.fleet.router.due_for_probe()[0].url == silent.url  # probed again next time
+
+
+async def test_with_no_server_up_a_turn_waits_for_the_probe(
+    pair: list[FaultServer], tiny_model_dir: Path
+) -> None:
+    only = pair[0]
+    policy = make_policy(tiny_model_dir, [only.url])
+    policy.fleet.probe_wait = 0.0
+    policy.fleet.router.mark_down(only.url, "restarted", 0.0)
+    turn = await policy.generate_ids(PROMPT, session="e")
+    await policy.aclose()
+    assert turn.completion_ids and policy.fleet.router.replicas[only.url].healthy
+
+
+def test_a_resumed_process_names_its_adapters_apart_from_the_killed_ones(tmp_path) -> None:
+    """Under one name per run, a resumed run's redone v1 met the killed process's staged v1
+    (reused) and the servers' loaded v1 (skipped): rollouts of the old weights, unnoticed."""
+    from agentgym.engine._fleet import VLLMFleet, run_namespace, stage_adapter
+
+    source = tmp_path / "adapter"
+    source.mkdir()
+    (source / "adapter_config.json").write_text("{}")
+    killed, resumed = run_namespace("run1"), run_namespace("run1")
+    assert killed != resumed and killed.startswith("run1.") and resumed.startswith("run1.")
+    first = stage_adapter(source, tmp_path / "shared", 1, killed)
+    again = stage_adapter(source, tmp_path / "shared", 1, resumed)
+    assert first != again and again.is_dir()  # a copy of its own, not the killed one's
+    fleet = VLLMFleet(["http://127.0.0.1:1"], "tiny", namespace=resumed)
+    assert fleet.version_of(again.name) == 1 and fleet.version_of(first.name) is None
