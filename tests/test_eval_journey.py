@@ -22,6 +22,7 @@ import pytest
 
 from agentgym import read_jsonl, summarize
 from agentgym._trajectory import STATUSES, Trajectory, Turn
+from tests.conftest import send_json
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 SERVED = "served-model"
@@ -50,12 +51,7 @@ class _Handler(BaseHTTPRequestHandler):
     """vLLM's shape: the API under ``/v1``, ``/v1/models`` listing one name, a bearer key."""
 
     def _answer(self, status: int, body: dict[str, object]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def _authorised(self) -> bool:
         if self.headers.get("Authorization") == f"Bearer {KEY}":

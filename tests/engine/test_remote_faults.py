@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agentgym import ContextLengthError, ModelError
 from agentgym.engine import AdapterPublishError, RemoteVLLMPolicy, VLLMFleet
-from tests.conftest import require
-from tests.engine.fault_server import SAMPLED_IDS, SAMPLED_LOGPROBS, FaultServer, fault_servers
+from tests.engine.fault_server import SAMPLED_IDS, SAMPLED_LOGPROBS, FaultServer
 
 PROMPT = [1, 2, 3, 4]
 #: Answers that are not a valid turn, whatever the status line said.
@@ -30,22 +28,6 @@ MALFORMED = (
 )  # fmt: skip
 #: Server failures: the same request may succeed on another server.
 FAILURES = ("http_500", "http_503", "http_404", "hang", *MALFORMED)
-
-
-@pytest.fixture
-def pair() -> Iterator[list[FaultServer]]:
-    require("fastapi")
-    require("uvicorn")
-    with fault_servers(2) as servers:
-        yield servers
-
-
-@pytest.fixture
-def adapter(tmp_path: Path) -> Path:
-    folder = tmp_path / "adapter"
-    folder.mkdir()
-    (folder / "adapter_config.json").write_text("{}")  # the servers here never read it
-    return folder
 
 
 def make_policy(model_dir: Path, servers: list[FaultServer], **kwargs: object) -> RemoteVLLMPolicy:

@@ -10,7 +10,6 @@ was being published took traffic for a version it did not serve. Stand-ins:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,26 +18,9 @@ from agentgym import ConfigError, ModelError
 from agentgym.engine import RemoteVLLMPolicy, VLLMFleet
 from agentgym.engine._fleet import adapter_name
 from agentgym.engine._serve import free_port
-from tests.conftest import require
 from tests.engine.fault_server import FaultServer, fault_servers
 
 PROMPT = [1, 2, 3, 4]
-
-
-@pytest.fixture
-def pair() -> Iterator[list[FaultServer]]:
-    require("fastapi")
-    require("uvicorn")
-    with fault_servers(2) as servers:
-        yield servers
-
-
-@pytest.fixture
-def adapter(tmp_path: Path) -> Path:
-    folder = tmp_path / "adapter"
-    folder.mkdir()
-    (folder / "adapter_config.json").write_text("{}")  # the stand-ins never read it
-    return folder
 
 
 def make_policy(
