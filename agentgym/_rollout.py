@@ -499,16 +499,18 @@ def _checked_tasks(
 
     Why: `reset` refuses such a task, but inside each episode: ``tasks=[999]`` or
     ``["HumanEval/5"]`` played every episode to ``error`` with a traceback, and a run read
-    as a model that failed. An env without a task list decides its indices itself.
+    as a model that failed. An env without a task list reads its ``options["task"]`` itself
+    (any value: a name, an index), so its tasks are left to it.
     """
     count = _task_count(envs) if tasks else 0
-    indices = f"a task index in [0, {count})" if count else "an integer task index"
     for position, task in enumerate(tasks):
         index = _as_index(task)
-        if isinstance(index, dict):
-            continue
-        if type(index) is not int or (count and not 0 <= index < count):
-            raise ConfigError(f"tasks[{position}] must be a task dict or {indices}, got {task!r}")
+        in_range = type(index) is int and 0 <= index < count
+        if count and not isinstance(index, dict) and not in_range:
+            raise ConfigError(
+                f"tasks[{position}] must be a task dict or a task index in [0, {count}), "
+                f"got {task!r}"
+            )
     return tasks
 
 

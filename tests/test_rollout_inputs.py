@@ -141,11 +141,10 @@ async def test_a_task_the_env_does_not_have_is_refused_before_any_episode(task: 
     assert CountedEnv.closed == CountedEnv.made == 1  # the env that counted the tasks
 
 
-async def test_an_env_without_a_task_list_takes_any_integer_index_but_not_a_name() -> None:
-    with pytest.raises(ConfigError, match="must be a task dict or an integer task index"):
-        await arollout(NoTasksEnv, ScriptedPolicy(["hi"]), tasks=["first"])
-    [trajectory] = await arollout(NoTasksEnv, ScriptedPolicy(["hi"]), tasks=[7])
-    assert trajectory.task_index == 7
+async def test_an_env_without_a_task_list_reads_whatever_task_it_is_given() -> None:
+    """Its own `areset` reads ``options["task"]``: a name or any index is its business."""
+    named, indexed = await arollout(NoTasksEnv, ScriptedPolicy(["hi"]), tasks=["first", 7])
+    assert (named.status, indexed.status, indexed.task_index) == ("ok", "ok", 7)
 
 
 async def test_numpy_task_indices_are_recorded_as_indices() -> None:
