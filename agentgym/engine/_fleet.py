@@ -137,8 +137,8 @@ class VLLMFleet:
         self.http = LoopClient(headers=headers, timeout=timeout)
         #: Adapter loads retried because a server did not see the folder yet (shared storage lag).
         self.not_found_retries = 0
-        self._probing: set[str] = set()
-        self._probes: set[asyncio.Task[None]] = set()  # referenced until done
+        #: The probe of each server being probed, by URL, until it ends (however it ends).
+        self._probes: dict[str, asyncio.Task[None]] = {}
 
     @property
     def adapter_version(self) -> int:
@@ -202,22 +202,24 @@ class VLLMFleet:
         awaited to the end, one turn per cool-off waited out a dead host's whole ``timeout``
         (and a slow adapter load's ``load_timeout``) although a healthy server was free.
         """
-        due = [r.url for r in self.router.due_for_probe() if r.url not in self._probing]
+        due = [r.url for r in self.router.due_for_probe() if r.url not in self._probes]
         started = [self._start_probe(url) for url in due]
         if not self.router.healthy_urls():  # nowhere else to go: wait for every probe
-            started = [t for t in self._probes if t.get_loop() is asyncio.get_running_loop()]
+            started = self._probes_here()
             if started:
                 await asyncio.wait(started)
         elif started:
             await asyncio.wait(started, timeout=self.probe_wait)
 
+    def _probes_here(self) -> list[asyncio.Task[None]]:
+        """The probes running on this event loop (a fleet may serve several, one at a time)."""
+        loop = asyncio.get_running_loop()
+        return [t for t in self._probes.values() if t.get_loop() is loop]
+
     def _start_probe(self, url: str) -> asyncio.Task[None]:
         """`_rejoin` ``url`` in a task; it counts as probing until the task ends, however."""
-        self._probing.add(url)  # now, not when the task starts: no second probe meanwhile
-        task = asyncio.ensure_future(self._rejoin(url))
-        self._probes.add(task)
-        task.add_done_callback(self._probes.discard)
-        task.add_done_callback(lambda _: self._probing.discard(url))  # cancelled unstarted too
+        task = self._probes[url] = asyncio.ensure_future(self._rejoin(url))  # no second one
+        task.add_done_callback(lambda _: self._probes.pop(url, None))  # cancelled unstarted too
         return task
 
     async def _rejoin(self, url: str) -> None:
@@ -387,7 +389,7 @@ class VLLMFleet:
 
         A stopped probe leaves its server down and due: the next request probes it again.
         """
-        here = [t for t in self._probes if t.get_loop() is asyncio.get_running_loop()]
+        here = self._probes_here()
         for task in here:
             task.cancel()
         await asyncio.gather(*here, return_exceptions=True)

@@ -299,7 +299,7 @@ async def test_a_server_killed_mid_run_ends_its_episodes_and_comes_back_with_the
         third = await agentgym.arollout(NudgeEnv, retrying, tasks=list(range(8)), max_concurrency=8)
         assert [t.status for t in third] == ["truncated"] * 8
         if fleet._probes:  # the probe goes on in the background while the other server serves
-            await asyncio.wait(fleet._probes)
+            await asyncio.wait(fleet._probes.values())
         assert "agentgym-v1" in await fleet.served_names(restarted.root)  # healed before traffic
         tasks = list(range(8))
         fourth = await agentgym.arollout(NudgeEnv, retrying, tasks=tasks, max_concurrency=8)

@@ -98,6 +98,14 @@ def restarted(fleet: VLLMFleet, server: FaultServer) -> None:
     fleet.router.mark_down(server.url, "killed", 0.0)
 
 
+async def fleet_with_one_restarted(pair: list[FaultServer], adapter: Path) -> VLLMFleet:
+    """A fleet over ``pair`` serving v1, whose second server came back empty (due a probe)."""
+    fleet = VLLMFleet([s.url for s in pair], "tiny", timeout=3.0, cool_off=3600)
+    await fleet.publish(adapter, 1)
+    restarted(fleet, pair[1])
+    return fleet
+
+
 def healthy_without(fleet: VLLMFleet, servers: list[FaultServer], version: int) -> list[str]:
     name = adapter_name(version)
     return [s.url for s in servers if fleet.router.replicas[s.url].healthy and name not in s.served]
@@ -107,9 +115,7 @@ async def test_a_publish_during_a_rejoin_reaches_the_rejoining_server(
     pair: list[FaultServer], adapter: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     steady, back = pair
-    fleet = VLLMFleet([s.url for s in pair], "tiny", timeout=3.0, cool_off=3600)
-    await fleet.publish(adapter, 1)
-    restarted(fleet, back)
+    fleet = await fleet_with_one_restarted(pair, adapter)
     entered, gate = gate_loads(fleet, monkeypatch, back.url)
     probe = asyncio.create_task(fleet._probe_due())  # reloading v1 on the restarted server
     await entered.wait()
@@ -125,9 +131,7 @@ async def test_a_server_that_rejoined_mid_publish_gets_the_version_before_traffi
     pair: list[FaultServer], adapter: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     steady, back = pair
-    fleet = VLLMFleet([s.url for s in pair], "tiny", timeout=3.0, cool_off=3600)
-    await fleet.publish(adapter, 1)
-    restarted(fleet, back)
+    fleet = await fleet_with_one_restarted(pair, adapter)
     entered, gate = gate_loads(fleet, monkeypatch, steady.url, adapter_name(2))
     publish = asyncio.create_task(fleet.publish(adapter, 2))  # v2 loading on `steady`
     await entered.wait()
@@ -170,11 +174,11 @@ async def test_a_turn_does_not_wait_out_the_probe_of_a_silent_server(
     policy.fleet.router.mark_down(silent.url, "killed", 0.0)  # its cool-off has passed
     asked, gate = hold_model_lists(policy.fleet, monkeypatch, silent.url)
     turn = await asyncio.wait_for(policy.generate_ids(PROMPT, session="e"), timeout=20)
-    assert asked.is_set() and silent.url in policy.fleet._probing  # probed, still unanswered
+    assert asked.is_set() and silent.url in policy.fleet._probes  # probed, still unanswered
     assert (len(up.completions), len(silent.completions)) == (1, 0)
     assert turn.completion_ids
     gate.set()  # the host answers: the probe finishes in the background and it rejoins
-    await asyncio.gather(*policy.fleet._probes)
+    await asyncio.gather(*policy.fleet._probes.values())
     assert policy.fleet.router.replicas[silent.url].healthy
     await policy.aclose()
 
@@ -189,7 +193,7 @@ async def test_closing_stops_a_pending_probe_and_leaves_the_server_due(
     asked, _ = hold_model_lists(policy.fleet, monkeypatch, silent.url)
     await asyncio.wait_for(policy.generate_ids(PROMPT, session="e"), timeout=20)
     await policy.aclose()
-    assert asked.is_set() and not policy.fleet._probes and not policy.fleet._probing
+    assert asked.is_set() and not policy.fleet._probes
     assert policy.fleet.router.due_for_probe()[0].url == silent.url  # probed again next time
 
 
