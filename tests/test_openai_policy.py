@@ -9,6 +9,7 @@ logprob per completion token.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import subprocess
@@ -119,6 +120,19 @@ def test_context_overflow_truncates_and_scores_instead_of_infra_error(vllm_serve
     assert trajectory.status == "truncated", trajectory.error
     assert trajectory.turns == [] and trajectory.final_reward == 0.0
     assert "maximum context length" in trajectory.info["truncated_by"]
+
+
+def test_a_server_started_without_the_adapter_api_is_told_apart(vllm_server) -> None:
+    """The trainer's start check on real vLLM (no VLLM_ALLOW_RUNTIME_LORA_UPDATING here);
+    tests/engine/test_fleet.py asks the same of servers started with it."""
+    from agentgym.engine import RemoteVLLMPolicy, VLLMFleet
+    from agentgym.engine._fleet import server_root
+
+    fleet = VLLMFleet([vllm_server.base_url], vllm_server.model)
+    assert not asyncio.run(fleet.serves_adapters(server_root(vllm_server.base_url)))
+    policy = RemoteVLLMPolicy(vllm_server.model_dir, fleet, publishes_adapters=True)
+    with pytest.raises(agentgym.ConfigError, match="start it with --enable-lora"):
+        policy.start()
 
 
 def test_cli_eval_against_the_server_records_token_ids(vllm_server, tmp_path) -> None:

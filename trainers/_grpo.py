@@ -365,7 +365,7 @@ class GRPOTrainer:
                 model_dir, fleet, router_url=cfg.rollout_router_url, sampling=sampling,
                 max_model_len=cfg.max_model_len, chat_template_kwargs=cfg.chat_template_kwargs,
                 rollout_mode=mode, on_server_failure=cfg.on_server_failure,
-                adapter_storage=cfg.adapter_storage,
+                adapter_storage=cfg.adapter_storage, publishes_adapters=True,
             )  # fmt: skip
         return self._in_process_engine(model_dir, sampling, lora=True, rollout_mode=mode)
 

@@ -62,7 +62,8 @@ def preflight(config: GRPOConfig) -> Checked:
     """Run every check; returns what they resolved. Raises `ConfigError`.
 
     Cheapest first: the env id, the engine, the trackers and the device; then the env (built
-    once, then closed); then the model folder (``tiny`` presets are built here).
+    once, then closed); then the model folder (``tiny`` presets are built here); last the
+    rollout servers, if any (one request each; unreachable is a `ModelError`).
     """
     resolve_id(config.env)  # unknown env: "did you mean ..."
     _check_engine(config)
@@ -74,6 +75,7 @@ def preflight(config: GRPOConfig) -> Checked:
     _check_template(model_dir, tools, config.chat_template_kwargs)
     _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
+    _check_servers(model_dir, config)
     return Checked(model_dir, train_tasks, eval_tasks, tools, max_turns, digest, weights)
 
 
@@ -351,6 +353,23 @@ def _linear_modules(model_dir: Path) -> list[str] | None:
         return None
     linear = (torch.nn.Linear, Conv1D)  # what PEFT's 'all-linear' takes
     return [name for name, module in model.named_modules() if isinstance(module, linear)]
+
+
+def _check_servers(model_dir: Path, config: GRPOConfig) -> None:
+    """Rollout servers answer, serve the model and can load adapters, before it loads here.
+
+    A server started without the runtime adapter API otherwise failed the first sync, after
+    the model loaded and a step was played, as an infrastructure error (exit 75: a retry
+    that can never succeed).
+    """
+    if not config.rollout_servers:
+        return
+    from agentgym.engine import RemoteVLLMPolicy, VLLMFleet
+
+    fleet = VLLMFleet(config.rollout_servers, config.rollout_model_name or model_dir.name)
+    RemoteVLLMPolicy(
+        model_dir, fleet, router_url=config.rollout_router_url, publishes_adapters=True
+    ).start()
 
 
 def _check_template(model_dir: Path, tools: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:

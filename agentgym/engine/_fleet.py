@@ -50,6 +50,13 @@ log = logging.getLogger(__name__)
 _NOT_FOUND_HINTS = ("not found", "does not exist", "no such file", "no adapter", "cannot find")
 
 
+#: What a server without the runtime adapter API lacks, and the fix.
+NO_ADAPTER_API = (
+    "has no /v1/load_lora_adapter: start it with --enable-lora and "
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
+)
+
+
 class AdapterPublishError(ModelError):
     """A new adapter version did not reach every server; it was unloaded where it was loaded."""
 
@@ -258,6 +265,20 @@ class VLLMFleet:
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelError(f"{url}/v1/models answered {response.text[:200]!r}") from exc
 
+    async def serves_adapters(self, url: str) -> bool:
+        """Whether ``url`` has the runtime adapter API (``/v1/load_lora_adapter``).
+
+        A GET answers 405 where the POST route exists and the framework's bare 404 where vLLM
+        was started without ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``; nothing is loaded.
+        """
+        import httpx
+
+        try:
+            response = await self.http.get().get(f"{url}/v1/load_lora_adapter")
+        except httpx.TransportError as exc:
+            raise ModelError(f"{url} is unreachable: {exc!r}") from exc
+        return not _no_lora_route(response)
+
     async def served_versions(self) -> dict[str, set[int]]:
         """Adapter versions each healthy server reports loaded (to check a publish)."""
         healthy = self.router.healthy_urls()
@@ -360,10 +381,7 @@ class VLLMFleet:
             if response.status_code == 200 or "already been loaded" in text:
                 return
             if _no_lora_route(response):
-                raise ModelError(
-                    f"{url} has no /v1/load_lora_adapter: start it with --enable-lora and "
-                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
-                )
+                raise ModelError(f"{url} {NO_ADAPTER_API}")
             missing = any(hint in text.lower() for hint in _NOT_FOUND_HINTS)
             if not missing or time.monotonic() + backoff > deadline:
                 raise ModelError(f"loading {name} answered {response.status_code}: {text[:300]}")

@@ -39,7 +39,7 @@ from ._episode import (
     TokenPolicy,
     next_adapter_version,
 )
-from ._fleet import VLLMFleet, server_root, stage_adapter
+from ._fleet import NO_ADAPTER_API, VLLMFleet, server_root, stage_adapter
 from ._render import ChatRenderer, policy_renderer
 
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length|context_length_exceeded|too long")
@@ -76,6 +76,9 @@ class RemoteVLLMPolicy(TokenPolicy):
         adapter_storage: a folder every server can read (shared storage); `load_adapter`
             copies each version there atomically first. None: the paths given are readable
             by every server already (one machine).
+        publishes_adapters: `load_adapter` will be called (a trainer): `start` then also
+            checks that every server has the runtime adapter API, so a server started without
+            it is refused before the run, not after its first optimiser step.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class RemoteVLLMPolicy(TokenPolicy):
         on_server_failure: ServerFailurePolicy = "retry",
         max_attempts: int = 3,
         adapter_storage: str | os.PathLike[str] | None = None,
+        publishes_adapters: bool = False,
     ) -> None:
         super().__init__(sampling, rollout_mode)
         if on_server_failure not in ("retry", "fail"):
@@ -106,6 +110,7 @@ class RemoteVLLMPolicy(TokenPolicy):
         self.on_server_failure = on_server_failure
         self.max_attempts = max_attempts if on_server_failure == "retry" else 1
         self.adapter_storage = Path(adapter_storage) if adapter_storage else None
+        self.publishes_adapters = publishes_adapters
         self._chat_template_kwargs = chat_template_kwargs
         self._renderer: ChatRenderer | None = None
         self._vocab_size: int | None = None
@@ -113,14 +118,17 @@ class RemoteVLLMPolicy(TokenPolicy):
     def start(self) -> None:
         """Check that every server (and the router) answers and serves the model now, not mid-run.
 
-        Also loads the tokenizer and the vocabulary size. Raises `ConfigError` naming the
-        fix, or `ModelError` when a server is unreachable.
+        With ``publishes_adapters``, also that each can load adapters. Also loads the tokenizer
+        and the vocabulary size. Raises `ConfigError` naming the fix, or `ModelError` when a
+        server is unreachable.
         """
 
         async def check() -> None:
             try:
                 for url in self.fleet.urls:
                     self._require_model(url, await self._names_at_start(url, "server"))
+                    if self.publishes_adapters and not await self.fleet.serves_adapters(url):
+                        raise ConfigError(f"{url} {NO_ADAPTER_API}")
                 if self.router_url is not None:
                     await self._check_router(self.router_url)
             finally:

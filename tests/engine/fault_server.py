@@ -66,6 +66,13 @@ class FaultServer:
     def app(self) -> FastAPI:
         app = FastAPI()
 
+        @app.middleware("http")
+        async def without_adapter_api(request: Request, call_next: Any) -> Response:
+            """``no_route``: vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING has no such routes."""
+            if self.load_fault == "no_route" and "lora_adapter" in request.url.path:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            return await call_next(request)
+
         @app.get("/v1/models")
         async def models() -> Response:
             if self.models_fault == "not_json":
@@ -106,8 +113,6 @@ class FaultServer:
         fault = self.load_fault
         if fault == "http_500":
             return _error(500, "LoRA rank 64 is above --max-lora-rank 8")
-        if fault == "no_route":  # what vLLM answers without VLLM_ALLOW_RUNTIME_LORA_UPDATING
-            return JSONResponse({"detail": "Not Found"}, status_code=404)
         if name in self.served:
             return _error(400, f"The lora adapter '{name}' has already been loaded.")
         if fault == "ack_keep_old":

@@ -261,6 +261,7 @@ def test_grpo_rolls_out_on_both_servers_and_publishes_each_step_to_both(
     for server in servers:
         adapters = {n for n in asyncio.run(fleet.served_names(server.root)) if run_id in n}
         assert adapters == kept, server.root
+        assert asyncio.run(fleet.serves_adapters(server.root))  # what the start check asked
     served = [served_requests(s) - b for s, b in zip(servers, before)]
     assert min(served) > 0  # both servers rolled out (and evaluated) episodes
 

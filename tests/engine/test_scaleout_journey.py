@@ -73,6 +73,30 @@ def test_a_server_down_at_the_start_names_the_option_to_fix(
         policy.start()
 
 
+def test_a_server_that_cannot_load_adapters_is_refused_at_the_start_of_training(
+    pair: list[FaultServer], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """It failed the first sync, after a step, as infra (exit 75: a retry that cannot help)."""
+    from agentgym.trainers import GRPOConfig, GRPOTrainer
+    from tests.conftest import TINY_RUN
+
+    pair[1].load_fault = "no_route"  # started without VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    urls = [s.url for s in pair]
+    publishing = RemoteVLLMPolicy(tiny_model_dir, VLLMFleet(urls, "tiny"), publishes_adapters=True)
+    fix = rf"{pair[1].url} has no /v1/load_lora_adapter: start it with --enable-lora"
+    with pytest.raises(ConfigError, match=fix):
+        publishing.start()
+    make_policy(tiny_model_dir, urls).start()  # an eval loads no adapter: the same servers do
+    config = GRPOConfig.from_dict({
+        **TINY_RUN, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "run"),
+        "rollout_servers": urls, "rollout_model_name": "tiny",
+    })  # fmt: skip
+    with pytest.raises(ConfigError, match=fix):
+        GRPOTrainer(config)  # before the model loads and before the run folder is made
+    assert not (tmp_path / "run").exists()
+    assert [s.loads for s in pair] == [[], []] and completions(pair) == 0
+
+
 # ---- a server that comes back during a publish serves the new version first ------------------
 
 
