@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import inspect
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
@@ -190,7 +191,35 @@ def _sync_only_message(cls: type, name: str) -> str:
     return f"{cls.__name__} does not implement `async def {name}(self, action)`"
 
 
-class Env(gymnasium.Env[list[Message], Action]):
+class _TakesRenderMode(type):
+    """Every env class takes Gymnasium's ``render_mode`` keyword, whatever its `__init__` takes.
+
+    `gymnasium.make(id, render_mode=...)` passes it to the env class itself; an env's own
+    `__init__` (a user's too) need not know it. An env whose `__init__` names ``render_mode``
+    gets it, as Gymnasium envs do.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if "render_mode" not in kwargs or takes_render_mode_itself(cls):
+            return super().__call__(*args, **kwargs)
+        mode = kwargs.pop("render_mode")
+        modes = getattr(cls, "metadata", {}).get("render_modes", ())
+        if mode is not None and mode not in modes:
+            raise ConfigError(
+                f"{cls.__name__} has no render_mode {mode!r}; it has {list(modes)} "
+                "('ansi': the conversation so far as text), or None"
+            )
+        env = super().__call__(*args, **kwargs)
+        env.render_mode = mode
+        return env
+
+
+def takes_render_mode_itself(cls: type) -> bool:
+    """Whether the class's own `__init__` names ``render_mode`` (a Gymnasium-style env)."""
+    return "render_mode" in inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+
+
+class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
     """Base class of agentgym environments: a multi-turn conversation as a Gymnasium env.
 
     Rewards: ``step`` returns, as Gymnasium users expect, the sum of the step's own reward
@@ -199,7 +228,7 @@ class Env(gymnasium.Env[list[Message], Action]):
     ``info["scores"]``), so a trainer reads them instead of taking the sum apart.
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
     observation_space: spaces.Space[Any] = _SpacePerEnv(MessagesSpace)  # type: ignore[assignment]
     action_space: spaces.Space[Any] = _SpacePerEnv(AssistantTurnSpace)  # type: ignore[assignment]
     _pending_seed: int | None = None  # a seed the generator has yet to be built from
@@ -303,15 +332,20 @@ class Env(gymnasium.Env[list[Message], Action]):
         """Sync adapter over `astep` (works in a notebook too); async code awaits `astep`."""
         return self._run_sync(self.astep(action))
 
-    def render(self) -> Any:
-        """Not drawn: an env's state is its conversation, `messages`, which is read directly.
+    def render(self) -> str | None:
+        """The conversation so far as text (``render_mode="ansi"``), one block per message.
 
-        Gymnasium's base raised a bare ``NotImplementedError``; this one says where to look.
+        An env's state is its conversation: code reads `messages` (OpenAI-format dicts);
+        this is for eyes (a notebook, a log). Without a render mode it says how to get one,
+        where Gymnasium's base raised a bare ``NotImplementedError``.
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} has no render modes; read the conversation so far from "
-            "env.unwrapped.messages (OpenAI-format message dicts)"
-        )
+        if self.render_mode != "ansi":
+            raise NotImplementedError(
+                f"{type(self).__name__} was made without render_mode; make it with "
+                "render_mode='ansi' for the conversation as text, or read "
+                "env.unwrapped.messages (OpenAI-format message dicts)"
+            )
+        return "\n\n".join(_message_text(m) for m in self.messages)
 
     async def atruncate(self) -> dict[str, Any]:
         """End the episode from outside (its conversation outgrew the model's context).
@@ -350,6 +384,17 @@ class Env(gymnasium.Env[list[Message], Action]):
                 "/ env.aclose() there"
             )
         return _run_beside(loop, coro)
+
+
+def _message_text(message: Message) -> str:
+    """``[role]`` (and a tool result's tool name) over the content, then any structured calls."""
+    role = str(message.get("role", "?"))
+    head = f"[{role} {message['name']}]" if role == "tool" and message.get("name") else f"[{role}]"
+    lines = [head, str(message.get("content") or "")]
+    for call in message.get("tool_calls") or ():
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        lines.append(f"-> {function.get('name')}({function.get('arguments')})")
+    return "\n".join(line for line in lines if line)
 
 
 def _run_beside(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> _T:

@@ -373,6 +373,8 @@ def _options(factory: Callable[..., Env]) -> tuple[set[str] | None, set[str]]:
         names |= own - set_itself
         open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
         caller = fn
+    if inspect.isclass(factory) and issubclass(factory, Env):
+        names.add("render_mode")  # every env class takes Gymnasium's (`Env`'s metaclass)
     return (None if open_ended else names - {"self"}), set_itself - names
 
 

@@ -9,6 +9,7 @@ from ``copy``/``pickle`` and ``render``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import pickle
 from collections.abc import Iterator
@@ -163,11 +164,49 @@ def test_copying_a_tool_env_is_one_line_naming_the_fix(how: Any) -> None:
         how(env)
 
 
-def test_render_says_where_the_conversation_is() -> None:
+def test_render_mode_ansi_shows_the_conversation_and_survives_the_spec() -> None:
+    """`gymnasium.make(id, render_mode="ansi")` raised a TypeError from the env's __init__."""
+    from gymnasium.utils.env_checker import check_env
+
+    env = gymnasium.make("agentgym/Calculator-v0", render_mode="ansi")
+    _, info = env.reset(seed=0)
+    env.step(CALL)
+    text = env.render()
+    assert text.startswith("[system]\n") and f"[user]\n{info['task']['prompt']}" in text
+    assert '[assistant]\n-> calculate({"expression": "6 * 7"})\n\n[tool calculate]\n42' in text
+    check_env(env.unwrapped)  # Gymnasium's checker renders in ansi mode and wants a str
+    assert env.unwrapped.render_mode == "ansi" and env.spec.kwargs["render_mode"] == "ansi"
+    assert agentgym.make(env.spec).render_mode == "ansi"  # rebuilt with the same mode
+    assert agentgym.make("calculator", render_mode="ansi").render_mode == "ansi"
+
+
+def test_render_without_a_mode_says_how_to_get_one() -> None:
     env = gymnasium.make("agentgym/Calculator-v0")
     env.reset(seed=0)
-    with pytest.raises(NotImplementedError, match=r"env\.unwrapped\.messages"):
+    with pytest.raises(NotImplementedError, match=r"render_mode='ansi'.*env\.unwrapped\.messages"):
         env.render()
+
+
+@pytest.mark.parametrize("make", [gymnasium.make, agentgym.make], ids=["gymnasium", "agentgym"])
+def test_a_render_mode_the_env_lacks_is_one_line(make: Any) -> None:
+    with pytest.warns(UserWarning) if make is gymnasium.make else contextlib.nullcontext():
+        with pytest.raises(ConfigError, match=r"no render_mode 'human'; it has \['ansi'\]"):
+            make("agentgym/Calculator-v0", render_mode="human")
+
+
+class DrawnEnv(LoopBoundEnv):
+    """A Gymnasium-style env that takes ``render_mode`` itself, with a mode of its own."""
+
+    metadata = {"render_modes": ["human"]}
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__()
+        self.render_mode, self.asked_for = render_mode, render_mode
+
+
+def test_an_env_that_takes_render_mode_itself_gets_it() -> None:
+    env = DrawnEnv(render_mode="human")
+    assert env.asked_for == "human" and env.render_mode == "human"
 
 
 def test_a_new_env_does_not_inherit_draws_from_the_class_template() -> None:
