@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import secrets
 import shutil
 import time
@@ -70,6 +71,21 @@ def run_namespace(run_id: str) -> str:
     run's versions, silently.
     """
     return f"{run_id}.{secrets.token_hex(3)}"
+
+
+def _earlier_processes_adapters(namespace: str, names: set[str]) -> list[str]:
+    """Of ``names``, the adapters of other processes of ``namespace``'s run (a killed one's).
+
+    Why: nothing else ever unloads them (their process is gone), so every ``kill -9`` and
+    resume left two versions on each long-lived server, holding its ``--max-loras`` slots.
+    Other runs' adapters are never matched: they may be live.
+    """
+    run_id, dot, _ = namespace.rpartition(".")
+    if not dot:
+        return []
+    earlier = re.compile(rf"agentgym-{re.escape(run_id)}\.[0-9a-f]{{6}}-v\d+")
+    ours = f"agentgym-{namespace}-v"
+    return sorted(n for n in names if earlier.fullmatch(n) and not n.startswith(ours))
 
 
 def adapter_name(version: int, namespace: str = "") -> str:
@@ -388,6 +404,21 @@ class VLLMFleet:
             self.not_found_retries += 1
             await asyncio.sleep(backoff)  # shared storage has not caught up yet: back off
             backoff = min(backoff * 2, 5.0)
+
+    async def unload_earlier_processes(self, url: str, served: set[str]) -> list[str]:
+        """Unload from ``url`` the versions of this run's earlier processes among ``served``."""
+        stale = _earlier_processes_adapters(self.namespace, served)
+        await asyncio.gather(*(self._unload(url, name) for name in stale))
+        return stale
+
+    async def unload_published(self) -> None:
+        """Unload every version this fleet keeps from every healthy server: its run is over.
+
+        A run's last versions otherwise stayed loaded until the server restarted.
+        """
+        names, self.adapters = [a.name for a in self.adapters], []
+        urls = self.router.healthy_urls()
+        await asyncio.gather(*(self._unload(url, name) for url in urls for name in names))
 
     async def _unload(self, url: str, name: str) -> None:
         """Unload ``name`` from ``url``; a failure is logged (the server may be gone)."""

@@ -24,6 +24,7 @@ The servers must report the logprobs actually sampled from: start them with
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import re
@@ -42,6 +43,7 @@ from ._episode import (
 from ._fleet import NO_ADAPTER_API, VLLMFleet, server_root, stage_adapter
 from ._render import ChatRenderer, policy_renderer
 
+log = logging.getLogger(__name__)
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length|context_length_exceeded|too long")
 #: Answers after which the same request may succeed on another server.
 _SERVER_FAILURE = frozenset({500, 502, 503, 504})
@@ -126,9 +128,10 @@ class RemoteVLLMPolicy(TokenPolicy):
         async def check() -> None:
             try:
                 for url in self.fleet.urls:
-                    self._require_model(url, await self._names_at_start(url, "server"))
-                    if self.publishes_adapters and not await self.fleet.serves_adapters(url):
-                        raise ConfigError(f"{url} {NO_ADAPTER_API}")
+                    names = await self._names_at_start(url, "server")
+                    self._require_model(url, names)
+                    if self.publishes_adapters:
+                        await self._prepare_for_adapters(url, names)
                 if self.router_url is not None:
                     await self._check_router(self.router_url)
             finally:
@@ -136,6 +139,25 @@ class RemoteVLLMPolicy(TokenPolicy):
 
         asyncio.run(check())
         _ = self.renderer, self.vocab_size  # read from disk now, not on a turn's event loop
+
+    async def _prepare_for_adapters(self, url: str, served: set[str]) -> None:
+        """``url`` must load adapters; the versions a killed process of this run left go."""
+        if not await self.fleet.serves_adapters(url):
+            raise ConfigError(f"{url} {NO_ADAPTER_API}")
+        stale = await self.fleet.unload_earlier_processes(url, served)
+        if stale:
+            log.info("unloaded %s from %s: this run's earlier process left them", stale, url)
+
+    def unload_published(self) -> None:
+        """Unload the versions this policy published from the servers (the run is over)."""
+
+        async def unload() -> None:
+            try:
+                await self.fleet.unload_published()
+            finally:
+                await self.fleet.aclose()
+
+        asyncio.run(unload())
 
     async def _names_at_start(self, url: str, what: str) -> set[str]:
         """What ``url`` serves; unreachable is a `ModelError` that names the fix.

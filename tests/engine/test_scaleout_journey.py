@@ -233,6 +233,31 @@ async def test_with_no_server_up_a_turn_waits_for_the_probe(
     assert turn.completion_ids and policy.fleet.router.replicas[only.url].healthy
 
 
+async def test_a_resumed_process_unloads_the_killed_ones_versions_and_its_own_at_the_end(
+    pair: list[FaultServer], tiny_model_dir: Path, adapter: Path
+) -> None:
+    """Nothing unloaded a killed process's versions, nor a finished run's last two: each
+    long-lived server kept them until it restarted, in its --max-loras slots."""
+    from agentgym.engine._fleet import run_namespace
+
+    killed, other_run = run_namespace("run1"), run_namespace("run2")
+    left = {adapter_name(v, killed) for v in (3, 4)} | {adapter_name(1, other_run)}
+    for server in pair:
+        server.served |= left
+    fleet = VLLMFleet([s.url for s in pair], "tiny", namespace=run_namespace("run1"))
+    policy = RemoteVLLMPolicy(tiny_model_dir, fleet, publishes_adapters=True)
+    await asyncio.to_thread(policy.start)
+    for server in pair:  # the killed process's, never another run's (it may be live)
+        assert sorted(server.unloads) == sorted(adapter_name(v, killed) for v in (3, 4))
+        assert server.served == {"tiny", adapter_name(1, other_run)}
+    await policy.aload_adapter(adapter, 1)
+    await policy.aload_adapter(adapter, 2)
+    await policy.aclose()
+    await asyncio.to_thread(policy.unload_published)  # the run is over
+    assert [s.served for s in pair] == [{"tiny", adapter_name(1, other_run)}] * 2
+    assert policy.fleet.adapters == []
+
+
 def test_a_resumed_process_names_its_adapters_apart_from_the_killed_ones(tmp_path) -> None:
     """Under one name per run, a resumed run's redone v1 met the killed process's staged v1
     (reused) and the servers' loaded v1 (skipped): rollouts of the old weights, unnoticed."""
