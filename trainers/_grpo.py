@@ -315,6 +315,8 @@ class GRPOTrainer:
             if run is None or trackers is None:
                 return figures
             final = self._headline_eval(policy, run, trackers, cfg.max_steps, "final")
+            if isinstance(policy, RemoteVLLMPolicy):  # the run folder keeps every version
+                policy.unload_published()
         figures["grpo/success"] = final
         plot_curves(run.path / "metrics.jsonl", run.path / "reward_curve.png", title=cfg.env)
         console.console.print(write_summary(run.path, figures))
