@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.text import Text
 
@@ -63,3 +64,12 @@ def parse_env_args(pairs: list[str]) -> dict[str, Any]:
 def print_error(message: str) -> None:
     """One ``error: ...`` line on stderr."""
     console.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
+
+
+#: ``--chat-template-kwargs``, as each command that renders a chat template takes it.
+ChatTemplateKwargsOption = Annotated[
+    str | None,
+    typer.Option(help="Chat-template variables as JSON, e.g. '{\"enable_thinking\": false}'."),
+]
+#: ``--env-arg key=value``, as each command that builds an env takes it.
+EnvArgOption = Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")]

@@ -20,7 +20,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ._cli_common import console, parse_env_args, parse_template_kwargs, stdout
+from ._cli_common import EnvArgOption, console, parse_env_args, parse_template_kwargs, stdout
 from ._durable import check_folder_can_be_made
 from ._errors import ConfigError, Error, InfraError
 from ._eval_engine import (
@@ -150,7 +150,7 @@ def evaluate(
     resume: Annotated[
         bool, typer.Option(help="Continue a killed run in --out: play only missing episodes.")
     ] = False,
-    env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
+    env_arg: EnvArgOption = [],  # noqa: B006
 ) -> None:
     """Run evaluation episodes; stream one trajectory per line, then write a summary."""
     if policy.local:

@@ -1,4 +1,4 @@
-"""The ``agentgym`` command: ``list``, ``check ENV``, ``eval ENV`` and ``sandbox ...``.
+"""The ``agentgym`` command: ``list``, ``check ENV``, ``eval ENV``, ``sft``, ``sandbox ...``.
 
 User mistakes (unknown env, bad option) print one line naming the fix and exit with code 2,
 before anything is written; results are written atomically at the end of a run.
@@ -19,7 +19,14 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from ._check import check as run_checks
-from ._cli_common import parse_env_args, parse_template_kwargs, print_error, stdout
+from ._cli_common import (
+    ChatTemplateKwargsOption,
+    EnvArgOption,
+    parse_env_args,
+    parse_template_kwargs,
+    print_error,
+    stdout,
+)
 from ._errors import ConfigError, Error
 from ._eval_cli import evaluate
 from ._quick_exit import skip_final_collection
@@ -67,11 +74,8 @@ def check_env(
             "rollout mode (concat / per_turn) the engine gives it.",
         ),
     ] = None,
-    chat_template_kwargs: Annotated[
-        str | None,
-        typer.Option(help="Chat-template variables as JSON, e.g. '{\"enable_thinking\": false}'."),
-    ] = None,
-    env_arg: Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")] = [],  # noqa: B006
+    chat_template_kwargs: ChatTemplateKwargsOption = None,
+    env_arg: EnvArgOption = [],  # noqa: B006
 ) -> None:
     """Pre-flight an env: Gymnasium API, tool schemas, parser and chat-template round trips."""
     results = run_checks(
@@ -106,8 +110,10 @@ def _mount_commands() -> None:
     from .sandboxes._cli import app as sandbox_app
     from .serve._cli import serve
     from .trainers._cli import export, train
+    from .trainers._sft_cli import sft
 
     app.command("train")(train)
+    app.command("sft")(sft)
     app.command("export")(export)
     app.command("sweep")(sweep)
     app.command("serve")(serve)

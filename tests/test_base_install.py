@@ -52,7 +52,7 @@ def test_the_blocker_blocks(tmp_path: Path):
 def test_every_command_is_listed(tmp_path: Path):
     done = agentgym_without_extras("--help", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    for command in ("list", "check", "eval", "train", "sweep", "serve", "sandbox", "runs"):
+    for command in ("list", "check", "eval", "train", "sft", "sweep", "serve", "sandbox", "runs"):
         assert f" {command} " in done.stdout, command
 
 
@@ -74,6 +74,7 @@ def test_list_shows_what_each_env_needs(tmp_path: Path):
         (["eval", "calculator", "--policy", "vllm", "--model-path", "model"], "train"),
         (["eval", "calculator", "--policy", "hf", "--model-path", "model"], "train"),
         (["check", "calculator", "--model", "model"], "train"),
+        (["sft", "tiny", "out", "--env", "calculator"], "train"),
     ],
 )
 def test_a_command_without_its_extra_names_it(tmp_path: Path, args: list[str], extra: str):

@@ -51,6 +51,7 @@ LatePolicy = Literal["drop", "drop_group", "zero"]
 LrSchedule = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 ServerFailure = Literal["retry", "fail"]
 RolloutEngine = Literal["vllm", "hf"]
+SFTMethod = Literal["full", "lora"]
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -511,6 +512,14 @@ class GRPOConfig:
         0,
         "Optimiser steps of SFT on the env's scripted/oracle trajectories before GRPO, loss on "
         "assistant tokens only. 0: no warm start.",
+    )
+    sft_method: SFTMethod = _knob(
+        "full",
+        "'full' trains every weight (the quickstart's randomly initialised tiny model learns "
+        "a tool-call format no low-rank delta on random weights holds); 'lora' trains an "
+        "adapter of rank lora_r and scale lora_alpha / lora_r on every linear layer and merges "
+        "it into the saved weights: a pretrained model's warm start in a fraction of the "
+        "optimiser memory. GRPO then trains a fresh adapter on the merged model either way.",
     )
     sft_learning_rate: float = _knob(1e-4, "Peak SFT learning rate (AdamW, linear warm-up).")
     sft_batch_size: int = _knob(8, "Trajectories per SFT optimiser step.")

@@ -336,7 +336,8 @@ class GRPOTrainer:
             steps=cfg.sft_steps, lr=cfg.sft_learning_rate, batch_size=cfg.sft_batch_size,
             seed=cfg.seed, log=_log_sft_progress, target_accuracy=cfg.sft_target_accuracy,
             eval_every=cfg.sft_eval_every if cfg.sft_target_accuracy else 0,
-            max_length=cfg.max_model_len,
+            max_length=cfg.max_model_len, method=cfg.sft_method, lora_rank=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
         )  # fmt: skip
         # the env and template the rollouts play: traces of other limits or renders would
         # teach tokens the run never samples

@@ -91,7 +91,8 @@ def _training(config: GRPOConfig, episodes: int) -> str:
         return grpo
     shares, total = config.sft_scripts, sum(config.sft_scripts.values())
     scripts = " + ".join(f"{share / total:.0%} {name}" for name, share in shares.items())
-    return f"{config.sft_steps:,} SFT warm-start steps on {scripts} traces, then {grpo}"
+    what = "full-weight" if config.sft_method == "full" else f"LoRA r{config.lora_r} (merged)"
+    return f"{config.sft_steps:,} {what} SFT warm-start steps on {scripts} traces, then {grpo}"
 
 
 #: The knobs that shape the loss, shown by `_loss` where they differ from their defaults.

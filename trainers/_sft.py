@@ -22,11 +22,15 @@ Example::
     warm = sft_warm_start(base, "calculator", {"num_tasks": 2000, "seed": 1},
                           "runs/sft", SFTConfig(steps=300))
 
+Every source trains through `sft_on_conversations`: the env's scripts here, recorded
+trajectories in ``agentgym sft --trajectories`` (`trainers._sft_cli`).
+
 torch and transformers are imported inside the functions, so importing this module is free.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -67,7 +71,7 @@ class SFTConfig:
     """``full`` trains every weight; ``lora`` trains an adapter and merges it before saving."""
     lora_rank: int = 16
     """Adapter rank when ``method="lora"``."""
-    lora_alpha: int = 32
+    lora_alpha: float = 32
     """Adapter scale numerator when ``method="lora"`` (scale = alpha / rank)."""
     num_threads: int | None = None
     """torch intra-op threads; None leaves torch's default."""
@@ -354,7 +358,7 @@ def sft_warm_start(
         tasks: task indices played once each as training data (keep held-out tasks out);
             None plays all of the env's tasks.
         out_dir: written with ``model.safetensors``, config, tokenizer and ``sft.json``
-            (config, step metrics, time); vLLM and transformers load it as a model folder.
+            (config, source, step metrics, time); vLLM and transformers load it as a model folder.
         config: the knobs; None uses `SFTConfig()`.
         validation_tasks: task indices whose oracle traces `reference_accuracy` is measured
             on every ``config.eval_every`` steps (for ``target_accuracy``). Take them from the
@@ -370,6 +374,75 @@ def sft_warm_start(
         ConfigError: no trace to train on, or a trace longer than ``config.max_length`` (the
             model's context by default); both before the model loads.
     """
+    config = config or SFTConfig()
+    scripts = dict(scripts or {"reference": 1.0})
+    if tasks is None:
+        tasks = range(env_tools_and_size(env_id, env_kwargs)[1])
+    conversations, tools = mixed_conversations(env_id, env_kwargs, tasks, scripts, config.seed)
+    if not conversations:
+        raise ConfigError(
+            f"the SFT warm start on {env_id!r} has no trace to train on (no train task, or "
+            "every scripted episode failed); give it train tasks whose scripts play, or skip "
+            "SFT (sft_steps 0)"
+        )
+    held_out: list[list[Message]] = []
+    if validation_tasks:
+        held_out, _ = oracle_conversations(env_id, env_kwargs, tasks=validation_tasks)
+    source = {"kind": "env", "env_id": env_id, "env_kwargs": env_kwargs, "scripts": scripts}
+    return sft_on_conversations(
+        model_dir, conversations, tools, out_dir, config,
+        held_out=held_out, chat_template_kwargs=chat_template_kwargs, source=source,
+    )  # fmt: skip
+
+
+def env_tools_and_size(
+    env_id: str, env_kwargs: Mapping[str, Any] | None
+) -> tuple[list[dict[str, Any]], int]:
+    """The env's tool schemas and task count, from one env built and closed.
+
+    What SFT needs of an env besides its conversations: the tools every prompt renders, and
+    how many tasks "all tasks" is.
+    """
+    env: Any = make(env_id, **(env_kwargs or {}))
+    try:
+        return list(getattr(env, "tool_schemas", [])), len(getattr(env, "tasks", ()))
+    finally:
+        env.close()
+
+
+def sft_on_conversations(
+    model_dir: str | os.PathLike[str],
+    conversations: Sequence[list[Message]],
+    tools: list[dict[str, Any]],
+    out_dir: str | os.PathLike[str],
+    config: SFTConfig | None = None,
+    *,
+    held_out: Sequence[list[Message]] = (),
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    source: dict[str, Any],
+) -> Path:
+    """Train ``model_dir`` on whole conversations; save a plain model folder in ``out_dir``.
+
+    The one training path of every SFT source (an env's scripts, recorded trajectories):
+    render with the model's chat template and ``tools`` as the rollouts render them, refuse
+    traces the loop cannot train on before the weights load, train with loss on the
+    assistant tokens only, then write the model, its tokenizer and ``sft.json``.
+
+    Args:
+        model_dir: a transformers model folder with a chat template.
+        conversations: chat messages, system, user and tool turns included.
+        tools: the tool schemas the env offers (rendered into every prompt).
+        out_dir: written as `sft_warm_start` writes it; made if missing.
+        config: the knobs; None uses `SFTConfig()`.
+        held_out: conversations `reference_accuracy` is measured on (``config.eval_every``).
+        source: where the conversations came from, recorded in ``sft.json`` as it is; its
+            ``env_id`` names the traces in error messages.
+        chat_template_kwargs: passed to the chat template, as the rollouts pass them.
+
+    Raises:
+        ConfigError: no conversation, or one longer than ``config.max_length`` (the model's
+            context by default), both before the model loads; a loss that is not finite.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -378,46 +451,38 @@ def sft_warm_start(
         torch.set_num_threads(config.num_threads)
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tasks is None:
-        env: Any = make(env_id, **(env_kwargs or {}))
-        try:
-            tasks = range(len(env.tasks))
-        finally:
-            env.close()
-    conversations, tools = mixed_conversations(
-        env_id, env_kwargs, tasks, scripts or {"reference": 1.0}, seed=config.seed
+    render = functools.partial(
+        tokenize_conversation, tokenizer, tools=tools, chat_template_kwargs=chat_template_kwargs
     )
-    examples = [
-        tokenize_conversation(tokenizer, c, tools, chat_template_kwargs) for c in conversations
-    ]
-    held_out: list[Example] = []
-    if validation_tasks:
-        convs, _ = oracle_conversations(env_id, env_kwargs, tasks=validation_tasks)
-        held_out = [tokenize_conversation(tokenizer, c, tools, chat_template_kwargs) for c in convs]
-    _check_traces(examples, held_out, model_dir, config, env_id)
+    examples = [render(c) for c in conversations]
+    validation = [render(c) for c in held_out]
+    _check_traces(examples, validation, model_dir, config, source.get("env_id"))
     torch.manual_seed(config.seed)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if config.method == "lora":
         model = _with_lora(model, config)
-    history = _train(model, examples, held_out, config)
+    history = _train(model, examples, validation, config)
     if config.method == "lora":
         model = model.merge_and_unload()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     summary = {
         "config": {k: v for k, v in asdict(config).items() if k != "log"},
-        "env_id": env_id,
-        "env_kwargs": env_kwargs,
         "base_model": str(model_dir),
-        "scripts": dict(scripts or {"reference": 1.0}),
+        "source": source,
         "num_examples": len(examples),
         "seconds": time.perf_counter() - started,
         "history": history,
     }
-    (out / "sft.json").write_text(json.dumps(summary, indent=1, default=str))
+    out = _save(model, tokenizer, Path(out_dir), summary)
     _log_done(history, len(examples), out)
+    return out
+
+
+def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> Path:
+    """A plain model folder (weights, config, tokenizer) and its ``sft.json``, written last."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "sft.json").write_text(json.dumps(summary, indent=1, default=str))
     return out
 
 
@@ -435,7 +500,7 @@ def _check_traces(
     held_out: Sequence[Example],
     model_dir: str | os.PathLike[str],
     config: SFTConfig,
-    env_id: str,
+    env_id: str | None,
 ) -> None:
     """Refuse, before the model loads, traces the loop cannot train on.
 
@@ -447,9 +512,7 @@ def _check_traces(
 
     if not examples:
         raise ConfigError(
-            f"the SFT warm start on {env_id!r} has no trace to train on (no train task, or "
-            "every scripted episode failed); give it train tasks whose scripts play, or skip "
-            "SFT (sft_steps 0)"
+            f"SFT on {env_id!r} got no conversation to train on; give it at least one"
         )
     limit, why = config.max_length, "max_length"
     if limit is None:
@@ -468,7 +531,11 @@ def _check_traces(
 def _with_lora(model: Any, config: SFTConfig) -> Any:
     from peft import LoraConfig, get_peft_model
 
-    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear")
+    lora = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,  # type: ignore[arg-type]  # PEFT scales by a float
+        target_modules="all-linear",
+    )
     return get_peft_model(model, lora)
 
 

@@ -40,7 +40,11 @@ def test_a_dry_run_names_the_warm_start_the_cpu_memory_and_changed_loss_knobs(
     plan = dict(dry_run(config(tmp_path, sft_steps=30, device="cpu", loss_type="grpo",
                                epsilon_high=0.28, top_entropy_quantile=0.2)))  # fmt: skip
     assert plan["loss"] == "grpo; epsilon_high 0.28, top_entropy_quantile 0.2"
-    assert plan["training"].startswith("30 SFT warm-start steps on 100% reference traces, then")
+    assert plan["training"].startswith(
+        "30 full-weight SFT warm-start steps on 100% reference traces, then"
+    )
+    lora = dict(dry_run(config(tmp_path, sft_steps=30, sft_method="lora", lora_r=8)))
+    assert lora["training"].startswith("30 LoRA r8 (merged) SFT warm-start steps")
     assert "on the base model, after the warm start and after step 12" in plan["evaluation"]
     assert "M parameters, ~" in plan["model"] and "to train on the CPU" in plan["model"]
 

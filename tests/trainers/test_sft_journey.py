@@ -168,23 +168,27 @@ def test_the_run_warm_starts_on_the_env_template_and_context_its_rollouts_use(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`_warm_start` played traces with the bare `env_kwargs` (no run `max_turns`), rendered
-    them without `chat_template_kwargs` and never held them to `max_model_len`."""
+    them without `chat_template_kwargs` and never held them to `max_model_len`; a config had
+    no way to warm-start with LoRA (`sft_method`)."""
     from agentgym.trainers import GRPOTrainer  # builds the env and the tiny model, no engine
     from agentgym.trainers import _grpo as grpo  # the module the trainer runs from
 
     seen: dict[str, Any] = {}
 
     def record(model_dir, env_id, env_kwargs, out, sft, **kwargs):  # type: ignore[no-untyped-def]
-        seen.update(env_kwargs=env_kwargs, max_length=sft.max_length, **kwargs)
+        seen.update(env_kwargs=env_kwargs, max_length=sft.max_length, method=sft.method,
+                    lora=(sft.lora_rank, sft.lora_alpha), **kwargs)  # fmt: skip
         return out
 
     monkeypatch.setattr(grpo, "sft_warm_start", record)
     trainer = GRPOTrainer(grpo.GRPOConfig(
         env="calculator", train_tasks="10:40", eval_tasks="0:10", env_kwargs={"num_tasks": 40},
         sft_steps=5, max_turns=2, max_model_len=512, report_to=["none"],
-        chat_template_kwargs={"enable_thinking": False},
+        chat_template_kwargs={"enable_thinking": False}, sft_method="lora", lora_r=8,
+        lora_alpha=24,
     ))  # fmt: skip
     trainer._warm_start(type("Run", (), {"path": tmp_path})())  # type: ignore[arg-type]
     assert seen["env_kwargs"] == {"num_tasks": 40, "max_turns": 2}
     assert seen["chat_template_kwargs"] == {"enable_thinking": False}
     assert seen["max_length"] == 512
+    assert seen["method"] == "lora" and seen["lora"] == (8, 24)  # sft_method, the run's adapter

@@ -1,0 +1,189 @@
+"""``agentgym sft``: the console script run for real on the tiny model and the calculator env."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import agentgym
+from agentgym import ScriptedPolicy, write_jsonl
+from tests.conftest import require
+
+AGENTGYM = Path(sys.executable).parent / "agentgym"
+ENV_ARG = ["--env-arg", "num_tasks=24"]
+FAST = ["--steps", "3", "--batch-size", "4", *ENV_ARG]
+GOOD_TASKS, BAD_TASKS = [0, 1, 2, 3, 4, 5], [6, 7, 8, 9]
+
+
+def agentgym_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
+    return subprocess.run(
+        [str(AGENTGYM), *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def wrong_answer(task: dict) -> list[str]:
+    """The oracle's tool call, then a wrong final answer: an ok episode with reward 0."""
+    return [*agentgym.make("calculator").reference_turns(task)[:1], "The answer is -123456."]
+
+
+@pytest.fixture(scope="module")
+def trajectories(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Calculator episodes: 6 solved by the oracle, 4 answered wrong (reward 0)."""
+    kwargs = {"num_tasks": 24}
+    oracle = agentgym.make("calculator", **kwargs).reference_turns
+    played = agentgym.rollout("calculator", ScriptedPolicy(oracle), tasks=GOOD_TASKS,
+                              env_kwargs=kwargs)  # fmt: skip
+    played += agentgym.rollout("calculator", ScriptedPolicy(wrong_answer), tasks=BAD_TASKS,
+                               env_kwargs=kwargs)  # fmt: skip
+    assert [t.final_reward > 0 for t in played] == [True] * 6 + [False] * 4
+    path = tmp_path_factory.mktemp("recorded") / "trajectories.jsonl"
+    write_jsonl(played, path)
+    return path
+
+
+def weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def test_sft_on_the_env_scripts_trains_and_says_where(tiny_model_dir: Path, tmp_path: Path):
+    out = tmp_path / "sft"
+    done = agentgym_cli("sft", tiny_model_dir, out, "--env", "calculator", "--tasks", "0:12",
+                        *FAST)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "sft.json").read_text())
+    assert summary["source"]["kind"] == "env"
+    assert summary["source"]["env_id"] == "agentgym/Calculator-v0"
+    assert summary["source"]["scripts"] == {"reference": 1.0}
+    assert summary["num_examples"] == 12 and len(summary["history"]) == 3
+    base, trained = weights(tiny_model_dir), weights(out)
+    assert any(not base[name].equal(trained[name]) for name in base)
+    for line in ("traces used: 12", "first loss: ", "last loss: ", f"output folder: {out}"):
+        assert line in done.stdout, done.stdout
+    assert f"--policy vllm --model-path {out}" in done.stdout
+
+
+def test_sft_on_trajectories_keeps_the_rewarded_episodes(
+    tiny_model_dir: Path, trajectories: Path, tmp_path: Path
+):
+    out = tmp_path / "sft"
+    done = agentgym_cli("sft", tiny_model_dir, out, "--trajectories", trajectories, *FAST)
+    assert done.returncode == 0, done.stderr
+    source = json.loads((out / "sft.json").read_text())["source"]
+    assert source["kind"] == "trajectories"
+    dropped = {"status": 0, "reward": 4}
+    assert (source["read"], source["kept"], source["dropped"]) == (10, 6, dropped)
+    file = source["files"][0]
+    assert file["sha256"] == hashlib.sha256(trajectories.read_bytes()).hexdigest()
+    assert "traces used: 6" in done.stdout
+
+    everything = tmp_path / "all"
+    done = agentgym_cli("sft", tiny_model_dir, everything, "--trajectories", trajectories,
+                        "--min-reward", "0", *FAST)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    source = json.loads((everything / "sft.json").read_text())["source"]
+    assert (source["kept"], source["dropped"]["reward"]) == (10, 0)
+
+
+def _other_env(trajectories: Path, tmp_path: Path) -> Path:
+    """The same file with one episode claiming another env."""
+    episodes = list(agentgym.read_jsonl(trajectories))
+    episodes[0] = dataclasses.replace(episodes[0], env_id="agentgym/Other-v0")
+    path = tmp_path / "mixed.jsonl"
+    write_jsonl(episodes, path)
+    return path
+
+
+def _torn(trajectories: Path, tmp_path: Path) -> Path:
+    """Two good lines, then one that is not JSON (line 3)."""
+    lines = trajectories.read_text().splitlines(keepends=True)
+    path = tmp_path / "torn.jsonl"
+    path.write_text("".join(lines[:2]) + '{"env_id": "calculator", \n')
+    return path
+
+
+def _only_failures(trajectories: Path, tmp_path: Path) -> Path:
+    episodes = [t for t in agentgym.read_jsonl(trajectories) if not t.final_reward]
+    episodes[0] = dataclasses.replace(episodes[0], status="error")
+    path = tmp_path / "failures.jsonl"
+    write_jsonl(episodes, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make_args", "expected"),
+    [
+        (lambda t, d: ["--trajectories", d / "missing.jsonl"], r"missing\.jsonl: no such file"),
+        (lambda t, d: ["--trajectories", _torn(t, d)], r"line 3 is not a trajectory \(not JSON"),
+        (
+            lambda t, d: ["--trajectories", _only_failures(t, d)],
+            r"no episode kept: read 4, dropped 1 whose status is not ok and 3 with "
+            r"final_reward <= 0; .*--min-reward",
+        ),
+        (
+            lambda t, d: ["--trajectories", _other_env(t, d)],
+            r"2 envs \(agentgym/Calculator-v0, agentgym/Other-v0\).*one env_id",
+        ),
+        (
+            lambda t, d: ["--trajectories", t, "--env", "calculator"],
+            r"both of --env and --trajectories; give exactly one",
+        ),
+        (lambda t, d: [], r"neither of --env and --trajectories"),
+        (lambda t, d: ["--env", "calculater"], r"unknown env 'calculater'.*calculator"),
+    ],
+    ids=["missing", "not-json", "none-kept", "two-envs", "both", "neither", "unknown-env"],
+)
+def test_mistakes_are_one_line_and_write_nothing(
+    make_args, expected: str, trajectories: Path, tmp_path: Path
+):
+    require("transformers")
+    out = tmp_path / "out"
+    line = one_error_line(agentgym_cli("sft", "tiny", out, *make_args(trajectories, tmp_path)))
+    assert re.search(expected, line), line
+    assert not out.exists()
+
+
+def test_an_out_folder_in_use_is_refused(trajectories: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    line = one_error_line(agentgym_cli("sft", "tiny", out, "--trajectories", trajectories))
+    assert "already exists and is not empty; pick a new folder" in line
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_a_model_without_a_chat_template_is_refused_before_it_loads(
+    tiny_model_dir: Path, trajectories: Path, tmp_path: Path
+):
+    model = tmp_path / "plain"
+    shutil.copytree(tiny_model_dir, model)
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        path = model / name
+        if name.endswith(".json") and path.exists():
+            config = json.loads(path.read_text())
+            config.pop("chat_template", None)
+            path.write_text(json.dumps(config))
+        elif path.exists():
+            path.unlink()
+    out = tmp_path / "out"
+    line = one_error_line(agentgym_cli("sft", model, out, "--trajectories", trajectories))
+    assert "no chat template" in line
+    assert not out.exists()

@@ -1,0 +1,342 @@
+"""`agentgym sft MODEL OUT`: supervised fine-tuning as a command of its own.
+
+Exactly one source of conversations per run:
+
+- ``--env ENV`` plays the env's scripted turns, the data of the train stage's warm start
+  (`sft_warm_start`);
+- ``--trajectories FILE.jsonl`` trains on recorded episodes (``agentgym eval``'s
+  ``trajectories.jsonl``, e.g. a stronger model's): rejection-sampling or distillation SFT.
+  Only episodes that ended ``ok`` with enough reward are kept.
+
+Every mistake (a file, the filter, the env, OUT, the model) is a `ConfigError` raised before
+the weights load and before OUT is made; the CLI prints it as one line and exits 2. Nothing
+optional is imported at the top, so ``agentgym --help`` lists the command on a base install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from agentgym._cli_common import (
+    ChatTemplateKwargsOption,
+    EnvArgOption,
+    key_value,
+    parse_env_args,
+    parse_template_kwargs,
+)
+from agentgym._durable import check_folder_can_be_made
+from agentgym._errors import ConfigError
+from agentgym._extras import needs_extra
+from agentgym._registry import resolve_id
+from agentgym._trajectory import Trajectory
+
+from ._cli import _quiet_backends, console
+from ._sft import Message, SFTConfig, env_tools_and_size, sft_on_conversations, sft_warm_start
+
+log = logging.getLogger(__name__)
+
+
+class Method(StrEnum):
+    """What SFT trains (`SFTConfig.method`)."""
+
+    full = "full"
+    lora = "lora"
+
+
+def sft(
+    model: Annotated[
+        str, typer.Argument(help="A model folder with a chat template, or tiny / tiny:PRESET.")
+    ],
+    out: Annotated[Path, typer.Argument(help="A new folder for the fine-tuned model.")],
+    env: Annotated[str | None, typer.Option(help="Source: play this env's scripted turns.")] = None,
+    trajectories: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--trajectories",
+            help="Source: a JSONL file of recorded episodes, as agentgym eval writes them "
+            "(repeatable).",
+        ),
+    ] = None,
+    tasks: Annotated[
+        str | None, typer.Option(help="--env: task indices START:END (default: all).")
+    ] = None,
+    script: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--script",
+            help="--env: NAME=SHARE, the share of tasks played by the env's NAME_turns "
+            "(repeatable; default reference=1).",
+        ),
+    ] = None,
+    min_reward: Annotated[
+        float | None,
+        typer.Option(
+            help="--trajectories: keep episodes with final_reward >= this (default: > 0)."
+        ),
+    ] = None,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = SFTConfig.steps,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).")] = SFTConfig.lr,
+    batch_size: Annotated[int, typer.Option(help="Conversations per step.")] = SFTConfig.batch_size,
+    seed: Annotated[
+        int, typer.Option(help="Data order, adapter init, tiny model.")
+    ] = SFTConfig.seed,
+    method: Annotated[
+        Method, typer.Option(help="full: every weight; lora: an adapter, merged on save.")
+    ] = Method.full,
+    lora_rank: Annotated[int, typer.Option(help="Adapter rank (lora).")] = SFTConfig.lora_rank,
+    max_length: Annotated[
+        int | None,
+        typer.Option(help="Longest conversation in tokens (default: the model's context)."),
+    ] = None,
+    chat_template_kwargs: ChatTemplateKwargsOption = None,
+    env_arg: EnvArgOption = [],  # noqa: B006
+) -> None:
+    """Fine-tune a model on an env's scripted turns or on recorded trajectories (SFT).
+
+    The result is a plain model folder: use it as `model:` in a train config, or evaluate it
+    with `agentgym eval ENV --policy vllm --model-path OUT`.
+    """
+    _quiet_backends()
+    _check_out(out)
+    config = SFTConfig(
+        steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=method.value,
+        lora_rank=lora_rank, max_length=max_length, log=_progress(steps),
+    )  # fmt: skip
+    env_kwargs = parse_env_args(env_arg)
+    template_kwargs = parse_template_kwargs(chat_template_kwargs)
+    _check_one_source(env, trajectories or [], tasks, script, min_reward)
+    if env is not None:
+        folder = _sft_on_env(model, resolve_id(env), env_kwargs, tasks, script or [], out,
+                             config, template_kwargs)  # fmt: skip
+    else:
+        folder = _sft_on_trajectories(model, trajectories or [], min_reward, env_kwargs, out,
+                                      config, template_kwargs)  # fmt: skip
+    _print_figures(folder)
+
+
+def _check_out(out: Path) -> None:
+    """OUT must be new (or an empty folder): a model folder mixed with old files misleads."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"OUT {out} already exists and is not empty; pick a new folder")
+    check_folder_can_be_made(out, "OUT")
+
+
+def _check_one_source(
+    env: str | None,
+    trajectories: Sequence[Path],
+    tasks: str | None,
+    scripts: Sequence[str] | None,
+    min_reward: float | None,
+) -> None:
+    """Exactly one source, and only the options of the source given."""
+    if (env is None) == (not trajectories):
+        given = "both" if env is not None else "neither"
+        raise ConfigError(
+            f"got {given} of --env and --trajectories; give exactly one: --env ENV (its "
+            "scripted turns) or --trajectories FILE.jsonl (recorded episodes)"
+        )
+    if env is not None and min_reward is not None:
+        raise ConfigError("--min-reward filters --trajectories; with --env drop it")
+    if env is None and (tasks is not None or scripts):
+        raise ConfigError("--tasks and --script choose what --env plays; with --trajectories "
+                          "drop them")  # fmt: skip
+
+
+def _sft_on_env(
+    model: str,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    tasks: str | None,
+    scripts: Sequence[str],
+    out: Path,
+    config: SFTConfig,
+    template_kwargs: dict[str, Any],
+) -> Path:
+    """The warm start's data and training, on the tasks and scripts the options chose."""
+    from ._config import parse_tasks
+
+    tools, count = env_tools_and_size(env_id, env_kwargs)
+    indices = parse_tasks(tasks, "--tasks") if tasks else list(range(count))
+    if max(indices, default=-1) >= count:
+        raise ConfigError(
+            f"--tasks {tasks} reaches task {max(indices)} but {env_id!r} has {count} tasks "
+            f"(0:{count}); pick a range inside it, or give the env more with --env-arg"
+        )
+    with needs_extra("agentgym sft", "train"):
+        model_dir = _checked_model(model, tools, template_kwargs, config.seed)
+        return sft_warm_start(
+            model_dir, env_id, env_kwargs, out, config,
+            tasks=indices, scripts=_parse_scripts(scripts), chat_template_kwargs=template_kwargs,
+        )  # fmt: skip
+
+
+def _sft_on_trajectories(
+    model: str,
+    paths: Sequence[Path],
+    min_reward: float | None,
+    env_kwargs: dict[str, Any],
+    out: Path,
+    config: SFTConfig,
+    template_kwargs: dict[str, Any],
+) -> Path:
+    """SFT on the recorded episodes the filter keeps, with the tools of the env they played."""
+    conversations, source = _kept_conversations(paths, min_reward)
+    env_id = resolve_id(source["env_id"])
+    tools, _ = env_tools_and_size(env_id, env_kwargs)
+    source.update(env_id=env_id, env_kwargs=env_kwargs)
+    with needs_extra("agentgym sft", "train"):
+        model_dir = _checked_model(model, tools, template_kwargs, config.seed)
+        return sft_on_conversations(
+            model_dir, conversations, tools, out, config,
+            chat_template_kwargs=template_kwargs, source=source,
+        )  # fmt: skip
+
+
+def _parse_scripts(pairs: Sequence[str]) -> dict[str, float]:
+    """``--script NAME=SHARE`` pairs; none: the oracle alone."""
+    shares: dict[str, float] = {}
+    for pair in pairs:
+        name, value = key_value(pair, "--script")
+        try:
+            shares[name] = float(value)
+        except ValueError:
+            shares[name] = -1.0
+        if not shares[name] > 0:
+            raise ConfigError(f"--script {pair!r}: SHARE must be a number > 0, e.g. reference=0.3")
+    return shares or {"reference": 1.0}
+
+
+def _kept_conversations(
+    paths: Sequence[Path], min_reward: float | None
+) -> tuple[list[list[Message]], dict[str, Any]]:
+    """The messages of the episodes the filter keeps, and the source record for ``sft.json``.
+
+    Kept: status ``ok`` and ``final_reward > 0`` (the oracle's rule), or ``>= min_reward``
+    when given. Files of several envs are refused: each env renders its own tools.
+    """
+    files: list[dict[str, Any]] = []
+    episodes: list[Trajectory] = []
+    for path in paths:
+        read, digest = _read_trajectories(path)
+        files.append({"path": str(path), "sha256": digest, "episodes": len(read)})
+        episodes += read
+    env_ids = sorted({_same_env(e.env_id) for e in episodes})
+    if len(env_ids) > 1:
+        raise ConfigError(
+            f"the trajectories come from {len(env_ids)} envs ({', '.join(env_ids)}), whose "
+            "tools differ; give files of one env_id per run"
+        )
+    reasons = [_drop_reason(e, min_reward) for e in episodes]
+    dropped = Counter(r for r in reasons if r is not None)
+    kept = [e.messages for e, r in zip(episodes, reasons, strict=True) if r is None]
+    if not kept:
+        rule = "<= 0" if min_reward is None else f"< {min_reward}"
+        raise ConfigError(
+            f"no episode kept: read {len(episodes)}, dropped {dropped['status']} whose status "
+            f"is not ok and {dropped['reward']} with final_reward {rule}; lower the bar with "
+            "--min-reward X (keeps final_reward >= X), or record more episodes"
+        )
+    source = {
+        "kind": "trajectories", "env_id": env_ids[0], "files": files, "min_reward": min_reward,
+        "read": len(episodes), "kept": len(kept),
+        "dropped": {"status": dropped["status"], "reward": dropped["reward"]},
+    }  # fmt: skip
+    return kept, source
+
+
+def _read_trajectories(path: Path) -> tuple[list[Trajectory], str]:
+    """The file's trajectories and its sha256; a line that is not one names its number."""
+    if not path.is_file():
+        raise ConfigError(
+            f"--trajectories {path}: no such file; give a trajectories.jsonl that agentgym "
+            "eval wrote (in its --out folder)"
+        )
+    data = path.read_bytes()
+    episodes: list[Trajectory] = []
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            episodes.append(Trajectory.from_dict(json.loads(line)))
+        except (ValueError, TypeError) as exc:  # bad JSON or UTF-8, a record of other fields
+            raise ConfigError(
+                f"--trajectories {path}: line {number} is not a trajectory "
+                f"({_why_not(exc)}); give JSONL that agentgym eval or write_jsonl wrote"
+            ) from None
+    return episodes, hashlib.sha256(data).hexdigest()
+
+
+def _why_not(exc: Exception) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON: {exc.msg}"
+    if isinstance(exc, ConfigError):
+        return "a JSON record without env_id"
+    return str(exc)
+
+
+def _same_env(env_id: str) -> str:
+    """The registered id of a recorded ``env_id``, else the id as it is.
+
+    A file records the name `rollout` was given: ``calculator`` and ``agentgym/Calculator-v0``
+    are one env, and must not be refused as two.
+    """
+    try:
+        return resolve_id(env_id)
+    except ConfigError:
+        return env_id
+
+
+def _drop_reason(episode: Trajectory, min_reward: float | None) -> str | None:
+    """Why the filter drops ``episode`` (``status`` or ``reward``); None keeps it."""
+    if episode.status != "ok":
+        return "status"
+    reward = episode.final_reward or 0.0
+    kept = reward > 0 if min_reward is None else reward >= min_reward
+    return None if kept else "reward"
+
+
+def _checked_model(model: str, tools: list[dict[str, Any]], kwargs: dict[str, Any],
+                   seed: int) -> Path:  # fmt: skip
+    """The model folder, once it is known to render the env's tools (no weights loaded)."""
+    from ._preflight import _check_template, resolve_model
+
+    model_dir = resolve_model(model, seed=seed)
+    _check_template(model_dir, tools, kwargs)
+    return model_dir
+
+
+def _progress(steps: int) -> Callable[[dict[str, Any]], None]:
+    """A step logger for about ten lines a run: a long CPU run otherwise looks stuck."""
+    every = max(1, steps // 10)
+
+    def report(record: dict[str, Any]) -> None:
+        if record["step"] % every == 0:
+            log.info("sft step %d/%d: loss %.4f", record["step"], steps, record["loss"])
+
+    return report
+
+
+def _print_figures(out: Path) -> None:
+    """One line per figure of the ``sft.json`` just written, then how to use the model."""
+    summary = json.loads((out / "sft.json").read_text(encoding="utf-8"))
+    env_id = summary["source"]["env_id"]
+    history = summary["history"]
+    console.print(f"traces used: {summary['num_examples']}")
+    console.print(f"first loss: {history[0]['loss']:.4f}")
+    console.print(f"last loss: {history[-1]['loss']:.4f}")
+    console.print(f"seconds: {summary['seconds']:.1f}")
+    console.print(f"output folder: {out}", soft_wrap=True)
+    console.print(
+        f"use it as model: {out} in a train config, or evaluate it: agentgym eval {env_id} "
+        f"--policy vllm --model-path {out}",
+        soft_wrap=True,
+    )
