@@ -189,6 +189,26 @@ class DockerSandboxConfig:
         return dataclasses.replace(self, **changes)
 
 
+def check_image(image: object) -> str:
+    """``image`` if it is a non-empty image reference without whitespace, else a `ConfigError`.
+
+    Why up front: ``image=3`` or ``""`` was taken as it was and failed only when the first
+    container was created, for a bare sandbox as an ``infra_error`` of its first call.
+    """
+    if not isinstance(image, str) or not image or image != image.strip() or " " in image:
+        raise ConfigError(f"image must be a Docker image reference such as {DEFAULT_IMAGE!r}, "
+                          f"got {image!r}")
+    return image
+
+
+def missing_image_fix(image: str) -> str:
+    """How to get ``image`` onto a daemon that lacks it (`agentgym sandbox build` makes one tag)."""
+    if image == DEFAULT_IMAGE:
+        return "build it with `agentgym sandbox build`"
+    return (f"pull it (`docker pull {image}`) or build it there (`agentgym sandbox build "
+            f"--tag {image}`)")
+
+
 def docker_config(config: object, what: str = "config") -> DockerSandboxConfig:
     """``config`` as a `DockerSandboxConfig`: itself, the default for None, or built from a mapping.
 

@@ -27,7 +27,13 @@ from agentgym._errors import SandboxError
 from . import _reap
 from ._channel import ChannelClosed, ChannelDeadline, ServerChannel
 from ._client import import_docker
-from ._config import DEFAULT_IMAGE, DockerSandboxConfig, docker_config
+from ._config import (
+    DEFAULT_IMAGE,
+    DockerSandboxConfig,
+    check_image,
+    docker_config,
+    missing_image_fix,
+)
 from ._hosts import DockerHost
 from ._protocol import (
     Files,
@@ -84,7 +90,7 @@ class DockerSandbox(SandboxBase):
     def __init__(self, image: str = DEFAULT_IMAGE, config: DockerSandboxConfig | None = None,
                  *, labels: Mapping[str, str] | None = None, client: Any = None,
                  host: DockerHost | None = None) -> None:
-        self.image = image
+        self.image = check_image(image)
         self.config = docker_config(config)
         self.host = host or DockerHost()
         """The daemon the container runs on."""
@@ -142,8 +148,8 @@ class DockerSandbox(SandboxBase):
             container = self._client.containers.create(
                 self.image, KEEPER_CMD, **container_options(cfg, self._labels))
         except docker.errors.ImageNotFound as exc:
-            raise SandboxError(f"image {self.image!r} not found: build it with "
-                               "`agentgym sandbox build`") from exc
+            raise SandboxError(f"image {self.image!r} not found on host {self.host.name!r}: "
+                               f"{missing_image_fix(self.image)}") from exc
         except Exception as exc:
             raise SandboxError(f"cannot create a container from {self.image!r}: {exc}") from exc
         self._container = container

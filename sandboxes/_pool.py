@@ -35,7 +35,7 @@ from typing import Any
 from agentgym._errors import ConfigError, SandboxError
 
 from . import _reap
-from ._config import DEFAULT_IMAGE, DockerSandboxConfig, docker_config
+from ._config import DEFAULT_IMAGE, DockerSandboxConfig, check_image, docker_config
 from ._docker import DockerSandbox, Snapshot
 from ._host_slot import HostSlot, HostStats
 from ._hosts import DockerHost
@@ -116,15 +116,17 @@ class SandboxPool:
                             ("max_uses", max_uses)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{name} must be a whole number, got {value!r}")
-        if size < 1 or max_concurrent_creates < 1 or max_uses < 1:
-            raise ConfigError(f"size, max_concurrent_creates and max_uses must be >= 1, got "
-                              f"{size}, {max_concurrent_creates}, {max_uses}")
-        if max_creates_per_second is not None and max_creates_per_second <= 0:
-            raise ConfigError(f"max_creates_per_second must be > 0 or None, got "
-                              f"{max_creates_per_second!r}")
-        if host_cooloff_s <= 0 or health_interval_s <= 0:
-            raise ConfigError(f"host_cooloff_s and health_interval_s must be > 0, got "
-                              f"{host_cooloff_s!r}, {health_interval_s!r}")
+            if value < 1:  # name the one that is wrong, and what it means
+                raise ConfigError(f"{name} must be >= 1 ({_WHOLE_MEANS[name]}), got {value}")
+        # Why: a YAML string raised a bare TypeError here, and nan passed every `<= 0` test.
+        if max_creates_per_second is not None:
+            _positive_seconds("max_creates_per_second", max_creates_per_second,
+                              "container creates per second per host, or None for no cap",
+                              allow_inf=True)
+        _positive_seconds("host_cooloff_s", host_cooloff_s, "seconds a failed host rests")
+        _positive_seconds("health_interval_s", health_interval_s,
+                          "seconds between health checks")
+        image = check_image(image)
         targets = _check_hosts(hosts, client, size)
         self.size, self.image, self.max_uses = size, image, max_uses
         self.config = docker_config(config)
@@ -171,10 +173,10 @@ class SandboxPool:
             return self._start_once()
 
     def _start_once(self) -> SandboxPool:
+        if self._closed:  # before `_started`: a closed pool once started, and stays closed
+            raise SandboxError("this sandbox pool was closed; create a new SandboxPool")
         if self._started:
             return self
-        if self._closed:
-            raise SandboxError("this sandbox pool was closed; create a new SandboxPool")
         with ThreadPoolExecutor(len(self._slots)) as connecting:  # a dead host costs a timeout
             problems = dict(zip(self._slots, connecting.map(self._connect_and_reap, self._slots)))
         self.stats.reap_removed = sum(slot.stats.reap_removed for slot in self._slots)
@@ -229,7 +231,8 @@ class SandboxPool:
                 slot.idle.clear()
             waiters, self._waiters = list(self._waiters), deque()
         for waiter in waiters:
-            self._hand(waiter, SandboxError("the sandbox pool was closed"))
+            self._hand(waiter, _PoolClosed("the sandbox pool was closed while this lease "
+                                           "waited for a sandbox"))
         self._workers.shutdown(wait=True, cancel_futures=True)  # in-flight resets/creates end
         with self._lock:
             everything = [sandbox for slot in self._slots for sandbox in slot.all]
@@ -305,7 +308,10 @@ class SandboxPool:
 
     def _take_or_wait(self, waiter: _Waiter) -> DockerSandbox | None:
         with self._lock:
-            if self._closed or not self._started:
+            if self._closed:  # start() cannot help: a closed pool stays closed
+                raise SandboxError("the sandbox pool is not running: it was closed; create a "
+                                   "new SandboxPool")
+            if not self._started:
                 raise SandboxError("the sandbox pool is not running (use `with pool:` or "
                                    "pool.start())")
             sandbox = self._take_idle()
@@ -450,6 +456,8 @@ class SandboxPool:
                 self._deliver(item)
 
     def _unwrap(self, item: Any) -> DockerSandbox:
+        if isinstance(item, _PoolClosed):  # no creation failed: the pool went away
+            raise SandboxError(str(item)) from None
         if isinstance(item, BaseException):
             raise SandboxError(f"sandbox creation failed: {item}") from item
         with self._lock:
@@ -669,6 +677,24 @@ class SandboxPool:
         except RuntimeError:  # the waiter's loop is closed
             if isinstance(item, DockerSandbox):
                 self._deliver(item)
+
+
+class _PoolClosed(SandboxError):
+    """What a lease still waiting when the pool closes is handed (not a creation failure)."""
+
+
+_WHOLE_MEANS = {
+    "size": "the number of warm sandboxes",
+    "max_concurrent_creates": "sandboxes starting at once per host",
+    "max_uses": "leases before a sandbox is replaced",
+}
+
+
+def _positive_seconds(name: str, value: Any, means: str, allow_inf: bool = False) -> None:
+    """A `ConfigError` unless ``value`` is a number > 0 (finite unless ``allow_inf``)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            or value <= 0 or (math.isinf(value) and not allow_inf)):
+        raise ConfigError(f"{name} must be a number > 0 ({means}), got {value!r}")
 
 
 def _lease_timeout(timeout: Any) -> float | None:
