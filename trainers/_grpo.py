@@ -337,7 +337,7 @@ class GRPOTrainer:
             seed=cfg.seed, log=_log_sft_progress, target_accuracy=cfg.sft_target_accuracy,
             eval_every=cfg.sft_eval_every if cfg.sft_target_accuracy else 0,
             max_length=cfg.max_model_len, method=cfg.sft_method, lora_rank=cfg.lora_r,
-            lora_alpha=cfg.lora_alpha,
+            lora_alpha=cfg.lora_alpha, device=self._device(),
         )  # fmt: skip
         # the env and template the rollouts play: traces of other limits or renders would
         # teach tokens the run never samples

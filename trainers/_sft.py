@@ -31,11 +31,13 @@ torch and transformers are imported inside the functions, so importing this modu
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import math
 import os
 import random
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -83,6 +85,12 @@ class SFTConfig:
     max_length: int | None = None
     """Longest trace in tokens; None: the model's position limit (its config.json). A longer
     trace is refused before the model loads: it would teach positions rollouts never reach."""
+    device: str = "cpu"
+    """Where SFT trains (``cpu``, ``cuda``, ``cuda:1`` ...), in float32 either way."""
+    save_every: int = 50
+    """Every N steps a checkpoint (the weights being trained, optimiser, step, metrics) goes to
+    ``<out_dir>.partial/``: a run killed mid-way and run again with the same knobs and
+    traces resumes there instead of from step 0. Removed once the model is saved. 0: none."""
     log: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
     """Called with each step's metrics (``step``, ``loss``, ``lr``, ``seconds``, ...)."""
 
@@ -93,6 +101,9 @@ class SFTConfig:
             raise ConfigError(f"SFTConfig fields must be >= 1, got {bad}")
         if not self.lr > 0:
             raise ConfigError(f"SFTConfig.lr must be > 0, got {self.lr}")
+        if self.save_every < 0:
+            raise ConfigError(f"SFTConfig.save_every must be >= 0 (0: no checkpoint), got "
+                              f"{self.save_every}")  # fmt: skip
         if self.warmup_steps < 0 or self.eval_every < 0:
             raise ConfigError(
                 f"warmup_steps and eval_every must be >= 0, got {self.warmup_steps}, "
@@ -312,7 +323,9 @@ def masked_loss(model: Any, batch: dict[str, Any]) -> Any:
     )
 
 
-def reference_accuracy(model: Any, examples: Sequence[Example], batch_size: int = 64) -> float:
+def reference_accuracy(
+    model: Any, examples: Sequence[Example], batch_size: int = 64, device: str = "cpu"
+) -> float:
     """Share of conversations the model carries out token for token once it has started them.
 
     Teacher forced, one forward pass, no generation: a conversation counts when every
@@ -328,6 +341,7 @@ def reference_accuracy(model: Any, examples: Sequence[Example], batch_size: int 
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
             batch = _collate(examples[start : start + batch_size])
+            batch = {k: v.to(device) for k, v in batch.items()}
             logits, targets = _predictions(model, batch, share_prefix=False)
             trained = targets != -100
             wrong = (logits.argmax(-1) != targets) & trained
@@ -459,9 +473,13 @@ def sft_on_conversations(
     _check_traces(examples, validation, model_dir, config, source.get("env_id"))
     torch.manual_seed(config.seed)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.to(config.device)
     if config.method == "lora":
         model = _with_lora(model, config)
-    history = _train(model, examples, validation, config)
+    out = Path(out_dir)
+    checkpoint = _Checkpoint(out.with_name(out.name + ".partial"),
+                             _fingerprint(config, model_dir, examples))  # fmt: skip
+    history = _train(model, examples, validation, config, checkpoint)
     if config.method == "lora":
         model = model.merge_and_unload()
     summary = {
@@ -472,7 +490,8 @@ def sft_on_conversations(
         "seconds": time.perf_counter() - started,
         "history": history,
     }
-    out = _save(model, tokenizer, Path(out_dir), summary)
+    _save(model.cpu(), tokenizer, out, summary)
+    shutil.rmtree(checkpoint.folder, ignore_errors=True)  # the model is saved: done with it
     _log_done(history, len(examples), out)
     return out
 
@@ -539,10 +558,80 @@ def _with_lora(model: Any, config: SFTConfig) -> Any:
     return get_peft_model(model, lora)
 
 
+def _fingerprint(config: SFTConfig, model_dir: str | os.PathLike[str],
+                 examples: Sequence[Example]) -> str:  # fmt: skip
+    """What a checkpoint must have been trained on to be resumed: the knobs and the traces."""
+    digest = hashlib.sha256(str(model_dir).encode())
+    knobs = {k: v for k, v in asdict(config).items() if k not in ("log", "device")}
+    digest.update(json.dumps(knobs, sort_keys=True, default=str).encode())
+    for example in examples:
+        digest.update(json.dumps([example.ids, example.mask]).encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class _Checkpoint:
+    """A killed SFT run's state, in ``folder``, valid only for the run of ``fingerprint``."""
+
+    folder: Path
+    fingerprint: str
+
+    @property
+    def path(self) -> Path:
+        return self.folder / "state.pt"
+
+    def save(self, step: int, model: Any, optimizer: Any, schedule: Any,
+             history: list[dict[str, Any]]) -> None:  # fmt: skip
+        """Written whole or not at all (a kill mid-write leaves the previous one)."""
+        import torch
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        trained = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+        state = {"fingerprint": self.fingerprint, "step": step, "trained": trained,
+                 "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+                 "history": history}  # fmt: skip
+        torch.save(state, self.path.with_suffix(".tmp"))
+        os.replace(self.path.with_suffix(".tmp"), self.path)
+
+    def load(self, model: Any, optimizer: Any, schedule: Any) -> tuple[int, list[dict[str, Any]]]:
+        """(step, metrics so far) of the checkpoint, loaded into the three; (0, []) if none.
+
+        Raises:
+            ConfigError: the checkpoint is another run's (other knobs or traces).
+        """
+        import torch
+
+        if not self.path.is_file():
+            return 0, []
+        device = next(model.parameters()).device
+        state = torch.load(self.path, map_location=device, weights_only=True)
+        if state["fingerprint"] != self.fingerprint:
+            raise ConfigError(
+                f"{self.folder} holds a checkpoint of another SFT run (other knobs, model or "
+                "traces); run again with the same ones to resume it, or delete that folder"
+            )
+        unexpected = model.load_state_dict(state["trained"], strict=False).unexpected_keys
+        if unexpected:
+            raise ConfigError(f"{self.folder}: weights {unexpected[:3]} are not this model's; "
+                              "delete that folder")  # fmt: skip
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        log.info("sft resumed from %s at step %d", self.path, state["step"])
+        return int(state["step"]), list(state["history"])
+
+
 def _train(
-    model: Any, examples: list[Example], held_out: list[Example], config: SFTConfig
+    model: Any,
+    examples: list[Example],
+    held_out: list[Example],
+    config: SFTConfig,
+    checkpoint: _Checkpoint | None = None,
 ) -> list[dict[str, Any]]:
-    """The loop: batch -> masked loss -> clip -> AdamW step; returns per-step metrics."""
+    """The loop: batch -> masked loss -> clip -> AdamW step; returns per-step metrics.
+
+    With a ``checkpoint`` it resumes where one was saved: the batches before it are drawn
+    and skipped, so the data order is the uninterrupted run's.
+    """
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -550,12 +639,15 @@ def _train(
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1))
     )
-    history: list[dict[str, Any]] = []
+    done, history = checkpoint.load(model, optimizer, schedule) if checkpoint else (0, [])
     t0 = time.perf_counter()
     model.train()
-    for step, batch in enumerate(
+    for step, cpu_batch in enumerate(
         _batches(examples, config.batch_size, config.steps, config.seed), start=1
     ):
+        if step <= done:
+            continue
+        batch = {k: v.to(config.device) for k, v in cpu_batch.items()}
         loss = masked_loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -571,7 +663,8 @@ def _train(
         }
         if held_out and config.eval_every and step % config.eval_every == 0:
             model.eval()
-            record["reference_accuracy"] = reference_accuracy(model, held_out)
+            record["reference_accuracy"] = reference_accuracy(model, held_out,
+                                                              device=config.device)  # fmt: skip
             model.train()
         history.append(record)
         if config.log is not None:
@@ -581,5 +674,7 @@ def _train(
         target = config.target_accuracy
         if target is not None and record.get("reference_accuracy", -1.0) >= target:
             break
+        if checkpoint and config.save_every and step % config.save_every == 0:
+            checkpoint.save(step, model, optimizer, schedule, history)
     model.eval()
     return history

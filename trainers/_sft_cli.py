@@ -93,6 +93,14 @@ def sft(
         Method, typer.Option(help="full: every weight; lora: an adapter, merged on save.")
     ] = Method.full,
     lora_rank: Annotated[int, typer.Option(help="Adapter rank (lora).")] = SFTConfig.lora_rank,
+    save_every: Annotated[
+        int,
+        typer.Option(help="Steps between checkpoints in OUT.partial/: run the same command "
+                     "again after a kill to resume there (0: none)."),
+    ] = SFTConfig.save_every,
+    device: Annotated[
+        str, typer.Option(help="Where to train: cpu, cuda, cuda:1 ...")
+    ] = SFTConfig.device,
     max_length: Annotated[
         int | None,
         typer.Option(help="Longest conversation in tokens (default: the model's context)."),
@@ -109,7 +117,8 @@ def sft(
     _check_out(out)
     config = SFTConfig(
         steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=method.value,
-        lora_rank=lora_rank, max_length=max_length, log=_progress(steps),
+        lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
+        log=_progress(steps),
     )  # fmt: skip
     env_kwargs = parse_env_args(env_arg)
     template_kwargs = parse_template_kwargs(chat_template_kwargs)

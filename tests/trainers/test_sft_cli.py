@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,37 @@ def test_a_model_without_a_chat_template_is_refused_before_it_loads(
     line = one_error_line(agentgym_cli("sft", model, out, "--trajectories", trajectories))
     assert "no chat template" in line
     assert not out.exists()
+
+
+def test_a_killed_sft_run_again_resumes_from_its_checkpoint_to_the_same_weights(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A kill mid-SFT lost every step: the warm start is most of the quickstart's minutes."""
+    args = ["--env", "calculator", "--tasks", "0:12", "--steps", "60", "--batch-size", "4",
+            "--save-every", "2", *ENV_ARG]  # fmt: skip
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+    partial = tmp_path / "killed.partial" / "state.pt"
+    env = {**os.environ, "NO_COLOR": "1"}
+    command = [str(AGENTGYM), "sft", str(tiny_model_dir), str(killed), *args]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        while not partial.exists():  # the first checkpoint, then kill -9 at once
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+    assert proc.wait() == -9 and not killed.exists()
+    resumed = agentgym_cli("sft", tiny_model_dir, killed, *args)
+    assert resumed.returncode == 0, resumed.stderr
+    said = re.search(r"sft resumed from .*state\.pt at step (\d+)", resumed.stdout)
+    assert said, resumed.stdout
+    step = int(said[1])
+    assert 2 <= step < 60 and not partial.parent.exists()  # removed once the model is saved
+    assert agentgym_cli("sft", tiny_model_dir, straight, *args).returncode == 0
+    a, b = weights(killed), weights(straight)
+    assert all(a[name].equal(b[name]) for name in b)  # bit-identical: same data order
+    history = json.loads((killed / "sft.json").read_text())["history"]
+    assert [r["step"] for r in history] == list(range(1, 61))
+    assert [r["loss"] for r in history] == [
+        r["loss"] for r in json.loads((straight / "sft.json").read_text())["history"]
+    ]
