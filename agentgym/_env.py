@@ -200,7 +200,7 @@ class _TakesRenderMode(type):
     """
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if "render_mode" not in kwargs or takes_render_mode_itself(cls):
+        if "render_mode" not in kwargs or _takes_render_mode_itself(cls):
             return super().__call__(*args, **kwargs)
         mode = kwargs.pop("render_mode")
         modes = getattr(cls, "metadata", {}).get("render_modes", ())
@@ -214,7 +214,7 @@ class _TakesRenderMode(type):
         return env
 
 
-def takes_render_mode_itself(cls: type) -> bool:
+def _takes_render_mode_itself(cls: type) -> bool:
     """Whether the class's own `__init__` names ``render_mode`` (a Gymnasium-style env)."""
     return "render_mode" in inspect.signature(cls.__init__).parameters  # type: ignore[misc]
 

@@ -369,7 +369,7 @@ def _check_servers(model_dir: Path, config: GRPOConfig) -> None:
     fleet = VLLMFleet(config.rollout_servers, config.rollout_model_name or model_dir.name)
     RemoteVLLMPolicy(
         model_dir, fleet, router_url=config.rollout_router_url, publishes_adapters=True
-    ).start()
+    ).check_servers()  # the tokenizer loads with the run's own policy
 
 
 def _check_template(model_dir: Path, tools: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:

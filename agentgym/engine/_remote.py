@@ -118,11 +118,15 @@ class RemoteVLLMPolicy(TokenPolicy):
         self._vocab_size: int | None = None
 
     def start(self) -> None:
+        """`check_servers`, then load the tokenizer and the vocabulary size."""
+        self.check_servers()
+        _ = self.renderer, self.vocab_size  # read from disk now, not on a turn's event loop
+
+    def check_servers(self) -> None:
         """Check that every server (and the router) answers and serves the model now, not mid-run.
 
-        With ``publishes_adapters``, also that each can load adapters. Also loads the tokenizer
-        and the vocabulary size. Raises `ConfigError` naming the fix, or `ModelError` when a
-        server is unreachable.
+        With ``publishes_adapters``, also that each can load adapters. Raises `ConfigError`
+        naming the fix, or `ModelError` when a server is unreachable.
         """
 
         async def check() -> None:
@@ -138,7 +142,6 @@ class RemoteVLLMPolicy(TokenPolicy):
                 await self.fleet.aclose()
 
         asyncio.run(check())
-        _ = self.renderer, self.vocab_size  # read from disk now, not on a turn's event loop
 
     async def _prepare_for_adapters(self, url: str, served: set[str]) -> None:
         """``url`` must load adapters; the versions a killed process of this run left go."""

@@ -81,15 +81,24 @@ def _no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
 
 
-def test_an_empty_trace_set_is_one_line_before_the_model_loads(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize(
+    ("tasks", "knobs", "error"),
+    [
+        ([], {}, r"no trace to train on.*sft_steps 0"),  # an empty trace set
+        ([0], {"max_length": 20}, r"over the max_length \(20\)"),  # max_length caps traces
+    ],
+    ids=["no_trace", "over_max_length"],
+)
+def test_traces_sft_cannot_train_on_are_one_line_before_the_model_loads(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tasks: list[int], knobs: dict[str, Any], error: str,
+) -> None:  # fmt: skip
     from trainers._sft import SFTConfig, sft_warm_start
 
     _no_model_load(monkeypatch)
-    with pytest.raises(ConfigError, match=r"no trace to train on.*sft_steps 0"):
+    with pytest.raises(ConfigError, match=error):
         sft_warm_start(tiny_model_dir, "calculator", ENV_KWARGS, tmp_path / "sft",
-                       SFTConfig(steps=2), tasks=[])  # fmt: skip
+                       SFTConfig(steps=2, **knobs), tasks=tasks)  # fmt: skip
     assert not (tmp_path / "sft").exists()
 
 
@@ -106,17 +115,6 @@ def test_traces_longer_than_the_models_context_are_refused(
     with pytest.raises(ConfigError, match=r"tokens, over the model's max_position_embeddings=48"):
         sft_warm_start(model, "calculator", ENV_KWARGS, tmp_path / "sft", SFTConfig(steps=2),
                        tasks=[0, 1])  # fmt: skip
-
-
-def test_max_length_caps_the_traces(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from trainers._sft import SFTConfig, sft_warm_start
-
-    _no_model_load(monkeypatch)
-    with pytest.raises(ConfigError, match=r"over the max_length \(20\)"):
-        sft_warm_start(tiny_model_dir, "calculator", ENV_KWARGS, tmp_path / "sft",
-                       SFTConfig(steps=2, max_length=20), tasks=[0])  # fmt: skip
 
 
 class _Recording:
