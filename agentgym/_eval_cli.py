@@ -52,7 +52,7 @@ from ._policies import OpenAIPolicy, Policy, ScriptedPolicy, check_base_url
 from ._registry import make, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
-from ._tasks import tasks_digest
+from ._tasks import parse_tasks, tasks_digest
 from ._trajectory import Trajectory, to_json_line
 
 
@@ -97,6 +97,14 @@ def evaluate(
     ] = 1.0,
     num_tasks: Annotated[
         int | None, typer.Option("--num-tasks", "-n", min=1, help="First N tasks; all if omitted.")
+    ] = None,
+    task_range: Annotated[
+        str | None,
+        typer.Option(
+            "--tasks",
+            help="Task indices START:END (half-open) instead of the first N: e.g. a run's "
+            "held-out split, or train tasks to record episodes for `agentgym sft`.",
+        ),
     ] = None,
     group_size: Annotated[
         int, typer.Option("--group-size", "-g", min=1, help="Episodes per task.")
@@ -184,19 +192,19 @@ def evaluate(
         max_model_len = context_length(model_path, max_model_len)
     probe = _built(env_id, env_kwargs_built)  # validates options before any work
     tasks = getattr(probe, "tasks", ())
-    total = len(tasks) if num_tasks is None else min(num_tasks, len(tasks))
-    digest = tasks_digest(tasks, range(total))  # the first `total` tasks are played
     try:
+        chosen = _chosen_tasks(task_range, num_tasks, len(tasks))
         reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None
     finally:
         probe.close()
-    _warn_short_of_tasks(num_tasks, len(tasks))
+    total, digest = len(chosen), tasks_digest(tasks, chosen)  # what is played, and its digest
     if policy is PolicyKind.openai and model is not None:
         check_served_model(base_url, model, api_key)  # a 404 / 401 here is the command's
     run_config = {
         "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value,
         "model": str(model_path) if policy.local else model,
-        "temperature": temperature, "num_tasks": num_tasks, "group_size": group_size,
+        "temperature": temperature, "num_tasks": num_tasks,
+        **({"tasks": task_range} if task_range else {}), "group_size": group_size,
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
         TASKS_KEY: digest, **({"adapter": str(adapter)} if adapter else {}),
@@ -229,8 +237,9 @@ def evaluate(
                 base_url, model, api_key=api_key,
                 sampling={"temperature": temperature, "seed": seed},
             )  # fmt: skip
+        which = {"tasks": chosen} if task_range else {"num_tasks": num_tasks}
         plan = {
-            "num_tasks": num_tasks, "group_size": group_size, "max_concurrency": concurrency,
+            **which, "group_size": group_size, "max_concurrency": concurrency,
             "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs_built,
         }  # fmt: skip
         summary, played = _run_eval(
@@ -241,17 +250,30 @@ def evaluate(
         _print_summary(summary, out)
 
 
-def _warn_short_of_tasks(num_tasks: int | None, available: int) -> None:
-    """Say so when ``-n`` asks for more tasks than the env has: the summary counts fewer.
+def _chosen_tasks(task_range: str | None, num_tasks: int | None, available: int) -> list[int]:
+    """The task indices to play: ``--tasks START:END``, else the first ``-n`` (all by default).
 
-    Why: ``-n 1000`` on a 100-task env played 100 and said nothing; the summary's episode
-    count then reads as a run cut short, or goes unnoticed in a comparison of two evals.
+    ``-n`` beyond the env's tasks is a warning: ``-n 1000`` on a 100-task env played 100 and
+    said nothing, so the summary's episode count read as a run cut short. A ``--tasks`` range
+    past them is refused: it names tasks that do not exist.
     """
+    if task_range is not None:
+        if num_tasks is not None:
+            raise ConfigError("give --tasks START:END or -n N, not both")
+        chosen = parse_tasks(task_range, "--tasks")
+        if max(chosen) >= available:
+            raise ConfigError(
+                f"--tasks {task_range} reaches task {max(chosen)}, but the env has {available} "
+                f"tasks (0:{available}); pick a range inside it, or give the env more tasks "
+                "with --env-arg"
+            )
+        return chosen
     if num_tasks is not None and num_tasks > available:
         console.print(
             f"warning: -n {num_tasks}, but the env has {available} tasks; playing all {available}",
             soft_wrap=True,
         )
+    return list(range(available if num_tasks is None else min(num_tasks, available)))
 
 
 def _reference_turns(probe: Any, tasks: Sequence[Any]) -> Callable[[Any], Sequence[str]]:

@@ -356,3 +356,30 @@ def task_text(task: Any) -> str:
         return json.dumps(task, sort_keys=True, default=str)
     except TypeError:  # keys of mixed types cannot be sorted
         return repr(task)
+
+
+def parse_tasks(spec: str | list[int], name: str = "tasks") -> list[int]:
+    """Task indices from ``"start:stop"`` (half-open, like ``range``) or an explicit list.
+
+    Raises:
+        ConfigError: malformed, empty, negative or duplicated indices.
+    """
+    if isinstance(spec, str):
+        start, sep, stop = spec.partition(":")
+        try:
+            indices = list(range(int(start), int(stop))) if sep else []
+        except ValueError:
+            indices = []
+        if not sep or not indices:
+            raise ConfigError(
+                f"{name}={spec!r} is not a non-empty 'start:stop' range of task indices; "
+                "write e.g. '100:600' or a list of indices"
+            )
+    else:
+        indices = [int(i) for i in spec]
+    if not indices or min(indices) < 0 or len(set(indices)) != len(indices):
+        raise ConfigError(
+            f"{name}={spec!r} must hold at least one task index, all >= 0 and distinct; "
+            "fix the list or use a 'start:stop' range"
+        )
+    return indices

@@ -3,7 +3,8 @@
 Each was found playing README's use 3 from a scratch folder: a negative ``--seed`` played the
 whole run into ``error``; ``-n`` beyond the env's tasks played fewer without a word; a
 ``--base-url`` without ``/v1``, an unserved ``--model`` or a refused key filed every episode
-``infra_error`` and exited 75 (a retry that cannot succeed). The CLI runs in a subprocess;
+``infra_error`` and exited 75 (a retry that cannot succeed); only the first N tasks could be
+played (``--tasks START:END`` now). The CLI runs in a subprocess;
 the OpenAI-compatible server is a small stdlib one in this process.
 """
 
@@ -116,6 +117,35 @@ def test_more_tasks_than_the_env_has_are_played_with_a_warning(tmp_path: Path) -
 def test_as_many_tasks_as_the_env_has_warns_nothing(tmp_path: Path) -> None:
     proc = run(tmp_path, "-n", "100")
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+
+
+def test_a_task_range_plays_exactly_those_tasks_and_resumes_only_them(tmp_path: Path) -> None:
+    """Only the first N tasks could be played: not a run's held-out split, nor train tasks to
+    record episodes on for `agentgym sft` (the first N are the quickstart's held-out ones)."""
+    assert run(tmp_path, "--tasks", "40:45").returncode == 0
+    results = tmp_path / "out" / "trajectories.jsonl"
+    assert sorted(t.task_index for t in read_jsonl(results)) == [40, 41, 42, 43, 44]  # as done
+    again = run(tmp_path, "--tasks", "40:45", "--resume")
+    assert again.returncode == 0 and len(list(read_jsonl(results))) == 5, again.stderr
+    other = run(tmp_path, "--tasks", "40:46", "--resume")  # another range: another run
+    assert other.returncode == 2 and "tasks" in one_error_line(other)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--tasks", "95:105"], "reaches task 104, but the env has 100 tasks (0:100)"),
+        (["--tasks", "40:45", "-n", "5"], "give --tasks START:END or -n N, not both"),
+        (["--tasks", "7"], "is not a non-empty 'start:stop' range"),
+    ],
+    ids=["past_the_env", "with_n", "not_a_range"],
+)
+def test_a_task_range_that_cannot_be_played_is_one_line(
+    tmp_path: Path, args: list[str], error: str
+) -> None:
+    proc = run(tmp_path, *args)
+    assert proc.returncode == 2 and error in one_error_line(proc)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_base_url_without_v1_is_refused_naming_the_v1_url(tmp_path: Path, server: str) -> None:

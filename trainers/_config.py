@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentgym._errors import ConfigError
+from agentgym._tasks import parse_tasks
 
 from ._config_rules import (
     CONFIG_RULES,
@@ -67,33 +68,6 @@ def _knob(default: Any, help: str) -> Any:
         return field(default_factory=functools.partial(type(default), default),
                      metadata={"help": help})
     return field(default=default, metadata={"help": help})
-
-
-def parse_tasks(spec: str | list[int], name: str = "tasks") -> list[int]:
-    """Task indices from ``"start:stop"`` (half-open, like ``range``) or an explicit list.
-
-    Raises:
-        ConfigError: malformed, empty, negative or duplicated indices.
-    """
-    if isinstance(spec, str):
-        start, sep, stop = spec.partition(":")
-        try:
-            indices = list(range(int(start), int(stop))) if sep else []
-        except ValueError:
-            indices = []
-        if not sep or not indices:
-            raise ConfigError(
-                f"{name}={spec!r} is not a non-empty 'start:stop' range of task indices; "
-                "write e.g. '100:600' or a list of indices"
-            )
-    else:
-        indices = [int(i) for i in spec]
-    if not indices or min(indices) < 0 or len(set(indices)) != len(indices):
-        raise ConfigError(
-            f"{name}={spec!r} must hold at least one task index, all >= 0 and distinct; "
-            "fix the list or use a 'start:stop' range"
-        )
-    return indices
 
 
 def _unknown_knob(key: Any, knobs: list[str]) -> ConfigError:

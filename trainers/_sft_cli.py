@@ -37,6 +37,7 @@ from agentgym._durable import check_folder_can_be_made
 from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._registry import resolve_id
+from agentgym._tasks import parse_tasks
 from agentgym._trajectory import Trajectory
 
 from ._cli import _quiet_backends, console
@@ -171,8 +172,6 @@ def _sft_on_env(
     template_kwargs: dict[str, Any],
 ) -> Path:
     """The warm start's data and training, on the tasks and scripts the options chose."""
-    from ._config import parse_tasks
-
     tools, count = env_tools_and_size(env_id, env_kwargs)
     indices = parse_tasks(tasks, "--tasks") if tasks else list(range(count))
     if max(indices, default=-1) >= count:
