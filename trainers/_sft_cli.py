@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shlex
 from collections import Counter
 from collections.abc import Callable, Sequence
 from enum import StrEnum
@@ -122,11 +123,13 @@ def sft(
         log=_progress(steps),
     )  # fmt: skip
     env_kwargs = parse_env_args(env_arg)
-    template_kwargs = parse_template_kwargs(chat_template_kwargs)
+    template_kwargs = (
+        parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs is not None else None
+    )
     _check_one_source(env, trajectories or [], tasks, script, min_reward)
     if env is not None:
         folder = _sft_on_env(model, resolve_id(env), env_kwargs, tasks, script or [], out,
-                             config, template_kwargs)  # fmt: skip
+                             config, template_kwargs or {})  # fmt: skip
     else:
         folder = _sft_on_trajectories(model, trajectories or [], min_reward, env_kwargs, out,
                                       config, template_kwargs)  # fmt: skip
@@ -194,19 +197,52 @@ def _sft_on_trajectories(
     env_kwargs: dict[str, Any],
     out: Path,
     config: SFTConfig,
-    template_kwargs: dict[str, Any],
+    template_kwargs: dict[str, Any] | None,
 ) -> Path:
-    """SFT on the recorded episodes the filter keeps, with the tools of the env they played."""
+    """SFT on the recorded episodes the filter keeps, with the tools of the env they played.
+
+    The env options and chat-template variables default to those the episodes were played
+    with, read from the eval's ``run.json`` beside each file; given ones win.
+    """
     conversations, source = _kept_conversations(paths, min_reward)
     env_id = resolve_id(source["env_id"])
+    played_env, played_template = _played_settings(paths)
+    env_kwargs = {**played_env, **env_kwargs}
+    template_kwargs = played_template if template_kwargs is None else template_kwargs
     tools, _ = env_tools_and_size(env_id, env_kwargs)
-    source.update(env_id=env_id, env_kwargs=env_kwargs)
+    source.update(env_id=env_id, env_kwargs=env_kwargs, chat_template_kwargs=template_kwargs)
     with needs_extra("agentgym sft", "train"):
         model_dir = _checked_model(model, tools, template_kwargs, config.seed)
         return sft_on_conversations(
             model_dir, conversations, tools, out, config,
             chat_template_kwargs=template_kwargs, source=source,
         )  # fmt: skip
+
+
+def _played_settings(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The env options and chat-template variables the episodes were played with.
+
+    Read from the ``run.json`` an eval writes beside its ``trajectories.jsonl``; files without
+    one add nothing. Why: the episodes carry their system prompt and turn limit, and a model
+    trained on them is evaluated, and trained on, under the same settings; the defaults would
+    render other tools' text or another template.
+
+    Raises:
+        ConfigError: two files were played with different settings.
+    """
+    found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for path in paths:
+        record = path.parent / "run.json"
+        if record.is_file():
+            run = json.loads(record.read_text(encoding="utf-8"))
+            found[str(path)] = (run.get("env_kwargs") or {}, run.get("chat_template_kwargs") or {})
+    if len({json.dumps(v, sort_keys=True) for v in found.values()}) > 1:
+        raise ConfigError(
+            f"the trajectories were played with different env options or chat-template "
+            f"variables ({found}); give files of one setting, or set them with --env-arg and "
+            "--chat-template-kwargs"
+        )
+    return next(iter(found.values()), ({}, {}))
 
 
 def _parse_scripts(pairs: Sequence[str]) -> dict[str, float]:
@@ -345,6 +381,21 @@ def _print_figures(out: Path) -> None:
     console.print(f"output folder: {out}", soft_wrap=True)
     console.print(
         f"use it as model: {out} in a train config, or evaluate it: agentgym eval {env_id} "
-        f"--policy vllm --model-path {out}",
+        f"--policy vllm --model-path {out}{_as_played(summary['source'])}",
         soft_wrap=True,
     )
+
+
+def _as_played(source: dict[str, Any]) -> str:
+    """The eval options that play the env as the SFT data was played (shell-quoted)."""
+    flags = [f" --env-arg {shlex.quote(f'{k}={_cli_value(v)}')}"
+             for k, v in (source.get("env_kwargs") or {}).items()]  # fmt: skip
+    if template := source.get("chat_template_kwargs"):
+        flags.append(f" --chat-template-kwargs {shlex.quote(json.dumps(template))}")
+    return "".join(flags)
+
+
+def _cli_value(value: Any) -> str:
+    """``value`` as ``--env-arg`` reads it back: a plain string as is, else JSON ("3" too)."""
+    plain = isinstance(value, str) and parse_env_args([f"k={value}"])["k"] == value
+    return str(value) if plain else json.dumps(value)

@@ -26,7 +26,8 @@ GOOD_TASKS, BAD_TASKS = [0, 1, 2, 3, 4, 5], [6, 7, 8, 9]
 
 
 def agentgym_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb",
+           "AGENTGYM_RUNS_DB": "off"}  # fmt: skip
     return subprocess.run(
         [str(AGENTGYM), *map(str, args)], capture_output=True, text=True, env=env, timeout=300
     )
@@ -222,3 +223,35 @@ def test_a_killed_sft_run_again_resumes_from_its_checkpoint_to_the_same_weights(
     assert [r["loss"] for r in history] == [
         r["loss"] for r in json.loads((straight / "sft.json").read_text())["history"]
     ]
+
+
+def record(folder: Path, system_prompt: str) -> Path:
+    """Six oracle episodes recorded by `agentgym eval` under a system prompt of its own."""
+    options = ["--env-arg", "num_tasks=24", "--env-arg", f"system_prompt={system_prompt}"]
+    played = agentgym_cli("eval", "calculator", "--policy", "reference", "--tasks", "0:6",
+                          *options, "--out", folder)  # fmt: skip
+    assert played.returncode == 0, played.stderr
+    return folder / "trajectories.jsonl"
+
+
+def test_an_evals_episodes_train_and_evaluate_under_the_settings_they_were_played_with(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The eval's env options were dropped: SFT built the default env, and the hint evaluated
+    the model under another system prompt than the one every trace carries."""
+    recorded = record(tmp_path / "record", "Be brief.")
+    out = tmp_path / "sft"
+    done = agentgym_cli("sft", tiny_model_dir, out, "--trajectories", recorded,
+                        "--steps", "2", "--batch-size", "4")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    source = json.loads((out / "sft.json").read_text())["source"]
+    assert source["env_kwargs"] == {"num_tasks": 24, "system_prompt": "Be brief."}
+    assert "--env-arg num_tasks=24 --env-arg 'system_prompt=Be brief.'" in done.stdout
+    given = agentgym_cli("sft", tiny_model_dir, tmp_path / "given", "--trajectories", recorded,
+                         "--steps", "1", "--env-arg", "num_tasks=30")  # fmt: skip
+    assert given.returncode == 0, given.stderr  # a given option wins over the recorded one
+    assert "--env-arg num_tasks=30 --env-arg 'system_prompt=Be brief.'" in given.stdout
+    other = record(tmp_path / "other", "Be thorough.")
+    mixed = agentgym_cli("sft", tiny_model_dir, tmp_path / "mixed", "--trajectories", recorded,
+                         "--trajectories", other, "--steps", "1")  # fmt: skip
+    assert "played with different env options" in one_error_line(mixed)
