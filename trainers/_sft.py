@@ -455,7 +455,8 @@ def sft_on_conversations(
 
     Raises:
         ConfigError: no conversation, or one longer than ``config.max_length`` (the model's
-            context by default), both before the model loads; a loss that is not finite.
+            context by default), both before the model loads; a checkpoint in
+            ``<out_dir>.partial/`` of other knobs, model or traces; a loss that is not finite.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
