@@ -279,6 +279,10 @@ def _kept_conversations(
             f"the trajectories come from {len(env_ids)} envs ({', '.join(env_ids)}), whose "
             "tools differ; give files of one env_id per run"
         )
+    # an eval writes episodes as they finish: in task order, the same episodes train the same
+    # model whatever order a run happened to finish them in (stable: files keep their order)
+    episodes.sort(key=lambda e: (e.task_index if e.task_index is not None else -1,
+                                 e.group_index))  # fmt: skip
     reasons = [_drop_reason(e, min_reward) for e in episodes]
     dropped = Counter(r for r in reasons if r is not None)
     kept = [e.messages for e, r in zip(episodes, reasons, strict=True) if r is None]
