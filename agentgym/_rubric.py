@@ -100,9 +100,12 @@ class Rubric:
             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         ]  # fmt: skip
         if unknown:
+            trl = {"completions", "prompts"} & set(unknown)
             raise ConfigError(
                 f"reward function {name!r} asks for {unknown}; "
                 f"it may ask only for {sorted(self.INJECTABLE)} (others need a default)"
+                + ("; a TRL reward function (lists in, a list out) needs wrapping: "
+                   "docs/trainer.md, Coming from TRL" if trl else "")
             )
         if any(p.kind is p.VAR_KEYWORD for p in signature):
             return tuple(sorted(self.INJECTABLE))

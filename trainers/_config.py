@@ -522,7 +522,12 @@ class GRPOConfig:
         "runs/grpo",
         "Run folder: resolved config, metrics JSONL, eval trajectories, checkpoints, logs.",
     )
-    max_steps: int = _knob(100, "GRPO steps to train (after the sft_steps of the warm start).")
+    max_steps: int = _knob(
+        100,
+        "GRPO steps to train (after the sft_steps of the warm start). Each step makes "
+        "num_iterations optimiser updates (TRL's max_steps counts updates: divide it by "
+        "num_iterations).",
+    )
     logging_steps: int = _knob(
         1,
         "Send metrics to the report_to trackers every N steps (and at the last step and every "
@@ -742,6 +747,7 @@ def _known_knobs(knobs: Mapping[str, Any], stacklevel: int) -> dict[str, Any]:
     """
     names = [f.name for f in dataclasses.fields(GRPOConfig)]
     known: dict[str, Any] = {}
+    unknown: list[str] = []  # all of them in one error: a TRL file has several
     for key, value in knobs.items():
         if key in _RENAMED:
             warnings.warn(
@@ -751,10 +757,17 @@ def _known_knobs(knobs: Mapping[str, Any], stacklevel: int) -> dict[str, Any]:
             )
             key = _RENAMED[key]
         if key not in names or key.startswith("_"):
-            raise _unknown_knob(key, names)
+            unknown.append(key)
+            continue
         if key in known:
             raise ConfigError(f"config key {key!r} is given twice (once by its deprecated name)")
         known[key] = value
+    if len(unknown) == 1:
+        raise _unknown_knob(unknown[0], names)
+    if unknown:
+        each = (str(_unknown_knob(key, names)).removeprefix("unknown config key ")
+                for key in unknown)  # fmt: skip
+        raise ConfigError(f"{len(unknown)} unknown config keys: {' | '.join(each)}")
     return known
 
 
