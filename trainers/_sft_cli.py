@@ -15,11 +15,9 @@ optional is imported at the top, so ``agentgym --help`` lists the command on a b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shlex
-from collections import Counter
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -39,10 +37,10 @@ from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._registry import resolve_id
 from agentgym._tasks import parse_tasks
-from agentgym._trajectory import Trajectory
 
 from ._cli import _quiet_backends, console
-from ._sft import Message, SFTConfig, env_tools_and_size, sft_on_conversations, sft_warm_start
+from ._recorded_episodes import kept_conversations, played_settings
+from ._sft import SFTConfig, env_tools_and_size, sft_on_conversations, sft_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -204,9 +202,9 @@ def _sft_on_trajectories(
     The env options and chat-template variables default to those the episodes were played
     with, read from the eval's ``run.json`` beside each file; given ones win.
     """
-    conversations, source = _kept_conversations(paths, min_reward)
+    conversations, source = kept_conversations(paths, min_reward)
     env_id = resolve_id(source["env_id"])
-    played_env, played_template = _played_settings(paths)
+    played_env, played_template = played_settings(paths)
     env_kwargs = {**played_env, **env_kwargs}
     template_kwargs = played_template if template_kwargs is None else template_kwargs
     tools, _ = env_tools_and_size(env_id, env_kwargs)
@@ -217,32 +215,6 @@ def _sft_on_trajectories(
             model_dir, conversations, tools, out, config,
             chat_template_kwargs=template_kwargs, source=source,
         )  # fmt: skip
-
-
-def _played_settings(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The env options and chat-template variables the episodes were played with.
-
-    Read from the ``run.json`` an eval writes beside its ``trajectories.jsonl``; files without
-    one add nothing. Why: the episodes carry their system prompt and turn limit, and a model
-    trained on them is evaluated, and trained on, under the same settings; the defaults would
-    render other tools' text or another template.
-
-    Raises:
-        ConfigError: two files were played with different settings.
-    """
-    found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
-    for path in paths:
-        record = path.parent / "run.json"
-        if record.is_file():
-            run = json.loads(record.read_text(encoding="utf-8"))
-            found[str(path)] = (run.get("env_kwargs") or {}, run.get("chat_template_kwargs") or {})
-    if len({json.dumps(v, sort_keys=True) for v in found.values()}) > 1:
-        raise ConfigError(
-            f"the trajectories were played with different env options or chat-template "
-            f"variables ({found}); give files of one setting, or set them with --env-arg and "
-            "--chat-template-kwargs"
-        )
-    return next(iter(found.values()), ({}, {}))
 
 
 def _parse_scripts(pairs: Sequence[str]) -> dict[str, float]:
@@ -257,99 +229,6 @@ def _parse_scripts(pairs: Sequence[str]) -> dict[str, float]:
         if not shares[name] > 0:
             raise ConfigError(f"--script {pair!r}: SHARE must be a number > 0, e.g. reference=0.3")
     return shares or {"reference": 1.0}
-
-
-def _kept_conversations(
-    paths: Sequence[Path], min_reward: float | None
-) -> tuple[list[list[Message]], dict[str, Any]]:
-    """The messages of the episodes the filter keeps, and the source record for ``sft.json``.
-
-    Kept: status ``ok`` and ``final_reward > 0`` (the oracle's rule), or ``>= min_reward``
-    when given. Files of several envs are refused: each env renders its own tools.
-    """
-    files: list[dict[str, Any]] = []
-    episodes: list[Trajectory] = []
-    for path in paths:
-        read, digest = _read_trajectories(path)
-        files.append({"path": str(path), "sha256": digest, "episodes": len(read)})
-        episodes += read
-    env_ids = sorted({_same_env(e.env_id) for e in episodes})
-    if len(env_ids) > 1:
-        raise ConfigError(
-            f"the trajectories come from {len(env_ids)} envs ({', '.join(env_ids)}), whose "
-            "tools differ; give files of one env_id per run"
-        )
-    # an eval writes episodes as they finish: in task order, the same episodes train the same
-    # model whatever order a run happened to finish them in (stable: files keep their order)
-    episodes.sort(key=lambda e: (e.task_index if e.task_index is not None else -1,
-                                 e.group_index))  # fmt: skip
-    reasons = [_drop_reason(e, min_reward) for e in episodes]
-    dropped = Counter(r for r in reasons if r is not None)
-    kept = [e.messages for e, r in zip(episodes, reasons, strict=True) if r is None]
-    if not kept:
-        rule = "<= 0" if min_reward is None else f"< {min_reward}"
-        raise ConfigError(
-            f"no episode kept: read {len(episodes)}, dropped {dropped['status']} whose status "
-            f"is not ok and {dropped['reward']} with final_reward {rule}; lower the bar with "
-            "--min-reward X (keeps final_reward >= X), or record more episodes"
-        )
-    source = {
-        "kind": "trajectories", "env_id": env_ids[0], "files": files, "min_reward": min_reward,
-        "read": len(episodes), "kept": len(kept),
-        "dropped": {"status": dropped["status"], "reward": dropped["reward"]},
-    }  # fmt: skip
-    return kept, source
-
-
-def _read_trajectories(path: Path) -> tuple[list[Trajectory], str]:
-    """The file's trajectories and its sha256; a line that is not one names its number."""
-    if not path.is_file():
-        raise ConfigError(
-            f"--trajectories {path}: no such file; give a trajectories.jsonl that agentgym "
-            "eval wrote (in its --out folder)"
-        )
-    data = path.read_bytes()
-    episodes: list[Trajectory] = []
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            episodes.append(Trajectory.from_dict(json.loads(line)))
-        except (ValueError, TypeError) as exc:  # bad JSON or UTF-8, a record of other fields
-            raise ConfigError(
-                f"--trajectories {path}: line {number} is not a trajectory "
-                f"({_why_not(exc)}); give JSONL that agentgym eval or write_jsonl wrote"
-            ) from None
-    return episodes, hashlib.sha256(data).hexdigest()
-
-
-def _why_not(exc: Exception) -> str:
-    if isinstance(exc, json.JSONDecodeError):
-        return f"not JSON: {exc.msg}"
-    if isinstance(exc, ConfigError):
-        return "a JSON record without env_id"
-    return str(exc)
-
-
-def _same_env(env_id: str) -> str:
-    """The registered id of a recorded ``env_id``, else the id as it is.
-
-    A file records the name `rollout` was given: ``calculator`` and ``agentgym/Calculator-v0``
-    are one env, and must not be refused as two.
-    """
-    try:
-        return resolve_id(env_id)
-    except ConfigError:
-        return env_id
-
-
-def _drop_reason(episode: Trajectory, min_reward: float | None) -> str | None:
-    """Why the filter drops ``episode`` (``status`` or ``reward``); None keeps it."""
-    if episode.status != "ok":
-        return "status"
-    reward = episode.final_reward or 0.0
-    kept = reward > 0 if min_reward is None else reward >= min_reward
-    return None if kept else "reward"
 
 
 def _checked_model(model: str, tools: list[dict[str, Any]], kwargs: dict[str, Any],
