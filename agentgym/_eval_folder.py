@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ._durable import atomic_write_text
-from ._errors import ConfigError, Error
-from ._trajectory import Trajectory, recover_jsonl, write_jsonl
+from ._errors import ConfigError
+from ._trajectory import Trajectory, TrajectoryLineError, recover_jsonl, write_jsonl
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -174,22 +174,8 @@ def _recovered_episodes(results: Path) -> list[Trajectory]:
     """
     try:
         return recover_jsonl(results)
-    except (ValueError, TypeError, Error) as exc:  # JSONDecodeError, UnicodeDecodeError ...
-        number = _first_bad_line(results)
-        detail = "not JSON" if isinstance(exc, json.JSONDecodeError) else str(exc)
+    except TrajectoryLineError as exc:
         raise ConfigError(
-            f"--resume: line {number} of {results} is not a trajectory ({detail}); fix or delete "
-            "that line (its episode is then played again) and rerun with --resume"
+            f"--resume: {exc}; fix or delete that line (its episode is then played again) "
+            "and rerun with --resume"
         ) from None
-
-
-def _first_bad_line(results: Path) -> int:
-    """The 1-based number of the first line of ``results`` that is not a trajectory (0: none)."""
-    with results.open("rb") as f:
-        for number, line in enumerate(f, 1):
-            try:
-                if line.strip():
-                    Trajectory.from_dict(json.loads(line))
-            except (ValueError, TypeError, Error):
-                return number
-    return 0

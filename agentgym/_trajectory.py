@@ -201,12 +201,43 @@ def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
     return count
 
 
+class TrajectoryLineError(ConfigError):
+    """A line of a trajectories file that is not a trajectory; names the file and the line.
+
+    Why one error: a bare JSON traceback named neither, and each reader (eval --resume,
+    `agentgym sft`) re-read the file to find the line.
+    """
+
+    def __init__(self, path: str | Path, line: int, reason: str) -> None:
+        super().__init__(f"line {line} of {path} is not a trajectory ({reason})")
+        self.path, self.line, self.reason = Path(path), line, reason
+
+
+def trajectories_of_lines(lines: Iterable[str | bytes], path: str | Path) -> Iterator[Trajectory]:
+    """The trajectories of JSONL ``lines`` (blank lines skipped) read from ``path``.
+
+    Raises:
+        TrajectoryLineError: a line is not JSON, or not a trajectory record.
+    """
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield Trajectory.from_dict(json.loads(line))
+        except json.JSONDecodeError as exc:  # UnicodeDecodeError below: a ValueError too
+            raise TrajectoryLineError(path, number, f"not JSON: {exc.msg}") from None
+        except (ValueError, TypeError) as exc:  # a record of other fields, or bad UTF-8
+            raise TrajectoryLineError(path, number, str(exc)) from None
+
+
 def read_jsonl(path: str | Path) -> Iterator[Trajectory]:
-    """Yield the trajectories of a file written by `write_jsonl`."""
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield Trajectory.from_dict(json.loads(line))
+    """Yield the trajectories of a file written by `write_jsonl`.
+
+    Raises:
+        TrajectoryLineError: a line is not a trajectory (the error names it).
+    """
+    with Path(path).open("rb") as f:
+        yield from trajectories_of_lines(f, path)
 
 
 def recover_jsonl(path: str | Path) -> list[Trajectory]:

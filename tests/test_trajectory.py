@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from agentgym import (
     Completion,
+    ConfigError,
     PrefixMismatchError,
     Trajectory,
     Turn,
@@ -213,3 +215,17 @@ def test_a_record_from_a_newer_version_reads_and_a_task_file_is_refused(tmp_path
     tasks.write_text(json.dumps({"prompt": "2+2?", "answer": "4"}) + "\n")
     with pytest.raises(ConfigError, match=r"not a trajectory record .*agentgym.load_tasks"):
         list(read_jsonl(tasks))
+
+
+def test_read_jsonl_names_the_file_and_line_that_is_not_a_trajectory(tmp_path) -> None:
+    """A bare JSON traceback named neither; each reader re-read the file to find the line."""
+    from agentgym._trajectory import TrajectoryLineError
+
+    path = tmp_path / "t.jsonl"
+    write_jsonl([Trajectory(env_id="calculator")], path)
+    with path.open("a") as f:
+        f.write("\n" + '{"env_id": "calculator", \n')
+    with pytest.raises(TrajectoryLineError, match=rf"line 3 of {re.escape(str(path))} is not a "
+                       r"trajectory \(not JSON") as info:  # fmt: skip
+        list(read_jsonl(path))
+    assert info.value.line == 3 and isinstance(info.value, ConfigError)

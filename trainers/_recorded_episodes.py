@@ -17,7 +17,7 @@ from typing import Any
 
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
-from agentgym._trajectory import Trajectory
+from agentgym._trajectory import Trajectory, TrajectoryLineError, trajectories_of_lines
 
 from ._sft import Message
 
@@ -98,26 +98,13 @@ def _read_trajectories(path: Path) -> tuple[list[Trajectory], str]:
             "eval wrote (in its --out folder)"
         )
     data = path.read_bytes()
-    episodes: list[Trajectory] = []
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            episodes.append(Trajectory.from_dict(json.loads(line)))
-        except (ValueError, TypeError) as exc:  # bad JSON or UTF-8, a record of other fields
-            raise ConfigError(
-                f"--trajectories {path}: line {number} is not a trajectory "
-                f"({_why_not(exc)}); give JSONL that agentgym eval or write_jsonl wrote"
-            ) from None
+    try:
+        episodes = list(trajectories_of_lines(data.splitlines(), path))
+    except TrajectoryLineError as exc:
+        raise ConfigError(
+            f"--trajectories: {exc}; give JSONL that agentgym eval or write_jsonl wrote"
+        ) from None
     return episodes, hashlib.sha256(data).hexdigest()
-
-
-def _why_not(exc: Exception) -> str:
-    if isinstance(exc, json.JSONDecodeError):
-        return f"not JSON: {exc.msg}"
-    if isinstance(exc, ConfigError):
-        return "a JSON record without env_id"
-    return str(exc)
 
 
 def _same_env(env_id: str) -> str:

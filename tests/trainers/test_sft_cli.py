@@ -134,7 +134,10 @@ def _only_failures(trajectories: Path, tmp_path: Path) -> Path:
     ("make_args", "expected"),
     [
         (lambda t, d: ["--trajectories", d / "missing.jsonl"], r"missing\.jsonl: no such file"),
-        (lambda t, d: ["--trajectories", _torn(t, d)], r"line 3 is not a trajectory \(not JSON"),
+        (
+            lambda t, d: ["--trajectories", _torn(t, d)],
+            r"line 3 of \S*torn\.jsonl is not a trajectory \(not JSON",
+        ),
         (
             lambda t, d: ["--trajectories", _only_failures(t, d)],
             r"no episode kept: read 4, dropped 1 whose status is not ok and 3 with "
