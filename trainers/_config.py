@@ -70,13 +70,22 @@ def _knob(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
-def _unknown_knob(key: Any, knobs: list[str]) -> ConfigError:
-    """The error for a key that is not a knob: what to set for a TRL key, else the closest knob."""
-    close = difflib.get_close_matches(str(key), knobs, n=1)
-    hint = trl_key_hint(str(key)) or (
-        f"did you mean {close[0]!r}?" if close else "see `help(GRPOConfig)`"
-    )
-    return ConfigError(f"unknown config key {key!r}; {hint}")
+def _unknown_knobs(keys: list[Any], knobs: list[str]) -> ConfigError:
+    """The error for keys that are not knobs, all in one line (a TRL file has several).
+
+    For each: what to set instead of a TRL key, else the closest knob.
+    """
+
+    def fix(key: Any) -> str:
+        close = difflib.get_close_matches(str(key), knobs, n=1)
+        hint = trl_key_hint(str(key)) or (
+            f"did you mean {close[0]!r}?" if close else "see `help(GRPOConfig)`"
+        )
+        return f"{key!r}; {hint}"
+
+    if len(keys) == 1:
+        return ConfigError(f"unknown config key {fix(keys[0])}")
+    return ConfigError(f"{len(keys)} unknown config keys: {' | '.join(map(fix, keys))}")
 
 
 @dataclass
@@ -747,7 +756,7 @@ def _known_knobs(knobs: Mapping[str, Any], stacklevel: int) -> dict[str, Any]:
     """
     names = [f.name for f in dataclasses.fields(GRPOConfig)]
     known: dict[str, Any] = {}
-    unknown: list[str] = []  # all of them in one error: a TRL file has several
+    unknown: list[str] = []
     for key, value in knobs.items():
         if key in _RENAMED:
             warnings.warn(
@@ -762,12 +771,8 @@ def _known_knobs(knobs: Mapping[str, Any], stacklevel: int) -> dict[str, Any]:
         if key in known:
             raise ConfigError(f"config key {key!r} is given twice (once by its deprecated name)")
         known[key] = value
-    if len(unknown) == 1:
-        raise _unknown_knob(unknown[0], names)
     if unknown:
-        each = (str(_unknown_knob(key, names)).removeprefix("unknown config key ")
-                for key in unknown)  # fmt: skip
-        raise ConfigError(f"{len(unknown)} unknown config keys: {' | '.join(each)}")
+        raise _unknown_knobs(unknown, names)
     return known
 
 

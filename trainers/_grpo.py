@@ -43,7 +43,7 @@ from typing import Any
 from agentgym import EnvPool, Trajectory, arollout
 from agentgym._check import reference_conversation
 from agentgym._errors import ConfigError, Error, InfraError
-from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMFleet, VLLMPolicy
+from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 from agentgym.engine._fleet import run_namespace
 from agentgym.engine._vllm import unguarded_script
@@ -55,7 +55,7 @@ from ._entropy_control import EntropyControl
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import combine_metrics, episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
-from ._preflight import preflight, resolved_device
+from ._preflight import preflight, resolved_device, rollout_fleet
 from ._report import plot_curves, write_summary
 from ._run_dir import RunDir
 from ._samples import (
@@ -362,10 +362,9 @@ class GRPOTrainer:
         }  # fmt: skip
         mode: ModeChoice = cfg.rollout_mode  # concat: the engine refuses a template that cannot
         if cfg.rollout_servers:
-            name = cfg.rollout_model_name or model_dir.name
-            fleet = VLLMFleet(cfg.rollout_servers, name, namespace=namespace)
             return RemoteVLLMPolicy(
-                model_dir, fleet, router_url=cfg.rollout_router_url, sampling=sampling,
+                model_dir, rollout_fleet(cfg, model_dir, namespace),
+                router_url=cfg.rollout_router_url, sampling=sampling,
                 max_model_len=cfg.max_model_len, chat_template_kwargs=cfg.chat_template_kwargs,
                 rollout_mode=mode, on_server_failure=cfg.on_server_failure,
                 adapter_storage=cfg.adapter_storage, publishes_adapters=True,

@@ -18,7 +18,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentgym import make
 from agentgym._check import undescribed_tools
@@ -32,6 +32,9 @@ from ._config import GRPOConfig
 from ._config_rules import UNSERVABLE_TARGETS, check_device
 from ._memory import GIB, GpuSplit, cpu_memory_estimate, parameter_count
 from ._tracking import BACKENDS, resolve_report_to
+
+if TYPE_CHECKING:
+    from agentgym.engine import VLLMFleet
 
 log = logging.getLogger(__name__)
 
@@ -364,12 +367,20 @@ def _check_servers(model_dir: Path, config: GRPOConfig) -> None:
     """
     if not config.rollout_servers:
         return
-    from agentgym.engine import RemoteVLLMPolicy, VLLMFleet
+    from agentgym.engine import RemoteVLLMPolicy
 
-    fleet = VLLMFleet(config.rollout_servers, config.rollout_model_name or model_dir.name)
     RemoteVLLMPolicy(
-        model_dir, fleet, router_url=config.rollout_router_url, publishes_adapters=True
+        model_dir, rollout_fleet(config, model_dir), router_url=config.rollout_router_url,
+        publishes_adapters=True,
     ).check_servers()  # the tokenizer loads with the run's own policy
+
+
+def rollout_fleet(config: GRPOConfig, model_dir: Path, namespace: str = "") -> VLLMFleet:
+    """The `VLLMFleet` of ``rollout_servers``, serving the model under its served name."""
+    from agentgym.engine import VLLMFleet
+
+    name = config.rollout_model_name or model_dir.name
+    return VLLMFleet(config.rollout_servers, name, namespace=namespace)
 
 
 def _check_template(model_dir: Path, tools: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:

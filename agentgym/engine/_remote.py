@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Literal
 
@@ -130,18 +131,15 @@ class RemoteVLLMPolicy(TokenPolicy):
         """
 
         async def check() -> None:
-            try:
-                for url in self.fleet.urls:
-                    names = await self._names_at_start(url, "server")
-                    self._require_model(url, names)
-                    if self.publishes_adapters:
-                        await self._prepare_for_adapters(url, names)
-                if self.router_url is not None:
-                    await self._check_router(self.router_url)
-            finally:
-                await self.fleet.aclose()
+            for url in self.fleet.urls:
+                names = await self._names_at_start(url, "server")
+                self._require_model(url, names)
+                if self.publishes_adapters:
+                    await self._prepare_for_adapters(url, names)
+            if self.router_url is not None:
+                await self._check_router(self.router_url)
 
-        asyncio.run(check())
+        self._run_then_close(check())
 
     async def _prepare_for_adapters(self, url: str, served: set[str]) -> None:
         """``url`` must load adapters; the versions a killed process of this run left go."""
@@ -153,14 +151,22 @@ class RemoteVLLMPolicy(TokenPolicy):
 
     def unload_published(self) -> None:
         """Unload the versions this policy published from the servers (the run is over)."""
+        self._run_then_close(self.fleet.unload_published())
 
-        async def unload() -> None:
+    def _run_then_close(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` from sync code on a loop of its own, then close the fleet's pool there.
+
+        The pool (and any probe) belongs to that loop: left open when `asyncio.run` ends it,
+        its sockets and tasks would be dropped unclosed.
+        """
+
+        async def run() -> None:
             try:
-                await self.fleet.unload_published()
+                await work
             finally:
                 await self.fleet.aclose()
 
-        asyncio.run(unload())
+        asyncio.run(run())
 
     async def _names_at_start(self, url: str, what: str) -> set[str]:
         """What ``url`` serves; unreachable is a `ModelError` that names the fix.
