@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from agentgym.trainers._recorded_episodes import eval_options
+
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 
 
@@ -43,12 +45,11 @@ def success(folder: Path) -> float:
     return float(json.loads((folder / "summary.json").read_text())["pass@1"])
 
 
-def as_played(record: Path) -> list[str]:
-    """The eval options that play the env as the recording did (its `run.json`)."""
+def as_played(record: Path, student: Path) -> list[str]:
+    """The eval options that play the env as the recording did (`agentgym sft`'s own)."""
     run: dict[str, Any] = json.loads((record / "run.json").read_text())
-    flags = [f"--env-arg={k}={v if isinstance(v, str) else json.dumps(v)}"
-             for k, v in run["env_kwargs"].items()]  # fmt: skip
-    return [*flags, "--max-tokens", str(run["max_tokens"]),
+    source = json.loads((student / "sft.json").read_text())["source"]
+    return [*eval_options(source), "--max-tokens", str(run["max_tokens"]),
             "--max-model-len", str(run["max_model_len"])]  # fmt: skip
 
 
@@ -72,7 +73,6 @@ def main() -> None:
         record_s = agentgym("eval", env, "--policy", "vllm", "--adapter", args.run,
                             "--tasks", args.record_tasks, "--temperature", args.temperature,
                             "--out", record)  # fmt: skip
-        played = as_played(record)
         teacher = work / "teacher"
         agentgym("eval", env, "--policy", "vllm", "--adapter", args.run, "--tasks", held_out,
                  "--temperature", "0", "--out", teacher)  # fmt: skip
@@ -81,6 +81,7 @@ def main() -> None:
                          "--steps", args.steps, "--batch-size", args.batch_size, "--lr", args.lr,
                          "--seed", seed)  # fmt: skip
         kept = json.loads((student / "sft.json").read_text())["source"]["kept"]
+        played = as_played(record, student)
         scores = {}
         for name, model in (("base", base), ("student", student)):
             agentgym("eval", env, "--policy", "vllm", "--model-path", model, "--seed", seed,

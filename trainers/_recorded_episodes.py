@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentgym._cli_common import parse_env_args
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
 from agentgym._trajectory import Trajectory, TrajectoryLineError, trajectories_of_lines
@@ -46,6 +47,25 @@ def played_settings(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, An
             "--chat-template-kwargs"
         )
     return next(iter(found.values()), ({}, {}))
+
+
+def eval_options(source: Mapping[str, Any]) -> list[str]:
+    """The `agentgym eval` options that play the env as an SFT source was played.
+
+    ``source`` is ``sft.json``'s: its ``env_kwargs`` and ``chat_template_kwargs``.
+    """
+    options: list[str] = []
+    for key, value in (source.get("env_kwargs") or {}).items():
+        options += ["--env-arg", f"{key}={_as_env_arg(value)}"]
+    if template := source.get("chat_template_kwargs"):
+        options += ["--chat-template-kwargs", json.dumps(template)]
+    return options
+
+
+def _as_env_arg(value: Any) -> str:
+    """``value`` as ``--env-arg`` reads it back: a plain string as is, else JSON ("3" too)."""
+    plain = isinstance(value, str) and parse_env_args([f"k={value}"])["k"] == value
+    return str(value) if plain else json.dumps(value)
 
 
 def kept_conversations(

@@ -39,7 +39,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -270,17 +270,21 @@ def tokenize_conversation(
     return Example(ids, mask)
 
 
-def _batches(examples: Sequence[Example], batch_size: int, steps: int, seed: int) -> Any:
-    """Yield ``steps`` batches of padded tensors (ids, labels, attention), reshuffled per epoch."""
+def _batch_order(count: int, batch_size: int, steps: int, seed: int) -> Iterator[list[int]]:
+    """Yield ``steps`` batches of example indices, reshuffled per epoch (seeded).
+
+    Indices, not tensors: a resumed run draws the batches before its checkpoint without
+    padding them.
+    """
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     order: list[int] = []
     for _ in range(steps):
         if len(order) < batch_size:
-            order += torch.randperm(len(examples), generator=generator).tolist()
+            order += torch.randperm(count, generator=generator).tolist()
         picked, order = order[:batch_size], order[batch_size:]
-        yield _collate([examples[i] for i in picked])
+        yield picked
 
 
 def _collate(batch: Sequence[Example], pad_id: int = 0) -> dict[str, Any]:
@@ -497,13 +501,12 @@ def sft_on_conversations(
     return out
 
 
-def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> Path:
+def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> None:
     """A plain model folder (weights, config, tokenizer) and its ``sft.json``, written last."""
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "sft.json").write_text(json.dumps(summary, indent=1, default=str))
-    return out
 
 
 def _log_done(history: Sequence[Mapping[str, Any]], traces: int, out: Path) -> None:
@@ -643,12 +646,12 @@ def _train(
     done, history = checkpoint.load(model, optimizer, schedule) if checkpoint else (0, [])
     t0 = time.perf_counter()
     model.train()
-    for step, cpu_batch in enumerate(
-        _batches(examples, config.batch_size, config.steps, config.seed), start=1
+    for step, picked in enumerate(
+        _batch_order(len(examples), config.batch_size, config.steps, config.seed), start=1
     ):
         if step <= done:
             continue
-        batch = {k: v.to(config.device) for k, v in cpu_batch.items()}
+        batch = {k: v.to(config.device) for k, v in _collate([examples[i] for i in picked]).items()}
         loss = masked_loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shlex
 from collections.abc import Callable, Sequence
 from enum import StrEnum
@@ -39,7 +40,7 @@ from agentgym._registry import resolve_id
 from agentgym._tasks import parse_tasks
 
 from ._cli import _quiet_backends, console
-from ._recorded_episodes import kept_conversations, played_settings
+from ._recorded_episodes import eval_options, kept_conversations, played_settings
 from ._sft import SFTConfig, env_tools_and_size, sft_on_conversations, sft_warm_start
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,7 @@ def _parse_scripts(pairs: Sequence[str]) -> dict[str, float]:
         try:
             shares[name] = float(value)
         except ValueError:
-            shares[name] = -1.0
+            shares[name] = math.nan  # refused below, with a number <= 0
         if not shares[name] > 0:
             raise ConfigError(f"--script {pair!r}: SHARE must be a number > 0, e.g. reference=0.3")
     return shares or {"reference": 1.0}
@@ -264,21 +265,6 @@ def _print_figures(out: Path) -> None:
     console.print(f"output folder: {out}", soft_wrap=True)
     console.print(
         f"use it as model: {out} in a train config, or evaluate it: agentgym eval {env_id} "
-        f"--policy vllm --model-path {out}{_as_played(summary['source'])}",
+        f"--policy vllm --model-path {shlex.join([str(out), *eval_options(summary['source'])])}",
         soft_wrap=True,
     )
-
-
-def _as_played(source: dict[str, Any]) -> str:
-    """The eval options that play the env as the SFT data was played (shell-quoted)."""
-    flags = [f" --env-arg {shlex.quote(f'{k}={_cli_value(v)}')}"
-             for k, v in (source.get("env_kwargs") or {}).items()]  # fmt: skip
-    if template := source.get("chat_template_kwargs"):
-        flags.append(f" --chat-template-kwargs {shlex.quote(json.dumps(template))}")
-    return "".join(flags)
-
-
-def _cli_value(value: Any) -> str:
-    """``value`` as ``--env-arg`` reads it back: a plain string as is, else JSON ("3" too)."""
-    plain = isinstance(value, str) and parse_env_args([f"k={value}"])["k"] == value
-    return str(value) if plain else json.dumps(value)
