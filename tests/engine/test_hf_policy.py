@@ -105,8 +105,9 @@ def test_tool_turns_a_few_ticks_apart_share_one_batch(
 def test_a_slow_tool_holds_the_others_batch_only_briefly(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An episode in a 1 s tool is waited for at most a fraction of a batch: the other
-    episode's next turn is sampled (alone) long before that tool returns."""
+    """An episode in a slow tool is waited for at most ``straggler_wait`` (1 s): the other
+    episode's next turn is sampled (alone) long before that 4 s tool returns. (With a 1 s
+    tool, a CPU shared with another job made the quick turn itself outlast the tool.)"""
     policy = HFPolicy(tiny_model_dir, sampling={"temperature": 0.0, "max_tokens": 8},
                       straggler_wait=1.0)  # fmt: skip
     rows = _counting_generate(policy, monkeypatch)
@@ -122,7 +123,7 @@ def test_a_slow_tool_holds_the_others_batch_only_briefly(
         await policy.end_session(name)
 
     async def main() -> None:
-        await asyncio.gather(episode("quick", 0.0), episode("slow", 1.0))
+        await asyncio.gather(episode("quick", 0.0), episode("slow", 4.0))
 
     asyncio.run(main())
     assert events.index("quick second turn") < events.index("slow tool returned")
