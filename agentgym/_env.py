@@ -207,7 +207,7 @@ class _TakesRenderMode(type):
         if mode is not None and mode not in modes:
             raise ConfigError(
                 f"{cls.__name__} has no render_mode {mode!r}; it has {list(modes)} "
-                "('ansi': the conversation so far as text), or None"
+                "('ansi': the conversation so far as text; 'human': printed as it grows), or None"
             )
         env = super().__call__(*args, **kwargs)
         env.render_mode = mode
@@ -228,11 +228,12 @@ class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
     ``info["scores"]``), so a trainer reads them instead of taking the sum apart.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "human"]}
     observation_space: spaces.Space[Any] = _SpacePerEnv(MessagesSpace)  # type: ignore[assignment]
     action_space: spaces.Space[Any] = _SpacePerEnv(AssistantTurnSpace)  # type: ignore[assignment]
     _pending_seed: int | None = None  # a seed the generator has yet to be built from
     _lazy_rng: np.random.Generator | None = None  # the generator, once built
+    _printed = 0  # messages of this episode already printed (render_mode "human")
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -324,28 +325,48 @@ class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
         """Sync adapter over `areset` (works in a notebook too); async code awaits `areset`."""
         token = _in_sync_reset.set(True)  # a Gymnasium-style reset override calls this
         try:
-            return self._run_sync(self.areset(seed=seed, options=options))
+            reset = self._run_sync(self.areset(seed=seed, options=options))
         finally:
             _in_sync_reset.reset(token)
+        self._printed = 0
+        self._print_new_messages()
+        return reset
 
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Sync adapter over `astep` (works in a notebook too); async code awaits `astep`."""
-        return self._run_sync(self.astep(action))
+        stepped = self._run_sync(self.astep(action))
+        self._print_new_messages()
+        return stepped
 
     def render(self) -> str | None:
         """The conversation so far as text (``render_mode="ansi"``), one block per message.
 
         An env's state is its conversation: code reads `messages` (OpenAI-format dicts);
-        this is for eyes (a notebook, a log). Without a render mode it says how to get one,
-        where Gymnasium's base raised a bare ``NotImplementedError``.
+        this is for eyes (a notebook, a log). In ``"human"`` mode the sync `reset` and `step`
+        print each new message as it comes, as Gymnasium's human mode draws during `step`;
+        `render()` then prints what is not printed yet (the messages of awaited `astep` calls,
+        which print nothing: the rollout engine's hot path stays free of I/O) and returns
+        None. Without a render mode it says how to get one, where Gymnasium's base raised a
+        bare ``NotImplementedError``.
         """
+        if self.render_mode == "human":
+            self._print_new_messages()
+            return None
         if self.render_mode != "ansi":
             raise NotImplementedError(
                 f"{type(self).__name__} was made without render_mode; make it with "
-                "render_mode='ansi' for the conversation as text, or read "
-                "env.unwrapped.messages (OpenAI-format message dicts)"
+                "render_mode='ansi' for the conversation as text (or 'human' to print it as "
+                "it grows), or read env.unwrapped.messages (OpenAI-format message dicts)"
             )
         return "\n\n".join(_message_text(m) for m in self.messages)
+
+    def _print_new_messages(self) -> None:
+        """Print (``render_mode="human"``) the messages of this episode not printed yet."""
+        if self.render_mode != "human":
+            return
+        for message in self.messages[self._printed :]:
+            print(_message_text(message), end="\n\n", flush=True)
+        self._printed = len(self.messages)
 
     async def atruncate(self) -> dict[str, Any]:
         """End the episode from outside (its conversation outgrew the model's context).

@@ -190,8 +190,34 @@ def test_render_without_a_mode_says_how_to_get_one() -> None:
 @pytest.mark.parametrize("make", [gymnasium.make, agentgym.make], ids=["gymnasium", "agentgym"])
 def test_a_render_mode_the_env_lacks_is_one_line(make: Any) -> None:
     with pytest.warns(UserWarning) if make is gymnasium.make else contextlib.nullcontext():
-        with pytest.raises(ConfigError, match=r"no render_mode 'human'; it has \['ansi'\]"):
-            make("agentgym/Calculator-v0", render_mode="human")
+        with pytest.raises(
+            ConfigError, match=r"no render_mode 'rgb_array'; it has \['ansi', 'human'\]"
+        ):
+            make("agentgym/Calculator-v0", render_mode="rgb_array")
+
+
+def test_render_mode_human_prints_each_message_once_as_the_episode_grows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Gymnasium's human mode draws during ``step``; here ``make(render_mode="human")`` was a
+    ConfigError. The sync calls print what is new; `render()` prints what an awaited `astep`
+    left unprinted and returns None."""
+    env = gymnasium.make("agentgym/Calculator-v0", render_mode="human")
+    _, info = env.reset(seed=0)
+    shown = capsys.readouterr().out
+    assert shown.startswith("[system]\n") and shown.endswith(
+        f"[user]\n{info['task']['prompt']}\n\n"
+    )
+    env.step(CALL)
+    assert capsys.readouterr().out == (
+        '[assistant]\n-> calculate({"expression": "6 * 7"})\n\n[tool calculate]\n42\n\n'
+    )
+    assert env.render() is None and capsys.readouterr().out == ""  # nothing new to print
+    asyncio.run(env.unwrapped.astep("The answer is 42."))
+    assert capsys.readouterr().out == ""  # the async path prints nothing by itself
+    assert env.render() is None and capsys.readouterr().out == "[assistant]\nThe answer is 42.\n\n"
+    env.reset(seed=1)  # a new episode prints from its start again
+    assert capsys.readouterr().out.startswith("[system]\n")
 
 
 class DrawnEnv(LoopBoundEnv):
