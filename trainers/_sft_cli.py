@@ -11,15 +11,22 @@ Exactly one source of conversations per run:
 Every mistake (a file, the filter, the env, OUT, the model) is a `ConfigError` raised before
 the weights load and before OUT is made; the CLI prints it as one line and exits 2. Nothing
 optional is imported at the top, so ``agentgym --help`` lists the command on a base install.
+
+The run is indexed in the run store (`agentgym.runs.track_run`, kind ``sft``) once the
+command's own checks pass, as ``agentgym eval`` is: a refused command line never becomes a row;
+a refusal of the training itself (a trace too long, another run's checkpoint) is a ``failed``
+row with exit 2.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import shlex
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -127,12 +134,38 @@ def sft(
     )
     _check_one_source(env, trajectories or [], tasks, script, min_reward)
     if env is not None:
-        folder = _sft_on_env(model, resolve_id(env), env_kwargs, tasks, script or [], out,
-                             config, template_kwargs or {})  # fmt: skip
+        plan = _env_plan(model, resolve_id(env), env_kwargs, tasks, script or [], out, config,
+                         template_kwargs or {})  # fmt: skip
     else:
-        folder = _sft_on_trajectories(model, trajectories or [], min_reward, env_kwargs, out,
-                                      config, template_kwargs)  # fmt: skip
-    _print_figures(folder)
+        plan = _trajectories_plan(model, trajectories or [], min_reward, env_kwargs, out,
+                                  config, template_kwargs)  # fmt: skip
+    from agentgym.runs import track_run  # indexes the run; a database failure is only a warning
+
+    with track_run("sft", out.resolve().name, _run_config(plan, config), out):
+        with needs_extra("agentgym sft", "train"):
+            folder = plan.train()
+        # inside the tracked block, as eval: a follower of the run's log stops once finished
+        _print_figures(folder)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A checked SFT run: the model and source as resolved, and the training that writes OUT.
+
+    Why: the command's checks all run before the run store gets a row, so a refused command
+    line leaves none; only ``train`` runs inside `track_run`.
+    """
+
+    model_dir: Path
+    settings: dict[str, Any]
+    """The source's settings, as the run's row records them (``env``, ``tasks`` ...)."""
+    train: Callable[[], Path]
+
+
+def _run_config(plan: _Plan, config: SFTConfig) -> dict[str, Any]:
+    """The row's config: what `agentgym runs compare` sets side by side with another run's."""
+    knobs = {k: v for k, v in asdict(config).items() if k != "log"}  # log: a callable
+    return {"model": str(plan.model_dir), **plan.settings, **knobs}
 
 
 def _check_out(out: Path) -> None:
@@ -163,7 +196,7 @@ def _check_one_source(
                           "drop them")  # fmt: skip
 
 
-def _sft_on_env(
+def _env_plan(
     model: str,
     env_id: str,
     env_kwargs: dict[str, Any],
@@ -172,7 +205,7 @@ def _sft_on_env(
     out: Path,
     config: SFTConfig,
     template_kwargs: dict[str, Any],
-) -> Path:
+) -> _Plan:
     """The warm start's data and training, on the tasks and scripts the options chose."""
     tools, count = env_tools_and_size(env_id, env_kwargs)
     indices = parse_tasks(tasks, "--tasks") if tasks else list(range(count))
@@ -181,15 +214,18 @@ def _sft_on_env(
             f"--tasks {tasks} reaches task {max(indices)} but {env_id!r} has {count} tasks "
             f"(0:{count}); pick a range inside it, or give the env more with --env-arg"
         )
-    with needs_extra("agentgym sft", "train"):
-        model_dir = _checked_model(model, tools, template_kwargs, config.seed)
-        return sft_warm_start(
-            model_dir, env_id, env_kwargs, out, config,
-            tasks=indices, scripts=_parse_scripts(scripts), chat_template_kwargs=template_kwargs,
-        )  # fmt: skip
+    shares = _parse_scripts(scripts)
+    model_dir = _checked_model(model, tools, template_kwargs, config.seed)
+    train = functools.partial(
+        sft_warm_start, model_dir, env_id, env_kwargs, out, config,
+        tasks=indices, scripts=shares, chat_template_kwargs=template_kwargs,
+    )  # fmt: skip
+    settings = {"source": "env", "env": env_id, "env_kwargs": env_kwargs, "tasks": tasks,
+                "scripts": shares, "chat_template_kwargs": template_kwargs}  # fmt: skip
+    return _Plan(model_dir, settings, train)
 
 
-def _sft_on_trajectories(
+def _trajectories_plan(
     model: str,
     paths: Sequence[Path],
     min_reward: float | None,
@@ -197,7 +233,7 @@ def _sft_on_trajectories(
     out: Path,
     config: SFTConfig,
     template_kwargs: dict[str, Any] | None,
-) -> Path:
+) -> _Plan:
     """SFT on the recorded episodes the filter keeps, with the tools of the env they played.
 
     The env options and chat-template variables default to those the episodes were played
@@ -210,12 +246,15 @@ def _sft_on_trajectories(
     template_kwargs = played_template if template_kwargs is None else template_kwargs
     tools, _ = env_tools_and_size(env_id, env_kwargs)
     source.update(env_id=env_id, env_kwargs=env_kwargs, chat_template_kwargs=template_kwargs)
-    with needs_extra("agentgym sft", "train"):
-        model_dir = _checked_model(model, tools, template_kwargs, config.seed)
-        return sft_on_conversations(
-            model_dir, conversations, tools, out, config,
-            chat_template_kwargs=template_kwargs, source=source,
-        )  # fmt: skip
+    model_dir = _checked_model(model, tools, template_kwargs, config.seed)
+    train = functools.partial(
+        sft_on_conversations, model_dir, conversations, tools, out, config,
+        chat_template_kwargs=template_kwargs, source=source,
+    )  # fmt: skip
+    settings = {"source": "trajectories", "trajectories": [str(p) for p in paths],
+                "min_reward": min_reward, "env": env_id, "env_kwargs": env_kwargs,
+                "chat_template_kwargs": template_kwargs}  # fmt: skip
+    return _Plan(model_dir, settings, train)
 
 
 def _parse_scripts(pairs: Sequence[str]) -> dict[str, float]:
@@ -235,10 +274,11 @@ def _parse_scripts(pairs: Sequence[str]) -> dict[str, float]:
 def _checked_model(model: str, tools: list[dict[str, Any]], kwargs: dict[str, Any],
                    seed: int) -> Path:  # fmt: skip
     """The model folder, once it is known to render the env's tools (no weights loaded)."""
-    from ._preflight import _check_template, resolve_model
+    with needs_extra("agentgym sft", "train"):
+        from ._preflight import _check_template, resolve_model
 
-    model_dir = resolve_model(model, seed=seed)
-    _check_template(model_dir, tools, kwargs)
+        model_dir = resolve_model(model, seed=seed)
+        _check_template(model_dir, tools, kwargs)
     return model_dir
 
 

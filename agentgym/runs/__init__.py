@@ -1,4 +1,4 @@
-"""The run store: every ``agentgym train``/``eval`` indexed in SQLite or PostgreSQL; the job queue.
+"""The run store (every ``agentgym train``/``eval``/``sft``, in SQLite or PostgreSQL), job queue.
 
 See ``docs/experiments.md``. The run folder stays the source of truth for metrics and
 trajectories; the database indexes runs (id, kind, status, config, folder, figures) and holds the

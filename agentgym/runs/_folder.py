@@ -1,8 +1,9 @@
 """What the index copies out of a run folder: headline figures, last step, the log's last lines.
 
 The folder is the source of truth (``summary.json``, ``status.json``, ``metrics.jsonl``,
-``trajectories.jsonl``, logs); these readers never fail on a missing or half-written file, they
-return what they can, because they run while a run may be dying.
+``trajectories.jsonl``, an ``agentgym sft`` model folder's ``sft.json``, logs); these readers
+never fail on a missing or half-written file, they return what they can, because they run while
+a run may be dying.
 """
 
 from __future__ import annotations
@@ -14,19 +15,21 @@ from typing import Any
 
 #: The combined stdout/stderr of a job started by a queue.
 OUTPUT_LOG = "output.log"
+#: What ``agentgym sft`` writes last in its OUT folder: knobs, source, per-step history.
+SFT_SUMMARY = "sft.json"
 #: Logs looked at for a failed run's last lines, most specific first.
 _LOGS = (OUTPUT_LOG, "train.log")
 TAIL_LINES = 20
 
 
 def read_figures(run_dir: Path) -> dict[str, float]:
-    """Numbers of ``summary.json``, nested ones as ``a/b``; {} when there is none yet.
+    """Numbers of ``summary.json``, nested ones as ``a/b``, else an sft run's; {} before either.
 
     A train run's headline ``figures`` mapping (``grpo/success`` ...) keeps its own names.
     """
     data = _read_json(run_dir / "summary.json")
     if not isinstance(data, Mapping):
-        return {}
+        return _sft_figures(run_dir)
     headline = data.get("figures")
     rest = {k: v for k, v in data.items() if k != "figures"}
     return _flatten_numbers(rest) | (
@@ -34,15 +37,47 @@ def read_figures(run_dir: Path) -> dict[str, float]:
     )
 
 
+def _sft_figures(run_dir: Path) -> dict[str, float]:
+    """An sft run's headline numbers, as ``sft/...``: its losses, traces and kept episodes.
+
+    Why: ``sft.json`` holds one record per step; the index keeps what compares runs (the
+    loss it ended at, how many traces it trained on), not the whole history.
+    """
+    data = _read_json(run_dir / SFT_SUMMARY)
+    if not isinstance(data, Mapping):
+        return {}
+    history = _sft_history(data)
+    source = data.get("source")
+    source = source if isinstance(source, Mapping) else {}
+    accuracies = [r["reference_accuracy"] for r in history if "reference_accuracy" in r]
+    figures = {
+        "first_loss": history[0].get("loss") if history else None,
+        "loss": history[-1].get("loss") if history else None,
+        "reference_accuracy": accuracies[-1] if accuracies else None,
+        "traces": data.get("num_examples"), "seconds": data.get("seconds"),
+        "episodes_read": source.get("read"), "episodes_kept": source.get("kept"),
+    }  # fmt: skip
+    return _flatten_numbers(figures, "sft/")
+
+
 def read_step(run_dir: Path) -> int | None:
-    """The last step a train run reported (``status.json``), or an eval run's episodes."""
+    """The last step a train or sft run reported, or an eval run's episodes."""
     status = _read_json(run_dir / "status.json")
     if isinstance(status, Mapping) and isinstance(status.get("step"), int):
         return int(status["step"])
     summary = _read_json(run_dir / "summary.json")
     if isinstance(summary, Mapping) and isinstance(summary.get("episodes"), int):
         return int(summary["episodes"])
-    return None
+    sft = _read_json(run_dir / SFT_SUMMARY)
+    history = _sft_history(sft) if isinstance(sft, Mapping) else []
+    last = history[-1].get("step") if history else None
+    return last if isinstance(last, int) else None
+
+
+def _sft_history(summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """``sft.json``'s per-step records, anything else in its ``history`` left out."""
+    history = summary.get("history")
+    return [r for r in history if isinstance(r, Mapping)] if isinstance(history, list) else []
 
 
 def live_step(run: Mapping[str, Any]) -> int | None:

@@ -30,7 +30,7 @@ runs = sa.Table(
     "runs",
     metadata,
     sa.Column("id", sa.String(32), primary_key=True),
-    sa.Column("kind", sa.String(16), nullable=False),  # train | eval
+    sa.Column("kind", sa.String(16), nullable=False),  # train | eval | sft
     sa.Column("name", sa.String(200), nullable=False),
     sa.Column("status", sa.String(16), nullable=False, index=True),
     sa.Column("source", sa.String(16), nullable=False),  # cli | serve | sweep

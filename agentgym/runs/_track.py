@@ -1,4 +1,4 @@
-"""`track_run`: the hook that indexes an ``agentgym train``/``eval`` process in the run store.
+"""`track_run`: the hook that indexes an ``agentgym train``/``eval``/``sft`` process.
 
 Indexing must never cost a run: a database that cannot be opened or written is a warning on
 the ``agentgym.runs`` logger and the run goes on unindexed. ``AGENTGYM_RUNS_DB=off`` turns
