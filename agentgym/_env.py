@@ -358,14 +358,14 @@ class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
                 "render_mode='ansi' for the conversation as text (or 'human' to print it as "
                 "it grows), or read env.unwrapped.messages (OpenAI-format message dicts)"
             )
-        return "\n\n".join(_message_text(m) for m in self.messages)
+        return "\n\n".join(message_text(m) for m in self.messages)
 
     def _print_new_messages(self) -> None:
         """Print (``render_mode="human"``) the messages of this episode not printed yet."""
         if self.render_mode != "human":
             return
         for message in self.messages[self._printed :]:
-            print(_message_text(message), end="\n\n", flush=True)
+            print(message_text(message), end="\n\n", flush=True)
         self._printed = len(self.messages)
 
     async def atruncate(self) -> dict[str, Any]:
@@ -407,11 +407,15 @@ class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
         return _run_beside(loop, coro)
 
 
-def _message_text(message: Message) -> str:
+def message_text(message: Message) -> str:
     """``[role]`` (and a tool result's tool name) over the content, then any structured calls."""
     role = str(message.get("role", "?"))
     head = f"[{role} {message['name']}]" if role == "tool" and message.get("name") else f"[{role}]"
-    lines = [head, str(message.get("content") or "")]
+    content = str(message.get("content") or "")
+    if content and not content.strip():  # else it prints as nothing, and hides what was written
+        more = "..." if len(content) > 40 else ""
+        content = f"(only whitespace, {len(content)} characters: {content[:40]!r}{more})"
+    lines = [head, content]
     for call in message.get("tool_calls") or ():
         function = call.get("function", call) if isinstance(call, dict) else {}
         lines.append(f"-> {function.get('name')}({function.get('arguments')})")

@@ -1,4 +1,4 @@
-"""``agentgym runs ls | show ID | compare ID ID`` and ``agentgym sweep``, mounted by `agentgym.cli`.
+"""``agentgym runs ls | show | compare | episodes`` and ``agentgym sweep`` (`agentgym.cli`).
 
 Ids may be given by a unique prefix. ``--db URL`` (or ``$AGENTGYM_RUNS_DB``) picks the database.
 """
@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 import yaml
@@ -17,10 +17,20 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from agentgym._env import message_text
 from agentgym._errors import ConfigError
+from agentgym._trajectory import Status, Trajectory
 from agentgym._yaml import load_yaml
 
-from ._folder import _read_json, live_step
+from ._episode_index import (
+    MALFORMED,
+    TRAJECTORY_FILES,
+    Row,
+    TrajectoryFilter,
+    TrajectoryIndex,
+    read_line,
+)
+from ._folder import _read_json, live_step, run_file
 from ._jobs import parse_config, submit_job
 from ._queue import JobQueue
 from ._store import RunStatus, RunStore, agentgym_home, new_run_id
@@ -100,6 +110,96 @@ def compare_runs(
         if a["config"].get(key) != b["config"].get(key):
             differ.add_row(_text(key), _text(a["config"].get(key)), _text(b["config"].get(key)))
     console.print(differ if differ.row_count else "configs are identical")
+
+
+@app.command("episodes")
+def show_episodes(
+    run: Annotated[
+        str, typer.Argument(help="Run id (or prefix), run folder, or trajectories .jsonl file.")
+    ],
+    status: Annotated[
+        list[str] | None, typer.Option(help="Only episodes with this status (repeatable).")
+    ] = None,
+    min_reward: Annotated[float | None, typer.Option(help="Only total reward >= this.")] = None,
+    max_reward: Annotated[float | None, typer.Option(help="Only total reward <= this.")] = None,
+    tool_errors: Annotated[
+        bool, typer.Option("--tool-errors", help="Only episodes with a tool error.")
+    ] = False,
+    length_outliers: Annotated[
+        bool,
+        typer.Option("--length-outliers", help="Only completion lengths outside Tukey's fences."),
+    ] = False,
+    step: Annotated[int | None, typer.Option(help="Only a train run's eval at this step.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Most episodes printed.")] = 3,
+    offset: Annotated[int, typer.Option(min=0, help="Matching episodes skipped first.")] = 0,
+    db: DbOption = None,
+) -> None:
+    """Print a run's episodes in full: messages, tool calls, scores.
+
+    Filtered as the dashboard's viewer filters them: reading episodes is how reward hacking is
+    caught, and a terminal over SSH has no browser.
+    """
+    unknown = sorted(set(status or ()) - set(get_args(Status)))
+    if unknown:
+        raise ConfigError(f"--status {unknown[0]!r} is not a status; use one of "
+                          f"{', '.join(get_args(Status))}")  # fmt: skip
+    index = TrajectoryIndex(_trajectories_of(run, db))
+    index.extend()
+    where = TrajectoryFilter(min_reward, max_reward, tuple(status or ()), tool_errors,
+                             length_outliers, step)  # fmt: skip
+    keep = where.predicate(index)
+    matched = [row for row in index.rows if keep(row)]
+    shown = matched[offset : offset + limit]
+    for row in shown:
+        _print_episode(index, row)
+    bad = f"; {index.bad_lines} lines are not trajectories" if index.bad_lines else ""
+    where_from = f"{len(index.rows)} in {index.path}{bad}"
+    if not shown:
+        console.print(f"no episode to show: {len(matched)} match ({where_from})", highlight=False)
+        return
+    end = offset + len(shown)
+    more = f"; the next: --offset {end}" if end < len(matched) else ""
+    console.print(f"episodes {offset + 1}-{end} of {len(matched)} matching ({where_from}){more}",
+                  highlight=False)  # fmt: skip
+
+
+def _trajectories_of(run: str, db: str | None) -> Path:
+    """The trajectories JSONL a ``runs episodes`` argument names: a file, a folder, or a run.
+
+    Why files and folders too: an ``agentgym eval --out DIR`` with indexing off
+    (``AGENTGYM_RUNS_DB=off``) or a copied folder has no row, and its episodes are still there.
+    """
+    given = Path(run).expanduser()
+    if given.is_file():
+        return given
+    folder = given if given.is_dir() else Path(_find(RunStore(db), run)["run_dir"] or "")
+    found = next((p for name in TRAJECTORY_FILES if (p := run_file(folder, name))), None)
+    if found is None:
+        files = " or ".join(TRAJECTORY_FILES)
+        raise ConfigError(f"{folder} holds no {files} yet; a train run writes its eval "
+                          "episodes there, `agentgym eval --out` its episodes")  # fmt: skip
+    return found
+
+
+def _print_episode(index: TrajectoryIndex, row: Row) -> None:
+    """A rule naming the episode and its outcome, then every message as `Env.render` shows it."""
+    scores = ", ".join(f"{k} {_text(v)}" for k, v in row.scores.items())
+    head = [f"#{row.index}", f"task {_text(row.task_index)}", f"group {row.group_index}"]
+    head += [f"step {row.step}"] if row.step is not None else []
+    head += [row.status, f"reward {_text(row.reward)}" + (f" ({scores})" if scores else ""),
+             f"turns {row.turns}", f"tool calls {row.tool_calls}",
+             f"tool errors {row.tool_errors}"]  # fmt: skip
+    console.rule()
+    console.print(Text(" · ".join(head), style="bold"))
+    try:
+        episode: Trajectory = read_line(index, row)
+    except MALFORMED as exc:  # indexed, yet a field read in full has the wrong type
+        console.print(f"(malformed: {type(exc).__name__}: {exc})", highlight=False)
+        return
+    if episode.error:
+        console.print(Text(f"error: {episode.error}", style="red"))
+    for message in episode.messages:
+        console.print(message_text(message) + "\n", highlight=False)
 
 
 def sweep(

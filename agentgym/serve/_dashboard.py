@@ -27,11 +27,9 @@ import fnmatch
 import functools
 import json
 import math
-import statistics
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -41,6 +39,16 @@ from fastapi.responses import FileResponse, HTMLResponse
 
 from .._trajectory import PrefixMismatchError, Status, Trajectory
 from ..runs import TERMINAL
+from ..runs._episode_index import (
+    MALFORMED,
+    MAX_LINE_BYTES,
+    TRAJECTORY_FILES,
+    TrajectoryFilter,
+    TrajectoryIndex,
+    complete_lines,
+    finite,
+    read_line,
+)
 from ..runs._folder import live_step, run_file
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -55,21 +63,12 @@ _SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-#: Trajectory files a run folder may hold, first found wins (trainer eval, then ``agentgym eval``).
-TRAJECTORY_FILES = ("eval_trajectories.jsonl", "trajectories.jsonl")
 #: Most trajectory summaries one page may ask for.
 MAX_PAGE = 200
 #: Indexes kept in memory (least recently used dropped first).
 _INDEX_CACHE_SIZE = 16
-#: First user message shown in the list, cut to this many characters.
-_PREVIEW_CHARS = 160
-#: A JSONL line longer than this is not parsed: a trajectory counts as a bad line, a metrics
-#: line is skipped (a runaway writer must not make one request load gigabytes).
-MAX_LINE_BYTES = 64 << 20
 #: Most bytes of ``metrics.jsonl`` one poll reads; the next poll continues from ``next``.
 MAX_METRICS_BYTES = 16 << 20
-#: What a malformed line can raise while it is read as a trajectory or shown in detail.
-_MALFORMED = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
 
 
 class RunStore(Protocol):
@@ -85,125 +84,6 @@ class RunStore(Protocol):
 
 
 # ---- trajectory index --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Row:
-    """One trajectory line as the list shows and filters it (no messages, no tokens)."""
-
-    index: int
-    offset: int
-    step: int | None
-    env_id: str
-    task_index: int | None
-    group_index: int
-    status: str
-    reward: float
-    scores: dict[str, float | None]
-    turns: int
-    tool_calls: int
-    tool_errors: int
-    length: int
-    preview: str
-
-    def summary(self) -> dict[str, Any]:
-        """The JSON the list endpoint returns for this row."""
-        return {k: v for k, v in self.__dict__.items() if k != "offset"}
-
-
-@dataclass
-class TrajectoryIndex:
-    """Byte offsets and summaries of a trajectories JSONL file's complete lines.
-
-    ``end`` is the offset after the last complete line (a torn last line written by a killed
-    process is not indexed until its newline arrives); ``bad_lines`` counts lines that are
-    not trajectories (shown, never silently dropped).
-    """
-
-    path: Path
-    inode: int = 0
-    size: int = 0
-    mtime_ns: int = 0
-    end: int = 0
-    rows: list[Row] = field(default_factory=list)
-    bad_lines: int = 0
-    _fences: tuple[float, float] | None = None
-
-    def extend(self) -> None:
-        """Index the complete lines after ``end`` (the file only grew since)."""
-        with self.path.open("rb") as f:
-            f.seek(self.end)
-            offset = self.end
-            for size, line in _complete_lines(f, MAX_LINE_BYTES):
-                row = _row(len(self.rows), offset, line) if line is not None else None
-                if row is None:
-                    self.bad_lines += line is None or line.strip() != b""
-                else:
-                    self.rows.append(row)
-                offset += size
-        self.end = offset
-        self._fences = None
-
-    def length_fences(self) -> tuple[float, float]:
-        """Tukey's fences on completion length: outside them is an outlier."""
-        if self._fences is None:
-            lengths = [r.length for r in self.rows]
-            if len(lengths) < 2:
-                self._fences = (-math.inf, math.inf)
-            else:
-                q1, _, q3 = statistics.quantiles(lengths, n=4)
-                self._fences = (q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1))
-        return self._fences
-
-
-def _complete_lines(f: Any, limit: int) -> Iterator[tuple[int, bytes | None]]:
-    """(bytes taken, the line or None when over ``limit``) for each complete line from here.
-
-    Stops before a last line without its newline (still being written); an overlong line is
-    skipped in chunks, never held whole.
-    """
-    while True:
-        line = f.readline(limit + 1)
-        if line.endswith(b"\n"):
-            yield len(line), line
-            continue
-        if len(line) <= limit:  # end of file, maybe after a torn last line
-            return
-        size = len(line)
-        while not line.endswith(b"\n"):
-            line = f.readline(1 << 20)
-            if not line:
-                return
-            size += len(line)
-        yield size, None
-
-
-def _row(index: int, offset: int, line: bytes) -> Row | None:
-    """Summarise one JSONL line; None when it is not a trajectory (any field of a wrong type)."""
-    try:
-        return _summarise(index, offset, Trajectory.from_dict(json.loads(line)))
-    except _MALFORMED:
-        return None
-
-
-def _summarise(index: int, offset: int, t: Trajectory) -> Row:
-    first_user = next((m for m in t.messages if m.get("role") == "user"), {})
-    return Row(
-        index=index,
-        offset=offset,
-        step=t.info.get("step"),
-        env_id=t.env_id,
-        task_index=t.task_index,
-        group_index=t.group_index,
-        status=t.status,
-        reward=_finite(t.total_reward),
-        scores={k: _finite(v) if v is not None else None for k, v in t.scores.items()},
-        turns=len(t.turns),
-        tool_calls=sum(len(m.get("tool_calls") or []) for m in t.messages),
-        tool_errors=sum(len(turn.tool_errors) for turn in t.turns),
-        length=sum(len(turn.completion_ids or []) for turn in t.turns),
-        preview=str(first_user.get("content") or "")[:_PREVIEW_CHARS],
-    )
 
 
 class IndexCache:
@@ -231,34 +111,6 @@ class IndexCache:
             return index
 
 
-@dataclass(frozen=True)
-class TrajectoryFilter:
-    """Which rows the list shows; every given condition must hold."""
-
-    min_reward: float | None = None
-    max_reward: float | None = None
-    statuses: tuple[str, ...] = ()
-    tool_errors: bool = False
-    length_outliers: bool = False
-    step: int | None = None
-
-    def predicate(self, index: TrajectoryIndex) -> Callable[[Row], bool]:
-        """A test for rows of ``index`` (length outliers are relative to the whole file)."""
-        low, high = index.length_fences() if self.length_outliers else (-math.inf, math.inf)
-
-        def keep(row: Row) -> bool:
-            return (
-                (self.min_reward is None or row.reward >= self.min_reward)
-                and (self.max_reward is None or row.reward <= self.max_reward)
-                and (not self.statuses or row.status in self.statuses)
-                and (not self.tool_errors or row.tool_errors > 0)
-                and (not self.length_outliers or not low <= row.length <= high)
-                and (self.step is None or row.step == self.step)
-            )
-
-        return keep
-
-
 def page(
     index: TrajectoryIndex, where: TrajectoryFilter, offset: int, limit: int
 ) -> dict[str, Any]:
@@ -271,16 +123,9 @@ def page(
         "matched": len(matched),
         "offset": offset,
         "bad_lines": index.bad_lines,
-        "length_fences": [_finite(low), _finite(high)],
+        "length_fences": [finite(low), finite(high)],
         "items": [r.summary() for r in matched[offset : offset + limit]],
     }
-
-
-def read_line(index: TrajectoryIndex, row: Row) -> Trajectory:
-    """The full trajectory of ``row``, read by seeking to its offset."""
-    with index.path.open("rb") as f:
-        f.seek(row.offset)
-        return Trajectory.from_dict(json.loads(f.readline()))
 
 
 # ---- metrics -----------------------------------------------------------------------------------
@@ -302,7 +147,7 @@ def read_metrics(path: Path, since: int, patterns: Iterable[str]) -> dict[str, A
     if size > start:
         with path.open("rb") as f:
             f.seek(start)
-            for taken, line in _complete_lines(f, MAX_LINE_BYTES):
+            for taken, line in complete_lines(f, MAX_LINE_BYTES):
                 start += taken
                 point = _metric_point(line, wanted) if line is not None else None
                 if point is not None and point["values"]:
@@ -419,17 +264,6 @@ def token_view(trajectory: Trajectory, run: dict[str, Any]) -> dict[str, Any]:
 # ---- JSON helpers ------------------------------------------------------------------------------
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with NaN and infinities replaced by None, recursively (JSON has neither)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def detail(trajectory: Trajectory, index: int, run: dict[str, Any]) -> dict[str, Any]:
     """Everything the detail view shows (tokens without logprobs, which nobody reads here)."""
     turns = [
@@ -461,13 +295,13 @@ def detail(trajectory: Trajectory, index: int, run: dict[str, Any]) -> dict[str,
         "turns": turns,
         "tokens": token_view(trajectory, run),
     }
-    return dict(_finite(data))
+    return dict(finite(data))
 
 
 def run_summary(run: dict[str, Any]) -> dict[str, Any]:
     """The runs-table fields of a store record (no config: the table does not need it)."""
     keys = ("id", "kind", "name", "status", "created_at", "step", "figures", "run_dir")
-    return dict(_finite({k: run.get(k) for k in keys} | {"step": live_step(run)}))
+    return dict(finite({k: run.get(k) for k in keys} | {"step": live_step(run)}))
 
 
 def _run_dir(run: dict[str, Any]) -> Path | None:
@@ -536,7 +370,7 @@ def dashboard_router(store: RunStore) -> APIRouter:
     def show_run(run_id: str) -> dict[str, Any]:
         """One run with its resolved config."""
         run = get_run(run_id)
-        return {**run_summary(run), "config": _finite(run.get("config") or {})}
+        return {**run_summary(run), "config": finite(run.get("config") or {})}
 
     @router.get("/api/runs/{run_id}/metrics", tags=["dashboard"])
     def metrics(
@@ -589,7 +423,7 @@ def dashboard_router(store: RunStore) -> APIRouter:
             )
         try:
             return detail(read_line(found, found.rows[index]), index, run)
-        except _MALFORMED as exc:  # indexed, yet a field the detail reads has the wrong type
+        except MALFORMED as exc:  # indexed, yet a field the detail reads has the wrong type
             raise HTTPException(
                 422,
                 f"trajectory #{index} of run {run_id!r} is malformed ({type(exc).__name__}: "

@@ -16,6 +16,12 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return backend_url(request.param, tmp_path)
 
 
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    """A SQLite run store of the test's own, for the console script (`tests.runs.cli`)."""
+    return f"sqlite:///{tmp_path / 'runs.db'}"
+
+
 @pytest.fixture(autouse=True)
 def close_every_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Close each `RunStore` a test opened (open PostgreSQL connections warn when collected)."""

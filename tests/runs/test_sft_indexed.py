@@ -7,35 +7,18 @@ its own (``AGENTGYM_RUNS_DB``), so nothing reaches the user's ``runs.db``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import require
+from tests.runs.cli import agentgym
 
 require("sqlalchemy")
 from agentgym.runs import RunStore  # noqa: E402
 from agentgym.runs._folder import read_figures, read_step  # noqa: E402
 
-AGENTGYM = Path(sys.executable).parent / "agentgym"
 FAST = ["--steps", "3", "--batch-size", "4", "--env-arg", "num_tasks=24"]
-
-
-def agentgym(*args: str | Path, db: str) -> subprocess.CompletedProcess[str]:
-    """The console script with the test's database, and a table wide enough to read."""
-    env = {**os.environ, "AGENTGYM_RUNS_DB": db, "COLUMNS": "250", "NO_COLOR": "1",
-           "TERM": "dumb"}  # fmt: skip
-    return subprocess.run(
-        [str(AGENTGYM), *map(str, args)], capture_output=True, text=True, env=env, timeout=300
-    )
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'runs.db'}"
 
 
 def test_an_sft_run_is_listed_finished_with_its_loss(

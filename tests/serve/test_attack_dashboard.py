@@ -100,9 +100,11 @@ def test_malformed_metrics_lines_are_skipped(
 def test_an_overlong_line_is_skipped_not_loaded(
     client: TestClient, store: RunStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from agentgym.runs import _episode_index
     from agentgym.serve import _dashboard
 
-    monkeypatch.setattr(_dashboard, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(_episode_index, "MAX_LINE_BYTES", 1000)  # the trajectory index's limit
+    monkeypatch.setattr(_dashboard, "MAX_LINE_BYTES", 1000)  # the metrics reader's
     huge = _line({**GOOD, "pad": "x" * 5000})
     run = _run(
         store, tmp_path / "run",
