@@ -159,6 +159,7 @@ class ToolEnv(Env):
         self.rubric = rubric or Rubric()
         self.parser = get_parser(parser).for_tools([t.schema for t in self.tools.values()])
         self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
+        self.tool_prompt = tool_prompt
         if tool_prompt == "system" and self.tools:
             self.system_prompt += "\n\n" + describe_tools(self.tools.values(), self.parser)
         self.max_turns = max_turns

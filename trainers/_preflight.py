@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentgym import make
 from agentgym._check import undescribed_tools
 from agentgym._check_tasks import missing_task_fields
-from agentgym._errors import ConfigError
+from agentgym._errors import ConfigError, SandboxError
 from agentgym._registry import resolve_id
 from agentgym._tasks import task_text, tasks_digest
 from agentgym.engine._model_dir import context_length
@@ -31,6 +31,7 @@ from agentgym.engine._model_dir import context_length
 from ._config import GRPOConfig
 from ._config_rules import UNSERVABLE_TARGETS, check_device
 from ._memory import GIB, GpuSplit, cpu_memory_estimate, parameter_count
+from ._sft import lists_tools
 from ._tracking import BACKENDS, resolve_report_to
 
 if TYPE_CHECKING:
@@ -72,10 +73,10 @@ def preflight(config: GRPOConfig) -> Checked:
     _check_engine(config)
     _check_trackers(config)
     _check_device(config)
-    train_tasks, eval_tasks, tools, max_turns, digest, weights = _check_env(config)
+    train_tasks, eval_tasks, tools, max_turns, digest, weights, env_lists = _check_env(config)
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_context(model_dir, config)
-    _check_template(model_dir, tools, config.chat_template_kwargs)
+    _check_template(model_dir, tools, config.chat_template_kwargs, env_lists)
     _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
     _check_servers(model_dir, config)
@@ -174,10 +175,16 @@ def _check_device(config: GRPOConfig) -> None:
 
 def _check_env(
     config: GRPOConfig,
-) -> tuple[list[int], list[int], list[dict[str, Any]], int, str | None, dict[str, float] | None]:
-    """Build the env once: split, SFT scripts, tools, turn limit, task digest, reward weights."""
+) -> tuple[
+    list[int], list[int], list[dict[str, Any]], int, str | None, dict[str, float] | None, bool
+]:
+    """Build the env once: split, SFT scripts, tools, turn limit, task digest, reward weights.
+
+    Also whether the env lists the tools in its own prompt (``tool_prompt="system"``).
+    """
     env = make(config.env, **config.run_env_kwargs)
     try:
+        _check_sandboxes(env, config)
         weights = _reward_weights(env, config)
         tools = list(getattr(env, "tool_schemas", []))
         _check_tool_descriptions(tools, config)
@@ -190,9 +197,25 @@ def _check_env(
         if config.sft_steps:
             _check_scripts(env, config, config.sft_split(train_tasks)[0])
         max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
+        env_lists = lists_tools(env)
     finally:
         env.close()
-    return train_tasks, eval_tasks, tools, max_turns, digest, weights
+    return train_tasks, eval_tasks, tools, max_turns, digest, weights, env_lists
+
+
+def _check_sandboxes(env: Any, config: GRPOConfig) -> None:
+    """A sandbox env's Docker daemon answers and holds its image (`SandboxToolEnv.check_ready`).
+
+    Otherwise the model loaded, then every episode ended ``infra_error``: a short run finished
+    with exit 0 having scored nothing, a long one stopped after ``infra_error_patience`` steps.
+    """
+    check_ready = getattr(env, "check_ready", None)
+    if not callable(check_ready):
+        return
+    try:
+        check_ready()
+    except SandboxError as exc:
+        raise ConfigError(f"env {config.env!r} runs code in Docker sandboxes: {exc}") from None
 
 
 def _check_tool_descriptions(tools: list[dict[str, Any]], config: GRPOConfig) -> None:
@@ -370,7 +393,9 @@ def _check_servers(model_dir: Path, config: GRPOConfig) -> None:
     from agentgym.engine import RemoteVLLMPolicy
 
     RemoteVLLMPolicy(
-        model_dir, rollout_fleet(config, model_dir), router_url=config.rollout_router_url,
+        model_dir,
+        rollout_fleet(config, model_dir),
+        router_url=config.rollout_router_url,
         publishes_adapters=True,
     ).check_servers()  # the tokenizer loads with the run's own policy
 
@@ -383,12 +408,21 @@ def rollout_fleet(config: GRPOConfig, model_dir: Path, namespace: str = "") -> V
     return VLLMFleet(config.rollout_servers, name, namespace=namespace)
 
 
-def _check_template(model_dir: Path, tools: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:
+def _check_template(
+    model_dir: Path, tools: list[dict[str, Any]], kwargs: dict[str, Any], env_lists: bool = False
+) -> None:
+    """The model's first prompt shows the tools: its template renders them, or the env lists them.
+
+    ``env_lists``: the env's system prompt lists them (``tool_prompt="system"``), the fix this
+    error names, which it used to refuse all the same.
+    """
     from transformers import AutoTokenizer
 
     from agentgym.engine import ChatRenderer
 
-    renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir), kwargs)
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir), kwargs)  # has a template
+    if env_lists:
+        return
     probe = [{"role": "user", "content": "probe"}]
     with_tools = renderer.render_text(probe, tools, generation=True)
     if tools and tools[0]["function"]["name"] not in with_tools:

@@ -5,7 +5,11 @@ The warm start plays each task's `reference_turns` through the env (so tool resu
 real ones), renders the conversations with the model's chat template and trains with loss on
 the assistant tokens only: each assistant turn's content and its end-of-turn token, exactly
 the tokens a rollout engine samples (the ``\n`` after ``<|im_end|>`` and every system, user
-and tool token belong to the prompt and carry no loss).
+and tool token belong to the prompt and carry no loss). A template that rewrites history (Qwen3
+drops a finished turn's empty think block) cannot render a conversation as one sequence the
+model sampled; such a conversation trains as one sample per assistant turn, each a fresh
+prompt and the turn as the model samples it after that prompt: the rollout engine's
+``per_turn`` samples.
 
 Full-weight by default: the quickstart's tiny model starts random, and a skill such as copying
 numbers into a tool call is learned by the whole network, not by a low-rank delta on random
@@ -39,13 +43,16 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from agentgym import ScriptedPolicy, make, rollout
 from agentgym._errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentgym.engine._render import ChatRenderer
 
 Message = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -228,32 +235,42 @@ def tokenize_conversation(
     False}``) render it as the rollouts render it, so SFT trains the tokens they sample.
 
     Raises:
-        ConfigError: the template rewrites history (not a prefix), or an assistant turn does
-            not end with the eos token.
+        HistoryRewrittenError: the template rewrites history (not a prefix).
+        ConfigError: an assistant turn does not end with the eos token, or the template
+            fails to render the conversation.
     """
-    eos = tokenizer.eos_token
+    return _whole_conversation(_renderer(tokenizer, chat_template_kwargs), messages, tools)
 
-    def render(msgs: list[Message], gen: bool) -> str:
-        return str(
-            tokenizer.apply_chat_template(
-                msgs,
-                tools=tools or None,
-                tokenize=False,
-                add_generation_prompt=gen,
-                **(chat_template_kwargs or {}),
-            )
-        )
 
+def _renderer(tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None) -> ChatRenderer:
+    """The rollout engine's renderer, so SFT renders exactly what the rollouts render.
+
+    Why theirs: it hands templates tool-call arguments as objects, as real ones expect
+    (Qwen2.5's writes ``arguments | tojson``: the OpenAI-format JSON string came out quoted,
+    and SFT taught a call format no parser reads), and reports a template's failure in one
+    line.
+    """
+    from agentgym.engine._render import ChatRenderer  # imports the engine's deps: here, late
+
+    return ChatRenderer(tokenizer, dict(chat_template_kwargs or {}))
+
+
+def _whole_conversation(
+    renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]] | None
+) -> Example:
+    """`tokenize_conversation` with a renderer built once for many conversations."""
+    eos = renderer.tokenizer.eos_token
     segments: list[tuple[str, int]] = []
     done = ""
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prompt, full = render(messages[:i], True), render(messages[: i + 1], False)
+        prompt = renderer.render_text(messages[:i], tools, True)
+        full = renderer.render_text(messages[: i + 1], tools, False)
         if not prompt.startswith(done) or not full.startswith(prompt):
-            raise ConfigError(
+            raise HistoryRewrittenError(
                 "the chat template does not keep history as a prefix; SFT on whole "
-                "conversations needs one that does"
+                "conversations needs one that does (`conversation_examples` trains per turn)"
             )
         reply = full[len(prompt) :]
         end = reply.find(eos)
@@ -264,10 +281,52 @@ def tokenize_conversation(
     ids: list[int] = []
     mask: list[int] = []
     for text, trainable in segments:
-        piece = tokenizer.encode(text, add_special_tokens=False)
+        piece = renderer.encode(text)
         ids += piece
         mask += [trainable] * len(piece)
     return Example(ids, mask)
+
+
+class HistoryRewrittenError(ConfigError):
+    """The chat template renders a conversation's history other than as the model sampled it."""
+
+
+def conversation_examples(
+    renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]] | None = None
+) -> tuple[list[Example], str]:
+    """A conversation's training samples and their mode: ``concat`` (one) or ``per_turn``.
+
+    ``renderer``: `_renderer`'s, built once per run. Why per turn: a template that rewrites
+    history (Qwen3 drops a finished turn's empty think block; ``enable_thinking=False`` opens
+    each prompt with one) has no single sequence the model sampled. The rollout engine then
+    samples each turn after a fresh prompt; the warm start trains the same samples, instead
+    of refusing the model.
+    """
+    try:
+        return [_whole_conversation(renderer, messages, tools)], "concat"
+    except HistoryRewrittenError:
+        return _per_turn_examples(renderer, messages, tools), "per_turn"
+
+
+def _per_turn_examples(
+    renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]] | None
+) -> list[Example]:
+    """One sample per assistant turn: its fresh prompt (no loss), then the turn as sampled."""
+    examples = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        sampled = renderer.sampled_turn_ids(messages[: i + 1], tools)
+        if sampled is None:
+            raise ConfigError(
+                f"the chat template renders assistant message {i} differently once it is "
+                "written than as the continuation of its generation prompt, so what the model "
+                "should write there is unknown; SFT needs a template (or chat_template_kwargs) "
+                "that renders a finished turn after its own prompt"
+            )
+        prompt = renderer.prompt_ids(messages[:i], tools)
+        examples.append(Example(prompt + sampled, [0] * len(prompt) + [1] * len(sampled)))
+    return examples
 
 
 def _batch_order(count: int, batch_size: int, steps: int, seed: int) -> Iterator[list[int]]:
@@ -395,7 +454,7 @@ def sft_warm_start(
     config = config or SFTConfig()
     scripts = dict(scripts or {"reference": 1.0})
     if tasks is None:
-        tasks = range(env_tools_and_size(env_id, env_kwargs)[1])
+        tasks = range(env_facts(env_id, env_kwargs).size)
     conversations, tools = mixed_conversations(env_id, env_kwargs, tasks, scripts, config.seed)
     if not conversations:
         raise ConfigError(
@@ -413,17 +472,28 @@ def sft_warm_start(
     )  # fmt: skip
 
 
-def env_tools_and_size(
-    env_id: str, env_kwargs: Mapping[str, Any] | None
-) -> tuple[list[dict[str, Any]], int]:
-    """The env's tool schemas and task count, from one env built and closed.
+class EnvFacts(NamedTuple):
+    """What SFT needs of an env besides its conversations."""
 
-    What SFT needs of an env besides its conversations: the tools every prompt renders, and
-    how many tasks "all tasks" is.
-    """
+    tools: list[dict[str, Any]]
+    """The tool schemas every prompt renders."""
+    size: int
+    """How many tasks "all tasks" is."""
+    lists_tools: bool
+    """The env's system prompt lists the tools (``tool_prompt="system"``), not the template."""
+
+
+def lists_tools(env: Any) -> bool:
+    """Whether the env's own prompt shows the tools (``tool_prompt="system"``)."""
+    return getattr(env, "tool_prompt", "template") == "system"
+
+
+def env_facts(env_id: str, env_kwargs: Mapping[str, Any] | None) -> EnvFacts:
+    """`EnvFacts` of one env built and closed."""
     env: Any = make(env_id, **(env_kwargs or {}))
     try:
-        return list(getattr(env, "tool_schemas", [])), len(getattr(env, "tasks", ()))
+        return EnvFacts(list(getattr(env, "tool_schemas", [])), len(getattr(env, "tasks", ())),
+                        lists_tools(env))  # fmt: skip
     finally:
         env.close()
 
@@ -471,10 +541,14 @@ def sft_on_conversations(
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     render = functools.partial(
-        tokenize_conversation, tokenizer, tools=tools, chat_template_kwargs=chat_template_kwargs
+        conversation_examples, _renderer(tokenizer, chat_template_kwargs), tools=tools
     )
-    examples = [render(c) for c in conversations]
-    validation = [render(c) for c in held_out]
+    examples, modes = _samples(map(render, conversations))
+    validation, _ = _samples(map(render, held_out))
+    if modes["per_turn"]:
+        log.info("the chat template rewrites history: %d of %d conversations train as one "
+                 "sample per assistant turn (the rollouts' per_turn mode)",
+                 modes["per_turn"], len(conversations))  # fmt: skip
     _check_traces(examples, validation, model_dir, config, source.get("env_id"))
     torch.manual_seed(config.seed)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -492,6 +566,7 @@ def sft_on_conversations(
         "base_model": str(model_dir),
         "source": source,
         "num_examples": len(examples),
+        "conversations": modes,
         "seconds": time.perf_counter() - started,
         "history": history,
     }
@@ -499,6 +574,18 @@ def sft_on_conversations(
     shutil.rmtree(checkpoint.folder, ignore_errors=True)  # the model is saved: done with it
     _log_done(history, len(examples), out)
     return out
+
+
+def _samples(
+    rendered: Iterable[tuple[list[Example], str]],
+) -> tuple[list[Example], dict[str, int]]:
+    """All samples of the rendered conversations, and how many conversations had each mode."""
+    examples: list[Example] = []
+    modes = {"concat": 0, "per_turn": 0}
+    for samples, mode in rendered:
+        examples += samples
+        modes[mode] += 1
+    return examples, modes
 
 
 def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> None:

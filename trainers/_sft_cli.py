@@ -48,7 +48,7 @@ from agentgym._tasks import parse_tasks
 
 from ._cli import _quiet_backends, console
 from ._recorded_episodes import eval_options, kept_conversations, played_settings
-from ._sft import SFTConfig, env_tools_and_size, sft_on_conversations, sft_warm_start
+from ._sft import EnvFacts, SFTConfig, env_facts, sft_on_conversations, sft_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,10 @@ def sft(
     lora_rank: Annotated[int, typer.Option(help="Adapter rank (lora).")] = SFTConfig.lora_rank,
     save_every: Annotated[
         int,
-        typer.Option(help="Steps between checkpoints in OUT.partial/: run the same command "
-                     "again after a kill to resume there (0: none)."),
+        typer.Option(
+            help="Steps between checkpoints in OUT.partial/: run the same command "
+            "again after a kill to resume there (0: none)."
+        ),
     ] = SFTConfig.save_every,
     device: Annotated[
         str, typer.Option(help="Where to train: cpu, cuda, cuda:1 ...")
@@ -207,7 +209,8 @@ def _env_plan(
     template_kwargs: dict[str, Any],
 ) -> _Plan:
     """The warm start's data and training, on the tasks and scripts the options chose."""
-    tools, count = env_tools_and_size(env_id, env_kwargs)
+    facts = env_facts(env_id, env_kwargs)
+    count = facts.size
     indices = parse_tasks(tasks, "--tasks") if tasks else list(range(count))
     if max(indices, default=-1) >= count:
         raise ConfigError(
@@ -215,7 +218,7 @@ def _env_plan(
             f"(0:{count}); pick a range inside it, or give the env more with --env-arg"
         )
     shares = _parse_scripts(scripts)
-    model_dir = _checked_model(model, tools, template_kwargs, config.seed)
+    model_dir = _checked_model(model, facts, template_kwargs, config.seed)
     train = functools.partial(
         sft_warm_start, model_dir, env_id, env_kwargs, out, config,
         tasks=indices, scripts=shares, chat_template_kwargs=template_kwargs,
@@ -244,11 +247,11 @@ def _trajectories_plan(
     played_env, played_template = played_settings(paths)
     env_kwargs = {**played_env, **env_kwargs}
     template_kwargs = played_template if template_kwargs is None else template_kwargs
-    tools, _ = env_tools_and_size(env_id, env_kwargs)
+    facts = env_facts(env_id, env_kwargs)
     source.update(env_id=env_id, env_kwargs=env_kwargs, chat_template_kwargs=template_kwargs)
-    model_dir = _checked_model(model, tools, template_kwargs, config.seed)
+    model_dir = _checked_model(model, facts, template_kwargs, config.seed)
     train = functools.partial(
-        sft_on_conversations, model_dir, conversations, tools, out, config,
+        sft_on_conversations, model_dir, conversations, facts.tools, out, config,
         chat_template_kwargs=template_kwargs, source=source,
     )  # fmt: skip
     settings = {"source": "trajectories", "trajectories": [str(p) for p in paths],
@@ -271,14 +274,13 @@ def _parse_scripts(pairs: Sequence[str]) -> dict[str, float]:
     return shares or {"reference": 1.0}
 
 
-def _checked_model(model: str, tools: list[dict[str, Any]], kwargs: dict[str, Any],
-                   seed: int) -> Path:  # fmt: skip
-    """The model folder, once it is known to render the env's tools (no weights loaded)."""
+def _checked_model(model: str, env: EnvFacts, kwargs: dict[str, Any], seed: int) -> Path:
+    """The model folder, once its prompt is known to show the env's tools (no weights loaded)."""
     with needs_extra("agentgym sft", "train"):
         from ._preflight import _check_template, resolve_model
 
         model_dir = resolve_model(model, seed=seed)
-        _check_template(model_dir, tools, kwargs)
+        _check_template(model_dir, env.tools, kwargs, env.lists_tools)
     return model_dir
 
 

@@ -232,7 +232,7 @@ class ChatRenderer:
             return ModeDecision("concat", "no assistant turn to check")
         ids = self.prompt_ids(conversation[: ends[0]], tools)
         for k, end in enumerate(ends):
-            sampled = self._as_sampled(conversation[: end + 1], tools, len(ids))
+            sampled = self.sampled_turn_ids(conversation[: end + 1], tools)
             if sampled is None:
                 return ModeDecision(
                     "per_turn",
@@ -267,10 +267,14 @@ class ChatRenderer:
             )
         return ModeDecision("concat", f"{len(ends)} turns rebuild the conversation exactly")
 
-    def _as_sampled(
-        self, upto_assistant: Sequence[Message], tools: list[dict[str, Any]] | None, start: int
+    def sampled_turn_ids(
+        self, upto_assistant: Sequence[Message], tools: list[dict[str, Any]] | None
     ) -> list[int] | None:
-        """The assistant turn's ids as a model would sample them: its rendered text + stop."""
+        """The last (assistant) turn's ids as a model would sample them: rendered text + stop.
+
+        None when the template renders the finished turn as something other than a
+        continuation of its generation prompt: what the model should write is then unknown.
+        """
         prompt = self.render_text(upto_assistant[:-1], tools, generation=True)
         full = self.render_text(upto_assistant, tools, generation=False)
         if not full.startswith(prompt) or not full.endswith(self._turn_end):

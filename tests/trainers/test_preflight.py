@@ -89,7 +89,8 @@ def test_a_warm_start_script_the_env_lacks_is_refused_before_the_model() -> None
     _refusal(config, "has no guess_turns")
 
 
-def test_a_template_that_drops_tools_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+def _without_tools(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny model with a chat template that renders no tools."""
     require("transformers")
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
@@ -101,7 +102,22 @@ def test_a_template_that_drops_tools_is_refused(tmp_path: Path, tiny_model_dir: 
     (model / "chat_template.jinja").unlink(missing_ok=True)
     settings["chat_template"] = template
     (model / "tokenizer_config.json").write_text(json.dumps(settings))
-    _refusal(GRPOConfig(model=str(model), **SMALL_TASKS), "does not render tools")
+    return model
+
+
+def test_a_template_that_drops_tools_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    model = _without_tools(tiny_model_dir, tmp_path)
+    _refusal(GRPOConfig(model=str(model), **SMALL_TASKS), "or the env's tool_prompt='system'")
+
+
+def test_the_fix_it_names_passes_the_env_lists_the_tools_itself(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """tool_prompt='system' was refused with the same error that named it as the fix."""
+    model = _without_tools(tiny_model_dir, tmp_path)
+    env_kwargs = {**SMALL_TASKS["env_kwargs"], "tool_prompt": "system"}  # type: ignore[dict-item]
+    checked = preflight(GRPOConfig(model=str(model), **{**SMALL_TASKS, "env_kwargs": env_kwargs}))
+    assert checked.model_dir == model
 
 
 def test_a_model_too_big_for_this_machine_is_refused_on_the_cpu(tmp_path: Path) -> None:

@@ -1,0 +1,119 @@
+"""SFT on model families' chat-template behaviour (the templates of test_check_families.py).
+
+Found as a user moving the quickstart to a real model would: the warm start refused every
+template that rewrites history (Qwen3, with or without ``enable_thinking``), although the
+rollout engine trains such models per turn; and it handed the template tool-call arguments as
+the OpenAI-format JSON string, so a template that writes ``arguments | tojson`` (Qwen2.5's,
+Qwen3's) taught the model a quoted string where its parser reads an object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentgym._errors import ConfigError
+from tests.conftest import require
+from tests.test_check_families import QWEN3_LIKE, THINKING_SWITCH, tokenizer
+
+require("transformers")
+from agentgym.engine._render import ChatRenderer  # noqa: E402
+from trainers._sft import _renderer, conversation_examples, oracle_conversations  # noqa: E402
+
+CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "66 + 24"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def episode() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One calculator oracle conversation (a call, its result, the answer) and the tools."""
+    conversations, tools = oracle_conversations("calculator", tasks=[0])
+    return conversations[0], tools
+
+
+def trained_text(tok: Any, ids: list[int], mask: list[int]) -> str:
+    return str(tok.decode([i for i, m in zip(ids, mask, strict=True) if m]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "replies"),
+    [
+        ({}, [f"<think>\n\n</think>\n\n{CALL}<|im_end|>", "<think>\n\n</think>\n\nThe answer"]),
+        # enable_thinking=False: the prompt opens the empty block, the model writes the rest
+        ({"enable_thinking": False}, [f"{CALL}<|im_end|>", "The answer is 90.<|im_end|>"]),
+    ],
+    ids=["thinking", "enable_thinking=False"],
+)
+def test_a_template_that_rewrites_history_trains_per_turn_as_the_rollouts_sample(
+    episode: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+    kwargs: dict[str, Any],
+    replies: list[str],
+) -> None:
+    messages, tools = episode
+    tok = tokenizer(QWEN3_LIKE)
+    samples, mode = conversation_examples(_renderer(tok, kwargs), messages, tools)
+    assert mode == "per_turn" and len(samples) == 2  # one per assistant turn
+    engine = ChatRenderer(tok, kwargs)
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    for sample, at, reply in zip(samples, turns, replies, strict=True):
+        prompt = engine.prompt_ids(messages[:at], tools)  # the engine's per_turn prompt
+        assert sample.ids[: len(prompt)] == prompt and sample.mask[: len(prompt)] == [0] * len(
+            prompt
+        )
+        assert set(sample.mask[len(prompt) :]) == {1}  # everything after it is the model's
+        assert trained_text(tok, sample.ids, sample.mask).startswith(reply)
+
+
+def test_tool_call_arguments_reach_the_template_as_objects(
+    episode: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    """A template keeping history (so one sequence) that writes ``arguments | tojson``."""
+    messages, tools = episode
+    tok = tokenizer(THINKING_SWITCH)
+    [sample], mode = conversation_examples(_renderer(tok, {}), messages, tools)
+    assert mode == "concat"
+    trained = trained_text(tok, sample.ids, sample.mask)
+    assert trained.startswith(CALL)  # was '"arguments": "{\"expression\": \"66 + 24\"}"'
+    assert trained.endswith("The answer is 90.<|im_end|>")
+
+
+def test_a_turn_whose_finished_form_does_not_follow_its_prompt_is_one_line(
+    episode: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    """The prompt opens an empty think block the finished turn lacks: what to train is unknown."""
+    messages, tools = episode
+    renderer = _renderer(tokenizer(THINKING_SWITCH), {"enable_thinking": False})
+    with pytest.raises(ConfigError, match=r"renders assistant message 2 differently.*") as caught:
+        conversation_examples(renderer, messages, tools)
+    assert "\n" not in str(caught.value)
+
+
+def test_agentgym_sft_warm_starts_a_qwen3_shaped_model_per_turn(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "qwen3-shaped"
+    shutil.copytree(tiny_model_dir, model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = QWEN3_LIKE
+    config_path.write_text(json.dumps(config))
+    (model / "chat_template.jinja").unlink(missing_ok=True)  # the template transformers reads
+    out = tmp_path / "warm"
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "agentgym"), "sft", str(model), str(out),
+         "--env", "calculator", "--tasks", "0:6", "--steps", "2", "--batch-size", "4",
+         "--chat-template-kwargs", '{"enable_thinking": false}',
+         "--env-arg", "tool_prompt=system"],  # this template leaves tools out: the env shows them
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "AGENTGYM_RUNS_DB": "off"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr  # was: "does not keep history as a prefix"
+    summary = json.loads((out / "sft.json").read_text())
+    assert summary["conversations"] == {"concat": 0, "per_turn": 6}
+    assert summary["num_examples"] == 12  # two turns each
