@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 from agentgym._errors import SandboxError
@@ -69,8 +70,20 @@ def docker_client(timeout: float = 60.0, *, base_url: str | None = None,
             client = cls(base_url=base_url, tls=tls or False, timeout=int(timeout))
         client.ping()
     except Exception as exc:
-        hint = "start dockerd or set DOCKER_HOST" if base_url is None else "is it running there?"
+        hint = _unreachable_hint(base_url)
         raise SandboxError(
             f"cannot reach the Docker daemon{where} ({type(exc).__name__}: {exc}); {hint}"
         ) from exc
     return client
+
+
+def _unreachable_hint(base_url: str | None) -> str:
+    """What to fix for a daemon that does not answer; names the ``DOCKER_HOST`` that was used.
+
+    Why: with ``DOCKER_HOST`` set, "set DOCKER_HOST" hid that its own value was the fault.
+    """
+    if base_url is not None:
+        return "is it running there?"
+    if env_host := os.environ.get("DOCKER_HOST"):
+        return f"start dockerd there or fix DOCKER_HOST={env_host}"
+    return "start dockerd or set DOCKER_HOST"

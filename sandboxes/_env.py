@@ -25,7 +25,8 @@ from agentgym._errors import ConfigError, SandboxError
 from agentgym._tool_env import ToolEnv
 from agentgym._tools import Tool
 
-from ._config import DEFAULT_IMAGE, DockerSandboxConfig, docker_config
+from ._client import import_docker
+from ._config import DEFAULT_IMAGE, DockerSandboxConfig, docker_config, missing_image_fix
 from ._hosts import DockerHost
 from ._lease import SandboxLease
 from ._local import LocalSandbox
@@ -35,6 +36,8 @@ RETRY_FIRST_S = 1.0
 """Seconds before the first retry of a pool start that failed; doubles per failure."""
 RETRY_MAX_S = 30.0
 """Longest wait between two attempts to start a pool."""
+READY_TIMEOUT_S = 10.0
+"""Seconds `SandboxToolEnv.check_ready` gives each daemon to answer."""
 
 
 SANDBOX_CALLS_PER_TURN = 2
@@ -117,6 +120,21 @@ class SandboxToolEnv(ToolEnv):
         ``sandbox/*`` metrics."""
         self._lease_exit: Any = None  # the pool lease's context manager, exited at teardown
 
+    def check_ready(self) -> None:
+        """Raise `SandboxError` (one line, naming the fix) when no host could give a sandbox.
+
+        Why: a pool finds a dead daemon or a missing image only at its first lease, so a
+        training run loaded its model and then ended every episode ``infra_error``; callers
+        that are about to start work (the trainer's preflight) ask here first. Every host is
+        asked (daemon up, ``image`` present); one usable host is enough, as for a pool.
+        """
+        if self.backend != "docker":
+            return
+        hosts = self.sandbox_hosts or (DockerHost(),)
+        problems = [_host_problem(host, self.image) for host in hosts]
+        if all(problems):
+            raise SandboxError(problems[0])
+
     async def setup_episode(self, task: dict[str, Any]) -> None:
         """Lease the episode's sandbox (raises `SandboxError` when there is none)."""
         await super().setup_episode(task)
@@ -145,6 +163,23 @@ class SandboxToolEnv(ToolEnv):
                 await lease.aend()
         finally:
             await super().teardown_episode()
+
+
+def _host_problem(host: DockerHost, image: str) -> str | None:
+    """Why ``host`` cannot give a sandbox of ``image`` (unreachable, no such image), or None."""
+    try:
+        client = host.connect(timeout=READY_TIMEOUT_S)
+    except SandboxError as exc:
+        return str(exc)
+    try:
+        client.images.get(image)
+    except import_docker().errors.ImageNotFound:
+        return f"image {image!r} not found on host {host.name!r}: {missing_image_fix(image)}"
+    except Exception as exc:
+        return f"cannot inspect image {image!r} on host {host.name!r}: {type(exc).__name__}: {exc}"
+    finally:
+        client.close()
+    return None
 
 
 @dataclass
@@ -218,6 +253,20 @@ def _slot(
 def _close_at_exit() -> None:
     """One exit hook for every shared pool, registered with the first (not at import)."""
     atexit.register(close_shared_pools)
+
+
+def shared_pool_metrics() -> dict[str, float]:
+    """The counters of this process's shared pools, summed, as ``sandbox/*`` ({} for none).
+
+    Why: a training run's metrics should show that its rewards ran in sandboxes (``leases``),
+    what churned (``created``, ``recycled``, ``create_failures``) and what a start reaped
+    (``reap_removed``: the containers of a run killed with ``-9``), without reaching into envs.
+    """
+    with _SLOTS_LOCK:
+        pools = [slot.pool for slot in _SLOTS.values() if slot.pool is not None]
+    counters = ("created", "recycled", "leases", "reap_removed", "create_failures")
+    return {f"sandbox/{name}": float(sum(getattr(pool.stats, name) for pool in pools))
+            for name in counters} if pools else {}
 
 
 def close_shared_pools() -> None:

@@ -47,6 +47,7 @@ from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 from agentgym.engine._fleet import run_namespace
 from agentgym.engine._vllm import unguarded_script
+from agentgym.sandboxes._env import shared_pool_metrics
 
 from ._advantages import Advantages, group_key, mask_truncated, trajectory_advantages
 from ._config import GRPOConfig
@@ -298,6 +299,7 @@ class GRPOTrainer:
                     "sync/adapter_version": float(version),
                     "sync/load_seconds": policy.adapters[-1].load_seconds,
                     **(policy.fleet.metrics() if isinstance(policy, RemoteVLLMPolicy) else {}),
+                    **shared_pool_metrics(),
                 }  # fmt: skip
                 if cfg.eval_steps and step % cfg.eval_steps == 0 and step < cfg.max_steps:
                     metrics |= self._evaluate(policy, run, step, num_tasks=cfg.eval_num_tasks)
