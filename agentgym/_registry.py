@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import textwrap
+import types
 import typing
 import warnings
 from collections import abc
@@ -457,15 +458,29 @@ def _plain_option_types(factory: Callable[..., Env]) -> dict[str, TypeAdapter[An
     adapters: dict[str, TypeAdapter[Any]] = {}
     seen = {"return"}  # a subclass's annotation of an option wins over its bases'
     for fn in _constructors(factory):
-        try:
-            hints = typing.get_type_hints(fn)
-        except Exception:  # a forward reference that only resolves for type checkers
-            continue
-        for name, hint in hints.items():
+        for name, hint in _resolvable_hints(fn).items():
             if name not in seen and _is_plain(hint):
                 adapters[name] = TypeAdapter(hint)
             seen.add(name)
     return adapters
+
+
+def _resolvable_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """``fn``'s annotations that resolve, each on its own.
+
+    Why not `typing.get_type_hints` on ``fn``: one forward reference that only resolves for
+    type checkers (a ``TYPE_CHECKING`` import, a string alias) made it raise, and every option
+    of that constructor went unchecked (the search env's ``num_tasks=abc`` was a TypeError).
+    """
+    hints: dict[str, Any] = {}
+    namespace = getattr(fn, "__globals__", {})
+    for name, annotation in getattr(fn, "__annotations__", {}).items():
+        one = types.SimpleNamespace(__annotations__={name: annotation})
+        try:
+            hints |= typing.get_type_hints(one, globalns=namespace)
+        except Exception:  # resolves only for type checkers: this option goes unchecked
+            continue
+    return hints
 
 
 def _is_plain(hint: Any) -> bool:

@@ -93,6 +93,13 @@ def test_make_refuses_an_option_of_the_wrong_type_naming_it(
         agentgym.make("calculator", **option)
 
 
+@pytest.mark.parametrize("env_id", ["pythoncode", "search"])
+def test_one_unresolvable_annotation_leaves_the_other_options_checked(env_id: str) -> None:
+    """Their ``tasks`` is annotated with a string alias; every option went unchecked."""
+    with pytest.raises(ConfigError, match=re.escape("num_tasks='abc' is not valid")):
+        agentgym.make(env_id, num_tasks="abc")
+
+
 def test_a_factory_function_taking_any_keyword_gets_every_option() -> None:
     def factory(**options: object) -> ToolEnv:
         return ToolEnv([], tasks=[{"prompt": str(options)}])

@@ -31,6 +31,7 @@ MAX_K = 10
 ANSWER_FORMAT = "End your reply with a line `Answer: <short answer>`."
 MAX_QUERY_CHARS = 2000
 MAX_DOC_ID_CHARS = 500
+TOOL_TIMEOUT = 30.0
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 # Punctuation is dropped, except what belongs to a number: a decimal point between digits, the
 # minus sign starting a number and the one of an exponent, so "7.0" is not "70", nor "-1" "1".
@@ -41,7 +42,7 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e-?\d{1,6})?")  # Decimal refuses huge 
 _ANSWER_MARK = re.compile(r"answer\s*:", re.IGNORECASE)
 
 
-@tool(timeout=30.0)
+@tool(timeout=TOOL_TIMEOUT)
 def search(query: str, k: int = 5, *, env: Any) -> str:
     """Search the documents; returns one block per hit: `[id] title` and an excerpt.
 
@@ -61,7 +62,7 @@ def search(query: str, k: int = 5, *, env: Any) -> str:
     )
 
 
-@tool(name="open", timeout=30.0)
+@tool(name="open", timeout=TOOL_TIMEOUT)
 def open_doc(doc_id: str, *, env: Any) -> str:
     """Read a document found by search.
 
@@ -138,6 +139,7 @@ def searched(state: Any) -> float:
 
 
 def _check_task(i: int, task: Mapping[str, Any]) -> None:
+    """Refuse a task the reward cannot read, or one no final answer could ever match."""
     if "question" not in task or "answer" not in task:
         raise ConfigError(
             f"search task {i} needs 'question' (a string) and 'answer' (a string or a list of "
@@ -155,6 +157,31 @@ def _check_task(i: int, task: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"search task {i}: 'answer' must be a string or a non-empty list of strings, got "
             f'{answer!r}; write numbers as strings ("42")'
+        )
+    for gold in _golds(answer):
+        if len(gold.strip().splitlines()) != 1:  # `final_answer` reads one line
+            raise ConfigError(
+                f"search task {i}: the answer {gold[:80]!r} can never be matched, since a final "
+                "answer is one non-blank line; write it on one line or drop it"
+            )
+
+
+def _check_blame_time(backend: SearchBackend, tool_timeout: Any) -> None:
+    """Refuse a tool timeout that would end a hung service's call before it is blamed.
+
+    Why: `HTTPBackend` blames a hung request on the service only after its own timeout and
+    a probe; a tool timeout that fires first makes it the model's tool error, so an outage
+    scores 0 instead of ``infra_error``.
+    """
+    limit = TOOL_TIMEOUT if tool_timeout is None else tool_timeout
+    if not isinstance(limit, (int, float)):
+        return  # not a number: `ToolEnv` refuses it
+    if isinstance(backend, HTTPBackend) and backend.blame_seconds >= limit:
+        raise ConfigError(
+            f"the search tools time out after {limit:g} s, before a hung service is "
+            f"blamed ({backend.blame_seconds:g} s: its timeout {backend.timeout:g} s, then "
+            "its probes); raise tool_timeout, or give the backend a shorter timeout: "
+            "corpus=HTTPBackend(url, timeout=5)"
         )
 
 
@@ -203,7 +230,13 @@ class SearchEnv(ToolEnv):
             raise ConfigError(f"max_doc_chars must be >= 1, got {max_doc_chars}")
         if tasks is None and corpus is not None:
             raise ConfigError("a corpus of your own needs tasks=...: questions with answers")
+        if fields is not None and corpus is None:
+            raise ConfigError(
+                "fields= names the columns of a corpus of your own; the built-in corpus has "
+                "none: drop fields= or pass corpus="
+            )
         self.backend = qa_index() if corpus is None else backend_for(corpus, fields)
+        _check_blame_time(self.backend, kwargs.get("tool_timeout"))
         self.max_doc_chars = max_doc_chars
         questions = make_tasks() if tasks is None else load_tasks(tasks)
         for i, task in enumerate(questions):

@@ -195,12 +195,24 @@ def bm25_from(source: TaskSource, fields: Mapping[str, str] | None = None) -> BM
         stat = path.stat()
         columns = tuple(sorted((fields or {}).items()))
         return _cached_bm25(str(path), columns, stat.st_mtime_ns, stat.st_size)
-    return BM25Backend(docs_from_records(load_tasks(source), fields))
+    return BM25Backend(docs_from_records(_records(source), fields))
 
 
 @functools.lru_cache(maxsize=8)
 def _cached_bm25(path: str, fields: tuple[tuple[str, str], ...], *_stat: int) -> BM25Backend:
-    return BM25Backend(docs_from_records(load_tasks(path), dict(fields)))
+    return BM25Backend(docs_from_records(_records(path), dict(fields)))
+
+
+def _records(source: TaskSource) -> list[dict[str, Any]]:
+    """The corpus's records, read like tasks; a reading error names the ``corpus`` option.
+
+    Why: the reader is the tasks' (`load_tasks`), so a broken corpus file was reported as
+    "cannot read tasks from ...", sending the user to fix their tasks.
+    """
+    try:
+        return load_tasks(source)
+    except ConfigError as exc:
+        raise ConfigError(f"corpus= cannot be read: {exc}") from None
 
 
 class HTTPBackend:
@@ -224,6 +236,14 @@ class HTTPBackend:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+
+    @property
+    def blame_seconds(self) -> float:
+        """How long a request that hangs takes to be blamed: its timeout, then the probes.
+
+        A tool timeout shorter than this ends the call first, as the model's tool error.
+        """
+        return self.timeout + faults.PROBE_TRIES * min(faults.PROBE_TIMEOUT, self.timeout)
 
     def search(self, query: str, k: int) -> list[Hit]:
         """``GET /search?q=&k=``; a failure is the query's unless the service fails `_healthy`."""

@@ -11,7 +11,10 @@ and its answer is a short string written in that one document:
 - ``default``: "What is the default value of parameter p of ...?" -> ``70``, ``strict``.
 
 Every task carries ``doc_id``, the document holding its answer (the oracle opens it; the
-held-out split keeps a document's questions together).
+held-out split keeps a document's questions together). Left out, so that only the right
+answer, found by searching, scores: a question whose summary holds its answer (`_gives_away`),
+and a "which function" question whose name matches another function's once normalised
+(`_clashing_names`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import functools
 import importlib
 import inspect
 import random
+import re
+from collections import Counter
 from typing import Any
 
 from agentgym.envs import docsearch
@@ -27,6 +32,7 @@ from agentgym.envs import docsearch
 from .backends import BM25Backend, Doc
 
 _SIMPLE_DEFAULTS = (int, float, str)
+_WORD = re.compile(r"[\w.-]+")  # keeps "re.match" and "UTF-8" whole, splits "function(item)"
 
 
 @functools.cache
@@ -59,7 +65,15 @@ def _questions(name: str, summary: str) -> list[tuple[str, str, str]]:
     """(kind, question, answer) for one function."""
     described = f'the Python standard-library function documented as "{summary}"'
     found = [("name", f"Which is {described}? Give its full dotted name.", name)]
-    signature = _signature(name)
+    found += _signature_questions(described, _signature(name))
+    return [q for q in found if not _gives_away(summary, q[2])]
+
+
+def _signature_questions(
+    described: str, signature: inspect.Signature | None
+) -> list[tuple[str, str, str]]:
+    """(kind, question, answer) about a function's first parameter and one default value."""
+    found: list[tuple[str, str, str]] = []
     if signature is None:
         return found
     params = list(signature.parameters.values())
@@ -80,12 +94,39 @@ def _questions(name: str, summary: str) -> list[tuple[str, str, str]]:
     return found
 
 
+def _gives_away(summary: str, answer: str) -> bool:
+    """Whether a word of ``summary``, given as the final answer, would match ``answer``.
+
+    Why: a summary often names the first parameter ("... the number of items in obj."), the
+    class ("The result of re.match() ...") or the default ("... decoded with UTF-8"); such a
+    question is answered by copying a word of the question, with no search at all.
+    """
+    from . import matches  # the package imports this module before defining matches
+
+    words = set(_WORD.findall(summary)) | set(summary.split())
+    return any(matches(word, answer) for word in words)
+
+
+@functools.cache
+def _clashing_names() -> frozenset[str]:
+    """The corpus's dotted names that the reward cannot tell from another one's.
+
+    Why: normalisation drops case and punctuation, so ``random.Random`` (a class) equals
+    ``random.random`` (a function), and naming the wrong one scored 1 on either's question.
+    """
+    from . import normalize  # the package imports this module before defining normalize
+
+    counts = Counter(normalize(d.name) for d in docsearch.corpus())
+    return frozenset(d.name for d in docsearch.corpus() if counts[normalize(d.name)] > 1)
+
+
 def make_tasks(seed: int = 0) -> list[dict[str, Any]]:
     """Every question of the corpus, in an order fixed by ``seed``."""
     tasks = [
         {"question": question, "answer": answer, "doc_id": d.name, "kind": kind}
         for d in docsearch.corpus()
         for kind, question, answer in _questions(d.name, d.summary)
+        if not (kind == "name" and answer in _clashing_names())
     ]
     random.Random(seed).shuffle(tasks)
     return tasks

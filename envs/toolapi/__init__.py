@@ -16,11 +16,12 @@ process; each episode gets its own tenant, created on reset and dropped when it 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 import httpx
 
-from agentgym import InfraError, Rubric, ToolCall, ToolEnv
+from agentgym import ConfigError, InfraError, Rubric, ToolCall, ToolEnv
 from agentgym._openapi import openapi_tools
 
 try:
@@ -49,17 +50,40 @@ async def rule_violations(env: ToolAPIEnv) -> float:
     return float(len((await env.read_world())["violations"]))
 
 
+def _check_timeouts(http_timeout: float, tool_timeout: Any) -> None:
+    """Refuse an ``http_timeout`` that is not a finite number of seconds > 0, or a tool timeout.
+
+    Why: the error came from the generated tools and named ``timeout``, an option the env
+    does not have; an infinite one let a hung shop hold an episode forever (the generated
+    tools have no timeout of their own); and a ``tool_timeout`` ended a slow call before the
+    probe could blame the shop, so a hung shop scored 0 as the model's tool error.
+    """
+    number = isinstance(http_timeout, (int, float)) and not isinstance(http_timeout, bool)
+    if not (number and math.isfinite(http_timeout) and http_timeout > 0):
+        raise ConfigError(
+            f"http_timeout must be a finite number of seconds > 0, got {http_timeout!r}"
+        )
+    if tool_timeout is not None:
+        raise ConfigError(
+            "ToolAPI-v0 times its calls with http_timeout, and blames a timeout on the shop "
+            "when the shop also fails its probe; tool_timeout would cut that short and score "
+            "a hung shop 0: pass http_timeout= instead"
+        )
+
+
 class ToolAPIEnv(ToolEnv):
     """Fulfil a shop customer's request (refund, cancel, change an order or an address).
 
     Args:
         split: ``train`` (36 tasks, customers C101-C112) or ``eval`` (12, C113-C116).
-        http_timeout: seconds one call to the service may take before it is an infra error.
-        kwargs: any `ToolEnv` option (``parser``, ``max_turns`` ...).
+        http_timeout: seconds one call to the service may take before it has failed (then
+            an infra error, unless the shop still answers its probe).
+        kwargs: any `ToolEnv` option (``parser``, ``max_turns`` ...) but ``tool_timeout``.
     """
 
     def __init__(self, split: Split = "train", http_timeout: float = 30.0, **kwargs: Any) -> None:
         tasks = make_tasks(split)
+        _check_timeouts(http_timeout, kwargs.get("tool_timeout"))
         kwargs.setdefault("max_turns", 8)
         kwargs.setdefault(
             "system_prompt",
@@ -147,6 +171,11 @@ class ToolAPIEnv(ToolEnv):
                 headers={service.ADMIN_HEADER: self.server.admin_token},
             )
             response.raise_for_status()
+        except httpx.TimeoutException as exc:  # its message is often empty
+            raise InfraError(
+                f"the shop did not answer {method} {path} within http_timeout="
+                f"{self.http_timeout:g} s; raise http_timeout if the machine is busy"
+            ) from exc
         except httpx.HTTPError as exc:
             raise InfraError(f"the shop service failed: {type(exc).__name__}: {exc}") from exc
         result: dict[str, Any] = response.json()
