@@ -103,14 +103,15 @@ def best_checkpoint(run_dir: Path) -> tuple[int, Path, dict[str, Any]]:
     """The step and folder of the kept checkpoint whose eval succeeded most, and the scores.
 
     Each evaluated step is scored by multi-turn success (`is_multi_turn_success`, the run's
-    headline figure) on the held-out tasks every evaluated step played: periodic evals may play
-    the first `eval_num_tasks`, the final eval plays all. Ties go to the later step.
+    headline figure) on the held-out tasks every evaluated step played (an ``infra_error``
+    episode played nothing): periodic evals may play the first `eval_num_tasks`, the final eval
+    plays all. Ties go to the later step.
     """
     kept = _kept_checkpoints(run_dir)
     successes: dict[int, dict[Any, bool]] = {}
     for record in read_jsonl_records(run_dir / "eval_trajectories.jsonl"):  # a live run's too
         step = record.get("info", {}).get("step")
-        if step in kept:
+        if step in kept and record.get("status") != "infra_error":  # not the model's doing
             episode = Trajectory.from_dict(record)
             task = episode.task_position if episode.task_index is None else episode.task_index
             successes.setdefault(step, {})[task] = is_multi_turn_success(episode)
@@ -131,11 +132,15 @@ def best_checkpoint(run_dir: Path) -> tuple[int, Path, dict[str, Any]]:
         for step, tasks in sorted(successes.items())
     }
     best = max(scores, key=lambda step: (scores[step], step))
-    return best, kept[best], {
-        "chosen_by": "eval/success",
-        "eval_tasks": len(shared),
-        "eval_success": {str(step): score for step, score in scores.items()},
-    }
+    return (
+        best,
+        kept[best],
+        {
+            "chosen_by": "eval/success",
+            "eval_tasks": len(shared),
+            "eval_success": {str(step): score for step, score in scores.items()},
+        },
+    )
 
 
 def _kept_checkpoints(run_dir: Path) -> dict[int, Path]:

@@ -197,7 +197,7 @@ class GRPOTrainer:
         script = unguarded_script()
         if script is not None:
             raise ConfigError(
-                f"{script} trains without an `if __name__ == \"__main__\":` guard; vLLM's "
+                f'{script} trains without an `if __name__ == "__main__":` guard; vLLM\'s '
                 "engine process imports the script again and would fail to start: move the "
                 "code that calls train() under one"
             )
@@ -757,6 +757,12 @@ class GRPOTrainer:
         figures = self._evaluate(policy, run, step, num_tasks=None, label=label)
         run.write_metrics(step, figures)
         trackers.log(step, figures)
+        if f"{label}/success" not in figures:  # every episode infra_error: nothing measured
+            raise InfraError(
+                f"the {label} eval's {figures[f'{label}/episodes']:.0f} episodes all ended "
+                f"infra_error (see {run.eval_path.name}), so it measured nothing; fix the "
+                "sandbox or server, then run again with --resume"
+            )
         return figures[f"{label}/success"]
 
     def _evaluate_model(self, model_dir: Path, run: RunDir, trackers: Trackers) -> float:
@@ -865,7 +871,7 @@ def _interrupted(run: RunDir) -> str:
 
 def _log_due(step: int, cfg: GRPOConfig, metrics: dict[str, Any]) -> bool:
     """Trackers get every ``logging_steps``-th step, the last one, and every eval."""
-    return step % cfg.logging_steps == 0 or step == cfg.max_steps or "eval/success" in metrics
+    return step % cfg.logging_steps == 0 or step == cfg.max_steps or "eval/episodes" in metrics
 
 
 def _timed(fn: Any, *args: Any) -> tuple[Any, float]:

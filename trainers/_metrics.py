@@ -78,14 +78,24 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
 
 def eval_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Held-out figures: multi-turn success, reward and tool use over every episode played."""
+    """Held-out figures: multi-turn success, reward and tool use over the episodes played.
+
+    An ``infra_error`` episode (a sandbox or server that failed) says nothing of the model: it
+    is counted apart (``eval/infra_errors``), as training leaves it out of its groups, where
+    it used to count as a failure, so a broken sandbox read "held-out success 0%". With no
+    episode left, ``eval/success`` is absent, not 0. A ``late`` one counts as not solved.
+    """
+    played = [t for t in trajectories if t.status != "infra_error"]
     step = episode_metrics(trajectories)
-    return {
-        "eval/success": _mean([float(is_multi_turn_success(t)) for t in trajectories]),
+    metrics = {
         "eval/reward": step["reward/mean"],
         "eval/tool_calls_per_episode": step["rollout/tool_calls_per_episode"],
         "eval/episodes": float(len(trajectories)),
+        "eval/infra_errors": float(len(trajectories) - len(played)),
     }
+    if played:
+        metrics["eval/success"] = _mean([float(is_multi_turn_success(t)) for t in played])
+    return metrics
 
 
 def combine_metrics(

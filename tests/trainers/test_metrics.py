@@ -42,10 +42,18 @@ def test_rewards_and_rates_leave_out_what_the_trainer_drops() -> None:
         assert m[f"rollout/frac_{outcome}"] == pytest.approx(count / 5), outcome
 
 
-def test_eval_success_counts_every_episode_played() -> None:
-    m = eval_metrics([episode("ok", 1.0), episode("ok", 1.0, tool=False), episode("late", None)])
+def test_eval_success_counts_every_episode_the_model_played() -> None:
+    """An infra_error episode (a failed sandbox or server) is counted apart, not as a failure:
+    a broken sandbox read "held-out success 0%"."""
+    m = eval_metrics([episode("ok", 1.0), episode("ok", 1.0, tool=False), episode("late", None),
+                      episode("infra_error", None)])  # fmt: skip
     assert m["eval/success"] == pytest.approx(1 / 3)  # a right answer without the tool is not
-    assert m["eval/episodes"] == 3.0
+    assert m["eval/episodes"] == 4.0 and m["eval/infra_errors"] == 1.0
+
+
+def test_an_eval_of_infra_errors_alone_measures_no_success() -> None:
+    m = eval_metrics([episode("infra_error", None)] * 3)
+    assert "eval/success" not in m and m["eval/infra_errors"] == 3.0
 
 
 def test_a_steps_metrics_weigh_its_passes_by_their_tokens() -> None:
