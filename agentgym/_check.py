@@ -26,7 +26,7 @@ from ._check_tasks import missing_task_fields
 from ._check_template import reasoning_prefix, template_checks
 from ._check_tool_params import tool_parameters
 from ._env import Env
-from ._errors import ConfigError
+from ._errors import ConfigError, SandboxError
 from ._policies import ScriptedPolicy
 from ._registry import make
 from ._rollout import EpisodeSpec, run_episode
@@ -186,6 +186,22 @@ def _task_fields(env: Env) -> CheckResult:
     if tasks is None:
         return CheckResult("task fields", True, "the env keeps no task list to read")
     return CheckResult("task fields", True, f"{len(tasks):,} task(s), each with what is read")
+
+
+def refuse_unready(env: Any, env_id: str) -> None:
+    """Refuse, in one line naming the fix, an env whose sandboxes cannot start here.
+
+    A sandbox env (``check_ready``: its Docker daemon answers and holds its image) found out
+    at its first episode otherwise: after the model loaded, every episode ended
+    ``infra_error``, and a short training run exited 0 having scored nothing.
+    """
+    check_ready = getattr(env, "check_ready", None)
+    if not callable(check_ready):
+        return
+    try:
+        check_ready()
+    except SandboxError as exc:
+        raise ConfigError(f"env {env_id!r} runs code in Docker sandboxes: {exc}") from None
 
 
 def undescribed_tools(schemas: Sequence[dict[str, Any]]) -> list[str]:

@@ -20,6 +20,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ._check import refuse_unready
 from ._cli_common import EnvArgOption, console, parse_env_args, parse_template_kwargs, stdout
 from ._durable import check_folder_can_be_made
 from ._errors import ConfigError, Error, InfraError
@@ -193,6 +194,7 @@ def evaluate(
     probe = _built(env_id, env_kwargs_built)  # validates options before any work
     tasks = getattr(probe, "tasks", ())
     try:
+        refuse_unready(probe, env_id)  # its sandboxes, before a model loads
         chosen = _chosen_tasks(task_range, num_tasks, len(tasks))
         reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None
     finally:

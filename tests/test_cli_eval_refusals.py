@@ -111,6 +111,17 @@ def test_an_env_whose_constructor_raises_is_one_line_naming_its_frame(workdir: P
     assert f"at {workdir / 'faulty.py'}:" in line and "agentgym.make(" in line
 
 
+def test_a_sandbox_env_without_its_image_is_refused_before_any_episode(workdir: Path) -> None:
+    """Every episode ended infra_error, after a model (if any) loaded, and the run went on."""
+    proc = run(workdir, "pythoncode", "--policy", "reference", "-n", "1",
+               "--env-arg", "image=agentgym-sandbox:no-such-tag")  # fmt: skip
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert line.startswith("env 'agentgym/PythonCode-v0' runs code in Docker sandboxes: image ")
+    assert "agentgym sandbox build --tag agentgym-sandbox:no-such-tag" in line
+    assert not (workdir / "out").exists()
+
+
 # --- options of another policy -----------------------------------------------------------------
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentgym import make
-from agentgym._check import undescribed_tools
+from agentgym._check import refuse_unready, undescribed_tools
 from agentgym._check_tasks import missing_task_fields
-from agentgym._errors import ConfigError, SandboxError
+from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
 from agentgym._tasks import task_text, tasks_digest
 from agentgym.engine._model_dir import context_length
@@ -184,7 +184,7 @@ def _check_env(
     """
     env = make(config.env, **config.run_env_kwargs)
     try:
-        _check_sandboxes(env, config)
+        refuse_unready(env, config.env)
         weights = _reward_weights(env, config)
         tools = list(getattr(env, "tool_schemas", []))
         _check_tool_descriptions(tools, config)
@@ -201,21 +201,6 @@ def _check_env(
     finally:
         env.close()
     return train_tasks, eval_tasks, tools, max_turns, digest, weights, env_lists
-
-
-def _check_sandboxes(env: Any, config: GRPOConfig) -> None:
-    """A sandbox env's Docker daemon answers and holds its image (`SandboxToolEnv.check_ready`).
-
-    Otherwise the model loaded, then every episode ended ``infra_error``: a short run finished
-    with exit 0 having scored nothing, a long one stopped after ``infra_error_patience`` steps.
-    """
-    check_ready = getattr(env, "check_ready", None)
-    if not callable(check_ready):
-        return
-    try:
-        check_ready()
-    except SandboxError as exc:
-        raise ConfigError(f"env {config.env!r} runs code in Docker sandboxes: {exc}") from None
 
 
 def _check_tool_descriptions(tools: list[dict[str, Any]], config: GRPOConfig) -> None:
