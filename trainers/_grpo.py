@@ -302,7 +302,7 @@ class GRPOTrainer:
                     **shared_pool_metrics(),
                 }  # fmt: skip
                 if cfg.eval_steps and step % cfg.eval_steps == 0 and step < cfg.max_steps:
-                    metrics |= self._evaluate(policy, run, step, num_tasks=cfg.eval_num_tasks)
+                    metrics |= self._evaluate(policy, run, step, cfg.eval_num_tasks)[0]
                 run.write_metrics(step, metrics)  # every step: the run's record
                 if _log_due(step, cfg, metrics):
                     trackers.log(step, metrics)
@@ -725,9 +725,14 @@ class GRPOTrainer:
         return version
 
     def _evaluate(
-        self, policy: Any, run: RunDir, step: int, num_tasks: int | None, label: str = "eval"
-    ) -> dict[str, float]:
-        """Greedy episodes on the held-out tasks (kept in the run folder); their figures.
+        self,
+        policy: Any,
+        run: RunDir,
+        step: int,
+        num_tasks: int | None,
+        label: str = "eval",
+    ) -> tuple[dict[str, float], list[Trajectory]]:
+        """Greedy episodes on the held-out tasks (kept in the run folder); their figures, and them.
 
         ``label`` names the metrics: ``eval`` (during training; step 0 is the starting
         model), ``base`` (the model before the SFT warm start), ``final`` (all eval tasks).
@@ -743,7 +748,8 @@ class GRPOTrainer:
             )
         )  # fmt: skip
         run.append_eval(step, trajectories, label)
-        return {k.replace("eval/", f"{label}/"): v for k, v in eval_metrics(trajectories).items()}
+        figures = eval_metrics(trajectories)
+        return {k.replace("eval/", f"{label}/"): v for k, v in figures.items()}, trajectories
 
     def _headline_eval(
         self, policy: Any, run: RunDir, trackers: Trackers, step: int, label: str
@@ -754,14 +760,15 @@ class GRPOTrainer:
         (only ``metrics.jsonl`` had them, so ``final/success``, the run's headline, was
         missing from TensorBoard, trackio and W&B).
         """
-        figures = self._evaluate(policy, run, step, num_tasks=None, label=label)
+        figures, episodes = self._evaluate(policy, run, step, num_tasks=None, label=label)
         run.write_metrics(step, figures)
         trackers.log(step, figures)
-        if f"{label}/success" not in figures:  # every episode infra_error: nothing measured
+        if f"{label}/success" not in figures:  # a figure of nothing measured is no figure
             raise InfraError(
-                f"the {label} eval's {figures[f'{label}/episodes']:.0f} episodes all ended "
-                f"infra_error (see {run.eval_path.name}), so it measured nothing; fix the "
-                "sandbox or server, then run again with --resume"
+                f"the {'held-out' if label == 'eval' else label} eval's {len(episodes)} episodes "
+                f"all ended infra_error (one said: "
+                f"{_one_infra_error(episodes)}); the run stopped at step {step}: fix the "
+                "infrastructure, then run again with --resume"
             )
         return figures[f"{label}/success"]
 
@@ -806,13 +813,18 @@ def _infra_stop(
     """The error that stops the run once `infra_error_patience` steps in a row were broken."""
     if patience is None or broken_steps < patience:
         return None
-    errors = [t.error for t in episodes if t.status == "infra_error" and t.error]
-    last = (errors[0].strip().splitlines() or [""])[-1][:200] if errors else "no message"
     return InfraError(
         f"{broken_steps} steps in a row had at least half their episodes end infra_error "
-        f"(one said: {last}); the run stopped at step {step} after a checkpoint: fix the "
+        f"(one said: {_one_infra_error(episodes)}); the run stopped at step {step} after a "
+        "checkpoint: fix the "
         "infrastructure, then run again with --resume (infra_error_patience sets the steps)"
     )
+
+
+def _one_infra_error(episodes: Sequence[Trajectory]) -> str:
+    """The last line of the first ``infra_error`` episode's error: what a stop quotes."""
+    errors = [t.error for t in episodes if t.status == "infra_error" and t.error]
+    return (errors[0].strip().splitlines() or [""])[-1][:200] if errors else "no message"
 
 
 def _all_failed(episodes: Sequence[Trajectory]) -> bool:
@@ -871,7 +883,8 @@ def _interrupted(run: RunDir) -> str:
 
 def _log_due(step: int, cfg: GRPOConfig, metrics: dict[str, Any]) -> bool:
     """Trackers get every ``logging_steps``-th step, the last one, and every eval."""
-    return step % cfg.logging_steps == 0 or step == cfg.max_steps or "eval/episodes" in metrics
+    evaluated = any(name.startswith("eval/") for name in metrics)
+    return step % cfg.logging_steps == 0 or step == cfg.max_steps or evaluated
 
 
 def _timed(fn: Any, *args: Any) -> tuple[Any, float]:

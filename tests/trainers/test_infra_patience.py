@@ -21,14 +21,20 @@ from trainers._grpo import _infra_stop, _mostly_infra_errors
 
 
 class FlakyCalculator(CalculatorEnv):
-    """The calculator, whose tool service is down while ``down`` is set."""
+    """The calculator, whose tool service is down while ``down`` is set: for the train tasks'
+    episodes, or for every episode with ``held_out_too``."""
 
     down = True
+    held_out_too = False
 
     async def setup_episode(self, task: dict[str, Any]) -> None:
-        if FlakyCalculator.down:
+        held_out = task in self.tasks[:HELD_OUT]
+        if FlakyCalculator.down and (FlakyCalculator.held_out_too or not held_out):
             raise InfraError("the calculator service refused the connection")
         await super().setup_episode(task)
+
+
+HELD_OUT = 4  # TINY_RUN's eval tasks, 0:4
 
 
 def episodes(*statuses: str) -> list[agentgym.Trajectory]:
@@ -62,7 +68,7 @@ def test_a_run_stops_after_broken_steps_with_a_checkpoint_and_resumes(tmp_path: 
         "rollout_engine": "hf", "max_steps": 6, "eval_steps": None, "save_steps": None,
         "eval_num_tasks": 1, "infra_error_patience": 2,
     }  # fmt: skip
-    FlakyCalculator.down = True
+    FlakyCalculator.down, FlakyCalculator.held_out_too = True, False  # up for the step-0 eval
     with pytest.raises(InfraError, match="2 steps in a row.*refused the connection"):
         GRPOTrainer(GRPOConfig.from_dict(knobs)).train()
     status = json.loads((run / "status.json").read_text())
@@ -75,3 +81,31 @@ def test_a_run_stops_after_broken_steps_with_a_checkpoint_and_resumes(tmp_path: 
     steps = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     assert [r["step"] for r in steps if "data/tasks" in r] == [1, 2, 3]
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_run_whose_infrastructure_is_down_from_the_start_stops_at_its_first_eval(
+    tmp_path: Path,
+) -> None:
+    """Its step-0 eval measured nothing, yet read "held-out success 0%" and the run went on."""
+    from agentgym.trainers import GRPOTrainer
+
+    agentgym.register("tests/FlakyCalculator-v0", FlakyCalculator)
+    run = tmp_path / "run"
+    knobs = {**TINY_RUN, "env": "tests/FlakyCalculator-v0", "output_dir": str(run),
+             "rollout_engine": "hf", "max_steps": 3, "eval_steps": None}  # fmt: skip
+    FlakyCalculator.down, FlakyCalculator.held_out_too = True, True
+    try:
+        with pytest.raises(
+            InfraError,
+            match=r"the held-out eval's 4 episodes all ended infra_error "
+            r"\(one said: .*refused the connection\); the run stopped at step 0",
+        ):
+            GRPOTrainer(GRPOConfig.from_dict(knobs)).train()
+    finally:
+        FlakyCalculator.held_out_too = False
+    assert json.loads((run / "status.json").read_text())["state"] == "failed"
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert not [r for r in steps if "data/tasks" in r]  # no step trained on nothing
+    assert [r["eval/infra_errors"] for r in steps if "eval/infra_errors" in r] == [4.0]
+    assert not [r for r in steps if "eval/success" in r]  # not a 0% that was never measured
