@@ -80,17 +80,22 @@ def check(
     # the reference check and the template checks each read one played episode
     reference = functools.cache(lambda: _play(env_id, env_kwargs, _reference_script))
     exercise = functools.cache(lambda: _exercise(env_id, env_kwargs, tok, chat_template_kwargs))
+    sandboxes = _sandboxes(env_id, env_kwargs)
+    # a row that plays an episode needs the sandboxes; without them it says so, once, above
+    plays = sandboxes is None or sandboxes.passed
     checks: list[Callable[[], CheckResult | list[CheckResult]]] = [
-        lambda: _gymnasium_api(env_id, env_kwargs),
+        *([lambda: sandboxes] if sandboxes is not None else []),
+        _played("gymnasium check_env", plays, lambda: _gymnasium_api(env_id, env_kwargs)),
         lambda: _tool_schemas(make(env_id, **env_kwargs)),
         lambda: tool_parameters(make(env_id, **env_kwargs)),
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
         lambda: _task_fields(make(env_id, **env_kwargs)),
-        lambda: _reference_episode(*reference()),
+        _played("reference episode", plays, lambda: _reference_episode(*reference())),
     ]
     if tok is not None:
         kwargs = dict(chat_template_kwargs or {})
-        checks.append(lambda: template_checks(tok, kwargs, *exercise()))
+        checks.append(_played("chat template", plays,
+                              lambda: template_checks(tok, kwargs, *exercise())))  # fmt: skip
     results: list[CheckResult] = []
     for run in checks:
         try:
@@ -142,6 +147,37 @@ def with_model_tokenizer(env_kwargs: dict[str, Any], tokenizer: Any) -> dict[str
 def _parser_needs_tokenizer(env_kwargs: dict[str, Any]) -> bool:
     parser = env_kwargs.get("parser")
     return isinstance(parser, str) and parser.startswith("vllm:")
+
+
+def _sandboxes(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult | None:
+    """A sandbox env's row: its Docker daemon answers and holds its image (None: no sandboxes).
+
+    Why first: without them every row that plays an episode failed with the same pool error,
+    each after a traceback in the log.
+    """
+    env: Any = make(env_id, **env_kwargs)
+    try:
+        if not callable(getattr(env, "check_ready", None)):
+            return None
+        if getattr(env, "backend", "docker") != "docker":
+            return CheckResult("sandboxes", True, "backend local: no Docker (not a boundary)")
+        try:
+            refuse_unready(env, env_id)
+        except ConfigError as exc:
+            return CheckResult("sandboxes", False, str(exc))
+        return CheckResult("sandboxes", True, f"the Docker daemon holds {env.image!r}")
+    finally:
+        env.close()
+
+
+def _played(
+    name: str, sandboxes_ready: bool, run: Callable[[], CheckResult | list[CheckResult]]
+) -> Callable[[], CheckResult | list[CheckResult]]:
+    """``run``, or a skipped row ``name`` when it would play an episode without sandboxes."""
+    if sandboxes_ready:
+        return run
+    return lambda: CheckResult(name, True, "not played: the sandboxes are not ready (above)",
+                               skipped=True)  # fmt: skip
 
 
 def _gymnasium_api(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:

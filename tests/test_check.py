@@ -72,3 +72,23 @@ def test_template_round_trip_catches_a_parser_the_template_does_not_speak(tiny_m
     assert 'produced as \'{"name"' in result.detail and "writes '<tool_call>" in result.detail
     assert "the 'llama3_json' parser does not read" in result.detail
     assert "--env-arg parser=hermes" in result.detail  # the parser that reads it
+
+
+def test_a_sandbox_env_says_first_that_its_image_is_missing_and_plays_nothing_without_it():
+    """Every row that plays an episode failed with the same pool error, after a traceback."""
+    require("docker")
+    rows = {r.name: r for r in agentgym.check("pythoncode", image="agentgym-sandbox:no-such")}
+    assert list(rows)[0] == "sandboxes" and not rows["sandboxes"].passed
+    assert "agentgym sandbox build --tag agentgym-sandbox:no-such" in rows["sandboxes"].detail
+    for played in ("gymnasium check_env", "reference episode"):
+        assert rows[played].verdict == "skip", rows[played]
+    assert [r.name for r in rows.values() if not r.passed] == ["sandboxes"]
+
+
+def test_a_sandbox_env_with_its_image_passes_the_row_and_plays():
+    require("docker")
+    rows = {r.name: r for r in agentgym.check("pythoncode")}
+    assert (
+        rows["sandboxes"].verdict == "pass" and "agentgym-sandbox:py3" in rows["sandboxes"].detail
+    )
+    assert rows["reference episode"].verdict == "pass"
