@@ -776,6 +776,7 @@ class GRPOTrainer:
         """Eval of a model folder without an adapter (the base model, before SFT)."""
         greedy = {"max_tokens": self.config.max_completion_length, "temperature": 0.0}
         with self._in_process_engine(model_dir, greedy, lora=False, rollout_mode="auto") as policy:
+            self._decide_mode(policy)  # the run's reference episode decides, as for the run
             return self._headline_eval(policy, run, trackers, 0, "base")
 
 

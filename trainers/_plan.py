@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agentgym._check import load_tokenizer, reference_conversation
 from agentgym._registry import resolve_id
+from agentgym.engine import ChatRenderer
+from agentgym.engine._episode import choose_mode
 
 from ._config import GRPOConfig
 from ._memory import cpu_memory_estimate, parameter_count
@@ -38,6 +41,7 @@ def dry_run(config: GRPOConfig, *, resume: bool = False) -> list[tuple[str, str]
                       f"{episodes} episodes, up to {config.max_completion_length} tokens a "
                       f"turn, rolled out on {_engine(config)}"),  # fmt: skip
         ("training", _training(config, episodes)),
+        ("rollouts", _rollout_mode(config, checked)),
         ("loss", _loss(config)),
         ("evaluation", _evaluation(config, len(checked.eval_tasks))),
         ("checkpoints", _checkpoints(config)),
@@ -82,6 +86,21 @@ def _engine(config: GRPOConfig) -> str:
     if config.max_staleness:
         engine += f", while the update runs (max_staleness {config.max_staleness})"
     return engine
+
+
+def _rollout_mode(config: GRPOConfig, checked: Checked) -> str:
+    """``concat`` or ``per_turn`` and why, decided as the run's engine will decide it.
+
+    Why: a template that rewrites history (Qwen3's) trains every turn as its own sample, at
+    O(turns^2) tokens; a user should read that before the run, and a ``rollout_mode: concat``
+    the template cannot do is refused here, not after the model and engine loaded.
+    """
+    tokenizer = load_tokenizer(str(checked.model_dir))
+    kwargs = config.chat_template_kwargs
+    example = reference_conversation(config.env, config.run_env_kwargs, tokenizer, kwargs)
+    renderer = ChatRenderer(tokenizer, kwargs)
+    decision = choose_mode(renderer, config.rollout_mode, checked.tools, example or ())
+    return f"{decision.mode} mode: {decision.reason}"
 
 
 def _training(config: GRPOConfig, episodes: int) -> str:

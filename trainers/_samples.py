@@ -8,7 +8,8 @@ Two ways to turn a multi-turn episode into token sequences, both without re-toke
 - ``per_turn``: one sample per turn, ``prompt_ids + completion_ids`` with mask 1 only on the
   completion, each carrying the episode's advantage. Needed when the chat template rewrites
   history (e.g. Qwen3 drops earlier ``<think>`` blocks); costs O(turns^2) tokens.
-- ``auto``: ``concat`` for each episode whose prefix property holds, else ``per_turn``.
+- ``auto``: ``per_turn`` for each episode the engine played so (`Trajectory.mode`); the
+  others ``concat`` where the prefix property holds, else ``per_turn``.
 
 An episode weighs the same in the loss either way: each per-turn sample carries its
 ``share`` of the episode's trained tokens, which weights its per-sequence loss (``grpo``), and
@@ -139,11 +140,16 @@ def episode_samples(
 ) -> list[Sample]:
     """The samples of one episode under ``mode`` (``auto`` falls back to per-turn).
 
+    ``auto`` trains an episode the engine played ``per_turn`` (`Trajectory.mode`) per turn even
+    where its prompts happen to extend each other (a one-turn episode): each sample is then
+    the engine's own prompt and completion, and ``rollout/per_turn_episodes`` counts the
+    episodes the run log said were played per turn.
+
     Raises:
         PrefixMismatchError: ``mode="concat"`` and the history was rewritten.
         ValueError: a turn has no token ids.
     """
-    if mode == "per_turn":
+    if mode == "per_turn" or (mode == "auto" and trajectory.mode == "per_turn"):
         return per_turn_samples(trajectory, advantage, episode)
     try:
         sample = concat_sample(trajectory, advantage, episode)

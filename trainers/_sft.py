@@ -572,7 +572,7 @@ def sft_on_conversations(
     }
     _save(model.cpu(), tokenizer, out, summary)
     shutil.rmtree(checkpoint.folder, ignore_errors=True)  # the model is saved: done with it
-    _log_done(history, len(examples), out)
+    _log_done(history, len(conversations), len(examples), out)
     return out
 
 
@@ -596,12 +596,13 @@ def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> 
     (out / "sft.json").write_text(json.dumps(summary, indent=1, default=str))
 
 
-def _log_done(history: Sequence[Mapping[str, Any]], traces: int, out: Path) -> None:
+def _log_done(history: Sequence[Mapping[str, Any]], traces: int, samples: int, out: Path) -> None:
     """One line when the warm start ends: a short one otherwise leaves the log nothing."""
+    split = f" ({samples} samples: some trained per turn)" if samples != traces else ""
     if history:
         log.info(
-            "sft done: %d steps on %d traces, loss %.4f -> %.4f, saved in %s",
-            len(history), traces, history[0]["loss"], history[-1]["loss"], out,
+            "sft done: %d steps on %d traces%s, loss %.4f -> %.4f, saved in %s",
+            len(history), traces, split, history[0]["loss"], history[-1]["loss"], out,
         )  # fmt: skip
 
 

@@ -252,16 +252,7 @@ class TokenPolicy:
         key = repr(tools)
         if key not in self._modes:
             self._check_opening_fits(tools, example)
-            if self.rollout_mode == "per_turn":
-                decision = ModeDecision("per_turn", "rollout_mode='per_turn' was asked for")
-            else:
-                conversation = example or probe_conversation(tools)
-                decision = self.renderer.decide_mode(conversation, tools)
-                if self.rollout_mode == "concat" and decision.mode != "concat":
-                    raise ConfigError(
-                        "rollout_mode='concat' but the chat template cannot do it: "
-                        f"{decision.reason}; use rollout_mode='auto' or 'per_turn'"
-                    )
+            decision = choose_mode(self.renderer, self.rollout_mode, tools, example)
             log.info("rollout mode %s: %s", decision.mode, decision.reason)
             self._modes[key] = decision
         return self._modes[key]
@@ -300,6 +291,31 @@ class TokenPolicy:
         """One turn on a fresh render of ``messages`` (no episode state: not token-exact)."""
         prompt = self.renderer.prompt_ids(messages, tools)
         return await self.generate_ids(prompt, max_tokens=max_tokens)
+
+
+def choose_mode(
+    renderer: ChatRenderer,
+    rollout_mode: ModeChoice,
+    tools: list[dict[str, Any]],
+    example: Sequence[Message] = (),
+) -> ModeDecision:
+    """The mode a ``rollout_mode`` choice gives this template and these tools, and why.
+
+    One function for the engine (`TokenPolicy.mode_for`) and a dry run, so the plan a user
+    reads before a run says what the run will do. ``example`` as in `TokenPolicy.mode_for`.
+
+    Raises:
+        ConfigError: ``rollout_mode="concat"`` with a template that cannot keep history.
+    """
+    if rollout_mode == "per_turn":
+        return ModeDecision("per_turn", "rollout_mode='per_turn' was asked for")
+    decision = renderer.decide_mode(example or probe_conversation(tools), tools)
+    if rollout_mode == "concat" and decision.mode != "concat":
+        raise ConfigError(
+            "rollout_mode='concat' but the chat template cannot do it: "
+            f"{decision.reason}; use rollout_mode='auto' or 'per_turn'"
+        )
+    return decision
 
 
 class TokenEpisode:

@@ -10,12 +10,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +23,7 @@ from agentgym import Trajectory, Turn
 from agentgym.trainers import GRPOConfig
 from agentgym.trainers._run_dir import read_jsonl_records
 from tests.conftest import TINY_RUN, require
+from tests.trainers.killing import kill_at_checkpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
@@ -216,16 +214,7 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     agentgym = [str(Path(sys.executable).with_name("agentgym")), "train", str(cfg_path)]
     run = tmp_path / "run"
     proc = subprocess.Popen(agentgym, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not (run / "checkpoints" / "step-000002" / "trainer_state.json").exists():
-            assert proc.poll() is None, "the run ended before its second checkpoint"
-            assert time.monotonic() < deadline, "no second checkpoint within 10 minutes"
-            time.sleep(0.2)  # polling an observable file, not sleeping in place of a sync
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the engine's workers die with it
-        proc.wait()
-    latest = max((run / "checkpoints").glob("step-*"))
+    latest = kill_at_checkpoint(proc, run, step=2, timeout=600)
     killed_at = json.loads((latest / "trainer_state.json").read_text())
     checkpointed = digest(latest / "adapter" / "adapter_model.safetensors")
     subprocess.run([*agentgym, "--resume"], check=True, timeout=900)
