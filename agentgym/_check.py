@@ -240,6 +240,11 @@ def refuse_unready(env: Any, env_id: str) -> None:
         raise ConfigError(f"env {env_id!r} runs code in Docker sandboxes: {exc}") from None
 
 
+def lists_tools(env: Any) -> bool:
+    """Whether the env's own prompt shows the tools (``tool_prompt="system"``): no template."""
+    return getattr(env, "tool_prompt", "template") == "system"
+
+
 def undescribed_tools(schemas: Sequence[dict[str, Any]]) -> list[str]:
     """The names of the tools shown to the model by name alone (no description).
 

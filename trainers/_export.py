@@ -132,15 +132,11 @@ def best_checkpoint(run_dir: Path) -> tuple[int, Path, dict[str, Any]]:
         for step, tasks in sorted(successes.items())
     }
     best = max(scores, key=lambda step: (scores[step], step))
-    return (
-        best,
-        kept[best],
-        {
-            "chosen_by": "eval/success",
-            "eval_tasks": len(shared),
-            "eval_success": {str(step): score for step, score in scores.items()},
-        },
-    )
+    return best, kept[best], {
+        "chosen_by": "eval/success",
+        "eval_tasks": len(shared),
+        "eval_success": {str(step): score for step, score in scores.items()},
+    }  # fmt: skip
 
 
 def _kept_checkpoints(run_dir: Path) -> dict[int, Path]:

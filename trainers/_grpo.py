@@ -197,7 +197,7 @@ class GRPOTrainer:
         script = unguarded_script()
         if script is not None:
             raise ConfigError(
-                f'{script} trains without an `if __name__ == "__main__":` guard; vLLM\'s '
+                f"{script} trains without an `if __name__ == \"__main__\":` guard; vLLM's "
                 "engine process imports the script again and would fail to start: move the "
                 "code that calls train() under one"
             )
@@ -764,9 +764,9 @@ class GRPOTrainer:
         run.write_metrics(step, figures)
         trackers.log(step, figures)
         if f"{label}/success" not in figures:  # a figure of nothing measured is no figure
+            which = "held-out" if label == "eval" else label
             raise InfraError(
-                f"the {'held-out' if label == 'eval' else label} eval's {len(episodes)} episodes "
-                f"all ended infra_error (one said: "
+                f"the {which} eval's {len(episodes)} episodes all ended infra_error (one said: "
                 f"{_one_infra_error(episodes)}); the run stopped at step {step}: fix the "
                 "infrastructure, then run again with --resume"
             )

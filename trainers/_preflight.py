@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentgym import make
-from agentgym._check import refuse_unready, undescribed_tools
+from agentgym._check import lists_tools, refuse_unready, undescribed_tools
 from agentgym._check_tasks import missing_task_fields
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
@@ -31,7 +31,6 @@ from agentgym.engine._model_dir import context_length
 from ._config import GRPOConfig
 from ._config_rules import UNSERVABLE_TARGETS, check_device
 from ._memory import GIB, GpuSplit, cpu_memory_estimate, parameter_count
-from ._sft import lists_tools
 from ._tracking import BACKENDS, resolve_report_to
 
 if TYPE_CHECKING:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from agentgym import ScriptedPolicy, make, rollout
+from agentgym._check import lists_tools
 from agentgym._errors import ConfigError
 
 if TYPE_CHECKING:
@@ -481,11 +482,6 @@ class EnvFacts(NamedTuple):
     """How many tasks "all tasks" is."""
     lists_tools: bool
     """The env's system prompt lists the tools (``tool_prompt="system"``), not the template."""
-
-
-def lists_tools(env: Any) -> bool:
-    """Whether the env's own prompt shows the tools (``tool_prompt="system"``)."""
-    return getattr(env, "tool_prompt", "template") == "system"
 
 
 def env_facts(env_id: str, env_kwargs: Mapping[str, Any] | None) -> EnvFacts:
