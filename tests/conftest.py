@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -32,6 +33,17 @@ def skip_or_fail(reason: str) -> NoReturn:
     if os.environ.get("AGENTGYM_STRICT_DEPS") == "1":
         pytest.fail(f"{reason} (AGENTGYM_STRICT_DEPS=1 forbids skipping)", pytrace=False)
     pytest.skip(reason)
+
+
+def model_with_template(source: Path, template: str, folder: Path) -> Path:
+    """A copy of model ``source`` whose tokenizer_config.json holds ``template``: a family's."""
+    shutil.copytree(source, folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)  # transformers would read this one
+    return folder
 
 
 def require(module_name: str) -> ModuleType:

@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from agentgym import ScriptedPolicy, make, rollout
 from agentgym._check import lists_tools
 from agentgym._errors import ConfigError
+from agentgym._tool_env import without_reasoning
+from agentgym.parsers import ToolCallParser, available_parsers, get_parser
 
 if TYPE_CHECKING:
     from agentgym.engine._render import ChatRenderer
@@ -536,10 +538,11 @@ def sft_on_conversations(
         torch.set_num_threads(config.num_threads)
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    render = functools.partial(
-        conversation_examples, _renderer(tokenizer, chat_template_kwargs), tools=tools
-    )
-    examples, modes = _samples(map(render, conversations))
+    renderer = _renderer(tokenizer, chat_template_kwargs)
+    render = functools.partial(conversation_examples, renderer, tools=tools)
+    rendered = [render(messages) for messages in conversations]
+    _check_trained_calls(conversations, rendered, renderer, source, model_dir)
+    examples, modes = _samples(rendered)
     validation, _ = _samples(map(render, held_out))
     if modes["per_turn"]:
         log.info("the chat template rewrites history: %d of %d conversations train as one "
@@ -582,6 +585,96 @@ def _samples(
         examples += samples
         modes[mode] += 1
     return examples, modes
+
+
+def _check_trained_calls(
+    conversations: Sequence[list[Message]],
+    rendered: Sequence[tuple[list[Example], str]],
+    renderer: ChatRenderer,
+    source: Mapping[str, Any],
+    model_dir: str | os.PathLike[str],
+) -> None:
+    """Refuse, before the model loads, a template that writes calls the env's parser misreads.
+
+    Why: the template, not the env's parser, writes the trained tokens. The tiny model's
+    Hermes template under ``parser=llama3_json`` taught ``<tool_call>`` JSON that the env
+    reads as plain text, so every rollout after the warm start called no tool, silently.
+    Each trained assistant turn with calls is decoded as the rollout engine decodes a sampled
+    one and must parse with the env's parser into those calls (names and arguments), no
+    errors. Turns without calls are not read: a recorded turn whose call was malformed keeps
+    its text, which the parser reports as an error, rightly.
+    """
+    parser = _env_parser(source)
+    if parser is None:
+        return
+    for messages, (samples, _) in zip(conversations, rendered, strict=True):
+        turns = [m for m in messages if m["role"] == "assistant"]
+        for k, (message, ids) in enumerate(zip(turns, _trained_runs(samples), strict=False)):
+            text = renderer.visible_text(
+                renderer.tokenizer.decode(ids, skip_special_tokens=False), ids
+            )
+            expected = _message_calls(message)
+            if expected and _read_calls(parser, text) != expected:
+                raise ConfigError(
+                    f"the chat template of {model_dir} writes assistant turn {k + 1} of the "
+                    f"{source.get('env_id')!r} traces as {text[:80]!r}, which the env's parser "
+                    f"{parser.name!r} does not read as its calls {expected}, so SFT would teach "
+                    f"a format the rollouts do not parse; {_format_fix(text, expected, parser)}"
+                )
+
+
+def _env_parser(source: Mapping[str, Any]) -> ToolCallParser | None:
+    """The tool-call parser of the env the traces came from (None: no env, or no parser)."""
+    if source.get("env_id") is None:
+        return None
+    env: Any = make(source["env_id"], **(source.get("env_kwargs") or {}))
+    try:
+        parser = getattr(env, "parser", None)
+    finally:
+        env.close()
+    return parser if isinstance(parser, ToolCallParser) else None
+
+
+def _trained_runs(samples: Sequence[Example]) -> Iterator[list[int]]:
+    """The ids of each stretch of loss-carrying tokens: one per assistant turn, in order."""
+    for sample in samples:
+        run: list[int] = []
+        for token, trained in zip(sample.ids, sample.mask, strict=True):
+            if trained:
+                run.append(token)
+            elif run:
+                yield run
+                run = []
+        if run:
+            yield run
+
+
+Call = tuple[str, Any]
+
+
+def _message_calls(message: Message) -> list[Call]:
+    """(name, arguments) of an assistant message's OpenAI ``tool_calls`` (arguments decoded)."""
+    calls = []
+    for call in message.get("tool_calls") or []:
+        arguments = call["function"]["arguments"]
+        decoded = json.loads(arguments) if isinstance(arguments, str) else arguments
+        calls.append((call["function"]["name"], decoded))
+    return calls
+
+
+def _read_calls(parser: ToolCallParser, text: str) -> list[Call] | None:
+    """The calls ``parser`` reads in a reply as the env reads it; None on a parse error."""
+    turn = parser.parse(without_reasoning(text))
+    return None if turn.errors else [(c.name, c.arguments) for c in turn.tool_calls]
+
+
+def _format_fix(text: str, expected: list[Call], parser: ToolCallParser) -> str:
+    """The fix to name: the shipped parser that reads the template's calls, or the template."""
+    readers = (n for n in available_parsers() if n != parser.name)
+    other = next((n for n in readers if _read_calls(get_parser(n), text) == expected), None)
+    if other:
+        return f"it reads as the {other!r} format: use --env-arg parser={other} (env_kwargs)"
+    return f"give the model a chat template that writes the {parser.name!r} format"
 
 
 def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ from agentgym._trajectory import PrefixMismatchError
 from agentgym.trainers import GRPOConfig
 from agentgym.trainers._plan import dry_run
 from agentgym.trainers._run_dir import read_jsonl_records
-from tests.conftest import TINY_RUN, require
+from tests.conftest import TINY_RUN, model_with_template, require
 from tests.test_check_families import QWEN3_LIKE
 from tests.trainers.killing import kill_at_checkpoint
 
@@ -54,14 +53,9 @@ RUN = {
 @pytest.fixture(scope="module")
 def qwen3_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with a Qwen3-like template (in tokenizer_config.json, as Qwen3 ships)."""
-    model = tmp_path_factory.mktemp("models") / "qwen3-shaped"
-    shutil.copytree(tiny_model_dir, model)
-    config_path = model / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = QWEN3_LIKE
-    config_path.write_text(json.dumps(config))
-    (model / "chat_template.jinja").unlink(missing_ok=True)  # transformers would read this one
-    return model
+    return model_with_template(
+        tiny_model_dir, QWEN3_LIKE, tmp_path_factory.mktemp("models") / "qwen3-shaped"
+    )
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 import agentgym
 from agentgym._errors import ConfigError
 from envs.calculator import CalculatorEnv
-from tests.conftest import require
+from tests.conftest import model_with_template, require
 from trainers._config import GRPOConfig
 from trainers._preflight import _check_memory, preflight
 
@@ -92,17 +91,11 @@ def test_a_warm_start_script_the_env_lacks_is_refused_before_the_model() -> None
 def _without_tools(tiny_model_dir: Path, tmp_path: Path) -> Path:
     """The tiny model with a chat template that renders no tools."""
     require("transformers")
-    model = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, model)
-    settings = json.loads((model / "tokenizer_config.json").read_text())
     template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    (model / "chat_template.jinja").unlink(missing_ok=True)
-    settings["chat_template"] = template
-    (model / "tokenizer_config.json").write_text(json.dumps(settings))
-    return model
+    return model_with_template(tiny_model_dir, template, tmp_path / "model")
 
 
 def test_a_template_that_drops_tools_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:

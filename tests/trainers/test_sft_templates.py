@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from agentgym._errors import ConfigError
-from tests.conftest import require
+from tests.conftest import model_with_template, require
 from tests.test_check_families import QWEN3_LIKE, THINKING_SWITCH, tokenizer
 
 require("transformers")
@@ -97,13 +96,7 @@ def test_a_turn_whose_finished_form_does_not_follow_its_prompt_is_one_line(
 def test_agentgym_sft_warm_starts_a_qwen3_shaped_model_per_turn(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    model = tmp_path / "qwen3-shaped"
-    shutil.copytree(tiny_model_dir, model)
-    config_path = model / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = QWEN3_LIKE
-    config_path.write_text(json.dumps(config))
-    (model / "chat_template.jinja").unlink(missing_ok=True)  # the template transformers reads
+    model = model_with_template(tiny_model_dir, QWEN3_LIKE, tmp_path / "qwen3-shaped")
     out = tmp_path / "warm"
     done = subprocess.run(
         [str(Path(sys.executable).parent / "agentgym"), "sft", str(model), str(out),
