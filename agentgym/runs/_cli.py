@@ -29,8 +29,9 @@ from ._episode_index import (
     TrajectoryFilter,
     TrajectoryIndex,
     read_line,
+    trajectories_in,
 )
-from ._folder import _read_json, live_step, run_file
+from ._folder import _read_json, live_step
 from ._jobs import parse_config, submit_job
 from ._queue import JobQueue
 from ._store import RunStatus, RunStore, agentgym_home, new_run_id
@@ -173,7 +174,7 @@ def _trajectories_of(run: str, db: str | None) -> Path:
     if given.is_file():
         return given
     folder = given if given.is_dir() else Path(_find(RunStore(db), run)["run_dir"] or "")
-    found = next((p for name in TRAJECTORY_FILES if (p := run_file(folder, name))), None)
+    found = trajectories_in(folder)
     if found is None:
         files = " or ".join(TRAJECTORY_FILES)
         raise ConfigError(f"{folder} holds no {files} yet; a train run writes its eval "

@@ -17,9 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from .._trajectory import Trajectory
+from ._folder import run_file
 
 #: Trajectory files a run folder may hold, first found wins (trainer eval, then ``agentgym eval``).
 TRAJECTORY_FILES = ("eval_trajectories.jsonl", "trajectories.jsonl")
+
+
+def trajectories_in(run_dir: Path) -> Path | None:
+    """The run folder's trajectories JSONL (see `TRAJECTORY_FILES`), or None when none yet."""
+    return next((p for name in TRAJECTORY_FILES if (p := run_file(run_dir, name))), None)
 
 #: First user message shown in the list, cut to this many characters.
 _PREVIEW_CHARS = 160

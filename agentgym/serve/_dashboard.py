@@ -42,12 +42,12 @@ from ..runs import TERMINAL
 from ..runs._episode_index import (
     MALFORMED,
     MAX_LINE_BYTES,
-    TRAJECTORY_FILES,
     TrajectoryFilter,
     TrajectoryIndex,
     complete_lines,
     finite,
     read_line,
+    trajectories_in,
 )
 from ..runs._folder import live_step, run_file
 
@@ -327,11 +327,11 @@ def check_folder(run: dict[str, Any]) -> None:
 
 
 def trajectory_file(run: dict[str, Any]) -> Path | None:
-    """The run's trajectories JSONL (see `TRAJECTORY_FILES`), or None when it has none yet."""
+    """The run's trajectories JSONL (`trajectories_in` its folder), or None when none yet."""
     run_dir = _run_dir(run)
     if run_dir is None:
         return None
-    return next((p for name in TRAJECTORY_FILES if (p := run_file(run_dir, name))), None)
+    return trajectories_in(run_dir)
 
 
 # ---- routes ------------------------------------------------------------------------------------
