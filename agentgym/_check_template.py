@@ -211,7 +211,7 @@ def _template_round_trip(
     """
     ends = [i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant"]
     for k, (end, turn) in enumerate(zip(ends, trajectory.turns, strict=False)):
-        rendered = _rendered_turn(renderer, trajectory.messages[: end + 1], tools)
+        rendered = renderer.written_turn_text(trajectory.messages[: end + 1], tools or None)
         if not rendered.startswith(turn.text):
             produced, written = _token_aligned(renderer, turn.text, rendered)
             return CheckResult(
@@ -223,31 +223,6 @@ def _template_round_trip(
     return CheckResult(
         "chat template round trip", True, f"{len(ends)} assistant turns render as produced"
     )
-
-
-def _rendered_turn(
-    renderer: ChatRenderer, upto_turn: Sequence[Message], tools: list[dict[str, Any]]
-) -> str:
-    """How the template writes the last (assistant) message, without its turn end.
-
-    The turn starts where its generation prompt ends, as the model samples it; if the render
-    does not extend that prompt, where a render with a sentinel as the content diverges. The
-    text the sentinel render has after the sentinel is the turn end.
-    """
-    full = _text(renderer, upto_turn, tools, False)
-    probe = [*upto_turn[:-1], {"role": "assistant", "content": _SENTINEL}]
-    marked = _text(renderer, probe, tools, False)
-    at = marked.find(_SENTINEL)
-    prompt = _text(renderer, upto_turn[:-1], tools, True)
-    if full.startswith(prompt):  # the model samples right after its prompt
-        start = len(prompt)
-    else:  # the template rewrote the prompt (Mistral's system prompt): align on the sentinel
-        start = at if at >= 0 else 0
-        diverge = (i for i, (x, y) in enumerate(zip(full[:start], marked[:start])) if x != y)
-        start = next(diverge, start)
-    turn_end = marked[at + len(_SENTINEL) :] if at >= 0 else ""
-    body = full[start:]
-    return body[: len(body) - len(turn_end)] if turn_end and body.endswith(turn_end) else body
 
 
 def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:

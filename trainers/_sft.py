@@ -314,21 +314,20 @@ def conversation_examples(
 def _per_turn_examples(
     renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]] | None
 ) -> list[Example]:
-    """One sample per assistant turn: its fresh prompt (no loss), then the turn as sampled."""
+    """One sample per assistant turn: its fresh prompt (no loss), then the turn as written.
+
+    The turn is what the template writes after the prompt the engine gives it
+    (`ChatRenderer.written_turn_ids`), also where the finished turn does not extend that
+    prompt (Mistral v0.3 moves the system prompt; ``enable_thinking=False`` opens the prompt
+    with an empty think block the finished turn lacks).
+    """
     examples = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        sampled = renderer.sampled_turn_ids(messages[: i + 1], tools)
-        if sampled is None:
-            raise ConfigError(
-                f"the chat template renders assistant message {i} differently once it is "
-                "written than as the continuation of its generation prompt, so what the model "
-                "should write there is unknown; SFT needs a template (or chat_template_kwargs) "
-                "that renders a finished turn after its own prompt"
-            )
+        written = renderer.written_turn_ids(messages[: i + 1], tools)
         prompt = renderer.prompt_ids(messages[:i], tools)
-        examples.append(Example(prompt + sampled, [0] * len(prompt) + [1] * len(sampled)))
+        examples.append(Example(prompt + written, [0] * len(prompt) + [1] * len(written)))
     return examples
 
 

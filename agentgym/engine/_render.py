@@ -283,6 +283,41 @@ class ChatRenderer:
         stop = self._sampled_stop_text()
         return self.encode(body + stop)
 
+    def written_turn_text(
+        self, upto_assistant: Sequence[Message], tools: list[dict[str, Any]] | None
+    ) -> str:
+        """The last (assistant) message as the template writes it, without its turn end.
+
+        It starts where the model starts sampling it: where its generation prompt ends, or,
+        where the template rewrites that prompt once the turn is added (Mistral v0.3 shows the
+        system prompt only while a user message is last; a prompt may open an empty think
+        block the finished turn lacks), where a render with a sentinel as the content first
+        differs from it. So a template that is no prefix still says what the model should
+        write after the prompt the engine gives it (``per_turn`` SFT samples, the check's round
+        trip).
+        """
+        full = self.render_text(upto_assistant, tools, generation=False)
+        probe = [*upto_assistant[:-1], {"role": "assistant", "content": _SENTINEL}]
+        marked = self.render_text(probe, tools, generation=False)
+        at = marked.find(_SENTINEL)
+        prompt = self.render_text(upto_assistant[:-1], tools, generation=True)
+        if full.startswith(prompt):
+            start = len(prompt)
+        else:
+            start = at if at >= 0 else 0
+            diverge = (i for i, (x, y) in enumerate(zip(full[:start], marked[:start])) if x != y)
+            start = next(diverge, start)
+        turn_end = marked[at + len(_SENTINEL) :] if at >= 0 else ""
+        body = full[start:]
+        return body[: len(body) - len(turn_end)] if turn_end and body.endswith(turn_end) else body
+
+    def written_turn_ids(
+        self, upto_assistant: Sequence[Message], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        """`written_turn_text`'s ids with the stop token a model samples to end the turn."""
+        text = self.written_turn_text(upto_assistant, tools)
+        return self.encode(text + self._sampled_stop_text())
+
     def _sampled_stop_text(self) -> str:
         """The part of the turn end a model samples: its first stop token, if it opens it."""
         for token_id in self.stop_token_ids:

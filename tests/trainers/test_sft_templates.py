@@ -4,7 +4,10 @@ Found as a user moving the quickstart to a real model would: the warm start refu
 template that rewrites history (Qwen3, with or without ``enable_thinking``), although the
 rollout engine trains such models per turn; and it handed the template tool-call arguments as
 the OpenAI-format JSON string, so a template that writes ``arguments | tojson`` (Qwen2.5's,
-Qwen3's) taught the model a quoted string where its parser reads an object.
+Qwen3's) taught the model a quoted string where its parser reads an object. Then it refused
+Mistral v0.3 (the system prompt moves once the turn is written) and Qwen3 with
+``enable_thinking=False`` where the finished turn lacks the prompt's empty think block,
+though both say what the model writes after the engine's prompt.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from agentgym._errors import ConfigError
 from tests.conftest import model_with_template, require
-from tests.test_check_families import QWEN3_LIKE, THINKING_SWITCH, tokenizer
+from tests.test_check_families import MISTRAL_V03_LIKE, QWEN3_LIKE, THINKING_SWITCH, tokenizer
 
 require("transformers")
 from agentgym.engine._render import ChatRenderer  # noqa: E402
+from agentgym.parsers import get_parser  # noqa: E402
 from trainers._sft import _renderer, conversation_examples, oracle_conversations  # noqa: E402
 
 CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "66 + 24"}}\n</tool_call>'
@@ -41,21 +44,28 @@ def trained_text(tok: Any, ids: list[int], mask: list[int]) -> str:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "replies"),
+    ("template", "kwargs", "replies"),
     [
-        ({}, [f"<think>\n\n</think>\n\n{CALL}<|im_end|>", "<think>\n\n</think>\n\nThe answer"]),
+        (QWEN3_LIKE, {},
+         [f"<think>\n\n</think>\n\n{CALL}<|im_end|>", "<think>\n\n</think>\n\nThe answer"]),
         # enable_thinking=False: the prompt opens the empty block, the model writes the rest
-        ({"enable_thinking": False}, [f"{CALL}<|im_end|>", "The answer is 90.<|im_end|>"]),
+        (QWEN3_LIKE, {"enable_thinking": False},
+         [f"{CALL}<|im_end|>", "The answer is 90.<|im_end|>"]),
+        # the same where the finished turn has no think block at all: it does not extend its
+        # prompt (this was refused), but says what follows the prompt
+        (THINKING_SWITCH, {"enable_thinking": False},
+         [f"{CALL}<|im_end|>", "The answer is 90.<|im_end|>"]),
     ],
-    ids=["thinking", "enable_thinking=False"],
-)
+    ids=["thinking", "enable_thinking=False", "enable_thinking=False-finished-turn-differs"],
+)  # fmt: skip
 def test_a_template_that_rewrites_history_trains_per_turn_as_the_rollouts_sample(
     episode: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+    template: str,
     kwargs: dict[str, Any],
     replies: list[str],
 ) -> None:
     messages, tools = episode
-    tok = tokenizer(QWEN3_LIKE)
+    tok = tokenizer(template)
     samples, mode = conversation_examples(_renderer(tok, kwargs), messages, tools)
     assert mode == "per_turn" and len(samples) == 2  # one per assistant turn
     engine = ChatRenderer(tok, kwargs)
@@ -82,15 +92,33 @@ def test_tool_call_arguments_reach_the_template_as_objects(
     assert trained.endswith("The answer is 90.<|im_end|>")
 
 
-def test_a_turn_whose_finished_form_does_not_follow_its_prompt_is_one_line(
-    episode: tuple[list[dict[str, Any]], list[dict[str, Any]]],
-) -> None:
-    """The prompt opens an empty think block the finished turn lacks: what to train is unknown."""
-    messages, tools = episode
-    renderer = _renderer(tokenizer(THINKING_SWITCH), {"enable_thinking": False})
-    with pytest.raises(ConfigError, match=r"renders assistant message 2 differently.*") as caught:
-        conversation_examples(renderer, messages, tools)
-    assert "\n" not in str(caught.value)
+def test_mistral_v03_trains_per_turn_on_the_engines_prompts_in_its_own_call_format() -> None:
+    """Its template shows the system prompt only while a user message is last, so the finished
+    turn does not extend its prompt: this was refused ("renders assistant message 2
+    differently"), leaving Mistral models no warm start."""
+    conversations, tools = oracle_conversations("calculator", {"parser": "mistral"}, tasks=[0])
+    messages = conversations[0]
+    tok = tokenizer(MISTRAL_V03_LIKE)
+    samples, mode = conversation_examples(_renderer(tok, {}), messages, tools)
+    assert mode == "per_turn" and len(samples) == 2
+    engine = ChatRenderer(tok, {})
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    first_prompt = engine.prompt_ids(messages[: turns[0]], tools)
+    assert "You are a careful assistant" in tok.decode(first_prompt)  # the prompt it is given
+    parser = get_parser("mistral")
+    for sample, at in zip(samples, turns, strict=True):
+        prompt = engine.prompt_ids(messages[:at], tools)
+        assert sample.ids[: len(prompt)] == prompt and set(sample.mask[len(prompt) :]) == {1}
+        trained = trained_text(tok, sample.ids, sample.mask)
+        assert trained.endswith(tok.eos_token)
+        turn = parser.parse(trained[: -len(tok.eos_token)])
+        expected = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                    for c in messages[at].get("tool_calls", [])]  # fmt: skip
+        assert [(c.name, c.arguments) for c in turn.tool_calls] == expected and not turn.errors
+    call = trained_text(tok, samples[0].ids, samples[0].mask)
+    assert call.startswith('[TOOL_CALLS] [{"name": "calculate"') and '"id": "' in call
+    answer = trained_text(tok, samples[1].ids, samples[1].mask)
+    assert answer == f" The answer is 90.{tok.eos_token}"  # the template writes ' ' + content
 
 
 def test_agentgym_sft_warm_starts_a_qwen3_shaped_model_per_turn(
@@ -110,3 +138,21 @@ def test_agentgym_sft_warm_starts_a_qwen3_shaped_model_per_turn(
     summary = json.loads((out / "sft.json").read_text())
     assert summary["conversations"] == {"concat": 0, "per_turn": 6}
     assert summary["num_examples"] == 12  # two turns each
+
+
+def test_agentgym_sft_warm_starts_a_mistral_shaped_model(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    model = model_with_template(tiny_model_dir, MISTRAL_V03_LIKE, tmp_path / "mistral-shaped")
+    out = tmp_path / "warm"
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "agentgym"), "sft", str(model), str(out),
+         "--env", "calculator", "--tasks", "0:4", "--steps", "2", "--batch-size", "4",
+         "--env-arg", "parser=mistral", "--env-arg", "tool_prompt=system"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "AGENTGYM_RUNS_DB": "off"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr  # was: "renders assistant message 2 differently"
+    summary = json.loads((out / "sft.json").read_text())
+    assert summary["conversations"] == {"concat": 0, "per_turn": 4}
+    assert summary["num_examples"] == 8
