@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._check_result import CheckResult
+from ._tool_env import without_reasoning
+from ._tool_schema import example_arguments
 from ._trajectory import Trajectory
 from ._types import Message
 from .parsers import ToolCallParser, available_parsers, get_parser
@@ -253,3 +255,83 @@ def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:
         "the template writes the same calls differently (JSON spacing, key order, ids or "
         "markup); make the parser's render match the template"
     )
+
+
+#: A tool call as a parser reads it: (name, arguments).
+Call = tuple[str, Any]
+
+
+def read_calls(parser: ToolCallParser, text: str) -> list[Call] | None:
+    """The calls ``parser`` reads in a reply as the env reads it; None on a parse error."""
+    turn = parser.parse(without_reasoning(text))
+    return None if turn.errors else [(c.name, c.arguments) for c in turn.tool_calls]
+
+
+def format_fix(text: str, expected: list[Call], parser: ToolCallParser) -> str:
+    """The fix to name: the shipped parser that reads the template's calls, or the template."""
+    readers = (n for n in available_parsers() if n != parser.name)
+    other = next((n for n in readers if read_calls(get_parser(n), text) == expected), None)
+    if other:
+        return f"it reads as the {other!r} format: use --env-arg parser={other} (env_kwargs)"
+    return f"give the model a chat template that writes the {parser.name!r} format"
+
+
+def call_format_problem(
+    renderer: ChatRenderer, tools: list[dict[str, Any]], parser: ToolCallParser
+) -> str:
+    """Why the env's parser would not read calls in the template's format; "" when it would.
+
+    Why it matters: a template that shows the tools also tells the model how to call them
+    (Hermes' ``<tool_call>`` tags, Llama 3's bare JSON, Mistral's ``[TOOL_CALLS]``), and a
+    pretrained model writes that format. Under another parser every call reads as plain text:
+    a run whose rollouts never call a tool, with nothing said. One call to the env's first
+    tool, with arguments its schema accepts and the id the parser gives, is rendered as a
+    finished turn and read back.
+    """
+    from .engine import TemplateError
+
+    function = tools[0]["function"]
+    expected = [(function["name"], example_arguments(function.get("parameters") or {}))]
+    try:
+        text = _written_call(renderer, tools, parser, expected[0])
+    except TemplateError as exc:  # Mistral's requires 9-character ids, which hermes' are not
+        others = (get_parser(n) for n in available_parsers() if n != parser.name)
+        fits = (p.name for p in others if _writes_readable_call(renderer, tools, p, expected))
+        fix = next((f"use --env-arg parser={n} (env_kwargs)" for n in fits), "")
+        return (
+            f"the chat template cannot write a call with the id {parser.make_call_id(1, 0)!r} "
+            f"the env's parser {parser.name!r} gives ({exc.__cause__ or exc}); "
+            f"{fix or f'give the model a chat template that writes the {parser.name!r} format'}"
+        )
+    if read_calls(parser, text) == expected:
+        return ""
+    return (
+        f"the chat template writes a call to {function['name']!r} as {text[:80]!r}, which the "
+        f"env's parser {parser.name!r} does not read, so the model would call no tool; "
+        f"{format_fix(text, expected, parser)}"
+    )
+
+
+def _written_call(
+    renderer: ChatRenderer, tools: list[dict[str, Any]], parser: ToolCallParser, call: Call
+) -> str:
+    """The template's text for an assistant turn that makes ``call``, with ``parser``'s id."""
+    function = {"name": call[0], "arguments": call[1]}
+    message = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": parser.make_call_id(1, 0), "type": "function", "function": function}]}  # fmt: skip
+    return renderer.written_turn_text([{"role": "user", "content": "probe"}, message], tools)
+
+
+def _writes_readable_call(
+    renderer: ChatRenderer,
+    tools: list[dict[str, Any]],
+    parser: ToolCallParser,
+    expected: list[Call],
+) -> bool:
+    """Whether the template writes ``expected`` with ``parser``'s id so that it reads it back."""
+    from .engine import TemplateError
+
+    try:
+        return read_calls(parser, _written_call(renderer, tools, parser, expected[0])) == expected
+    except TemplateError:
+        return False

@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentgym import make
 from agentgym._check import lists_tools, refuse_unready, undescribed_tools
 from agentgym._check_tasks import missing_task_fields
+from agentgym._check_template import call_format_problem
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
 from agentgym._tasks import task_text, tasks_digest
 from agentgym.engine._model_dir import context_length
+from agentgym.parsers import ToolCallParser
 
 from ._config import GRPOConfig
 from ._config_rules import UNSERVABLE_TARGETS, check_device
@@ -72,14 +74,15 @@ def preflight(config: GRPOConfig) -> Checked:
     _check_engine(config)
     _check_trackers(config)
     _check_device(config)
-    train_tasks, eval_tasks, tools, max_turns, digest, weights, env_lists = _check_env(config)
+    env = _check_env(config)
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_context(model_dir, config)
-    _check_template(model_dir, tools, config.chat_template_kwargs, env_lists)
+    _check_template(model_dir, env.tools, config.chat_template_kwargs, env.lists_tools, env.parser)
     _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
     _check_servers(model_dir, config)
-    return Checked(model_dir, train_tasks, eval_tasks, tools, max_turns, digest, weights)
+    return Checked(model_dir, env.train_tasks, env.eval_tasks, env.tools, env.max_turns,
+                   env.digest, env.reward_weights)  # fmt: skip
 
 
 def resolve_model(model: str, seed: int = 0) -> Path:
@@ -172,15 +175,23 @@ def _check_device(config: GRPOConfig) -> None:
         )
 
 
-def _check_env(
-    config: GRPOConfig,
-) -> tuple[
-    list[int], list[int], list[dict[str, Any]], int, str | None, dict[str, float] | None, bool
-]:
-    """Build the env once: split, SFT scripts, tools, turn limit, task digest, reward weights.
+class _EnvShown(NamedTuple):
+    """What the env showed of itself when `_check_env` built it."""
 
-    Also whether the env lists the tools in its own prompt (``tool_prompt="system"``).
-    """
+    train_tasks: list[int]
+    eval_tasks: list[int]
+    tools: list[dict[str, Any]]
+    max_turns: int
+    digest: str | None
+    reward_weights: dict[str, float] | None
+    #: The env's own prompt lists the tools (``tool_prompt="system"``), not the template.
+    lists_tools: bool
+    #: The env's tool-call parser (None: it reads no calls).
+    parser: ToolCallParser | None
+
+
+def _check_env(config: GRPOConfig) -> _EnvShown:
+    """Build the env once: split, SFT scripts, tools, turn limit, task digest, reward weights."""
     env = make(config.env, **config.run_env_kwargs)
     try:
         refuse_unready(env, config.env)
@@ -196,10 +207,12 @@ def _check_env(
         if config.sft_steps:
             _check_scripts(env, config, config.sft_split(train_tasks)[0])
         max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
-        env_lists = lists_tools(env)
+        parser = getattr(env, "parser", None)
+        parser = parser if isinstance(parser, ToolCallParser) else None
+        return _EnvShown(train_tasks, eval_tasks, tools, max_turns, digest, weights,
+                         lists_tools(env), parser)  # fmt: skip
     finally:
         env.close()
-    return train_tasks, eval_tasks, tools, max_turns, digest, weights, env_lists
 
 
 def _check_tool_descriptions(tools: list[dict[str, Any]], config: GRPOConfig) -> None:
@@ -393,28 +406,37 @@ def rollout_fleet(config: GRPOConfig, model_dir: Path, namespace: str = "") -> V
 
 
 def _check_template(
-    model_dir: Path, tools: list[dict[str, Any]], kwargs: dict[str, Any], env_lists: bool = False
+    model_dir: Path,
+    tools: list[dict[str, Any]],
+    kwargs: dict[str, Any],
+    env_lists: bool = False,
+    parser: ToolCallParser | None = None,
 ) -> None:
-    """The model's first prompt shows the tools: its template renders them, or the env lists them.
+    """The model's first prompt shows the tools, and the env's parser reads the calls it asks for.
 
-    ``env_lists``: the env's system prompt lists them (``tool_prompt="system"``), the fix this
-    error names, which it used to refuse all the same.
+    The tools: its template renders them, or the env lists them (``tool_prompt="system"``,
+    the fix the first error names, which it used to refuse all the same). A template that
+    shows the tools also shows how to call them; a pretrained model writes that format, so the
+    env's parser must read it (`call_format_problem`): under ``parser: hermes`` a Llama 3
+    model's calls were plain text, and the run trained on episodes that called nothing.
     """
     from transformers import AutoTokenizer
 
     from agentgym.engine import ChatRenderer
 
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir), kwargs)  # has a template
-    if env_lists:
+    if env_lists or not tools:
         return
     probe = [{"role": "user", "content": "probe"}]
     with_tools = renderer.render_text(probe, tools, generation=True)
-    if tools and tools[0]["function"]["name"] not in with_tools:
+    if tools[0]["function"]["name"] not in with_tools:
         raise ConfigError(
             f"the chat template of {model_dir} does not render tools (the tool "
             f"{tools[0]['function']['name']!r} is missing from the prompt); use a model whose "
             "template supports tools, or the env's tool_prompt='system'"
         )
+    if parser is not None and (problem := call_format_problem(renderer, tools, parser)):
+        raise ConfigError(f"{model_dir}: {problem}")
 
 
 def _check_memory(model_dir: Path, config: GRPOConfig) -> None:

@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from agentgym import ScriptedPolicy, make, rollout
 from agentgym._check import lists_tools
+from agentgym._check_template import Call, format_fix, read_calls
 from agentgym._errors import ConfigError
-from agentgym._tool_env import without_reasoning
-from agentgym.parsers import ToolCallParser, available_parsers, get_parser
+from agentgym.parsers import ToolCallParser
 
 if TYPE_CHECKING:
     from agentgym.engine._render import ChatRenderer
@@ -613,12 +613,12 @@ def _check_trained_calls(
                 renderer.tokenizer.decode(ids, skip_special_tokens=False), ids
             )
             expected = _message_calls(message)
-            if expected and _read_calls(parser, text) != expected:
+            if expected and read_calls(parser, text) != expected:
                 raise ConfigError(
                     f"the chat template of {model_dir} writes assistant turn {k + 1} of the "
                     f"{source.get('env_id')!r} traces as {text[:80]!r}, which the env's parser "
                     f"{parser.name!r} does not read as its calls {expected}, so SFT would teach "
-                    f"a format the rollouts do not parse; {_format_fix(text, expected, parser)}"
+                    f"a format the rollouts do not parse; {format_fix(text, expected, parser)}"
                 )
 
 
@@ -648,9 +648,6 @@ def _trained_runs(samples: Sequence[Example]) -> Iterator[list[int]]:
             yield run
 
 
-Call = tuple[str, Any]
-
-
 def _message_calls(message: Message) -> list[Call]:
     """(name, arguments) of an assistant message's OpenAI ``tool_calls`` (arguments decoded)."""
     calls = []
@@ -659,21 +656,6 @@ def _message_calls(message: Message) -> list[Call]:
         decoded = json.loads(arguments) if isinstance(arguments, str) else arguments
         calls.append((call["function"]["name"], decoded))
     return calls
-
-
-def _read_calls(parser: ToolCallParser, text: str) -> list[Call] | None:
-    """The calls ``parser`` reads in a reply as the env reads it; None on a parse error."""
-    turn = parser.parse(without_reasoning(text))
-    return None if turn.errors else [(c.name, c.arguments) for c in turn.tool_calls]
-
-
-def _format_fix(text: str, expected: list[Call], parser: ToolCallParser) -> str:
-    """The fix to name: the shipped parser that reads the template's calls, or the template."""
-    readers = (n for n in available_parsers() if n != parser.name)
-    other = next((n for n in readers if _read_calls(get_parser(n), text) == expected), None)
-    if other:
-        return f"it reads as the {other!r} format: use --env-arg parser={other} (env_kwargs)"
-    return f"give the model a chat template that writes the {parser.name!r} format"
 
 
 def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> None:

@@ -113,6 +113,39 @@ def test_the_fix_it_names_passes_the_env_lists_the_tools_itself(
     assert checked.model_dir == model
 
 
+#: Renders the tools, as the real Llama 3.1 and Mistral v0.3 templates do (these do not).
+_SHOW_TOOLS = (
+    "{%- for tool in tools or [] %}{{- 'Tool: ' + tool.function.name + '\\n' }}{%- endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("family", "parser"),
+    [("llama", "llama3_json"), ("mistral", "mistral")],
+)
+def test_a_template_whose_call_format_the_parser_does_not_read_is_refused_naming_the_parser(
+    tmp_path: Path, tiny_model_dir: Path, family: str, parser: str
+) -> None:
+    """A pretrained model writes its template's format: under the default hermes parser a
+    Llama 3.1 model's calls read as plain text (the run trained on episodes calling nothing),
+    and a Mistral template cannot render the ids hermes gives (the rollouts failed later)."""
+    from tests.test_check_families import LLAMA31_LIKE, MISTRAL_V03_LIKE
+
+    template = {"llama": LLAMA31_LIKE, "mistral": MISTRAL_V03_LIKE}[family]
+    model = model_with_template(tiny_model_dir, _SHOW_TOOLS + template, tmp_path / family)
+    _refusal(GRPOConfig(model=str(model), **SMALL_TASKS), f"use --env-arg parser={parser}")
+    env_kwargs = {**SMALL_TASKS["env_kwargs"], "parser": parser}  # type: ignore[dict-item]
+    checked = preflight(GRPOConfig(model=str(model), **{**SMALL_TASKS, "env_kwargs": env_kwargs}))
+    assert checked.model_dir == model  # the fix it names passes
+
+
+def test_the_tiny_models_hermes_calls_are_refused_under_another_parser(
+    tiny_model_dir: Path,
+) -> None:
+    _refusal(GRPOConfig(model=str(tiny_model_dir), **{**SMALL_TASKS, "env_kwargs": {
+        "num_tasks": 40, "parser": "llama3_json"}}), "use --env-arg parser=hermes")  # fmt: skip
+
+
 def test_a_model_too_big_for_this_machine_is_refused_on_the_cpu(tmp_path: Path) -> None:
     spec = {"hidden_size": 16384, "num_hidden_layers": 200, "vocab_size": 150000}
     (tmp_path / "config.json").write_text(json.dumps(spec))
