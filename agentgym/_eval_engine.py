@@ -13,14 +13,15 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from ._check import load_tokenizer, reference_conversation, with_model_tokenizer
-from ._check_template import unread_template_kwargs
+from ._check import lists_tools, load_tokenizer, reference_conversation, with_model_tokenizer
+from ._check_template import call_format_problem, unread_template_kwargs
 from ._cli_common import console
 from ._errors import ConfigError
 from ._eval_options import PolicyKind, RolloutModeChoice, Servers
 from ._extras import needs_extra
 from ._registry import make, resolve_id
 from ._types import Message
+from .parsers import ToolCallParser
 
 
 def local_model(model_path: Path | None, seed: int) -> Path | None:
@@ -222,19 +223,26 @@ def _checked_template(
 
     That conversation is the one `agentgym check --model` reports on (the env's reference
     episode, or a probe with a second call after text). Chat-template kwargs the template
-    never reads, and ``--rollout-mode concat`` with a template that cannot, are refused here,
-    on the tokenizer alone, before the slow engine start.
+    never reads, ``--rollout-mode concat`` with a template that cannot, and a template that
+    shows the tools a call format the env's parser does not read (the model would call no
+    tool: the eval would measure the parser, not the model) are refused here, on the tokenizer
+    alone, before the slow engine start.
     """
     from .engine import ChatRenderer
     from .engine._episode import probe_conversation
 
     probe = make(env_id, **env_kwargs)
-    tools = getattr(probe, "tool_schemas", [])
+    tools, parser = getattr(probe, "tool_schemas", []), getattr(probe, "parser", None)
+    env_lists = lists_tools(probe)
     probe.close()
     tokenizer = load_tokenizer(str(model_path))
     problem = unread_template_kwargs(tokenizer, template_kwargs)
     if problem:
         raise ConfigError(f"--chat-template-kwargs: {problem}")
+    if tools and not env_lists and isinstance(parser, ToolCallParser):  # as the trainer checks
+        renderer = ChatRenderer(tokenizer, template_kwargs)
+        if problem := call_format_problem(renderer, tools, parser):
+            raise ConfigError(f"{model_path}: {problem}")
     example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
     example = example or probe_conversation(tools)
     if rollout_mode is RolloutModeChoice.concat:

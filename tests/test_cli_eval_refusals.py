@@ -262,3 +262,16 @@ def test_ctrl_c_says_how_many_episodes_are_on_disk_and_exits_130(workdir: Path) 
     ) in output.splitlines(), output
     assert [t.status for t in read_jsonl(results)] == ["ok"]
     assert not (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize("policy", ["hf", "vllm"])
+def test_a_model_whose_call_format_the_parser_does_not_read_is_refused_before_the_engine(
+    workdir: Path, tiny_model_dir: Path, policy: str
+) -> None:
+    """The tiny model's template shows Hermes calls; under ``parser=llama3_json`` every call
+    the model makes would read as text and the eval would report the parser's 0%."""
+    proc = run(workdir, "calculator", "--policy", policy, "--model-path", str(tiny_model_dir),
+               "-n", "1", "--env-arg", "parser=llama3_json")  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "does not read" in last_line(proc) and "--env-arg parser=hermes" in last_line(proc)
+    assert not (workdir / "out").exists()  # refused before any episode
