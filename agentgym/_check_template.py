@@ -86,8 +86,23 @@ def template_checks(
         try:
             rows.append(run())
         except TemplateError as exc:  # the template refused the conversation: one row says so
-            return [*rows, CheckResult("chat template", False, str(exc))]
+            return [*rows, CheckResult("chat template", False, _parser_cause(
+                renderer, tools, parser) or str(exc))]  # fmt: skip
     return rows
+
+
+def _parser_cause(
+    renderer: ChatRenderer, tools: list[dict[str, Any]], parser: ToolCallParser | None
+) -> str:
+    """The env's parser, when it is why the template failed (ids Mistral's cannot render)."""
+    from ._errors import ConfigError
+
+    if not tools or parser is None:
+        return ""
+    try:
+        return call_format_problem(renderer, tools, parser)
+    except ConfigError:  # the template fails on any call: its own message says why
+        return ""
 
 
 def _template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> CheckResult:

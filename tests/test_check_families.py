@@ -159,6 +159,13 @@ def test_mistral_ids_fit_the_template_and_the_moved_system_prompt_means_per_turn
     assert "drops the text before a tool call" in round_trip
 
 
+def test_mistral_under_the_default_parser_names_the_parser_not_the_template() -> None:
+    """Its template refuses hermes' ``call_1_0`` ids: the row said "check the template"."""
+    detail = rows(MISTRAL_V03_LIKE)["chat template"].detail
+    assert "Tool call IDs should be alphanumeric" in detail
+    assert detail.endswith("use --env-arg parser=mistral (env_kwargs)"), detail
+
+
 def test_mistral_env_keeps_the_models_ids_and_assigns_ids_that_fit() -> None:
     env = agentgym.make("calculator", parser="mistral")
     env.reset(options={"task": 0})
