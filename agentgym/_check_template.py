@@ -86,12 +86,12 @@ def template_checks(
         try:
             rows.append(run())
         except TemplateError as exc:  # the template refused the conversation: one row says so
-            return [*rows, CheckResult("chat template", False, _parser_cause(
+            return [*rows, CheckResult("chat template", False, template_failure_cause(
                 renderer, tools, parser) or str(exc))]  # fmt: skip
     return rows
 
 
-def _parser_cause(
+def template_failure_cause(
     renderer: ChatRenderer, tools: list[dict[str, Any]], parser: ToolCallParser | None
 ) -> str:
     """The env's parser, when it is why the template failed (ids Mistral's cannot render)."""

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from agentgym import ScriptedPolicy, make, rollout
 from agentgym._check import lists_tools
-from agentgym._check_template import Call, format_fix, read_calls
+from agentgym._check_template import Call, format_fix, read_calls, template_failure_cause
 from agentgym._errors import ConfigError
 from agentgym.parsers import ToolCallParser
 
@@ -532,6 +532,8 @@ def sft_on_conversations(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from agentgym.engine._render import TemplateError
+
     config = config or SFTConfig()
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
@@ -539,8 +541,12 @@ def sft_on_conversations(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     renderer = _renderer(tokenizer, chat_template_kwargs)
     render = functools.partial(conversation_examples, renderer, tools=tools)
-    rendered = [render(messages) for messages in conversations]
-    _check_trained_calls(conversations, rendered, renderer, source, model_dir)
+    parser = _env_parser(source)
+    try:
+        rendered = [render(messages) for messages in conversations]
+    except TemplateError as exc:  # Mistral's refuses the hermes parser's call ids
+        raise ConfigError(template_failure_cause(renderer, tools, parser) or str(exc)) from exc
+    _check_trained_calls(conversations, rendered, renderer, parser, source, model_dir)
     examples, modes = _samples(rendered)
     validation, _ = _samples(map(render, held_out))
     if modes["per_turn"]:
@@ -590,6 +596,7 @@ def _check_trained_calls(
     conversations: Sequence[list[Message]],
     rendered: Sequence[tuple[list[Example], str]],
     renderer: ChatRenderer,
+    parser: ToolCallParser | None,
     source: Mapping[str, Any],
     model_dir: str | os.PathLike[str],
 ) -> None:
@@ -603,7 +610,6 @@ def _check_trained_calls(
     errors. Turns without calls are not read: a recorded turn whose call was malformed keeps
     its text, which the parser reports as an error, rightly.
     """
-    parser = _env_parser(source)
     if parser is None:
         return
     for messages, (samples, _) in zip(conversations, rendered, strict=True):

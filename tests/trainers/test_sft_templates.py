@@ -156,3 +156,22 @@ def test_agentgym_sft_warm_starts_a_mistral_shaped_model(
     summary = json.loads((out / "sft.json").read_text())
     assert summary["conversations"] == {"concat": 0, "per_turn": 4}
     assert summary["num_examples"] == 8
+
+
+def test_agentgym_sft_on_a_mistral_template_under_the_default_parser_names_the_parser(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The hermes parser's ids (``call_1_0``) fail Mistral's template: the error said "check
+    the template", where the fix is the env's parser."""
+    model = model_with_template(tiny_model_dir, MISTRAL_V03_LIKE, tmp_path / "mistral-shaped")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "agentgym"), "sft", str(model), str(tmp_path / "out"),
+         "--env", "calculator", "--tasks", "0:4", "--steps", "1",
+         "--env-arg", "tool_prompt=system"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "AGENTGYM_RUNS_DB": "off"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].endswith("use --env-arg parser=mistral (env_kwargs)")
+    assert not (tmp_path / "out").exists()
