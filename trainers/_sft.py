@@ -53,6 +53,7 @@ from agentgym._check import lists_tools
 from agentgym._check_template import Call, format_fix, read_calls, template_failure_cause
 from agentgym._errors import ConfigError
 from agentgym.parsers import ToolCallParser
+from agentgym.runs._folder import sft_checkpoint
 
 if TYPE_CHECKING:
     from agentgym.engine._render import ChatRenderer
@@ -560,8 +561,7 @@ def sft_on_conversations(
     if config.method == "lora":
         model = _with_lora(model, config)
     out = Path(out_dir)
-    checkpoint = _Checkpoint(out.with_name(out.name + ".partial"),
-                             _fingerprint(config, model_dir, examples))  # fmt: skip
+    checkpoint = _Checkpoint(sft_checkpoint(out), _fingerprint(config, model_dir, examples))
     history = _train(model, examples, validation, config, checkpoint)
     if config.method == "lora":
         model = model.merge_and_unload()
@@ -739,14 +739,14 @@ def _fingerprint(config: SFTConfig, model_dir: str | os.PathLike[str],
 
 @dataclass
 class _Checkpoint:
-    """A killed SFT run's state, in ``folder``, valid only for the run of ``fingerprint``."""
+    """A killed SFT run's state, in ``path``, valid only for the run of ``fingerprint``."""
 
-    folder: Path
+    path: Path
     fingerprint: str
 
     @property
-    def path(self) -> Path:
-        return self.folder / "state.pt"
+    def folder(self) -> Path:
+        return self.path.parent
 
     def save(self, step: int, model: Any, optimizer: Any, schedule: Any,
              history: list[dict[str, Any]]) -> None:  # fmt: skip

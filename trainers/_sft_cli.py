@@ -12,6 +12,10 @@ Every mistake (a file, the filter, the env, OUT, the model) is a `ConfigError` r
 the weights load and before OUT is made; the CLI prints it as one line and exits 2. Nothing
 optional is imported at the top, so ``agentgym --help`` lists the command on a base install.
 
+A killed run resumes from its checkpoint in ``OUT.partial/`` when run again with the same
+options; ``--resume`` also accepts the OUT the killed run left (a queued job's folder, its
+``output.log``). `check_options` is the part of the checks a job queue runs at submission.
+
 The run is indexed in the run store (`agentgym.runs.track_run`, kind ``sft``) once the
 command's own checks pass, as ``agentgym eval`` is: a refused command line never becomes a row;
 a refusal of the training itself (a trace too long, another run's checkpoint) is a ``failed``
@@ -25,7 +29,7 @@ import json
 import logging
 import math
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -45,6 +49,7 @@ from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._registry import resolve_id
 from agentgym._tasks import parse_tasks
+from agentgym.runs._folder import OUTPUT_LOG, SFT_SUMMARY
 
 from ._cli import _quiet_backends, console
 from ._recorded_episodes import eval_options, kept_conversations, played_settings
@@ -117,6 +122,14 @@ def sft(
     ] = None,
     chat_template_kwargs: ChatTemplateKwargsOption = None,
     env_arg: EnvArgOption = [],  # noqa: B006
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue a killed run into OUT: OUT may hold what it left (not a finished "
+            "model); training goes on from OUT.partial/ (from step 0 without a checkpoint).",
+        ),
+    ] = False,
 ) -> None:
     """Fine-tune a model on an env's scripted turns or on recorded trajectories (SFT).
 
@@ -124,11 +137,10 @@ def sft(
     with `agentgym eval ENV --policy vllm --model-path OUT`.
     """
     _quiet_backends()
-    _check_out(out)
-    config = SFTConfig(
-        steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=method.value,
+    _check_out(out, resume)
+    config = _sft_config(
+        steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=method,
         lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
-        log=_progress(steps),
     )  # fmt: skip
     env_kwargs = parse_env_args(env_arg)
     template_kwargs = (
@@ -170,10 +182,62 @@ def _run_config(plan: _Plan, config: SFTConfig) -> dict[str, Any]:
     return {"model": str(plan.model_dir), **plan.settings, **knobs}
 
 
-def _check_out(out: Path) -> None:
-    """OUT must be new (or an empty folder): a model folder mixed with old files misleads."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"OUT {out} already exists and is not empty; pick a new folder")
+def check_options(params: Mapping[str, Any]) -> None:
+    """The command's refusals that need neither the model nor OUT, on its parsed options.
+
+    Why: a queued sft job (``agentgym serve``, ``sweep``) is checked at submission, so a config
+    the command would refuse never becomes a run; the model and the env's task count are the
+    worker's to check (a model load). ``params``: the command's click ``ctx.params``.
+    """
+    _sft_config(**params)
+    env, tasks, scripts = params["env"], params["tasks"], params["script"]
+    _check_one_source(env, params["trajectories"] or [], tasks, scripts, params["min_reward"])
+    parse_env_args(params["env_arg"])
+    if params["chat_template_kwargs"] is not None:
+        parse_template_kwargs(params["chat_template_kwargs"])
+    if env is not None:
+        resolve_id(env)
+    if tasks:
+        parse_tasks(tasks, "--tasks")
+    _parse_scripts(scripts or [])
+
+
+def _sft_config(
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    method: Method | str,
+    lora_rank: int,
+    max_length: int | None,
+    save_every: int,
+    device: str,
+    **_: Any,
+) -> SFTConfig:
+    """The knobs the options give (``**_``: the command's other options, for `check_options`)."""
+    return SFTConfig(
+        steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=Method(method).value,
+        lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
+        log=_progress(steps),
+    )  # fmt: skip
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    """OUT must be new (or an empty folder): a model folder mixed with old files misleads.
+
+    A queue's ``output.log`` does not count: a queued job's OUT is its run folder, and the
+    queue opens the log there before the command starts. With ``resume``, what a killed run
+    left counts neither; a finished model (``sft.json``) is refused all the same.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"OUT {out} already exists and is not a folder; pick a new folder")
+    held = {p.name for p in out.iterdir()} - {OUTPUT_LOG} if out.is_dir() else set()
+    if resume and SFT_SUMMARY in held:
+        raise ConfigError(f"OUT {out} holds a finished model ({SFT_SUMMARY}); nothing to resume")
+    if held and not resume:
+        raise ConfigError(f"OUT {out} already exists and is not empty; pick a new folder (or "
+                          "--resume to continue a killed run into it)")  # fmt: skip
     check_folder_can_be_made(out, "OUT")
 
 

@@ -5,7 +5,7 @@ trajectories; the database indexes runs (id, kind, status, config, folder, figur
 queue that ``agentgym serve`` and ``agentgym sweep`` run jobs from.
 """
 
-from ._jobs import check_job, job_command, parse_config, submit_job
+from ._jobs import JobKind, check_job, job_command, parse_config, submit_job
 from ._queue import JobQueue
 from ._store import TERMINAL, RunStatus, RunStore, agentgym_home, resolve_db_url
 from ._track import EXIT_CONFIG, EXIT_INFRA, is_infra_failure, track_run
@@ -13,6 +13,7 @@ from ._track import EXIT_CONFIG, EXIT_INFRA, is_infra_failure, track_run
 __all__ = [
     "EXIT_CONFIG",
     "EXIT_INFRA",
+    "JobKind",
     "TERMINAL",
     "JobQueue",
     "RunStatus",

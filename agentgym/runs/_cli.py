@@ -210,7 +210,7 @@ def sweep(
         typer.Option(help="key=v1,v2,...: one run per value (repeat for a product)."),
     ] = None,
     kind: Annotated[
-        str, typer.Option(help="train or eval, for configs without a 'kind:' key.")
+        str, typer.Option(help="train, eval or sft, for configs without a 'kind:' key.")
     ] = "train",
     parallel: Annotated[int, typer.Option(min=1, help="Runs at once.")] = 1,
     retries: Annotated[

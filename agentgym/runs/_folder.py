@@ -134,14 +134,26 @@ def has_checkpoint(kind: str, run_dir: Path) -> bool:
     """Whether a ``--resume`` of this run would continue rather than start over.
 
     A train run needs a complete checkpoint (``checkpoints/step-*/trainer_state.json``); an
-    eval run, one finished episode in ``trajectories.jsonl``.
+    sft run, its `sft_checkpoint`; an eval run, one finished episode in ``trajectories.jsonl``.
     """
     if kind == "train":
         return any(run_dir.glob("checkpoints/step-*/trainer_state.json"))
+    if kind == "sft":
+        return sft_checkpoint(run_dir).is_file()
     try:
         return b"\n" in (run_dir / "trajectories.jsonl").read_bytes()
     except OSError:
         return False
+
+
+def sft_checkpoint(run_dir: Path) -> Path:
+    """Where ``agentgym sft`` with OUT ``run_dir`` keeps its checkpoint (the one rule: the
+    SFT loop saves there, and the queue resumes a job that has one).
+
+    Beside the folder, not in it (``<run_dir>.partial/state.pt``): it is the training's state,
+    removed once the model is saved, and OUT is a plain model folder.
+    """
+    return run_dir.with_name(run_dir.name + ".partial") / "state.pt"
 
 
 def _read_json(path: Path) -> Any:

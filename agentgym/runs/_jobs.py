@@ -1,4 +1,4 @@
-"""Jobs: a ``train`` or ``eval`` config checked before it is queued, and its command line.
+"""Jobs: a ``train``, ``eval`` or ``sft`` config checked before it is queued, and its command line.
 
 A job config is a mapping (or YAML/JSON text of one):
 
@@ -8,18 +8,22 @@ A job config is a mapping (or YAML/JSON text of one):
   ``group_size``, ``policy`` ...), and ``env_kwargs`` (a mapping, as ``--env-arg k=v``);
   ``out`` and ``resume`` belong to the queue. ``api_key`` is refused: secrets do not go into
   the database (the worker inherits ``OPENAI_API_KEY``).
+- ``sft``: ``model`` plus any ``agentgym sft`` option by its Python name (``env`` or
+  ``trajectories``, ``tasks``, ``steps``, ``batch_size``, ``method``, ``save_every`` ...), and
+  ``env_kwargs`` as for ``eval``; OUT (the job's run folder) and ``resume`` belong to the queue.
 
-`check_job` parses the config as the command would (click's own parser for ``eval``,
-`GRPOConfig.from_dict` for ``train``), so a malformed config is refused at submission and never
-becomes a run.
+`check_job` parses the config as the command would (click's own parser for ``eval`` and
+``sft``, `GRPOConfig.from_dict` for ``train``), so a malformed config is refused at submission
+and never becomes a run.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -30,9 +34,11 @@ from agentgym._yaml import load_yaml
 
 from ._store import RunStore, new_run_id
 
-JobKind = Literal["train", "eval"]
+JobKind = Literal["train", "eval", "sft"]
 #: ``eval`` options a job config may not set (see the module docstring).
 _EVAL_RESERVED = frozenset({"out", "resume", "env_arg", "api_key"})
+#: ``sft`` options a job config may not set: OUT is the run folder, ``--resume`` the queue's.
+_SFT_RESERVED = frozenset({"out", "resume", "env_arg"})
 #: How a worker starts ``agentgym``: the interpreter running this code, not whatever is on PATH.
 _AGENTGYM = [sys.executable, "-c", "from agentgym.cli import main; main()"]
 #: Most values (mappings, lists and scalars, counted as YAML aliases expand) a job config holds.
@@ -78,11 +84,8 @@ def check_job(kind: str, config: Mapping[str, Any]) -> None:
         ConfigError: unknown kind, unknown key or env, a value of the wrong type.
     """
     if kind not in get_args(JobKind):
-        raise ConfigError(f"kind must be 'train' or 'eval', got {kind!r}")
-    if kind == "eval":
-        _check_eval(config)
-    else:
-        _check_train(config)
+        raise ConfigError(f"kind must be one of {', '.join(get_args(JobKind))}; got {kind!r}")
+    {"eval": _check_eval, "sft": _check_sft, "train": _check_train}[kind](config)
 
 
 def submit_job(
@@ -120,25 +123,48 @@ def job_name(kind: str, config: Mapping[str, Any]) -> str:
 def job_command(kind: str, config: Mapping[str, Any], run_dir: Path, resume: bool) -> list[str]:
     """The ``agentgym`` command line of a job writing into ``run_dir``.
 
-    A train job's config is written to ``run_dir/job.yaml`` (with ``output_dir: run_dir``).
+    A train job's config is written to ``run_dir/job.yaml`` (with ``output_dir: run_dir``);
+    an sft job's OUT is ``run_dir``.
     """
+    flags = ["--resume"] if resume else []
     if kind == "eval":
-        args = ["eval", *_eval_args(config), "--out", str(run_dir)]
+        args = ["eval", *_eval_args(config), "--out", str(run_dir), *flags]
+    elif kind == "sft":
+        args = ["sft", *_sft_args(config, run_dir, flags)]
     else:
         job_file = run_dir / "job.yaml"
         data = {**config, "output_dir": str(run_dir)}
         job_file.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-        args = ["train", str(job_file)]
-    return [*_AGENTGYM, *args, *(["--resume"] if resume else [])]
+        args = ["train", str(job_file), *flags]
+    return [*_AGENTGYM, *args]
 
 
 def _eval_args(config: Mapping[str, Any]) -> list[str]:
     """``agentgym eval`` arguments for an eval job config (``env`` first)."""
     if "env" not in config:
         raise ConfigError("an eval job config needs 'env' (e.g. env: calculator)")
-    args = [str(config["env"])]
+    return [str(config["env"]), *_option_args(config, skip="env")]
+
+
+def _sft_args(config: Mapping[str, Any], out: Path, flags: Sequence[str] = ()) -> list[str]:
+    """``agentgym sft`` arguments for an sft job config: options, ``flags``, ``-- MODEL OUT``.
+
+    After ``--``: a model named like an option (``--help``) stays the model.
+    """
+    if "model" not in config:
+        raise ConfigError("an sft job config needs 'model' (a model folder, or tiny)")
+    options = _option_args(config, skip="model")
+    return [*options, *flags, "--", str(config["model"]), str(out)]
+
+
+def _option_args(config: Mapping[str, Any], skip: str) -> list[str]:
+    """``--flag value`` for each key of a job config but ``skip`` (the command's argument).
+
+    ``env_kwargs`` becomes ``--env-arg k=<json>``; a list, a repeated option; a mapping, JSON.
+    """
+    args: list[str] = []
     for key, value in config.items():
-        if key == "env" or value is None:
+        if key == skip or value is None:
             continue
         if key == "env_kwargs":
             if not isinstance(value, Mapping):
@@ -156,29 +182,62 @@ def _eval_args(config: Mapping[str, Any]) -> list[str]:
 
 
 def _check_eval(config: Mapping[str, Any]) -> None:
-    import typer
-    import typer.main
-
-    from agentgym import cli
     from agentgym._eval_options import check_policy_options
     from agentgym._registry import resolve_id
 
-    eval_command = getattr(typer.main.get_command(cli.app), "commands")["eval"]  # noqa: B009
-    allowed = {p.name for p in eval_command.params if p.name} - _EVAL_RESERVED
-    allowed |= {"env_kwargs"}
+    _check_keys("eval", config, _EVAL_RESERVED)
+    args = _eval_args(config)
+    resolve_id(args[0])  # UnknownEnvError names the close ids
+    ctx = _parse("eval", [*args, "--out", "unused"])
+    check_policy_options(ctx)  # temperature under the reference policy: refused now
+
+
+def _check_sft(config: Mapping[str, Any]) -> None:
+    """The config as ``agentgym sft`` parses it, then the command's own checks of its options.
+
+    The model and the env's tasks are left to the worker: building them costs a model load.
+    """
+    from agentgym.trainers._sft_cli import check_options
+
+    _check_keys("sft", config, _SFT_RESERVED)
+    check_options(_parse("sft", _sft_args(config, Path("unused"))).params)
+
+
+def _check_keys(name: str, config: Mapping[str, Any], reserved: frozenset[str]) -> None:
+    """Refuse a key that is no option of ``agentgym NAME`` (or one the queue sets), with a hint.
+
+    Why before parsing: click would report ``--num-taks`` as an unknown option; the config's
+    key, with the close match, is what the user wrote.
+    """
+    allowed = {p.name for p in _command(name).params if p.name} - reserved | {"env_kwargs"}
     for key in config:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {sorted(allowed)}"
-            raise ConfigError(f"unknown eval config key {key!r}; {hint}")
-    args = _eval_args(config)
-    resolve_id(args[0])  # UnknownEnvError names the close ids
+            raise ConfigError(f"unknown {name} config key {key!r}; {hint}")
+
+
+def _parse(name: str, args: list[str]) -> Any:
+    """``agentgym NAME ARGS`` parsed by the command's own parser: its click context.
+
+    Typed Any: typer vendors click, and its context class is not public.
+    """
+    import typer
+
     try:
-        ctx = eval_command.make_context("eval", [*args, "--out", "unused"],
-                                        resilient_parsing=False)
+        return _command(name).make_context(name, args, resilient_parsing=False)
     except typer.TyperException as exc:  # typer's (vendored click's) usage errors
-        raise ConfigError(f"eval config: {exc.format_message()}") from None
-    check_policy_options(ctx)  # temperature under the reference policy: refused now
+        raise ConfigError(f"{name} config: {exc.format_message()}") from None
+
+
+@functools.cache
+def _command(name: str) -> Any:
+    """The (typer-vendored) click command of ``agentgym NAME``."""
+    import typer.main
+
+    from agentgym import cli
+
+    return getattr(typer.main.get_command(cli.app), "commands")[name]  # noqa: B009
 
 
 def _check_train(config: Mapping[str, Any]) -> None:

@@ -20,7 +20,7 @@ import contextlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, HTTPException, Query, Request, Response
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentgym._errors import ConfigError
-from agentgym.runs import TERMINAL, JobQueue, RunStatus, RunStore, submit_job
+from agentgym.runs import TERMINAL, JobKind, JobQueue, RunStatus, RunStore, submit_job
 from agentgym.runs._folder import log_path
 
 from ._cli import _is_loopback
@@ -55,9 +55,10 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not ignored
 
-    kind: Literal["train", "eval"]
+    kind: JobKind
     config: dict[str, Any] | str = Field(
-        description="train: a GRPOConfig; eval: env plus `agentgym eval` options by name."
+        description="train: a GRPOConfig; eval: env plus `agentgym eval` options by name; "
+        "sft: model plus `agentgym sft` options by name."
     )
     name: str | None = Field(None, max_length=200, description="Default: <kind>-<env>.")
     max_attempts: int = Field(
@@ -121,7 +122,7 @@ def create_app(
 
     @app.post("/jobs", status_code=201, response_model=Job)
     def submit(request: JobRequest) -> dict[str, Any]:
-        """Queue a train or eval job; 400 with the reason if its config would be refused."""
+        """Queue a train, eval or sft job; 400 with the reason if its config would be refused."""
         try:
             run_id = submit_job(
                 store, request.kind, request.config, runs_root=runs_root, source="serve",
