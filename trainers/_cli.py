@@ -51,7 +51,11 @@ def train(
     ] = False,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a config key: --set max_steps=5 (repeatable)."),
+        typer.Option(
+            "--set",
+            help="Override a config key: --set max_steps=5, or one entry of a mapping: "
+            "--set env_kwargs.parser=mistral (repeatable).",
+        ),
     ] = None,
     dry_run: Annotated[
         bool,

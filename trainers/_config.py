@@ -612,7 +612,7 @@ class GRPOConfig:
             raise ConfigError(f"cannot read config {str(path)!r}: {exc.strerror}") from None
         data = load_yaml(text, f"config {str(path)!r}") or {}
         if isinstance(data, Mapping):
-            data = {**data, **(overrides or {})}
+            data = _overridden(dict(data), overrides or {}, cls.defaults())
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
@@ -788,3 +788,37 @@ def _refusing_unknown_keywords(init: Any) -> Any:
 
 GRPOConfig.__init__ = _refusing_unknown_keywords(GRPOConfig.__init__)  # type: ignore[method-assign]
 GRPOConfig.__doc__ = (GRPOConfig.__doc__ or "") + _render_help(GRPOConfig)
+
+
+def _overridden(
+    data: dict[str, Any], overrides: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``data`` with ``overrides`` applied; a dotted key sets one entry of a mapping knob.
+
+    Why dotted keys: ``--set env_kwargs.parser=mistral`` is what a user types to change one
+    env option; it was refused as an unknown key, and the whole mapping had to be retyped.
+    The knob's other entries (from the file, else its default) are kept. A dotted key whose
+    first part is no knob is left as it is, so `from_dict` names the closest knob.
+    """
+    for key, value in overrides.items():
+        knob, _, path = key.partition(".")
+        if not path or knob not in defaults:
+            data[key] = value
+            continue
+        data[knob] = _set_path(data.get(knob, defaults[knob]), path.split("."), value, knob)
+    return data
+
+
+def _set_path(mapping: Any, path: list[str], value: Any, where: str) -> dict[str, Any]:
+    """A copy of ``mapping`` with ``value`` at ``path`` (nested mappings made as needed)."""
+    if mapping is None:
+        mapping = {}
+    if not isinstance(mapping, Mapping):
+        raise ConfigError(
+            f"--set {where}.{'.'.join(path)}: {where} is {type(mapping).__name__}, not a "
+            f"mapping; set it whole (--set {where}=...)"
+        )
+    head, rest = path[0], path[1:]
+    return {**mapping, head: _set_path(mapping.get(head), rest, value, f"{where}.{head}")
+            if rest else value}  # fmt: skip
+

@@ -245,6 +245,23 @@ def test_cli_set_with_broken_yaml_is_a_one_line_error(tmp_path: Path) -> None:
     assert "--set 'num_generations=[2' is not valid YAML" in lines[0], proc.stderr
 
 
+def test_a_dotted_set_changes_one_entry_of_a_mapping_knob(tmp_path: Path) -> None:
+    """``--set env_kwargs.parser=mistral`` was refused as an unknown key; the file's other
+    env options stay, and a knob that is not a mapping says to set it whole."""
+    path = tmp_path / "run.yaml"
+    path.write_text("env_kwargs: {num_tasks: 40, tool_prompt: system}\n")
+    config = GRPOConfig.from_yaml(path, overrides={
+        "env_kwargs.parser": "mistral", "chat_template_kwargs.enable_thinking": False,
+        "sft_scripts.reference": 0.5})  # fmt: skip
+    assert config.env_kwargs == {"num_tasks": 40, "tool_prompt": "system", "parser": "mistral"}
+    assert config.chat_template_kwargs == {"enable_thinking": False}  # from its default
+    assert config.sft_scripts["reference"] == 0.5
+    with pytest.raises(ConfigError, match=r"max_steps is int, not a mapping; set it whole"):
+        GRPOConfig.from_yaml(path, overrides={"max_steps.x": 1})
+    with pytest.raises(ConfigError, match=r"unknown config key 'env_kwarg.parser'"):
+        GRPOConfig.from_yaml(path, overrides={"env_kwarg.parser": "mistral"})
+
+
 def test_mutable_defaults_are_not_shared() -> None:
     first, second = GRPOConfig(), GRPOConfig()
     first.env_kwargs["num_tasks"] = 10
