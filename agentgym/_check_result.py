@@ -11,8 +11,9 @@ class CheckResult:
 
     ``skipped`` marks a check that had nothing to check (an env without a reference
     solution): it counts as passed, so it never fails a run, yet a report must not show it
-    as a pass. ``trace`` holds a failure's full traceback; ``detail`` stays one line per
-    problem, readable in a table cell.
+    as a pass. ``warning`` marks a pass with a caveat the user should read (a template that
+    drops the text before a call, as the model family's own does). ``trace`` holds a
+    failure's full traceback; ``detail`` stays one line per problem, readable in a table cell.
     """
 
     name: str
@@ -20,10 +21,13 @@ class CheckResult:
     detail: str = ""
     skipped: bool = False
     trace: str = ""
+    warning: bool = False
 
     @property
     def verdict(self) -> str:
-        """What a report shows: ``pass``, ``skip`` or ``FAIL``."""
+        """What a report shows: ``pass``, ``warn``, ``skip`` or ``FAIL``."""
         if not self.passed:
             return "FAIL"
-        return "skip" if self.skipped else "pass"
+        if self.skipped:
+            return "skip"
+        return "warn" if self.warning else "pass"

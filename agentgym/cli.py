@@ -85,7 +85,7 @@ def check_env(
         **parse_env_args(env_arg),
     )
     table = Table("check", "result", "detail")
-    styles = {"pass": "green", "skip": "yellow", "FAIL": "red"}
+    styles = {"pass": "green", "warn": "yellow", "skip": "yellow", "FAIL": "red"}
     for r in results:
         table.add_row(r.name, Text(r.verdict, style=styles[r.verdict]), r.detail)
     stdout.print(table)

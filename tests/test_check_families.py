@@ -141,7 +141,7 @@ def test_hermes3_last_tool_message_newline_is_caught_on_consecutive_prompts() ->
     assert mode.startswith("per_turn: the prompt of assistant turn 2 changes"), mode
     assert "'<|im_end|><|im_start|>assistant\\n'" in mode and "'\\n<|im_end|>" in mode
     round_trip = found["chat template round trip"]
-    assert not round_trip.passed
+    assert round_trip.verdict == "warn"  # the family's own template drops it: not a failure
     assert "assistant turn 2 was produced as 'Let me double-" in round_trip.detail
     assert "drops the text before a tool call ('Let me double-check that.')" in round_trip.detail
 
@@ -224,7 +224,7 @@ def test_llama31_dropped_text_before_a_call_is_blamed_on_the_template() -> None:
     found = rows(LLAMA31_LIKE, parser="llama3_json")
     assert found["rollout mode"].detail.startswith("concat"), found["rollout mode"]
     round_trip = found["chat template round trip"]
-    assert not round_trip.passed
+    assert round_trip.passed and round_trip.verdict == "warn"  # concat keeps what was sampled
     assert "the template drops the text before a tool call" in round_trip.detail
     assert "parser does not read" not in round_trip.detail
 
@@ -271,15 +271,23 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return folders
 
 
-def test_cli_check_model_reports_the_mode_and_exits_1_on_a_round_trip_failure(
+def test_cli_check_model_reports_the_mode_warns_on_dropped_text_and_fails_a_format(
     family_dirs: dict[str, Path],
 ) -> None:
+    """Dropped text before a call is how Hermes-3, Llama 3.1 and Mistral write history: it
+    warns (it exited 1, so every such model 'failed' its check); calls in a format the
+    parser does not read still fail."""
     proc = cli("check", "calculator", "--model", str(family_dirs["hermes3"]))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (
         "rollout mode" in proc.stdout and "per_turn: the prompt of assistant turn 2" in proc.stdout
     )
+    assert "│ warn   │ assistant turn 2 was produced as" in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stderr
+    other = cli("check", "calculator", "--model", str(family_dirs["hermes3"]),
+                "--env-arg", "parser=llama3_json")  # fmt: skip
+    assert other.returncode == 1, other.stdout + other.stderr
+    assert "parser does not read" in other.stdout and "Traceback" not in other.stderr
 
 
 def test_cli_check_passes_chat_template_kwargs(family_dirs: dict[str, Path]) -> None:
@@ -329,7 +337,7 @@ def test_cli_check_prints_template_text_as_written(family_dirs: dict[str, Path])
     # Mistral's markers look like the console's markup ('[/INST]' closes a tag never opened)
     proc = cli("check", "calculator", "--model", str(family_dirs["mistral"]),
                "--env-arg", "parser=mistral")  # fmt: skip
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # its round trip fails, nothing else
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # its round trip warns, no more
     assert "Traceback" not in proc.stderr and "[/INST]" in proc.stdout, proc.stderr
     assert "[TOOL_CALLS]" in proc.stdout and "drops the text before a tool call" in proc.stdout
 

@@ -147,10 +147,10 @@ def has_checkpoint(kind: str, run_dir: Path) -> bool:
 
 
 def sft_checkpoint(run_dir: Path) -> Path:
-    """Where ``agentgym sft`` with OUT ``run_dir`` keeps its checkpoint (the one rule: the
-    SFT loop saves there, and the queue resumes a job that has one).
+    """Where ``agentgym sft`` with OUT ``run_dir`` keeps its checkpoint.
 
-    Beside the folder, not in it (``<run_dir>.partial/state.pt``): it is the training's state,
+    The one rule: the SFT loop saves there, and the queue resumes a job that has one. Beside
+    the folder, not in it (``<run_dir>.partial/state.pt``): it is the training's state,
     removed once the model is saved, and OUT is a plain model folder.
     """
     return run_dir.with_name(run_dir.name + ".partial") / "state.pt"
