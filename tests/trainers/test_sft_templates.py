@@ -121,18 +121,28 @@ def test_mistral_v03_trains_per_turn_on_the_engines_prompts_in_its_own_call_form
     assert answer == f" The answer is 90.{tok.eos_token}"  # the template writes ' ' + content
 
 
-def test_agentgym_sft_warm_starts_a_qwen3_shaped_model_per_turn(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    model = model_with_template(tiny_model_dir, QWEN3_LIKE, tmp_path / "qwen3-shaped")
+def sft_on_family(
+    tiny_model_dir: Path, tmp_path: Path, template: str, tasks: str, *options: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`agentgym sft` of the tiny model with ``template`` on calculator ``tasks``; (run, OUT)."""
+    model = model_with_template(tiny_model_dir, template, tmp_path / "family-shaped")
     out = tmp_path / "warm"
     done = subprocess.run(
         [str(Path(sys.executable).parent / "agentgym"), "sft", str(model), str(out),
-         "--env", "calculator", "--tasks", "0:6", "--steps", "2", "--batch-size", "4",
-         "--chat-template-kwargs", '{"enable_thinking": false}',
-         "--env-arg", "tool_prompt=system"],  # this template leaves tools out: the env shows them
+         "--env", "calculator", "--tasks", tasks, "--batch-size", "4", *options],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "AGENTGYM_RUNS_DB": "off"},
+    )  # fmt: skip
+    return done, out
+
+
+def test_agentgym_sft_warm_starts_a_qwen3_shaped_model_per_turn(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    done, out = sft_on_family(
+        tiny_model_dir, tmp_path, QWEN3_LIKE, "0:6", "--steps", "2",
+        "--chat-template-kwargs", '{"enable_thinking": false}',
+        "--env-arg", "tool_prompt=system",  # this template leaves tools out: the env shows them
     )  # fmt: skip
     assert done.returncode == 0, done.stderr  # was: "does not keep history as a prefix"
     summary = json.loads((out / "sft.json").read_text())
@@ -143,14 +153,9 @@ def test_agentgym_sft_warm_starts_a_qwen3_shaped_model_per_turn(
 def test_agentgym_sft_warm_starts_a_mistral_shaped_model(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    model = model_with_template(tiny_model_dir, MISTRAL_V03_LIKE, tmp_path / "mistral-shaped")
-    out = tmp_path / "warm"
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "agentgym"), "sft", str(model), str(out),
-         "--env", "calculator", "--tasks", "0:4", "--steps", "2", "--batch-size", "4",
-         "--env-arg", "parser=mistral", "--env-arg", "tool_prompt=system"],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "AGENTGYM_RUNS_DB": "off"},
+    done, out = sft_on_family(
+        tiny_model_dir, tmp_path, MISTRAL_V03_LIKE, "0:4", "--steps", "2",
+        "--env-arg", "parser=mistral", "--env-arg", "tool_prompt=system",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr  # was: "renders assistant message 2 differently"
     summary = json.loads((out / "sft.json").read_text())
@@ -163,15 +168,9 @@ def test_agentgym_sft_on_a_mistral_template_under_the_default_parser_names_the_p
 ) -> None:
     """The hermes parser's ids (``call_1_0``) fail Mistral's template: the error said "check
     the template", where the fix is the env's parser."""
-    model = model_with_template(tiny_model_dir, MISTRAL_V03_LIKE, tmp_path / "mistral-shaped")
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "agentgym"), "sft", str(model), str(tmp_path / "out"),
-         "--env", "calculator", "--tasks", "0:4", "--steps", "1",
-         "--env-arg", "tool_prompt=system"],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "AGENTGYM_RUNS_DB": "off"},
-    )  # fmt: skip
+    done, out = sft_on_family(tiny_model_dir, tmp_path, MISTRAL_V03_LIKE, "0:4", "--steps", "1",
+                              "--env-arg", "tool_prompt=system")  # fmt: skip
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].endswith("use --env-arg parser=mistral (env_kwargs)")
-    assert not (tmp_path / "out").exists()
+    assert not out.exists()
