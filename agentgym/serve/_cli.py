@@ -38,7 +38,7 @@ def serve(
     ] = None,
     db: Annotated[str | None, typer.Option("--db", help="Database URL or SQLite path.")] = None,
 ) -> None:
-    """Serve the HTTP job API (and the dashboard): submit, watch and cancel train/eval jobs."""
+    """Serve the HTTP job API (and the dashboard): submit, watch and cancel train/eval/sft jobs."""
     if not _is_loopback(host) and not token:
         raise ConfigError(
             f"--host {host} makes the API reachable from other machines; pass --token SECRET "

@@ -404,7 +404,8 @@ def dashboard_router(store: RunStore) -> APIRouter:
         check_folder(run)
         path = trajectory_file(run)
         if path is None:
-            return {"total": 0, "matched": 0, "offset": offset, "bad_lines": 0, "items": []}
+            return {"total": 0, "matched": 0, "offset": offset, "bad_lines": 0,
+                    "length_fences": [None, None], "items": []}  # fmt: skip
         where = TrajectoryFilter(
             min_reward, max_reward, tuple(status or ()), tool_errors, length_outliers, step
         )
