@@ -107,12 +107,14 @@ def check(
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
-    """A tokenizer object from an object or a model/tokenizer folder; ConfigError if none."""
+    """A tokenizer from an object, a model/tokenizer folder or ``tiny``; ConfigError if none."""
     if not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
     tokenizer = os.fspath(tokenizer)
     try:
         from transformers import AutoTokenizer
+
+        from .engine.tiny import tiny_model_folder
     except ImportError as exc:
         raise ConfigError(
             "reading a model's tokenizer needs transformers: pip install 'agentgym[train]' "
@@ -120,6 +122,7 @@ def load_tokenizer(tokenizer: Any) -> Any:
         ) from exc
     from .engine._render import TOKENIZER_FILES, require_vocabulary
 
+    tokenizer = str(tiny_model_folder(tokenizer) or tokenizer)  # as train and eval name it
     try:
         loaded = AutoTokenizer.from_pretrained(tokenizer)
     except Exception as exc:  # OSError, ValueError ... all mean "not a tokenizer folder"

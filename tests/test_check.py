@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import agentgym
 from tests.conftest import require
 
@@ -72,6 +74,19 @@ def test_template_round_trip_catches_a_parser_the_template_does_not_speak(tiny_m
     assert 'produced as \'{"name"' in result.detail and "writes '<tool_call>" in result.detail
     assert "the 'llama3_json' parser does not read" in result.detail
     assert "--env-arg parser=hermes" in result.detail  # the parser that reads it
+
+
+def test_the_tiny_model_is_named_tiny_as_train_and_eval_name_it(tiny_model_dir):
+    """``check --model tiny`` and ``VLLMPolicy("tiny")`` asked the hub for a model named tiny
+    (offline: about 50 s of retries, then a failure)."""
+    require("transformers")
+    from agentgym.engine._model_dir import model_source
+
+    rows = {r.name: r for r in agentgym.check("calculator", tokenizer="tiny")}
+    assert rows["rollout mode"].detail.startswith("concat"), rows["rollout mode"]
+    assert rows["chat template round trip"].verdict == "pass", rows["chat template round trip"]
+    assert (Path(model_source("tiny")) / "config.json").is_file()
+    assert model_source("tiny") == str(tiny_model_dir)  # the same model the tests build
 
 
 def test_a_sandbox_env_says_first_that_its_image_is_missing_and_plays_nothing_without_it():

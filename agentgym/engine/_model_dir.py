@@ -41,9 +41,15 @@ def model_source(model: str | os.PathLike[str]) -> str:
     """``model`` as transformers and vLLM take it: a checked local folder, or a hub id.
 
     A string that names an existing path, or starts like one (``/``, ``.``, ``~``), is a
-    local folder and must hold a model; anything else is left to the hub.
+    local folder and must hold a model; ``tiny`` / ``tiny:PRESET`` is the project's own model
+    (built offline, cached), as ``train`` and ``eval --model-path`` name it; anything else is
+    left to the hub (``VLLMPolicy("tiny")`` asked the hub for a model named tiny).
     """
+    from .tiny import tiny_model_folder
+
     text = os.fspath(model)
+    if tiny := tiny_model_folder(text):
+        return str(tiny)
     if text.startswith(("/", ".", "~")) or Path(text).exists():
         return str(require_model_folder(text))
     return text
