@@ -305,6 +305,14 @@ def format_fix(text: str, expected: list[Call], parser: ToolCallParser) -> str:
     return f"give the model a chat template that writes the {parser.name!r} format"
 
 
+def shows_tools(renderer: ChatRenderer, tools: list[dict[str, Any]]) -> bool:
+    """Whether the template's first prompt names the env's first tool (it renders ``tools``)."""
+    probe = [{"role": "user", "content": "probe"}]
+    return bool(tools) and tools[0]["function"]["name"] in renderer.render_text(
+        probe, tools, generation=True
+    )
+
+
 def call_format_problem(
     renderer: ChatRenderer, tools: list[dict[str, Any]], parser: ToolCallParser
 ) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._check import lists_tools, load_tokenizer, reference_conversation, with_model_tokenizer
-from ._check_template import call_format_problem, unread_template_kwargs
+from ._check_template import call_format_problem, shows_tools, unread_template_kwargs
 from ._cli_common import console
 from ._errors import ConfigError
 from ._eval_options import PolicyKind, RolloutModeChoice, Servers
@@ -224,7 +224,7 @@ def _checked_template(
     That conversation is the one `agentgym check --model` reports on (the env's reference
     episode, or a probe with a second call after text). Chat-template kwargs the template
     never reads, ``--rollout-mode concat`` with a template that cannot, and a template that
-    shows the tools a call format the env's parser does not read (the model would call no
+    shows the tools and a call format the env's parser does not read (the model would call no
     tool: the eval would measure the parser, not the model) are refused here, on the tokenizer
     alone, before the slow engine start.
     """
@@ -239,14 +239,14 @@ def _checked_template(
     problem = unread_template_kwargs(tokenizer, template_kwargs)
     if problem:
         raise ConfigError(f"--chat-template-kwargs: {problem}")
-    if tools and not env_lists and isinstance(parser, ToolCallParser):  # as the trainer checks
-        renderer = ChatRenderer(tokenizer, template_kwargs)
-        if problem := call_format_problem(renderer, tools, parser):
+    renderer = ChatRenderer(tokenizer, template_kwargs)
+    if isinstance(parser, ToolCallParser) and not env_lists and shows_tools(renderer, tools):
+        if problem := call_format_problem(renderer, tools, parser):  # as the trainer checks
             raise ConfigError(f"{model_path}: {problem}")
     example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
     example = example or probe_conversation(tools)
     if rollout_mode is RolloutModeChoice.concat:
-        decision = ChatRenderer(tokenizer, template_kwargs).decide_mode(example, tools)
+        decision = renderer.decide_mode(example, tools)
         if decision.mode != "concat":
             raise ConfigError(
                 f"--rollout-mode concat, but the chat template cannot: {decision.reason}; "

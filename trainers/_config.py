@@ -821,4 +821,3 @@ def _set_path(mapping: Any, path: list[str], value: Any, where: str) -> dict[str
     head, rest = path[0], path[1:]
     return {**mapping, head: _set_path(mapping.get(head), rest, value, f"{where}.{head}")
             if rest else value}  # fmt: skip
-
