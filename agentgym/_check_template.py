@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._check_result import CheckResult
+from ._errors import ConfigError
 from ._tool_env import without_reasoning
 from ._tool_schema import example_arguments
 from ._trajectory import Trajectory
@@ -86,8 +87,8 @@ def template_checks(
         try:
             rows.append(run())
         except TemplateError as exc:  # the template refused the conversation: one row says so
-            return [*rows, CheckResult("chat template", False, template_failure_cause(
-                renderer, tools, parser) or str(exc))]  # fmt: skip
+            detail = template_failure_cause(renderer, tools, parser) or str(exc)
+            return [*rows, CheckResult("chat template", False, detail)]
     return rows
 
 
@@ -95,8 +96,6 @@ def template_failure_cause(
     renderer: ChatRenderer, tools: list[dict[str, Any]], parser: ToolCallParser | None
 ) -> str:
     """The env's parser, when it is why the template failed (ids Mistral's cannot render)."""
-    from ._errors import ConfigError
-
     if not tools or parser is None:
         return ""
     try:

@@ -88,6 +88,7 @@ def runs(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> d
                                           "output_dir": str(folder / "run")}))  # fmt: skip
         check = cli("check", "calculator", "--model", str(models[name]), "--env-arg",
                     f"parser={parser}", "--env-arg", "tool_prompt=system")  # fmt: skip
+        assert check.returncode == 0, check.stdout  # dropped text before a call only warns
         dry = cli("train", str(config), "--dry-run")
         assert dry.returncode == 0, dry.stdout + dry.stderr
         assert not (folder / "run").exists()  # a dry run writes nothing
