@@ -53,12 +53,13 @@ from ._advantages import Advantages, group_key, mask_truncated, trajectory_advan
 from ._config import GRPOConfig
 from ._distributed import World
 from ._entropy_control import EntropyControl
+from ._health import HealthWatch
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import combine_metrics, episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
 from ._preflight import preflight, resolved_device, rollout_fleet
 from ._report import plot_curves, write_summary
-from ._run_dir import RunDir
+from ._run_dir import RunDir, read_jsonl_records
 from ._samples import (
     PASS_COST_TOKENS,
     Batch,
@@ -250,6 +251,7 @@ class GRPOTrainer:
             version = self._sync(policy, model, run, state.get("adapter_version", 0) + 1)
             if run and trackers and state["step"] == 0:
                 figures[start] = self._headline_eval(policy, run, trackers, 0, "eval")
+            health = HealthWatch(read_jsonl_records(run.metrics_path) if run else ())
             broken_steps = 0  # consecutive steps mostly infra_error, or with no episode scored
             ahead: Collected | None = None  # the next step's episodes (max_staleness 1)
             for step in range(state["step"] + 1, cfg.max_steps + 1):
@@ -309,6 +311,8 @@ class GRPOTrainer:
                     if cfg.log_completions:
                         run.append_rollouts(step, episodes)
                 console.update(step, metrics)
+                for finding in health.see(step, metrics):  # once per rule, as soon as it shows
+                    log.warning("health [%s] %s", finding.rule, finding.text())
                 if (step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0)
                         or stop):  # fmt: skip
                     run.save_checkpoint(step, model, optimizer, self._checkpoint_state(version))

@@ -14,9 +14,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agentgym._errors import ConfigError
 
 from ._export import best_checkpoint  # the choice `agentgym export --best` makes
+from ._health import Finding, diagnose, format_findings
 from ._run_dir import read_jsonl_records
 
 #: Per-reward-function means, as `episode_metrics` names them (``reward/<name>/mean``).
@@ -122,6 +125,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float]) -
     _, calls = _series(rows, "rollout/tool_calls_per_episode")
     if calls:
         summary["tool_calls_per_episode"] = {"first": calls[0], "last": calls[-1]}
+    summary["findings"] = [f.as_dict() for f in diagnose(rows, figures)]
     return summary
 
 
@@ -189,11 +193,55 @@ def format_summary(run_dir: Path, summary: Mapping[str, Any]) -> str:
     curve = run_dir / "reward_curve.png"
     if curve.is_file():
         lines.append(f"  curve             {curve}")
+    lines += format_findings([Finding(**f) for f in summary.get("findings", ())])
     return "\n".join(lines)
 
 
 def _percent_or_number(value: float) -> str:
     return f"{value:.1%}" if 0.0 <= value <= 1.0 else f"{value:.4g}"
+
+
+def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
+    """The health findings of a run folder, finished, running or killed.
+
+    A finished run's headline figures come from its ``summary.json``; a run without one gets
+    them from ``metrics.jsonl`` (the base model's, the step-0 eval's, the final eval's), so a
+    killed run is read as far as it got.
+
+    Raises:
+        ConfigError: the folder holds no ``metrics.jsonl`` (not a train run's folder).
+    """
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ConfigError(f"{run_dir} holds no metrics.jsonl: `agentgym runs doctor` reads a "
+                          "train run's folder (its output_dir)")  # fmt: skip
+    rows = read_jsonl_records(metrics)
+    try:
+        figures = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["figures"]
+    except (OSError, ValueError, KeyError, TypeError):
+        figures = _figures_from_rows(rows, _warm_started(run_dir))
+    return diagnose(rows, figures)
+
+
+def _warm_started(run_dir: Path) -> bool:
+    """Whether the run began with an SFT warm start (its step-0 eval is then the SFT model's)."""
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(config, dict) and bool(config.get("sft_steps"))
+
+
+def _figures_from_rows(rows: Sequence[Mapping[str, Any]], warm_started: bool) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for row in rows:
+        for key, name in (("base/success", "base/success"), ("final/success", "grpo/success")):
+            if isinstance(row.get(key), (int, float)):
+                figures[name] = float(row[key])
+        if row.get("step") == 0 and isinstance(row.get("eval/success"), (int, float)):
+            figures["sft/success" if warm_started else "base/success"] = float(row["eval/success"])
+    return figures
 
 
 def write_summary(run_dir: str | os.PathLike[str], figures: Mapping[str, float]) -> str:

@@ -1,4 +1,4 @@
-"""``agentgym runs ls | show | compare | episodes`` and ``agentgym sweep`` (`agentgym.cli`).
+"""``agentgym runs ls | show | compare | episodes | doctor`` and ``agentgym sweep``.
 
 Ids may be given by a unique prefix. ``--db URL`` (or ``$AGENTGYM_RUNS_DB``) picks the database.
 """
@@ -162,6 +162,32 @@ def show_episodes(
     more = f"; the next: --offset {end}" if end < len(matched) else ""
     console.print(f"episodes {offset + 1}-{end} of {len(matched)} matching ({where_from}){more}",
                   highlight=False)  # fmt: skip
+
+
+@app.command("doctor")
+def doctor(
+    run: Annotated[str, typer.Argument(help="Run id (or prefix) or a train run's folder.")],
+    db: DbOption = None,
+) -> None:
+    """What a train run's metrics say went wrong, and the fix (docs/troubleshooting.md).
+
+    Reads the folder's metrics.jsonl, so it works on a running, killed or copied run too.
+    Exits 1 when it finds something, 0 when nothing matched.
+    """
+    from agentgym.trainers._report import run_findings
+
+    given = Path(run).expanduser()
+    folder = given if given.is_dir() else Path(_find(RunStore(db), run)["run_dir"] or "")
+    findings = run_findings(folder)
+    if not findings:
+        console.print(f"{folder}: no known problem in its metrics", highlight=False)
+        return
+    for finding in findings:
+        console.print(Text(f"[{finding.rule}] {finding.title}", style="bold yellow"))
+        console.print(f"  {finding.evidence}\n  fix: {finding.fix}", highlight=False)
+    console.print(f"{len(findings)} finding(s) in {folder}; each rule is explained in "
+                  "docs/troubleshooting.md", highlight=False)  # fmt: skip
+    raise typer.Exit(1)
 
 
 def _trajectories_of(run: str, db: str | None) -> Path:

@@ -387,6 +387,23 @@ def dashboard_router(store: RunStore) -> APIRouter:
             return {"points": [], "next": 0, "reset": False}
         return read_metrics(path, since, key or [])
 
+    @router.get("/api/runs/{run_id}/health", tags=["dashboard"])
+    def health(run_id: str) -> dict[str, Any]:
+        """A train run's findings, as ``agentgym runs doctor`` prints them.
+
+        ``why`` says why there are none to read (no metrics yet, not a train run).
+        """
+        run = get_run(run_id)
+        check_folder(run)
+        run_dir = _run_dir(run)
+        if run.get("kind") != "train" or run_dir is None:
+            return {"findings": [], "why": f"a {run.get('kind')} run has no training metrics"}
+        if run_file(run_dir, "metrics.jsonl") is None:
+            return {"findings": [], "why": "no metrics yet"}
+        from agentgym.trainers._report import run_findings  # torch-free, loaded on first use
+
+        return {"findings": [f.as_dict() for f in run_findings(run_dir)], "why": None}
+
     @router.get("/api/runs/{run_id}/trajectories", tags=["dashboard"])
     def trajectories(
         run_id: str,

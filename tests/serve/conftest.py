@@ -232,3 +232,18 @@ def store(tmp_path: Path) -> Iterator[Any]:
     store = RunStore(str(tmp_path / "runs.db"))
     yield store
     store.close()
+
+
+@contextlib.contextmanager
+def sick_run(dashboard: Dashboard, root: Path) -> Iterator[RunFolder]:
+    """Run ``sick`` in the dashboard's store while the block runs: 60% of its tool calls fail."""
+    run = write_run(root, "sick", rewards=[0.1, 0.2, 0.2, 0.3], trajectories=[episode(1, 1)])
+    lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    (run.path / "metrics.jsonl").write_text(
+        "".join(json.dumps({**line, "rollout/tool_error_rate": 0.6}) + "\n" for line in lines)
+    )
+    dashboard.store.runs[run.id] = run
+    try:
+        yield run
+    finally:
+        del dashboard.store.runs[run.id]

@@ -12,7 +12,7 @@ import pytest
 
 from agentgym._trajectory import to_json_line
 from tests.conftest import require
-from tests.serve.conftest import XSS, Dashboard, episode, metrics_line
+from tests.serve.conftest import XSS, Dashboard, episode, metrics_line, sick_run
 
 require("fastapi")
 from agentgym.serve._dashboard import IndexCache  # noqa: E402  (needs fastapi)
@@ -49,6 +49,17 @@ def test_unknown_run_is_a_404_that_says_where_to_look(client: httpx.Client) -> N
         response = client.get(url)
         assert response.status_code == 404
         assert response.json()["detail"] == "no run 'nope'; list the runs at /api/runs"
+
+
+def test_health_lists_a_train_runs_findings(
+    client: httpx.Client, dashboard: Dashboard, tmp_path: Path
+) -> None:
+    assert get(client, "/api/runs/a/health") == {"findings": [], "why": None}
+    with sick_run(dashboard, tmp_path):
+        body = get(client, "/api/runs/sick/health")
+    assert [f["rule"] for f in body["findings"]] == ["tool-errors"]
+    assert body["findings"][0]["evidence"].startswith("60% of tool calls were errors")
+    assert client.get("/api/runs/nope/health").status_code == 404
 
 
 def test_metrics_keep_matching_finite_numbers(client: httpx.Client) -> None:

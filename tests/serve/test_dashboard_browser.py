@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import require, skip_or_fail
-from tests.serve.conftest import Dashboard, metrics_line
+from tests.serve.conftest import Dashboard, metrics_line, sick_run
 
 pytestmark = pytest.mark.slow  # starts Chromium (a few seconds on a loaded machine)
 WAIT_S = 20
@@ -112,6 +112,21 @@ def test_curve_draws_the_runs_points_and_grows_live(
         f.write(metrics_line(len(run.rewards) + 1, 0.9))
     run.rewards.append(0.9)
     wait_for(browser, lambda b: points_of(b, "reward/mean") == len(run.rewards), "a new point")
+
+
+def test_a_train_runs_page_shows_its_health(
+    browser: Any, dashboard: Dashboard, tmp_path: Path, shot: Any
+) -> None:
+    open_view(browser, dashboard, "/run/a")
+    healthy = wait_for(browser, lambda b: b.find_element("id", "health").text, "the health box")
+    assert healthy == "no known problem in the metrics"
+    with sick_run(dashboard, tmp_path):
+        open_view(browser, dashboard, "/run/sick")
+        finding = wait_for(browser, lambda b: b.find_elements("css selector", "li.finding"),
+                           "a finding")  # fmt: skip
+        assert finding[0].text.startswith("[tool-errors] many tool calls fail: 60% of tool calls")
+        assert "fix: read them: `agentgym runs episodes RUN --tool-errors`" in finding[0].text
+        shot("health")
 
 
 def test_two_runs_are_overlaid(browser: Any, dashboard: Dashboard, shot: Any) -> None:

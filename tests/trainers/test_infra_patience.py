@@ -81,6 +81,10 @@ def test_a_run_stops_after_broken_steps_with_a_checkpoint_and_resumes(tmp_path: 
     steps = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     assert [r["step"] for r in steps if "data/tasks" in r] == [1, 2, 3]
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
+    # the health watch read the killed run's rows: 2 of the 3 steps lost every episode
+    log = (run / "train.log").read_text()
+    assert log.count("health [infra-errors] episodes are lost to infrastructure: 67% of") == 1
+    assert "[infra-errors]" in (run / "summary.txt").read_text()
 
 
 @pytest.mark.slow

@@ -245,13 +245,30 @@ async function showRun(app, runId) {
   document.getElementById("where").textContent = `/ ${run.name || run.id}`;
   const panels = el("div", { class: "panels", id: "curves" });
   const list = el("div", { id: "trajectories" });
+  const health = el("div", { id: "health" });
   app.append(
     el("h1", {}, `${run.name || run.id} `, el("span", { class: `status-${run.status}` }, run.status)),
     el("p", { class: "note" }, `${run.kind} · step ${fmt(run.step)} · ${run.run_dir}`),
+    ...(run.kind === "train" ? [el("h2", {}, "Health"), health] : []),
     el("h2", {}, "Curves"), panels, el("h2", {}, "Trajectories"), list,
   );
+  if (run.kind === "train") await liveHealth(health, run.id);
   await livePanels(panels, [{ id: run.id, label: run.name || run.id }]);
   await trajectoryList(list, run.id);
+}
+
+// A train run's findings (docs/troubleshooting.md), refreshed while the page shows them.
+async function liveHealth(container, runId) {
+  async function refresh() {
+    const { findings, why } = await getJSON(`${apiRun(runId)}/health`);
+    const rows = findings.map((f) => el("li", { class: "finding" },
+      el("strong", {}, `[${f.rule}] ${f.title}`), `: ${f.evidence}`,
+      el("div", { class: "note" }, `fix: ${f.fix}`)));
+    const none = el("p", { class: "note" }, why || "no known problem in the metrics");
+    container.replaceChildren(rows.length ? el("ul", {}, rows) : none);
+  }
+  await refresh();
+  every(RUNS_POLL_MS, container, () => refresh().catch((e) => showError(e.message)));
 }
 
 async function showCompare(app, a, b) {

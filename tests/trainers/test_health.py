@@ -1,0 +1,209 @@
+"""Run health: each troubleshooting rule fires on the figures it names, and not on a healthy run.
+
+The rows are metrics.jsonl rows as the trainer writes them (the keys of `episode_metrics`, the
+loss and the sampling figures); a healthy run is shaped like the quickstart's (reward rising,
+a quarter of groups flat, one call per episode).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentgym._errors import ConfigError
+from agentgym.trainers import _health
+from agentgym.trainers._health import HealthWatch, diagnose
+from agentgym.trainers._report import run_findings, write_summary
+from tests.runs.cli import agentgym
+
+REPO = Path(__file__).resolve().parents[2]
+Value = float | Callable[[int], float]
+
+
+def healthy(step: int) -> dict[str, Any]:
+    """One training step of a run that learns: success and reward rise, entropy stays."""
+    rise = min(1.0, 0.1 + 0.06 * step)
+    return {
+        "step": step, "data/tasks": [step], "reward/mean": rise, "reward/std": 0.3,
+        "reward/success": rise, "reward/correct_answer/mean": rise,
+        "reward/used_calculator/mean": min(1.0, rise + 0.1),
+        "reward/frac_zero_variance_groups": 0.25, "rollout/tool_calls_per_episode": 1.0,
+        "rollout/turns_per_episode": 2.0, "rollout/tool_error_rate": 0.02,
+        "rollout/frac_truncated": 0.0, "rollout/frac_infra_error": 0.0, "rollout/frac_late": 0.0,
+        "rollout/frac_error": 0.0, "sampling/logprob_drift_mean": 1e-6,
+        "loss/clip_ratio_region": 0.01, "loss/entropy": 0.3 - 0.005 * step, "loss/kl": 0.01,
+    }  # fmt: skip
+
+
+def run_rows(steps: int = 12, **changed: Value) -> list[dict[str, Any]]:
+    """A step-0 eval row, then ``steps`` training rows; ``changed`` keys (``/`` written ``__``)
+    take a value, or a function of the step."""
+    rows: list[dict[str, Any]] = [{"step": 0, "eval/success": 0.1}]
+    for step in range(1, steps + 1):
+        row = healthy(step)
+        for key, value in changed.items():
+            row[key.replace("__", "/")] = value(step) if callable(value) else value
+        rows.append(row)
+    return rows
+
+
+def rules(rows: list[dict[str, Any]], figures: dict[str, float] | None = None) -> list[str]:
+    return [f.rule for f in diagnose(rows, figures)]
+
+
+HEALTHY_FIGURES = {"base/success": 0.0, "sft/success": 0.1, "grpo/success": 0.9}
+
+#: rule -> (rows, headline figures, a fragment the finding's text must hold)
+CASES: dict[str, tuple[list[dict[str, Any]], dict[str, float], str]] = {
+    "infra-errors": (run_rows(rollout__frac_infra_error=0.25), HEALTHY_FIGURES, "25% of episodes"),
+    "errors": (run_rows(rollout__frac_error=0.5), HEALTHY_FIGURES, "--status error"),
+    "no-tool-calls": (
+        run_rows(rollout__tool_calls_per_episode=0.0, rollout__turns_per_episode=1.0),
+        HEALTHY_FIGURES, "agentgym check ENV --model MODEL",
+    ),
+    "tool-errors": (run_rows(rollout__tool_error_rate=0.6), HEALTHY_FIGURES, "60% of tool calls"),
+    "truncated": (run_rows(rollout__frac_truncated=0.4), HEALTHY_FIGURES, "max_completion_length"),
+    "late": (run_rows(rollout__frac_late=0.3), HEALTHY_FIGURES, "episode_deadline_s"),
+    "flat-groups": (
+        run_rows(reward__frac_zero_variance_groups=1.0, reward__success=0.0, reward__mean=0.0,
+                 reward__correct_answer__mean=0.0, reward__used_calculator__mean=0.0),
+        HEALTHY_FIGURES, "sft_steps",
+    ),  # fmt: skip
+    "logprob-drift": (
+        run_rows(sampling__logprob_drift_mean=0.2), HEALTHY_FIGURES, "0.200 nats",
+    ),
+    "clipping": (run_rows(loss__clip_ratio_region=0.35), HEALTHY_FIGURES, "35% of tokens"),
+    "kl": (run_rows(loss__kl=1.5), HEALTHY_FIGURES, "raise beta"),
+    "entropy-collapse": (
+        run_rows(loss__entropy=lambda s: 0.5 if s <= 4 else 0.01, reward__success=0.3,
+                 reward__mean=0.3, reward__correct_answer__mean=0.3,
+                 reward__used_calculator__mean=0.4),
+        HEALTHY_FIGURES, "0.500 -> 0.010",
+    ),  # fmt: skip
+    "reward-falls": (
+        run_rows(reward__success=lambda s: 0.8 - 0.05 * s, reward__mean=lambda s: 0.8 - 0.05 * s,
+                 reward__correct_answer__mean=lambda s: 0.8 - 0.05 * s,
+                 reward__used_calculator__mean=lambda s: 0.8 - 0.05 * s),
+        HEALTHY_FIGURES, "over the recent ones",
+    ),  # fmt: skip
+    "reward-parts-diverge": (
+        run_rows(reward__correct_answer__mean=0.2, reward__success=lambda s: 0.2 + 0.001 * s),
+        HEALTHY_FIGURES, "used_calculator rises, correct_answer does not",
+    ),
+    "train-up-eval-flat": (
+        [*run_rows()[:10], {"step": 9, "eval/success": 0.1}, *run_rows()[10:]],
+        HEALTHY_FIGURES, "0.22 -> 0.58 in training up to step 9; eval/success 10% at step 0",
+    ),
+    "worse-than-start": (
+        run_rows(), {"base/success": 0.0, "sft/success": 0.6, "grpo/success": 0.4},
+        "sft/success 60% -> grpo/success 40%",
+    ),
+}
+
+
+def test_a_healthy_run_matches_no_rule() -> None:
+    assert rules(run_rows(), HEALTHY_FIGURES) == []
+
+
+@pytest.mark.parametrize("rule", list(CASES))
+def test_each_rule_fires_on_the_figures_it_names(rule: str) -> None:
+    rows, figures, fragment = CASES[rule]
+    findings = diagnose(rows, figures)
+    assert [f.rule for f in findings] == [rule]
+    assert fragment in findings[0].text()
+
+
+def test_every_rule_has_a_case_here_and_a_section_in_the_docs() -> None:
+    assert len(CASES) == len(_health.RULES)  # each case fires its own rule alone (above)
+    docs = (REPO / "docs/troubleshooting.md").read_text()
+    anchors = set(re.findall(r'<a id="([a-z-]+)"></a>', docs))
+    assert set(CASES) <= anchors, f"rules without a section: {set(CASES) - anchors}"
+
+
+def test_flat_groups_says_which_way_the_run_is_stuck() -> None:
+    solved = diagnose(run_rows(reward__frac_zero_variance_groups=1.0, reward__success=1.0,
+                               reward__mean=1.0))  # fmt: skip
+    assert solved[0].title == "every episode succeeds: the train tasks are solved"
+    alike = diagnose(run_rows(reward__frac_zero_variance_groups=0.95))
+    assert [f.rule for f in alike] == ["flat-groups"] and "temperature" in alike[0].fix
+
+
+def test_nothing_is_judged_before_three_steps_nor_from_one_bad_step() -> None:
+    assert rules(run_rows(steps=2, rollout__tool_error_rate=0.9)) == []
+    one_bad = run_rows(rollout__tool_error_rate=lambda s: 0.9 if s == 12 else 0.0)
+    assert rules(one_bad) == []  # 0.9 in one of the last 4 steps: 22% on average
+    non_finite = run_rows(rollout__tool_error_rate=float("nan"))
+    assert rules(non_finite) == []
+
+
+def test_the_watch_reports_each_rule_once_as_soon_as_it_shows() -> None:
+    rows = run_rows(rollout__tool_error_rate=lambda s: 0.0 if s < 5 else 0.8)
+    watch = HealthWatch(rows[:1])  # the step-0 eval, as the trainer starts it
+    reported = {row["step"]: [f.rule for f in watch.see(row["step"], row)] for row in rows[1:]}
+    assert reported[5] == [] and reported[6] == ["tool-errors"]  # 2 of the last 3 steps
+    assert all(found == [] for step, found in reported.items() if step != 6)
+
+
+def write_run(folder: Path, rows: list[dict[str, Any]], sft_steps: int) -> Path:
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump({"sft_steps": sft_steps}))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_a_killed_run_is_read_from_its_rows_and_a_finished_one_from_its_summary(
+    tmp_path: Path,
+) -> None:
+    rows = [{"step": 0, "base/success": 0.0}, *run_rows(), {"step": 12, "final/success": 0.2}]
+    rows[1]["eval/success"] = 0.7  # the step-0 eval: the warm start's model
+    killed = write_run(tmp_path / "killed", rows, sft_steps=100)
+    found = {f.rule: f for f in run_findings(killed)}
+    assert list(found) == ["train-up-eval-flat", "worse-than-start"]  # the final eval counts
+    assert found["worse-than-start"].evidence == "sft/success 70% -> grpo/success 20%"
+    assert "eval/success 70% at step 0, at most 20% after" in found["train-up-eval-flat"].evidence
+    no_warm_start = write_run(tmp_path / "plain", rows, sft_steps=0)  # step 0 is the base's
+    assert run_findings(no_warm_start)[-1].evidence == "base/success 70% -> grpo/success 20%"
+    text = write_summary(killed, {"sft/success": 0.7, "grpo/success": 0.8})
+    assert "worse-than-start" not in text  # summary.json's figures win over the rows
+    assert [f.rule for f in run_findings(killed)] == ["train-up-eval-flat"]
+    with pytest.raises(ConfigError, match="no metrics.jsonl: `agentgym runs doctor` reads"):
+        run_findings(tmp_path)
+
+
+def test_the_summary_lists_the_findings(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", run_rows(rollout__frac_truncated=0.5), sft_steps=0)
+    text = write_summary(run, HEALTHY_FIGURES)
+    assert "    [truncated] episodes run out of room: 50% of episodes" in text
+    assert json.loads((run / "summary.json").read_text())["findings"][0]["rule"] == "truncated"
+
+
+def test_cli_doctor_exits_1_with_findings_and_0_without(tmp_path: Path) -> None:
+    db = str(tmp_path / "runs.db")
+    sick = write_run(tmp_path / "sick", run_rows(rollout__tool_error_rate=0.5), sft_steps=0)
+    found = agentgym("runs", "doctor", sick, db=db)
+    assert found.returncode == 1, found.stderr
+    assert "[tool-errors] many tool calls fail" in found.stdout
+    assert "agentgym runs episodes RUN --tool-errors" in found.stdout
+    well = write_run(tmp_path / "well", run_rows(), sft_steps=0)
+    fine = agentgym("runs", "doctor", well, db=db)
+    assert fine.returncode == 0 and "no known problem" in fine.stdout
+    missing = agentgym("runs", "doctor", "nosuchrun", db=db)
+    assert missing.returncode == 2 and "no run with id 'nosuchrun'" in missing.stderr
+
+
+def test_an_eval_taken_before_the_training_gain_is_not_read_as_flat() -> None:
+    """The quickstart's shape: eval at step 5 still 0%, training success climbing after it."""
+    rows = run_rows(reward__success=lambda s: 0.1 if s <= 5 else 0.6)
+    rows.insert(6, {"step": 5, "eval/success": 0.0})
+    rows[0]["eval/success"] = 0.0
+    watch = HealthWatch(rows[:1])
+    fed = [(row.pop("step"), row) for row in [dict(r) for r in rows[1:]]]  # as the trainer feeds
+    assert [f.rule for step, metrics in fed for f in watch.see(step, metrics)] == []
+    rows.append({"step": 12, "final/success": 0.0})  # ... and the final eval did not follow
+    assert rules(rows) == ["train-up-eval-flat"]

@@ -1,0 +1,350 @@
+"""Run health: the troubleshooting table, read off a run's own metrics.
+
+Why: "the reward does not rise" has a handful of causes, and each shows in figures the run
+already logs (flat groups, tool errors, truncation, drift, clipping, a held-out success below
+the warm start's). A user who does not know which figure to read loses the run; these rules
+read them, during training (`HealthWatch`, each finding printed once, as soon as it shows) and
+after it (the summary, and ``agentgym runs doctor RUN`` on any run folder, a killed one too).
+
+Each rule is a small function of a `History` that returns a `Finding` or None; its ``rule`` id
+is the anchor of its row in docs/troubleshooting.md. A rule looks at the recent steps (the last
+third of the run, at least `MIN_STEPS`), so one noisy step does not fire it, and it needs
+`MIN_STEPS` steps before it says anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Steps a rule needs before it judges, and the least a "recent" window holds.
+MIN_STEPS = 3
+#: Share of groups whose episodes all scored alike (no advantage, no gradient).
+FLAT_GROUPS = 0.9
+#: Success rates read as "nothing succeeds" / "everything succeeds".
+NOTHING, EVERYTHING = 0.05, 0.95
+#: Share of tool calls that failed (malformed, unknown tool, arguments refused by the schema).
+TOOL_ERRORS = 0.3
+#: Shares of episodes cut by a budget, lost to infrastructure, late, or scored with an error.
+TRUNCATED, INFRA_ERRORS, LATE, ERRORS = 0.2, 0.1, 0.1, 0.1
+#: Mean |engine logprob - trainer logprob| per token, in nats (exp(0.05) = a 5% ratio).
+DRIFT = 0.05
+#: Share of tokens whose ratio was clipped.
+CLIPPED = 0.2
+#: Mean KL to the base model per token (``beta`` > 0), in nats.
+KL = 0.5
+#: Entropy below this share of its start, while the reward did not rise, reads as a collapse.
+ENTROPY_LEFT = 0.2
+#: A rise or fall of a success rate (or a reward in [0, 1]) large enough to name.
+MOVED = 0.1
+#: Held-out success this far below the start's (the warm start's, or the base model's).
+WORSE = 0.05
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One row of the troubleshooting table that this run's figures match."""
+
+    rule: str  #: stable id; docs/troubleshooting.md#<rule> explains it
+    title: str  #: the symptom, in a few words
+    evidence: str  #: the figures that show it
+    fix: str  #: what to change, or what to run to look closer
+
+    def text(self) -> str:
+        """Two lines: the symptom with its figures, then the fix."""
+        return f"{self.title}: {self.evidence}\n    fix: {self.fix}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"rule": self.rule, "title": self.title, "evidence": self.evidence, "fix": self.fix}
+
+
+class History:
+    """A run's training steps, evals and headline figures, as the rules read them."""
+
+    def __init__(
+        self, rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float] | None = None
+    ) -> None:
+        self.steps = [r for r in rows if "reward/mean" in r]
+        self.figures = dict(figures or {})
+        #: (step, held-out success) of every eval: step 0's, periodic ones, the final one
+        self.evals = [(int(r["step"]), float(value)) for r in rows
+                      for value in (r.get("eval/success", r.get("final/success")),)
+                      if _finite(value)]  # fmt: skip
+        self.window = max(MIN_STEPS, math.ceil(len(self.steps) / 3))
+
+    @property
+    def judged(self) -> bool:
+        """Whether there are enough steps to judge at all."""
+        return len(self.steps) >= MIN_STEPS
+
+    def values(self, key: str) -> list[float]:
+        """The finite values of ``key`` over the training steps, in step order."""
+        return [float(r[key]) for r in self.steps if _finite(r.get(key))]
+
+    def recent(self, key: str) -> float | None:
+        """Mean of ``key`` over the recent window; None if no recent step logged it."""
+        return _mean(self.values(key)[-self.window :])
+
+    def early(self, key: str) -> float | None:
+        """Mean of ``key`` over the first window of steps."""
+        return _mean(self.values(key)[: self.window])
+
+    def success_key(self) -> str:
+        """``reward/success`` where the env reports success, else ``reward/mean``."""
+        return "reward/success" if self.values("reward/success") else "reward/mean"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _pct(value: float) -> str:
+    return f"{value:.0%}"
+
+
+# ---- the rules ----------------------------------------------------------------------------
+
+
+def flat_groups(h: History) -> Finding | None:
+    """Groups whose G episodes all scored alike carry no advantage: nothing is learned."""
+    flat = h.recent("reward/frac_zero_variance_groups")
+    if flat is None or flat < FLAT_GROUPS:
+        return None
+    key = h.success_key()
+    level = h.recent(key)
+    evidence = f"{_pct(flat)} of groups had one reward for all their episodes in the recent steps"
+    if level is not None:
+        evidence += f" ({key} {level:.2f})"
+    if level is not None and level <= NOTHING and key == "reward/success":
+        return Finding("flat-groups", "nothing succeeds, so nothing is learned", evidence,
+                       "start from a model that sometimes succeeds: an SFT warm start "
+                       "(sft_steps: 200), easier train_tasks, or more num_generations")  # fmt: skip
+    if level is not None and level >= EVERYTHING and key == "reward/success":
+        return Finding("flat-groups", "every episode succeeds: the train tasks are solved",
+                       evidence, "harder train_tasks, or stop here (agentgym export RUN OUT "
+                       "--best)")  # fmt: skip
+    return Finding("flat-groups", "most groups score all their episodes alike", evidence,
+                   "raise temperature or num_generations so a group's episodes differ, or "
+                   "resample_zero_variance_groups: true")  # fmt: skip
+
+
+def no_tool_calls(h: History) -> Finding | None:
+    """A tool env whose model never calls a tool: usually a parser or template mismatch."""
+    calls, turns = h.values("rollout/tool_calls_per_episode"), h.values("rollout/turns_per_episode")
+    if not calls or any(calls) or not turns or max(turns) > 1.0:
+        return None
+    return Finding("no-tool-calls", "the model never called a tool",
+                   f"0 tool calls and 1 turn per episode in all {len(calls)} steps",
+                   "if the tasks need a tool, run `agentgym check ENV --model MODEL` (the env's "
+                   "parser must read the calls the chat template writes), then warm start "
+                   "(sft_steps) on the env's scripted turns")  # fmt: skip
+
+
+def _recent_at_least(
+    rule: str, key: str, threshold: float, title: str, evidence: Callable[[float], str], fix: str
+) -> Callable[[History], Finding | None]:
+    """A rule that fires when the recent mean of ``key`` reaches ``threshold``."""
+
+    def check(h: History) -> Finding | None:
+        value = h.recent(key)
+        if value is None or value < threshold:
+            return None
+        return Finding(rule, title, evidence(value), fix)
+
+    check.__name__ = rule.replace("-", "_")
+    return check
+
+
+def _of_episodes(what: str) -> Callable[[float], str]:
+    return lambda share: f"{_pct(share)} of episodes {what} in the recent steps"
+
+
+tool_errors = _recent_at_least(
+    "tool-errors", "rollout/tool_error_rate", TOOL_ERRORS, "many tool calls fail",
+    lambda rate: f"{_pct(rate)} of tool calls were errors in the recent steps (malformed calls, "
+    "unknown tools, arguments the schema refuses)",
+    "read them: `agentgym runs episodes RUN --tool-errors`; `agentgym check ENV --model MODEL` "
+    "tests the parser against the template",
+)
+truncated = _recent_at_least(
+    "truncated", "rollout/frac_truncated", TRUNCATED, "episodes run out of room",
+    _of_episodes("were truncated (a turn, token or context budget)"),
+    "raise max_completion_length, max_episode_tokens or max_turns (and max_model_len), or keep "
+    "truncated episodes out of the loss (mask_truncated_completions: true)",
+)
+infra_errors = _recent_at_least(
+    "infra-errors", "rollout/frac_infra_error", INFRA_ERRORS,
+    "episodes are lost to infrastructure", _of_episodes("ended as infra_error (dropped from "
+    "training)"),
+    "read why: `agentgym runs episodes RUN --status infra_error`; a sandbox or service that "
+    "fails under load wants a smaller max_concurrency",
+)
+late = _recent_at_least(
+    "late", "rollout/frac_late", LATE, "episodes miss the step's deadline",
+    _of_episodes("were late (the late_policy dropped or kept them)"),
+    "raise episode_deadline_s, or lower max_completion_length or the tools' timeouts",
+)
+errors = _recent_at_least(
+    "errors", "rollout/frac_error", ERRORS, "episodes end in an error",
+    _of_episodes("ended with status error (a reward function or the env raised)"),
+    "read the tracebacks: `agentgym runs episodes RUN --status error`",
+)
+drift = _recent_at_least(
+    "logprob-drift", "sampling/logprob_drift_mean", DRIFT,
+    "the engine and the trainer disagree on the tokens",
+    lambda mean: f"mean |engine - trainer| logprob {mean:.3f} nats per token in the recent steps "
+    f"(ratio about {math.exp(mean):.2f}x)",
+    "run both in one dtype (dtype: float32 or bfloat16 on both sides), keep max_staleness at 0; "
+    "importance correction (on) reweights, but large drift trains off-policy",
+)
+clipping = _recent_at_least(
+    "clipping", "loss/clip_ratio_region", CLIPPED, "updates are too large",
+    lambda share: f"{_pct(share)} of tokens clipped (ratio outside [1 - epsilon, 1 + "
+    "epsilon_high]) in the recent steps",
+    "lower learning_rate or num_iterations",
+)
+kl = _recent_at_least(
+    "kl", "loss/kl", KL, "the policy is far from the base model",
+    lambda value: f"KL {value:.2f} nats per token in the recent steps",
+    "lower learning_rate or raise beta",
+)
+
+
+def entropy_collapse(h: History) -> Finding | None:
+    """Entropy fell most of the way to zero and the reward did not rise with it."""
+    start, now = h.early("loss/entropy"), h.recent("loss/entropy")
+    key = h.success_key()
+    first, last = h.early(key), h.recent(key)
+    if None in (start, now, first, last) or len(h.steps) < 2 * MIN_STEPS:
+        return None
+    assert start is not None and now is not None and first is not None and last is not None
+    if start <= 0 or now > ENTROPY_LEFT * start or last - first >= MOVED:
+        return None  # still exploring, or converging on what works
+    return Finding("entropy-collapse", "the policy stopped exploring",
+                   f"entropy {start:.3f} -> {now:.3f} while {key} went {first:.2f} -> {last:.2f}",
+                   "lower learning_rate, raise temperature, or add an entropy bonus "
+                   "(entropy_coef)")  # fmt: skip
+
+
+def reward_falls(h: History) -> Finding | None:
+    key = h.success_key()
+    first, last = h.early(key), h.recent(key)
+    if first is None or last is None or len(h.steps) < 2 * MIN_STEPS or first - last < MOVED:
+        return None
+    return Finding("reward-falls", "the training reward fell",
+                   f"{key} {first:.2f} over the first steps -> {last:.2f} over the recent ones",
+                   "lower learning_rate; keep the best checkpoint (agentgym export RUN OUT "
+                   "--best)")  # fmt: skip
+
+
+def reward_parts_diverge(h: History) -> Finding | None:
+    """One reward function climbs while another stays put: the policy may be gaming it."""
+    names = sorted({k for r in h.steps for k in r if k.startswith("reward/") and
+                    k.endswith("/mean") and k != "reward/mean"})  # fmt: skip
+    moves = {}
+    for key in names:
+        first, last = h.early(key), h.recent(key)
+        if first is not None and last is not None and len(h.steps) >= 2 * MIN_STEPS:
+            moves[key.removeprefix("reward/").removesuffix("/mean")] = (first, last)
+    risers = [n for n, (a, b) in moves.items() if b - a >= 2 * MOVED]
+    stuck = [n for n, (a, b) in moves.items() if b - a < MOVED / 5]
+    if not risers or not stuck:
+        return None
+    rise, flat = risers[0], stuck[0]
+    return Finding("reward-parts-diverge", f"{rise} rises, {flat} does not",
+                   f"{rise} {moves[rise][0]:.2f} -> {moves[rise][1]:.2f}, {flat} "
+                   f"{moves[flat][0]:.2f} -> {moves[flat][1]:.2f}",
+                   f"read high-reward episodes (`agentgym runs episodes RUN --min-reward X`): "
+                   f"if {rise} pays (a weight above 0 in the env's Rubric) without the task "
+                   "being done, the policy games it: lower its weight")  # fmt: skip
+
+
+def worse_than_start(h: History) -> Finding | None:
+    """The seeds' "worse than the SFT baseline": held-out success ended below where it began."""
+    start_key = "sft/success" if "sft/success" in h.figures else "base/success"
+    start, end = h.figures.get(start_key), h.figures.get("grpo/success")
+    if start is None or end is None or start - end < WORSE:
+        return None
+    label = "the warm start's" if start_key == "sft/success" else "the base model's"
+    return Finding("worse-than-start", f"held-out success ended below {label}",
+                   f"{start_key} {_pct(start)} -> grpo/success {_pct(end)}",
+                   "export the best checkpoint (agentgym export RUN OUT --best); then lower "
+                   "learning_rate or max_steps")  # fmt: skip
+
+
+def train_up_eval_flat(h: History) -> Finding | None:
+    """Training success rose before the latest eval; held-out success did not follow.
+
+    Judged at the latest eval after step 0, on the training steps up to it: an eval lags the
+    training figures it is compared with, so a gain made after it says nothing yet.
+    """
+    key = h.success_key()
+    if len(h.evals) < 2 or h.evals[0][0] != 0:
+        return None
+    (_, start), (at, _) = h.evals[0], h.evals[-1]
+    before = [float(r[key]) for r in h.steps if r["step"] <= at and _finite(r.get(key))]
+    window = max(MIN_STEPS, math.ceil(len(before) / 3))
+    if len(before) < 2 * MIN_STEPS:
+        return None
+    first, last = _mean(before[:window]), _mean(before[-window:])
+    best = max(v for _, v in h.evals[1:])
+    if first is None or last is None or last - first < 2 * MOVED or best - start >= MOVED / 5:
+        return None
+    return Finding("train-up-eval-flat", "the gain does not reach held-out tasks",
+                   f"{key} {first:.2f} -> {last:.2f} in training up to step {at}; eval/success "
+                   f"{_pct(start)} at step 0, at most {_pct(best)} after",
+                   "read eval episodes (`agentgym runs episodes RUN`): a reward paid without "
+                   "the task done is being gamed; few train_tasks are being memorised")  # fmt: skip
+
+
+#: Every rule, in the order a reader should act on them (the root causes first).
+RULES: tuple[Callable[[History], Finding | None], ...] = (
+    infra_errors, errors, no_tool_calls, tool_errors, truncated, late, flat_groups, drift,
+    clipping, kl, entropy_collapse, reward_falls, reward_parts_diverge, train_up_eval_flat,
+    worse_than_start,
+)  # fmt: skip
+
+
+def diagnose(
+    rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float] | None = None
+) -> list[Finding]:
+    """The findings a run's metrics rows (and headline figures) match, in `RULES` order."""
+    history = History(rows, figures)
+    found = [rule(history) for rule in RULES] if history.judged else []
+    return [f for f in found if f is not None]
+
+
+class HealthWatch:
+    """Findings as they appear during a run, each rule reported once.
+
+    The trainer feeds it every step's metrics; what it returns is new since the last call.
+    A resumed run feeds it the rows the killed one wrote first, so what was reported before
+    the kill is reported again once (the console that showed it is gone).
+    """
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]] = ()) -> None:
+        self.rows = list(rows)
+        self.reported: set[str] = set()
+
+    def see(self, step: int, metrics: Mapping[str, Any]) -> list[Finding]:
+        """The findings that step ``step``'s ``metrics`` (its metrics.jsonl row) make new."""
+        self.rows.append({"step": step, **metrics})
+        new = [f for f in diagnose(self.rows) if f.rule not in self.reported]
+        self.reported.update(f.rule for f in new)
+        return new
+
+
+def format_findings(findings: Sequence[Finding]) -> list[str]:
+    """The summary's lines: one finding a line pair, or a line saying none matched."""
+    if not findings:
+        return ["  health            no known problem in the metrics (docs/troubleshooting.md)"]
+    lines = ["  health            see docs/troubleshooting.md#<rule>"]
+    for f in findings:
+        lines += [f"    [{f.rule}] {f.title}: {f.evidence}", f"      fix: {f.fix}"]
+    return lines
