@@ -79,6 +79,7 @@ def check(
         make(env_id, **env_kwargs).close()
     # the reference check and the template checks each read one played episode
     reference = functools.cache(lambda: _play(env_id, env_kwargs, _reference_script))
+    give_up = functools.cache(lambda: _play(env_id, env_kwargs, _give_up_script)[0])
     exercise = functools.cache(lambda: _exercise(env_id, env_kwargs, tok, chat_template_kwargs))
     sandboxes = _sandboxes(env_id, env_kwargs)
     # a row that plays an episode needs the sandboxes; without them it says so, once, above
@@ -91,6 +92,7 @@ def check(
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
         lambda: _task_fields(make(env_id, **env_kwargs)),
         _played("reference episode", plays, lambda: _reference_episode(*reference())),
+        _played(NON_ANSWER_ROW, plays, lambda: _non_answer(reference()[0], give_up())),
     ]
     if tok is not None:
         kwargs = dict(chat_template_kwargs or {})
@@ -286,6 +288,16 @@ def _reference_script(env: Env) -> Callable[[Any], Sequence[str]] | None:
     return getattr(env, "reference_turns", None)
 
 
+#: What `_give_up_script` answers: no tool call, no attempt.
+NON_ANSWER = "I cannot answer this."
+NON_ANSWER_ROW = "reward of a non-answer"
+
+
+def _give_up_script(env: Env) -> Callable[[Any], Sequence[str]] | None:
+    """One turn that gives up at once, for envs with a reference to compare it with."""
+    return None if _reference_script(env) is None else (lambda task: [NON_ANSWER])
+
+
 def _exercise_script(env: Env, reasoning: str = "") -> Callable[[Any], Sequence[str]] | None:
     """The reference turns with the first tool turn repeated after some text.
 
@@ -371,6 +383,31 @@ def _reference_episode(
             "the reference or the reward functions are wrong"
         )
     return CheckResult("reference episode", ok, detail, trace=trajectory.error or "")
+
+
+def _non_answer(reference: Trajectory | None, give_up: Trajectory | None) -> CheckResult:
+    """An episode that gives up at once must earn less than the env's own solution.
+
+    Why: a rubric that pays for a format, or for any final message, pays a policy that never
+    solves a task; GRPO then raises the reward and nothing else (the policy being trained finds
+    the cheapest way to the reward). Warns rather than fails: the reward is the env author's.
+    """
+    if reference is None or give_up is None:
+        return CheckResult(NON_ANSWER_ROW, True, "skipped: the env has no reference solution",
+                           skipped=True)  # fmt: skip
+    earned, paid = reference.total_reward, give_up.total_reward
+    if give_up.status == "error" or earned <= 0:
+        why = "it ended in an error" if give_up.status == "error" else "the reference earns 0"
+        return CheckResult(NON_ANSWER_ROW, True, f"skipped: {why}", skipped=True)
+    if paid < earned:
+        return CheckResult(NON_ANSWER_ROW, True, f"{NON_ANSWER!r} at once earns {paid:g}, "
+                           f"the reference {earned:g}")  # fmt: skip
+    return CheckResult(
+        NON_ANSWER_ROW, True, warning=True,
+        detail=f"{NON_ANSWER!r} at once earns {paid:g}, as much as the reference ({earned:g}): "
+        "the reward does not check the outcome, so training can raise it without solving a "
+        "task (scores " + ", ".join(f"{k} {v:g}" for k, v in give_up.scores.items()) + ")",
+    )
 
 
 #: The line `_record_outcome` writes above each failing reward function's traceback.

@@ -98,6 +98,34 @@ def test_a_rubric_scoring_the_reference_zero_shows_its_scores(row) -> None:
     assert "earns nothing (scores {'correct': 0.0})" in result.detail
 
 
+# --- the reward of a non-answer ---------------------------------------------------------------
+
+
+def replied(completion: str) -> float:
+    """Pays any final message: what a policy being trained learns to collect."""
+    return float(bool(completion.strip()))
+
+
+def test_a_reward_that_pays_a_non_answer_warns(row) -> None:
+    result = row("reward of a non-answer", [lookup], agentgym.Rubric([replied]), ["It is Peru."])
+    assert result.verdict == "warn" and result.passed  # the reward is the env author's call
+    assert result.detail == (
+        "'I cannot answer this.' at once earns 1, as much as the reference (1): the reward does "
+        "not check the outcome, so training can raise it without solving a task (scores "
+        "replied 1)"
+    )
+
+
+def test_a_reward_that_checks_the_answer_passes_and_no_reference_skips(row) -> None:
+    result = row("reward of a non-answer", [lookup], agentgym.Rubric([correct]), ["It is Peru."])
+    assert result.verdict == "pass"
+    assert result.detail == "'I cannot answer this.' at once earns 0, the reference 1"
+    unplayed = row("reward of a non-answer", [lookup], agentgym.Rubric([correct]))
+    assert unplayed.verdict == "skip"
+    unpaid = row("reward of a non-answer", [lookup], agentgym.Rubric([correct]), ["Lima"])
+    assert unpaid.verdict == "skip" and unpaid.detail == "skipped: the reference earns 0"
+
+
 # --- tool descriptions and parameters ------------------------------------------------------
 
 

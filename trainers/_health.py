@@ -116,15 +116,22 @@ def flat_groups(h: History) -> Finding | None:
     flat = h.recent("reward/frac_zero_variance_groups")
     if flat is None or flat < FLAT_GROUPS:
         return None
-    key = h.success_key()
+    key, reward = h.success_key(), h.recent("reward/mean") or 0.0
     level = h.recent(key)
     evidence = f"{_pct(flat)} of groups had one reward for all their episodes in the recent steps"
     if level is not None:
-        evidence += f" ({key} {level:.2f})"
-    if level is not None and level <= NOTHING and key == "reward/success":
+        evidence += f" ({key} {level:.2f}" + (f", reward/mean {reward:.2f})" if key ==
+                                             "reward/success" else ")")  # fmt: skip
+    if level is not None and level <= NOTHING and reward <= NOTHING and key == "reward/success":
         return Finding("flat-groups", "nothing succeeds, so nothing is learned", evidence,
                        "start from a model that sometimes succeeds: an SFT warm start "
                        "(sft_steps: 200), easier train_tasks, or more num_generations")  # fmt: skip
+    if level is not None and level <= NOTHING and key == "reward/success":  # paid, not solved
+        return Finding("flat-groups", "episodes are paid alike, yet none succeeds", evidence,
+                       "if the reward pays episodes that do not solve the task, it does not "
+                       "check the outcome (`agentgym check ENV` warns on that: 'reward of a "
+                       "non-answer'); a rubric whose best score is under 1.0 never counts a "
+                       "success")  # fmt: skip
     if level is not None and level >= EVERYTHING and key == "reward/success":
         return Finding("flat-groups", "every episode succeeds: the train tasks are solved",
                        evidence, "harder train_tasks, or stop here (agentgym export RUN OUT "

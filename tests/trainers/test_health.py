@@ -130,6 +130,11 @@ def test_flat_groups_says_which_way_the_run_is_stuck() -> None:
     solved = diagnose(run_rows(reward__frac_zero_variance_groups=1.0, reward__success=1.0,
                                reward__mean=1.0))  # fmt: skip
     assert solved[0].title == "every episode succeeds: the train tasks are solved"
+    paid = diagnose(run_rows(reward__frac_zero_variance_groups=1.0, reward__success=0.0,
+                             reward__mean=1.0))  # every episode paid, none a success
+    assert paid[0].title == "episodes are paid alike, yet none succeeds"
+    assert "'reward of a non-answer'" in paid[0].fix
+    assert "(reward/success 0.00, reward/mean 1.00)" in paid[0].evidence
     alike = diagnose(run_rows(reward__frac_zero_variance_groups=0.95))
     assert [f.rule for f in alike] == ["flat-groups"] and "temperature" in alike[0].fix
 
