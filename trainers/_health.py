@@ -27,6 +27,8 @@ FLAT_GROUPS = 0.9
 NOTHING, EVERYTHING = 0.05, 0.95
 #: Share of tool calls that failed (malformed, unknown tool, arguments refused by the schema).
 TOOL_ERRORS = 0.3
+#: Share of turns that hit max_completion_length.
+TURNS_CUT = 0.1
 #: Shares of episodes cut by a budget, lost to infrastructure, late, or scored with an error.
 TRUNCATED, INFRA_ERRORS, LATE, ERRORS = 0.2, 0.1, 0.1, 0.1
 #: Mean |engine logprob - trainer logprob| per token, in nats (exp(0.05) = a 5% ratio).
@@ -37,6 +39,9 @@ CLIPPED = 0.2
 KL = 0.5
 #: Entropy below this share of its start, while the reward did not rise, reads as a collapse.
 ENTROPY_LEFT = 0.2
+#: Entropy at this multiple of its start, while the reward did not rise, reads as the policy
+#: coming apart (a learning rate too high turns it into noise).
+ENTROPY_GROWN = 2.0
 #: A rise or fall of a success rate (or a reward in [0, 1]) large enough to name.
 MOVED = 0.1
 #: Held-out success this far below the start's (the warm start's, or the base model's).
@@ -179,6 +184,13 @@ tool_errors = _recent_at_least(
     "read them: `agentgym runs episodes RUN --tool-errors`; `agentgym check ENV --model MODEL` "
     "tests the parser against the template",
 )
+turns_cut = _recent_at_least(
+    "turns-cut", "rollout/frac_turns_cut", TURNS_CUT, "turns hit max_completion_length",
+    lambda share: f"{_pct(share)} of turns ended at the token limit in the recent steps (a tool "
+    "call cut there is a malformed call)",
+    "raise max_completion_length (and max_model_len with it); read the cut turns with "
+    "`agentgym runs episodes RUN --length-outliers`",
+)
 truncated = _recent_at_least(
     "truncated", "rollout/frac_truncated", TRUNCATED, "episodes run out of room",
     _of_episodes("were truncated (a turn, token or context budget)"),
@@ -223,20 +235,51 @@ kl = _recent_at_least(
 )
 
 
+@dataclass(frozen=True)
+class _EntropyMove:
+    """Entropy and success over the first steps and the recent ones."""
+
+    start: float
+    now: float
+    key: str
+    first: float
+    last: float
+
+    def evidence(self) -> str:
+        return (f"entropy {self.start:.3f} -> {self.now:.3f} while {self.key} went "
+                f"{self.first:.2f} -> {self.last:.2f}")  # fmt: skip
+
+
+def _entropy_move(h: History) -> _EntropyMove | None:
+    """How entropy moved while the reward did not rise; None if it rose (or too few steps)."""
+    key = h.success_key()
+    start, now, first, last = h.early("loss/entropy"), h.recent("loss/entropy"), h.early(key), \
+        h.recent(key)  # fmt: skip
+    if start is None or now is None or first is None or last is None or start <= 0:
+        return None
+    if len(h.steps) < 2 * MIN_STEPS or last - first >= MOVED:
+        return None  # converging on what works: fine
+    return _EntropyMove(start, now, key, first, last)
+
+
 def entropy_collapse(h: History) -> Finding | None:
     """Entropy fell most of the way to zero and the reward did not rise with it."""
-    start, now = h.early("loss/entropy"), h.recent("loss/entropy")
-    key = h.success_key()
-    first, last = h.early(key), h.recent(key)
-    if None in (start, now, first, last) or len(h.steps) < 2 * MIN_STEPS:
+    move = _entropy_move(h)
+    if move is None or move.now > ENTROPY_LEFT * move.start:
         return None
-    assert start is not None and now is not None and first is not None and last is not None
-    if start <= 0 or now > ENTROPY_LEFT * start or last - first >= MOVED:
-        return None  # still exploring, or converging on what works
-    return Finding("entropy-collapse", "the policy stopped exploring",
-                   f"entropy {start:.3f} -> {now:.3f} while {key} went {first:.2f} -> {last:.2f}",
+    return Finding("entropy-collapse", "the policy stopped exploring", move.evidence(),
                    "lower learning_rate, raise temperature, or add an entropy bonus "
                    "(entropy_coef)")  # fmt: skip
+
+
+def entropy_rises(h: History) -> Finding | None:
+    """Entropy grew to several times its start and the reward did not rise with it."""
+    move = _entropy_move(h)
+    if move is None or move.now < ENTROPY_GROWN * move.start:
+        return None
+    return Finding("entropy-rises", "the policy is coming apart", move.evidence(),
+                   "lower learning_rate (the quickstart's is 1e-3) or max_grad_norm; export an "
+                   "earlier checkpoint (agentgym export RUN OUT --step N)")  # fmt: skip
 
 
 def reward_falls(h: History) -> Finding | None:
@@ -312,9 +355,9 @@ def train_up_eval_flat(h: History) -> Finding | None:
 
 #: Every rule, in the order a reader should act on them (the root causes first).
 RULES: tuple[Callable[[History], Finding | None], ...] = (
-    infra_errors, errors, no_tool_calls, tool_errors, truncated, late, flat_groups, drift,
-    clipping, kl, entropy_collapse, reward_falls, reward_parts_diverge, train_up_eval_flat,
-    worse_than_start,
+    infra_errors, errors, no_tool_calls, turns_cut, tool_errors, truncated, late, flat_groups,
+    drift, clipping, kl, entropy_collapse, entropy_rises, reward_falls, reward_parts_diverge,
+    train_up_eval_flat, worse_than_start,
 )  # fmt: skip
 
 

@@ -67,6 +67,9 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "rollout/episodes": float(len(trajectories)),
         "rollout/turns_per_episode": _mean([float(len(t.turns)) for t in scored]),
         "rollout/completion_length": _mean([float(len(t.completion_ids or [])) for t in turns]),
+        # turns that hit max_completion_length (TRL's completions/clipped_ratio): a call cut
+        # there reads as a malformed call, not as a truncated episode
+        "rollout/frac_turns_cut": _mean([float(t.finish_reason == "length") for t in turns]),
         "rollout/tool_calls_per_episode": calls / len(scored) if scored else 0.0,
         "rollout/tool_error_rate": errors / attempts if attempts else 0.0,
     }

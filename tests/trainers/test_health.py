@@ -36,8 +36,9 @@ def healthy(step: int) -> dict[str, Any]:
         "reward/frac_zero_variance_groups": 0.25, "rollout/tool_calls_per_episode": 1.0,
         "rollout/turns_per_episode": 2.0, "rollout/tool_error_rate": 0.02,
         "rollout/frac_truncated": 0.0, "rollout/frac_infra_error": 0.0, "rollout/frac_late": 0.0,
-        "rollout/frac_error": 0.0, "sampling/logprob_drift_mean": 1e-6,
-        "loss/clip_ratio_region": 0.01, "loss/entropy": 0.3 - 0.005 * step, "loss/kl": 0.01,
+        "rollout/frac_error": 0.0, "rollout/frac_turns_cut": 0.05,
+        "sampling/logprob_drift_mean": 1e-6, "loss/clip_ratio_region": 0.01,
+        "loss/entropy": 0.3 - 0.005 * step, "loss/kl": 0.01,
     }  # fmt: skip
 
 
@@ -51,6 +52,12 @@ def run_rows(steps: int = 12, **changed: Value) -> list[dict[str, Any]]:
             row[key.replace("__", "/")] = value(step) if callable(value) else value
         rows.append(row)
     return rows
+
+
+def rewards_at(level: Value, **changed: Value) -> list[dict[str, Any]]:
+    """`run_rows` whose success, reward and both reward functions all read ``level``."""
+    return run_rows(reward__success=level, reward__mean=level, reward__correct_answer__mean=level,
+                    reward__used_calculator__mean=level, **changed)  # fmt: skip
 
 
 def rules(rows: list[dict[str, Any]], figures: dict[str, float] | None = None) -> list[str]:
@@ -68,30 +75,28 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, float], str]] = {
         HEALTHY_FIGURES, "agentgym check ENV --model MODEL",
     ),
     "tool-errors": (run_rows(rollout__tool_error_rate=0.6), HEALTHY_FIGURES, "60% of tool calls"),
+    "turns-cut": (run_rows(rollout__frac_turns_cut=0.5), HEALTHY_FIGURES, "50% of turns ended"),
     "truncated": (run_rows(rollout__frac_truncated=0.4), HEALTHY_FIGURES, "max_completion_length"),
     "late": (run_rows(rollout__frac_late=0.3), HEALTHY_FIGURES, "episode_deadline_s"),
     "flat-groups": (
-        run_rows(reward__frac_zero_variance_groups=1.0, reward__success=0.0, reward__mean=0.0,
-                 reward__correct_answer__mean=0.0, reward__used_calculator__mean=0.0),
-        HEALTHY_FIGURES, "sft_steps",
-    ),  # fmt: skip
+        rewards_at(0.0, reward__frac_zero_variance_groups=1.0), HEALTHY_FIGURES, "sft_steps",
+    ),
     "logprob-drift": (
         run_rows(sampling__logprob_drift_mean=0.2), HEALTHY_FIGURES, "0.200 nats",
     ),
     "clipping": (run_rows(loss__clip_ratio_region=0.35), HEALTHY_FIGURES, "35% of tokens"),
     "kl": (run_rows(loss__kl=1.5), HEALTHY_FIGURES, "raise beta"),
     "entropy-collapse": (
-        run_rows(loss__entropy=lambda s: 0.5 if s <= 4 else 0.01, reward__success=0.3,
-                 reward__mean=0.3, reward__correct_answer__mean=0.3,
-                 reward__used_calculator__mean=0.4),
-        HEALTHY_FIGURES, "0.500 -> 0.010",
-    ),  # fmt: skip
+        rewards_at(0.3, loss__entropy=lambda s: 0.5 if s <= 4 else 0.01), HEALTHY_FIGURES,
+        "0.500 -> 0.010",
+    ),
+    "entropy-rises": (
+        rewards_at(0.1, loss__entropy=lambda s: 0.2 if s <= 4 else 1.9), HEALTHY_FIGURES,
+        "entropy 0.200 -> 1.900 while reward/success went 0.10 -> 0.10",
+    ),
     "reward-falls": (
-        run_rows(reward__success=lambda s: 0.8 - 0.05 * s, reward__mean=lambda s: 0.8 - 0.05 * s,
-                 reward__correct_answer__mean=lambda s: 0.8 - 0.05 * s,
-                 reward__used_calculator__mean=lambda s: 0.8 - 0.05 * s),
-        HEALTHY_FIGURES, "over the recent ones",
-    ),  # fmt: skip
+        rewards_at(lambda s: 0.8 - 0.05 * s), HEALTHY_FIGURES, "over the recent ones",
+    ),
     "reward-parts-diverge": (
         run_rows(reward__correct_answer__mean=0.2, reward__success=lambda s: 0.2 + 0.001 * s),
         HEALTHY_FIGURES, "used_calculator rises, correct_answer does not",

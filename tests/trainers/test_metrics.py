@@ -73,3 +73,15 @@ def test_a_steps_metrics_weigh_its_passes_by_their_tokens() -> None:
         "loss/kl": pytest.approx(0.3)
     }  # passes without trained tokens: a plain mean
 
+
+
+def test_turns_cut_at_the_token_limit_are_counted_over_the_scored_turns() -> None:
+    """A call cut at max_completion_length reads as a malformed call: the cut is its cause."""
+    cut = episode("ok", 0.0)
+    cut.turns[0].finish_reason = "length"
+    whole = episode("ok", 1.0)
+    whole.turns[0].finish_reason = whole.turns[1].finish_reason = "stop"
+    dropped = episode("infra_error", None)
+    dropped.turns[0].finish_reason = "length"
+    m = episode_metrics([cut, whole, dropped])
+    assert m["rollout/frac_turns_cut"] == pytest.approx(1 / 4)  # 1 of the 4 scored turns
