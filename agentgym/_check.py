@@ -79,7 +79,8 @@ def check(
         make(env_id, **env_kwargs).close()
     # the reference check and the template checks each read one played episode
     reference = functools.cache(lambda: _play(env_id, env_kwargs, _reference_script))
-    give_up = functools.cache(lambda: _play(env_id, env_kwargs, _give_up_script)[0])
+    wrong = functools.cache(lambda: [(label, _play(env_id, env_kwargs, script)[0])
+                                     for label, script in _wrong_answer_scripts()])  # fmt: skip
     exercise = functools.cache(lambda: _exercise(env_id, env_kwargs, tok, chat_template_kwargs))
     sandboxes = _sandboxes(env_id, env_kwargs)
     # a row that plays an episode needs the sandboxes; without them it says so, once, above
@@ -92,7 +93,7 @@ def check(
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
         lambda: _task_fields(make(env_id, **env_kwargs)),
         _played("reference episode", plays, lambda: _reference_episode(*reference())),
-        _played(NON_ANSWER_ROW, plays, lambda: _non_answer(reference()[0], give_up())),
+        _played(WRONG_ROW, plays, lambda: _wrong_answers(reference()[0], wrong())),
     ]
     if tok is not None:
         kwargs = dict(chat_template_kwargs or {})
@@ -288,14 +289,34 @@ def _reference_script(env: Env) -> Callable[[Any], Sequence[str]] | None:
     return getattr(env, "reference_turns", None)
 
 
-#: What `_give_up_script` answers: no tool call, no attempt.
+#: A wrong answer every env's reward must pay less than its reference: no call, no attempt.
 NON_ANSWER = "I cannot answer this."
-NON_ANSWER_ROW = "reward of a non-answer"
+#: Tasks whose reference solutions are played on task 0 as its wrong answers.
+OTHER_TASKS = (1, 2)
+WRONG_ROW = "reward of wrong answers"
 
 
 def _give_up_script(env: Env) -> Callable[[Any], Sequence[str]] | None:
     """One turn that gives up at once, for envs with a reference to compare it with."""
     return None if _reference_script(env) is None else (lambda task: [NON_ANSWER])
+
+
+def _other_task_script(k: int) -> Script:
+    """Task ``k``'s reference turns, whatever task is played: a well-formed wrong answer."""
+
+    def script(env: Env) -> Callable[[Any], Sequence[str]] | None:
+        reference, tasks = _reference_script(env), getattr(env, "tasks", ())
+        if reference is None or len(tasks) <= k:
+            return None
+        return lambda task: reference(tasks[k])
+
+    return script
+
+
+def _wrong_answer_scripts() -> list[tuple[str, Script]]:
+    """(label, script) of each wrong answer the check plays on task 0."""
+    others = [(f"task {k}'s solution", _other_task_script(k)) for k in OTHER_TASKS]
+    return [(repr(NON_ANSWER), _give_up_script), *others]
 
 
 def _exercise_script(env: Env, reasoning: str = "") -> Callable[[Any], Sequence[str]] | None:
@@ -385,28 +406,40 @@ def _reference_episode(
     return CheckResult("reference episode", ok, detail, trace=trajectory.error or "")
 
 
-def _non_answer(reference: Trajectory | None, give_up: Trajectory | None) -> CheckResult:
-    """An episode that gives up at once must earn less than the env's own solution.
+def _wrong_answers(
+    reference: Trajectory | None, wrong: list[tuple[str, Trajectory | None]]
+) -> CheckResult:
+    """Wrong answers on task 0 must earn less than its reference solution.
 
-    Why: a rubric that pays for a format, or for any final message, pays a policy that never
-    solves a task; GRPO then raises the reward and nothing else (the policy being trained finds
-    the cheapest way to the reward). Warns rather than fails: the reward is the env author's.
+    Played: `NON_ANSWER` at once, and other tasks' reference solutions (well-formed, tools
+    called, the wrong answer for this task). Warns when the non-answer is paid as much as the
+    reference, or when every other task's solution is: a rubric that pays any reply, a format
+    or any number pays a policy that solves nothing, and GRPO then raises the reward and
+    nothing else. Warns rather than fails: the reward is the env author's.
     """
-    if reference is None or give_up is None:
-        return CheckResult(NON_ANSWER_ROW, True, "skipped: the env has no reference solution",
+    if reference is None:
+        return CheckResult(WRONG_ROW, True, "skipped: the env has no reference solution",
                            skipped=True)  # fmt: skip
-    earned, paid = reference.total_reward, give_up.total_reward
-    if give_up.status == "error" or earned <= 0:
-        why = "it ended in an error" if give_up.status == "error" else "the reference earns 0"
-        return CheckResult(NON_ANSWER_ROW, True, f"skipped: {why}", skipped=True)
-    if paid < earned:
-        return CheckResult(NON_ANSWER_ROW, True, f"{NON_ANSWER!r} at once earns {paid:g}, "
-                           f"the reference {earned:g}")  # fmt: skip
+    earned = reference.total_reward
+    played = [(label, t) for label, t in wrong if t is not None and t.status != "error"]
+    if earned <= 0 or not played:
+        why = "the reference earns 0" if earned <= 0 else "no wrong answer could be played"
+        return CheckResult(WRONG_ROW, True, f"skipped: {why}", skipped=True)
+    paid = [(label, t) for label, t in played if t.total_reward >= earned]
+    given_up = played[0][0] == repr(NON_ANSWER) and paid[:1] == played[:1]
+    others = [entry for entry in played if entry[0] != repr(NON_ANSWER)]
+    every_other = bool(others) and all(entry in paid for entry in others)
+    earnings = ", ".join(f"{label} {t.total_reward:g}" for label, t in played)
+    if not (given_up or every_other):
+        return CheckResult(WRONG_ROW, True, f"on task 0 {earnings}; its reference {earned:g}")
+    label, example = paid[0]
+    scores = ", ".join(f"{k} {v:g}" for k, v in example.scores.items())
+    which = " and ".join(label for label, _ in paid)
     return CheckResult(
-        NON_ANSWER_ROW, True, warning=True,
-        detail=f"{NON_ANSWER!r} at once earns {paid:g}, as much as the reference ({earned:g}): "
-        "the reward does not check the outcome, so training can raise it without solving a "
-        "task (scores " + ", ".join(f"{k} {v:g}" for k, v in give_up.scores.items()) + ")",
+        WRONG_ROW, True, warning=True,
+        detail=f"on task 0 {earnings}, its reference {earned:g}: {which} paid as much, so the "
+        "reward does not check the outcome and training can raise it without solving a task "
+        f"(scores of {label}: {scores})",
     )
 
 

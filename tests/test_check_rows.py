@@ -43,13 +43,18 @@ def row() -> Iterator[Callable[..., agentgym.CheckResult]]:
         tools: list[Callable[..., Any]],
         rubric: agentgym.Rubric | None = None,
         reference: list[str] | None = None,
+        tasks: list[dict[str, Any]] = TASKS,
     ) -> agentgym.CheckResult:
+        """``reference``: the turns of task 0's solution; other tasks answer their own."""
+
         class Env(agentgym.ToolEnv):
             def __init__(self, **kwargs: Any) -> None:
-                super().__init__(tools, tasks=TASKS, rubric=rubric, **kwargs)
+                super().__init__(tools, tasks=tasks, rubric=rubric, **kwargs)
 
             def reference_turns(self, task: dict[str, Any]) -> list[str] | None:
-                return reference
+                if reference is None or task == tasks[0]:
+                    return reference
+                return [f"It is {task['answer']}."]
 
         env_id = f"tests/CheckRows{len(registered)}-v0"
         registered.append(env_id)
@@ -98,7 +103,11 @@ def test_a_rubric_scoring_the_reference_zero_shows_its_scores(row) -> None:
     assert "earns nothing (scores {'correct': 0.0})" in result.detail
 
 
-# --- the reward of a non-answer ---------------------------------------------------------------
+# --- the reward of wrong answers --------------------------------------------------------------
+
+#: Three cities: the wrong answers for Lima are the other two tasks' solutions.
+CITIES = [{"prompt": f"Which country is {city} in?", "answer": country}
+          for city, country in (("Lima", "Peru"), ("Paris", "France"), ("Oslo", "Norway"))]
 
 
 def replied(completion: str) -> float:
@@ -106,23 +115,43 @@ def replied(completion: str) -> float:
     return float(bool(completion.strip()))
 
 
+def named_a_country(completion: str) -> float:
+    """Pays a reply that names any country: the format, not the answer."""
+    return float(any(c["answer"] in completion for c in CITIES))
+
+
 def test_a_reward_that_pays_a_non_answer_warns(row) -> None:
-    result = row("reward of a non-answer", [lookup], agentgym.Rubric([replied]), ["It is Peru."])
+    result = row("reward of wrong answers", [lookup], agentgym.Rubric([replied]), ["It is Peru."],
+                 CITIES)  # fmt: skip
     assert result.verdict == "warn" and result.passed  # the reward is the env author's call
     assert result.detail == (
-        "'I cannot answer this.' at once earns 1, as much as the reference (1): the reward does "
-        "not check the outcome, so training can raise it without solving a task (scores "
-        "replied 1)"
+        "on task 0 'I cannot answer this.' 1, task 1's solution 1, task 2's solution 1, its "
+        "reference 1: 'I cannot answer this.' and task 1's solution and task 2's solution paid "
+        "as much, so the reward does not check the outcome and training can raise it without "
+        "solving a task (scores of 'I cannot answer this.': replied 1)"
     )
 
 
+def test_a_reward_that_pays_any_well_formed_answer_warns(row) -> None:
+    result = row("reward of wrong answers", [lookup], agentgym.Rubric([named_a_country]),
+                 ["It is Peru."], CITIES)  # fmt: skip
+    assert result.verdict == "warn"
+    assert result.detail.startswith("on task 0 'I cannot answer this.' 0, task 1's solution 1, "
+                                    "task 2's solution 1, its reference 1: task 1's solution and "
+                                    "task 2's solution paid as much")  # fmt: skip
+
+
 def test_a_reward_that_checks_the_answer_passes_and_no_reference_skips(row) -> None:
-    result = row("reward of a non-answer", [lookup], agentgym.Rubric([correct]), ["It is Peru."])
+    result = row("reward of wrong answers", [lookup], agentgym.Rubric([correct]), ["It is Peru."],
+                 CITIES)  # fmt: skip
     assert result.verdict == "pass"
-    assert result.detail == "'I cannot answer this.' at once earns 0, the reference 1"
-    unplayed = row("reward of a non-answer", [lookup], agentgym.Rubric([correct]))
+    assert result.detail == ("on task 0 'I cannot answer this.' 0, task 1's solution 0, task 2's "
+                             "solution 0; its reference 1")  # fmt: skip
+    one_task = row("reward of wrong answers", [lookup], agentgym.Rubric([correct]), ["Peru"])
+    assert one_task.detail == "on task 0 'I cannot answer this.' 0; its reference 1"
+    unplayed = row("reward of wrong answers", [lookup], agentgym.Rubric([correct]))
     assert unplayed.verdict == "skip"
-    unpaid = row("reward of a non-answer", [lookup], agentgym.Rubric([correct]), ["Lima"])
+    unpaid = row("reward of wrong answers", [lookup], agentgym.Rubric([correct]), ["Lima"])
     assert unpaid.verdict == "skip" and unpaid.detail == "skipped: the reference earns 0"
 
 

@@ -117,30 +117,41 @@ def _pct(value: float) -> str:
 
 
 def flat_groups(h: History) -> Finding | None:
-    """Groups whose G episodes all scored alike carry no advantage: nothing is learned."""
+    """Groups whose G episodes all scored alike carry no advantage: nothing is learned.
+
+    Which fix applies depends on where the reward sits: at nothing, at everything, the same for
+    every episode of the step (the reward does not tell episodes apart), or paid without a
+    success.
+    """
     flat = h.recent("reward/frac_zero_variance_groups")
     if flat is None or flat < FLAT_GROUPS:
         return None
-    key, reward = h.success_key(), h.recent("reward/mean") or 0.0
-    level = h.recent(key)
-    evidence = f"{_pct(flat)} of groups had one reward for all their episodes in the recent steps"
-    if level is not None:
-        evidence += f" ({key} {level:.2f}" + (f", reward/mean {reward:.2f})" if key ==
-                                             "reward/success" else ")")  # fmt: skip
-    if level is not None and level <= NOTHING and reward <= NOTHING and key == "reward/success":
+    reward, spread = h.recent("reward/mean") or 0.0, h.recent("reward/std")
+    success = h.recent("reward/success")  # None for rows that lack it
+    evidence = f"{_pct(flat)} of groups had one reward for all their episodes in the recent " \
+        f"steps (reward/mean {reward:.2f}" + ("" if success is None else
+                                             f", reward/success {success:.2f}") + ")"  # fmt: skip
+    tells_apart = "`agentgym check ENV` warns on that: 'reward of wrong answers'"
+    if reward <= NOTHING and (success is None or success <= NOTHING):
         return Finding("flat-groups", "nothing succeeds, so nothing is learned", evidence,
                        "start from a model that sometimes succeeds: an SFT warm start "
-                       "(sft_steps: 200), easier train_tasks, or more num_generations")  # fmt: skip
-    if level is not None and level <= NOTHING and key == "reward/success":  # paid, not solved
-        return Finding("flat-groups", "episodes are paid alike, yet none succeeds", evidence,
-                       "if the reward pays episodes that do not solve the task, it does not "
-                       "check the outcome (`agentgym check ENV` warns on that: 'reward of a "
-                       "non-answer'); a rubric whose best score is under 1.0 never counts a "
-                       "success")  # fmt: skip
-    if level is not None and level >= EVERYTHING and key == "reward/success":
+                       "(sft_steps: 200), easier train_tasks, more num_generations, or a "
+                       "higher temperature (a near-greedy policy plays one failure G "
+                       "times)")  # fmt: skip
+    if success is not None and success >= EVERYTHING:
         return Finding("flat-groups", "every episode succeeds: the train tasks are solved",
                        evidence, "harder train_tasks, or stop here (agentgym export RUN OUT "
                        "--best)")  # fmt: skip
+    if spread is not None and spread <= 1e-9:
+        return Finding("flat-groups", "every episode is paid the same",
+                       f"{evidence}, reward/std 0", "the reward does not tell episodes apart: if "
+                       "it pays what does not solve the task, it does not check the outcome "
+                       f"({tells_apart})")  # fmt: skip
+    if success is not None and success <= NOTHING:  # paid, not solved
+        return Finding("flat-groups", "episodes are paid alike, yet none succeeds", evidence,
+                       "if the reward pays episodes that do not solve the task, it does not "
+                       f"check the outcome ({tells_apart}); a rubric whose best score is under "
+                       "1.0 never counts a success")  # fmt: skip
     return Finding("flat-groups", "most groups score all their episodes alike", evidence,
                    "raise temperature or num_generations so a group's episodes differ, or "
                    "resample_zero_variance_groups: true")  # fmt: skip
@@ -155,7 +166,8 @@ def no_tool_calls(h: History) -> Finding | None:
                    f"0 tool calls and 1 turn per episode in all {len(calls)} steps",
                    "if the tasks need a tool, run `agentgym check ENV --model MODEL` (the env's "
                    "parser must read the calls the chat template writes), then warm start "
-                   "(sft_steps) on the env's scripted turns")  # fmt: skip
+                   "(sft_steps) on the env's scripted turns; a model that calls only now and "
+                   "then needs a temperature that samples it")  # fmt: skip
 
 
 def _recent_at_least(

@@ -138,8 +138,12 @@ def test_flat_groups_says_which_way_the_run_is_stuck() -> None:
     paid = diagnose(run_rows(reward__frac_zero_variance_groups=1.0, reward__success=0.0,
                              reward__mean=1.0))  # every episode paid, none a success
     assert paid[0].title == "episodes are paid alike, yet none succeeds"
-    assert "'reward of a non-answer'" in paid[0].fix
-    assert "(reward/success 0.00, reward/mean 1.00)" in paid[0].evidence
+    assert "'reward of wrong answers'" in paid[0].fix
+    assert "(reward/mean 1.00, reward/success 0.00)" in paid[0].evidence
+    same = diagnose(run_rows(reward__frac_zero_variance_groups=1.0, reward__success=0.24,
+                             reward__mean=1.0, reward__std=0.0))  # the gameable calculator's
+    assert same[0].title == "every episode is paid the same"
+    assert same[0].evidence.endswith("(reward/mean 1.00, reward/success 0.24), reward/std 0")
     alike = diagnose(run_rows(reward__frac_zero_variance_groups=0.95))
     assert [f.rule for f in alike] == ["flat-groups"] and "temperature" in alike[0].fix
 
