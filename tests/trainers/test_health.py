@@ -221,3 +221,23 @@ def test_an_eval_taken_before_the_training_gain_is_not_read_as_flat() -> None:
     assert [f.rule for step, metrics in fed for f in watch.see(step, metrics)] == []
     rows.append({"step": 12, "final/success": 0.0})  # ... and the final eval did not follow
     assert rules(rows) == ["train-up-eval-flat"]
+
+
+def test_every_knob_a_fix_names_is_a_config_field() -> None:
+    """A fix that names a knob the config does not have sends the user nowhere."""
+    import dataclasses
+    from typing import get_args
+
+    from agentgym._trajectory import Status
+    from agentgym.trainers import GRPOConfig
+
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    findings = [f for rows, figures, _ in CASES.values() for f in diagnose(rows, figures)]
+    findings += diagnose(run_rows(reward__frac_zero_variance_groups=0.95))  # the generic form
+    named = {word for f in findings for word in re.findall(r"\b[a-z]+_[a-z_]+\b", f.fix)}
+    not_knobs = set(get_args(Status)) | {"used_calculator", "correct_answer"}  # reward functions
+    assert named - not_knobs - fields == set(), "knobs named in a fix that GRPOConfig lacks"
+    assert {"learning_rate", "max_completion_length", "sft_steps", "episode_deadline_s"} <= named
+    docs = (REPO / "docs/troubleshooting.md").read_text()
+    in_docs = set(re.findall(r"`([a-z]+_[a-z_]+)(?:: [^`]*)?`", docs))  # `knob` or `knob: value`
+    assert in_docs - fields == set() and len(in_docs) > 10, "knobs in the docs GRPOConfig lacks"
