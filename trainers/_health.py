@@ -14,10 +14,13 @@ third of the run, at least `MIN_STEPS`), so one noisy step does not fire it, and
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: Steps a rule needs before it judges, and the least a "recent" window holds.
 MIN_STEPS = 3
@@ -393,11 +396,24 @@ class HealthWatch:
     def __init__(self, rows: Sequence[Mapping[str, Any]] = ()) -> None:
         self.rows = list(rows)
         self.reported: set[str] = set()
+        self.broken = False
 
     def see(self, step: int, metrics: Mapping[str, Any]) -> list[Finding]:
-        """The findings that step ``step``'s ``metrics`` (its metrics.jsonl row) make new."""
+        """The findings that step ``step``'s ``metrics`` (its metrics.jsonl row) make new.
+
+        A rule that raises is logged once and the watch goes quiet: it advises, and must never
+        end the run it watches.
+        """
         self.rows.append({"step": step, **metrics})
-        new = [f for f in diagnose(self.rows) if f.rule not in self.reported]
+        if self.broken:
+            return []
+        try:
+            found = diagnose(self.rows)
+        except Exception:  # a bug in a rule: the run goes on without its advice
+            log.exception("the health watch stopped at step %d (the run goes on)", step)
+            self.broken = True
+            return []
+        new = [f for f in found if f.rule not in self.reported]
         self.reported.update(f.rule for f in new)
         return new
 

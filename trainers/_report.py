@@ -216,7 +216,12 @@ def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
     if not metrics.is_file():
         raise ConfigError(f"{run_dir} holds no metrics.jsonl: `agentgym runs doctor` reads a "
                           "train run's folder (its output_dir)")  # fmt: skip
-    rows = read_jsonl_records(metrics)
+    try:
+        rows = read_jsonl_records(metrics)
+    except ValueError as exc:  # a line written by hand, or a disk that lost a block
+        raise ConfigError(f"{metrics} holds a line that is not a JSON record ({exc}); the "
+                          "trainer writes whole lines: restore the file or remove that "
+                          "line") from exc  # fmt: skip
     try:
         figures = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["figures"]
     except (OSError, ValueError, KeyError, TypeError):

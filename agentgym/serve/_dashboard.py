@@ -37,6 +37,7 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse
 
+from .._errors import ConfigError
 from .._trajectory import PrefixMismatchError, Status, Trajectory
 from ..runs import TERMINAL
 from ..runs._episode_index import (
@@ -402,7 +403,10 @@ def dashboard_router(store: RunStore) -> APIRouter:
             return {"findings": [], "why": "no metrics yet"}
         from agentgym.trainers._report import run_findings  # torch-free, loaded on first use
 
-        return {"findings": [f.as_dict() for f in run_findings(run_dir)], "why": None}
+        try:
+            return {"findings": [f.as_dict() for f in run_findings(run_dir)], "why": None}
+        except ConfigError as exc:  # a metrics line that is not JSON: said, not a 500
+            return {"findings": [], "why": str(exc)}
 
     @router.get("/api/runs/{run_id}/trajectories", tags=["dashboard"])
     def trajectories(

@@ -60,6 +60,11 @@ def test_health_lists_a_train_runs_findings(
     assert [f["rule"] for f in body["findings"]] == ["tool-errors"]
     assert body["findings"][0]["evidence"].startswith("60% of tool calls were errors")
     assert client.get("/api/runs/nope/health").status_code == 404
+    with sick_run(dashboard, tmp_path / "torn") as run:
+        with (run.path / "metrics.jsonl").open("a") as f:
+            f.write("{not json\n" + metrics_line(9, 0.5))
+        torn = get(client, "/api/runs/sick/health")
+    assert torn["findings"] == [] and "holds a line that is not a JSON record" in torn["why"]
 
 
 def test_metrics_keep_matching_finite_numbers(client: httpx.Client) -> None:

@@ -164,6 +164,16 @@ def test_the_watch_reports_each_rule_once_as_soon_as_it_shows() -> None:
     assert all(found == [] for step, found in reported.items() if step != 6)
 
 
+def test_a_rule_that_raises_quiets_the_watch_and_not_the_run(monkeypatch, caplog) -> None:
+    def broken(history: _health.History) -> None:
+        raise KeyError("step")
+
+    monkeypatch.setattr(_health, "RULES", (broken, *_health.RULES))
+    watch, rows = HealthWatch(), run_rows(rollout__tool_error_rate=0.9)
+    assert [watch.see(row["step"], row) for row in rows[1:]] == [[]] * 12
+    assert caplog.text.count("the health watch stopped at step 3 (the run goes on)") == 1
+
+
 def write_run(folder: Path, rows: list[dict[str, Any]], sft_steps: int) -> Path:
     folder.mkdir()
     (folder / "config.yaml").write_text(yaml.safe_dump({"sft_steps": sft_steps}))
@@ -207,6 +217,11 @@ def test_cli_doctor_exits_1_with_findings_and_0_without(tmp_path: Path) -> None:
     well = write_run(tmp_path / "well", run_rows(), sft_steps=0)
     fine = agentgym("runs", "doctor", well, db=db)
     assert fine.returncode == 0 and "no known problem" in fine.stdout
+    with (well / "metrics.jsonl").open("a") as f:
+        f.write("{not json\n" + json.dumps(run_rows()[1]) + "\n")
+    torn = agentgym("runs", "doctor", well, db=db)
+    assert torn.returncode == 2 and "metrics.jsonl holds a line that is not a JSON record" in \
+        torn.stderr and "Traceback" not in torn.stderr  # fmt: skip
     missing = agentgym("runs", "doctor", "nosuchrun", db=db)
     assert missing.returncode == 2 and "no run with id 'nosuchrun'" in missing.stderr
 

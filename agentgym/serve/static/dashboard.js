@@ -267,8 +267,10 @@ async function liveHealth(container, runId) {
     const none = el("p", { class: "note" }, why || "no known problem in the metrics");
     container.replaceChildren(rows.length ? el("ul", {}, rows) : none);
   }
-  await refresh();
-  every(RUNS_POLL_MS, container, () => refresh().catch((e) => showError(e.message)));
+  // the curves and episodes below must show even when the health cannot be read
+  const said = (e) => container.replaceChildren(el("p", { class: "note" }, `health: ${e.message}`));
+  await refresh().catch(said);
+  every(RUNS_POLL_MS, container, () => refresh().catch(said));
 }
 
 async function showCompare(app, a, b) {
