@@ -426,11 +426,10 @@ def _wrong_answers(
         why = "the reference earns 0" if earned <= 0 else "no wrong answer could be played"
         return CheckResult(WRONG_ROW, True, f"skipped: {why}", skipped=True)
     paid = [(label, t) for label, t in played if t.total_reward >= earned]
-    given_up = played[0][0] == repr(NON_ANSWER) and paid[:1] == played[:1]
-    others = [entry for entry in played if entry[0] != repr(NON_ANSWER)]
-    every_other = bool(others) and all(entry in paid for entry in others)
+    others = {label for label, _ in played} - {repr(NON_ANSWER)}
+    paid_labels = {label for label, _ in paid}
     earnings = ", ".join(f"{label} {t.total_reward:g}" for label, t in played)
-    if not (given_up or every_other):
+    if repr(NON_ANSWER) not in paid_labels and not (others and others <= paid_labels):
         return CheckResult(WRONG_ROW, True, f"on task 0 {earnings}; its reference {earned:g}")
     label, example = paid[0]
     scores = ", ".join(f"{k} {v:g}" for k, v in example.scores.items())

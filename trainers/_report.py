@@ -14,13 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agentgym._errors import ConfigError
 
 from ._export import best_checkpoint  # the choice `agentgym export --best` makes
 from ._health import Finding, diagnose, format_findings
-from ._run_dir import read_jsonl_records
+from ._run_dir import figures_before_training, read_jsonl_records
 
 #: Per-reward-function means, as `episode_metrics` names them (``reward/<name>/mean``).
 _FUNCTION_MEAN = re.compile(r"^reward/(.+)/mean$")
@@ -225,28 +223,17 @@ def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
     try:
         figures = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["figures"]
     except (OSError, ValueError, KeyError, TypeError):
-        figures = _figures_from_rows(rows, _warm_started(run_dir))
+        figures = _figures_from_rows(rows, run_dir)
     return diagnose(rows, figures)
 
 
-def _warm_started(run_dir: Path) -> bool:
-    """Whether the run began with an SFT warm start (its step-0 eval is then the SFT model's)."""
-    try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(config, dict) and bool(config.get("sft_steps"))
-
-
-def _figures_from_rows(rows: Sequence[Mapping[str, Any]], warm_started: bool) -> dict[str, float]:
-    figures: dict[str, float] = {}
-    for row in rows:
-        for key, name in (("base/success", "base/success"), ("final/success", "grpo/success")):
-            if isinstance(row.get(key), (int, float)):
-                figures[name] = float(row[key])
-        if row.get("step") == 0 and isinstance(row.get("eval/success"), (int, float)):
-            figures["sft/success" if warm_started else "base/success"] = float(row["eval/success"])
-    return figures
+def _figures_from_rows(rows: Sequence[Mapping[str, Any]], run_dir: Path) -> dict[str, float]:
+    """The headline figures a run without ``summary.json`` has written into its rows."""
+    warm_started = (run_dir / "sft" / "sft.json").is_file()  # as `_warm_start_line` reads it
+    figures = figures_before_training(rows, "sft/success" if warm_started else "base/success")
+    finals = [float(r["final/success"]) for r in rows if isinstance(r.get("final/success"),
+                                                                   (int, float))]  # fmt: skip
+    return figures | ({"grpo/success": finals[-1]} if finals else {})
 
 
 def write_summary(run_dir: str | os.PathLike[str], figures: Mapping[str, float]) -> str:

@@ -49,7 +49,7 @@ import shutil
 import socket
 import traceback
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -314,13 +314,7 @@ class RunDir:
         reported as ``start``), so a resume does not measure them again and its summary takes
         them from ``metrics.jsonl``.
         """
-        figures: dict[str, float] = {}
-        for record in read_jsonl_records(self.metrics_path):
-            if "base/success" in record:
-                figures["base/success"] = record["base/success"]
-            if record["step"] == 0 and "eval/success" in record:
-                figures[start] = record["eval/success"]
-        return figures
+        return figures_before_training(read_jsonl_records(self.metrics_path), start)
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(
@@ -454,6 +448,19 @@ FINAL = "final"
 def _episode_lines(trajectories: Sequence[Trajectory], **info: Any) -> list[str]:
     """JSONL lines of ``trajectories`` with ``info`` added to each one's own."""
     return [to_json_line(dataclasses.replace(t, info={**t.info, **info})) for t in trajectories]
+
+
+def figures_before_training(
+    records: Iterable[Mapping[str, Any]], start: str
+) -> dict[str, float]:
+    """``base/success`` and the step-0 eval's success (named ``start``) of a run's metrics."""
+    figures: dict[str, float] = {}
+    for record in records:
+        if "base/success" in record:
+            figures["base/success"] = record["base/success"]
+        if record["step"] == 0 and "eval/success" in record:
+            figures[start] = record["eval/success"]
+    return figures
 
 
 def read_jsonl_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -178,6 +178,9 @@ def write_run(folder: Path, rows: list[dict[str, Any]], sft_steps: int) -> Path:
     folder.mkdir()
     (folder / "config.yaml").write_text(yaml.safe_dump({"sft_steps": sft_steps}))
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if sft_steps:  # what a warm start leaves in the run folder
+        (folder / "sft").mkdir()
+        (folder / "sft" / "sft.json").write_text(json.dumps({"history": []}))
     return folder
 
 
