@@ -51,6 +51,18 @@ def reference(env_id: str = "search", **kwargs) -> agentgym.ScriptedPolicy:
 # --- the built-in QA set ---------------------------------------------------------------------
 
 
+def test_no_guess_without_a_search_answers_many_builtin_questions():
+    """The best fixed answer per kind of question (answer `0` to every default value ...)."""
+    from collections import Counter
+
+    tasks = make_tasks()
+    by_kind = {k: Counter(t["answer"] for t in tasks if t["kind"] == k)
+               for k in ("name", "parameter", "default")}  # fmt: skip
+    assert max(n for counts in by_kind.values() for n in counts.values()) <= 3
+    guessed = sum(counts.most_common(1)[0][1] for counts in by_kind.values())
+    assert guessed / len(tasks) < 0.02  # 29 of 447 (6.5%) before the cap
+
+
 def test_builtin_answers_are_in_their_document_and_found_by_search():
     tasks, index = make_tasks(), qa_index()
     assert len(tasks) > 400 and {t["kind"] for t in tasks} == {"name", "parameter", "default"}
