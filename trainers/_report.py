@@ -123,7 +123,9 @@ def summarize(rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float]) -
     _, calls = _series(rows, "rollout/tool_calls_per_episode")
     if calls:
         summary["tool_calls_per_episode"] = {"first": calls[0], "last": calls[-1]}
-    summary["findings"] = [f.as_dict() for f in diagnose(rows, figures)]
+    findings = diagnose(rows, figures)
+    summary["findings"] = [f.as_dict() for f in findings]
+    summary["health"] = {"findings": len(findings)}  # a number: the runs index shows it
     return summary
 
 

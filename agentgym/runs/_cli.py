@@ -46,7 +46,7 @@ DbOption = Annotated[
 ]  # fmt: skip
 _STATUS_COLOURS = {"finished": "green", "failed": "red", "running": "cyan", "queued": "blue"}
 #: Figures shown by ``runs ls``, when a run has them.
-_HEADLINE = ("reward/mean", "grpo/success", "reward/last", "sft/loss")
+_HEADLINE = ("reward/mean", "grpo/success", "reward/last", "sft/loss", "health/findings")
 
 
 @app.command("ls")

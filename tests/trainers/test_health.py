@@ -207,7 +207,12 @@ def test_the_summary_lists_the_findings(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", run_rows(rollout__frac_truncated=0.5), sft_steps=0)
     text = write_summary(run, HEALTHY_FIGURES)
     assert "    [truncated] episodes run out of room: 50% of episodes" in text
-    assert json.loads((run / "summary.json").read_text())["findings"][0]["rule"] == "truncated"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["findings"][0]["rule"] == "truncated"
+    assert summary["health"] == {"findings": 1}
+    from agentgym.runs._folder import read_figures
+
+    assert read_figures(run)["health/findings"] == 1  # what `runs ls` and `runs compare` show
 
 
 def test_cli_doctor_exits_1_with_findings_and_0_without(tmp_path: Path) -> None:
