@@ -628,9 +628,19 @@ class GRPOTrainer:
             metrics = combine_metrics(passes)
             self.world.sum_gradients(trainable)
             if cfg.max_grad_norm is not None:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                metrics["train/grad_norm"] = float(norm)
-            optimizer.step()
+                norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm))
+                metrics["train/grad_norm"] = norm
+            else:
+                norm = float(torch.nn.utils.get_total_norm([p.grad for p in trainable
+                                                            if p.grad is not None]))  # fmt: skip
+            # a NaN or inf gradient (a bf16 overflow, a NaN reward) would write NaN into the
+            # adapter and every later step: that update is skipped, counted and reported
+            metrics["train/skipped_updates"] = 0.0 if math.isfinite(norm) else 1.0
+            if math.isfinite(norm):
+                optimizer.step()
+            else:
+                log.warning("step update %d of %d skipped: the gradient is not finite (%s)",
+                            iteration + 1, cfg.num_iterations, norm)  # fmt: skip
             if self._entropy is not None:
                 totals = self.world.gather((entropy_sum, entropy_tokens))
                 self._entropy.observe(*(sum(column) for column in zip(*totals)))

@@ -160,6 +160,18 @@ def flat_groups(h: History) -> Finding | None:
                    "resample_zero_variance_groups: true")  # fmt: skip
 
 
+def skipped_updates(h: History) -> Finding | None:
+    """Updates the trainer skipped because their gradient was NaN or inf (any step, ever)."""
+    skipped = [v for v in h.values("train/skipped_updates") if v > 0]
+    if not skipped:
+        return None
+    return Finding("skipped-updates", "updates were skipped: their gradient was not finite",
+                   f"{len(skipped)} of {len(h.steps)} steps skipped an update (NaN or inf "
+                   "gradient; the adapter kept its weights)",
+                   "lower learning_rate or set max_grad_norm; a bfloat16 or float16 overflow "
+                   "is the usual cause (dtype: float32 rules it out)")  # fmt: skip
+
+
 def no_tool_calls(h: History) -> Finding | None:
     """A tool env whose model never calls a tool: usually a parser or template mismatch."""
     calls, turns = h.values("rollout/tool_calls_per_episode"), h.values("rollout/turns_per_episode")
@@ -370,9 +382,9 @@ def train_up_eval_flat(h: History) -> Finding | None:
 
 #: Every rule, in the order a reader should act on them (the root causes first).
 RULES: tuple[Callable[[History], Finding | None], ...] = (
-    infra_errors, errors, no_tool_calls, turns_cut, tool_errors, truncated, late, flat_groups,
-    drift, clipping, kl, entropy_collapse, entropy_rises, reward_falls, reward_parts_diverge,
-    train_up_eval_flat, worse_than_start,
+    infra_errors, errors, skipped_updates, no_tool_calls, turns_cut, tool_errors, truncated,
+    late, flat_groups, drift, clipping, kl, entropy_collapse, entropy_rises, reward_falls,
+    reward_parts_diverge, train_up_eval_flat, worse_than_start,
 )  # fmt: skip
 
 

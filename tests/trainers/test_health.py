@@ -38,6 +38,7 @@ def healthy(step: int) -> dict[str, Any]:
         "rollout/frac_truncated": 0.0, "rollout/frac_infra_error": 0.0, "rollout/frac_late": 0.0,
         "rollout/frac_error": 0.0, "rollout/frac_turns_cut": 0.05,
         "sampling/logprob_drift_mean": 1e-6, "loss/clip_ratio_region": 0.01,
+        "train/skipped_updates": 0.0,
         "loss/entropy": 0.3 - 0.005 * step, "loss/kl": 0.01,
     }  # fmt: skip
 
@@ -70,6 +71,10 @@ HEALTHY_FIGURES = {"base/success": 0.0, "sft/success": 0.1, "grpo/success": 0.9}
 CASES: dict[str, tuple[list[dict[str, Any]], dict[str, float], str]] = {
     "infra-errors": (run_rows(rollout__frac_infra_error=0.25), HEALTHY_FIGURES, "25% of episodes"),
     "errors": (run_rows(rollout__frac_error=0.5), HEALTHY_FIGURES, "--status error"),
+    "skipped-updates": (
+        run_rows(train__skipped_updates=lambda s: 1.0 if s == 2 else 0.0), HEALTHY_FIGURES,
+        "1 of 12 steps skipped an update",
+    ),
     "no-tool-calls": (
         run_rows(rollout__tool_calls_per_episode=0.0, rollout__turns_per_episode=1.0),
         HEALTHY_FIGURES, "agentgym check ENV --model MODEL",
