@@ -22,6 +22,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+#: Checks the watch makes per stretch of steps (every step up to this many steps).
+WATCH_CHECKS = 50
 #: Steps a rule needs before it judges, and the least a "recent" window holds.
 MIN_STEPS = 3
 #: Share of groups whose episodes all scored alike (no advantage, no gradient).
@@ -414,10 +416,13 @@ class HealthWatch:
         """The findings that step ``step``'s ``metrics`` (its metrics.jsonl row) make new.
 
         A rule that raises is logged once and the watch goes quiet: it advises, and must never
-        end the run it watches.
+        end the run it watches. Each check reads the whole history, so past `WATCH_CHECKS`
+        steps it checks every (step // `WATCH_CHECKS`)-th step only: a finding shows at most
+        2% of the run late, and the watch's cost stays flat (13 ms a step at step 1,000 when it
+        checked every step); the summary reads every row anyway.
         """
         self.rows.append({"step": step, **metrics})
-        if self.broken:
+        if self.broken or step % max(1, step // WATCH_CHECKS) != 0:
             return []
         try:
             found = diagnose(self.rows)

@@ -169,6 +169,22 @@ def test_the_watch_reports_each_rule_once_as_soon_as_it_shows() -> None:
     assert all(found == [] for step, found in reported.items() if step != 6)
 
 
+def test_a_long_run_is_checked_every_fiftieth_of_its_length(monkeypatch) -> None:
+    checked: list[int] = []
+
+    def counting(history: _health.History) -> None:
+        checked.append(history.steps[-1]["step"])
+
+    monkeypatch.setattr(_health, "RULES", (counting,))
+    watch = HealthWatch()
+    for row in run_rows(steps=240)[1:]:
+        watch.see(row["step"], row)
+    assert checked[:98] == list(range(3, 101))  # every step while the run is short
+    assert checked[98:100] == [102, 104] and checked[-1] == 240  # then every 2nd, ...
+    assert max(b - a for a, b in zip(checked, checked[1:])) <= 240 // 50  # at most 2% late
+    assert len(checked) < 160  # of the 238 steps judged
+
+
 def test_a_rule_that_raises_quiets_the_watch_and_not_the_run(monkeypatch, caplog) -> None:
     def broken(history: _health.History) -> None:
         raise KeyError("step")
