@@ -93,7 +93,7 @@ def check(
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
         lambda: _task_fields(make(env_id, **env_kwargs)),
         _played("reference episode", plays, lambda: _reference_episode(*reference())),
-        _played(WRONG_ROW, plays, lambda: _wrong_answers(reference()[0], wrong())),
+        _played(WRONG_ROW, plays, lambda: _wrong_answers(reference()[0], wrong)),
     ]
     if tok is not None:
         kwargs = dict(chat_template_kwargs or {})
@@ -407,7 +407,7 @@ def _reference_episode(
 
 
 def _wrong_answers(
-    reference: Trajectory | None, wrong: list[tuple[str, Trajectory | None]]
+    reference: Trajectory | None, wrong: Callable[[], list[tuple[str, Trajectory | None]]]
 ) -> CheckResult:
     """Wrong answers on task 0 must earn less than its reference solution.
 
@@ -415,16 +415,20 @@ def _wrong_answers(
     called, the wrong answer for this task). Warns when the non-answer is paid as much as the
     reference, or when every other task's solution is: a rubric that pays any reply, a format
     or any number pays a policy that solves nothing, and GRPO then raises the reward and
-    nothing else. Warns rather than fails: the reward is the env author's.
+    nothing else. Warns rather than fails: the reward is the env author's. ``wrong`` plays
+    them only when the reference earns something to compare with (three episodes saved, each
+    a sandbox start in a code env).
     """
     if reference is None:
         return CheckResult(WRONG_ROW, True, "skipped: the env has no reference solution",
                            skipped=True)  # fmt: skip
     earned = reference.total_reward
-    played = [(label, t) for label, t in wrong if t is not None and t.status != "error"]
-    if earned <= 0 or not played:
-        why = "the reference earns 0" if earned <= 0 else "no wrong answer could be played"
-        return CheckResult(WRONG_ROW, True, f"skipped: {why}", skipped=True)
+    if earned <= 0:
+        return CheckResult(WRONG_ROW, True, "skipped: the reference earns 0", skipped=True)
+    played = [(label, t) for label, t in wrong() if t is not None and t.status != "error"]
+    if not played:
+        return CheckResult(WRONG_ROW, True, "skipped: no wrong answer could be played",
+                           skipped=True)  # fmt: skip
     paid = [(label, t) for label, t in played if t.total_reward >= earned]
     others = {label for label, _ in played} - {repr(NON_ANSWER)}
     paid_labels = {label for label, _ in paid}

@@ -155,6 +155,20 @@ def test_a_reward_that_checks_the_answer_passes_and_no_reference_skips(row) -> N
     assert unpaid.verdict == "skip" and unpaid.detail == "skipped: the reference earns 0"
 
 
+def test_wrong_answers_are_not_played_when_the_reference_earns_nothing(row) -> None:
+    graded: list[str] = []
+
+    def grading(completion: str, answer: str) -> float:
+        graded.append(completion)
+        return correct(completion, answer)
+
+    unpaid = row("reward of wrong answers", [lookup], agentgym.Rubric([grading]), ["Lima"],
+                 CITIES)  # fmt: skip
+    assert unpaid.detail == "skipped: the reference earns 0"
+    assert graded and "I cannot answer this." not in graded  # a code env: a sandbox each
+    assert "It is France." not in graded
+
+
 # --- tool descriptions and parameters ------------------------------------------------------
 
 
