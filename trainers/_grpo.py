@@ -305,14 +305,17 @@ class GRPOTrainer:
                 }  # fmt: skip
                 if cfg.eval_steps and step % cfg.eval_steps == 0 and step < cfg.max_steps:
                     metrics |= self._evaluate(policy, run, step, cfg.eval_num_tasks)[0]
+                findings = health.see(step, metrics)  # once per rule, as soon as it shows
+                metrics["health/reported"] = float(len(health.reported))  # a curve anywhere
                 run.write_metrics(step, metrics)  # every step: the run's record
                 if _log_due(step, cfg, metrics):
                     trackers.log(step, metrics)
                     if cfg.log_completions:
                         run.append_rollouts(step, episodes)
                 console.update(step, metrics)
-                for finding in health.see(step, metrics):  # once per rule, as soon as it shows
+                for finding in findings:
                     log.warning("health [%s] %s", finding.rule, finding.text())
+                    trackers.note(step, f"health/{finding.rule}", finding.text())
                 if (step == cfg.max_steps or (cfg.save_steps and step % cfg.save_steps == 0)
                         or stop):  # fmt: skip
                     run.save_checkpoint(step, model, optimizer, self._checkpoint_state(version))

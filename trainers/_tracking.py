@@ -1,7 +1,8 @@
 """Where step metrics go besides ``metrics.jsonl``: trackers, and the console.
 
 `Trackers` fans each step's scalars out to TensorBoard, trackio and/or Weights & Biases
-(``report_to``). Each backend is imported only when asked for; ``"auto"`` means each one that
+(``report_to``), and the run's health findings where the backend shows text (`Trackers.note`).
+Each backend is imported only when asked for; ``"auto"`` means each one that
 is installed. W&B never prompts for a login: it runs offline unless ``WANDB_MODE`` or
 ``WANDB_API_KEY`` says otherwise (``wandb sync`` uploads an offline run later).
 
@@ -22,7 +23,7 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -117,6 +118,8 @@ def replayed_through(run_dir: Path) -> int | None:
 class _Backend(Protocol):
     def log(self, step: int, values: Mapping[str, float]) -> None: ...
 
+    def note(self, step: int, tag: str, text: str) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -136,6 +139,11 @@ class _TensorBoard:
     def log(self, step: int, values: Mapping[str, float]) -> None:
         for key, value in values.items():
             self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def note(self, step: int, tag: str, text: str) -> None:
+        """Text in the Text tab at ``step`` (markdown: the fix's line break kept)."""
+        self.writer.add_text(tag, text.replace("\n", "  \n"), step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -162,6 +170,9 @@ class _Trackio:
         if self.logged_through is not None and step <= self.logged_through:
             return
         self.trackio.log(dict(values), step=step)
+
+    def note(self, step: int, tag: str, text: str) -> None:
+        """Nothing: trackio logs numbers (the ``health/reported`` curve shows a finding)."""
 
     def close(self) -> None:
         self.trackio.finish()
@@ -190,6 +201,10 @@ class _WandB:
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         self.run.log(dict(values), step=step)
+
+    def note(self, step: int, tag: str, text: str) -> None:
+        """In the run's summary (its Overview page), with the step it showed at."""
+        self.run.summary[tag] = f"step {step}: {text}"
 
     def close(self) -> None:
         self.run.finish()
@@ -250,9 +265,19 @@ class Trackers:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Send the numeric values of ``metrics`` to every active backend at ``step``."""
         values = scalars(metrics)
+        self._each(step, lambda backend: backend.log(step, values))
+
+    def note(self, step: int, tag: str, text: str) -> None:
+        """A line of text at ``step`` (a health finding) where the backend shows text.
+
+        TensorBoard: its Text tab under ``tag``; W&B: the run's summary; trackio: nothing.
+        """
+        self._each(step, lambda backend: backend.note(step, tag, text))
+
+    def _each(self, step: int, send: Callable[[_Backend], None]) -> None:
         for name, backend in list(self._backends.items()):
             try:
-                backend.log(step, values)
+                send(backend)
             except Exception as exc:
                 log.warning("tracker %s failed at step %d and is switched off: %s", name, step,
                             exc)  # fmt: skip

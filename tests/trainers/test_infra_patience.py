@@ -66,7 +66,7 @@ def test_a_run_stops_after_broken_steps_with_a_checkpoint_and_resumes(tmp_path: 
     knobs = {
         **TINY_RUN, "env": "tests/FlakyCalculator-v0", "output_dir": str(run),
         "rollout_engine": "hf", "max_steps": 6, "eval_steps": None, "save_steps": None,
-        "eval_num_tasks": 1, "infra_error_patience": 2,
+        "eval_num_tasks": 1, "infra_error_patience": 2, "report_to": ["tensorboard"],
     }  # fmt: skip
     FlakyCalculator.down, FlakyCalculator.held_out_too = True, False  # up for the step-0 eval
     with pytest.raises(InfraError, match="2 steps in a row.*refused the connection"):
@@ -85,6 +85,17 @@ def test_a_run_stops_after_broken_steps_with_a_checkpoint_and_resumes(tmp_path: 
     log = (run / "train.log").read_text()
     assert log.count("health [infra-errors] episodes are lost to infrastructure: 67% of") == 1
     assert "[infra-errors]" in (run / "summary.txt").read_text()
+    # ... and told the user's tracker: a count per step, the finding in TensorBoard's Text tab
+    reported = [r["health/reported"] for r in steps if "data/tasks" in r]
+    assert reported[:2] == [0.0, 0.0] and reported[2] >= 1  # judged from the third step on
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    texts = [(e.step, e.tensor_proto.string_val[0].decode()) for e in
+             events.Tensors("health/infra-errors/text_summary")]  # fmt: skip
+    [(step, text)] = texts
+    assert step == 3 and "lost to infrastructure" in text and "fix:" in text
 
 
 @pytest.mark.slow

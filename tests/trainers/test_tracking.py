@@ -94,6 +94,38 @@ def test_tensorboard_writes_scalars_and_a_resume_hides_replayed_steps(tmp_path: 
     assert "note" not in events.Tags()["scalars"]
 
 
+def test_a_note_is_text_in_tensorboard_and_the_wandb_summary(
+    tmp_path: Path, installed: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    class Run:
+        summary: dict[str, str] = {}
+
+        def finish(self) -> None:
+            pass
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: Run()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setitem(sys.modules, "trackio", FakeTrackio())
+    installed.update({"tensorboard", "wandb", "trackio"})
+    with Trackers(["auto"], tmp_path, CONFIG) as trackers:
+        trackers.note(3, "health/tool-errors", "many tool calls fail: 80%\n    fix: warm start")
+        assert trackers.active == ["tensorboard", "trackio", "wandb"]  # trackio takes no text
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    [event] = events.Tensors("health/tool-errors/text_summary")
+    assert event.step == 3
+    assert event.tensor_proto.string_val[0].decode() == (
+        "many tool calls fail: 80%  \n    fix: warm start"  # markdown keeps the line break
+    )
+    assert Run.summary == {
+        "health/tool-errors": "step 3: many tool calls fail: 80%\n    fix: warm start"
+    }
+
+
 def test_trackio_is_initialised_resumable_and_fed_each_step(
     tmp_path: Path, installed: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
