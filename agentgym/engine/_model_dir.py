@@ -50,9 +50,31 @@ def model_source(model: str | os.PathLike[str]) -> str:
     text = os.fspath(model)
     if tiny := tiny_model_folder(text):
         return str(tiny)
-    if text.startswith(("/", ".", "~")) or Path(text).exists():
+    if _names_a_path(text):
         return str(require_model_folder(text))
     return text
+
+
+def check_model_name(model: str | os.PathLike[str]) -> None:
+    """Refuse what `model_source` would refuse, without building or loading a model.
+
+    Why: a queued job is checked when it is submitted (`agentgym.runs.check_job`); a mistyped
+    folder found by its worker later is a run lost, and building ``tiny`` there costs seconds.
+    """
+    from .tiny import PRESETS
+
+    text = os.fspath(model)
+    if text == "tiny" or text.startswith("tiny:"):
+        preset = text.partition(":")[2]
+        if preset and preset not in PRESETS:
+            raise ConfigError(f"unknown tiny model preset {preset!r}; presets: {sorted(PRESETS)}")
+    elif _names_a_path(text):
+        require_model_folder(text)
+
+
+def _names_a_path(text: str) -> bool:
+    """A model name that names a local folder: an existing path, or one that starts like one."""
+    return text.startswith(("/", ".", "~")) or Path(text).exists()
 
 
 def context_length(model: str | os.PathLike[str], max_model_len: int | None) -> int:

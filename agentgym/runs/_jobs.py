@@ -86,6 +86,39 @@ def check_job(kind: str, config: Mapping[str, Any]) -> None:
     if kind not in get_args(JobKind):
         raise ConfigError(f"kind must be one of {', '.join(get_args(JobKind))}; got {kind!r}")
     {"eval": _check_eval, "sft": _check_sft, "train": _check_train}[kind](config)
+    _check_files(kind, config)
+
+
+#: Per job kind: the config keys naming a model (a folder, a hub id or ``tiny``) ...
+_MODEL_KEYS: dict[str, tuple[str, ...]] = {"train": ("model",), "eval": ("model_path",),
+                                           "sft": ("model",)}  # fmt: skip
+#: ... and the keys naming files or folders, one or a list.
+_PATH_KEYS: dict[str, tuple[str, ...]] = {"train": (), "eval": ("adapter",),
+                                          "sft": ("trajectories",)}  # fmt: skip
+
+
+def _check_files(kind: str, config: Mapping[str, Any]) -> None:
+    """The models, files and folders a job names must be here when it is queued.
+
+    Why: the job's worker runs on this machine, from this folder, maybe hours later; a
+    mistyped path found then is a run lost (the command refuses it too, at its start).
+    """
+    from agentgym.engine._model_dir import check_model_name
+
+    for key in _MODEL_KEYS[kind]:
+        if isinstance(model := config.get(key), str):
+            try:
+                check_model_name(model)
+            except ConfigError as exc:
+                raise ConfigError(f"{kind} job {key}: {exc}") from None
+    for key in _PATH_KEYS[kind]:
+        value = config.get(key)
+        for path in value if isinstance(value, list) else [value]:
+            if isinstance(path, str) and not Path(path).expanduser().exists():
+                raise ConfigError(
+                    f"{kind} job {key}: {path} does not exist (from {Path.cwd()}, where the "
+                    "job's worker runs); give a path that does"
+                )
 
 
 def submit_job(

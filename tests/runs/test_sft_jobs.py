@@ -77,6 +77,12 @@ def test_an_sft_job_is_checked_at_submission_and_a_bad_one_never_becomes_a_run(
         "unknown sft config key 'out'": {**good, "out": str(tmp_path / "elsewhere")},
         "unknown sft config key 'resume'": {**good, "resume": True},
         "env_kwargs must be a mapping": {**good, "env_kwargs": ["num_tasks=24"]},
+        # files the worker would open later, on this machine: checked now
+        f"sft job model: {tmp_path / 'sfx'} is not a model folder (no config.json)":
+            {**good, "model": str(tmp_path / "sfx")},
+        "sft job model: unknown tiny model preset 'quickstat'": {**good, "model": "tiny:quickstat"},
+        f"sft job trajectories: {tmp_path / 'ep.jsonl'} does not exist (from {Path.cwd()}":
+            {"model": "tiny", "trajectories": [str(tmp_path / "ep.jsonl")]},
     }
     for reason, config in refusals.items():
         with pytest.raises(ConfigError) as refused:

@@ -146,6 +146,28 @@ def test_a_bad_job_is_refused_before_a_row_exists(db_url: str, tmp_path: Path) -
     assert store.get_run(run_id)["run_dir"] == str(tmp_path.resolve() / run_id)
 
 
+def test_a_job_naming_a_model_or_file_not_here_is_refused_at_submission(tmp_path: Path) -> None:
+    store = RunStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    empty = tmp_path / "sft-out"  # a folder, but no model in it (a typo'd run folder, say)
+    empty.mkdir()
+    refusals = {
+        f"train job model: {empty} is not a model folder (no config.json)":
+            ("train", {"model": str(empty), "env": "calculator"}),
+        "eval job model_path: ./no-such-model is not a model folder":
+            ("eval", {"env": "calculator", "policy": "vllm", "model_path": "./no-such-model"}),
+        "eval job adapter: runs/old does not exist (from ":
+            ("eval", {"env": "calculator", "policy": "vllm", "model_path": "tiny",
+                      "adapter": "runs/old"}),
+    }  # fmt: skip
+    for reason, (kind, config) in refusals.items():
+        with pytest.raises(ConfigError) as refused:
+            submit_job(store, kind, config, runs_root=tmp_path, source="serve")
+        assert str(refused.value).startswith(reason), refused.value
+    assert store.list_runs() == []
+    hub_id = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "env": "calculator"}  # the worker fetches it
+    submit_job(store, "train", hub_id, runs_root=tmp_path, source="serve")
+
+
 def test_database_location_follows_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
