@@ -339,8 +339,21 @@ def _run_eval(
     wall = time.perf_counter() - started
     summary = summarize(done + played, wall_seconds=wall, played=len(played))
     summary |= {k: run_config[k] for k in ("env", "policy", "model", "group_size")}
+    summary |= _health(done + played)
     write_json(out / "summary.json", summary)
     return summary, played
+
+
+def _health(trajectories: list[Trajectory]) -> dict[str, Any]:
+    """What the troubleshooting rules read off these episodes: ``findings`` and their count.
+
+    Why: an eval at 0% has the causes a flat training run has (no call parsed, calls cut at
+    the token limit, a sandbox down); the count is a figure ``runs ls``/``compare`` show.
+    """
+    from agentgym.trainers._health import diagnose_episodes
+
+    findings = [f.as_dict() for f in diagnose_episodes(trajectories)]
+    return {"health": {"findings": len(findings)}, "findings": findings}  # as train's summary
 
 
 def _progress() -> Progress:
@@ -422,9 +435,12 @@ def _last_line(text: str | None) -> str:
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
     table = Table("metric", "value", title=f"{summary['env']} ({summary['policy']})")
     for key, value in summary.items():
-        if key in ("env", "policy", "model"):
+        if key in ("env", "policy", "model", "findings"):
             continue
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
         table.add_row(key, shown)
     stdout.print(table)
+    for finding in summary.get("findings", []):  # docs/troubleshooting.md#<rule>
+        console.print(f"health [{finding['rule']}] {finding['title']}: {finding['evidence']}\n"
+                      f"    fix: {finding['fix']}", style="yellow", soft_wrap=True)  # fmt: skip
     console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}", soft_wrap=True)

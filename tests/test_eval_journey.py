@@ -111,7 +111,9 @@ def test_more_tasks_than_the_env_has_are_played_with_a_warning(tmp_path: Path) -
     proc = run(tmp_path, "-n", "1000")
     assert proc.returncode == 0, proc.stderr
     assert "warning: -n 1000, but the env has 100 tasks; playing all 100" in proc.stderr
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["episodes"] == 100
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["episodes"] == 100
+    assert summary["findings"] == [] and "health [" not in proc.stderr  # the reference is well
 
 
 def test_as_many_tasks_as_the_env_has_warns_nothing(tmp_path: Path) -> None:
@@ -179,6 +181,16 @@ def test_the_right_url_name_and_key_play_the_run(tmp_path: Path, server: str) ->
     assert [t.status for t in played] == ["ok", "ok"]
     first = next(t for t in played if t.task_index == 0)  # lines come in finishing order
     assert first.final_reward == 1.0  # task 0 asks 66 + 24; the server says 90
+    # the server's model answers without the calculator: the eval says so, and what to do
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [f["rule"] for f in summary["findings"]] == ["no-tool-calls"]
+    assert summary["health"] == {"findings": 1}  # the figure `runs ls` and `compare` show
+    assert "health [no-tool-calls] the model never called a tool: 0 tool calls and 1 turn per " \
+        "episode in these episodes" in proc.stderr and "agentgym check ENV --model" in proc.stderr
+    doctor = subprocess.run([str(AGENTGYM), "runs", "doctor", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "AGENTGYM_RUNS_DB": "off", "COLUMNS": "250"})
+    assert doctor.returncode == 1 and "[no-tool-calls]" in doctor.stdout, doctor.stderr
 
 
 def test_an_unreachable_server_is_still_the_runs_infra_error(tmp_path: Path) -> None:

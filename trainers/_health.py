@@ -17,8 +17,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from agentgym._trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -74,20 +76,28 @@ class History:
     """A run's training steps, evals and headline figures, as the rules read them."""
 
     def __init__(
-        self, rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float] | None = None
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        figures: Mapping[str, float] | None = None,
+        *,
+        batch: bool = False,
     ) -> None:
+        #: one batch of episodes (an eval's, `diagnose_episodes`), judged whole: no steps
+        self.batch = batch
+        #: where the figures a finding quotes come from, for its evidence
+        self.span = "in these episodes" if batch else "in the recent steps"
         self.steps = [r for r in rows if "reward/mean" in r]
         self.figures = dict(figures or {})
         #: (step, held-out success) of every eval: step 0's, periodic ones, the final one
         self.evals = [(int(r["step"]), float(value)) for r in rows
                       for value in (r.get("eval/success", r.get("final/success")),)
                       if _finite(value)]  # fmt: skip
-        self.window = max(MIN_STEPS, math.ceil(len(self.steps) / 3))
+        self.window = 1 if batch else max(MIN_STEPS, math.ceil(len(self.steps) / 3))
 
     @property
     def judged(self) -> bool:
         """Whether there are enough steps to judge at all."""
-        return len(self.steps) >= MIN_STEPS
+        return len(self.steps) >= (1 if self.batch else MIN_STEPS)
 
     def values(self, key: str) -> list[float]:
         """The finite values of ``key`` over the training steps, in step order."""
@@ -180,7 +190,8 @@ def no_tool_calls(h: History) -> Finding | None:
     if not calls or any(calls) or not turns or max(turns) > 1.0:
         return None
     return Finding("no-tool-calls", "the model never called a tool",
-                   f"0 tool calls and 1 turn per episode in all {len(calls)} steps",
+                   "0 tool calls and 1 turn per episode "
+                   + (h.span if h.batch else f"in all {len(calls)} steps"),
                    "if the tasks need a tool, run `agentgym check ENV --model MODEL` (the env's "
                    "parser must read the calls the chat template writes), then warm start "
                    "(sft_steps) on the env's scripted turns; a model that calls only now and "
@@ -188,34 +199,42 @@ def no_tool_calls(h: History) -> Finding | None:
 
 
 def _recent_at_least(
-    rule: str, key: str, threshold: float, title: str, evidence: Callable[[float], str], fix: str
+    rule: str,
+    key: str,
+    threshold: float,
+    title: str,
+    evidence: Callable[[float, str], str],
+    fix: str,
 ) -> Callable[[History], Finding | None]:
-    """A rule that fires when the recent mean of ``key`` reaches ``threshold``."""
+    """A rule that fires when the recent mean of ``key`` reaches ``threshold``.
+
+    ``evidence(value, span)``: the figures, ``span`` saying where they come from.
+    """
 
     def check(h: History) -> Finding | None:
         value = h.recent(key)
         if value is None or value < threshold:
             return None
-        return Finding(rule, title, evidence(value), fix)
+        return Finding(rule, title, evidence(value, h.span), fix)
 
     check.__name__ = rule.replace("-", "_")
     return check
 
 
-def _of_episodes(what: str) -> Callable[[float], str]:
-    return lambda share: f"{_pct(share)} of episodes {what} in the recent steps"
+def _of_episodes(what: str) -> Callable[[float, str], str]:
+    return lambda share, span: f"{_pct(share)} of episodes {what} {span}"
 
 
 tool_errors = _recent_at_least(
     "tool-errors", "rollout/tool_error_rate", TOOL_ERRORS, "many tool calls fail",
-    lambda rate: f"{_pct(rate)} of tool calls were errors in the recent steps (malformed calls, "
+    lambda rate, span: f"{_pct(rate)} of tool calls were errors {span} (malformed calls, "
     "unknown tools, arguments the schema refuses)",
     "read them: `agentgym runs episodes RUN --tool-errors`; `agentgym check ENV --model MODEL` "
     "tests the parser against the template",
 )
 turns_cut = _recent_at_least(
     "turns-cut", "rollout/frac_turns_cut", TURNS_CUT, "turns hit max_completion_length",
-    lambda share: f"{_pct(share)} of turns ended at the token limit in the recent steps (a tool "
+    lambda share, span: f"{_pct(share)} of turns ended at the token limit {span} (a tool "
     "call cut there is a malformed call)",
     "raise max_completion_length (and max_model_len with it); read the cut turns with "
     "`agentgym runs episodes RUN --length-outliers`",
@@ -246,20 +265,20 @@ errors = _recent_at_least(
 drift = _recent_at_least(
     "logprob-drift", "sampling/logprob_drift_mean", DRIFT,
     "the engine and the trainer disagree on the tokens",
-    lambda mean: f"mean |engine - trainer| logprob {mean:.3f} nats per token in the recent steps "
+    lambda mean, span: f"mean |engine - trainer| logprob {mean:.3f} nats per token {span} "
     f"(ratio about {math.exp(mean):.2f}x)",
     "run both in one dtype (dtype: float32 or bfloat16 on both sides), keep max_staleness at 0; "
     "importance correction (on) reweights, but large drift trains off-policy",
 )
 clipping = _recent_at_least(
     "clipping", "loss/clip_ratio_region", CLIPPED, "updates are too large",
-    lambda share: f"{_pct(share)} of tokens clipped (ratio outside [1 - epsilon, 1 + "
-    "epsilon_high]) in the recent steps",
+    lambda share, span: f"{_pct(share)} of tokens clipped (ratio outside [1 - epsilon, 1 + "
+    f"epsilon_high]) {span}",
     "lower learning_rate or num_iterations",
 )
 kl = _recent_at_least(
     "kl", "loss/kl", KL, "the policy is far from the base model",
-    lambda value: f"KL {value:.2f} nats per token in the recent steps",
+    lambda value, span: f"KL {value:.2f} nats per token {span}",
     "lower learning_rate or raise beta",
 )
 
@@ -443,3 +462,45 @@ def format_findings(findings: Sequence[Finding]) -> list[str]:
     for f in findings:
         lines += [f"    [{f.rule}] {f.title}: {f.evidence}", f"      fix: {f.fix}"]
     return lines
+
+
+# ---- one batch of episodes: an eval ---------------------------------------------------------
+
+#: The rules that read what episodes did, not how training moved: they judge an eval too.
+#: (``late`` needs a deadline, which an eval does not set.)
+EPISODE_RULES: tuple[Callable[[History], Finding | None], ...] = (
+    infra_errors, errors, no_tool_calls, turns_cut, tool_errors, truncated,
+)
+#: Their fixes in ``agentgym eval``'s terms (its options; OUT is its ``--out`` folder).
+EVAL_FIXES: dict[str, str] = {
+    "infra-errors": "read why: `agentgym runs episodes OUT --status infra_error`; a sandbox or "
+    "server that fails under load wants a lower --concurrency; `agentgym eval ... --resume` "
+    "plays them again",
+    "errors": "read the tracebacks: `agentgym runs episodes OUT --status error`",
+    "no-tool-calls": "if the tasks need a tool, run `agentgym check ENV --model MODEL` (the env's "
+    "parser must read the calls the chat template writes); a model that never saw the tool "
+    "format needs a warm start (`agentgym sft`); one that calls only now and then, a "
+    "--temperature that samples it",
+    "turns-cut": "raise --max-tokens (and --max-model-len with it); read the cut turns with "
+    "`agentgym runs episodes OUT --length-outliers`",
+    "tool-errors": "read them: `agentgym runs episodes OUT --tool-errors`; `agentgym check ENV "
+    "--model MODEL` tests the parser against the template",
+    "truncated": "raise --max-tokens, --max-model-len or the env's turns (--env-arg "
+    "max_turns=N); read them: `agentgym runs episodes OUT --status truncated`",
+}
+
+
+def diagnose_episodes(trajectories: Sequence[Trajectory]) -> list[Finding]:
+    """The findings one batch of episodes matches (an eval's: ``agentgym eval``, ``runs doctor``).
+
+    Why: an eval that scores 0% has the same handful of causes a flat training run has (no
+    call parsed, calls cut at the token limit, a sandbox down); the rules that read episodes
+    name them, with the fix in the eval's own options. Judged on all the episodes at once.
+    """
+    from ._metrics import episode_metrics
+
+    if not trajectories:
+        return []
+    history = History([episode_metrics(trajectories)], batch=True)
+    found = [rule(history) for rule in EPISODE_RULES]
+    return [replace(f, fix=EVAL_FIXES[f.rule]) for f in found if f is not None]

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from agentgym._errors import ConfigError
+from agentgym._trajectory import trajectories_of_lines
 
 from ._export import best_checkpoint  # the choice `agentgym export --best` makes
-from ._health import Finding, diagnose, format_findings
+from ._health import Finding, diagnose, diagnose_episodes, format_findings
 from ._run_dir import figures_before_training, read_jsonl_records
 
 #: Per-reward-function means, as `episode_metrics` names them (``reward/<name>/mean``).
@@ -202,20 +203,27 @@ def _percent_or_number(value: float) -> str:
 
 
 def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
-    """The health findings of a run folder, finished, running or killed.
+    """The health findings of a run folder, finished, running or killed; an eval's too.
 
     A finished run's headline figures come from its ``summary.json``; a run without one gets
     them from ``metrics.jsonl`` (the base model's, the step-0 eval's, the final eval's), so a
     killed run is read as far as it got.
 
     Raises:
-        ConfigError: the folder holds no ``metrics.jsonl`` (not a train run's folder).
+        ConfigError: the folder holds neither ``metrics.jsonl`` nor ``trajectories.jsonl``;
+            or a line of one is not a record.
     """
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
+    episodes = run_dir / "trajectories.jsonl"
+    if not metrics.is_file() and episodes.is_file():  # an eval's folder: its episodes, whole
+        data = episodes.read_bytes()  # a killed eval's torn last line is left out, not cut
+        lines = data[: data.rfind(b"\n") + 1].splitlines()
+        return diagnose_episodes(list(trajectories_of_lines(lines, episodes)))
     if not metrics.is_file():
-        raise ConfigError(f"{run_dir} holds no metrics.jsonl: `agentgym runs doctor` reads a "
-                          "train run's folder (its output_dir)")  # fmt: skip
+        raise ConfigError(f"{run_dir} holds neither metrics.jsonl nor trajectories.jsonl: "
+                          "`agentgym runs doctor` reads a train run's folder (its output_dir) "
+                          "or an eval's (its --out)")  # fmt: skip
     try:
         rows = read_jsonl_records(metrics)
     except ValueError as exc:  # a line written by hand, or a disk that lost a block

@@ -166,13 +166,13 @@ def show_episodes(
 
 @app.command("doctor")
 def doctor(
-    run: Annotated[str, typer.Argument(help="Run id (or prefix) or a train run's folder.")],
+    run: Annotated[str, typer.Argument(help="Run id (or prefix), or a train or eval folder.")],
     db: DbOption = None,
 ) -> None:
-    """What a train run's metrics say went wrong, and the fix (docs/troubleshooting.md).
+    """What a run's figures say went wrong, and the fix (docs/troubleshooting.md).
 
-    Reads the folder's metrics.jsonl, so it works on a running, killed or copied run too.
-    Exits 1 when it finds something, 0 when nothing matched.
+    Reads a train run's metrics.jsonl, or an eval's trajectories.jsonl, so it works on a
+    running, killed or copied run too. Exits 1 when it finds something, 0 when nothing matched.
     """
     from agentgym.trainers._report import run_findings
 
@@ -180,7 +180,7 @@ def doctor(
     folder = given if given.is_dir() else Path(_find(RunStore(db), run)["run_dir"] or "")
     findings = run_findings(folder)
     if not findings:
-        console.print(f"{folder}: no known problem in its metrics", highlight=False)
+        console.print(f"{folder}: no known problem in its figures", highlight=False)
         return
     for finding in findings:
         console.print(Text(f"[{finding.rule}] {finding.title}", style="bold yellow"))

@@ -390,22 +390,24 @@ def dashboard_router(store: RunStore) -> APIRouter:
 
     @router.get("/api/runs/{run_id}/health", tags=["dashboard"])
     def health(run_id: str) -> dict[str, Any]:
-        """A train run's findings, as ``agentgym runs doctor`` prints them.
+        """A train or eval run's findings, as ``agentgym runs doctor`` prints them.
 
-        ``why`` says why there are none to read (no metrics yet, not a train run).
+        ``why`` says why there are none to read (no metrics or episodes yet, an sft run).
         """
         run = get_run(run_id)
         check_folder(run)
         run_dir = _run_dir(run)
-        if run.get("kind") != "train" or run_dir is None:
-            return {"findings": [], "why": f"a {run.get('kind')} run has no training metrics"}
-        if run_file(run_dir, "metrics.jsonl") is None:
-            return {"findings": [], "why": "no metrics yet"}
+        read = {"train": ("metrics.jsonl", "metrics"), "eval": ("trajectories.jsonl", "episodes")}
+        if run.get("kind") not in read or run_dir is None:
+            return {"findings": [], "why": f"a {run.get('kind')} run has no metrics to read"}
+        name, what = read[run["kind"]]
+        if run_file(run_dir, name) is None:
+            return {"findings": [], "why": f"no {what} yet"}
         from agentgym.trainers._report import run_findings  # torch-free, loaded on first use
 
         try:
             return {"findings": [f.as_dict() for f in run_findings(run_dir)], "why": None}
-        except ConfigError as exc:  # a metrics line that is not JSON: said, not a 500
+        except ConfigError as exc:  # a line that is not JSON: said, not a 500
             return {"findings": [], "why": str(exc)}
 
     @router.get("/api/runs/{run_id}/trajectories", tags=["dashboard"])

@@ -121,13 +121,14 @@ class RunFolder:
     trajectories: list[Trajectory]
     rewards: list[float]
     config: dict[str, Any] = field(default_factory=dict)
+    kind: str = "train"
 
     def record(self) -> dict[str, Any]:
         """The run as the store describes it (the `RunStore` keys)."""
         status = json.loads((self.path / "status.json").read_text())
         summary = json.loads((self.path / "summary.json").read_text())
         return {
-            "id": self.id, "kind": "train", "name": f"calc-{self.id}", "status": status["state"],
+            "id": self.id, "kind": self.kind, "name": f"calc-{self.id}", "status": status["state"],
             "run_dir": str(self.path), "created_at": status["started_at"], "step": status["step"],
             "figures": summary["figures"], "config": self.config,
         }  # fmt: skip
@@ -242,6 +243,23 @@ def sick_run(dashboard: Dashboard, root: Path) -> Iterator[RunFolder]:
     (run.path / "metrics.jsonl").write_text(
         "".join(json.dumps({**line, "rollout/tool_error_rate": 0.6}) + "\n" for line in lines)
     )
+    dashboard.store.runs[run.id] = run
+    try:
+        yield run
+    finally:
+        del dashboard.store.runs[run.id]
+
+
+@contextlib.contextmanager
+def eval_run(dashboard: Dashboard, root: Path) -> Iterator[RunFolder]:
+    """Eval run ``ev`` in the dashboard's store while the block runs: 2 of its 3 calls fail."""
+    episodes = [episode(1, 2, tool_error=True), episode(3, 4, tool_error=True), episode(5, 6)]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "trajectories.jsonl").write_text("".join(map(to_json_line, episodes)))
+    (root / "status.json").write_text(json.dumps({"state": "finished", "step": 0,
+                                                  "started_at": "2026-11-30T11:00:00+00:00"}))
+    (root / "summary.json").write_text(json.dumps({"figures": {}}))
+    run = RunFolder("ev", root, episodes, [], kind="eval")
     dashboard.store.runs[run.id] = run
     try:
         yield run

@@ -12,7 +12,14 @@ import pytest
 
 from agentgym._trajectory import to_json_line
 from tests.conftest import require
-from tests.serve.conftest import XSS, Dashboard, episode, metrics_line, sick_run
+from tests.serve.conftest import (
+    XSS,
+    Dashboard,
+    episode,
+    eval_run,
+    metrics_line,
+    sick_run,
+)
 
 require("fastapi")
 from agentgym.serve._dashboard import IndexCache  # noqa: E402  (needs fastapi)
@@ -65,6 +72,15 @@ def test_health_lists_a_train_runs_findings(
             f.write("{not json\n" + metrics_line(9, 0.5))
         torn = get(client, "/api/runs/sick/health")
     assert torn["findings"] == [] and "holds a line that is not a JSON record" in torn["why"]
+
+
+def test_health_reads_an_eval_runs_episodes(
+    client: httpx.Client, dashboard: Dashboard, tmp_path: Path
+) -> None:
+    with eval_run(dashboard, tmp_path):
+        body = get(client, "/api/runs/ev/health")
+    assert [f["rule"] for f in body["findings"]] == ["tool-errors"] and body["why"] is None
+    assert body["findings"][0]["evidence"].startswith("67% of tool calls were errors in these")
 
 
 def test_metrics_keep_matching_finite_numbers(client: httpx.Client) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import require, skip_or_fail
-from tests.serve.conftest import Dashboard, metrics_line, sick_run
+from tests.serve.conftest import Dashboard, eval_run, metrics_line, sick_run
 
 pytestmark = pytest.mark.slow  # starts Chromium (a few seconds on a loaded machine)
 WAIT_S = 20
@@ -119,7 +119,7 @@ def test_a_train_runs_page_shows_its_health(
 ) -> None:
     open_view(browser, dashboard, "/run/a")
     healthy = wait_for(browser, lambda b: b.find_element("id", "health").text, "the health box")
-    assert healthy == "no known problem in the metrics"
+    assert healthy == "no known problem in its figures"
     with sick_run(dashboard, tmp_path):
         open_view(browser, dashboard, "/run/sick")
         finding = wait_for(browser, lambda b: b.find_elements("css selector", "li.finding"),
@@ -127,6 +127,12 @@ def test_a_train_runs_page_shows_its_health(
         assert finding[0].text.startswith("[tool-errors] many tool calls fail: 60% of tool calls")
         assert "fix: read them: `agentgym runs episodes RUN --tool-errors`" in finding[0].text
         shot("health")
+    with eval_run(dashboard, tmp_path / "eval"):  # an eval's episodes are read the same way
+        open_view(browser, dashboard, "/run/ev")
+        finding = wait_for(browser, lambda b: b.find_elements("css selector", "li.finding"),
+                           "an eval's finding")  # fmt: skip
+        assert finding[0].text.startswith("[tool-errors] many tool calls fail: 67% of tool calls")
+        assert "fix: read them: `agentgym runs episodes OUT --tool-errors`" in finding[0].text
 
 
 def test_two_runs_are_overlaid(browser: Any, dashboard: Dashboard, shot: Any) -> None:

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
+from agentgym import Trajectory, Turn
 from agentgym._errors import ConfigError
+from agentgym._trajectory import to_json_line
 from agentgym.trainers import _health
 from agentgym.trainers._health import HealthWatch, diagnose
 from agentgym.trainers._report import run_findings, write_summary
@@ -220,7 +222,7 @@ def test_a_killed_run_is_read_from_its_rows_and_a_finished_one_from_its_summary(
     text = write_summary(killed, {"sft/success": 0.7, "grpo/success": 0.8})
     assert "worse-than-start" not in text  # summary.json's figures win over the rows
     assert [f.rule for f in run_findings(killed)] == ["train-up-eval-flat"]
-    with pytest.raises(ConfigError, match="no metrics.jsonl: `agentgym runs doctor` reads"):
+    with pytest.raises(ConfigError, match="neither metrics.jsonl nor trajectories.jsonl: "):
         run_findings(tmp_path)
 
 
@@ -285,3 +287,61 @@ def test_every_knob_a_fix_names_is_a_config_field() -> None:
     docs = (REPO / "docs/troubleshooting.md").read_text()
     in_docs = set(re.findall(r"`([a-z]+_[a-z_]+)(?:: [^`]*)?`", docs))  # `knob` or `knob: value`
     assert in_docs - fields == set() and len(in_docs) > 10, "knobs in the docs GRPOConfig lacks"
+
+
+# ---- an eval's episodes ---------------------------------------------------------------------
+
+
+def eval_episode(status: str = "ok", *, calls: int = 1, errors: int = 0,
+                 cut: bool = False) -> Trajectory:  # fmt: skip
+    """One played episode: ``calls`` tool calls (``errors`` of them failed), then an answer."""
+    call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add"}}]}
+    messages = [call, {"role": "tool", "content": "3"}] * calls
+    turns = [Turn(completion_ids=[1, 2], tool_errors=["bad"] * errors) for _ in range(calls)]
+    turns.append(Turn(completion_ids=[3], finish_reason="length" if cut else "stop"))
+    return Trajectory(env_id="x", status=status, final_reward=1.0, turns=turns,
+                      messages=[*messages, {"role": "assistant", "content": "3"}])  # fmt: skip
+
+
+def test_an_evals_episodes_are_judged_whole_with_the_evals_own_fixes() -> None:
+    assert _health.diagnose_episodes([eval_episode()] * 4) == []
+    assert _health.diagnose_episodes([]) == []
+    [silent] = _health.diagnose_episodes([eval_episode(calls=0)] * 4)
+    assert silent.rule == "no-tool-calls"
+    assert silent.evidence == "0 tool calls and 1 turn per episode in these episodes"
+    assert silent.fix == _health.EVAL_FIXES["no-tool-calls"]
+    sick = [eval_episode(errors=1, cut=True), eval_episode("truncated", errors=1),
+            eval_episode("infra_error"), eval_episode()]  # fmt: skip
+    found = {f.rule: f for f in _health.diagnose_episodes(sick)}
+    assert list(found) == ["infra-errors", "turns-cut", "tool-errors", "truncated"]  # RULES order
+    assert found["infra-errors"].evidence.startswith("25% of episodes ended as infra_error")
+    assert found["tool-errors"].evidence.startswith("67% of tool calls were errors in these ep")
+    assert "--concurrency" in found["infra-errors"].fix and "max_concurrency" not in str(found)
+
+
+def test_every_option_an_eval_fix_names_is_an_option_of_its_command() -> None:
+    """An eval fix names `agentgym eval`'s options, or `runs episodes`'s after its command."""
+    from typer.main import get_command
+
+    from agentgym.cli import app
+
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    options = {name: {o for p in command.params for o in p.opts}
+               for name, command in [("eval", commands["eval"]),
+                                     ("episodes", commands["runs"].commands["episodes"])]}
+    assert set(_health.EVAL_FIXES) == {r.__name__.replace("_", "-") for r in
+                                       _health.EPISODE_RULES}  # fmt: skip
+    for rule, fix in _health.EVAL_FIXES.items():
+        for command_line in re.findall(r"`agentgym runs episodes OUT ([^`]*)`", fix):
+            assert set(re.findall(r"--[a-z-]+", command_line)) <= options["episodes"], rule
+        outside = re.sub(r"`[^`]*`", "", fix)  # options not in a quoted command: eval's
+        assert set(re.findall(r"--[a-z-]+", outside)) <= options["eval"], rule
+
+
+def test_doctor_reads_an_eval_folder_killed_mid_line(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    out.mkdir()
+    lines = [to_json_line(eval_episode(calls=0)) for _ in range(3)]
+    (out / "trajectories.jsonl").write_text("".join(lines) + lines[0][:40])  # a torn last line
+    assert [f.rule for f in run_findings(out)] == ["no-tool-calls"]
+    assert (out / "trajectories.jsonl").read_text().endswith(lines[0][:40])  # read, not cut

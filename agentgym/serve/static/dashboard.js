@@ -249,22 +249,25 @@ async function showRun(app, runId) {
   app.append(
     el("h1", {}, `${run.name || run.id} `, el("span", { class: `status-${run.status}` }, run.status)),
     el("p", { class: "note" }, `${run.kind} · step ${fmt(run.step)} · ${run.run_dir}`),
-    ...(run.kind === "train" ? [el("h2", {}, "Health"), health] : []),
+    ...(HEALTHY_KINDS.has(run.kind) ? [el("h2", {}, "Health"), health] : []),
     el("h2", {}, "Curves"), panels, el("h2", {}, "Trajectories"), list,
   );
-  if (run.kind === "train") await liveHealth(health, run.id);
+  if (HEALTHY_KINDS.has(run.kind)) await liveHealth(health, run.id);
   await livePanels(panels, [{ id: run.id, label: run.name || run.id }]);
   await trajectoryList(list, run.id);
 }
 
-// A train run's findings (docs/troubleshooting.md), refreshed while the page shows them.
+// Kinds whose runs the health rules read: a train run's metrics, an eval's episodes.
+const HEALTHY_KINDS = new Set(["train", "eval"]);
+
+// A run's findings (docs/troubleshooting.md), refreshed while the page shows them.
 async function liveHealth(container, runId) {
   async function refresh() {
     const { findings, why } = await getJSON(`${apiRun(runId)}/health`);
     const rows = findings.map((f) => el("li", { class: "finding" },
       el("strong", {}, `[${f.rule}] ${f.title}`), `: ${f.evidence}`,
       el("div", { class: "note" }, `fix: ${f.fix}`)));
-    const none = el("p", { class: "note" }, why || "no known problem in the metrics");
+    const none = el("p", { class: "note" }, why || "no known problem in its figures");
     container.replaceChildren(rows.length ? el("ul", {}, rows) : none);
   }
   // the curves and episodes below must show even when the health cannot be read
