@@ -233,7 +233,7 @@ tool_errors = _recent_at_least(
     "tests the parser against the template",
 )
 turns_cut = _recent_at_least(
-    "turns-cut", "rollout/frac_turns_cut", TURNS_CUT, "turns hit max_completion_length",
+    "turns-cut", "rollout/frac_turns_cut", TURNS_CUT, "turns hit the token limit",
     lambda share, span: f"{_pct(share)} of turns ended at the token limit {span} (a tool "
     "call cut there is a malformed call)",
     "raise max_completion_length (and max_model_len with it); read the cut turns with "
