@@ -36,12 +36,14 @@ def summarize(
     task are not independent draws, and counting them as such would understate it).
     ``pass@k`` (`pass_at_k`, over the tasks with at least k scored episodes): the chance that
     one of k episodes of a task reaches reward 1.0; ``pass@1`` with one episode per task, and
-    more k with ``group_size`` > 1. ``tokens/completions_total`` counts every token the
-    policy sampled (what an eval cost, failed episodes included); ``tokens/per_episode`` and
-    ``turns/mean`` are means over the policy's episodes too, as the trainer's per-episode
-    figures are: an ``infra_error`` or ``late`` episode cut at turn 0 says nothing about how
-    long the policy's episodes run, and averaged in it made a run whose server failed half
-    the time read as one of episodes half as long. ``status`` lists every status in one order.
+    more k with ``group_size`` > 1, and then ``reward/frac_zero_variance_groups`` (the tasks
+    whose episodes all scored alike: no GRPO signal). ``tokens/completions_total`` counts every
+    token the policy sampled (what an eval cost, failed episodes included);
+    ``tokens/per_episode`` and ``turns/mean`` are means over the policy's episodes too, as the
+    trainer's per-episode figures are: an ``infra_error`` or ``late`` episode cut at turn 0 says
+    nothing about how long the policy's episodes run, and averaged in it made a run whose server
+    failed half the time read as one of episodes half as long. ``status`` lists every status in
+    one order.
     """
     trajectories = list(trajectories)  # e.g. read_jsonl's generator
     scored = [t for t in trajectories if t.status in POLICY_STATUSES]
@@ -58,6 +60,7 @@ def summarize(
         "reward/std": pstdev(rewards) if rewards else None,
         "reward/stderr": _stderr(by_task),
         **_pass_at(by_task),
+        **_one_reward_groups(by_task),
         "turns/mean": fmean(turns) if turns else None,
         "tools/errors": tool_errors,
         "episodes/forfeit": sum("forfeit" in t.info for t in trajectories),
@@ -107,6 +110,20 @@ def _by_task(scored: list[Trajectory]) -> dict[Hashable, list[float]]:
         key = t.task_position if t.task_position is not None else t.task_index
         groups[key if key is not None else repr(t.task)].append(t.total_reward)
     return groups
+
+
+def _one_reward_groups(by_task: list[list[float]]) -> dict[str, float]:
+    """With several episodes a task: the share of tasks whose episodes all scored alike.
+
+    Why: GRPO learns from the differences within a group; an eval with ``--group-size`` G of
+    the model a run would start from says, before the run, how many of its groups would
+    carry no signal (the trainer's ``reward/frac_zero_variance_groups``, read the same way).
+    """
+    groups = [rewards for rewards in by_task if len(rewards) > 1]
+    if not groups:
+        return {}
+    flat = sum(max(rewards) - min(rewards) <= 1e-12 for rewards in groups)
+    return {"reward/frac_zero_variance_groups": flat / len(groups)}
 
 
 def _stderr(by_task: list[list[float]]) -> float | None:

@@ -186,7 +186,7 @@ def test_the_right_url_name_and_key_play_the_run(tmp_path: Path, server: str) ->
     assert [f["rule"] for f in summary["findings"]] == ["no-tool-calls"]
     assert summary["health"] == {"findings": 1}  # the figure `runs ls` and `compare` show
     assert "health [no-tool-calls] the model never called a tool: 0 tool calls and 1 turn per " \
-        "episode in these episodes" in proc.stderr and "agentgym check ENV --model" in proc.stderr
+        "episode in this eval" in proc.stderr and "agentgym check ENV --model" in proc.stderr
     doctor = subprocess.run([str(AGENTGYM), "runs", "doctor", str(tmp_path / "out")],
                             capture_output=True, text=True, timeout=120,
                             env={**os.environ, "AGENTGYM_RUNS_DB": "off", "COLUMNS": "250"})

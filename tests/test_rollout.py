@@ -428,6 +428,9 @@ def test_summary_gives_pass_at_k_per_task_and_the_means_standard_error() -> None
     assert summary["reward/stderr"] == pytest.approx(stderr)
     one_each = summarize(played(0, 1.0) + played(1, 0.0) + played(2, 0.5))
     assert one_each["reward/stderr"] == pytest.approx(statistics.stdev([1, 0, 0.5]) / 3**0.5)
+    # of the three tasks played more than once, task 1 alone scored all its episodes alike
+    assert summary["reward/frac_zero_variance_groups"] == pytest.approx(1 / 3)
+    assert "reward/frac_zero_variance_groups" not in one_each  # no task played twice
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(10, 3, 1), (10, 3, 5), (200, 13, 100), (5, 0, 2)])

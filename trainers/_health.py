@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 WATCH_CHECKS = 50
 #: Steps a rule needs before it judges, and the least a "recent" window holds.
 MIN_STEPS = 3
-#: Share of groups whose episodes all scored alike (no advantage, no gradient).
+#: Share of groups whose episodes all scored alike (no advantage, no gradient) ...
 FLAT_GROUPS = 0.9
+#: ... as the trainer logs it, and an eval's summary holds it.
+GROUPS_KEY = "reward/frac_zero_variance_groups"
 #: Success rates read as "nothing succeeds" / "everything succeeds".
 NOTHING, EVERYTHING = 0.05, 0.95
 #: Share of tool calls that failed (malformed, unknown tool, arguments refused by the schema).
@@ -85,7 +87,7 @@ class History:
         #: one batch of episodes (an eval's, `diagnose_episodes`), judged whole: no steps
         self.batch = batch
         #: where the figures a finding quotes come from, for its evidence
-        self.span = "in these episodes" if batch else "in the recent steps"
+        self.span = "in this eval" if batch else "in the recent steps"
         self.steps = [r for r in rows if "reward/mean" in r]
         self.figures = dict(figures or {})
         #: (step, held-out success) of every eval: step 0's, periodic ones, the final one
@@ -136,27 +138,31 @@ def flat_groups(h: History) -> Finding | None:
 
     Which fix applies depends on where the reward sits: at nothing, at everything, the same for
     every episode of the step (the reward does not tell episodes apart), or paid without a
-    success.
+    success. An eval with several episodes a task (`diagnose_episodes`) reads the same way,
+    as what a run from its model would face: its fixes name the eval's options.
     """
-    flat = h.recent("reward/frac_zero_variance_groups")
+    flat = h.recent(GROUPS_KEY)
     if flat is None or flat < FLAT_GROUPS:
         return None
     reward, spread = h.recent("reward/mean") or 0.0, h.recent("reward/std")
     success = h.recent("reward/success")  # None for rows that lack it
-    evidence = f"{_pct(flat)} of groups had one reward for all their episodes in the recent " \
-        f"steps (reward/mean {reward:.2f}" + ("" if success is None else
-                                             f", reward/success {success:.2f}") + ")"  # fmt: skip
+    evidence = f"{_pct(flat)} of groups had one reward for all their episodes {h.span} " \
+        f"(reward/mean {reward:.2f}" + ("" if success is None else
+                                        f", reward/success {success:.2f}") + ")"  # fmt: skip
     tells_apart = "`agentgym check ENV` warns on that: 'reward of wrong answers'"
     if reward <= NOTHING and (success is None or success <= NOTHING):
         return Finding("flat-groups", "nothing succeeds, so nothing is learned", evidence,
+                       "sample with a higher --temperature, or warm start the model "
+                       "(`agentgym sft`, or sft_steps in the run) or choose easier tasks "
+                       "before training on them" if h.batch else
                        "start from a model that sometimes succeeds: an SFT warm start "
                        "(sft_steps: 200), easier train_tasks, more num_generations, or a "
                        "higher temperature (a near-greedy policy plays one failure G "
                        "times)")  # fmt: skip
-    if success is not None and success >= EVERYTHING:
-        return Finding("flat-groups", "every episode succeeds: the train tasks are solved",
-                       evidence, "harder train_tasks, or stop here (agentgym export RUN OUT "
-                       "--best)")  # fmt: skip
+    if success is not None and success >= EVERYTHING:  # in an eval: the model is good
+        return None if h.batch else Finding(
+            "flat-groups", "every episode succeeds: the train tasks are solved", evidence,
+            "harder train_tasks, or stop here (agentgym export RUN OUT --best)")  # fmt: skip
     if spread is not None and spread <= 1e-9:
         return Finding("flat-groups", "every episode is paid the same",
                        f"{evidence}, reward/std 0", "the reward does not tell episodes apart: if "
@@ -168,6 +174,8 @@ def flat_groups(h: History) -> Finding | None:
                        f"check the outcome ({tells_apart}); a rubric whose best score is under "
                        "1.0 never counts a success")  # fmt: skip
     return Finding("flat-groups", "most groups score all their episodes alike", evidence,
+                   "sample with a higher --temperature or --group-size, so a task's episodes "
+                   "differ" if h.batch else
                    "raise temperature or num_generations so a group's episodes differ, or "
                    "resample_zero_variance_groups: true")  # fmt: skip
 
@@ -467,11 +475,12 @@ def format_findings(findings: Sequence[Finding]) -> list[str]:
 # ---- one batch of episodes: an eval ---------------------------------------------------------
 
 #: The rules that read what episodes did, not how training moved: they judge an eval too.
-#: (``late`` needs a deadline, which an eval does not set.)
+#: (``late`` needs a deadline, which an eval does not set; ``flat-groups`` needs an eval with
+#: several episodes a task, and words its own fixes.)
 EPISODE_RULES: tuple[Callable[[History], Finding | None], ...] = (
-    infra_errors, errors, no_tool_calls, turns_cut, tool_errors, truncated,
+    infra_errors, errors, no_tool_calls, turns_cut, tool_errors, truncated, flat_groups,
 )
-#: Their fixes in ``agentgym eval``'s terms (its options; OUT is its ``--out`` folder).
+#: The others' fixes in ``agentgym eval``'s terms (its options; OUT is its ``--out`` folder).
 EVAL_FIXES: dict[str, str] = {
     "infra-errors": "read why: `agentgym runs episodes OUT --status infra_error`; a sandbox or "
     "server that fails under load wants a lower --concurrency; `agentgym eval ... --resume` "
@@ -495,12 +504,20 @@ def diagnose_episodes(trajectories: Sequence[Trajectory]) -> list[Finding]:
 
     Why: an eval that scores 0% has the same handful of causes a flat training run has (no
     call parsed, calls cut at the token limit, a sandbox down); the rules that read episodes
-    name them, with the fix in the eval's own options. Judged on all the episodes at once.
+    name them, with the fix in the eval's own options. Judged on all the episodes at once;
+    with several episodes a task, how many tasks' episodes all scored alike too: a run from
+    this model on these tasks would learn nothing from those (``--group-size`` G, a check
+    before training).
     """
+    from agentgym._summary import summarize
+
     from ._metrics import episode_metrics
 
     if not trajectories:
         return []
-    history = History([episode_metrics(trajectories)], batch=True)
+    row = episode_metrics(trajectories)
+    flat = summarize(trajectories).get("reward/frac_zero_variance_groups")  # G > 1 only
+    history = History([row | ({} if flat is None else {GROUPS_KEY: flat})], batch=True)
     found = [rule(history) for rule in EPISODE_RULES]
-    return [replace(f, fix=EVAL_FIXES[f.rule]) for f in found if f is not None]
+    return [replace(f, fix=EVAL_FIXES.get(f.rule, f.fix)) for f in found if f is not None]
+

@@ -80,7 +80,7 @@ def test_health_reads_an_eval_runs_episodes(
     with eval_run(dashboard, tmp_path):
         body = get(client, "/api/runs/ev/health")
     assert [f["rule"] for f in body["findings"]] == ["tool-errors"] and body["why"] is None
-    assert body["findings"][0]["evidence"].startswith("67% of tool calls were errors in these")
+    assert body["findings"][0]["evidence"].startswith("67% of tool calls were errors in this eval")
 
 
 def test_metrics_keep_matching_finite_numbers(client: httpx.Client) -> None:

@@ -7,6 +7,7 @@ a quarter of groups flat, one call per episode).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Callable
@@ -292,30 +293,35 @@ def test_every_knob_a_fix_names_is_a_config_field() -> None:
 # ---- an eval's episodes ---------------------------------------------------------------------
 
 
-def eval_episode(status: str = "ok", *, calls: int = 1, errors: int = 0,
-                 cut: bool = False) -> Trajectory:  # fmt: skip
-    """One played episode: ``calls`` tool calls (``errors`` of them failed), then an answer."""
+def eval_episode(status: str = "ok", *, calls: int = 1, errors: int = 0, cut: bool = False,
+                 task: int | None = None, reward: float = 1.0) -> Trajectory:  # fmt: skip
+    """One played episode: ``calls`` tool calls (``errors`` of them failed), then an answer;
+    ``task``: its task index (each episode its own task by default, as with ``-g 1``)."""
     call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add"}}]}
     messages = [call, {"role": "tool", "content": "3"}] * calls
     turns = [Turn(completion_ids=[1, 2], tool_errors=["bad"] * errors) for _ in range(calls)]
     turns.append(Turn(completion_ids=[3], finish_reason="length" if cut else "stop"))
-    return Trajectory(env_id="x", status=status, final_reward=1.0, turns=turns,
+    return Trajectory(env_id="x", status=status, final_reward=reward, turns=turns,
+                      task_index=next(_TASKS) if task is None else task,
                       messages=[*messages, {"role": "assistant", "content": "3"}])  # fmt: skip
 
 
+_TASKS = itertools.count(1000)  # the task indices of `eval_episode`s given none
+
+
 def test_an_evals_episodes_are_judged_whole_with_the_evals_own_fixes() -> None:
-    assert _health.diagnose_episodes([eval_episode()] * 4) == []
+    assert _health.diagnose_episodes([eval_episode() for _ in range(4)]) == []
     assert _health.diagnose_episodes([]) == []
-    [silent] = _health.diagnose_episodes([eval_episode(calls=0)] * 4)
+    [silent] = _health.diagnose_episodes([eval_episode(calls=0) for _ in range(4)])
     assert silent.rule == "no-tool-calls"
-    assert silent.evidence == "0 tool calls and 1 turn per episode in these episodes"
+    assert silent.evidence == "0 tool calls and 1 turn per episode in this eval"
     assert silent.fix == _health.EVAL_FIXES["no-tool-calls"]
     sick = [eval_episode(errors=1, cut=True), eval_episode("truncated", errors=1),
             eval_episode("infra_error"), eval_episode()]  # fmt: skip
     found = {f.rule: f for f in _health.diagnose_episodes(sick)}
     assert list(found) == ["infra-errors", "turns-cut", "tool-errors", "truncated"]  # RULES order
     assert found["infra-errors"].evidence.startswith("25% of episodes ended as infra_error")
-    assert found["tool-errors"].evidence.startswith("67% of tool calls were errors in these ep")
+    assert found["tool-errors"].evidence.startswith("67% of tool calls were errors in this eval")
     assert "--concurrency" in found["infra-errors"].fix and "max_concurrency" not in str(found)
 
 
@@ -330,12 +336,31 @@ def test_every_option_an_eval_fix_names_is_an_option_of_its_command() -> None:
                for name, command in [("eval", commands["eval"]),
                                      ("episodes", commands["runs"].commands["episodes"])]}
     assert set(_health.EVAL_FIXES) == {r.__name__.replace("_", "-") for r in
-                                       _health.EPISODE_RULES}  # fmt: skip
+                                       _health.EPISODE_RULES} - {"flat-groups"}  # fmt: skip
     for rule, fix in _health.EVAL_FIXES.items():
         for command_line in re.findall(r"`agentgym runs episodes OUT ([^`]*)`", fix):
             assert set(re.findall(r"--[a-z-]+", command_line)) <= options["episodes"], rule
         outside = re.sub(r"`[^`]*`", "", fix)  # options not in a quoted command: eval's
         assert set(re.findall(r"--[a-z-]+", outside)) <= options["eval"], rule
+
+
+def test_an_eval_with_several_episodes_a_task_says_what_grpo_would_face() -> None:
+    """``agentgym eval -g G`` of the model a run would start from: a check before training."""
+    failing = [eval_episode(task=t, reward=0.0, calls=0) for t in range(4) for _ in range(4)]
+    found = {f.rule: f for f in _health.diagnose_episodes(failing)}
+    assert found["flat-groups"].title == "nothing succeeds, so nothing is learned"
+    assert found["flat-groups"].evidence.startswith("100% of groups had one reward for all their "
+                                                    "episodes in this eval")  # fmt: skip
+    assert "--temperature" in found["flat-groups"].fix
+    assert "agentgym sft" in found["flat-groups"].fix
+    solved = [eval_episode(task=t) for t in range(4) for _ in range(4)]
+    assert _health.diagnose_episodes(solved) == []  # a good model: nothing to report
+    mixed = [eval_episode(task=t, reward=float(i == 0)) for t in range(4) for i in range(4)]
+    assert _health.diagnose_episodes(mixed) == []  # every group has a winner: signal
+    alike = [eval_episode(task=t, reward=float(t < 2)) for t in range(4) for _ in range(4)]
+    [finding] = _health.diagnose_episodes(alike)  # half the tasks solved, each group alike
+    assert finding.title == "most groups score all their episodes alike"
+    assert finding.fix.startswith("sample with a higher --temperature or --group-size")
 
 
 def test_doctor_reads_an_eval_folder_killed_mid_line(tmp_path: Path) -> None:
