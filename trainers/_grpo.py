@@ -58,7 +58,7 @@ from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import combine_metrics, episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
 from ._preflight import preflight, resolved_device, rollout_fleet
-from ._report import plot_curves, write_summary
+from ._report import plot_curves, read_warm_start, write_summary
 from ._run_dir import RunDir, read_jsonl_records
 from ._samples import (
     PASS_COST_TOKENS,
@@ -251,7 +251,8 @@ class GRPOTrainer:
             version = self._sync(policy, model, run, state.get("adapter_version", 0) + 1)
             if run and trackers and state["step"] == 0:
                 figures[start] = self._headline_eval(policy, run, trackers, 0, "eval")
-            health = HealthWatch(read_jsonl_records(run.metrics_path) if run else ())
+            health = HealthWatch(read_jsonl_records(run.metrics_path) if run else (),
+                                 read_warm_start(run.path) if run else None)  # fmt: skip
             broken_steps = 0  # consecutive steps mostly infra_error, or with no episode scored
             ahead: Collected | None = None  # the next step's episodes (max_staleness 1)
             for step in range(state["step"] + 1, cfg.max_steps + 1):

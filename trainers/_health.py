@@ -83,6 +83,7 @@ class History:
         figures: Mapping[str, float] | None = None,
         *,
         batch: bool = False,
+        warm_start: Mapping[str, Any] | None = None,
     ) -> None:
         #: one batch of episodes (an eval's, `diagnose_episodes`), judged whole: no steps
         self.batch = batch
@@ -90,6 +91,8 @@ class History:
         self.span = "in this eval" if batch else "in the recent steps"
         self.steps = [r for r in rows if "reward/mean" in r]
         self.figures = dict(figures or {})
+        #: the SFT warm start's record (its ``sft.json``), None without one
+        self.warm_start = warm_start
         #: (step, held-out success) of every eval: step 0's, periodic ones, the final one
         self.evals = [(int(r["step"]), float(value)) for r in rows
                       for value in (r.get("eval/success", r.get("final/success")),)
@@ -120,6 +123,10 @@ class History:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if _finite(value) else None
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -384,6 +391,30 @@ def worse_than_start(h: History) -> Finding | None:
                    "learning_rate or max_steps")  # fmt: skip
 
 
+def warm_start_short(h: History) -> Finding | None:
+    """The warm start used every step it was given, its skills still under its target.
+
+    Why: GRPO refines the skills the warm start taught; it rarely adds ones it did not (the
+    quickstart's GRPO success tracks the share of validation traces its warm start carried
+    out), so a run that ends short may have started short.
+    """
+    sft: Mapping[str, Any] = h.warm_start or {}
+    config: Mapping[str, Any] = sft.get("config") or {}
+    history: list[Any] = sft.get("history") or []
+    target, cap = _number(config.get("target_accuracy")), _number(config.get("steps"))
+    measured = [float(r["reference_accuracy"]) for r in history
+                if _finite(r.get("reference_accuracy"))]  # fmt: skip
+    if target is None or cap is None or not measured or measured[-1] >= target \
+            or len(history) < cap:  # it reached the target, or stopped before its cap
+        return None
+    return Finding("warm-start-short", "the warm start stopped short of its target",
+                   f"all {len(history)} SFT steps run, validation traces carried out "
+                   f"{_pct(measured[-1])} (target {_pct(target)})",
+                   "raise sft_steps or sft_learning_rate, or give it more sft_num_traces; "
+                   "what GRPO reaches is bounded by the skills the warm start "
+                   "taught")  # fmt: skip
+
+
 def train_up_eval_flat(h: History) -> Finding | None:
     """Training success rose before the latest eval; held-out success did not follow.
 
@@ -413,15 +444,17 @@ def train_up_eval_flat(h: History) -> Finding | None:
 RULES: tuple[Callable[[History], Finding | None], ...] = (
     infra_errors, errors, skipped_updates, no_tool_calls, turns_cut, tool_errors, truncated,
     late, flat_groups, drift, clipping, kl, entropy_collapse, entropy_rises, reward_falls,
-    reward_parts_diverge, train_up_eval_flat, worse_than_start,
+    reward_parts_diverge, warm_start_short, train_up_eval_flat, worse_than_start,
 )  # fmt: skip
 
 
 def diagnose(
-    rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float] | None = None
+    rows: Sequence[Mapping[str, Any]],
+    figures: Mapping[str, float] | None = None,
+    warm_start: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
-    """The findings a run's metrics rows (and headline figures) match, in `RULES` order."""
-    history = History(rows, figures)
+    """The findings a run's metrics rows (headline figures, warm start) match, in `RULES` order."""
+    history = History(rows, figures, warm_start=warm_start)
     found = [rule(history) for rule in RULES] if history.judged else []
     return [f for f in found if f is not None]
 
@@ -434,8 +467,11 @@ class HealthWatch:
     the kill is reported again once (the console that showed it is gone).
     """
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]] = ()) -> None:
+    def __init__(
+        self, rows: Sequence[Mapping[str, Any]] = (), warm_start: Mapping[str, Any] | None = None
+    ) -> None:
         self.rows = list(rows)
+        self.warm_start = warm_start
         self.reported: set[str] = set()
         self.broken = False
 
@@ -452,7 +488,7 @@ class HealthWatch:
         if self.broken or step % max(1, step // WATCH_CHECKS) != 0:
             return []
         try:
-            found = diagnose(self.rows)
+            found = diagnose(self.rows, warm_start=self.warm_start)
         except Exception:  # a bug in a rule: the run goes on without its advice
             log.exception("the health watch stopped at step %d (the run goes on)", step)
             self.broken = True
@@ -520,4 +556,5 @@ def diagnose_episodes(trajectories: Sequence[Trajectory]) -> list[Finding]:
     history = History([row | ({} if flat is None else {GROUPS_KEY: flat})], batch=True)
     found = [rule(history) for rule in EPISODE_RULES]
     return [replace(f, fix=EVAL_FIXES.get(f.rule, f.fix)) for f in found if f is not None]
+
 

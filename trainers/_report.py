@@ -104,8 +104,15 @@ def plot_curves(
     return out
 
 
-def summarize(rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float]) -> dict[str, Any]:
-    """The summary of a run's metrics rows and headline ``figures`` (JSON-ready)."""
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    figures: Mapping[str, float],
+    warm_start: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The summary of a run's metrics rows and headline ``figures`` (JSON-ready).
+
+    ``warm_start``: the SFT warm start's record (`read_warm_start`), for its health rule.
+    """
     steps, reward = _series(rows, "reward/mean")
     eval_steps, success = _series(rows, "eval/success")
     times = {
@@ -124,17 +131,25 @@ def summarize(rows: Sequence[Mapping[str, Any]], figures: Mapping[str, float]) -
     _, calls = _series(rows, "rollout/tool_calls_per_episode")
     if calls:
         summary["tool_calls_per_episode"] = {"first": calls[0], "last": calls[-1]}
-    findings = diagnose(rows, figures)
+    findings = diagnose(rows, figures, warm_start)
     summary["findings"] = [f.as_dict() for f in findings]
     summary["health"] = {"findings": len(findings)}  # a number: the runs index shows it
     return summary
 
 
-def _warm_start_line(run_dir: Path) -> str | None:
-    """What the warm start learned: steps and the share of validation traces carried out."""
+def read_warm_start(run_dir: Path) -> dict[str, Any] | None:
+    """The run's SFT warm start record (``sft/sft.json``); None without one, or unreadable."""
     try:
         sft = json.loads((run_dir / "sft" / "sft.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        return None
+    return sft if isinstance(sft, dict) else None
+
+
+def _warm_start_line(run_dir: Path) -> str | None:
+    """What the warm start learned: steps and the share of validation traces carried out."""
+    sft = read_warm_start(run_dir)
+    if sft is None:
         return None
     history = sft.get("history") or []
     measured = [h["reference_accuracy"] for h in history if "reference_accuracy" in h]
@@ -234,7 +249,7 @@ def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
         figures = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["figures"]
     except (OSError, ValueError, KeyError, TypeError):
         figures = _figures_from_rows(rows, run_dir)
-    return diagnose(rows, figures)
+    return diagnose(rows, figures, read_warm_start(run_dir))
 
 
 def _figures_from_rows(rows: Sequence[Mapping[str, Any]], run_dir: Path) -> dict[str, float]:
@@ -253,7 +268,8 @@ def write_summary(run_dir: str | os.PathLike[str], figures: Mapping[str, float])
     ``grpo/success``, ...); the rest is read from ``metrics.jsonl``.
     """
     run_dir = Path(run_dir)
-    summary = summarize(read_jsonl_records(run_dir / "metrics.jsonl"), figures)
+    rows = read_jsonl_records(run_dir / "metrics.jsonl")
+    summary = summarize(rows, figures, read_warm_start(run_dir))
     text = format_summary(run_dir, summary)
     summary["text"] = text
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")

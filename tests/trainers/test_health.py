@@ -117,7 +117,23 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, float], str]] = {
         run_rows(), {"base/success": 0.0, "sft/success": 0.6, "grpo/success": 0.4},
         "sft/success 60% -> grpo/success 40%",
     ),
+    "warm-start-short": (
+        run_rows(), HEALTHY_FIGURES,
+        "all 30 SFT steps run, validation traces carried out 70% (target 90%)",
+    ),
 }
+
+
+def sft_record(steps: int, cap: int, accuracy: float, target: float | None = 0.9) -> dict[str, Any]:
+    """A warm start's ``sft.json`` as `sft_warm_start` writes it: ``steps`` of ``cap`` run, the
+    last one measuring ``accuracy`` of validation traces carried out."""
+    history: list[dict[str, Any]] = [{"step": s, "loss": 1.0 / s} for s in range(1, steps + 1)]
+    history[-1]["reference_accuracy"] = accuracy
+    return {"config": {"steps": cap, "target_accuracy": target}, "history": history}
+
+
+#: rule -> the warm start its case needs (the others have none)
+WARM_STARTS = {"warm-start-short": sft_record(30, 30, 0.7)}
 
 
 def test_a_healthy_run_matches_no_rule() -> None:
@@ -127,7 +143,7 @@ def test_a_healthy_run_matches_no_rule() -> None:
 @pytest.mark.parametrize("rule", list(CASES))
 def test_each_rule_fires_on_the_figures_it_names(rule: str) -> None:
     rows, figures, fragment = CASES[rule]
-    findings = diagnose(rows, figures)
+    findings = diagnose(rows, figures, WARM_STARTS.get(rule))
     assert [f.rule for f in findings] == [rule]
     assert fragment in findings[0].text()
 
@@ -258,6 +274,26 @@ def test_cli_doctor_exits_1_with_findings_and_0_without(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no run with id 'nosuchrun'" in missing.stderr
 
 
+def test_a_warm_start_is_short_only_when_it_used_every_step_below_its_target() -> None:
+    rows = run_rows()
+    assert rules(rows) == []
+    for fine in (sft_record(12, 30, 0.7),  # stopped early: it reached its target then
+                 sft_record(30, 30, 0.95),  # reached it at the last step
+                 sft_record(30, 30, 0.5, target=None),  # no target given: nothing to fall short of
+                 {"config": {}, "history": []}, {}):  # fmt: skip
+        assert [f.rule for f in diagnose(rows, HEALTHY_FIGURES, fine)] == [], fine
+    assert rules(rows[:3]) == [] and diagnose(rows[:3], None, WARM_STARTS["warm-start-short"]) == []
+
+
+def test_a_run_folders_warm_start_is_read_by_doctor_and_the_summary(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", run_rows(), sft_steps=30)
+    (run / "sft" / "sft.json").write_text(json.dumps(sft_record(30, 30, 0.7)))
+    assert [f.rule for f in run_findings(run)] == ["warm-start-short"]
+    assert "[warm-start-short] the warm start stopped short" in write_summary(run, HEALTHY_FIGURES)
+    (run / "sft" / "sft.json").write_text("{torn")  # unreadable: no finding, no crash
+    assert run_findings(run) == []
+
+
 def test_an_eval_taken_before_the_training_gain_is_not_read_as_flat() -> None:
     """The quickstart's shape: eval at step 5 still 0%, training success climbing after it."""
     rows = run_rows(reward__success=lambda s: 0.1 if s <= 5 else 0.6)
@@ -279,7 +315,8 @@ def test_every_knob_a_fix_names_is_a_config_field() -> None:
     from agentgym.trainers import GRPOConfig
 
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    findings = [f for rows, figures, _ in CASES.values() for f in diagnose(rows, figures)]
+    findings = [f for rule, (rows, figures, _) in CASES.items()
+                for f in diagnose(rows, figures, WARM_STARTS.get(rule))]  # fmt: skip
     findings += diagnose(run_rows(reward__frac_zero_variance_groups=0.95))  # the generic form
     named = {word for f in findings for word in re.findall(r"\b[a-z]+_[a-z_]+\b", f.fix)}
     not_knobs = set(get_args(Status)) | {"used_calculator", "correct_answer"}  # reward functions
