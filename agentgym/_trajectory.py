@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -248,8 +249,21 @@ def recover_jsonl(path: str | Path) -> list[Trajectory]:
     """
     path = Path(path)
     data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
+    complete = _whole_lines(data)
     if len(complete) != len(data):
         with path.open("r+b") as f:
             f.truncate(len(complete))
-    return list(read_jsonl(path))
+    return list(trajectories_of_lines(io.BytesIO(complete), path))
+
+
+def read_whole_lines(path: str | Path) -> list[Trajectory]:
+    """`recover_jsonl` for a reader: a torn last line is left out, and left in the file.
+
+    Why: a file another process may still be writing (a running eval's) is read, not repaired.
+    """
+    return list(trajectories_of_lines(io.BytesIO(_whole_lines(Path(path).read_bytes())), path))
+
+
+def _whole_lines(data: bytes) -> bytes:
+    """``data`` up to its last newline: what a writer killed mid-line finished."""
+    return data[: data.rfind(b"\n") + 1]

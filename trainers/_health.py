@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from agentgym._trajectory import Trajectory
@@ -208,6 +208,10 @@ def no_tool_calls(h: History) -> Finding | None:
                    "0 tool calls and 1 turn per episode "
                    + (h.span if h.batch else f"in all {len(calls)} steps"),
                    "if the tasks need a tool, run `agentgym check ENV --model MODEL` (the env's "
+                   "parser must read the calls the chat template writes); a model that never "
+                   "saw the tool format needs a warm start (`agentgym sft`); one that calls only "
+                   "now and then, a --temperature that samples it" if h.batch else
+                   "if the tasks need a tool, run `agentgym check ENV --model MODEL` (the env's "
                    "parser must read the calls the chat template writes), then warm start "
                    "(sft_steps) on the env's scripted turns; a model that calls only now and "
                    "then needs a temperature that samples it")  # fmt: skip
@@ -220,17 +224,20 @@ def _recent_at_least(
     title: str,
     evidence: Callable[[float, str], str],
     fix: str,
+    eval_fix: str | None = None,
 ) -> Callable[[History], Finding | None]:
     """A rule that fires when the recent mean of ``key`` reaches ``threshold``.
 
-    ``evidence(value, span)``: the figures, ``span`` saying where they come from.
+    ``evidence(value, span)``: the figures, ``span`` saying where they come from. ``eval_fix``:
+    the fix in ``agentgym eval``'s terms, for a rule that judges an eval too (`EPISODE_RULES`).
     """
 
     def check(h: History) -> Finding | None:
         value = h.recent(key)
         if value is None or value < threshold:
             return None
-        return Finding(rule, title, evidence(value, h.span), fix)
+        return Finding(rule, title, evidence(value, h.span), eval_fix if h.batch and eval_fix
+                       else fix)  # fmt: skip
 
     check.__name__ = rule.replace("-", "_")
     return check
@@ -246,6 +253,8 @@ tool_errors = _recent_at_least(
     "unknown tools, arguments the schema refuses)",
     "read them: `agentgym runs episodes RUN --tool-errors`; `agentgym check ENV --model MODEL` "
     "tests the parser against the template",
+    "read them: `agentgym runs episodes OUT --tool-errors`; `agentgym check ENV --model MODEL` "
+    "tests the parser against the template",
 )
 turns_cut = _recent_at_least(
     "turns-cut", "rollout/frac_turns_cut", TURNS_CUT, "turns hit the token limit",
@@ -253,12 +262,16 @@ turns_cut = _recent_at_least(
     "call cut there is a malformed call)",
     "raise max_completion_length (and max_model_len with it); read the cut turns with "
     "`agentgym runs episodes RUN --length-outliers`",
+    "raise --max-tokens (and --max-model-len with it); read the cut turns with "
+    "`agentgym runs episodes OUT --length-outliers`",
 )
 truncated = _recent_at_least(
     "truncated", "rollout/frac_truncated", TRUNCATED, "episodes run out of room",
     _of_episodes("were truncated (a turn, token or context budget)"),
     "raise max_completion_length, max_episode_tokens or max_turns (and max_model_len), or keep "
     "truncated episodes out of the loss (mask_truncated_completions: true)",
+    "raise --max-tokens, --max-model-len or the env's turns (--env-arg max_turns=N); read "
+    "them: `agentgym runs episodes OUT --status truncated`",
 )
 infra_errors = _recent_at_least(
     "infra-errors", "rollout/frac_infra_error", INFRA_ERRORS,
@@ -266,6 +279,8 @@ infra_errors = _recent_at_least(
     "training)"),
     "read why: `agentgym runs episodes RUN --status infra_error`; a sandbox or service that "
     "fails under load wants a smaller max_concurrency",
+    "read why: `agentgym runs episodes OUT --status infra_error`; a sandbox or server that "
+    "fails under load wants a lower --concurrency; `agentgym eval ... --resume` plays them again",
 )
 late = _recent_at_least(
     "late", "rollout/frac_late", LATE, "episodes miss the step's deadline",
@@ -276,6 +291,7 @@ errors = _recent_at_least(
     "errors", "rollout/frac_error", ERRORS, "episodes end in an error",
     _of_episodes("ended with status error (a reward function or the env raised)"),
     "read the tracebacks: `agentgym runs episodes RUN --status error`",
+    "read the tracebacks: `agentgym runs episodes OUT --status error`",
 )
 drift = _recent_at_least(
     "logprob-drift", "sampling/logprob_drift_mean", DRIFT,
@@ -510,29 +526,12 @@ def format_findings(findings: Sequence[Finding]) -> list[str]:
 
 # ---- one batch of episodes: an eval ---------------------------------------------------------
 
-#: The rules that read what episodes did, not how training moved: they judge an eval too.
-#: (``late`` needs a deadline, which an eval does not set; ``flat-groups`` needs an eval with
-#: several episodes a task, and words its own fixes.)
+#: The rules that read what episodes did, not how training moved: they judge an eval too, with
+#: their fixes in its options (``late`` needs a deadline, which an eval does not set;
+#: ``flat-groups`` needs an eval with several episodes a task).
 EPISODE_RULES: tuple[Callable[[History], Finding | None], ...] = (
     infra_errors, errors, no_tool_calls, turns_cut, tool_errors, truncated, flat_groups,
 )
-#: The others' fixes in ``agentgym eval``'s terms (its options; OUT is its ``--out`` folder).
-EVAL_FIXES: dict[str, str] = {
-    "infra-errors": "read why: `agentgym runs episodes OUT --status infra_error`; a sandbox or "
-    "server that fails under load wants a lower --concurrency; `agentgym eval ... --resume` "
-    "plays them again",
-    "errors": "read the tracebacks: `agentgym runs episodes OUT --status error`",
-    "no-tool-calls": "if the tasks need a tool, run `agentgym check ENV --model MODEL` (the env's "
-    "parser must read the calls the chat template writes); a model that never saw the tool "
-    "format needs a warm start (`agentgym sft`); one that calls only now and then, a "
-    "--temperature that samples it",
-    "turns-cut": "raise --max-tokens (and --max-model-len with it); read the cut turns with "
-    "`agentgym runs episodes OUT --length-outliers`",
-    "tool-errors": "read them: `agentgym runs episodes OUT --tool-errors`; `agentgym check ENV "
-    "--model MODEL` tests the parser against the template",
-    "truncated": "raise --max-tokens, --max-model-len or the env's turns (--env-arg "
-    "max_turns=N); read them: `agentgym runs episodes OUT --status truncated`",
-}
 
 
 def diagnose_episodes(trajectories: Sequence[Trajectory]) -> list[Finding]:
@@ -552,9 +551,9 @@ def diagnose_episodes(trajectories: Sequence[Trajectory]) -> list[Finding]:
     if not trajectories:
         return []
     row = episode_metrics(trajectories)
-    flat = summarize(trajectories).get("reward/frac_zero_variance_groups")  # G > 1 only
+    flat = summarize(trajectories).get(GROUPS_KEY)  # only with several episodes a task
     history = History([row | ({} if flat is None else {GROUPS_KEY: flat})], batch=True)
     found = [rule(history) for rule in EPISODE_RULES]
-    return [replace(f, fix=EVAL_FIXES.get(f.rule, f.fix)) for f in found if f is not None]
+    return [f for f in found if f is not None]
 
 

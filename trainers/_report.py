@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym._errors import ConfigError
-from agentgym._trajectory import trajectories_of_lines
+from agentgym._trajectory import read_whole_lines
 
 from ._export import best_checkpoint  # the choice `agentgym export --best` makes
 from ._health import Finding, diagnose, diagnose_episodes, format_findings
@@ -232,9 +232,7 @@ def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
     metrics = run_dir / "metrics.jsonl"
     episodes = run_dir / "trajectories.jsonl"
     if not metrics.is_file() and episodes.is_file():  # an eval's folder: its episodes, whole
-        data = episodes.read_bytes()  # a killed eval's torn last line is left out, not cut
-        lines = data[: data.rfind(b"\n") + 1].splitlines()
-        return diagnose_episodes(list(trajectories_of_lines(lines, episodes)))
+        return diagnose_episodes(read_whole_lines(episodes))
     if not metrics.is_file():
         raise ConfigError(f"{run_dir} holds neither metrics.jsonl nor trajectories.jsonl: "
                           "`agentgym runs doctor` reads a train run's folder (its output_dir) "

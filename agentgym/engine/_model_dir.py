@@ -61,14 +61,10 @@ def check_model_name(model: str | os.PathLike[str]) -> None:
     Why: a queued job is checked when it is submitted (`agentgym.runs.check_job`); a mistyped
     folder found by its worker later is a run lost, and building ``tiny`` there costs seconds.
     """
-    from .tiny import PRESETS
+    from .tiny import tiny_preset
 
     text = os.fspath(model)
-    if text == "tiny" or text.startswith("tiny:"):
-        preset = text.partition(":")[2]
-        if preset and preset not in PRESETS:
-            raise ConfigError(f"unknown tiny model preset {preset!r}; presets: {sorted(PRESETS)}")
-    elif _names_a_path(text):
+    if tiny_preset(text) is None and _names_a_path(text):
         require_model_folder(text)
 
 

@@ -511,10 +511,28 @@ def tiny_model_folder(model: str, *, seed: int = 0) -> Path | None:
     Why one function: ``train`` (``model: tiny:quickstart``) and ``eval --model-path
     tiny:quickstart`` name the project's own model the same way, and build the same one.
     """
+    preset = tiny_preset(model)
+    if preset is None:
+        return None
+    return build_preset(preset, seed=seed) if preset else build_tiny_model(seed=seed)
+
+
+def tiny_preset(model: str) -> str | None:
+    """The preset ``tiny:PRESET`` names ("" for ``tiny``); None for a name that is not tiny's.
+
+    Why apart from building: a queued job's model is checked at submission, before any build.
+
+    Raises:
+        ConfigError: ``tiny:`` with a preset that is not in `PRESETS`.
+    """
+    from .._errors import ConfigError
+
     if model != "tiny" and not model.startswith("tiny:"):
         return None
     preset = model.partition(":")[2]
-    return build_preset(preset, seed=seed) if preset else build_tiny_model(seed=seed)
+    if preset and preset not in PRESETS:
+        raise ConfigError(f"unknown tiny model preset {preset!r}; presets: {sorted(PRESETS)}")
+    return preset
 
 
 def random_lora_model(

@@ -352,7 +352,7 @@ def test_an_evals_episodes_are_judged_whole_with_the_evals_own_fixes() -> None:
     [silent] = _health.diagnose_episodes([eval_episode(calls=0) for _ in range(4)])
     assert silent.rule == "no-tool-calls"
     assert silent.evidence == "0 tool calls and 1 turn per episode in this eval"
-    assert silent.fix == _health.EVAL_FIXES["no-tool-calls"]
+    assert "a warm start (`agentgym sft`)" in silent.fix and "--temperature" in silent.fix
     sick = [eval_episode(errors=1, cut=True), eval_episode("truncated", errors=1),
             eval_episode("infra_error"), eval_episode()]  # fmt: skip
     found = {f.rule: f for f in _health.diagnose_episodes(sick)}
@@ -362,8 +362,24 @@ def test_an_evals_episodes_are_judged_whole_with_the_evals_own_fixes() -> None:
     assert "--concurrency" in found["infra-errors"].fix and "max_concurrency" not in str(found)
 
 
+#: An eval's figures that fire each episode rule (flat-groups in each of its forms).
+EVAL_TRIGGERS: list[tuple[str, dict[str, float]]] = [
+    ("infra-errors", {"rollout/frac_infra_error": 1.0}),
+    ("errors", {"rollout/frac_error": 1.0}),
+    ("no-tool-calls", {"rollout/tool_calls_per_episode": 0.0, "rollout/turns_per_episode": 1.0}),
+    ("turns-cut", {"rollout/frac_turns_cut": 1.0}),
+    ("tool-errors", {"rollout/tool_error_rate": 1.0}),
+    ("truncated", {"rollout/frac_truncated": 1.0}),
+    ("flat-groups", {_health.GROUPS_KEY: 1.0, "reward/mean": 0.0, "reward/success": 0.0}),
+    ("flat-groups", {_health.GROUPS_KEY: 1.0}),  # most alike
+    ("flat-groups", {_health.GROUPS_KEY: 1.0, "reward/std": 0.0}),  # paid the same
+    ("flat-groups", {_health.GROUPS_KEY: 1.0, "reward/success": 0.0}),  # paid, none succeeds
+]
+
+
 def test_every_option_an_eval_fix_names_is_an_option_of_its_command() -> None:
-    """An eval fix names `agentgym eval`'s options, or `runs episodes`'s after its command."""
+    """An eval fix names `agentgym eval`'s options, or `runs episodes`'s after its command,
+    and reads the eval's folder (OUT), not a train run's (RUN)."""
     from typer.main import get_command
 
     from agentgym.cli import app
@@ -372,13 +388,22 @@ def test_every_option_an_eval_fix_names_is_an_option_of_its_command() -> None:
     options = {name: {o for p in command.params for o in p.opts}
                for name, command in [("eval", commands["eval"]),
                                      ("episodes", commands["runs"].commands["episodes"])]}
-    assert set(_health.EVAL_FIXES) == {r.__name__.replace("_", "-") for r in
-                                       _health.EPISODE_RULES} - {"flat-groups"}  # fmt: skip
-    for rule, fix in _health.EVAL_FIXES.items():
+    assert {rule for rule, _ in EVAL_TRIGGERS} == {r.__name__.replace("_", "-") for r in
+                                                   _health.EPISODE_RULES}  # fmt: skip
+    titles = set()
+    for rule, figures in EVAL_TRIGGERS:
+        row = {"reward/mean": 0.5, "reward/std": 0.3, "reward/success": 0.5, **figures}
+        history = _health.History([row], batch=True)
+        [finding] = [f for r in _health.EPISODE_RULES if (f := r(history)) is not None]
+        assert finding.rule == rule and "in this eval" in finding.evidence, finding
+        titles.add(finding.title)
+        fix = finding.fix
+        assert "RUN" not in fix and "max_completion_length" not in fix, fix
         for command_line in re.findall(r"`agentgym runs episodes OUT ([^`]*)`", fix):
             assert set(re.findall(r"--[a-z-]+", command_line)) <= options["episodes"], rule
         outside = re.sub(r"`[^`]*`", "", fix)  # options not in a quoted command: eval's
         assert set(re.findall(r"--[a-z-]+", outside)) <= options["eval"], rule
+    assert len(titles) == len(EVAL_TRIGGERS)  # each form of flat-groups was reached
 
 
 def test_an_eval_with_several_episodes_a_task_says_what_grpo_would_face() -> None:
