@@ -2,9 +2,9 @@
 
 `Trackers` fans each step's scalars out to TensorBoard, trackio and/or Weights & Biases
 (``report_to``), and the run's health findings where the backend shows text (`Trackers.note`).
-Each backend is imported only when asked for; ``"auto"`` means each one that
-is installed. W&B never prompts for a login: it runs offline unless ``WANDB_MODE`` or
-``WANDB_API_KEY`` says otherwise (``wandb sync`` uploads an offline run later).
+Each backend is imported only when asked for; ``"auto"`` means each one that is installed.
+W&B never prompts for a login: it runs offline unless ``WANDB_MODE`` or ``WANDB_API_KEY``
+says otherwise (``wandb sync`` uploads an offline run later).
 
 A tracker that fails while logging is switched off with one warning, not retried every step,
 and never stops training: ``metrics.jsonl`` (`RunDir.write_metrics`) is the record that
