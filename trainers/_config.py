@@ -37,6 +37,7 @@ from ._config_rules import (
     VLLM_LORA_RANKS,
     check_split,
     matches,
+    split_off_validation,
 )
 from ._trl_keys import trl_key_hint
 
@@ -715,9 +716,8 @@ class GRPOConfig:
         out of the traces: a stopping rule tuned on eval tasks would leak them), and the first
         `sft_num_traces` of the others are played as traces.
         """
-        validation = train_tasks[-SFT_VALIDATION_TASKS:] if self.sft_target_accuracy else []
-        held_back = set(validation)
-        traces = [t for t in train_tasks if t not in held_back]
+        traces, validation = (split_off_validation(train_tasks) if self.sft_target_accuracy
+                              else (train_tasks, []))  # fmt: skip
         return traces[: self.sft_num_traces], validation
 
 

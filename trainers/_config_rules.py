@@ -14,7 +14,7 @@ import types
 import typing
 import urllib.parse
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentgym._errors import ConfigError
@@ -36,6 +36,17 @@ LOWEST_LORA_RATE = 3e-6
 SEED_LIMIT = 2**31
 #: Train tasks the SFT warm start holds back for validation when `sft_target_accuracy` is set:
 SFT_VALIDATION_TASKS = 128
+
+
+def split_off_validation(tasks: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(trace tasks, validation tasks): the last `SFT_VALIDATION_TASKS` validate a warm start.
+
+    Why held out of the traces, and out of the eval tasks: a stopping rule measured on what it
+    trains on reads memory, and one tuned on the eval tasks would leak them.
+    """
+    validation = list(tasks[-SFT_VALIDATION_TASKS:])
+    held_back = set(validation)
+    return [t for t in tasks if t not in held_back], validation
 #: Knobs that only rollout servers read, with the value that means "not set".
 SERVER_ONLY: dict[str, Any] = {
     "rollout_model_name": None, "adapter_storage": None, "on_server_failure": "retry",

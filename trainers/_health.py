@@ -426,9 +426,9 @@ def warm_start_short(h: History) -> Finding | None:
     return Finding("warm-start-short", "the warm start stopped short of its target",
                    f"all {len(history)} SFT steps run, validation traces carried out "
                    f"{_pct(measured[-1])} (target {_pct(target)})",
-                   "raise sft_steps or sft_learning_rate, or give it more sft_num_traces; "
-                   "what GRPO reaches is bounded by the skills the warm start "
-                   "taught")  # fmt: skip
+                   "raise sft_steps or sft_learning_rate, or give it more sft_num_traces "
+                   "(agentgym sft: --steps, --lr, more --tasks); what GRPO reaches is bounded "
+                   "by the skills the warm start taught")  # fmt: skip
 
 
 def train_up_eval_flat(h: History) -> Finding | None:
@@ -462,6 +462,11 @@ RULES: tuple[Callable[[History], Finding | None], ...] = (
     late, flat_groups, drift, clipping, kl, entropy_collapse, entropy_rises, reward_falls,
     reward_parts_diverge, warm_start_short, train_up_eval_flat, worse_than_start,
 )  # fmt: skip
+
+
+def diagnose_warm_start(record: Mapping[str, Any]) -> list[Finding]:
+    """The findings of an ``agentgym sft`` run of its own (its ``sft.json``): no steps to judge."""
+    return [f for f in [warm_start_short(History([], warm_start=record))] if f is not None]
 
 
 def diagnose(

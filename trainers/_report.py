@@ -18,7 +18,7 @@ from agentgym._errors import ConfigError
 from agentgym._trajectory import read_whole_lines
 
 from ._export import best_checkpoint  # the choice `agentgym export --best` makes
-from ._health import Finding, diagnose, diagnose_episodes, format_findings
+from ._health import Finding, diagnose, diagnose_episodes, diagnose_warm_start, format_findings
 from ._run_dir import figures_before_training, read_jsonl_records
 
 #: Per-reward-function means, as `episode_metrics` names them (``reward/<name>/mean``).
@@ -139,11 +139,16 @@ def summarize(
 
 def read_warm_start(run_dir: Path) -> dict[str, Any] | None:
     """The run's SFT warm start record (``sft/sft.json``); None without one, or unreadable."""
+    return _read_json(run_dir / "sft" / "sft.json")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file; None when it is missing, unreadable or not an object."""
     try:
-        sft = json.loads((run_dir / "sft" / "sft.json").read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return sft if isinstance(sft, dict) else None
+    return data if isinstance(data, dict) else None
 
 
 def _warm_start_line(run_dir: Path) -> str | None:
@@ -218,25 +223,27 @@ def _percent_or_number(value: float) -> str:
 
 
 def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
-    """The health findings of a run folder, finished, running or killed; an eval's too.
+    """The health findings of a run folder, finished, running or killed; an eval's or sft's too.
 
     A finished run's headline figures come from its ``summary.json``; a run without one gets
     them from ``metrics.jsonl`` (the base model's, the step-0 eval's, the final eval's), so a
     killed run is read as far as it got.
 
     Raises:
-        ConfigError: the folder holds neither ``metrics.jsonl`` nor ``trajectories.jsonl``;
-            or a line of one is not a record.
+        ConfigError: the folder holds no ``metrics.jsonl``, ``trajectories.jsonl`` or
+            ``sft.json``; or a line of one is not a record.
     """
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
     episodes = run_dir / "trajectories.jsonl"
     if not metrics.is_file() and episodes.is_file():  # an eval's folder: its episodes, whole
         return diagnose_episodes(read_whole_lines(episodes))
+    if not metrics.is_file() and (sft := _read_json(run_dir / "sft.json")) is not None:
+        return diagnose_warm_start(sft)  # an `agentgym sft` run's OUT
     if not metrics.is_file():
-        raise ConfigError(f"{run_dir} holds neither metrics.jsonl nor trajectories.jsonl: "
-                          "`agentgym runs doctor` reads a train run's folder (its output_dir) "
-                          "or an eval's (its --out)")  # fmt: skip
+        raise ConfigError(f"{run_dir} holds no metrics.jsonl, trajectories.jsonl or sft.json: "
+                          "`agentgym runs doctor` reads a train run's folder (its output_dir), "
+                          "an eval's (its --out) or a finished sft run's (its OUT)")  # fmt: skip
     try:
         rows = read_jsonl_records(metrics)
     except ValueError as exc:  # a line written by hand, or a disk that lost a block

@@ -52,10 +52,14 @@ from agentgym._tasks import parse_tasks
 from agentgym.runs._folder import OUTPUT_LOG, SFT_SUMMARY
 
 from ._cli import _quiet_backends, console
+from ._config_rules import SFT_VALIDATION_TASKS, split_off_validation
+from ._health import diagnose_warm_start
 from ._recorded_episodes import eval_options, kept_conversations, played_settings
 from ._sft import EnvFacts, SFTConfig, env_facts, sft_on_conversations, sft_warm_start
 
 log = logging.getLogger(__name__)
+#: Steps between validation measurements with ``--target-accuracy``.
+SFT_EVAL_EVERY = 10
 
 
 class Method(StrEnum):
@@ -94,6 +98,15 @@ def sft(
         float | None,
         typer.Option(
             help="--trajectories: keep episodes with final_reward >= this (default: > 0)."
+        ),
+    ] = None,
+    target_accuracy: Annotated[
+        float | None,
+        typer.Option(
+            help=f"--env: stop once this share of validation traces is carried out token for "
+            f"token (teacher forced), measured every {SFT_EVAL_EVERY} steps on the last "
+            f"{SFT_VALIDATION_TASKS} of --tasks, kept out of the traces (as train's "
+            "sft_target_accuracy)."
         ),
     ] = None,
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = SFTConfig.steps,
@@ -141,12 +154,13 @@ def sft(
     config = _sft_config(
         steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=method,
         lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
+        target_accuracy=target_accuracy,
     )  # fmt: skip
     env_kwargs = parse_env_args(env_arg)
     template_kwargs = (
         parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs is not None else None
     )
-    _check_one_source(env, trajectories or [], tasks, script, min_reward)
+    _check_one_source(env, trajectories or [], tasks, script, min_reward, target_accuracy)
     if env is not None:
         plan = _env_plan(model, resolve_id(env), env_kwargs, tasks, script or [], out, config,
                          template_kwargs or {})  # fmt: skip
@@ -191,7 +205,8 @@ def check_options(params: Mapping[str, Any]) -> None:
     """
     _sft_config(**params)
     env, tasks, scripts = params["env"], params["tasks"], params["script"]
-    _check_one_source(env, params["trajectories"] or [], tasks, scripts, params["min_reward"])
+    _check_one_source(env, params["trajectories"] or [], tasks, scripts, params["min_reward"],
+                      params["target_accuracy"])  # fmt: skip
     parse_env_args(params["env_arg"])
     if params["chat_template_kwargs"] is not None:
         parse_template_kwargs(params["chat_template_kwargs"])
@@ -213,13 +228,15 @@ def _sft_config(
     max_length: int | None,
     save_every: int,
     device: str,
+    target_accuracy: float | None,
     **_: Any,
 ) -> SFTConfig:
     """The knobs the options give (``**_``: the command's other options, for `check_options`)."""
     return SFTConfig(
         steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=Method(method).value,
         lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
-        log=_progress(steps),
+        log=_progress(steps), target_accuracy=target_accuracy,
+        eval_every=SFT_EVAL_EVERY if target_accuracy is not None else 0,
     )  # fmt: skip
 
 
@@ -247,6 +264,7 @@ def _check_one_source(
     tasks: str | None,
     scripts: Sequence[str] | None,
     min_reward: float | None,
+    target_accuracy: float | None,
 ) -> None:
     """Exactly one source, and only the options of the source given."""
     if (env is None) == (not trajectories):
@@ -260,6 +278,9 @@ def _check_one_source(
     if env is None and (tasks is not None or scripts):
         raise ConfigError("--tasks and --script choose what --env plays; with --trajectories "
                           "drop them")  # fmt: skip
+    if env is None and target_accuracy is not None:
+        raise ConfigError("--target-accuracy is measured on --env's validation traces; with "
+                          "--trajectories drop it")  # fmt: skip
 
 
 def _env_plan(
@@ -282,10 +303,19 @@ def _env_plan(
             f"(0:{count}); pick a range inside it, or give the env more with --env-arg"
         )
     shares = _parse_scripts(scripts)
+    validation: list[int] = []
+    if config.target_accuracy is not None:
+        indices, validation = split_off_validation(indices)
+        if not indices:
+            raise ConfigError(
+                f"--target-accuracy holds back the last {SFT_VALIDATION_TASKS} of --tasks for "
+                f"validation and there are {len(validation)}; give --tasks more than "
+                f"{SFT_VALIDATION_TASKS} tasks (and the env more with --env-arg), or drop it"
+            )
     model_dir = _checked_model(model, facts, template_kwargs, config.seed)
     train = functools.partial(
-        sft_warm_start, model_dir, env_id, env_kwargs, out, config,
-        tasks=indices, scripts=shares, chat_template_kwargs=template_kwargs,
+        sft_warm_start, model_dir, env_id, env_kwargs, out, config, tasks=indices,
+        validation_tasks=validation, scripts=shares, chat_template_kwargs=template_kwargs,
     )  # fmt: skip
     settings = {"source": "env", "env": env_id, "env_kwargs": env_kwargs, "tasks": tasks,
                 "scripts": shares, "chat_template_kwargs": template_kwargs}  # fmt: skip
@@ -367,6 +397,13 @@ def _print_figures(out: Path) -> None:
     console.print(f"traces used: {summary['num_examples']}")
     console.print(f"first loss: {history[0]['loss']:.4f}")
     console.print(f"last loss: {history[-1]['loss']:.4f}")
+    measured = [r["reference_accuracy"] for r in history if "reference_accuracy" in r]
+    if measured:
+        target = summary["config"]["target_accuracy"]
+        console.print(f"validation traces carried out: {measured[-1]:.0%} after {len(history)} "
+                      f"steps (target {target:.0%})")  # fmt: skip
+    for finding in diagnose_warm_start(summary):  # docs/troubleshooting.md#<rule>
+        console.print(f"health [{finding.rule}] {finding.text()}", soft_wrap=True)
     console.print(f"seconds: {summary['seconds']:.1f}")
     console.print(f"output folder: {out}", soft_wrap=True)
     console.print(

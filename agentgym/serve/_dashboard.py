@@ -390,14 +390,15 @@ def dashboard_router(store: RunStore) -> APIRouter:
 
     @router.get("/api/runs/{run_id}/health", tags=["dashboard"])
     def health(run_id: str) -> dict[str, Any]:
-        """A train or eval run's findings, as ``agentgym runs doctor`` prints them.
+        """A train, eval or sft run's findings, as ``agentgym runs doctor`` prints them.
 
-        ``why`` says why there are none to read (no metrics or episodes yet, an sft run).
+        ``why`` says why there are none to read (no metrics, episodes or model yet).
         """
         run = get_run(run_id)
         check_folder(run)
         run_dir = _run_dir(run)
-        read = {"train": ("metrics.jsonl", "metrics"), "eval": ("trajectories.jsonl", "episodes")}
+        read = {"train": ("metrics.jsonl", "metrics"), "eval": ("trajectories.jsonl", "episodes"),
+                "sft": ("sft.json", "model")}  # fmt: skip
         if run.get("kind") not in read or run_dir is None:
             return {"findings": [], "why": f"a {run.get('kind')} run has no metrics to read"}
         name, what = read[run["kind"]]

@@ -254,12 +254,23 @@ def sick_run(dashboard: Dashboard, root: Path) -> Iterator[RunFolder]:
 def eval_run(dashboard: Dashboard, root: Path) -> Iterator[RunFolder]:
     """Eval run ``ev`` in the dashboard's store while the block runs: 2 of its 3 calls fail."""
     episodes = [episode(1, 2, tool_error=True), episode(3, 4, tool_error=True), episode(5, 6)]
+    lines = "".join(map(to_json_line, episodes))
+    with other_run(dashboard, root, "ev", "eval", {"trajectories.jsonl": lines}) as run:
+        yield run
+
+
+@contextlib.contextmanager
+def other_run(
+    dashboard: Dashboard, root: Path, run_id: str, kind: str, files: dict[str, str]
+) -> Iterator[RunFolder]:
+    """A finished run of ``kind`` holding ``files``, in the dashboard's store while it runs."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "trajectories.jsonl").write_text("".join(map(to_json_line, episodes)))
+    for name, text in files.items():
+        (root / name).write_text(text)
     (root / "status.json").write_text(json.dumps({"state": "finished", "step": 0,
                                                   "started_at": "2026-11-30T11:00:00+00:00"}))
     (root / "summary.json").write_text(json.dumps({"figures": {}}))
-    run = RunFolder("ev", root, episodes, [], kind="eval")
+    run = RunFolder(run_id, root, [], [], kind=kind)
     dashboard.store.runs[run.id] = run
     try:
         yield run

@@ -18,6 +18,7 @@ from tests.serve.conftest import (
     episode,
     eval_run,
     metrics_line,
+    other_run,
     sick_run,
 )
 
@@ -81,6 +82,19 @@ def test_health_reads_an_eval_runs_episodes(
         body = get(client, "/api/runs/ev/health")
     assert [f["rule"] for f in body["findings"]] == ["tool-errors"] and body["why"] is None
     assert body["findings"][0]["evidence"].startswith("67% of tool calls were errors in this eval")
+
+
+def test_health_reads_an_sft_runs_record(
+    client: httpx.Client, dashboard: Dashboard, tmp_path: Path
+) -> None:
+    history = [{"step": s, "loss": 1.0} for s in range(1, 21)]
+    history[-1]["reference_accuracy"] = 0.25
+    record = {"config": {"steps": 20, "target_accuracy": 0.9}, "history": history}
+    with other_run(dashboard, tmp_path, "warm", "sft", {"sft.json": json.dumps(record)}):
+        body = get(client, "/api/runs/warm/health")
+    assert [f["rule"] for f in body["findings"]] == ["warm-start-short"] and body["why"] is None
+    with other_run(dashboard, tmp_path / "early", "early", "sft", {}):
+        assert get(client, "/api/runs/early/health") == {"findings": [], "why": "no model yet"}
 
 
 def test_metrics_keep_matching_finite_numbers(client: httpx.Client) -> None:

@@ -239,7 +239,7 @@ def test_a_killed_run_is_read_from_its_rows_and_a_finished_one_from_its_summary(
     text = write_summary(killed, {"sft/success": 0.7, "grpo/success": 0.8})
     assert "worse-than-start" not in text  # summary.json's figures win over the rows
     assert [f.rule for f in run_findings(killed)] == ["train-up-eval-flat"]
-    with pytest.raises(ConfigError, match="neither metrics.jsonl nor trajectories.jsonl: "):
+    with pytest.raises(ConfigError, match="holds no metrics.jsonl, trajectories.jsonl or sft.json"):
         run_findings(tmp_path)
 
 
@@ -292,6 +292,15 @@ def test_a_run_folders_warm_start_is_read_by_doctor_and_the_summary(tmp_path: Pa
     assert "[warm-start-short] the warm start stopped short" in write_summary(run, HEALTHY_FIGURES)
     (run / "sft" / "sft.json").write_text("{torn")  # unreadable: no finding, no crash
     assert run_findings(run) == []
+
+
+def test_an_sft_runs_own_folder_is_read_by_doctor(tmp_path: Path) -> None:
+    """``agentgym sft --target-accuracy``'s OUT: its ``sft.json`` alone, no steps to wait for."""
+    (tmp_path / "sft.json").write_text(json.dumps(sft_record(30, 30, 0.7)))
+    [finding] = run_findings(tmp_path)
+    assert finding.rule == "warm-start-short" and "agentgym sft: --steps, --lr" in finding.fix
+    (tmp_path / "sft.json").write_text(json.dumps(sft_record(12, 30, 0.95)))
+    assert run_findings(tmp_path) == []
 
 
 def test_an_eval_taken_before_the_training_gain_is_not_read_as_flat() -> None:

@@ -83,6 +83,27 @@ def test_sft_on_the_env_scripts_trains_and_says_where(tiny_model_dir: Path, tmp_
     assert f"--policy vllm --model-path {out}" in done.stdout
 
 
+def test_sft_with_a_target_measures_held_out_traces_and_says_when_it_fell_short(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """The train stage's warm start rule on the command: the last 128 of --tasks validate."""
+    out = tmp_path / "sft"
+    done = agentgym_cli("sft", tiny_model_dir, out, "--env", "calculator", "--env-arg",
+                        "num_tasks=140", "--tasks", "0:140", "--steps", "20", "--batch-size",
+                        "4", "--target-accuracy", "1.0")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "sft.json").read_text())
+    assert summary["num_examples"] == 12  # 140 tasks, the last 128 held out
+    assert summary["config"]["target_accuracy"] == 1.0
+    measured = [r["step"] for r in summary["history"] if "reference_accuracy" in r]
+    assert measured == [10, 20]  # every SFT_EVAL_EVERY steps
+    assert "validation traces carried out: " in done.stdout and "(target 100%)" in done.stdout
+    assert "health [warm-start-short] the warm start stopped short of its target: all 20 SFT " \
+        "steps run" in done.stdout  # fmt: skip
+    doctor = agentgym_cli("runs", "doctor", out)
+    assert doctor.returncode == 1 and "[warm-start-short]" in doctor.stdout, doctor.stderr
+
+
 def test_sft_on_trajectories_keeps_the_rewarded_episodes(
     tiny_model_dir: Path, trajectories: Path, tmp_path: Path
 ):
@@ -152,9 +173,19 @@ def _only_failures(trajectories: Path, tmp_path: Path) -> Path:
             r"both of --env and --trajectories; give exactly one",
         ),
         (lambda t, d: [], r"neither of --env and --trajectories"),
+        (
+            lambda t, d: ["--trajectories", t, "--target-accuracy", "0.9"],
+            r"--target-accuracy is measured on --env's validation traces; with --trajectories",
+        ),
+        (
+            lambda t, d: ["--env", "calculator", "--tasks", "0:12", "--target-accuracy", "0.9"],
+            r"holds back the last 128 of --tasks for validation and there are 12; give --tasks "
+            r"more than 128",
+        ),
         (lambda t, d: ["--env", "calculater"], r"unknown env 'calculater'.*calculator"),
     ],
-    ids=["missing", "not-json", "none-kept", "two-envs", "both", "neither", "unknown-env"],
+    ids=["missing", "not-json", "none-kept", "two-envs", "both", "neither", "target-on-recorded",
+         "target-few-tasks", "unknown-env"],
 )
 def test_mistakes_are_one_line_and_write_nothing(
     make_args, expected: str, trajectories: Path, tmp_path: Path

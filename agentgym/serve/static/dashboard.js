@@ -257,8 +257,9 @@ async function showRun(app, runId) {
   await trajectoryList(list, run.id);
 }
 
-// Kinds whose runs the health rules read: a train run's metrics, an eval's episodes.
-const HEALTHY_KINDS = new Set(["train", "eval"]);
+// Kinds whose runs the health rules read: a train run's metrics, an eval's episodes, an
+// sft run's record.
+const HEALTHY_KINDS = new Set(["train", "eval", "sft"]);
 
 // A run's findings (docs/troubleshooting.md), refreshed while the page shows them.
 async function liveHealth(container, runId) {
