@@ -16,6 +16,7 @@ from typing import Any
 
 from agentgym._errors import ConfigError
 from agentgym._trajectory import read_whole_lines
+from agentgym.runs._folder import SFT_SUMMARY, read_json
 
 from ._export import best_checkpoint  # the choice `agentgym export --best` makes
 from ._health import Finding, diagnose, diagnose_episodes, diagnose_warm_start, format_findings
@@ -138,17 +139,14 @@ def summarize(
 
 
 def read_warm_start(run_dir: Path) -> dict[str, Any] | None:
-    """The run's SFT warm start record (``sft/sft.json``); None without one, or unreadable."""
-    return _read_json(run_dir / "sft" / "sft.json")
+    """The SFT record in ``run_dir``; None without one, or unreadable.
 
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object file; None when it is missing, unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    A train run's warm start keeps it in ``sft/sft.json``, an ``agentgym sft`` run in ``sft.json``.
+    """
+    for path in (run_dir / "sft" / SFT_SUMMARY, run_dir / SFT_SUMMARY):
+        if isinstance(record := read_json(path), dict):
+            return record
+    return None
 
 
 def _warm_start_line(run_dir: Path) -> str | None:
@@ -238,7 +236,7 @@ def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
     episodes = run_dir / "trajectories.jsonl"
     if not metrics.is_file() and episodes.is_file():  # an eval's folder: its episodes, whole
         return diagnose_episodes(read_whole_lines(episodes))
-    if not metrics.is_file() and (sft := _read_json(run_dir / "sft.json")) is not None:
+    if not metrics.is_file() and (sft := read_warm_start(run_dir)) is not None:
         return diagnose_warm_start(sft)  # an `agentgym sft` run's OUT
     if not metrics.is_file():
         raise ConfigError(f"{run_dir} holds no metrics.jsonl, trajectories.jsonl or sft.json: "

@@ -31,7 +31,7 @@ from ._episode_index import (
     read_line,
     trajectories_in,
 )
-from ._folder import _read_json, live_step
+from ._folder import live_step, read_json
 from ._jobs import parse_config, submit_job
 from ._queue import JobQueue
 from ._store import RunStatus, RunStore, agentgym_home, new_run_id
@@ -352,7 +352,7 @@ def _by_folder(store: RunStore, key: str) -> dict[str, Any] | None:
         run_dir = Path(run["run_dir"])
         if folder.is_dir() and run_dir.resolve() == folder.resolve():
             return run
-        status = _read_json(run_dir / "status.json")
+        status = read_json(run_dir / "status.json")
         own = status.get("run_id") if isinstance(status, dict) else None
         if isinstance(own, str) and own.startswith(key):
             matches.append((own, run))

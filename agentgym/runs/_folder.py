@@ -27,7 +27,7 @@ def read_figures(run_dir: Path) -> dict[str, float]:
 
     A train run's headline ``figures`` mapping (``grpo/success`` ...) keeps its own names.
     """
-    data = _read_json(run_dir / "summary.json")
+    data = read_json(run_dir / "summary.json")
     if not isinstance(data, Mapping):
         return _sft_figures(run_dir)
     headline = data.get("figures")
@@ -43,7 +43,7 @@ def _sft_figures(run_dir: Path) -> dict[str, float]:
     Why: ``sft.json`` holds one record per step; the index keeps what compares runs (the
     loss it ended at, how many traces it trained on), not the whole history.
     """
-    data = _read_json(run_dir / SFT_SUMMARY)
+    data = read_json(run_dir / SFT_SUMMARY)
     if not isinstance(data, Mapping):
         return {}
     history = _sft_history(data)
@@ -62,13 +62,13 @@ def _sft_figures(run_dir: Path) -> dict[str, float]:
 
 def read_step(run_dir: Path) -> int | None:
     """The last step a train or sft run reported, or an eval run's episodes."""
-    status = _read_json(run_dir / "status.json")
+    status = read_json(run_dir / "status.json")
     if isinstance(status, Mapping) and isinstance(status.get("step"), int):
         return int(status["step"])
-    summary = _read_json(run_dir / "summary.json")
+    summary = read_json(run_dir / "summary.json")
     if isinstance(summary, Mapping) and isinstance(summary.get("episodes"), int):
         return int(summary["episodes"])
-    sft = _read_json(run_dir / SFT_SUMMARY)
+    sft = read_json(run_dir / SFT_SUMMARY)
     history = _sft_history(sft) if isinstance(sft, Mapping) else []
     last = history[-1].get("step") if history else None
     return last if isinstance(last, int) else None
@@ -156,7 +156,8 @@ def sft_checkpoint(run_dir: Path) -> Path:
     return run_dir.with_name(run_dir.name + ".partial") / "state.pt"
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """A JSON file's value; None when it is missing or unreadable (a run may be mid-write)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
