@@ -12,6 +12,8 @@ from ._trajectory import STATUSES, Trajectory
 
 #: The statuses of episodes scored as the policy's (as the trainer keeps them in its groups).
 POLICY_STATUSES = ("ok", "truncated", "error")
+#: The share of repeated tasks whose episodes all scored alike, named as the trainer logs it.
+ONE_REWARD_KEY = "reward/frac_zero_variance_groups"
 
 
 def summarize(
@@ -112,6 +114,15 @@ def _by_task(scored: list[Trajectory]) -> dict[Hashable, list[float]]:
     return groups
 
 
+def one_reward_share(trajectories: Iterable[Trajectory]) -> float | None:
+    """`summarize`'s ``reward/frac_zero_variance_groups`` alone (None without a repeated task).
+
+    For the health rules, which need this one figure and not the whole summary.
+    """
+    scored = [t for t in trajectories if t.status in POLICY_STATUSES]
+    return _one_reward_groups(list(_by_task(scored).values())).get(ONE_REWARD_KEY)
+
+
 def _one_reward_groups(by_task: list[list[float]]) -> dict[str, float]:
     """With several episodes a task: the share of tasks whose episodes all scored alike.
 
@@ -123,7 +134,7 @@ def _one_reward_groups(by_task: list[list[float]]) -> dict[str, float]:
     if not groups:
         return {}
     flat = sum(max(rewards) - min(rewards) <= 1e-12 for rewards in groups)
-    return {"reward/frac_zero_variance_groups": flat / len(groups)}
+    return {ONE_REWARD_KEY: flat / len(groups)}
 
 
 def _stderr(by_task: list[list[float]]) -> float | None:

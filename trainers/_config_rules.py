@@ -47,6 +47,8 @@ def split_off_validation(tasks: Sequence[int]) -> tuple[list[int], list[int]]:
     validation = list(tasks[-SFT_VALIDATION_TASKS:])
     held_back = set(validation)
     return [t for t in tasks if t not in held_back], validation
+
+
 #: Knobs that only rollout servers read, with the value that means "not set".
 SERVER_ONLY: dict[str, Any] = {
     "rollout_model_name": None, "adapter_storage": None, "on_server_failure": "retry",

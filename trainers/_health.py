@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentgym._summary import ONE_REWARD_KEY
 from agentgym._trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,9 @@ log = logging.getLogger(__name__)
 WATCH_CHECKS = 50
 #: Steps a rule needs before it judges, and the least a "recent" window holds.
 MIN_STEPS = 3
-#: Share of groups whose episodes all scored alike (no advantage, no gradient) ...
+#: Share of groups whose episodes all scored alike (no advantage, no gradient; read from
+#: ``ONE_REWARD_KEY``, as the trainer logs it and an eval's summary holds it).
 FLAT_GROUPS = 0.9
-#: ... as the trainer logs it, and an eval's summary holds it.
-GROUPS_KEY = "reward/frac_zero_variance_groups"
 #: Success rates read as "nothing succeeds" / "everything succeeds".
 NOTHING, EVERYTHING = 0.05, 0.95
 #: Share of tool calls that failed (malformed, unknown tool, arguments refused by the schema).
@@ -148,7 +148,7 @@ def flat_groups(h: History) -> Finding | None:
     success. An eval with several episodes a task (`diagnose_episodes`) reads the same way,
     as what a run from its model would face: its fixes name the eval's options.
     """
-    flat = h.recent(GROUPS_KEY)
+    flat = h.recent(ONE_REWARD_KEY)
     if flat is None or flat < FLAT_GROUPS:
         return None
     reward, spread = h.recent("reward/mean") or 0.0, h.recent("reward/std")
@@ -549,15 +549,15 @@ def diagnose_episodes(trajectories: Sequence[Trajectory]) -> list[Finding]:
     this model on these tasks would learn nothing from those (``--group-size`` G, a check
     before training).
     """
-    from agentgym._summary import summarize
+    from agentgym._summary import one_reward_share
 
     from ._metrics import episode_metrics
 
     if not trajectories:
         return []
     row = episode_metrics(trajectories)
-    flat = summarize(trajectories).get(GROUPS_KEY)  # only with several episodes a task
-    history = History([row | ({} if flat is None else {GROUPS_KEY: flat})], batch=True)
+    flat = one_reward_share(trajectories)  # only with several episodes a task
+    history = History([row | ({} if flat is None else {ONE_REWARD_KEY: flat})], batch=True)
     found = [rule(history) for rule in EPISODE_RULES]
     return [f for f in found if f is not None]
 

@@ -338,6 +338,13 @@ def trajectory_file(run: dict[str, Any]) -> Path | None:
 # ---- routes ------------------------------------------------------------------------------------
 
 
+#: Per run kind, the file its health is read from (`run_findings`), and what it holds.
+_HEALTH_SOURCES = {
+    "train": ("metrics.jsonl", "metrics"), "eval": ("trajectories.jsonl", "episodes"),
+    "sft": ("sft.json", "model"),
+}  # fmt: skip
+
+
 def dashboard_router(store: RunStore) -> APIRouter:
     """The dashboard's page (``/``, ``/static/...``) and its JSON API (``/api/runs/...``)."""
     router = APIRouter()
@@ -397,11 +404,9 @@ def dashboard_router(store: RunStore) -> APIRouter:
         run = get_run(run_id)
         check_folder(run)
         run_dir = _run_dir(run)
-        read = {"train": ("metrics.jsonl", "metrics"), "eval": ("trajectories.jsonl", "episodes"),
-                "sft": ("sft.json", "model")}  # fmt: skip
-        if run.get("kind") not in read or run_dir is None:
+        if run.get("kind") not in _HEALTH_SOURCES or run_dir is None:
             return {"findings": [], "why": f"a {run.get('kind')} run has no metrics to read"}
-        name, what = read[run["kind"]]
+        name, what = _HEALTH_SOURCES[run["kind"]]
         if run_file(run_dir, name) is None:
             return {"findings": [], "why": f"no {what} yet"}
         from agentgym.trainers._report import run_findings  # torch-free, loaded on first use

@@ -19,6 +19,7 @@ import yaml
 
 from agentgym import Trajectory, Turn
 from agentgym._errors import ConfigError
+from agentgym._summary import ONE_REWARD_KEY
 from agentgym._trajectory import to_json_line
 from agentgym.trainers import _health
 from agentgym.trainers._health import HealthWatch, diagnose
@@ -379,10 +380,10 @@ EVAL_TRIGGERS: list[tuple[str, dict[str, float]]] = [
     ("turns-cut", {"rollout/frac_turns_cut": 1.0}),
     ("tool-errors", {"rollout/tool_error_rate": 1.0}),
     ("truncated", {"rollout/frac_truncated": 1.0}),
-    ("flat-groups", {_health.GROUPS_KEY: 1.0, "reward/mean": 0.0, "reward/success": 0.0}),
-    ("flat-groups", {_health.GROUPS_KEY: 1.0}),  # most alike
-    ("flat-groups", {_health.GROUPS_KEY: 1.0, "reward/std": 0.0}),  # paid the same
-    ("flat-groups", {_health.GROUPS_KEY: 1.0, "reward/success": 0.0}),  # paid, none succeeds
+    ("flat-groups", {ONE_REWARD_KEY: 1.0, "reward/mean": 0.0, "reward/success": 0.0}),
+    ("flat-groups", {ONE_REWARD_KEY: 1.0}),  # most alike
+    ("flat-groups", {ONE_REWARD_KEY: 1.0, "reward/std": 0.0}),  # paid the same
+    ("flat-groups", {ONE_REWARD_KEY: 1.0, "reward/success": 0.0}),  # paid, none succeeds
 ]
 
 
