@@ -16,7 +16,7 @@ from typing import Any
 
 from agentgym._errors import ConfigError
 from agentgym._trajectory import read_whole_lines
-from agentgym.runs._folder import SFT_SUMMARY, read_json
+from agentgym.runs._folder import SFT_SUMMARY, read_json, sft_figures
 
 from ._export import best_checkpoint  # the choice `agentgym export --best` makes
 from ._health import Finding, diagnose, diagnose_episodes, diagnose_warm_start, format_findings
@@ -112,7 +112,9 @@ def summarize(
 ) -> dict[str, Any]:
     """The summary of a run's metrics rows and headline ``figures`` (JSON-ready).
 
-    ``warm_start``: the SFT warm start's record (`read_warm_start`), for its health rule.
+    ``warm_start``: the SFT warm start's record (`read_warm_start`), for its health rule and
+    its figures (``warm_start``: steps, validation traces carried out, loss; `runs compare`
+    shows them as ``warm_start/...``).
     """
     steps, reward = _series(rows, "reward/mean")
     eval_steps, success = _series(rows, "eval/success")
@@ -132,6 +134,11 @@ def summarize(
     _, calls = _series(rows, "rollout/tool_calls_per_episode")
     if calls:
         summary["tool_calls_per_episode"] = {"first": calls[0], "last": calls[-1]}
+    if warm_start is not None:
+        history = warm_start.get("history")
+        sft_steps = len(history) if isinstance(history, list) else 0
+        measured = {k: v for k, v in sft_figures(warm_start).items() if v is not None}
+        summary["warm_start"] = {"steps": sft_steps, **measured}
     findings = diagnose(rows, figures, warm_start)
     summary["findings"] = [f.as_dict() for f in findings]
     summary["health"] = {"findings": len(findings)}  # a number: the runs index shows it
@@ -149,16 +156,15 @@ def read_warm_start(run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
-def _warm_start_line(run_dir: Path) -> str | None:
+def _warm_start_line(summary: Mapping[str, Any]) -> str | None:
     """What the warm start learned: steps and the share of validation traces carried out."""
-    sft = read_warm_start(run_dir)
-    if sft is None:
+    warm_start = summary.get("warm_start")
+    if not isinstance(warm_start, Mapping):
         return None
-    history = sft.get("history") or []
-    measured = [h["reference_accuracy"] for h in history if "reference_accuracy" in h]
-    line = f"  warm start        {len(history)} SFT steps"
-    if measured:
-        line += f", validation traces carried out {measured[-1]:.0%} (teacher forced)"
+    line = f"  warm start        {warm_start['steps']} SFT steps"
+    if "reference_accuracy" in warm_start:
+        line += (f", validation traces carried out {warm_start['reference_accuracy']:.0%} "
+                 "(teacher forced)")  # fmt: skip
     return line
 
 
@@ -191,7 +197,7 @@ def format_summary(run_dir: Path, summary: Mapping[str, Any]) -> str:
         lines.append("  held-out success  " + "  ->  ".join(
             f"{_FIGURE_LABELS.get(k, k)} {_percent_or_number(figures[k])}" for k in ordered
         ))  # fmt: skip
-    warm_start = _warm_start_line(run_dir)
+    warm_start = _warm_start_line(summary)
     if warm_start:
         lines.append(warm_start)
     calls = summary.get("tool_calls_per_episode")
@@ -257,7 +263,7 @@ def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
 
 def _figures_from_rows(rows: Sequence[Mapping[str, Any]], run_dir: Path) -> dict[str, float]:
     """The headline figures a run without ``summary.json`` has written into its rows."""
-    warm_started = (run_dir / "sft" / "sft.json").is_file()  # as `_warm_start_line` reads it
+    warm_started = (run_dir / "sft" / SFT_SUMMARY).is_file()  # a train run's warm start
     figures = figures_before_training(rows, "sft/success" if warm_started else "base/success")
     finals = [float(r["final/success"]) for r in rows if isinstance(r.get("final/success"),
                                                                    (int, float))]  # fmt: skip

@@ -38,26 +38,29 @@ def read_figures(run_dir: Path) -> dict[str, float]:
 
 
 def _sft_figures(run_dir: Path) -> dict[str, float]:
-    """An sft run's headline numbers, as ``sft/...``: its losses, traces and kept episodes.
-
-    Why: ``sft.json`` holds one record per step; the index keeps what compares runs (the
-    loss it ended at, how many traces it trained on), not the whole history.
-    """
+    """An sft run's headline numbers (`sft_figures`), as ``sft/...``."""
     data = read_json(run_dir / SFT_SUMMARY)
-    if not isinstance(data, Mapping):
-        return {}
-    history = _sft_history(data)
-    source = data.get("source")
+    return _flatten_numbers(sft_figures(data), "sft/") if isinstance(data, Mapping) else {}
+
+
+def sft_figures(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The numbers that compare SFT runs, from an ``sft.json`` record.
+
+    The loss it ended at, the share of validation traces it carried out, how many traces and
+    episodes it trained on. Why: ``sft.json`` holds one record per step; the index (and a train
+    run's summary, for its warm start) keeps these, not the whole history.
+    """
+    history = _sft_history(record)
+    source = record.get("source")
     source = source if isinstance(source, Mapping) else {}
     accuracies = [r["reference_accuracy"] for r in history if "reference_accuracy" in r]
-    figures = {
+    return {
         "first_loss": history[0].get("loss") if history else None,
         "loss": history[-1].get("loss") if history else None,
         "reference_accuracy": accuracies[-1] if accuracies else None,
-        "traces": data.get("num_examples"), "seconds": data.get("seconds"),
+        "traces": record.get("num_examples"), "seconds": record.get("seconds"),
         "episodes_read": source.get("read"), "episodes_kept": source.get("kept"),
     }  # fmt: skip
-    return _flatten_numbers(figures, "sft/")
 
 
 def read_step(run_dir: Path) -> int | None:

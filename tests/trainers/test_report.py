@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from agentgym.runs._folder import read_figures
 from agentgym.trainers._report import plot_curves, summarize, write_summary
 from tests.conftest import require
 
@@ -111,3 +112,7 @@ def test_summary_says_what_the_warm_start_learned_and_how_tool_use_moved(tmp_pat
     warm = "warm start        3 SFT steps, validation traces carried out 93% (teacher forced)"
     assert warm in text
     assert "tool calls        0.25 per episode (first step) -> 0.97 (last)" in text
+    # the warm start's figures are kept in the summary, so `runs ls` / `compare` show them
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["warm_start"] == {"steps": 3, "reference_accuracy": 0.93}
+    assert read_figures(tmp_path)["warm_start/reference_accuracy"] == 0.93
