@@ -427,8 +427,8 @@ def warm_start_short(h: History) -> Finding | None:
                    f"all {len(history)} SFT steps run, validation traces carried out "
                    f"{_pct(measured[-1])} (target {_pct(target)})",
                    "raise sft_steps or sft_learning_rate, or give it more sft_num_traces "
-                   "(agentgym sft: --steps, --lr, more --tasks); what GRPO reaches is bounded "
-                   "by the skills the warm start taught")  # fmt: skip
+                   "(agentgym sft: --steps, --lr, more --tasks or recorded episodes); what GRPO "
+                   "reaches is bounded by the skills the warm start taught")  # fmt: skip
 
 
 def train_up_eval_flat(h: History) -> Finding | None:

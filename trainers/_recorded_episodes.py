@@ -69,12 +69,17 @@ def _as_env_arg(value: Any) -> str:
 
 
 def kept_conversations(
-    paths: Sequence[Path], min_reward: float | None
-) -> tuple[list[list[Message]], dict[str, Any]]:
-    """The messages of the episodes the filter keeps, and the source record for ``sft.json``.
+    paths: Sequence[Path], min_reward: float | None, hold_out: int = 0
+) -> tuple[list[list[Message]], list[list[Message]], dict[str, Any]]:
+    """The kept episodes' messages to train on and to validate on, and the source record.
 
     Kept: status ``ok`` and ``final_reward > 0`` (the oracle's rule), or ``>= min_reward``
     when given. Files of several envs are refused: each env renders its own tools.
+    ``hold_out``: at least this many kept episodes, those of the last tasks (whole tasks: a
+    task's other episodes would teach its answer), validate instead of training.
+
+    Raises:
+        ConfigError: nothing kept, or nothing left to train on after the hold-out.
     """
     files: list[dict[str, Any]] = []
     episodes: list[Trajectory] = []
@@ -94,7 +99,7 @@ def kept_conversations(
                                  e.group_index))  # fmt: skip
     reasons = [_drop_reason(e, min_reward) for e in episodes]
     dropped = Counter(r for r in reasons if r is not None)
-    kept = [e.messages for e, r in zip(episodes, reasons, strict=True) if r is None]
+    kept = [e for e, r in zip(episodes, reasons, strict=True) if r is None]
     if not kept:
         rule = "<= 0" if min_reward is None else f"< {min_reward}"
         raise ConfigError(
@@ -102,12 +107,36 @@ def kept_conversations(
             f"is not ok and {dropped['reward']} with final_reward {rule}; lower the bar with "
             "--min-reward X (keeps final_reward >= X), or record more episodes"
         )
+    train, validation = _split_by_task(kept, hold_out)
+    if not train:
+        raise ConfigError(
+            f"--target-accuracy holds back {hold_out} kept episodes (whole tasks) for validation "
+            f"and {len(kept)} were kept; record more episodes (more --tasks in the eval), or "
+            "drop --target-accuracy"
+        )
     source = {
         "kind": "trajectories", "env_id": env_ids[0], "files": files, "min_reward": min_reward,
-        "read": len(episodes), "kept": len(kept),
+        "read": len(episodes), "kept": len(kept), "validation": len(validation),
         "dropped": {"status": dropped["status"], "reward": dropped["reward"]},
     }  # fmt: skip
-    return kept, source
+    return [e.messages for e in train], [e.messages for e in validation], source
+
+
+def _split_by_task(
+    episodes: Sequence[Trajectory], hold_out: int
+) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(train, validation): the episodes of the last tasks, whole, at least ``hold_out`` of them.
+
+    ``episodes`` are in task order; an episode of no task index (a task given inline) is a
+    task of its own.
+    """
+    cut = len(episodes)
+    while hold_out and cut > 0 and len(episodes) - cut < hold_out:
+        task = episodes[cut - 1].task_index
+        cut -= 1
+        while task is not None and cut > 0 and episodes[cut - 1].task_index == task:
+            cut -= 1
+    return list(episodes[:cut]), list(episodes[cut:])
 
 
 def _read_trajectories(path: Path) -> tuple[list[Trajectory], str]:

@@ -103,10 +103,11 @@ def sft(
     target_accuracy: Annotated[
         float | None,
         typer.Option(
-            help=f"--env: stop once this share of validation traces is carried out token for "
-            f"token (teacher forced), measured every {SFT_EVAL_EVERY} steps on the last "
-            f"{SFT_VALIDATION_TASKS} of --tasks, kept out of the traces (as train's "
-            "sft_target_accuracy)."
+            help=f"Stop once this share of validation traces is carried out token for token "
+            f"(teacher forced), measured every {SFT_EVAL_EVERY} steps on the last "
+            f"{SFT_VALIDATION_TASKS} of --tasks (--env; as train's sft_target_accuracy) or at "
+            f"least {SFT_VALIDATION_TASKS} kept episodes of the last tasks (--trajectories), "
+            "kept out of the traces."
         ),
     ] = None,
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = SFTConfig.steps,
@@ -160,7 +161,7 @@ def sft(
     template_kwargs = (
         parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs is not None else None
     )
-    _check_one_source(env, trajectories or [], tasks, script, min_reward, target_accuracy)
+    _check_one_source(env, trajectories or [], tasks, script, min_reward)
     if env is not None:
         plan = _env_plan(model, resolve_id(env), env_kwargs, tasks, script or [], out, config,
                          template_kwargs or {})  # fmt: skip
@@ -205,8 +206,7 @@ def check_options(params: Mapping[str, Any]) -> None:
     """
     _sft_config(**params)
     env, tasks, scripts = params["env"], params["tasks"], params["script"]
-    _check_one_source(env, params["trajectories"] or [], tasks, scripts, params["min_reward"],
-                      params["target_accuracy"])  # fmt: skip
+    _check_one_source(env, params["trajectories"] or [], tasks, scripts, params["min_reward"])
     parse_env_args(params["env_arg"])
     if params["chat_template_kwargs"] is not None:
         parse_template_kwargs(params["chat_template_kwargs"])
@@ -264,7 +264,6 @@ def _check_one_source(
     tasks: str | None,
     scripts: Sequence[str] | None,
     min_reward: float | None,
-    target_accuracy: float | None,
 ) -> None:
     """Exactly one source, and only the options of the source given."""
     if (env is None) == (not trajectories):
@@ -278,9 +277,6 @@ def _check_one_source(
     if env is None and (tasks is not None or scripts):
         raise ConfigError("--tasks and --script choose what --env plays; with --trajectories "
                           "drop them")  # fmt: skip
-    if env is None and target_accuracy is not None:
-        raise ConfigError("--target-accuracy is measured on --env's validation traces; with "
-                          "--trajectories drop it")  # fmt: skip
 
 
 def _env_plan(
@@ -334,9 +330,11 @@ def _trajectories_plan(
     """SFT on the recorded episodes the filter keeps, with the tools of the env they played.
 
     The env options and chat-template variables default to those the episodes were played
-    with, read from the eval's ``run.json`` beside each file; given ones win.
+    with, read from the eval's ``run.json`` beside each file; given ones win. With a target
+    accuracy, the kept episodes of the last tasks validate (`kept_conversations`).
     """
-    conversations, source = kept_conversations(paths, min_reward)
+    hold_out = SFT_VALIDATION_TASKS if config.target_accuracy is not None else 0
+    conversations, held_out, source = kept_conversations(paths, min_reward, hold_out)
     env_id = resolve_id(source["env_id"])
     played_env, played_template = played_settings(paths)
     env_kwargs = {**played_env, **env_kwargs}
@@ -346,7 +344,7 @@ def _trajectories_plan(
     model_dir = _checked_model(model, facts, template_kwargs, config.seed)
     train = functools.partial(
         sft_on_conversations, model_dir, conversations, facts.tools, out, config,
-        chat_template_kwargs=template_kwargs, source=source,
+        held_out=held_out, chat_template_kwargs=template_kwargs, source=source,
     )  # fmt: skip
     settings = {"source": "trajectories", "trajectories": [str(p) for p in paths],
                 "min_reward": min_reward, "env": env_id, "env_kwargs": env_kwargs,

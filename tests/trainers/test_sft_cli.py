@@ -126,6 +126,50 @@ def test_sft_on_trajectories_keeps_the_rewarded_episodes(
     assert (source["kept"], source["dropped"]["reward"]) == (10, 0)
 
 
+def test_sft_on_trajectories_with_a_target_validates_on_the_last_tasks_episodes(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """As with --env: the kept episodes of the last tasks (128 here) validate, never train."""
+    kwargs = {"num_tasks": 140}
+    oracle = agentgym.make("calculator", **kwargs).reference_turns
+    played = agentgym.rollout("calculator", ScriptedPolicy(oracle), tasks=range(140),
+                              env_kwargs=kwargs)  # fmt: skip
+    recorded = tmp_path / "trajectories.jsonl"
+    write_jsonl(played, recorded)
+    out = tmp_path / "sft"
+    done = agentgym_cli("sft", tiny_model_dir, out, "--trajectories", recorded, "--steps", "20",
+                        "--batch-size", "4", "--target-accuracy", "1.0")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "sft.json").read_text())
+    assert (summary["source"]["kept"], summary["source"]["validation"]) == (140, 128)
+    assert summary["num_examples"] == 12
+    measured = [r["step"] for r in summary["history"] if "reference_accuracy" in r]
+    assert measured == [10, 20]
+    assert "validation traces carried out: " in done.stdout and "(target 100%)" in done.stdout
+    assert "health [warm-start-short]" in done.stdout
+
+
+def test_the_held_out_episodes_are_whole_tasks_from_the_end() -> None:
+    from agentgym.trainers._recorded_episodes import _split_by_task
+
+    base = agentgym.rollout("calculator", ScriptedPolicy(["The answer is 1."]), tasks=[0])[0]
+    tasks = [0, 0, 1, 1, 1, 2, 2, None, None]  # two inline tasks (no index) at the end
+    episodes = [dataclasses.replace(base, task_index=t, group_index=g) for g, t in
+                enumerate(tasks)]  # fmt: skip
+    index = [(e.task_index, e.group_index) for e in episodes]
+
+    def split(hold_out: int) -> tuple[list, list]:
+        train, validation = _split_by_task(episodes, hold_out)
+        return [(e.task_index, e.group_index) for e in train], \
+            [(e.task_index, e.group_index) for e in validation]  # fmt: skip
+
+    assert split(0) == (index, [])
+    assert split(1) == (index[:8], index[8:])  # an inline task is a task of its own
+    assert split(3) == (index[:5], index[5:])  # task 2 whole: 4 held out, not 3
+    assert split(5) == (index[:2], index[2:])  # task 1 whole
+    assert split(20) == ([], index)
+
+
 def _other_env(trajectories: Path, tmp_path: Path) -> Path:
     """The same file with one episode claiming another env."""
     episodes = list(agentgym.read_jsonl(trajectories))
@@ -175,7 +219,8 @@ def _only_failures(trajectories: Path, tmp_path: Path) -> Path:
         (lambda t, d: [], r"neither of --env and --trajectories"),
         (
             lambda t, d: ["--trajectories", t, "--target-accuracy", "0.9"],
-            r"--target-accuracy is measured on --env's validation traces; with --trajectories",
+            r"--target-accuracy holds back 128 kept episodes \(whole tasks\) for validation and "
+            r"6 were kept; record more episodes",
         ),
         (
             lambda t, d: ["--env", "calculator", "--tasks", "0:12", "--target-accuracy", "0.9"],
@@ -184,7 +229,7 @@ def _only_failures(trajectories: Path, tmp_path: Path) -> Path:
         ),
         (lambda t, d: ["--env", "calculater"], r"unknown env 'calculater'.*calculator"),
     ],
-    ids=["missing", "not-json", "none-kept", "two-envs", "both", "neither", "target-on-recorded",
+    ids=["missing", "not-json", "none-kept", "two-envs", "both", "neither", "target-few-episodes",
          "target-few-tasks", "unknown-env"],
 )
 def test_mistakes_are_one_line_and_write_nothing(
