@@ -7,7 +7,10 @@ its `run.json`); then the base, the teacher and the student are evaluated greedi
 held-out tasks under the same env settings. Prints the four success figures and the times.
 
     python bench/distill_bench.py RUN_DIR [--record-tasks 200:1200] [--temperature 0.7]
-        [--steps 300] [--batch-size 32] [--lr 1e-3] [--out DIR]
+        [--steps 300] [--batch-size 32] [--lr 1e-3] [--target-accuracy X] [--out DIR]
+
+``--target-accuracy X``: the SFT holds back the kept episodes of the last recorded tasks (at
+least 128) and stops once X of them are carried out token for token (``--steps`` the cap).
 
 RUN_DIR: e.g. `make quickstart`'s runs/quickstart (its base is `tiny:quickstart`, built here).
 """
@@ -61,6 +64,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--target-accuracy", type=float, help="stop the SFT at this share of "
+                        "held-back kept episodes carried out (default: run every step)")
     parser.add_argument("--out", type=Path, help="keep the recording, the student and the "
                         "evals in this new folder (default: a temporary one)")
     args = parser.parse_args()
@@ -77,10 +82,13 @@ def main() -> None:
         agentgym("eval", env, "--policy", "vllm", "--adapter", args.run, "--tasks", held_out,
                  "--temperature", "0", "--out", teacher)  # fmt: skip
         student = work / "student"
+        target = ["--target-accuracy", args.target_accuracy] if args.target_accuracy else []
         sft_s = agentgym("sft", base, student, "--trajectories", record / "trajectories.jsonl",
                          "--steps", args.steps, "--batch-size", args.batch_size, "--lr", args.lr,
-                         "--seed", seed)  # fmt: skip
-        kept = json.loads((student / "sft.json").read_text())["source"]["kept"]
+                         "--seed", seed, *target)  # fmt: skip
+        sft = json.loads((student / "sft.json").read_text())
+        kept, validation = sft["source"]["kept"], sft["source"].get("validation", 0)
+        measured = [r["reference_accuracy"] for r in sft["history"] if "reference_accuracy" in r]
         played = as_played(record, student)
         scores = {}
         for name, model in (("base", base), ("student", student)):
@@ -92,7 +100,11 @@ def main() -> None:
     print(f"recording: the teacher played train tasks {args.record_tasks} at temperature "
           f"{args.temperature}: {scores['recording']:.1%} succeeded ({kept} episodes kept), "
           f"{record_s:.0f} s")
-    print(f"sft: {args.steps} steps on the {kept} kept episodes, {sft_s:.0f} s")
+    trained = f"{kept - validation} of the {kept} kept episodes"
+    if measured:
+        trained += (f" ({validation} held back: {measured[-1]:.0%} of them carried out, target "
+                    f"{args.target_accuracy:.0%})")  # fmt: skip
+    print(f"sft: {len(sft['history'])} steps on {trained}, {sft_s:.0f} s")
     print(f"held-out success (tasks {held_out}, greedy): base {scores['base']:.0%}, "
           f"teacher {scores['teacher']:.0%}, student {scores['student']:.0%}")
 
