@@ -16,7 +16,7 @@ import functools
 import os
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gymnasium.utils.env_checker import check_env
@@ -79,8 +79,7 @@ def check(
         make(env_id, **env_kwargs).close()
     # the reference check and the template checks each read one played episode
     reference = functools.cache(lambda: _play(env_id, env_kwargs, _reference_script))
-    wrong = functools.cache(lambda: [(label, _play(env_id, env_kwargs, script)[0])
-                                     for label, script in _wrong_answer_scripts()])  # fmt: skip
+    wrong = functools.cache(lambda: _play_wrong_answers(env_id, env_kwargs))
     exercise = functools.cache(lambda: _exercise(env_id, env_kwargs, tok, chat_template_kwargs))
     sandboxes = _sandboxes(env_id, env_kwargs)
     # a row that plays an episode needs the sandboxes; without them it says so, once, above
@@ -291,8 +290,10 @@ def _reference_script(env: Env) -> Callable[[Any], Sequence[str]] | None:
 
 #: A wrong answer every env's reward must pay less than its reference: no call, no attempt.
 NON_ANSWER = "I cannot answer this."
-#: Tasks whose reference solutions are played on task 0 as its wrong answers.
-OTHER_TASKS = (1, 2)
+#: How many other tasks' reference solutions are played on task 0 as its wrong answers.
+OTHER_TASKS = 2
+#: How far into the tasks the check looks for ones whose answer differs from task 0's.
+OTHER_TASKS_SEARCHED = 100
 WRONG_ROW = "reward of wrong answers"
 
 
@@ -313,10 +314,40 @@ def _other_task_script(k: int) -> Script:
     return script
 
 
-def _wrong_answer_scripts() -> list[tuple[str, Script]]:
+def _play_wrong_answers(
+    env_id: str, env_kwargs: dict[str, Any]
+) -> list[tuple[str, Trajectory | None]]:
+    """(label, episode) of each wrong answer played on task 0 (`_wrong_answer_scripts`)."""
+    return [(label, _play(env_id, env_kwargs, script)[0])
+            for label, script in _wrong_answer_scripts(env_id, env_kwargs)]  # fmt: skip
+
+
+def _wrong_answer_scripts(env_id: str, env_kwargs: dict[str, Any]) -> list[tuple[str, Script]]:
     """(label, script) of each wrong answer the check plays on task 0."""
-    others = [(f"task {k}'s solution", _other_task_script(k)) for k in OTHER_TASKS]
-    return [(repr(NON_ANSWER), _give_up_script), *others]
+    env = make(env_id, **env_kwargs)
+    try:
+        tasks: Sequence[Any] = getattr(env, "tasks", ())
+        others = _other_tasks(tasks) if len(tasks) else []
+    finally:
+        env.close()
+    wrong = [(f"task {k}'s solution", _other_task_script(k)) for k in others]
+    return [(repr(NON_ANSWER), _give_up_script), *wrong]
+
+
+def _other_tasks(tasks: Sequence[Any]) -> list[int]:
+    """The tasks whose solutions are wrong answers for task 0: the first with another answer.
+
+    Why: where tasks share answers (yes/no, a few labels), task 1's solution can be task 0's
+    right answer, and a reward paying it is no flaw; tasks without an ``answer`` are taken
+    in order.
+    """
+    first = _answer(tasks[0])
+    searched = range(1, min(len(tasks), OTHER_TASKS_SEARCHED))
+    return [k for k in searched if first is None or _answer(tasks[k]) != first][:OTHER_TASKS]
+
+
+def _answer(task: Any) -> Any:
+    return task.get("answer") if isinstance(task, Mapping) else None
 
 
 def _exercise_script(env: Env, reasoning: str = "") -> Callable[[Any], Sequence[str]] | None:

@@ -155,6 +155,22 @@ def test_a_reward_that_checks_the_answer_passes_and_no_reference_skips(row) -> N
     assert unpaid.verdict == "skip" and unpaid.detail == "skipped: the reference earns 0"
 
 
+def test_tasks_sharing_task_0s_answer_are_not_played_as_its_wrong_answers(row) -> None:
+    """Where answers repeat (yes/no, a few labels), another task's solution can be right."""
+    shared = [{"prompt": f"Which country is {city} in?", "answer": country} for city, country
+              in (("Lima", "Peru"), ("Cusco", "Peru"), ("Arequipa", "Peru"), ("Paris", "France"),
+                  ("Oslo", "Norway"))]  # fmt: skip
+    result = row("reward of wrong answers", [lookup], agentgym.Rubric([correct]), ["It is Peru."],
+                 shared)  # fmt: skip
+    assert result.verdict == "pass", result.detail  # tasks 1 and 2 would have been "paid"
+    assert result.detail == ("on task 0 'I cannot answer this.' 0, task 3's solution 0, task 4's "
+                             "solution 0; its reference 1")  # fmt: skip
+    all_peru = [{**task, "answer": "Peru"} for task in shared]
+    alone = row("reward of wrong answers", [lookup], agentgym.Rubric([correct]), ["It is Peru."],
+                all_peru)  # fmt: skip
+    assert alone.detail == "on task 0 'I cannot answer this.' 0; its reference 1"
+
+
 def test_wrong_answers_are_not_played_when_the_reference_earns_nothing(row) -> None:
     graded: list[str] = []
 
