@@ -464,9 +464,9 @@ RULES: tuple[Callable[[History], Finding | None], ...] = (
 )  # fmt: skip
 
 
-def diagnose_warm_start(record: Mapping[str, Any]) -> list[Finding]:
-    """The findings of an ``agentgym sft`` run of its own (its ``sft.json``): no steps to judge."""
-    return [f for f in [warm_start_short(History([], warm_start=record))] if f is not None]
+#: The rules that read the warm start alone: it ended before the first step, so they are
+#: judged from then on (and on an ``agentgym sft`` run of its own, which has no steps).
+WARM_START_RULES: tuple[Callable[[History], Finding | None], ...] = (warm_start_short,)
 
 
 def diagnose(
@@ -474,9 +474,12 @@ def diagnose(
     figures: Mapping[str, float] | None = None,
     warm_start: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
-    """The findings a run's metrics rows (headline figures, warm start) match, in `RULES` order."""
+    """The findings a run's metrics rows (headline figures, warm start) match, in `RULES` order.
+
+    Rules that read steps wait for `MIN_STEPS` of them; `WARM_START_RULES` do not.
+    """
     history = History(rows, figures, warm_start=warm_start)
-    found = [rule(history) for rule in RULES] if history.judged else []
+    found = [rule(history) for rule in (RULES if history.judged else WARM_START_RULES)]
     return [f for f in found if f is not None]
 
 

@@ -19,7 +19,7 @@ from agentgym._trajectory import read_whole_lines
 from agentgym.runs._folder import SFT_SUMMARY, read_json, sft_figures
 
 from ._export import best_checkpoint  # the choice `agentgym export --best` makes
-from ._health import Finding, diagnose, diagnose_episodes, diagnose_warm_start, format_findings
+from ._health import Finding, diagnose, diagnose_episodes, format_findings
 from ._run_dir import figures_before_training, read_jsonl_records
 
 #: Per-reward-function means, as `episode_metrics` names them (``reward/<name>/mean``).
@@ -243,7 +243,7 @@ def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
     if not metrics.is_file() and episodes.is_file():  # an eval's folder: its episodes, whole
         return diagnose_episodes(read_whole_lines(episodes))
     if not metrics.is_file() and (sft := read_warm_start(run_dir)) is not None:
-        return diagnose_warm_start(sft)  # an `agentgym sft` run's OUT
+        return diagnose([], warm_start=sft)  # an `agentgym sft` run's OUT: no steps
     if not metrics.is_file():
         raise ConfigError(f"{run_dir} holds no metrics.jsonl, trajectories.jsonl or sft.json: "
                           "`agentgym runs doctor` reads a train run's folder (its output_dir), "

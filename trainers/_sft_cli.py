@@ -53,7 +53,7 @@ from agentgym.runs._folder import OUTPUT_LOG, SFT_SUMMARY
 
 from ._cli import _quiet_backends, console
 from ._config_rules import SFT_VALIDATION_TASKS, split_off_validation
-from ._health import diagnose_warm_start
+from ._health import diagnose
 from ._recorded_episodes import eval_options, kept_conversations, played_settings
 from ._sft import EnvFacts, SFTConfig, env_facts, sft_on_conversations, sft_warm_start
 
@@ -400,7 +400,7 @@ def _print_figures(out: Path) -> None:
         target = summary["config"]["target_accuracy"]
         console.print(f"validation traces carried out: {measured[-1]:.0%} after {len(history)} "
                       f"steps (target {target:.0%})")  # fmt: skip
-    for finding in diagnose_warm_start(summary):  # docs/troubleshooting.md#<rule>
+    for finding in diagnose([], warm_start=summary):  # docs/troubleshooting.md#<rule>
         console.print(f"health [{finding.rule}] {finding.text()}", soft_wrap=True)
     console.print(f"seconds: {summary['seconds']:.1f}")
     console.print(f"output folder: {out}", soft_wrap=True)
