@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -107,9 +108,9 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         positive = {"steps": self.steps, "batch_size": self.batch_size, "lora_rank": self.lora_rank}
-        bad = {k: v for k, v in positive.items() if v < 1}
-        if bad:
-            raise ConfigError(f"SFTConfig fields must be >= 1, got {bad}")
+        for name, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"SFTConfig.{name} must be >= 1, got {value}")
         if not self.lr > 0:
             raise ConfigError(f"SFTConfig.lr must be > 0, got {self.lr}")
         if self.save_every < 0:
@@ -131,6 +132,34 @@ class SFTConfig:
             raise ConfigError(f"SFTConfig.max_length must be >= 1 or None, got {self.max_length}")
         if self.target_accuracy is not None and not self.eval_every:
             raise ConfigError("target_accuracy needs eval_every > 0 (how often to measure it)")
+        if not _DEVICE.fullmatch(self.device):
+            raise ConfigError(f"SFTConfig.device must be cpu, cuda or cuda:N (or mps, xpu), got "
+                              f"{self.device!r}")  # fmt: skip
+
+
+#: The devices SFT trains on, as torch names them.
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
+
+
+def check_device_here(device: str) -> None:
+    """Refuse, before the weights load, a device this machine's torch does not have.
+
+    Why: torch says so only when the model moves there, with a traceback naming no option.
+    """
+    import torch
+
+    kind, _, index = device.partition(":")
+    backend = {"cuda": torch.cuda, "xpu": getattr(torch, "xpu", None),
+               "mps": torch.backends.mps}.get(kind)  # fmt: skip
+    if backend is None:  # the CPU
+        return
+    count = backend.device_count() if hasattr(backend, "device_count") else int(
+        backend.is_available())  # fmt: skip
+    if not backend.is_available() or int(index or 0) >= count:
+        raise ConfigError(
+            f"device {device!r}, but torch {torch.__version__} sees {count} {kind} device(s) on "
+            "this machine; train on cpu (or on a machine with that device)"
+        )
 
 
 @dataclass
@@ -555,6 +584,7 @@ def sft_on_conversations(
                  "sample per assistant turn (the rollouts' per_turn mode)",
                  modes["per_turn"], len(conversations))  # fmt: skip
     _check_traces(examples, validation, model_dir, config, source.get("env_id"))
+    check_device_here(config.device)
     torch.manual_seed(config.seed)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.to(config.device)

@@ -28,6 +28,7 @@ import functools
 import json
 import logging
 import math
+import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -55,7 +56,14 @@ from ._cli import _quiet_backends, console
 from ._config_rules import SFT_VALIDATION_TASKS, split_off_validation
 from ._health import diagnose
 from ._recorded_episodes import eval_options, kept_conversations, played_settings
-from ._sft import EnvFacts, SFTConfig, env_facts, sft_on_conversations, sft_warm_start
+from ._sft import (
+    EnvFacts,
+    SFTConfig,
+    check_device_here,
+    env_facts,
+    sft_on_conversations,
+    sft_warm_start,
+)
 
 log = logging.getLogger(__name__)
 #: Steps between validation measurements with ``--target-accuracy``.
@@ -231,13 +239,24 @@ def _sft_config(
     target_accuracy: float | None,
     **_: Any,
 ) -> SFTConfig:
-    """The knobs the options give (``**_``: the command's other options, for `check_options`)."""
-    return SFTConfig(
-        steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=Method(method).value,
-        lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
-        log=_progress(steps), target_accuracy=target_accuracy,
-        eval_every=SFT_EVAL_EVERY if target_accuracy is not None else 0,
-    )  # fmt: skip
+    """The knobs the options give (``**_``: the command's other options, for `check_options`).
+
+    A knob `SFTConfig` refuses is named as the option that set it (``--batch-size``).
+    """
+    try:
+        return SFTConfig(
+            steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=Method(method).value,
+            lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
+            log=_progress(steps), target_accuracy=target_accuracy,
+            eval_every=SFT_EVAL_EVERY if target_accuracy is not None else 0,
+        )  # fmt: skip
+    except ConfigError as exc:
+        raise ConfigError(_SFT_FIELD.sub(lambda m: "--" + m[1].replace("_", "-"), str(exc))) \
+            from None  # fmt: skip
+
+
+#: An `SFTConfig` field as its errors name it; each is this command's option of that name.
+_SFT_FIELD = re.compile(r"SFTConfig\.(\w+)")
 
 
 def _check_out(out: Path, resume: bool) -> None:
@@ -308,7 +327,7 @@ def _env_plan(
                 f"validation and there are {len(validation)}; give --tasks more than "
                 f"{SFT_VALIDATION_TASKS} tasks (and the env more with --env-arg), or drop it"
             )
-    model_dir = _checked_model(model, facts, template_kwargs, config.seed)
+    model_dir = _checked_model(model, facts, template_kwargs, config.seed, config.device)
     train = functools.partial(
         sft_warm_start, model_dir, env_id, env_kwargs, out, config, tasks=indices,
         validation_tasks=validation, scripts=shares, chat_template_kwargs=template_kwargs,
@@ -341,7 +360,7 @@ def _trajectories_plan(
     template_kwargs = played_template if template_kwargs is None else template_kwargs
     facts = env_facts(env_id, env_kwargs)
     source.update(env_id=env_id, env_kwargs=env_kwargs, chat_template_kwargs=template_kwargs)
-    model_dir = _checked_model(model, facts, template_kwargs, config.seed)
+    model_dir = _checked_model(model, facts, template_kwargs, config.seed, config.device)
     train = functools.partial(
         sft_on_conversations, model_dir, conversations, facts.tools, out, config,
         held_out=held_out, chat_template_kwargs=template_kwargs, source=source,
@@ -366,13 +385,19 @@ def _parse_scripts(pairs: Sequence[str]) -> dict[str, float]:
     return shares or {"reference": 1.0}
 
 
-def _checked_model(model: str, env: EnvFacts, kwargs: dict[str, Any], seed: int) -> Path:
-    """The model folder, once its prompt is known to show the env's tools (no weights loaded)."""
+def _checked_model(
+    model: str, env: EnvFacts, kwargs: dict[str, Any], seed: int, device: str
+) -> Path:
+    """The model folder, once its prompt shows the env's tools and its device is here.
+
+    No weights load: the command's checks all end before the run store gets a row.
+    """
     with needs_extra("agentgym sft", "train"):
         from ._preflight import _check_template, resolve_model
 
         model_dir = resolve_model(model, seed=seed)
         _check_template(model_dir, env.tools, kwargs, env.lists_tools)
+        check_device_here(device)
     return model_dir
 
 

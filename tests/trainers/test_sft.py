@@ -95,6 +95,9 @@ def test_config_is_checked_before_anything_loads() -> None:
         SFTConfig(method="qlora")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="eval_every"):
         SFTConfig(target_accuracy=0.5)
+    with pytest.raises(ConfigError, match=r"SFTConfig.device must be cpu, cuda or cuda:N"):
+        SFTConfig(device="gpu0")
+    assert SFTConfig(device="cuda:1").device == "cuda:1"  # checked against the machine later
 
 
 def test_a_few_steps_lower_the_loss_and_the_folder_loads(tmp_path) -> None:

@@ -228,9 +228,17 @@ def _only_failures(trajectories: Path, tmp_path: Path) -> Path:
             r"more than 128",
         ),
         (lambda t, d: ["--env", "calculater"], r"unknown env 'calculater'.*calculator"),
+        # the knobs are named as the options that set them, not as SFTConfig's fields
+        (lambda t, d: ["--env", "calculator", "--batch-size", "0"], r"^error: --batch-size must "
+         r"be >= 1, got 0$"),  # fmt: skip
+        (lambda t, d: ["--env", "calculator", "--device", "tpu"], r"--device must be cpu, cuda or "
+         r"cuda:N"),  # fmt: skip
+        # a device torch does not have here: refused before the weights load (was a traceback)
+        (lambda t, d: ["--env", "calculator", "--device", "cuda:7"], r"device 'cuda:7', but torch "
+         r"\S+ sees \d cuda device\(s\) on this machine; train on cpu"),  # fmt: skip
     ],
     ids=["missing", "not-json", "none-kept", "two-envs", "both", "neither", "target-few-episodes",
-         "target-few-tasks", "unknown-env"],
+         "target-few-tasks", "unknown-env", "option-named", "bad-device", "absent-device"],
 )
 def test_mistakes_are_one_line_and_write_nothing(
     make_args, expected: str, trajectories: Path, tmp_path: Path
