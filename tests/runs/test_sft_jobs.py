@@ -72,7 +72,7 @@ def test_an_sft_job_is_checked_at_submission_and_a_bad_one_never_becomes_a_run(
         "unknown env 'nope'": {**good, "env": "nope"},
         "got neither of --env and --trajectories": {"model": "tiny"},
         "--min-reward filters --trajectories": {**good, "min_reward": 0.5},
-        "SFTConfig fields must be >= 1": {**good, "steps": 0},
+        "--steps must be >= 1, got 0": {**good, "steps": 0},  # named as the option
         "needs 'model'": {"env": "calculator"},
         "unknown sft config key 'out'": {**good, "out": str(tmp_path / "elsewhere")},
         "unknown sft config key 'resume'": {**good, "resume": True},
