@@ -731,18 +731,19 @@ def _check_traces(
         raise ConfigError(
             f"SFT on {env_id!r} got no conversation to train on; give it at least one"
         )
-    limit, why = config.max_length, "max_length"
+    limit, why = config.max_length, "SFTConfig.max_length"
+    fix = "raise it to {longest} or more (within the model's context), or shorten the env's " \
+        "prompts or turns"  # fmt: skip
     if limit is None:
         found = _position_limit(Path(model_dir) / "config.json")
         if found is None:
             return
         limit, why = found[0], f"model's {found[1]}"
+        fix = "shorten the env's prompts or turns, or use a model with a longer context"
     longest = max(len(e.ids) for e in [*examples, *held_out])
     if longest > limit:
-        raise ConfigError(
-            f"the longest SFT trace of {env_id!r} has {longest} tokens, over the {why} "
-            f"({limit}); shorten the env's prompts or turns, or use a model with a longer context"
-        )
+        raise ConfigError(f"the longest SFT trace of {env_id!r} has {longest} tokens, over the "
+                          f"{why} ({limit}); {fix.format(longest=longest)}")  # fmt: skip
 
 
 def _with_lora(model: Any, config: SFTConfig) -> Any:

@@ -24,13 +24,14 @@ row with exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import math
 import re
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -70,6 +71,23 @@ log = logging.getLogger(__name__)
 SFT_EVAL_EVERY = 10
 
 
+#: An `SFTConfig` field as its errors name it; each is this command's option of that name.
+_SFT_FIELD = re.compile(r"SFTConfig\.(\w+)")
+
+
+@contextlib.contextmanager
+def _knobs_named_as_options() -> Iterator[None]:
+    """Errors name a knob as the option that set it (``--batch-size``), not as `SFTConfig`'s.
+
+    Why: the command's user never wrote the dataclass (``SFTConfig.batch_size``).
+    """
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(_SFT_FIELD.sub(lambda m: "--" + m[1].replace("_", "-"), str(exc))) \
+            from None  # fmt: skip
+
+
 class Method(StrEnum):
     """What SFT trains (`SFTConfig.method`)."""
 
@@ -77,6 +95,7 @@ class Method(StrEnum):
     lora = "lora"
 
 
+@_knobs_named_as_options()
 def sft(
     model: Annotated[
         str, typer.Argument(help="A model folder with a chat template, or tiny / tiny:PRESET.")
@@ -205,6 +224,7 @@ def _run_config(plan: _Plan, config: SFTConfig) -> dict[str, Any]:
     return {"model": str(plan.model_dir), **plan.settings, **knobs}
 
 
+@_knobs_named_as_options()
 def check_options(params: Mapping[str, Any]) -> None:
     """The command's refusals that need neither the model nor OUT, on its parsed options.
 
@@ -239,24 +259,13 @@ def _sft_config(
     target_accuracy: float | None,
     **_: Any,
 ) -> SFTConfig:
-    """The knobs the options give (``**_``: the command's other options, for `check_options`).
-
-    A knob `SFTConfig` refuses is named as the option that set it (``--batch-size``).
-    """
-    try:
-        return SFTConfig(
-            steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=Method(method).value,
-            lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
-            log=_progress(steps), target_accuracy=target_accuracy,
-            eval_every=SFT_EVAL_EVERY if target_accuracy is not None else 0,
-        )  # fmt: skip
-    except ConfigError as exc:
-        raise ConfigError(_SFT_FIELD.sub(lambda m: "--" + m[1].replace("_", "-"), str(exc))) \
-            from None  # fmt: skip
-
-
-#: An `SFTConfig` field as its errors name it; each is this command's option of that name.
-_SFT_FIELD = re.compile(r"SFTConfig\.(\w+)")
+    """The knobs the options give (``**_``: the command's other options, for `check_options`)."""
+    return SFTConfig(
+        steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=Method(method).value,
+        lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
+        log=_progress(steps), target_accuracy=target_accuracy,
+        eval_every=SFT_EVAL_EVERY if target_accuracy is not None else 0,
+    )  # fmt: skip
 
 
 def _check_out(out: Path, resume: bool) -> None:

@@ -233,12 +233,15 @@ def _only_failures(trajectories: Path, tmp_path: Path) -> Path:
          r"be >= 1, got 0$"),  # fmt: skip
         (lambda t, d: ["--env", "calculator", "--device", "tpu"], r"--device must be cpu, cuda or "
          r"cuda:N"),  # fmt: skip
+        (lambda t, d: ["--env", "calculator", "--max-length", "10"], r"over the --max-length "
+         r"\(10\); raise it to \d+ or more"),  # fmt: skip
         # a device torch does not have here: refused before the weights load (was a traceback)
         (lambda t, d: ["--env", "calculator", "--device", "cuda:7"], r"device 'cuda:7', but torch "
          r"\S+ sees \d cuda device\(s\) on this machine; train on cpu"),  # fmt: skip
     ],
     ids=["missing", "not-json", "none-kept", "two-envs", "both", "neither", "target-few-episodes",
-         "target-few-tasks", "unknown-env", "option-named", "bad-device", "absent-device"],
+         "target-few-tasks", "unknown-env", "option-named", "bad-device", "max-length",
+         "absent-device"],
 )
 def test_mistakes_are_one_line_and_write_nothing(
     make_args, expected: str, trajectories: Path, tmp_path: Path

@@ -85,7 +85,7 @@ def _no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
     ("tasks", "knobs", "error"),
     [
         ([], {}, r"no trace to train on.*sft_steps 0"),  # an empty trace set
-        ([0], {"max_length": 20}, r"over the max_length \(20\)"),  # max_length caps traces
+        ([0], {"max_length": 20}, r"over the SFTConfig.max_length \(20\); raise it to \d+ or more"),
     ],
     ids=["no_trace", "over_max_length"],
 )
