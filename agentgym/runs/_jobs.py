@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -87,6 +88,7 @@ def check_job(kind: str, config: Mapping[str, Any]) -> None:
         raise ConfigError(f"kind must be one of {', '.join(get_args(JobKind))}; got {kind!r}")
     {"eval": _check_eval, "sft": _check_sft, "train": _check_train}[kind](config)
     _check_files(kind, config)
+    _check_device(kind, config)
 
 
 #: Per job kind: the config keys naming a model (a folder, a hub id or ``tiny``) ...
@@ -119,6 +121,24 @@ def _check_files(kind: str, config: Mapping[str, Any]) -> None:
                     f"{kind} job {key}: {path} does not exist (from {Path.cwd()}, where the "
                     "job's worker runs); give a path that does"
                 )
+
+
+def _check_device(kind: str, config: Mapping[str, Any]) -> None:
+    """A train or sft job's ``device`` must be on this machine, where its worker trains.
+
+    Why: the job would fail at its start, maybe hours later, with the same one line. Without
+    torch here the worker cannot train at all, and says so itself.
+    """
+    device = config.get("device")
+    if kind == "eval" or not isinstance(device, str) or device in ("auto", "cpu") or \
+            importlib.util.find_spec("torch") is None:  # fmt: skip
+        return
+    from agentgym.trainers._sft import check_device_here
+
+    try:
+        check_device_here(device)
+    except ConfigError as exc:
+        raise ConfigError(f"{kind} job device: {exc}") from None
 
 
 def submit_job(

@@ -158,6 +158,10 @@ def test_a_job_naming_a_model_or_file_not_here_is_refused_at_submission(tmp_path
         "eval job adapter: runs/old does not exist (from ":
             ("eval", {"env": "calculator", "policy": "vllm", "model_path": "tiny",
                       "adapter": "runs/old"}),
+        # a device the worker here does not have (the CPU build of torch in CI; a GPU machine
+        # has no 8th GPU either)
+        "sft job device: device 'cuda:7', but torch ":
+            ("sft", {"model": "tiny", "env": "calculator", "device": "cuda:7"}),
     }  # fmt: skip
     for reason, (kind, config) in refusals.items():
         with pytest.raises(ConfigError) as refused:
