@@ -592,7 +592,7 @@ def sft_on_conversations(
         model = _with_lora(model, config)
     out = Path(out_dir)
     checkpoint = _Checkpoint(sft_checkpoint(out), _fingerprint(config, model_dir, examples))
-    history = _train(model, examples, validation, config, checkpoint)
+    history, trained_before = _train(model, examples, validation, config, checkpoint)
     if config.method == "lora":
         model = model.merge_and_unload()
     summary = {
@@ -601,7 +601,7 @@ def sft_on_conversations(
         "source": source,
         "num_examples": len(examples),
         "conversations": modes,
-        "seconds": time.perf_counter() - started,
+        "seconds": time.perf_counter() - started + trained_before,  # a killed run's too
         "history": history,
     }
     _save(model.cpu(), tokenizer, out, summary)
@@ -825,11 +825,13 @@ def _train(
     held_out: list[Example],
     config: SFTConfig,
     checkpoint: _Checkpoint | None = None,
-) -> list[dict[str, Any]]:
-    """The loop: batch -> masked loss -> clip -> AdamW step; returns per-step metrics.
+) -> tuple[list[dict[str, Any]], float]:
+    """The loop: batch -> masked loss -> clip -> AdamW step.
 
-    With a ``checkpoint`` it resumes where one was saved: the batches before it are drawn
-    and skipped, so the data order is the uninterrupted run's.
+    Returns the per-step metrics and the seconds trained before a resume (0 without one).
+    With a ``checkpoint`` it resumes where one was saved: the batches before it are drawn and
+    skipped, so the data order is the uninterrupted run's, and a step's ``seconds`` go on
+    counting from the killed run's.
     """
     import torch
 
@@ -839,7 +841,8 @@ def _train(
         optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1))
     )
     done, history = checkpoint.load(model, optimizer, schedule) if checkpoint else (0, [])
-    t0 = time.perf_counter()
+    trained_before = float(history[-1]["seconds"]) if history else 0.0
+    t0 = time.perf_counter() - trained_before
     model.train()
     for step, picked in enumerate(
         _batch_order(len(examples), config.batch_size, config.steps, config.seed), start=1
@@ -876,4 +879,4 @@ def _train(
         if checkpoint and config.save_every and step % config.save_every == 0:
             checkpoint.save(step, model, optimizer, schedule, history)
     model.eval()
-    return history
+    return history, trained_before

@@ -313,6 +313,10 @@ def test_a_killed_sft_run_again_resumes_from_its_checkpoint_to_the_same_weights(
     assert [r["loss"] for r in history] == [
         r["loss"] for r in json.loads((straight / "sft.json").read_text())["history"]
     ]
+    # the time goes on from the killed run's (it restarted at 0, and the total left it out)
+    seconds = [r["seconds"] for r in history]
+    assert seconds == sorted(seconds) and seconds[step] > seconds[step - 1] > 0
+    assert json.loads((killed / "sft.json").read_text())["seconds"] > seconds[-1]
 
 
 def record(folder: Path, system_prompt: str) -> Path:
