@@ -33,6 +33,7 @@ from agentgym.parsers import ToolCallParser
 from ._config import GRPOConfig
 from ._config_rules import UNSERVABLE_TARGETS, check_device
 from ._memory import GIB, GpuSplit, cpu_memory_estimate, parameter_count
+from ._sft import check_device_here
 from ._tracking import BACKENDS, resolve_report_to
 
 if TYPE_CHECKING:
@@ -161,13 +162,10 @@ def _check_device(config: GRPOConfig) -> None:
     if config.device != "cpu" and importlib.util.find_spec("torch") is not None:
         import torch
 
-        cuda = torch.cuda.is_available()
-        if config.device == "cuda" and not cuda:
-            raise ConfigError(
-                f"device='cuda' but torch {torch.__version__} sees no CUDA device on this "
-                "machine; use device: auto or cpu (or a CUDA build of torch on a GPU machine)"
-            )
-        check_device(config, "cuda" if cuda else "cpu")
+        if config.device == "cuda":
+            check_device_here("cuda", fix="use device: auto or cpu (or a CUDA build of torch "
+                                          "on a GPU machine)")  # fmt: skip
+        check_device(config, "cuda" if torch.cuda.is_available() else "cpu")
     if config.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError(
             "load_in_4bit=True but bitsandbytes is not installed; pip install bitsandbytes, "

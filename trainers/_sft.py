@@ -141,10 +141,13 @@ class SFTConfig:
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 
 
-def check_device_here(device: str) -> None:
+def check_device_here(
+    device: str, fix: str = "train on cpu (or on a machine with that device)"
+) -> None:
     """Refuse, before the weights load, a device this machine's torch does not have.
 
     Why: torch says so only when the model moves there, with a traceback naming no option.
+    ``fix`` ends the error: what the caller's user sets instead.
     """
     import torch
 
@@ -158,7 +161,7 @@ def check_device_here(device: str) -> None:
     if not backend.is_available() or int(index or 0) >= count:
         raise ConfigError(
             f"device {device!r}, but torch {torch.__version__} sees {count} {kind} device(s) on "
-            "this machine; train on cpu (or on a machine with that device)"
+            f"this machine; {fix}"
         )
 
 
