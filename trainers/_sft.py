@@ -158,7 +158,7 @@ def check_device_here(
         return
     count = backend.device_count() if hasattr(backend, "device_count") else int(
         backend.is_available())  # fmt: skip
-    if not backend.is_available() or int(index or 0) >= count:
+    if not backend.is_available() or (index and int(index) >= count):
         raise ConfigError(
             f"device {device!r}, but torch {torch.__version__} sees {count} {kind} device(s) on "
             f"this machine; {fix}"
