@@ -105,6 +105,12 @@ class ToolEnv(Env):
             tool message instead. Why: a turn's calls run at once, so a turn of hundreds of
             calls would flood a sandbox pool or a service (whose overload is ``infra_error``,
             an episode dropped rather than scored). None: no cap.
+        max_tool_result_chars: characters of a tool message the model sees; a longer one is
+            cut there, and a last line says how long it was. Why: the message is tokenized
+            into the next prompt, and a model that prints in a loop (a megabyte from a code
+            sandbox) took seconds to tokenize, stalling the episodes beside it, and overflowed
+            any context anyway. The built-in envs' tools show less than this on their own.
+            None: no cap.
     """
 
     #: Sync tool calls of one episode that run at once; more wait, and waiting is not timed.
@@ -125,6 +131,7 @@ class ToolEnv(Env):
         tool_timeout: float | None = None,
         malformed_call_ends_episode: bool = False,
         max_tool_calls_per_turn: int | None = 16,
+        max_tool_result_chars: int | None = 32_768,
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -133,13 +140,10 @@ class ToolEnv(Env):
             raise ConfigError(f"tool_prompt must be 'template' or 'system', got {tool_prompt!r}")
         if max_episode_tokens is not None and max_episode_tokens < 1:
             raise ConfigError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
-        if max_tool_calls_per_turn is not None and (
-            type(max_tool_calls_per_turn) is not int or max_tool_calls_per_turn < 1
-        ):
-            raise ConfigError(
-                f"max_tool_calls_per_turn must be an int >= 1 or None, got "
-                f"{max_tool_calls_per_turn!r}"
-            )
+        for name, cap in (("max_tool_calls_per_turn", max_tool_calls_per_turn),
+                          ("max_tool_result_chars", max_tool_result_chars)):  # fmt: skip
+            if cap is not None and (type(cap) is not int or cap < 1):
+                raise ConfigError(f"{name} must be an int >= 1 or None, got {cap!r}")
         _check_tools(tools)
         _check_tasks(tasks)
         if rubric is not None and not callable(getattr(rubric, "score", None)):
@@ -167,6 +171,7 @@ class ToolEnv(Env):
         self.stop_conditions = list(stop_conditions)
         self.malformed_call_ends_episode = malformed_call_ends_episode
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
+        self.max_tool_result_chars = max_tool_result_chars
         self.state = EpisodeState()
         self.state.done = True
         self._tool_schemas = [t.schema for t in self.tools.values()]
@@ -406,7 +411,7 @@ class ToolEnv(Env):
         )
         results += [(f"Error: {refused}", refused)] * (len(calls) - len(run))
         messages = [
-            {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": content}
+            {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": self._shown(content)}
             for c, (content, _) in zip(calls, results)
         ]
         errors = [err for _, err in results if err]
@@ -421,6 +426,14 @@ class ToolEnv(Env):
             )
             errors.append(problem)
         return messages, errors
+
+    def _shown(self, content: str) -> str:
+        """A tool message's content as the model sees it: cut at `max_tool_result_chars`."""
+        cap = self.max_tool_result_chars
+        if cap is None or len(content) <= cap:
+            return content
+        return (f"{content[:cap]}\n[cut: the result has {len(content):,} characters; the first "
+                f"{cap:,} are shown]")  # fmt: skip
 
     async def _call_tool(self, call: ToolCall) -> tuple[str, str | None]:
         """Run one call; return (tool message content, error or None).

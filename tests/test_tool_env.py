@@ -159,6 +159,31 @@ def test_calls_past_the_per_turn_cap_are_not_run(cap: int | None, runs: int) -> 
     assert env.state.tool_call_count == 40 and env.state.tool_error_count == 40 - runs
 
 
+@pytest.mark.parametrize(("cap", "shown"), [(None, 100_000), (32_768, 32_768), (10, 10)])
+def test_a_long_tool_result_is_cut_and_says_so(cap: int | None, shown: int) -> None:
+    """A tool message is tokenized into the next prompt: a model that prints in a loop (a
+    megabyte from a sandbox) stalled the engine's tokenizer and overflowed any context."""
+
+    @tool
+    def dump(n: int) -> str:
+        """Return n characters."""
+        return "x" * n
+
+    kwargs = {} if cap == 32_768 else {"max_tool_result_chars": cap}  # 32,768: the default
+    env = ToolEnv([dump], tasks=TASKS, **kwargs)
+    env.reset(seed=0, options={"task": 0})
+    obs, _, terminated, _, info = env.step(HERMES.render("", [ToolCall("dump", {"n": 100_000})]))
+    content = obs[-1]["content"]
+    assert content.startswith("x" * shown) and content.count("x") == shown
+    if cap is not None:
+        assert content.endswith(f"\n[cut: the result has 100,000 characters; the first "
+                                f"{cap:,} are shown]")  # fmt: skip
+    assert not terminated and not info["tool_errors"]  # a result, not an error
+    env.reset(seed=0, options={"task": 0})
+    short = env.step(HERMES.render("", [ToolCall("dump", {"n": 10})]))[0][-1]["content"]
+    assert short == "x" * 10  # at the cap: untouched
+
+
 def test_a_forfeit_ends_the_episode_after_its_turn_with_reward_0_unscored() -> None:
     """A call that destroyed what the episode is scored on (`Forfeit`): the model reads the
     message, the rest of the turn's calls run, the episode ends, and the rubric, which would
@@ -414,6 +439,8 @@ def test_step_before_reset_raises() -> None:
         {"tools": [add, add]},
         {"max_tool_calls_per_turn": 0},
         {"max_tool_calls_per_turn": 2.5},
+        {"max_tool_result_chars": 0},
+        {"max_tool_result_chars": "1k"},
     ],
 )
 def test_bad_constructor_options_raise(kwargs: dict) -> None:
