@@ -313,7 +313,8 @@ class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
             truncated: the episode was cut short (max turns, token budget).
             info: ``step_reward`` (may be left out by an env whose episode has no final
                 reward: the returned reward is then the step's own), ``tool_errors`` (the
-                model's mistakes this step, as messages), ``turn``; when the episode ends also
+                model's mistakes this step, as messages), ``tool_results_cut`` (tool results
+                shown only in part), ``turn``; when the episode ends also
                 ``final_reward``, ``scores`` and ``reward_errors``.
         """
         which = "step" if _overrides_only_sync(type(self), "step") else "astep"

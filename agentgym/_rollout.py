@@ -213,6 +213,7 @@ async def _turns(
         turn = Turn.from_completion(
             completion, reward=_step_reward(reward, info),
             tool_errors=list(info.get("tool_errors", [])),
+            tool_results_cut=int(info.get("tool_results_cut", 0)),
         )  # fmt: skip
         turn.policy_seconds, turn.env_seconds = t1 - t0, time.perf_counter() - t1
         trajectory.turns.append(turn)

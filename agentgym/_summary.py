@@ -32,7 +32,8 @@ def summarize(
     it would raise the mean of a policy whose answers make scoring crash (the eval names
     their count). ``infra_error`` and ``late`` episodes (the server, a sandbox or the clock
     failed) say nothing about the policy and are counted apart. ``episodes/forfeit`` counts
-    the scored episodes a call ended with reward 0 (`Forfeit`).
+    the scored episodes a call ended with reward 0 (`Forfeit`); ``tools/results_cut`` the tool
+    results the env cut to its ``max_tool_result_chars`` (the model read their start only).
     ``reward/stderr`` is the mean's standard error, so two evals can be told apart from
     noise; with several episodes per task it is taken over the tasks' means (episodes of one
     task are not independent draws, and counting them as such would understate it).
@@ -53,6 +54,7 @@ def summarize(
     score_names = sorted({name for t in scored for name in t.scores})
     turns = [len(t.turns) for t in scored]
     tool_errors = sum(len(turn.tool_errors) for t in trajectories for turn in t.turns)
+    results_cut = sum(turn.tool_results_cut for t in trajectories for turn in t.turns)
     tokens = sum(_sampled(t) for t in trajectories)
     by_task = list(_by_task(scored).values())
     summary: dict[str, Any] = {
@@ -65,6 +67,7 @@ def summarize(
         **_one_reward_groups(by_task),
         "turns/mean": fmean(turns) if turns else None,
         "tools/errors": tool_errors,
+        "tools/results_cut": results_cut,
         "episodes/forfeit": sum("forfeit" in t.info for t in trajectories),
         "tokens/completions_total": tokens,
         "tokens/per_episode": fmean(map(_sampled, scored)) if scored else None,

@@ -110,7 +110,8 @@ class ToolEnv(Env):
             into the next prompt, and a model that prints in a loop (a megabyte from a code
             sandbox) took seconds to tokenize, stalling the episodes beside it, and overflowed
             any context anyway. The built-in envs' tools show less than this on their own.
-            None: no cap.
+            A step's ``info["tool_results_cut"]`` counts its cut results, and a run's
+            ``rollout/frac_tool_results_cut`` the share. None: no cap.
     """
 
     #: Sync tool calls of one episode that run at once; more wait, and waiting is not timed.
@@ -288,13 +289,15 @@ class ToolEnv(Env):
         state.turn += 1
         state.completion_tokens += len(completion.completion_ids or ())
         assistant, calls = self._assistant_message(parsed)
-        tool_messages, errors = await self._run_tools(calls, parsed.errors)
+        tool_messages, errors, cut = await self._run_tools(calls, parsed.errors)
         new_messages = [assistant, *tool_messages]
         self.messages.extend(new_messages)
         state.tool_call_count += len(calls)
         state.tool_error_count += len(errors)
         step_reward = float(self.step_reward(state, new_messages))
-        turn = Turn.from_completion(completion, reward=step_reward, tool_errors=list(errors))
+        turn = Turn.from_completion(
+            completion, reward=step_reward, tool_errors=list(errors), tool_results_cut=cut
+        )
         state.turns.append(turn)  # before scoring: the rubric's trajectory ends with this turn
         final_answer = not calls and (not parsed.errors or self.malformed_call_ends_episode)
         terminated = (
@@ -304,7 +307,8 @@ class ToolEnv(Env):
         )
         truncated = not terminated and self._out_of_budget()
         info: dict[str, Any] = {
-            "turn": state.turn, "tool_errors": errors, "step_reward": step_reward,
+            "turn": state.turn, "tool_errors": errors, "tool_results_cut": cut,
+            "step_reward": step_reward,
         }  # fmt: skip
         if terminated or truncated:
             info |= await self._finish()
@@ -392,7 +396,8 @@ class ToolEnv(Env):
 
     async def _run_tools(
         self, calls: list[ToolCall], parse_errors: list[str]
-    ) -> tuple[list[Message], list[str]]:
+    ) -> tuple[list[Message], list[str], int]:
+        """The turn's tool messages, its errors and how many results were cut to be shown."""
         cap = len(calls) if self.max_tool_calls_per_turn is None else self.max_tool_calls_per_turn
         run = calls[:cap]
         if len(run) == 1:  # the common turn: no task to schedule, no gather
@@ -414,6 +419,8 @@ class ToolEnv(Env):
             {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": self._shown(content)}
             for c, (content, _) in zip(calls, results)
         ]
+        limit = self.max_tool_result_chars
+        cut = 0 if limit is None else sum(len(content) > limit for content, _ in results)
         errors = [err for _, err in results if err]
         for i, problem in enumerate(parse_errors):
             messages.append(
@@ -425,7 +432,7 @@ class ToolEnv(Env):
                 }
             )
             errors.append(problem)
-        return messages, errors
+        return messages, errors, cut
 
     def _shown(self, content: str) -> str:
         """A tool message's content as the model sees it: cut at `max_tool_result_chars`."""

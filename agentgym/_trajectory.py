@@ -42,7 +42,8 @@ class Turn:
     (trained on), 0 for tokens that must not be trained (e.g. forced by the env). Prompt tokens
     are never trained. Token fields are None when the backend did not report them.
     ``adapter_version`` is the LoRA adapter version that sampled the turn (0: base weights;
-    None: the backend does not serve adapters).
+    None: the backend does not serve adapters). ``tool_results_cut`` counts the turn's tool
+    results the env cut to its ``max_tool_result_chars``: the model read only their start.
     """
 
     prompt_ids: list[int] | None = None
@@ -53,6 +54,7 @@ class Turn:
     finish_reason: str | None = None
     reward: float = 0.0
     tool_errors: list[str] = field(default_factory=list)
+    tool_results_cut: int = 0
     policy_seconds: float = 0.0
     env_seconds: float = 0.0
     adapter_version: int | None = None

@@ -362,10 +362,23 @@ async def test_rollout_inside_event_loop_points_to_arollout() -> None:
     assert t.final_reward == 1.0
 
 
+def test_a_rollout_turn_counts_its_tool_results_cut_to_be_shown() -> None:
+    """The env cut the result to its max_tool_result_chars; the played turn says so, so a
+    run's metrics and an eval's summary count what the model read only the start of."""
+    calculate = get_parser("hermes").render("", [ToolCall("calculate", {"expression": "9 * 9"})])
+    [t] = rollout("calculator", ScriptedPolicy([calculate, "81"]), num_tasks=1,
+                  env_kwargs={"max_tool_result_chars": 1})  # fmt: skip
+    [result] = [m["content"] for m in t.messages if m["role"] == "tool"]
+    assert result.startswith("8\n[cut: the result has 2 characters")
+    assert [turn.tool_results_cut for turn in t.turns] == [1, 0]
+    assert summarize([t])["tools/results_cut"] == 1
+    assert Trajectory.from_dict(t.to_dict()).turns[0].tool_results_cut == 1
+
+
 def _traj(status: str, final: float | None, step: float = 0.0, **scores: float) -> Trajectory:
     return Trajectory(
-        env_id="x", status=status, final_reward=final, turns=[Turn(reward=step, tool_errors=["e"])],
-        scores=dict(scores),
+        env_id="x", status=status, final_reward=final, scores=dict(scores),
+        turns=[Turn(reward=step, tool_errors=["e"], tool_results_cut=1)],
     )  # fmt: skip
 
 
@@ -384,7 +397,8 @@ def test_summarize_counts_and_excludes_failed_episodes() -> None:
     assert summary["status"] == {"ok": 2, "truncated": 1, "error": 1, "infra_error": 1, "late": 1}
     assert summary["reward/mean"] == pytest.approx(0.375)  # (1.0 + 0.5 + 0 + 0.0) / 4
     assert summary["scores/correct"] == pytest.approx(0.5)
-    assert summary["tools/errors"] == 6 and summary["episodes/forfeit"] == 1
+    assert summary["tools/errors"] == summary["tools/results_cut"] == 6
+    assert summary["episodes/forfeit"] == 1
     assert summary["time/episodes_per_second"] == 3.0
 
 

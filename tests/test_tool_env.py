@@ -179,9 +179,12 @@ def test_a_long_tool_result_is_cut_and_says_so(cap: int | None, shown: int) -> N
         assert content.endswith(f"\n[cut: the result has 100,000 characters; the first "
                                 f"{cap:,} are shown]")  # fmt: skip
     assert not terminated and not info["tool_errors"]  # a result, not an error
+    cut = int(cap is not None)  # counted, so a run's metrics and health can say so
+    assert info["tool_results_cut"] == env.state.turns[-1].tool_results_cut == cut
     env.reset(seed=0, options={"task": 0})
-    short = env.step(HERMES.render("", [ToolCall("dump", {"n": 10})]))[0][-1]["content"]
-    assert short == "x" * 10  # at the cap: untouched
+    obs, _, _, _, info = env.step(HERMES.render("", [ToolCall("dump", {"n": 10})]))
+    assert obs[-1]["content"] == "x" * 10  # at the cap: untouched
+    assert info["tool_results_cut"] == 0
 
 
 def test_a_forfeit_ends_the_episode_after_its_turn_with_reward_0_unscored() -> None:

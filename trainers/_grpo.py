@@ -47,6 +47,7 @@ from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 from agentgym.engine._fleet import run_namespace
 from agentgym.engine._vllm import unguarded_script
+from agentgym.runs._folder import SFT_SUMMARY
 from agentgym.sandboxes._env import shared_pool_metrics
 
 from ._advantages import Advantages, group_key, mask_truncated, trajectory_advantages
@@ -339,7 +340,7 @@ class GRPOTrainer:
         if not cfg.sft_steps:
             return self.model_dir
         out = run.path / "sft"
-        if (out / "sft.json").is_file():
+        if (out / SFT_SUMMARY).is_file():
             return out
         traces, validation = cfg.sft_split(self.train_tasks)
         sft = SFTConfig(

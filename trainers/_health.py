@@ -38,6 +38,8 @@ NOTHING, EVERYTHING = 0.05, 0.95
 TOOL_ERRORS = 0.3
 #: Share of turns that hit max_completion_length.
 TURNS_CUT = 0.1
+#: Share of tool results cut to the env's max_tool_result_chars.
+TOOL_RESULTS_CUT = 0.1
 #: Shares of episodes cut by a budget, lost to infrastructure, late, or scored with an error.
 TRUNCATED, INFRA_ERRORS, LATE, ERRORS = 0.2, 0.1, 0.1, 0.1
 #: Mean |engine logprob - trainer logprob| per token, in nats (exp(0.05) = a 5% ratio).
@@ -265,6 +267,16 @@ turns_cut = _recent_at_least(
     "raise --max-tokens (and --max-model-len with it); read the cut turns with "
     "`agentgym runs episodes OUT --length-outliers`",
 )
+tool_results_cut = _recent_at_least(
+    "tool-results-cut", "rollout/frac_tool_results_cut", TOOL_RESULTS_CUT,
+    "tool results are cut before the model reads them",
+    lambda share, span: f"{_pct(share)} of tool results were longer than the env's "
+    f"max_tool_result_chars {span}; the model read only their start",
+    "have the tool return less (a page, a count, the lines that matter), or raise "
+    "max_tool_result_chars in env_kwargs (and max_model_len with it)",
+    "have the tool return less (a page, a count, the lines that matter), or raise it with "
+    "--env-arg max_tool_result_chars=N (and --max-model-len with it)",
+)
 truncated = _recent_at_least(
     "truncated", "rollout/frac_truncated", TRUNCATED, "episodes run out of room",
     _of_episodes("were truncated (a turn, token or context budget)"),
@@ -458,9 +470,10 @@ def train_up_eval_flat(h: History) -> Finding | None:
 
 #: Every rule, in the order a reader should act on them (the root causes first).
 RULES: tuple[Callable[[History], Finding | None], ...] = (
-    infra_errors, errors, skipped_updates, no_tool_calls, turns_cut, tool_errors, truncated,
-    late, flat_groups, drift, clipping, kl, entropy_collapse, entropy_rises, reward_falls,
-    reward_parts_diverge, warm_start_short, train_up_eval_flat, worse_than_start,
+    infra_errors, errors, skipped_updates, no_tool_calls, turns_cut, tool_errors,
+    tool_results_cut, truncated, late, flat_groups, drift, clipping, kl, entropy_collapse,
+    entropy_rises, reward_falls, reward_parts_diverge, warm_start_short, train_up_eval_flat,
+    worse_than_start,
 )  # fmt: skip
 
 
@@ -538,7 +551,8 @@ def format_findings(findings: Sequence[Finding]) -> list[str]:
 #: their fixes in its options (``late`` needs a deadline, which an eval does not set;
 #: ``flat-groups`` needs an eval with several episodes a task).
 EPISODE_RULES: tuple[Callable[[History], Finding | None], ...] = (
-    infra_errors, errors, no_tool_calls, turns_cut, tool_errors, truncated, flat_groups,
+    infra_errors, errors, no_tool_calls, turns_cut, tool_errors, tool_results_cut, truncated,
+    flat_groups,
 )
 
 

@@ -62,6 +62,7 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     # a turn's tool errors include its calls that could not be parsed: count those as attempts
     # too, or a step of only malformed calls logged a tool-error rate of 0
     errors = sum(len(turn.tool_errors) for turn in turns)
+    cut = sum(turn.tool_results_cut for turn in turns)
     attempts = calls + sum(_malformed_calls(t) for t in scored)
     metrics |= {
         "rollout/episodes": float(len(trajectories)),
@@ -72,6 +73,8 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "rollout/frac_turns_cut": _mean([float(t.finish_reason == "length") for t in turns]),
         "rollout/tool_calls_per_episode": calls / len(scored) if scored else 0.0,
         "rollout/tool_error_rate": errors / attempts if attempts else 0.0,
+        # results longer than the env's max_tool_result_chars: the model read their start only
+        "rollout/frac_tool_results_cut": cut / calls if calls else 0.0,
     }
     for status in ("truncated", "error", "infra_error", "late"):
         metrics[f"rollout/frac_{status}"] = _mean([float(t.status == status) for t in trajectories])

@@ -54,7 +54,7 @@ from agentgym._check import lists_tools
 from agentgym._check_template import Call, format_fix, read_calls, template_failure_cause
 from agentgym._errors import ConfigError
 from agentgym.parsers import ToolCallParser
-from agentgym.runs._folder import sft_checkpoint
+from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
 
 if TYPE_CHECKING:
     from agentgym.engine._render import ChatRenderer
@@ -702,7 +702,7 @@ def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> 
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "sft.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / SFT_SUMMARY).write_text(json.dumps(summary, indent=1, default=str))
 
 
 def _log_done(history: Sequence[Mapping[str, Any]], traces: int, samples: int, out: Path) -> None:

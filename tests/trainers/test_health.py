@@ -85,6 +85,9 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, float], str]] = {
     ),
     "tool-errors": (run_rows(rollout__tool_error_rate=0.6), HEALTHY_FIGURES, "60% of tool calls"),
     "turns-cut": (run_rows(rollout__frac_turns_cut=0.5), HEALTHY_FIGURES, "50% of turns ended"),
+    "tool-results-cut": (
+        run_rows(rollout__frac_tool_results_cut=0.2), HEALTHY_FIGURES, "max_tool_result_chars",
+    ),
     "truncated": (run_rows(rollout__frac_truncated=0.4), HEALTHY_FIGURES, "max_completion_length"),
     "late": (run_rows(rollout__frac_late=0.3), HEALTHY_FIGURES, "episode_deadline_s"),
     "flat-groups": (
@@ -324,12 +327,17 @@ def test_an_eval_taken_before_the_training_gain_is_not_read_as_flat() -> None:
 def test_every_knob_a_fix_names_is_a_config_field() -> None:
     """A fix that names a knob the config does not have sends the user nowhere."""
     import dataclasses
+    import inspect
     from typing import get_args
 
+    from agentgym import ToolEnv
     from agentgym._trajectory import Status
     from agentgym.trainers import GRPOConfig
 
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    # and the tool env's own knobs, which a run sets in env_kwargs
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)} | {
+        name for name in inspect.signature(ToolEnv.__init__).parameters if "_" in name
+    }
     findings = [f for rule, (rows, figures, _) in CASES.items()
                 for f in diagnose(rows, figures, WARM_STARTS.get(rule))]  # fmt: skip
     findings += diagnose(run_rows(reward__frac_zero_variance_groups=0.95))  # the generic form
@@ -384,6 +392,7 @@ EVAL_TRIGGERS: list[tuple[str, dict[str, float]]] = [
     ("no-tool-calls", {"rollout/tool_calls_per_episode": 0.0, "rollout/turns_per_episode": 1.0}),
     ("turns-cut", {"rollout/frac_turns_cut": 1.0}),
     ("tool-errors", {"rollout/tool_error_rate": 1.0}),
+    ("tool-results-cut", {"rollout/frac_tool_results_cut": 1.0}),
     ("truncated", {"rollout/frac_truncated": 1.0}),
     ("flat-groups", {ONE_REWARD_KEY: 1.0, "reward/mean": 0.0, "reward/success": 0.0}),
     ("flat-groups", {ONE_REWARD_KEY: 1.0}),  # most alike

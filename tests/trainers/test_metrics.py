@@ -75,6 +75,17 @@ def test_a_steps_metrics_weigh_its_passes_by_their_tokens() -> None:
 
 
 
+def test_tool_results_cut_to_be_shown_are_a_share_of_the_scored_calls() -> None:
+    """The model read only the start of those results: a run should say how many."""
+    cut = episode("ok", 0.0)
+    cut.turns[0].tool_results_cut = 1
+    dropped = episode("infra_error", None)
+    dropped.turns[0].tool_results_cut = 1
+    m = episode_metrics([cut, episode("ok", 1.0), episode("ok", 1.0), episode("ok", 1.0), dropped])
+    assert m["rollout/frac_tool_results_cut"] == pytest.approx(1 / 4)  # 1 of 4 scored calls
+    assert episode_metrics([episode("ok", 1.0, tool=False)])["rollout/frac_tool_results_cut"] == 0
+
+
 def test_turns_cut_at_the_token_limit_are_counted_over_the_scored_turns() -> None:
     """A call cut at max_completion_length reads as a malformed call: the cut is its cause."""
     cut = episode("ok", 0.0)
