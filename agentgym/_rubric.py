@@ -14,6 +14,12 @@ is *recorded* (its score is None and the rubric reports the error): silently sco
 corrupt the training signal, and a NaN would turn every advantage of its group into NaN. An
 `InfraError` (a sandbox or backend failure) propagates instead, so the episode becomes
 ``infra_error`` and is not scored at all.
+
+A sync function runs on the event loop, where every other episode waits for it: right for a
+comparison of strings (microseconds; a thread costs about 80 us), wrong for a judge called
+through a blocking HTTP client or a subprocess. Those go on worker threads (``threaded``),
+under an optional ``timeout``, and one that holds the loop for `BLOCKING_STEP_SECONDS` or
+more is named in a warning, once, with that fix.
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ import inspect
 import logging
 import math
 import numbers
+import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ConfigError, InfraError
+from ._tool_calls import BLOCKING_STEP_SECONDS, run_in_thread
 from ._warn_once import warn_once
 
 log = logging.getLogger(__name__)
@@ -50,6 +58,13 @@ class Rubric:
         weights: one per function; None weighs each 1.0. Weight 0 logs without rewarding.
         names: one per function, the keys of its score; None uses each ``__name__``
             (a `functools.partial` has none, and lambdas all share ``<lambda>``: name those).
+        threaded: the sync functions (by name; True: all of them) that run on a worker
+            thread, so the episodes beside theirs go on while they wait (a judge over HTTP
+            with a blocking client, a subprocess). The rest run on the event loop.
+        timeout: seconds a threaded function may take; past it the call counts as raised
+            (its score None, the episode ``error`` and scored, not ``infra_error``: the
+            model's reply can make a judge slow), and its thread is abandoned (it cannot be
+            killed). An async function keeps its own (its HTTP client's). None: no limit.
 
     Example:
         >>> rubric = Rubric([lambda completion: 1.0], names=["always_one"])
@@ -66,6 +81,9 @@ class Rubric:
         funcs: Sequence[Callable[..., Any]] = (),
         weights: Sequence[float] | None = None,
         names: Sequence[str] | None = None,
+        *,
+        threaded: bool | Collection[str] = False,
+        timeout: float | None = None,
     ) -> None:
         self.funcs = list(funcs)
         self.weights = [1.0] * len(self.funcs) if weights is None else _checked_weights(weights)
@@ -81,6 +99,38 @@ class Rubric:
         self._params = [self._injected(name, fn) for name, fn in zip(self.names, self.funcs)]
         #: Per function, the injectable parameters it asks for without a default.
         self._required = [_required(fn, self.INJECTABLE) for fn in self.funcs]
+        self._threaded = self._checked_threaded(threaded, timeout)
+        self.timeout = timeout
+
+    def _checked_threaded(
+        self, threaded: bool | Collection[str], timeout: float | None
+    ) -> list[bool]:
+        """Per function, whether it runs on a thread; names that are not sync functions refused."""
+        sync = {name: not _is_async(fn) for name, fn in zip(self.names, self.funcs)}
+        if isinstance(threaded, bool):
+            chosen = {name for name, is_sync in sync.items() if is_sync and threaded}
+        else:
+            chosen = {threaded} if isinstance(threaded, str) else set(threaded)
+            wrong = sorted(chosen - {name for name, is_sync in sync.items() if is_sync})
+            if wrong:
+                raise ConfigError(
+                    f"Rubric threaded names {wrong}, which are not its sync functions "
+                    f"({sorted(n for n, is_sync in sync.items() if is_sync)}); an async one "
+                    "waits without holding the event loop already"
+                )
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not (
+                math.isfinite(timeout) and timeout > 0
+            ):
+                raise ConfigError(
+                    f"Rubric timeout must be a number of seconds > 0, got {timeout!r}"
+                )
+            if not chosen:
+                raise ConfigError(
+                    "Rubric timeout applies to threaded functions, and none is: name them, "
+                    "Rubric(funcs, threaded=[...], timeout=...), or threaded=True"
+                )
+        return [name in chosen for name in self.names]
 
     def asking_for(self, name: str) -> list[str]:
         """The names of the functions that ask for ``name`` without a default value.
@@ -116,20 +166,27 @@ class Rubric:
         scores: dict[str, float | None] = {}
         errors: dict[str, str] = {}
         total = 0.0
-        for name, fn, weight, params in zip(self.names, self.funcs, self.weights, self._params):
+        every = zip(self.names, self.funcs, self.weights, self._params, self._threaded)
+        for name, fn, weight, params, threaded in every:
+            kwargs = {p: context.get(p) for p in params}
             try:
-                value = fn(**{p: context.get(p) for p in params})
-                if inspect.isawaitable(value):
-                    value = await value
+                if threaded:
+                    value = await run_in_thread(fn, kwargs, name, self.timeout)
+                else:
+                    began = time.monotonic()
+                    value = fn(**kwargs)
+                    if inspect.isawaitable(value):
+                        value = await value
+                    else:
+                        _warn_if_blocking(name, fn, time.monotonic() - began)
                 value = _finite(value)
             except InfraError:
                 raise  # the sandbox/backend failed: the episode is infra_error, not scored
             except Exception as exc:
                 scores[name] = None
                 errors[name] = traceback.format_exc()
-                key = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', name)}"
                 warn_once(  # Gymnasium's step returns a number whatever happens: say it once
-                    log, "reward", key,
+                    log, "reward", _said_once_key(name, fn),
                     "reward function %r raised %s: %s; its episodes are 'error', not scored "
                     "(full traceback in info['reward_errors'] and Trajectory.error; said once)",
                     name, type(exc).__name__, exc,
@@ -138,6 +195,29 @@ class Rubric:
             scores[name] = value
             total += weight * value
         return RubricResult(reward=total, scores=scores, errors=errors)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is a coroutine function, or an object whose ``__call__`` is one."""
+    call = getattr(fn, "__call__", None)  # noqa: B004 (a callable object's own method)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _said_once_key(name: str, fn: Callable[..., Any]) -> str:
+    """One function's key for `warn_once`: the same function in every env instance."""
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', name)}"
+
+
+def _warn_if_blocking(name: str, fn: Callable[..., Any], seconds: float) -> None:
+    """Name a sync function that held the event loop long enough to stall other episodes."""
+    if seconds < BLOCKING_STEP_SECONDS:
+        return
+    warn_once(
+        log, "reward-blocked", _said_once_key(name, fn),
+        "reward function %r held the event loop for %.1f s: every other episode waited for "
+        "it; run it on a thread (Rubric(..., threaded=[%r])) or make it `async def` "
+        "(said once)", name, seconds, name,
+    )  # fmt: skip
 
 
 def _required(fn: Callable[..., Any], injectable: frozenset[str]) -> frozenset[str]:

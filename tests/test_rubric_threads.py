@@ -1,0 +1,141 @@
+"""Slow sync reward functions (a judge over a blocking HTTP client): threads, timeout, warning.
+
+A sync reward function runs on the event loop, where every other episode waits for it; one
+named in ``Rubric(threaded=...)`` runs on a worker thread instead, under ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import pytest
+
+from agentgym import ConfigError, Rubric, ScriptedPolicy, ToolEnv, arollout, rollout, tool
+
+TASKS = [{"prompt": f"task {i}", "answer": str(i)} for i in range(8)]
+
+
+@tool
+def noop() -> str:
+    """Do nothing."""
+    return "ok"
+
+
+def env_with(rubric: Rubric) -> type[ToolEnv]:
+    class JudgedEnv(ToolEnv):
+        def __init__(self) -> None:
+            super().__init__([noop], tasks=TASKS, rubric=rubric)
+
+    return JudgedEnv
+
+
+def test_threaded_judges_of_concurrent_episodes_wait_side_by_side() -> None:
+    """Eight judges meet at a barrier: only calls that overlap get past it (on the event loop
+    the first would wait alone until the barrier breaks, and its episode would be ``error``)."""
+    barrier = threading.Barrier(len(TASKS), timeout=30)
+
+    def judge(completion: str) -> float:
+        barrier.wait()
+        return 1.0
+
+    env = env_with(Rubric([judge], threaded=True))
+    trajectories = rollout(env, ScriptedPolicy(["done"]), max_concurrency=len(TASKS))
+    assert [t.status for t in trajectories] == ["ok"] * len(TASKS)
+    assert [t.scores for t in trajectories] == [{"judge": 1.0}] * len(TASKS)
+
+
+def test_a_threaded_judge_past_its_timeout_counts_as_raised_and_is_scored() -> None:
+    """``error``, not ``infra_error``: the model's reply can make a judge slow, and a trainer
+    drops ``infra_error`` episodes instead of scoring them."""
+    release = threading.Event()
+
+    def judge(completion: str) -> float:
+        release.wait(30)
+        return 1.0
+
+    def length(completion: str) -> float:
+        return 0.5
+
+    env = env_with(Rubric([judge, length], threaded=["judge"], timeout=0.2))
+    started = time.monotonic()
+    try:
+        [t] = rollout(env, ScriptedPolicy(["done"]), num_tasks=1)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 20  # not the 30 s the judge would wait
+    assert t.status == "error" and t.scores == {"judge": None, "length": 0.5}
+    assert "'judge' timed out after 0.2 s" in (t.error or "")
+
+
+async def test_cancelling_an_episode_while_its_judge_runs_on_a_thread() -> None:
+    """The episode's cancellation reaches it at once; the judge's thread is abandoned."""
+    started, release = threading.Event(), threading.Event()
+
+    def judge(completion: str) -> float:
+        started.set()
+        release.wait(30)
+        return 1.0
+
+    env = env_with(Rubric([judge], threaded=True))
+    running = asyncio.ensure_future(arollout(env, ScriptedPolicy(["done"]), num_tasks=1))
+    try:
+        assert await asyncio.to_thread(started.wait, 30)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(running, 10)
+    finally:
+        release.set()
+
+
+def test_a_sync_judge_that_holds_the_event_loop_is_named_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def slow_judge(completion: str) -> float:
+        time.sleep(0.15)  # the blocking call under test, not a wait for another thread
+        return 1.0
+
+    def quick(completion: str) -> float:
+        return 1.0
+
+    env = env_with(Rubric([slow_judge, quick]))
+    with caplog.at_level(logging.WARNING, logger="agentgym._rubric"):
+        trajectories = rollout(env, ScriptedPolicy(["done"]), num_tasks=2)
+    assert [t.status for t in trajectories] == ["ok", "ok"]
+    warned = [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "'slow_judge'" in warned[0] and "threaded=['slow_judge']" in warned[0]
+
+
+async def _async_judge(completion: str) -> float:
+    return 1.0
+
+
+def _sync_judge(completion: str) -> float:
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"threaded": ["_async_judge"]}, r"threaded names \['_async_judge'\].*async one"),
+        ({"threaded": ["judge"]}, r"threaded names \['judge'\].*\['_sync_judge'\]"),
+        ({"threaded": "_sync_judge", "timeout": 0}, "timeout must be a number of seconds > 0"),
+        ({"threaded": True, "timeout": float("nan")}, "timeout must be"),
+        ({"threaded": True, "timeout": True}, "timeout must be"),
+        ({"timeout": 5}, r"timeout applies to threaded functions.*threaded=True"),
+    ],
+)
+def test_threads_and_timeouts_that_cannot_apply_are_refused(
+    kwargs: dict[str, object], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Rubric([_sync_judge, _async_judge], **kwargs)  # type: ignore[arg-type]
+
+
+def test_threaded_true_leaves_async_functions_on_the_loop() -> None:
+    rubric = Rubric([_sync_judge, _async_judge], threaded=True, timeout=1)
+    result = asyncio.run(rubric.score({"completion": "x"}))
+    assert result.scores == {"_sync_judge": 1.0, "_async_judge": 1.0} and not result.errors
