@@ -23,7 +23,7 @@ from gymnasium.utils.env_checker import check_env
 
 from ._check_result import CheckResult
 from ._check_tasks import missing_task_fields
-from ._check_template import reasoning_prefix, template_checks
+from ._check_template import reasoning_prefix, template_checks, unshown_tools_problem
 from ._check_tool_params import tool_parameters
 from ._env import Env
 from ._errors import ConfigError, SandboxError
@@ -96,6 +96,7 @@ def check(
     ]
     if tok is not None:
         kwargs = dict(chat_template_kwargs or {})
+        checks.append(lambda: _tools_in_prompt(make(env_id, **env_kwargs), tok, kwargs))
         checks.append(_played("chat template", plays,
                               lambda: template_checks(tok, kwargs, *exercise())))  # fmt: skip
     results: list[CheckResult] = []
@@ -248,6 +249,28 @@ def refuse_unready(env: Any, env_id: str) -> None:
 def lists_tools(env: Any) -> bool:
     """Whether the env's own prompt shows the tools (``tool_prompt="system"``): no template."""
     return getattr(env, "tool_prompt", "template") == "system"
+
+
+def _tools_in_prompt(env: Env, tokenizer: Any, kwargs: dict[str, Any]) -> CheckResult:
+    """The model must see the tools: its template renders them, or the env lists them.
+
+    The trainer refuses a run where neither does (`unshown_tools_problem`); the check says so
+    first.
+    """
+    from .engine import ChatRenderer, TemplateError
+
+    row = "tools in the prompt"
+    tools, env_lists = getattr(env, "tool_schemas", []), lists_tools(env)
+    env.close()
+    if not tools:
+        return CheckResult(row, True, "the env has no tools", skipped=True)
+    if env_lists:
+        return CheckResult(row, True, "the env's system prompt lists them (tool_prompt='system')")
+    try:
+        problem = unshown_tools_problem(ChatRenderer(tokenizer, kwargs), tools)
+    except TemplateError as exc:  # the chat template's rows say what is wrong with it
+        return CheckResult(row, True, f"not checked: {exc}", skipped=True)
+    return CheckResult(row, not problem, problem or "the chat template renders them")
 
 
 def undescribed_tools(schemas: Sequence[dict[str, Any]]) -> list[str]:

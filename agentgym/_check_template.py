@@ -19,7 +19,7 @@ from ._tool_env import without_reasoning
 from ._tool_schema import example_arguments
 from ._trajectory import Trajectory
 from ._types import Message
-from .parsers import ToolCallParser, available_parsers, get_parser
+from .parsers import ParsedTurn, ToolCallParser, available_parsers, get_parser
 
 if TYPE_CHECKING:
     from .engine import ChatRenderer
@@ -279,10 +279,35 @@ def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:
     squeezed = "".join(produced.split())
     if "".join(rendered.split()).startswith(squeezed):
         return "only whitespace differs; make the parser's render match the template's spacing"
+    writer = _parser_writing_as(rendered, ours, parser) if ours.tool_calls else None
+    if writer:
+        return (
+            f"the template writes the same calls as the {writer!r} parser does, not as "
+            f"{parser.name!r} (both read them): use --env-arg parser={writer} (env_kwargs), so "
+            "the env's reference turns and SFT traces are what the template writes"
+        )
     return (
         "the template writes the same calls differently (JSON spacing, key order, ids or "
         "markup); make the parser's render match the template"
     )
+
+
+def _parser_writing_as(rendered: str, turn: ParsedTurn, parser: ToolCallParser) -> str | None:
+    """A shipped parser whose render of ``turn`` is what the template wrote, or None.
+
+    DeepSeek V3.1's template writes its short form, which ``deepseek_v3`` reads but does not
+    write: ``deepseek_v31`` does.
+    """
+    for name in available_parsers():
+        if name == parser.name:
+            continue
+        try:
+            text = get_parser(name).render(turn.content, turn.tool_calls)
+        except (ValueError, NotImplementedError, ConfigError):  # a format that cannot write it
+            continue
+        if rendered.startswith(text):
+            return name
+    return None
 
 
 #: A tool call as a parser reads it: (name, arguments).
@@ -309,6 +334,22 @@ def shows_tools(renderer: ChatRenderer, tools: list[dict[str, Any]]) -> bool:
     probe = [{"role": "user", "content": "probe"}]
     return bool(tools) and tools[0]["function"]["name"] in renderer.render_text(
         probe, tools, generation=True
+    )
+
+
+def unshown_tools_problem(renderer: ChatRenderer, tools: list[dict[str, Any]]) -> str:
+    """Why the model would never see the env's tools; "" when the template shows them.
+
+    DeepSeek V3.1's template, for one, ignores ``tools``: its model would be asked to call
+    tools it was never shown. The env can list them in its system prompt instead.
+    """
+    if not tools or shows_tools(renderer, tools):
+        return ""
+    return (
+        f"the chat template does not render tools (the tool {tools[0]['function']['name']!r} "
+        "is missing from the prompt), so the model never sees them; use a model whose "
+        "template supports tools, or the env's tool_prompt='system' (--env-arg "
+        "tool_prompt=system), which lists them in its system prompt"
     )
 
 

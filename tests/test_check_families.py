@@ -5,12 +5,15 @@ template (the real ones were tried by hand; they are not copied):
 
 - Hermes-3 (tool_use): loops over ``tools`` unconditionally, drops an assistant's text before
   its calls, and ends the *last* tool message without the newline it gets once followed.
-- Mistral-7B-Instruct-v0.3: shows the system prompt only while the user message is the last
-  message, requires 9-character tool-call ids, writes ``[TOOL_CALLS] [{..., "id": ...}]``.
-- Qwen3: writes an empty ``<think></think>`` into the last turn and drops it once the turn is
-  followed (a thinking model's non-empty block stays); ``enable_thinking=False`` opens every
-  generation prompt with an empty one.
+- Mistral-7B-Instruct-v0.3: shows the tools before the user message and the system prompt
+  only while the user message is the last message, requires 9-character tool-call ids,
+  writes ``[TOOL_CALLS] [{..., "id": ...}]``.
+- Qwen3: shows the tools in a system block; writes an empty ``<think></think>`` into the last
+  turn and drops it once the turn is followed (a thinking model's non-empty block stays);
+  ``enable_thinking=False`` opens every generation prompt with an empty one.
 - Llama 3.1: drops an assistant's text before its call.
+- DeepSeek V3.1: ignores ``tools``, and concatenates a call's arguments as JSON text, the
+  calls back to back in V3.1's short form (``NAME<｜tool▁sep｜>{...}``).
 
 The check must say what the engine does (``rollout mode``, decided with
 `ChatRenderer.decide_mode` over consecutive prompts) and blame the right cause.
@@ -61,6 +64,7 @@ MISTRAL_V03_LIKE = (
     "{%- set sys = messages[0].content if messages[0].role == 'system' else none %}"
     "{%- for m in (messages[1:] if sys is not none else messages) %}"
     "{%- if m.role == 'user' %}"
+    "{%- if tools %}{{- '[AVAILABLE_TOOLS] ' + tools | tojson + '[/AVAILABLE_TOOLS]' }}{%- endif %}"
     "{{- '[INST] ' + (sys + '\\n\\n' if loop.last and sys is not none else '') + m.content"
     " + '[/INST]' }}"
     "{%- elif m.tool_calls is defined %}{{- '[TOOL_CALLS] [' }}"
@@ -87,6 +91,9 @@ _HERMES_CALLS = (
     "{%- endfor %}"
 )
 QWEN3_LIKE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}{%- endif %}"
     "{%- for m in messages %}" + _CHATML_TURNS + "{%- elif m.role == 'assistant' %}"
     "{%- set content = m.content.split('</think>')[-1].lstrip('\\n') %}"
     "{%- set reasoning = m.content.split('</think>')[0].split('<think>')[-1].strip('\\n')"
@@ -116,6 +123,28 @@ LLAMA31_LIKE = (
     "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Ignores ``tools``; concatenates each call's arguments as text, the calls back to back in
+# V3.1's short form; nothing opens the turn after a tool result.
+_DS = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+DEEPSEEK_V31_LIKE = (
+    "{%- set ns = namespace(last_user=false) %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'system' %}{{- m.content }}"
+    "{%- elif m.role == 'user' %}{%- set ns.last_user = true %}{{- '<｜User｜>' + m.content }}"
+    "{%- elif m.role == 'assistant' %}"
+    "{%- if ns.last_user %}{{- '<｜Assistant｜></think>' }}{%- endif %}"
+    "{%- set ns.last_user = false %}{{- m.content }}"
+    "{%- if m.tool_calls is defined %}{{- '" + _DS[0] + "' }}"
+    "{%- for c in m.tool_calls %}"
+    "{{- '" + _DS[1] + "' + c.function.name + '" + _DS[2] + "' + c.function.arguments"
+    " + '" + _DS[3] + "' }}{%- endfor %}{{- '<｜tool▁calls▁end｜>' }}{%- endif %}"
+    "{{- '<｜end▁of▁sentence｜>' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{{- '<｜tool▁output▁begin｜>' + m.content + '<｜tool▁output▁end｜>' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt and ns.last_user %}{{- '<｜Assistant｜></think>' }}{%- endif %}"
 )
 
 
@@ -227,6 +256,31 @@ def test_llama31_dropped_text_before_a_call_is_blamed_on_the_template() -> None:
     assert round_trip.passed and round_trip.verdict == "warn"  # concat keeps what was sampled
     assert "the template drops the text before a tool call" in round_trip.detail
     assert "parser does not read" not in round_trip.detail
+
+
+# ---- DeepSeek V3.1 ---------------------------------------------------------------------------
+def test_deepseek_v31_names_the_parser_that_writes_its_calls_and_the_unseen_tools() -> None:
+    """Under ``deepseek_v3`` the calls read back but are written in V3's form, and the
+    template never shows the tools: both rows name the fix (they said "make the parser's
+    render match the template", and nothing about the tools, which the trainer refused)."""
+    found = rows(DEEPSEEK_V31_LIKE, parser="deepseek_v3")
+    unseen = found["tools in the prompt"]
+    assert not unseen.passed and "missing from the prompt" in unseen.detail
+    assert "--env-arg tool_prompt=system" in unseen.detail
+    round_trip = found["chat template round trip"]
+    assert not round_trip.passed, round_trip
+    assert "the template writes the same calls as the 'deepseek_v31' parser" in round_trip.detail
+    assert round_trip.detail.endswith("SFT traces are what the template writes")
+
+
+def test_deepseek_v31_with_its_parser_and_the_tools_listed_passes_in_concat() -> None:
+    found = rows(DEEPSEEK_V31_LIKE, parser="deepseek_v31", tool_prompt="system")
+    assert found["tools in the prompt"].detail == (
+        "the env's system prompt lists them (tool_prompt='system')"
+    )
+    assert found["rollout mode"].detail.startswith("concat"), found["rollout mode"]
+    assert found["chat template round trip"].detail == "3 assistant turns render as produced"
+    assert [r for r in found.values() if r.verdict != "pass"] == []
 
 
 # ---- parsers the check cannot render with ----------------------------------------------------

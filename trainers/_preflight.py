@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentgym import make
 from agentgym._check import lists_tools, refuse_unready, undescribed_tools
 from agentgym._check_tasks import missing_task_fields
-from agentgym._check_template import call_format_problem, shows_tools
+from agentgym._check_template import call_format_problem, unshown_tools_problem
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
 from agentgym._tasks import task_text, tasks_digest
@@ -425,12 +425,8 @@ def _check_template(
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir), kwargs)  # has a template
     if env_lists or not tools:
         return
-    if not shows_tools(renderer, tools):
-        raise ConfigError(
-            f"the chat template of {model_dir} does not render tools (the tool "
-            f"{tools[0]['function']['name']!r} is missing from the prompt); use a model whose "
-            "template supports tools, or the env's tool_prompt='system'"
-        )
+    if problem := unshown_tools_problem(renderer, tools):
+        raise ConfigError(f"{model_dir}: {problem}")
     if parser is not None and (problem := call_format_problem(renderer, tools, parser)):
         raise ConfigError(f"{model_dir}: {problem}")
 

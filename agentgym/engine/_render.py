@@ -81,7 +81,8 @@ def template_messages(messages: Sequence[Message], as_text: bool = False) -> lis
     """Messages as a chat template expects them: tool-call arguments as dicts or JSON text.
 
     Most HF templates want dicts; some concatenate the arguments as text (``as_text``, e.g.
-    DeepSeek V3's).
+    DeepSeek V3's), written as the parsers render them (non-ASCII kept as is), so a render
+    of history is the text the env's parser writes.
     """
     out = []
     for message in messages:
@@ -96,7 +97,8 @@ def template_messages(messages: Sequence[Message], as_text: bool = False) -> lis
 def _function(function: dict[str, Any], as_text: bool) -> dict[str, Any]:
     arguments = function.get("arguments", {})
     if as_text:
-        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
     elif isinstance(arguments, str) and arguments:
         arguments = json.loads(arguments)
     return {**function, "arguments": arguments}

@@ -12,9 +12,15 @@ break between calls; ``<｜...｜>`` are single tokens)::
     {}
     ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
-`parse` also reads DeepSeek V3.1's shorter ``<｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a": 1}
-<｜tool▁call▁end｜>``; `render` writes V3's. Arguments are decoded as JSON objects, so a
-marker inside an argument string cannot end a call early.
+DeepSeek V3.1's template writes a shorter form, the calls back to back (one line here)::
+
+    Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a": 1}
+    <｜tool▁call▁end｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+
+Both parsers read both forms; ``deepseek_v3`` writes V3's and ``deepseek_v31`` V3.1's, so
+that what the env renders (reference turns, SFT traces) is what the model's template writes.
+Arguments are decoded as JSON objects, so a marker inside an argument string cannot end a
+call early.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ _FENCE_END = re.compile(r"\s*```")
 class DeepSeekV3Parser(ToolCallParser):
     """Parse and render DeepSeek V3 tool calls (V3.1's short form is parsed too)."""
 
+    #: What goes between two calls.
+    between = "\n"
+
     def parse(self, text: str) -> ParsedTurn:
         found = _CALL_START.search(text)
         if not found:
@@ -63,12 +72,23 @@ class DeepSeekV3Parser(ToolCallParser):
         refuse_call_start(self.name, content, _CALL_START)
         if not tool_calls:
             return content
-        calls = "\n".join(
-            f"{CALL_BEGIN}function{SEP}{_checked_name(c.name)}\n```json\n"
-            f"{json.dumps(c.arguments, ensure_ascii=False)}\n```{CALL_END}"
-            for c in tool_calls
-        )
+        calls = self.between.join(self._call_text(c) for c in tool_calls)
         return f"{content}{CALLS_BEGIN}{calls}{CALLS_END}"
+
+    def _call_text(self, call: ToolCall) -> str:
+        return (f"{CALL_BEGIN}function{SEP}{_checked_name(self.name, call.name)}\n```json\n"
+                f"{json.dumps(call.arguments, ensure_ascii=False)}\n```{CALL_END}")  # fmt: skip
+
+
+@register_parser("deepseek_v31")
+class DeepSeekV31Parser(DeepSeekV3Parser):
+    """DeepSeek V3.1's tool calls: ``NAME<sep>{json}``, back to back (V3's are parsed too)."""
+
+    between = ""
+
+    def _call_text(self, call: ToolCall) -> str:
+        arguments = json.dumps(call.arguments, ensure_ascii=False)
+        return f"{CALL_BEGIN}{_checked_name(self.name, call.name)}{SEP}{arguments}{CALL_END}"
 
 
 def _read_call(text: str, pos: int, turn: ParsedTurn, breaks: ForwardFinder) -> int:
@@ -100,11 +120,11 @@ def _read_call(text: str, pos: int, turn: ParsedTurn, breaks: ForwardFinder) -> 
     return fence.end() if fence else end
 
 
-def _checked_name(name: str) -> str:
+def _checked_name(parser: str, name: str) -> str:
     markers = (SEP, CALL_BEGIN, CALL_END)
     if "\n" in name or name != name.strip() or any(marker in name for marker in markers):
         raise ValueError(
-            f"deepseek_v3 cannot render tool name {name!r}: no newlines, markers, or spaces "
+            f"{parser} cannot render tool name {name!r}: no newlines, markers, or spaces "
             "around it (parse strips them)"
         )
     return name

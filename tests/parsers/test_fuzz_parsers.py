@@ -131,6 +131,8 @@ def _one_call(pid: str, args: str, name: str = '"f"') -> str:
         return f"[TOOL_CALLS]f[ARGS]{args}"
     if pid == "deepseek_v3":
         return f"{DS_CALLS}{DS_CALL}function{DS_SEP}f\n```json\n{args}\n```{DS_END}{DS_CALLS_END}"
+    if pid == "deepseek_v31":
+        return f"{DS_CALLS}{DS_CALL}f{DS_SEP}{args}{DS_END}{DS_CALLS_END}"
     if pid.startswith("qwen3_coder"):
         parameter = f"<parameter=a>\n{args}\n</parameter>"
         return f"<tool_call>\n<function=f>\n{parameter}\n</function>\n</tool_call>"
@@ -138,7 +140,8 @@ def _one_call(pid: str, args: str, name: str = '"f"') -> str:
     return f"[f(a={args})]"
 
 
-JSON_FORMATS = ["hermes", "llama3_json", "mistral-json", "mistral-args", "deepseek_v3"]
+JSON_FORMATS = ["hermes", "llama3_json", "mistral-json", "mistral-args", "deepseek_v3",
+                "deepseek_v31"]  # fmt: skip
 NAMED_FORMATS = ["hermes", "llama3_json", "mistral-json"]  # the name is a JSON value
 DEEP = 100_000
 
@@ -163,8 +166,8 @@ def _applies(pid: str, case: str, args: str) -> bool:
     """Whether a bad-arguments case means something in format ``pid``."""
     if pid == "mistral-args":  # the args style reads only an object after [ARGS]
         return args.startswith("{")
-    # deepseek_v3 arguments are JSON, never a string holding JSON
-    return not (pid == "deepseek_v3" and case.startswith("string holding"))
+    # DeepSeek arguments are JSON, never a string holding JSON
+    return not (pid.startswith("deepseek") and case.startswith("string holding"))
 
 
 @pytest.mark.parametrize(

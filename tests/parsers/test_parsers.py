@@ -20,6 +20,7 @@ PARSERS = [
     ("pythonic", "pythonic", {}),
     ("qwen3_coder", "qwen3_coder", {}),
     ("deepseek_v3", "deepseek_v3", {}),
+    ("deepseek_v31", "deepseek_v31", {}),
 ]
 #: Parsers whose format cannot carry markup characters in argument names.
 PLAIN_KEYS_ONLY = {"pythonic", "qwen3_coder"}
@@ -141,6 +142,7 @@ def test_content_holding_a_marker_round_trips_or_raises(
         ("qwen3_coder", "see <function=f> here"),
         ("deepseek_v3", "see <｜tool▁calls▁begin｜> here"),
         ("deepseek_v3", "see <｜tool▁call▁begin｜> here"),
+        ("deepseek_v31", "see <｜tool▁call▁begin｜> here"),
     ],
 )
 def test_content_a_format_cannot_express_raises(name: str, content: str) -> None:
@@ -318,8 +320,22 @@ def test_accepted_variants(name: str, text: str, calls: list[tuple]) -> None:
     assert [(c.name, c.arguments) for c in turn.tool_calls] == calls
 
 
+def test_deepseek_v31_writes_v31s_short_form_and_reads_v3s_too() -> None:
+    """V3.1's template writes ``NAME<sep>{json}``, calls back to back: what the env renders
+    (reference turns, SFT traces) must be what the template writes."""
+    v31 = get_parser("deepseek_v31")
+    text = v31.render("Hi", [ToolCall("f", {"a": "é"}), ToolCall("g", {})])
+    assert text == (f'Hi{DS}f{SEP}{{"a": "é"}}{END}<｜tool▁call▁begin｜>g{SEP}{{}}{END}'
+                    "<｜tool▁calls▁end｜>")  # fmt: skip
+    v3_text = get_parser("deepseek_v3").render("Hi", [ToolCall("f", {"a": 1})])
+    assert [(c.name, c.arguments) for c in v31.parse(v3_text).tool_calls] == [("f", {"a": 1})]
+    with pytest.raises(ValueError, match="deepseek_v31 cannot render tool name"):
+        v31.render("", [ToolCall(" f", {})])
+
+
 def test_registry_lists_all_parsers() -> None:
-    expected = {"deepseek_v3", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"}
+    expected = {"deepseek_v3", "deepseek_v31", "hermes", "llama3_json", "mistral", "pythonic",
+                "qwen3_coder"}  # fmt: skip
     assert expected <= set(available_parsers())
     for name in available_parsers():
         assert get_parser(name).name == name

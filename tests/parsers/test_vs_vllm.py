@@ -469,7 +469,8 @@ def test_every_difference_is_documented() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3"]
+    "name",
+    ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3", "deepseek_v31"],
 )
 def test_vllm_parses_what_we_render(name: str) -> None:
     """Text our `render` writes is read the same by vLLM's parser (no content: vLLM's llama3
