@@ -177,8 +177,8 @@ class Rubric:
                     value = fn(**kwargs)
                     if inspect.isawaitable(value):
                         value = await value
-                    else:
-                        _warn_if_blocking(name, fn, time.monotonic() - began)
+                    elif (took := time.monotonic() - began) >= BLOCKING_STEP_SECONDS:
+                        _warn_blocking(name, fn, took)
                 value = _finite(value)
             except InfraError:
                 raise  # the sandbox/backend failed: the episode is infra_error, not scored
@@ -208,10 +208,8 @@ def _said_once_key(name: str, fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', name)}"
 
 
-def _warn_if_blocking(name: str, fn: Callable[..., Any], seconds: float) -> None:
+def _warn_blocking(name: str, fn: Callable[..., Any], seconds: float) -> None:
     """Name a sync function that held the event loop long enough to stall other episodes."""
-    if seconds < BLOCKING_STEP_SECONDS:
-        return
     warn_once(
         log, "reward-blocked", _said_once_key(name, fn),
         "reward function %r held the event loop for %.1f s: every other episode waited for "

@@ -415,12 +415,13 @@ class ToolEnv(Env):
             "make fewer calls in one turn"
         )
         results += [(f"Error: {refused}", refused)] * (len(calls) - len(run))
-        messages = [
-            {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": self._shown(content)}
-            for c, (content, _) in zip(calls, results)
-        ]
-        limit = self.max_tool_result_chars
-        cut = 0 if limit is None else sum(len(content) > limit for content, _ in results)
+        limit, cut = self.max_tool_result_chars, 0
+        messages: list[Message] = []
+        for c, (content, _) in zip(calls, results):
+            if limit is not None and len(content) > limit:
+                content, cut = _cut(content, limit), cut + 1
+            messages.append({"role": "tool", "tool_call_id": c.id, "name": c.name,
+                             "content": content})  # fmt: skip
         errors = [err for _, err in results if err]
         for i, problem in enumerate(parse_errors):
             messages.append(
@@ -433,14 +434,6 @@ class ToolEnv(Env):
             )
             errors.append(problem)
         return messages, errors, cut
-
-    def _shown(self, content: str) -> str:
-        """A tool message's content as the model sees it: cut at `max_tool_result_chars`."""
-        cap = self.max_tool_result_chars
-        if cap is None or len(content) <= cap:
-            return content
-        return (f"{content[:cap]}\n[cut: the result has {len(content):,} characters; the first "
-                f"{cap:,} are shown]")  # fmt: skip
 
     async def _call_tool(self, call: ToolCall) -> tuple[str, str | None]:
         """Run one call; return (tool message content, error or None).
@@ -629,3 +622,9 @@ def _parse_message(message: Message) -> ParsedTurn:
             continue
         turn.tool_calls.append(ToolCall(function.get("name", ""), arguments, raw.get("id", "")))
     return turn
+
+
+def _cut(content: str, limit: int) -> str:
+    """A tool message's content as the model sees it: its first ``limit`` characters, and why."""
+    return (f"{content[:limit]}\n[cut: the result has {len(content):,} characters; the first "
+            f"{limit:,} are shown]")  # fmt: skip
