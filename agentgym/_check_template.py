@@ -348,8 +348,8 @@ def unshown_tools_problem(renderer: ChatRenderer, tools: list[dict[str, Any]]) -
     return (
         f"the chat template does not render tools (the tool {tools[0]['function']['name']!r} "
         "is missing from the prompt), so the model never sees them; use a model whose "
-        "template supports tools, or the env's tool_prompt='system' (--env-arg "
-        "tool_prompt=system), which lists them in its system prompt"
+        "template supports tools, or the env's tool_prompt='system', which lists them in its "
+        "system prompt: --env-arg tool_prompt=system (env_kwargs)"
     )
 
 

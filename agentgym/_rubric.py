@@ -99,36 +99,21 @@ class Rubric:
         self._params = [self._injected(name, fn) for name, fn in zip(self.names, self.funcs)]
         #: Per function, the injectable parameters it asks for without a default.
         self._required = [_required(fn, self.INJECTABLE) for fn in self.funcs]
-        self._threaded = self._checked_threaded(threaded, timeout)
-        self.timeout = timeout
+        self._threaded = self._checked_threaded(threaded)
+        self.timeout = _checked_timeout(timeout, any(self._threaded))
 
-    def _checked_threaded(
-        self, threaded: bool | Collection[str], timeout: float | None
-    ) -> list[bool]:
+    def _checked_threaded(self, threaded: bool | Collection[str]) -> list[bool]:
         """Per function, whether it runs on a thread; names that are not sync functions refused."""
-        sync = {name: not _is_async(fn) for name, fn in zip(self.names, self.funcs)}
+        sync = [name for name, fn in zip(self.names, self.funcs) if not _is_async(fn)]
         if isinstance(threaded, bool):
-            chosen = {name for name, is_sync in sync.items() if is_sync and threaded}
+            chosen = set(sync) if threaded else set()
         else:
             chosen = {threaded} if isinstance(threaded, str) else set(threaded)
-            wrong = sorted(chosen - {name for name, is_sync in sync.items() if is_sync})
+            wrong = sorted(chosen - set(sync))
             if wrong:
                 raise ConfigError(
                     f"Rubric threaded names {wrong}, which are not its sync functions "
-                    f"({sorted(n for n, is_sync in sync.items() if is_sync)}); an async one "
-                    "waits without holding the event loop already"
-                )
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not (
-                math.isfinite(timeout) and timeout > 0
-            ):
-                raise ConfigError(
-                    f"Rubric timeout must be a number of seconds > 0, got {timeout!r}"
-                )
-            if not chosen:
-                raise ConfigError(
-                    "Rubric timeout applies to threaded functions, and none is: name them, "
-                    "Rubric(funcs, threaded=[...], timeout=...), or threaded=True"
+                    f"({sorted(sync)}); an async one waits without holding the event loop already"
                 )
         return [name in chosen for name in self.names]
 
@@ -197,6 +182,24 @@ class Rubric:
         return RubricResult(reward=total, scores=scores, errors=errors)
 
 
+def _checked_timeout(timeout: float | None, any_threaded: bool) -> float | None:
+    if timeout is None:
+        return None
+    if not _finite_number(timeout) or timeout <= 0:
+        raise ConfigError(f"Rubric timeout must be a number of seconds > 0, got {timeout!r}")
+    if not any_threaded:
+        raise ConfigError(
+            "Rubric timeout applies to sync functions run on threads, and this rubric runs none "
+            "there: give threaded=True or their names (an async function keeps its own timeout)"
+        )
+    return float(timeout)
+
+
+def _finite_number(value: object) -> bool:
+    """A real number that is not a bool, NaN or infinite (a weight, a timeout)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _is_async(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` is a coroutine function, or an object whose ``__call__`` is one."""
     call = getattr(fn, "__call__", None)  # noqa: B004 (a callable object's own method)
@@ -237,8 +240,7 @@ def _finite(value: Any) -> float:
 
 def _checked_weights(weights: Sequence[float]) -> list[float]:
     for i, weight in enumerate(weights):
-        is_number = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
-        if not is_number or not math.isfinite(weight):
+        if not _finite_number(weight):
             raise ConfigError(f"Rubric weights must be finite numbers; weight {i} is {weight!r}")
     return [float(w) for w in weights]
 

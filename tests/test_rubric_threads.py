@@ -125,7 +125,7 @@ def _sync_judge(completion: str) -> float:
         ({"threaded": "_sync_judge", "timeout": 0}, "timeout must be a number of seconds > 0"),
         ({"threaded": True, "timeout": float("nan")}, "timeout must be"),
         ({"threaded": True, "timeout": True}, "timeout must be"),
-        ({"timeout": 5}, r"timeout applies to threaded functions.*threaded=True"),
+        ({"timeout": 5}, r"timeout applies to sync functions run on threads.*threaded=True"),
     ],
 )
 def test_threads_and_timeouts_that_cannot_apply_are_refused(
