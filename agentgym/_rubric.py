@@ -18,7 +18,7 @@ corrupt the training signal, and a NaN would turn every advantage of its group i
 A sync function runs on the event loop, where every other episode waits for it: right for a
 comparison of strings (microseconds; a thread costs about 80 us), wrong for a judge called
 through a blocking HTTP client or a subprocess. Those go on worker threads (``threaded``),
-under an optional ``timeout``, and one that holds the loop for `BLOCKING_STEP_SECONDS` or
+under an optional ``timeout``, and one that holds the loop for `BLOCKING_REWARD_SECONDS` or
 more is named in a warning, once, with that fix.
 """
 
@@ -35,10 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ConfigError, InfraError
-from ._tool_calls import BLOCKING_STEP_SECONDS, run_in_thread
+from ._tool_calls import run_in_thread
 from ._warn_once import warn_once
 
 log = logging.getLogger(__name__)
+
+#: A sync reward function call that holds the event loop this long is named. Lower than a
+#: tool's `BLOCKING_STEP_SECONDS` (0.1 s): it runs once for every episode, so a judge of
+#: 50 ms under 64 episodes at once held the loop 3.2 s a step, 50 ms at a time; a reward
+#: that compares strings takes microseconds.
+BLOCKING_REWARD_SECONDS = 0.02
 
 
 @dataclass
@@ -162,7 +168,7 @@ class Rubric:
                     value = fn(**kwargs)
                     if inspect.isawaitable(value):
                         value = await value
-                    elif (took := time.monotonic() - began) >= BLOCKING_STEP_SECONDS:
+                    elif (took := time.monotonic() - began) >= BLOCKING_REWARD_SECONDS:
                         _warn_blocking(name, fn, took)
                 value = _finite(value)
             except InfraError:
@@ -215,7 +221,7 @@ def _warn_blocking(name: str, fn: Callable[..., Any], seconds: float) -> None:
     """Name a sync function that held the event loop long enough to stall other episodes."""
     warn_once(
         log, "reward-blocked", _said_once_key(name, fn),
-        "reward function %r held the event loop for %.1f s: every other episode waited for "
+        "reward function %r held the event loop for %.3f s: every other episode waited for "
         "it; run it on a thread (Rubric(..., threaded=[%r])) or make it `async def` "
         "(said once)", name, seconds, name,
     )  # fmt: skip
