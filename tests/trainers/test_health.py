@@ -335,9 +335,9 @@ def test_every_knob_a_fix_names_is_a_config_field() -> None:
     from agentgym.trainers import GRPOConfig
 
     # and the tool env's own knobs, which a run sets in env_kwargs
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)} | {
-        name for name in inspect.signature(ToolEnv.__init__).parameters if "_" in name
-    }
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)} | set(
+        inspect.signature(ToolEnv.__init__).parameters
+    )
     findings = [f for rule, (rows, figures, _) in CASES.items()
                 for f in diagnose(rows, figures, WARM_STARTS.get(rule))]  # fmt: skip
     findings += diagnose(run_rows(reward__frac_zero_variance_groups=0.95))  # the generic form
