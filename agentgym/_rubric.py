@@ -24,6 +24,7 @@ more is named in a warning, once, with that fix.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ConfigError, InfraError
-from ._tool_calls import run_in_thread
+from ._tool_calls import cancel_and_wait, run_in_thread
 from ._warn_once import warn_once
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ class Rubric:
             (a `functools.partial` has none, and lambdas all share ``<lambda>``: name those).
         threaded: the sync functions (by name; True: all of them) that run on a worker
             thread, so the episodes beside theirs go on while they wait (a judge over HTTP
-            with a blocking client, a subprocess). The rest run on the event loop.
+            with a blocking client, a subprocess); an episode's threaded functions start
+            together. The rest run on the event loop, in order.
         timeout: seconds a threaded function may take; past it the call counts as raised
             (its score None, the episode ``error`` and scored, not ``infra_error``: the
             model's reply can make a judge slow), and its thread is abandoned (it cannot be
@@ -106,7 +108,8 @@ class Rubric:
         #: Per function, the injectable parameters it asks for without a default.
         self._required = [_required(fn, self.INJECTABLE) for fn in self.funcs]
         self._threaded = self._checked_threaded(threaded)
-        self.timeout = _checked_timeout(timeout, any(self._threaded))
+        self._any_threaded = any(self._threaded)
+        self.timeout = _checked_timeout(timeout, self._any_threaded)
 
     def _checked_threaded(self, threaded: bool | Collection[str]) -> list[bool]:
         """Per function, whether it runs on a thread; names that are not sync functions refused."""
@@ -153,39 +156,57 @@ class Rubric:
         return params
 
     async def score(self, context: Mapping[str, Any]) -> RubricResult:
-        """Run every function with the arguments it asked for from ``context``."""
+        """Run every function with the arguments it asked for from ``context``.
+
+        The threaded ones start first, side by side (two judges of an episode wait together,
+        not one after the other); the rest then run in order, and the scores are read in order.
+        """
         scores: dict[str, float | None] = {}
         errors: dict[str, str] = {}
         total = 0.0
+        started = self._start_threaded(context) if self._any_threaded else {}
         every = zip(self.names, self.funcs, self.weights, self._params, self._threaded)
-        for name, fn, weight, params, threaded in every:
-            kwargs = {p: context.get(p) for p in params}
-            try:
-                if threaded:
-                    value = await run_in_thread(fn, kwargs, name, self.timeout)
-                else:
-                    began = time.monotonic()
-                    value = fn(**kwargs)
-                    if inspect.isawaitable(value):
-                        value = await value
-                    elif (took := time.monotonic() - began) >= BLOCKING_REWARD_SECONDS:
-                        _warn_blocking(name, fn, took)
-                value = _finite(value)
-            except InfraError:
-                raise  # the sandbox/backend failed: the episode is infra_error, not scored
-            except Exception as exc:
-                scores[name] = None
-                errors[name] = traceback.format_exc()
-                warn_once(  # Gymnasium's step returns a number whatever happens: say it once
-                    log, "reward", _said_once_key(name, fn),
-                    "reward function %r raised %s: %s; its episodes are 'error', not scored "
-                    "(full traceback in info['reward_errors'] and Trajectory.error; said once)",
-                    name, type(exc).__name__, exc,
-                )  # fmt: skip
-                continue
-            scores[name] = value
-            total += weight * value
+        try:
+            for name, fn, weight, params, threaded in every:
+                try:
+                    if threaded:
+                        value = await started[name]
+                    else:
+                        began = time.monotonic()
+                        value = fn(**{p: context.get(p) for p in params})
+                        if inspect.isawaitable(value):
+                            value = await value
+                        elif (took := time.monotonic() - began) >= BLOCKING_REWARD_SECONDS:
+                            _warn_blocking(name, fn, took)
+                    value = _finite(value)
+                except InfraError:
+                    raise  # the sandbox/backend failed: the episode is infra_error, not scored
+                except Exception as exc:
+                    scores[name] = None
+                    errors[name] = traceback.format_exc()
+                    warn_once(  # Gymnasium's step returns a number whatever happens: say it once
+                        log, "reward", _said_once_key(name, fn),
+                        "reward function %r raised %s: %s; its episodes are 'error', not scored "
+                        "(full traceback in info['reward_errors'] and Trajectory.error; said "
+                        "once)", name, type(exc).__name__, exc,
+                    )  # fmt: skip
+                    continue
+                scores[name] = value
+                total += weight * value
+        finally:  # an InfraError or a cancellation: the judges still waiting are let go
+            if started:
+                await cancel_and_wait(started.values())
         return RubricResult(reward=total, scores=scores, errors=errors)
+
+    def _start_threaded(self, context: Mapping[str, Any]) -> dict[str, asyncio.Future[Any]]:
+        """The threaded functions' calls, started at once, by name."""
+        every = zip(self.names, self.funcs, self._params, self._threaded)
+        return {
+            name: asyncio.ensure_future(
+                run_in_thread(fn, {p: context.get(p) for p in params}, name, self.timeout)
+            )
+            for name, fn, params, threaded in every if threaded
+        }
 
 
 def _checked_timeout(timeout: float | None, any_threaded: bool) -> float | None:

@@ -429,11 +429,12 @@ async def cancel_and_wait(futures: Iterable[asyncio.Future[Any]]) -> None:
     Waiting is what makes cancellation complete: a tool's cleanup (``finally``, releasing a
     sandbox) has run when this returns, not at some later point of the loop.
     """
+    futures = list(futures)
     pending = {f for f in futures if not f.done()}
     for future in pending:
         future.cancel()
     if pending:
         await asyncio.wait(pending)
-    for future in pending:
+    for future in futures:  # those that had ended before too: nobody else reads them
         if not future.cancelled():
             future.exception()  # retrieved: no "exception was never retrieved" warning

@@ -7,13 +7,23 @@ named in ``Rubric(threaded=...)`` runs on a worker thread instead, under ``timeo
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
 
 import pytest
 
-from agentgym import ConfigError, Rubric, ScriptedPolicy, ToolEnv, arollout, rollout, tool
+from agentgym import (
+    ConfigError,
+    InfraError,
+    Rubric,
+    ScriptedPolicy,
+    ToolEnv,
+    arollout,
+    rollout,
+    tool,
+)
 
 TASKS = [{"prompt": f"task {i}", "answer": str(i)} for i in range(8)]
 
@@ -45,6 +55,59 @@ def test_threaded_judges_of_concurrent_episodes_wait_side_by_side() -> None:
     trajectories = rollout(env, ScriptedPolicy(["done"]), max_concurrency=len(TASKS))
     assert [t.status for t in trajectories] == ["ok"] * len(TASKS)
     assert [t.scores for t in trajectories] == [{"judge": 1.0}] * len(TASKS)
+
+
+def test_an_episodes_threaded_judges_wait_side_by_side_and_score_in_order() -> None:
+    """Two judges of one episode meet at a barrier: called one after the other, the first
+    would wait alone until the barrier broke; the scores keep the rubric's order."""
+    barrier = threading.Barrier(2, timeout=30)
+
+    def correct(completion: str) -> float:
+        barrier.wait()
+        return 1.0
+
+    def polite(completion: str) -> float:
+        barrier.wait()
+        return 0.5
+
+    def length(completion: str) -> float:  # on the loop, between them
+        return 0.25
+
+    rubric = Rubric([correct, length, polite], threaded=["correct", "polite"])
+    result = asyncio.run(rubric.score({"completion": "x"}))
+    assert list(result.scores.items()) == [("correct", 1.0), ("length", 0.25), ("polite", 0.5)]
+    assert result.reward == 1.75 and not result.errors
+
+
+def test_an_infra_error_lets_the_other_judges_go_and_reads_their_failures(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The episode is infra_error at once: a judge still waiting is not waited for, and one
+    that already failed leaves no 'exception was never retrieved' behind."""
+    release = threading.Event()
+
+    def waits(completion: str) -> float:
+        release.wait(30)
+        return 1.0
+
+    def fails(completion: str) -> float:
+        raise ValueError("judge failed")
+
+    async def sandbox_down(completion: str) -> float:
+        await asyncio.sleep(0.05)  # the threaded judges are running by now
+        raise InfraError("the sandbox is gone")
+
+    rubric = Rubric([sandbox_down, waits, fails], threaded=["waits", "fails"])
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            with pytest.raises(InfraError, match="the sandbox is gone"):
+                asyncio.run(rubric.score({"completion": "x"}))
+            gc.collect()  # an unread failure is reported when its task is collected
+    finally:
+        release.set()
+    assert time.monotonic() - started < 20  # not the 30 s the waiting judge would take
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 def test_a_threaded_judge_past_its_timeout_counts_as_raised_and_is_scored() -> None:
