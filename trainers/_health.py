@@ -160,14 +160,17 @@ def flat_groups(h: History) -> Finding | None:
                                         f", reward/success {success:.2f}") + ")"  # fmt: skip
     tells_apart = "`agentgym check ENV` warns on that: 'reward of wrong answers'"
     if reward <= NOTHING and (success is None or success <= NOTHING):
+        warmed = len((h.warm_start or {}).get("history") or ())  # the run's warm start, if any
+        warm_start = (f"a longer or stronger warm start (it ran {warmed} SFT steps: raise "
+                      "sft_steps or sft_learning_rate)" if warmed else
+                      "an SFT warm start (sft_steps: 200)")  # fmt: skip
         return Finding("flat-groups", "nothing succeeds, so nothing is learned", evidence,
                        "sample with a higher --temperature, or warm start the model "
                        "(`agentgym sft`, or sft_steps in the run) or choose easier tasks "
                        "before training on them" if h.batch else
-                       "start from a model that sometimes succeeds: an SFT warm start "
-                       "(sft_steps: 200), easier train_tasks, more num_generations, or a "
-                       "higher temperature (a near-greedy policy plays one failure G "
-                       "times)")  # fmt: skip
+                       f"start from a model that sometimes succeeds: {warm_start}, easier "
+                       "train_tasks, more num_generations, or a higher temperature (a "
+                       "near-greedy policy plays one failure G times)")  # fmt: skip
     if success is not None and success >= EVERYTHING:  # in an eval: the model is good
         return None if h.batch else Finding(
             "flat-groups", "every episode succeeds: the train tasks are solved", evidence,

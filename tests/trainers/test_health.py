@@ -176,6 +176,16 @@ def test_flat_groups_says_which_way_the_run_is_stuck() -> None:
     assert [f.rule for f in alike] == ["flat-groups"] and "temperature" in alike[0].fix
 
 
+def test_nothing_succeeding_after_a_warm_start_asks_for_a_longer_one_not_for_one() -> None:
+    """It advised "an SFT warm start (sft_steps: 200)" to a run that had warmed up 300 steps."""
+    stuck = rewards_at(0.0, reward__frac_zero_variance_groups=1.0)
+    [cold] = diagnose(stuck)
+    assert "an SFT warm start (sft_steps: 200)" in cold.fix
+    [warmed] = diagnose(stuck, warm_start=sft_record(300, 300, 0.0, target=None))
+    assert "a longer or stronger warm start (it ran 300 SFT steps: raise sft_steps" in warmed.fix
+    assert "(sft_steps: 200)" not in warmed.fix
+
+
 def test_nothing_is_judged_before_three_steps_nor_from_one_bad_step() -> None:
     assert rules(run_rows(steps=2, rollout__tool_error_rate=0.9)) == []
     one_bad = run_rows(rollout__tool_error_rate=lambda s: 0.9 if s == 12 else 0.0)
