@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._check import lists_tools, load_tokenizer, reference_conversation, with_model_tokenizer
-from ._check_template import call_format_problem, unread_template_kwargs, unshown_tools_problem
+from ._check_template import call_format_problem, shows_tools, unread_template_kwargs
 from ._cli_common import console
 from ._errors import ConfigError
 from ._eval_options import PolicyKind, RolloutModeChoice, Servers
@@ -223,11 +223,10 @@ def _checked_template(
 
     That conversation is the one `agentgym check --model` reports on (the env's reference
     episode, or a probe with a second call after text). Chat-template kwargs the template
-    never reads, ``--rollout-mode concat`` with a template that cannot, a template that never
-    shows the tools (unless the env lists them), and one that shows a call format the env's
-    parser does not read (the model would call no tool: the eval would measure the parser or
-    the prompt, not the model) are refused here, on the tokenizer alone, before the slow
-    engine start.
+    never reads, ``--rollout-mode concat`` with a template that cannot, and a template that
+    shows the tools and a call format the env's parser does not read (the model would call no
+    tool: the eval would measure the parser, not the model) are refused here, on the tokenizer
+    alone, before the slow engine start.
     """
     from .engine import ChatRenderer
     from .engine._episode import probe_conversation
@@ -241,11 +240,8 @@ def _checked_template(
     if problem:
         raise ConfigError(f"--chat-template-kwargs: {problem}")
     renderer = ChatRenderer(tokenizer, template_kwargs)
-    if not env_lists:  # as the trainer checks
-        problem = unshown_tools_problem(renderer, tools)
-        if not problem and tools and isinstance(parser, ToolCallParser):
-            problem = call_format_problem(renderer, tools, parser)
-        if problem:
+    if isinstance(parser, ToolCallParser) and not env_lists and shows_tools(renderer, tools):
+        if problem := call_format_problem(renderer, tools, parser):  # as the trainer checks
             raise ConfigError(f"{model_path}: {problem}")
     example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
     example = example or probe_conversation(tools)

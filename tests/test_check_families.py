@@ -5,15 +5,18 @@ template (the real ones were tried by hand; they are not copied):
 
 - Hermes-3 (tool_use): loops over ``tools`` unconditionally, drops an assistant's text before
   its calls, and ends the *last* tool message without the newline it gets once followed.
-- Mistral-7B-Instruct-v0.3: shows the tools before the user message and the system prompt
-  only while the user message is the last message, requires 9-character tool-call ids,
-  writes ``[TOOL_CALLS] [{..., "id": ...}]``.
-- Qwen3: shows the tools in a system block; writes an empty ``<think></think>`` into the last
-  turn and drops it once the turn is followed (a thinking model's non-empty block stays);
-  ``enable_thinking=False`` opens every generation prompt with an empty one.
+- Mistral-7B-Instruct-v0.3: shows the system prompt only while the user message is the last
+  message, requires 9-character tool-call ids, writes ``[TOOL_CALLS] [{..., "id": ...}]``.
+- Qwen3: writes an empty ``<think></think>`` into the last turn and drops it once the turn is
+  followed (a thinking model's non-empty block stays); ``enable_thinking=False`` opens every
+  generation prompt with an empty one.
 - Llama 3.1: drops an assistant's text before its call.
 - DeepSeek V3.1: ignores ``tools``, and concatenates a call's arguments as JSON text, the
   calls back to back in V3.1's short form (``NAME<｜tool▁sep｜>{...}``).
+
+All but Hermes-3's leave ``tools`` out (the real Qwen3, Mistral and Llama ones show them), so
+the command-line checks below of the Qwen3- and Mistral-like ones give the env's
+``tool_prompt=system``, as a run with such a template must.
 
 The check must say what the engine does (``rollout mode``, decided with
 `ChatRenderer.decide_mode` over consecutive prompts) and blame the right cause.
@@ -64,7 +67,6 @@ MISTRAL_V03_LIKE = (
     "{%- set sys = messages[0].content if messages[0].role == 'system' else none %}"
     "{%- for m in (messages[1:] if sys is not none else messages) %}"
     "{%- if m.role == 'user' %}"
-    "{%- if tools %}{{- '[AVAILABLE_TOOLS] ' + tools | tojson + '[/AVAILABLE_TOOLS]' }}{%- endif %}"
     "{{- '[INST] ' + (sys + '\\n\\n' if loop.last and sys is not none else '') + m.content"
     " + '[/INST]' }}"
     "{%- elif m.tool_calls is defined %}{{- '[TOOL_CALLS] [' }}"
@@ -91,9 +93,6 @@ _HERMES_CALLS = (
     "{%- endfor %}"
 )
 QWEN3_LIKE = (
-    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools><|im_end|>\\n' }}{%- endif %}"
     "{%- for m in messages %}" + _CHATML_TURNS + "{%- elif m.role == 'assistant' %}"
     "{%- set content = m.content.split('</think>')[-1].lstrip('\\n') %}"
     "{%- set reasoning = m.content.split('</think>')[0].split('<think>')[-1].strip('\\n')"
@@ -346,10 +345,11 @@ def test_cli_check_model_reports_the_mode_warns_on_dropped_text_and_fails_a_form
 
 def test_cli_check_passes_chat_template_kwargs(family_dirs: dict[str, Path]) -> None:
     folder = str(family_dirs["switch"])
-    plain = cli("check", "calculator", "--model", folder)
+    listed = ("--env-arg", "tool_prompt=system")  # the template leaves tools out
+    plain = cli("check", "calculator", "--model", folder, *listed)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     assert "│ concat:" in plain.stdout
-    off = cli("check", "calculator", "--model", folder, "--chat-template-kwargs",
+    off = cli("check", "calculator", "--model", folder, *listed, "--chat-template-kwargs",
               '{"enable_thinking": false}')  # fmt: skip
     assert off.returncode == 0, off.stdout + off.stderr
     assert "│ per_turn:" in off.stdout and "read by the template" in off.stdout
@@ -390,7 +390,7 @@ def test_cli_check_user_errors_are_one_line_exit_2(
 def test_cli_check_prints_template_text_as_written(family_dirs: dict[str, Path]) -> None:
     # Mistral's markers look like the console's markup ('[/INST]' closes a tag never opened)
     proc = cli("check", "calculator", "--model", str(family_dirs["mistral"]),
-               "--env-arg", "parser=mistral")  # fmt: skip
+               "--env-arg", "parser=mistral", "--env-arg", "tool_prompt=system")  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr  # its round trip warns, no more
     assert "Traceback" not in proc.stderr and "[/INST]" in proc.stdout, proc.stderr
     assert "[TOOL_CALLS]" in proc.stdout and "drops the text before a tool call" in proc.stdout

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -275,24 +274,4 @@ def test_a_model_whose_call_format_the_parser_does_not_read_is_refused_before_th
                "-n", "1", "--env-arg", "parser=llama3_json")  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "does not read" in last_line(proc) and "--env-arg parser=hermes" in last_line(proc)
-    assert not (workdir / "out").exists()  # refused before any episode
-
-
-def test_a_model_whose_template_never_shows_the_tools_is_refused_before_the_engine(
-    workdir: Path, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """DeepSeek V3.1's template ignores ``tools``: the model would be asked to call tools it
-    was never shown, and the eval would measure the prompt (the trainer refused it already)."""
-    model = tmp_path / "no-tools-template"
-    shutil.copytree(tiny_model_dir, model)
-    template = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '')"
-                " + '<|im_end|>\\n' }}{%- endfor %}"
-                "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-    (model / "chat_template.jinja").write_text(template)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
-    proc = run(workdir, "calculator", "--policy", "hf", "--model-path", str(model), "-n", "1")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "does not render tools (the tool 'calculate' is missing" in last_line(proc)
-    assert "--env-arg tool_prompt=system" in last_line(proc)
     assert not (workdir / "out").exists()  # refused before any episode
