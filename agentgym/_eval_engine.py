@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ._check import lists_tools, load_tokenizer, reference_conversation, with_model_tokenizer
-from ._check_template import call_format_problem, shows_tools, unread_template_kwargs
+from ._check_template import (
+    call_format_problem,
+    unread_template_kwargs,
+    unshown_tools_problem,
+)
 from ._cli_common import console
 from ._errors import ConfigError
 from ._eval_options import PolicyKind, RolloutModeChoice, Servers
@@ -226,7 +230,9 @@ def _checked_template(
     never reads, ``--rollout-mode concat`` with a template that cannot, and a template that
     shows the tools and a call format the env's parser does not read (the model would call no
     tool: the eval would measure the parser, not the model) are refused here, on the tokenizer
-    alone, before the slow engine start.
+    alone, before the slow engine start. A template that never shows the tools (unless the env
+    lists them) is only warned of: the trainer refuses it, but an eval of such a model as it
+    is can be the question asked.
     """
     from .engine import ChatRenderer
     from .engine._episode import probe_conversation
@@ -240,9 +246,14 @@ def _checked_template(
     if problem:
         raise ConfigError(f"--chat-template-kwargs: {problem}")
     renderer = ChatRenderer(tokenizer, template_kwargs)
-    if isinstance(parser, ToolCallParser) and not env_lists and shows_tools(renderer, tools):
-        if problem := call_format_problem(renderer, tools, parser):  # as the trainer checks
-            raise ConfigError(f"{model_path}: {problem}")
+    if tools and not env_lists:  # as the trainer checks
+        if problem := unshown_tools_problem(renderer, tools):
+            # played as asked (a baseline of such a model is a fair question), but said first:
+            # at 0% the prompt, not the model, is what the eval measured
+            console.print(f"warning: {model_path}: {problem}", style="yellow", soft_wrap=True)
+        elif isinstance(parser, ToolCallParser):
+            if problem := call_format_problem(renderer, tools, parser):
+                raise ConfigError(f"{model_path}: {problem}")
     example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
     example = example or probe_conversation(tools)
     if rollout_mode is RolloutModeChoice.concat:

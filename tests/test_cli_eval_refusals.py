@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -275,3 +276,26 @@ def test_a_model_whose_call_format_the_parser_does_not_read_is_refused_before_th
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "does not read" in last_line(proc) and "--env-arg parser=hermes" in last_line(proc)
     assert not (workdir / "out").exists()  # refused before any episode
+
+
+def test_a_model_whose_template_never_shows_the_tools_is_played_with_a_warning(
+    workdir: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """DeepSeek V3.1's template ignores ``tools``: the model is asked to call tools it was
+    never shown. The trainer refuses that; an eval plays it as asked (a baseline of the model
+    as it is), saying first that a 0% would measure the prompt, and how to list the tools."""
+    model = tmp_path / "no-tools-template"
+    shutil.copytree(tiny_model_dir, model)
+    template = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '')"
+                " + '<|im_end|>\\n' }}{%- endfor %}"
+                "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    (model / "chat_template.jinja").write_text(template)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    proc = run(workdir, "calculator", "--policy", "hf", "--model-path", str(model), "-n", "1",
+               "--max-tokens", "8")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warning = next(line for line in proc.stderr.splitlines() if line.startswith("warning: "))
+    assert "does not render tools (the tool 'calculate' is missing" in warning, warning
+    assert "--env-arg tool_prompt=system" in warning, warning
+    assert (workdir / "out" / "summary.json").exists()  # played all the same
