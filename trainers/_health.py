@@ -275,10 +275,12 @@ tool_results_cut = _recent_at_least(
     "tool results are cut before the model reads them",
     lambda share, span: f"{_pct(share)} of tool results were longer than the env's "
     f"max_tool_result_chars {span}; the model read only their start",
-    "have the tool return less (a page, a count, the lines that matter), or raise "
-    "max_tool_result_chars in env_kwargs (and max_model_len with it)",
-    "have the tool return less (a page, a count, the lines that matter), or raise it with "
-    "--env-arg max_tool_result_chars=N (and --max-model-len with it)",
+    "read them: `agentgym runs episodes RUN --results-cut`; have the tool return less (a "
+    "page, a count, the lines that matter), or raise max_tool_result_chars in env_kwargs (and "
+    "max_model_len with it)",
+    "read them: `agentgym runs episodes OUT --results-cut`; have the tool return less (a "
+    "page, a count, the lines that matter), or raise it with --env-arg "
+    "max_tool_result_chars=N (and --max-model-len with it)",
 )
 truncated = _recent_at_least(
     "truncated", "rollout/frac_truncated", TRUNCATED, "episodes run out of room",

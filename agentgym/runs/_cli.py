@@ -131,6 +131,10 @@ def show_episodes(
         typer.Option("--length-outliers", help="Only completion lengths outside Tukey's fences."),
     ] = False,
     step: Annotated[int | None, typer.Option(help="Only a train run's eval at this step.")] = None,
+    results_cut: Annotated[
+        bool,
+        typer.Option("--results-cut", help="Only episodes with a tool result cut at its cap."),
+    ] = False,
     limit: Annotated[int, typer.Option(min=1, help="Most episodes printed.")] = 3,
     offset: Annotated[int, typer.Option(min=0, help="Matching episodes skipped first.")] = 0,
     db: DbOption = None,
@@ -147,7 +151,7 @@ def show_episodes(
     index = TrajectoryIndex(_trajectories_of(run, db))
     index.extend()
     where = TrajectoryFilter(min_reward, max_reward, tuple(status or ()), tool_errors,
-                             length_outliers, step)  # fmt: skip
+                             length_outliers, step, results_cut)  # fmt: skip
     keep = where.predicate(index)
     matched = [row for row in index.rows if keep(row)]
     shown = matched[offset : offset + limit]
@@ -216,6 +220,7 @@ def _print_episode(index: TrajectoryIndex, row: Row) -> None:
     head += [row.status, f"reward {_text(row.reward)}" + (f" ({scores})" if scores else ""),
              f"turns {row.turns}", f"tool calls {row.tool_calls}",
              f"tool errors {row.tool_errors}"]  # fmt: skip
+    head += [f"tool results cut {row.results_cut}"] if row.results_cut else []
     console.rule()
     console.print(Text(" · ".join(head), style="bold"))
     try:

@@ -27,6 +27,7 @@ def trajectories_in(run_dir: Path) -> Path | None:
     """The run folder's trajectories JSONL (see `TRAJECTORY_FILES`), or None when none yet."""
     return next((p for name in TRAJECTORY_FILES if (p := run_file(run_dir, name))), None)
 
+
 #: First user message shown in the list, cut to this many characters.
 _PREVIEW_CHARS = 160
 #: A JSONL line longer than this is not parsed: a trajectory counts as a bad line, a metrics
@@ -53,6 +54,7 @@ class Row:
     turns: int
     tool_calls: int
     tool_errors: int
+    results_cut: int
     length: int
     preview: str
 
@@ -151,6 +153,7 @@ def _summarise(index: int, offset: int, t: Trajectory) -> Row:
         turns=len(t.turns),
         tool_calls=sum(len(m.get("tool_calls") or []) for m in t.messages),
         tool_errors=sum(len(turn.tool_errors) for turn in t.turns),
+        results_cut=sum(turn.tool_results_cut for turn in t.turns),
         length=sum(len(turn.completion_ids or []) for turn in t.turns),
         preview=str(first_user.get("content") or "")[:_PREVIEW_CHARS],
     )
@@ -166,6 +169,9 @@ class TrajectoryFilter:
     tool_errors: bool = False
     length_outliers: bool = False
     step: int | None = None
+    #: Only episodes with a tool result cut at ``max_tool_result_chars`` (the model read less
+    #: than the tool said: the ``tool-results-cut`` finding's episodes).
+    results_cut: bool = False
 
     def predicate(self, index: TrajectoryIndex) -> Callable[[Row], bool]:
         """A test for rows of ``index`` (length outliers are relative to the whole file)."""
@@ -179,6 +185,7 @@ class TrajectoryFilter:
                 and (not self.tool_errors or row.tool_errors > 0)
                 and (not self.length_outliers or not low <= row.length <= high)
                 and (self.step is None or row.step == self.step)
+                and (not self.results_cut or row.results_cut > 0)
             )
 
         return keep

@@ -273,6 +273,7 @@ def detail(trajectory: Trajectory, index: int, run: dict[str, Any]) -> dict[str,
             "finish_reason": t.finish_reason,
             "reward": t.reward,
             "tool_errors": t.tool_errors,
+            "tool_results_cut": t.tool_results_cut,
             "completion_tokens": len(t.completion_ids or []),
             "adapter_version": t.adapter_version,
         }
@@ -427,6 +428,7 @@ def dashboard_router(store: RunStore) -> APIRouter:
         tool_errors: bool = False,
         length_outliers: bool = False,
         step: int | None = None,
+        results_cut: bool = False,
     ) -> dict[str, Any]:
         """One page of trajectory summaries matching every given filter."""
         run = get_run(run_id)
@@ -436,8 +438,9 @@ def dashboard_router(store: RunStore) -> APIRouter:
             return {"total": 0, "matched": 0, "offset": offset, "bad_lines": 0,
                     "length_fences": [None, None], "items": []}  # fmt: skip
         where = TrajectoryFilter(
-            min_reward, max_reward, tuple(status or ()), tool_errors, length_outliers, step
-        )
+            min_reward, max_reward, tuple(status or ()), tool_errors, length_outliers, step,
+            results_cut,
+        )  # fmt: skip
         return page(cache.get(path), where, offset, limit)
 
     @router.get("/api/runs/{run_id}/trajectories/{index}", tags=["dashboard"])

@@ -43,6 +43,28 @@ def test_an_eval_runs_episodes_print_in_full_by_its_run_id(tmp_path: Path, db: s
     assert "episodes 3-3 of 3 matching" in last.stdout and "--offset" not in last.stdout
 
 
+def test_results_cut_picks_the_episodes_whose_model_read_a_cut_tool_result(
+    tmp_path: Path, db: str
+) -> None:
+    """What the ``tool-results-cut`` finding points at: a real eval whose results were cut at
+    ``max_tool_result_chars``, and one whose were not, in one file."""
+    for name, cap in (("cut", "1"), ("whole", "100")):
+        cap_arg = f"max_tool_result_chars={cap}"
+        played = agentgym("eval", "calculator", "--policy", "reference", "-n", "2", "--env-arg",
+                          cap_arg, "--out", tmp_path / name, db=db)  # fmt: skip
+        assert played.returncode == 0, played.stderr
+    both = tmp_path / "both.jsonl"
+    both.write_text(
+        "".join((tmp_path / n / "trajectories.jsonl").read_text() for n in ("whole", "cut"))
+    )
+    shown = agentgym("runs", "episodes", both, "--results-cut", "--limit", "9", db=db)
+    assert shown.returncode == 0, shown.stderr
+    assert "episodes 1-2 of 2 matching (4 in " in shown.stdout
+    assert shown.stdout.count("· tool results cut 1") == 2
+    everything = agentgym("runs", "episodes", both, "--limit", "9", db=db)
+    assert everything.stdout.count("· tool results cut") == 2  # said only where it happened
+
+
 def episode(status: str, reward: float, reply: str, error: str | None = None) -> Trajectory:
     """A one-turn episode whose assistant wrote ``reply``, scored ``reward``."""
     messages = [{"role": "user", "content": "What is 6 * 7?"},

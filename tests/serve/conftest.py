@@ -60,8 +60,10 @@ def episode(
     tool_error: bool = False,
     status: str = "ok",
     note: str = "",
+    results_cut: int = 0,
 ) -> Trajectory:
-    """A two-turn calculator episode: call ``calculate``, read its result, answer."""
+    """A two-turn calculator episode: call ``calculate``, read its result (``results_cut``:
+    counted as cut at ``max_tool_result_chars``), answer."""
     expression = f"{a} + {b}"
     result = f"error: cannot parse {expression!r}" if tool_error else str(a + b)
     answer = answer if answer is not None else str(a + b)
@@ -73,7 +75,8 @@ def episode(
     correct = float(answer == str(a + b))
     turns = [
         Turn(prompt1, _ids(call_text), [-0.1] * len(_ids(call_text)), None, call_text, "stop",
-             tool_errors=[f"calculate: {result}"] if tool_error else []),
+             tool_errors=[f"calculate: {result}"] if tool_error else [],
+             tool_results_cut=results_cut),
         Turn(prompt2, _ids(final), [-0.2] * len(_ids(final)), None, final, "stop"),
     ]  # fmt: skip
     for turn in turns:
@@ -176,7 +179,7 @@ class DirStore:
 
 def standard_episodes() -> list[Trajectory]:
     """Ten episodes covering what the viewer must show and filter."""
-    episodes = [episode(40 + i, 50 + i, step=10) for i in range(6)]
+    episodes = [episode(40 + i, 50 + i, step=10, results_cut=int(i == 2)) for i in range(6)]
     episodes.append(episode(7, 8, step=20, tool_error=True, answer="16"))  # reward 0
     episodes.append(episode(3, 4, step=20, status="truncated", answer="0"))
     episodes.append(episode(1, 2, step=20, note=" " + "very long " * 40))  # length outlier
@@ -267,8 +270,9 @@ def other_run(
     root.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (root / name).write_text(text)
-    (root / "status.json").write_text(json.dumps({"state": "finished", "step": 0,
-                                                  "started_at": "2026-11-30T11:00:00+00:00"}))
+    (root / "status.json").write_text(
+        json.dumps({"state": "finished", "step": 0, "started_at": "2026-11-30T11:00:00+00:00"})
+    )
     (root / "summary.json").write_text(json.dumps({"figures": {}}))
     run = RunFolder(run_id, root, [], [], kind=kind)
     dashboard.store.runs[run.id] = run

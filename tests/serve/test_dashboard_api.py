@@ -144,7 +144,8 @@ def test_trajectory_pages(client: httpx.Client) -> None:
     assert first["items"][0] | {"preview": None} == {
         "index": 0, "step": 10, "env_id": "calculator", "task_index": 40, "group_index": 0,
         "status": "ok", "reward": 1.0, "scores": {"correct_answer": 1.0, "used_calculator": 1.0},
-        "turns": 2, "tool_calls": 1, "tool_errors": 0, "length": 107, "preview": None,
+        "turns": 2, "tool_calls": 1, "tool_errors": 0, "results_cut": 0, "length": 107,
+        "preview": None,
     }  # fmt: skip
     assert "messages" not in first["items"][0]  # pages carry summaries only
     assert ids(get(client, "/api/runs/a/trajectories", offset=8, limit=4)) == [8, 9]
@@ -160,6 +161,7 @@ def test_trajectory_pages(client: httpx.Client) -> None:
         ({"status": ["truncated", "error"]}, [7]),
         ({"tool_errors": True}, [6]),
         ({"length_outliers": True}, [8, 9]),
+        ({"results_cut": True}, [2]),
     ],
 )
 def test_trajectory_filters(
@@ -184,6 +186,9 @@ def test_detail_has_messages_tool_calls_scores_and_loss_mask(
     assert detail["messages"][2]["tool_calls"][0]["function"]["name"] == "calculate"
     assert detail["messages"][3]["content"].startswith("error: cannot parse")
     assert detail["turns"][0]["tool_errors"] == expected.turns[0].tool_errors
+    assert [t["tool_results_cut"] for t in detail["turns"]] == [0, 0]
+    cut = get(client, "/api/runs/a/trajectories/2")
+    assert [t["tool_results_cut"] for t in cut["turns"]] == [1, 0]
     assert detail["scores"] == {"correct_answer": 0.0, "used_calculator": 1.0}
     ids_, mask, _ = expected.flatten()
     [sequence] = detail["tokens"]["sequences"]

@@ -74,7 +74,12 @@ def wait_for(browser: Any, condition: Callable[[Any], Any], what: str) -> Any:
 
 
 def open_view(browser: Any, dashboard: Dashboard, hash_: str) -> None:
-    """Load the page at ``#hash_`` and wait until the view has rendered."""
+    """Load the page at ``#hash_`` afresh and wait until the view has rendered.
+
+    Via a blank page: a get of the URL the browser is already on changes nothing, so a
+    test would start from the last one's filled-in form.
+    """
+    browser.get("about:blank")
     browser.get(f"{dashboard.url}/#{hash_}")
     wait_for(
         browser,
@@ -172,14 +177,15 @@ def test_viewer_shows_tool_call_result_and_loss_mask(
     shot("trajectory")
 
 
-def test_filter_for_tool_errors(browser: Any, dashboard: Dashboard) -> None:
+@pytest.mark.parametrize(("box", "index"), [("tool_errors", "6"), ("results_cut", "2")])
+def test_filter_by_a_checkbox(browser: Any, dashboard: Dashboard, box: str, index: str) -> None:
     open_view(browser, dashboard, "/run/a")
-    browser.find_element("css selector", '#filters input[name="tool_errors"]').click()
+    browser.find_element("css selector", f'#filters input[name="{box}"]').click()
     browser.find_element("css selector", '#filters button[type="submit"]').click()
     wait_for(browser, lambda b: "1 of 1 matching" in b.find_element("id", "page-info").text,
              "the filtered page")  # fmt: skip
     rows = browser.find_elements("css selector", "#trajectory-table tbody tr")
-    assert [r.get_attribute("data-index") for r in rows] == ["6"]
+    assert [r.get_attribute("data-index") for r in rows] == [index]
 
 
 def test_model_output_with_markup_stays_text(browser: Any, dashboard: Dashboard, shot: Any) -> None:

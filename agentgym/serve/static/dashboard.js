@@ -297,6 +297,7 @@ function filterForm(onApply) {
     el("label", {}, "status", status), number("step", "step"),
     el("label", {}, "tool errors", el("input", { type: "checkbox", name: "tool_errors" })),
     el("label", {}, "length outliers", el("input", { type: "checkbox", name: "length_outliers" })),
+    el("label", {}, "results cut", el("input", { type: "checkbox", name: "results_cut" })),
     el("button", { type: "submit" }, "Apply"));
   form.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -331,7 +332,7 @@ async function trajectoryList(container, runId) {
     prev.disabled = offset === 0;
     next.disabled = last >= page.matched;
     const head = el("tr", {}, ["#", "step", "status", "reward", "scores", "turns", "tool calls",
-      "tool errors", "length", "prompt"].map((h) => el("th", {}, h)));
+      "tool errors", "results cut", "length", "prompt"].map((h) => el("th", {}, h)));
     const rows = page.items.map((t) => {
       const href = `${runLink(runId)}/traj/${t.index}`;
       const scores = Object.entries(t.scores).map(([k, v]) => `${k} ${fmt(v)}`).join(", ");
@@ -340,7 +341,8 @@ async function trajectoryList(container, runId) {
       } },
       el("td", {}, el("a", { href }, t.index)), el("td", {}, fmt(t.step)), statusCell(t.status),
       el("td", {}, fmt(t.reward)), el("td", {}, scores), el("td", {}, t.turns),
-      el("td", {}, t.tool_calls), el("td", {}, t.tool_errors), el("td", {}, t.length),
+      el("td", {}, t.tool_calls), el("td", {}, t.tool_errors), el("td", {}, t.results_cut),
+      el("td", {}, t.length),
       el("td", {}, t.preview));
     });
     table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows));
@@ -396,12 +398,13 @@ async function showTrajectory(app, runId, index) {
     index > 0 ? el("a", { href: `${runLink(runId)}/traj/${index - 1}` }, "‹ previous") : null,
     " ", el("a", { href: `${runLink(runId)}/traj/${index + 1}` }, "next ›"));
   const scores = Object.entries(t.scores).map(([k, v]) => [`score ${k}`, fmt(v)]);
-  const turnHead = el("tr", {}, ["turn", "finish", "tokens", "reward", "tool errors", "adapter"]
+  const turnHead = el("tr", {}, ["turn", "finish", "tokens", "reward", "tool errors", "results cut",
+    "adapter"]
     .map((h) => el("th", {}, h)));
   const turns = t.turns.map((turn, k) => el("tr", {}, el("td", {}, k),
     el("td", {}, turn.finish_reason), el("td", {}, turn.completion_tokens),
     el("td", {}, fmt(turn.reward)), el("td", {}, el("pre", {}, turn.tool_errors.join("\n"))),
-    el("td", {}, fmt(turn.adapter_version))));
+    el("td", {}, turn.tool_results_cut), el("td", {}, fmt(turn.adapter_version))));
   app.append(nav, el("h1", {}, `Trajectory ${index}`),
     keyValues([["status", el("span", { class: `status-${t.status}` }, t.status)],
       ["total reward", fmt(t.total_reward)], ["final reward", fmt(t.final_reward)], ...scores,
