@@ -36,7 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ConfigError, InfraError
-from ._tool_calls import cancel_and_wait, run_in_thread
+from ._tool_calls import (
+    call_failure,
+    cancel_and_wait,
+    cancellations,
+    describe_failure,
+    original,
+    run_in_thread,
+)
 from ._warn_once import warn_once
 
 log = logging.getLogger(__name__)
@@ -164,6 +171,7 @@ class Rubric:
         scores: dict[str, float | None] = {}
         errors: dict[str, str] = {}
         total = 0.0
+        pending = cancellations()
         started = self._start_threaded(context) if self._any_threaded else {}
         every = zip(self.names, self.funcs, self.weights, self._params, self._threaded)
         try:
@@ -181,14 +189,17 @@ class Rubric:
                     value = _finite(value)
                 except InfraError:
                     raise  # the sandbox/backend failed: the episode is infra_error, not scored
-                except Exception as exc:
+                except BaseException as exc:
+                    failure = call_failure(exc, pending)
+                    if failure is None:  # Ctrl-C, or the episode's cancellation
+                        raise
                     scores[name] = None
-                    errors[name] = traceback.format_exc()
+                    errors[name] = "".join(traceback.format_exception(original(failure)))
                     warn_once(  # Gymnasium's step returns a number whatever happens: say it once
                         log, "reward", _said_once_key(name, fn),
-                        "reward function %r raised %s: %s; its episodes are 'error', not scored "
+                        "reward function %r raised %s; its episodes are 'error', not scored "
                         "(full traceback in info['reward_errors'] and Trajectory.error; said "
-                        "once)", name, type(exc).__name__, exc,
+                        "once)", name, describe_failure(failure),
                     )  # fmt: skip
                     continue
                 scores[name] = value

@@ -279,6 +279,60 @@ _OVERDUE = _Spent()
 _TIMED_OUT = object()  # what the timer settles a sync call's future with
 
 
+class CallExit(Exception):
+    """A call's own `SystemExit`, `StopIteration` (and the like), carried as its failure.
+
+    ``raised`` is the original (also the cause): `SystemExit`, `GeneratorExit`,
+    `StopIteration`, a `CancelledError` nobody asked for, or on a worker thread a
+    `KeyboardInterrupt` (no signal arrives there). Each, left as itself, ended more than the
+    call: argparse exits on arguments it refuses, so a model's arguments could make a tool end
+    the whole rollout; `StopIteration` (``next`` on an iterator with nothing left) cannot be
+    delivered through a future, so a sync tool's caller waited out its timeout and a threaded
+    reward function's forever; a `CancelledError` nobody asked for read as the episode's
+    cancellation.
+    """
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(str(raised))
+        self.raised = raised
+        self.__cause__ = raised
+
+
+def call_failure(exc: BaseException, cancellations: int) -> Exception | None:
+    """``exc``, raised by a call made on the event loop, as the call's own failure, or None.
+
+    None when it ends more than the call: Ctrl-C (`KeyboardInterrupt`), or a cancellation
+    asked for (its task's count of pending cancellations is above ``cancellations``, the count
+    when the call began). A `CancelledError` with none pending is the called code's own.
+    """
+    if isinstance(exc, Exception) and not isinstance(exc, StopIteration):
+        return exc
+    if isinstance(exc, KeyboardInterrupt):
+        return None
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is None or task.cancelling() > cancellations:
+            return None
+    return CallExit(exc)
+
+
+def cancellations() -> int:
+    """The running task's count of pending cancellations (`call_failure`'s baseline)."""
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
+def original(exc: BaseException) -> BaseException:
+    """What the call raised: a `CallExit`'s original, or ``exc``."""
+    return exc.raised if isinstance(exc, CallExit) else exc
+
+
+def describe_failure(exc: BaseException) -> str:
+    """``ValueError: bad input``: the type and text of what a call raised."""
+    raised = original(exc)
+    return f"{type(raised).__name__}: {raised}"
+
+
 def _expire(running: asyncio.Future[Any]) -> None:
     if not running.done():
         running.set_result(_TIMED_OUT)
@@ -405,8 +459,10 @@ def _serve(workers: _Workers, inbox: queue.SimpleQueue[_Job]) -> None:
         threading.current_thread().name = f"agentgym-tool-{getattr(fn, '__name__', 'fn')}"
         try:
             outcome: tuple[Any, BaseException | None] = (context.run(fn, **kwargs), None)
-        except BaseException as exc:  # delivered to the caller like to_thread does
-            outcome = (None, exc)
+        except BaseException as exc:  # delivered to the caller like to_thread does, but on a
+            # worker no signal or cancellation arrives: whatever fn raised is its failure
+            plain = isinstance(exc, Exception) and not isinstance(exc, StopIteration)
+            outcome = (None, exc if plain else CallExit(exc))
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(_settle, future, *outcome)
         del fn, kwargs, context, loop, future, outcome  # an idle thread holds no call's data

@@ -32,7 +32,14 @@ import pydantic
 import pydantic_core
 
 from ._errors import ConfigError, InfraError, ToolArgumentsError, ToolError
-from ._tool_calls import ToolThreads, run_coroutine, run_in_thread
+from ._tool_calls import (
+    ToolThreads,
+    call_failure,
+    cancellations,
+    describe_failure,
+    run_coroutine,
+    run_in_thread,
+)
 from ._tool_schema import (
     arrives_as_is,
     checked_schema,
@@ -131,6 +138,7 @@ class Tool:
         kwargs = self._convert(arguments) if self.converters else dict(arguments)
         for name in self.injected:
             kwargs[name] = (context or {}).get(name)
+        pending = cancellations()
         try:
             if self.is_async:
                 return await run_coroutine(self.fn, kwargs, self.name, self.timeout)
@@ -142,8 +150,11 @@ class Tool:
                 threads.release()
         except (ToolError, InfraError):
             raise
-        except Exception as exc:
-            raise ToolError(f"{self.name!r} raised {type(exc).__name__}: {exc}") from exc
+        except BaseException as exc:
+            failure = call_failure(exc, pending)
+            if failure is None:  # Ctrl-C, or the episode's cancellation
+                raise
+            raise ToolError(f"{self.name!r} raised {describe_failure(failure)}") from failure
 
     def _convert(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Schema-valid JSON arguments as the Python values the hints ask for.
