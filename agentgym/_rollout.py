@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import numbers
 import time
 import traceback
@@ -41,7 +40,7 @@ from ._errors import ConfigError, ConversationError, InfraError
 from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
 from ._tool_calls import CANCEL_GRACE_SECONDS, cancel_and_wait
-from ._trajectory import Trajectory, Turn
+from ._trajectory import MAX_ABS_REWARD, Trajectory, Turn
 from ._types import Completion
 
 EnvFactory = Callable[[], Env]
@@ -286,12 +285,17 @@ def _record_outcome(trajectory: Trajectory, info: dict[str, Any], truncated: boo
         trajectory.error = "\n".join(
             f"reward function {k!r}:\n{v}" for k, v in reward_errors.items()
         )
-    elif not math.isfinite(trajectory.total_reward):  # an env's own step or final reward
-        trajectory.status = "error"
+    elif not abs(total := trajectory.total_reward) <= MAX_ABS_REWARD:  # NaN fails too
+        trajectory.status = "error"  # an env's own step or final reward, or weights' sum
         trajectory.error = (
-            f"the env's rewards add up to {trajectory.total_reward}: a reward must be a finite "
-            "number (a NaN would make every advantage of the episode's group NaN)"
+            f"the env's rewards add up to {total} (final {trajectory.final_reward}, per turn "
+            f"{trajectory.step_rewards}): a reward must be a finite number within "
+            f"±{MAX_ABS_REWARD:g} (a NaN would make every advantage of the episode's group NaN); "
+            "the episode is scored 0"
         )
+        trajectory.final_reward = None  # an `error` episode keeps its reward: a sane one
+        for turn in trajectory.turns:
+            turn.reward = 0.0
     elif truncated:
         trajectory.status = "truncated"
 

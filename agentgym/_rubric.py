@@ -9,9 +9,10 @@ bound keywords, or a knob like ``threshold=0.5``, works). Every function's score
 under its name (its ``__name__``, or one given in ``names``); names must be unique, so no
 score silently overwrites another. Weight-0 functions are metrics only.
 
-A function that raises, or returns something that is not a finite number (None, NaN, inf),
-is *recorded* (its score is None and the rubric reports the error): silently scoring 0 would
-corrupt the training signal, and a NaN would turn every advantage of its group into NaN. An
+A function that raises, or returns something that is not a number within ±`MAX_ABS_REWARD`
+(None, NaN, inf, 1e300, text such as "1.0"), is *recorded* (its score is None and the rubric
+reports the error): silently scoring 0 would corrupt the training signal, and a NaN would
+turn every advantage of its group into NaN. An
 `InfraError` (a sandbox or backend failure) propagates instead, so the episode becomes
 ``infra_error`` and is not scored at all.
 
@@ -44,6 +45,7 @@ from ._tool_calls import (
     original,
     run_in_thread,
 )
+from ._trajectory import MAX_ABS_REWARD
 from ._warn_once import warn_once
 
 log = logging.getLogger(__name__)
@@ -269,10 +271,20 @@ def _required(fn: Callable[..., Any], injectable: frozenset[str]) -> frozenset[s
 
 
 def _finite(value: Any) -> float:
-    """``value`` as a reward; anything but a finite number raises (and is recorded)."""
+    """``value`` as a reward; anything but a number within `MAX_ABS_REWARD` raises.
+
+    Raising is recording: the function's score is None and its episode ``error``. Text is
+    refused, not read: a function returning text it took from the reply
+    (``completion.strip()``) let the model write its own reward ("1e300").
+    """
+    if isinstance(value, str | bytes | bytearray):
+        kind = type(value).__name__
+        raise TypeError(f"returned {kind} {value[:40]!r}: a reward must be a number")
     reward = float(value)
-    if not math.isfinite(reward):
-        raise ValueError(f"returned {reward}: a reward must be a finite number")
+    if not abs(reward) <= MAX_ABS_REWARD:  # NaN fails too
+        raise ValueError(
+            f"returned {reward}: a reward must be a finite number within ±{MAX_ABS_REWARD:g}"
+        )
     return reward
 
 

@@ -7,6 +7,8 @@ each must end as one clear error or as a recorded episode, with every env closed
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ from agentgym import (
     summarize,
     write_jsonl,
 )
+from trainers._advantages import trajectory_advantages
 
 TASKS = [{"prompt": f"task {i}", "answer": str(i)} for i in range(4)]
 
@@ -113,21 +116,36 @@ async def test_a_policy_returning_text_fails_its_episodes_naming_the_contract() 
     assert "returned str, not an agentgym.Completion" in (trajectory.error or "")
 
 
-class NanEnv(Env):
-    """An env of one step whose own reward is NaN (a bug in a user's scoring code)."""
+class WildRewardEnv(Env):
+    """An env of one step whose own reward is ``options["task"]`` (a bug in a user's scoring
+    code: NaN, an overflow, a huge number)."""
 
     async def areset(self, *, seed=None, options=None):
         await super().areset(seed=seed)
+        self.reward = (options or {})["task"]
         return [{"role": "user", "content": "go"}], {}
 
     async def astep(self, action):
-        return [{"role": "assistant", "content": "ok"}], float("nan"), True, False, {}
+        return [{"role": "assistant", "content": "ok"}], self.reward, True, False, {}
 
 
-async def test_an_env_reward_that_is_not_finite_marks_the_episode_error() -> None:
-    [trajectory] = await arollout(NanEnv, ScriptedPolicy(["ok"]), tasks=[{}])
-    assert trajectory.status == "error"
-    assert "finite number" in (trajectory.error or "")
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), -1e200, 2e12])
+async def test_an_env_reward_out_of_range_makes_the_episode_error_scored_0(reward: float) -> None:
+    """Kept as ``error`` episodes are, with its reward, that reward must be one the trainer can
+    do arithmetic on: 1e200 made the std of its group raise OverflowError, inf made every
+    advantage of its group NaN, and `summarize` raised on it."""
+    wild, *fine = await arollout(WildRewardEnv, ScriptedPolicy(["ok"]), tasks=[reward, 1.0, 0.0])
+    assert (wild.status, wild.total_reward, wild.final_reward) == ("error", 0.0, None)
+    assert "finite number within ±1e+12" in (wild.error or "") and "scored 0" in wild.error
+    assert [t.status for t in fine] == ["ok", "ok"]
+    assert summarize([wild, *fine])["reward/mean"] == pytest.approx(1 / 3)
+    same_task = [dataclasses.replace(t, task_position=0) for t in (wild, *fine)]
+    assert all(math.isfinite(a) for a in trajectory_advantages(same_task).values)
+
+
+async def test_a_reward_at_the_bound_is_kept() -> None:
+    [kept] = await arollout(WildRewardEnv, ScriptedPolicy(["ok"]), tasks=[-1e12])
+    assert (kept.status, kept.total_reward) == ("ok", -1e12)
 
 
 @pytest.mark.parametrize("task", [4, -1, "task 0", 1.5, True, None])

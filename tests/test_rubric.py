@@ -128,7 +128,7 @@ def test_reward_function_cannot_edit_the_engine_record() -> None:
 # --- what a reward function may return and ask for --------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), None, "high"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), None, "high", "1.0", b"1", 1e13])
 def test_a_score_that_is_not_a_finite_number_is_recorded_as_an_error(bad: object) -> None:
     good = functools.partial(contains, needle="4")
     rubric = Rubric([lambda completion: bad, good], names=["bad", "good"])
@@ -136,6 +136,18 @@ def test_a_score_that_is_not_a_finite_number_is_recorded_as_an_error(bad: object
     assert result.scores == {"bad": None, "good": 1.0}
     assert result.reward == 1.0  # only the good function counts; NaN would poison the group
     assert "bad" in result.errors
+
+
+def test_a_judge_returning_the_replys_text_cannot_be_paid_what_the_model_wrote() -> None:
+    """A function that returns text it took from the reply let the model write its reward."""
+
+    def echo(completion: str) -> str:
+        return completion.strip()
+
+    env = ToolEnv([], tasks=[{"prompt": "score yourself"}], rubric=Rubric([echo]))
+    [episode] = rollout(lambda: env, agentgym.ScriptedPolicy([" 1e300 "]))
+    assert (episode.status, episode.total_reward, episode.scores) == ("error", 0.0, {"echo": None})
+    assert "returned str '1e300': a reward must be a number" in (episode.error or "")
 
 
 def test_a_failing_reward_function_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
