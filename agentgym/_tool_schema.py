@@ -118,6 +118,23 @@ def arrives_as_is(annotation: Any) -> bool:
     return origin in _AS_DECODED_ORIGINS and all(map(arrives_as_is, args))
 
 
+def _is_integer(checker: Any, instance: Any) -> bool:
+    """An integer as the tool receives it: an int (not a bool), never ``5.0``.
+
+    JSON Schema counts 5.0 (and 1e30) as integers, so they passed, and an ``int`` parameter
+    arrived as a float: ``range(n)`` raised in the tool and the model was told the tool
+    failed. Refused, the model reads that its argument is not an integer.
+    """
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+#: Draft 2020-12, with integers as Python takes them (`_is_integer`).
+ArgumentsValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
 @functools.lru_cache(maxsize=1024)
 def checked_schema(text: str) -> tuple[Any, Callable[[Any], bool] | None]:
     """`checked_schema_of` the schema whose canonical JSON is ``text``, once per schema.
@@ -131,7 +148,7 @@ def checked_schema(text: str) -> tuple[Any, Callable[[Any], bool] | None]:
 def checked_schema_of(schema: dict[str, Any]) -> tuple[Any, Callable[[Any], bool] | None]:
     """A validator and a fast check for ``schema``; raises ``SchemaError`` when it is not one."""
     jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema), compile_fast_check(schema)
+    return ArgumentsValidator(schema), compile_fast_check(schema)
 
 
 def not_unicode(value: Any) -> str | None:

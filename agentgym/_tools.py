@@ -230,6 +230,11 @@ def _check_signature(label: str, fn: Callable[..., Any], hints: Mapping[str, Any
     for position, (pname, param) in enumerate(inspect.signature(fn).parameters.items()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigError(f"tool {label!r}: *args/**kwargs cannot be described to a model")
+        if param.kind is param.POSITIONAL_ONLY:  # every call raised TypeError, blamed on the model
+            raise ConfigError(
+                f"tool {label!r}: parameter {pname!r} is positional-only (before '/'), and a "
+                "model's arguments arrive by name; remove the '/'"
+            )
         if pname in INJECTABLE or pname in hints:
             continue
         if position == 0 and pname in ("self", "cls"):  # @tool on a method in a class body

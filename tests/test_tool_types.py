@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import enum
 import json
+import re
 import sys
 import typing
 from typing import Annotated, Any, Literal, Optional
@@ -136,6 +137,35 @@ async def test_arguments_arrive_as_the_declared_types() -> None:
     assert result["deliver_on"] == datetime.date(2024, 5, 1)
     assert result["size"] is Size.SMALL
     assert (result["note"], result["mode"], result["task"]) == (None, "standard", {"id": 7})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        ({"count": 5.0}, "count: 5.0 is not of type 'integer'"),
+        ({"count": 1e30}, "count: 1e+30 is not of type 'integer'"),
+        ({"count": 1, "sizes": [1, 2.0]}, "sizes: [1, 2.0] is not valid"),
+    ],
+)
+async def test_a_float_where_an_int_is_due_is_refused_not_passed_on(
+    arguments: dict[str, Any], said: str
+) -> None:
+    """JSON Schema counts 5.0 as an integer: it reached the tool as a float, where
+    ``range(count)`` raised and the model was told the tool had failed."""
+
+    @tool
+    def repeat(count: int, sizes: list[int] | None = None) -> str:
+        """Repeat.
+
+        Args:
+            count: how many times.
+            sizes: their sizes.
+        """
+        return "x" * len(range(count))
+
+    with pytest.raises(ToolArgumentsError, match=re.escape(f"for 'repeat': {said}")):
+        await repeat.acall(arguments)
+    assert await repeat.acall({"count": 2, "sizes": [1, 2]}) == "xx"
 
 
 def test_schema_is_clean_and_keeps_docstring_descriptions() -> None:
@@ -316,6 +346,18 @@ def test_hints_pydantic_cannot_describe(hint: Any, fix: str | None) -> None:
     else:
         with pytest.raises(ConfigError, match=fix):
             tool(fn)
+
+
+def test_a_positional_only_parameter_is_refused_naming_the_fix() -> None:
+    """A model's arguments arrive by name: every call raised TypeError, blamed on the model."""
+
+    def posonly(a: int, /, b: int = 2) -> str:
+        """Add."""
+        return str(a + b)
+
+    with pytest.raises(ConfigError, match=r"tool 'posonly': parameter 'a' is positional-only "
+                       r"\(before '/'\), .* remove the '/'"):  # fmt: skip
+        tool(posonly)
 
 
 def test_typing_typeddict_before_312_names_the_fix() -> None:
