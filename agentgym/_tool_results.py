@@ -30,7 +30,8 @@ def format_result(value: Any, tool_name: str | None = None) -> str:
 
     A str is the text itself, bytes too when they are UTF-8 (else a note of their length:
     the model cannot read binary). Anything else is written as JSON: pydantic models as
-    their JSON data, not their repr, and floats JSON has no number for (NaN, Infinity,
+    their JSON data, not their repr, numpy and torch numbers and arrays as numbers and lists
+    (not ``"3"`` and ``"[1 2]"``), and floats JSON has no number for (NaN, Infinity,
     -Infinity) as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, so the text stays
     valid JSON without losing what the value was. Values JSON cannot carry fall back to
     their str (a date, a set, a dataclass), except those whose str shows a memory address
@@ -77,7 +78,13 @@ def _json_data(value: Any) -> Any:
             return value.model_dump(mode="json")
         except ValueError:  # a field pydantic cannot write as JSON (bytes that are not UTF-8)
             return value.model_dump()  # whose values come back here
+    if type(value).__module__.partition(".")[0] in _ARRAY_LIBRARIES and hasattr(value, "tolist"):
+        return value.tolist()  # numbers, not their str in quotes ("3", "[1 2]")
     return _plain_text(value)
+
+
+#: Libraries whose scalars and arrays become Python numbers and lists (``tolist``).
+_ARRAY_LIBRARIES = frozenset({"numpy", "torch"})
 
 
 def _plain_text(value: Any) -> str:

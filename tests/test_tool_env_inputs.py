@@ -238,6 +238,19 @@ def test_a_pydantic_model_is_written_as_its_json() -> None:
     assert in_list[1] == {"name": "b", "age": 4, "raw": "<1 bytes of binary data, not UTF-8 text>"}
 
 
+def test_numpy_and_torch_numbers_and_arrays_are_numbers_and_lists() -> None:
+    """Not their str in quotes (``"3"``, ``"[1 2]"``): the model read text where numbers were."""
+    import numpy as np
+    import torch
+
+    value = {"count": np.int64(3), "mean": np.float32(1.5), "flag": np.bool_(True),
+             "rows": np.array([[1, 2], [3, 4]]), "logits": torch.tensor([0.5, 2.0])}  # fmt: skip
+    assert strict_json(format_result(value)) == {
+        "count": 3, "mean": 1.5, "flag": True, "rows": [[1, 2], [3, 4]], "logits": [0.5, 2.0]
+    }
+    assert format_result(np.int64(3)) == "3" and format_result(np.array([1, 2])) == "[1, 2]"
+
+
 def test_floats_json_has_no_number_for_are_strings_in_valid_json() -> None:
     value = {"nan": math.nan, "inf": [math.inf, -math.inf], "ok": 1.5, "text": "NaN stays"}
     assert strict_json(format_result(value)) == {
