@@ -34,6 +34,7 @@ import select
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tarfile
 import time
@@ -173,8 +174,7 @@ def _wipe():
             path = os.path.join(root, name)
             try:
                 if os.path.isdir(path) and not os.path.islink(path):
-                    _chmod_tree(path)
-                    shutil.rmtree(path, ignore_errors=True)
+                    _remove_tree(path)
                 else:
                     os.unlink(path)
             except OSError:
@@ -208,22 +208,44 @@ def _remove_sysv_ipc():
             rm(ident)
 
 
+def _remove_tree(path):
+    """Remove the directory ``path`` and everything in it, however the code left it.
+
+    Modes first (`_chmod_tree`), then ``rmtree``. A tree deeper than Python recurses (the
+    code made 1,900 nested folders: ``rmtree`` raised RecursionError, the reset failed and
+    the container was replaced, each episode) or than a path can name is left to coreutils,
+    which walk any depth.
+    """
+    try:
+        _chmod_tree(path)
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        pass
+    if os.path.lexists(path):
+        for argv in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--", path]):
+            try:
+                subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, check=False)
+            except OSError:  # an image without coreutils: the reset says what is left
+                return
+
+
 def _chmod_tree(path):
     """Make every directory under ``path``, ``path`` included, ours to list and empty.
 
     ``path`` too: a top-level directory the code made 000 (or r-x) would otherwise survive
-    ``rmtree`` with its files, into the next lease.
+    ``rmtree`` with its files, into the next lease. A loop, not a recursion: the code
+    chooses the depth.
     """
-    try:
-        os.chmod(path, 0o700)
-    except OSError:
-        pass
-    for dirpath, dirnames, _ in os.walk(path):
-        for d in dirnames:
-            try:
-                os.chmod(os.path.join(dirpath, d), 0o700)
-            except OSError:
-                pass
+    stack = [path]
+    while stack:
+        top = stack.pop()
+        try:
+            os.chmod(top, 0o700)
+            with os.scandir(top) as entries:
+                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        except OSError:
+            pass
 
 
 def _stdin_fd(data):
@@ -706,18 +728,27 @@ def _tar_workdir():
 
 
 def _tar_tree(tar, path, arcname):
-    try:
-        names = sorted(os.listdir(path))
-    except OSError:
-        return
-    for name in names:
-        full, arc = os.path.join(path, name), f"{arcname}/{name}".lstrip("/")
+    """Add what is under ``path`` to ``tar``, a directory's entry before its contents.
+
+    A loop, not a recursion: the code chooses the depth (a recursion raised at 1,000).
+    """
+    stack = [(path, arcname)]
+    while stack:
+        top, top_arc = stack.pop()
         try:
-            tar.add(full, arcname=arc, recursive=False)  # opens a file before writing its header
+            names = sorted(os.listdir(top))
         except OSError:
             continue
-        if os.path.isdir(full) and not os.path.islink(full):
-            _tar_tree(tar, full, arc)
+        below = []
+        for name in names:
+            full, arc = os.path.join(top, name), f"{top_arc}/{name}".lstrip("/")
+            try:
+                tar.add(full, arcname=arc, recursive=False)  # opens a file before its header
+            except OSError:
+                continue
+            if os.path.isdir(full) and not os.path.islink(full):
+                below.append((full, arc))
+        stack.extend(reversed(below))
 
 
 def _untar_workdir(data):
@@ -725,8 +756,7 @@ def _untar_workdir(data):
     for name in os.listdir(WORKDIR):
         path = os.path.join(WORKDIR, name)
         if os.path.isdir(path) and not os.path.islink(path):
-            _chmod_tree(path)
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_tree(path)
         else:
             os.unlink(path)
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(data))) as tar:

@@ -79,6 +79,38 @@ def test_reset_clears_files_processes_and_session(sb):
     assert "NameError" in sb.run("y").stderr
 
 
+def nested(depth: int, name: str = "a", locked: bool = False) -> str:
+    """Code that makes ``depth`` nested folders under /work, a file at the bottom (in a
+    folder it then makes unreadable, with ``locked``)."""
+    return ("import os\nos.chdir('/work')\n"
+            f"for _ in range({depth}):\n    os.mkdir({name!r}); os.chdir({name!r})\n"
+            "open('bottom.txt', 'w').write('deep')\n"
+            + ("os.mkdir('x'); open('x/f', 'w').write('1'); os.chmod('x', 0)\n" if locked else ""))
+
+
+@pytest.mark.parametrize(("depth", "name"), [(1_900, "a"), (2_500, "aa")])
+def test_reset_empties_a_tree_deeper_than_python_recurses_or_a_path_reaches(sb, depth, name):
+    """1,900 folders made ``rmtree`` raise RecursionError; 2,500 of "aa" are past PATH_MAX.
+    The reset failed and the container was replaced: a policy could cost one container a
+    lease. Now the same container comes back empty."""
+    made = sb.run(nested(depth, name, locked=True), timeout=60)
+    assert made.exit_code == 0, made.stderr
+    container = sb.container_id
+    sb.reset()
+    assert (sb.container_id, sb.needs_recycle) == (container, False)
+    assert sb.exec(["ls", "-A", "/work"]).stdout == ""
+
+
+def test_snapshot_keeps_a_tree_deeper_than_python_recurses(pool):
+    with pool.lease() as prepared:
+        assert prepared.run(nested(1_200), timeout=60).exit_code == 0
+        snap = prepared.snapshot()
+    with pool.lease(snapshot=snap) as restored:
+        found = restored.run("import os\nos.chdir('/work')\nfor _ in range(1200): os.chdir('a')\n"
+                             "print(open('bottom.txt').read())", timeout=60)  # fmt: skip
+        assert found.stdout == "deep\n", found.stderr
+
+
 def test_hard_reset_restarts_server(sb):
     sb.run("open('f', 'w').write('x')")
     sb.reset(hard=True)
