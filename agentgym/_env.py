@@ -395,8 +395,10 @@ class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
         holds up every other task of the running loop until it returns.
         """
         try:
-            running = asyncio.get_running_loop()
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
+            running = None
+        if running is None:  # outside the except: what the call raises is not chained to it
             return _thread_loop().run_until_complete(coro)
         if running in _adapter_loops or (loop := _thread_loop()).is_running():
             coro.close()

@@ -152,7 +152,7 @@ class ToolEnv(Env):
                 f"rubric must be an agentgym.Rubric, got {shown(rubric)}; "
                 "wrap the reward functions in one: rubric=Rubric([fn, ...])"
             )
-        check_timeout(tool_timeout, "tool_timeout")
+        check_timeout(tool_timeout, "tool_timeout", none_means="each tool's own timeout")
         self.tools: dict[str, Tool] = {}
         for t in map(as_tool, tools):
             if tool_timeout is not None:

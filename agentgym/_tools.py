@@ -184,16 +184,16 @@ class Tool:
         return self.fn(*args, **kwargs)
 
 
-def check_timeout(timeout: Any, what: str) -> None:
+def check_timeout(timeout: Any, what: str, none_means: str = "no limit") -> None:
     """Refuse a timeout that is not a positive number of seconds.
 
     Zero or less would time out every call before it runs, so every episode would see only
-    timeout messages; None is the way to say "no limit".
+    timeout messages; None says what ``none_means`` ("no limit" for a tool's own).
     """
     is_seconds = isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
     if timeout is not None and not (is_seconds and timeout > 0):
         raise ConfigError(
-            f"{what} must be a number of seconds > 0, or None for no limit; got {timeout!r}"
+            f"{what} must be a number of seconds > 0, or None for {none_means}; got {timeout!r}"
         )
 
 

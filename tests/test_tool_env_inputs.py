@@ -102,9 +102,25 @@ def test_build_prompt_must_return_messages_and_the_error_names_the_hook(env_type
 
 @pytest.mark.parametrize("timeout", [0, -1, math.nan, "30"])
 def test_tool_timeout_of_the_env_must_be_positive(timeout: Any) -> None:
-    one_line_config_error(
+    # None keeps each tool's own timeout (30 s by default): "None for no limit" misled
+    said = one_line_config_error(
         lambda: ToolEnv([add], tool_timeout=timeout), rf"tool_timeout must be .* got {timeout!r}"
     )
+    assert "or None for each tool's own timeout" in said, said
+
+
+def test_a_reward_error_through_the_sync_adapter_is_its_own_traceback_alone() -> None:
+    """Not chained to the adapter's "no running event loop" ("During handling of the above
+    exception, another exception occurred"), which sent readers to the wrong place."""
+
+    def judge(completion: str) -> float:
+        raise ValueError("no score")
+
+    env = ToolEnv([add], tasks=TASKS, rubric=Rubric([judge]))
+    env.reset(seed=0)
+    *_, info = env.step("The answer is 5.")
+    shown = info["reward_errors"]["judge"]
+    assert shown.endswith("ValueError: no score\n") and "event loop" not in shown, shown
 
 
 # --- tool(...) -------------------------------------------------------------------------------
