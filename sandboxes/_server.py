@@ -634,16 +634,28 @@ class _Replies:
         return None
 
     def _parse(self, line):
+        """The reply ``line`` holds, or None; every field the server reads is checked here.
+
+        The line is the code's to write: a JSON array nested 20,000 deep (RecursionError),
+        or a kernel pid sent as a string (which the server then failed to kill), escaped as a
+        ``server_error``, and the episode became ``infra_error``, dropped from training. So
+        nothing that fails here raises, and only fields of the right types count.
+        """
         try:
             reply = json.loads(line[line.rfind(b"{"):])
-        except ValueError:
+        except Exception:  # ValueError, RecursionError: not a reply
             return None
         if not isinstance(reply, dict) or reply.get("id") != self.req_id:
             return None
-        if not isinstance(reply.get("exit_code"), int):
+        if type(reply.get("exit_code")) is not int:  # not a bool either
+            return None
+        if type(reply.get("memory_error", False)) is not bool:
             return None
         kernel = reply.get("kernel")
-        if kernel is not None and not (kernel in self.parents or _ppid(kernel) in self.parents):
+        if kernel is not None and not (
+            type(kernel) is int and kernel > 0
+            and (kernel in self.parents or _ppid(kernel) in self.parents)
+        ):
             return None
         return reply
 

@@ -45,6 +45,33 @@ def test_code_that_is_not_unicode_is_the_models_error_not_infra_error():
             assert "lone surrogate" in t.messages[3]["content"]
 
 
+#: A ``run_python`` cell that writes a line nesting 20,000 arrays to the session kernel's control
+#: socket, which the cell's process holds: the server's json.loads raised RecursionError.
+BAIL_OUT = (
+    "import os, socket, stat\n"
+    "line = b'{\"id\": 0, \"x\": ' + b'[' * 20000 + b'\\n'\n"
+    "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+    "    try:\n"
+    "        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n"
+    "            socket.socket(fileno=os.dup(fd)).send(line)\n"
+    "    except OSError:  # the listing's own fd, closed by now\n"
+    "        pass\n"
+)
+
+
+@pytest.mark.docker
+def test_a_cell_cannot_turn_a_losing_episode_into_infra_error():
+    """The policy's bail-out: test its answer in ``run_python`` and, when it fails, break the
+    sandbox server so the episode is ``infra_error`` (dropped, never scored 0)."""
+    require_docker()
+    wrong = "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"
+    bail = call("run_python", code=BAIL_OUT)
+    for env_id in ("humaneval", "pythoncode"):
+        [t] = agentgym.rollout(env_id, agentgym.ScriptedPolicy([bail, wrong]), tasks=[0])
+        assert (t.status, t.final_reward) == ("ok", 0.0), t.error
+        assert t.messages[3]["content"].startswith("status: ok"), t.messages[3]
+
+
 #: Answers that redefine a helper the prompt gives (and the hidden test calls) so that the
 #: function to write passes trivially: the test must use the prompt's helper.
 HELPER_HACKS = {

@@ -216,3 +216,43 @@ def test_pool_serves_working_sandboxes_after_the_attacks(pool):
         for sb in (a, b, c):
             assert_still_works(sb)
             assert sb.exec(["ls", "-A"]).stdout == "", "leftover files from an earlier lease"
+
+
+# A session cell holds the kernel's control socket (it becomes the next kernel): what it writes
+# there must never become a failure of the server, which the host scores as infra_error, and a
+# policy could then turn any episode it expects to lose into one dropped from training.
+TO_THE_KERNEL_SOCKET = (
+    "import os, socket, stat\n"
+    "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+    "    try:\n"
+    "        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n"
+    "            socket.socket(fileno=os.dup(fd)).send({line!r})\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"id": 0, "x": ' + b"[" * 20_000 + b"\n",  # RecursionError in the server's json.loads
+        b'{"exit_code": true, "memory_error": "yes", "kernel": -1}\n',
+        b'{"exit_code": 0, "kernel": "1"}\n',
+    ],
+    ids=["nested-20000-deep", "wrong-types", "pid-as-text"],
+)
+def test_lines_written_to_the_kernel_socket_are_the_codes_own_outcome(sb, line):
+    r = sb.run(TO_THE_KERNEL_SOCKET.format(line=line) + "print('sent')", session=True)
+    assert (r.status, r.stdout, r.infra_error) == (ExecStatus.OK, "sent\n", None), r
+    assert_still_works(sb)
+
+
+def test_a_kernel_reporting_its_pid_as_text_is_not_a_server_failure(sb):
+    """The cell patches ``os.getpid`` in the kernel, so the kernel's own reply names it as
+    text: the server stored it, killed the real kernel as a stray, and raised TypeError
+    killing the text on the next call."""
+    r = sb.run("import os\n_pid = os.getpid()\nos.getpid = lambda: str(_pid)", timeout=3)
+    assert r.infra_error is None and r.status in (ExecStatus.OK, ExecStatus.TIMEOUT), r
+    after = sb.run("print(1)")
+    assert (after.status, after.stdout, after.infra_error) == (ExecStatus.OK, "1\n", None), after
+    assert_still_works(sb)
