@@ -246,14 +246,10 @@ def _checked_template(
     if problem:
         raise ConfigError(f"--chat-template-kwargs: {problem}")
     renderer = ChatRenderer(tokenizer, template_kwargs)
-    if tools and not env_lists:  # as the trainer checks
-        if problem := unshown_tools_problem(renderer, tools):
-            # played as asked (a baseline of such a model is a fair question), but said first:
-            # at 0% the prompt, not the model, is what the eval measured
-            console.print(f"warning: {model_path}: {problem}", style="yellow", soft_wrap=True)
-        elif isinstance(parser, ToolCallParser):
-            if problem := call_format_problem(renderer, tools, parser):
-                raise ConfigError(f"{model_path}: {problem}")
+    unshown = unshown_tools_problem(renderer, tools) if not env_lists else ""
+    if tools and not env_lists and not unshown and isinstance(parser, ToolCallParser):
+        if problem := call_format_problem(renderer, tools, parser):  # as the trainer checks
+            raise ConfigError(f"{model_path}: {problem}")
     example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
     example = example or probe_conversation(tools)
     if rollout_mode is RolloutModeChoice.concat:
@@ -263,4 +259,7 @@ def _checked_template(
                 f"--rollout-mode concat, but the chat template cannot: {decision.reason}; "
                 "use --rollout-mode auto (or per_turn)"
             )
+    if unshown:  # played as asked (a baseline of such a model is a fair question), but said
+        # once nothing refuses the run: at 0% the prompt, not the model, is what it measured
+        console.print(f"warning: {model_path}: {unshown}", style="yellow", soft_wrap=True)
     return tools, example
