@@ -445,7 +445,7 @@ class Factory:
                 return None
             try:
                 reply = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if type(reply) is dict and reply.get("id") == msg["id"]:
                 return reply
@@ -916,7 +916,7 @@ def _verdict(lines, problem):
         return {"passed": False, "error": "the test process died"}
     try:
         result = json.loads(lines[-1])
-    except ValueError:
+    except (ValueError, RecursionError):
         result = None
     if not isinstance(result, dict) or not isinstance(result.get("passed"), bool):
         return {"passed": False, "error": "the test process wrote a garbled result"}
@@ -1238,7 +1238,7 @@ def _read_outcomes(lines, result):
     for line in lines:
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(obj, dict) and isinstance(obj.get("collected"), str):
             if obj["collected"] not in collected:

@@ -167,7 +167,7 @@ def _score(result: ExecResult, reward: str) -> VerifyResult:
         report = json.loads(lines[-1][len(MARKER):])
         tests = [TestResult(**t) for t in report["tests"]]
         runner = str(report["runner"])
-    except (IndexError, ValueError, TypeError, KeyError) as exc:
+    except (IndexError, ValueError, TypeError, KeyError, RecursionError) as exc:
         why = (f"the test runner reported nothing readable (status {result.status.value}, "
                f"exit {result.exit_code}, {type(exc).__name__}); the code killed, starved or "
                "garbled it")
