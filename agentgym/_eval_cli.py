@@ -55,6 +55,7 @@ from ._rollout import rollout
 from ._summary import summarize
 from ._tasks import parse_tasks, tasks_digest
 from ._trajectory import Trajectory, to_json_line
+from .runs._folder import refuse_another_kind_of_run
 
 
 def evaluate(
@@ -171,6 +172,7 @@ def evaluate(
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
     check_policy_options(ctx)
     check_folder_can_be_made(out, "--out")
+    refuse_another_kind_of_run(out, "eval", "--out")
     if policy is PolicyKind.openai:
         check_base_url(base_url)
     servers = Servers(server, router_url, model)

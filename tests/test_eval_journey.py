@@ -222,3 +222,29 @@ def test_the_status_counts_list_every_status_in_one_order() -> None:
     first_ok = summarize([_episode("ok", 1, 1.0), _episode("infra_error", 0)])["status"]
     assert list(first_failed) == list(first_ok) == list(STATUSES)
     assert first_failed == {"ok": 1, "truncated": 0, "error": 0, "infra_error": 1, "late": 0}
+
+
+def test_an_out_holding_a_train_run_is_refused_before_its_summary_is_overwritten(
+    tmp_path: Path,
+) -> None:
+    """``--out`` at the run folder is a natural thing to type: the eval replaced the run's
+    summary.json (figures, findings, eval history) with its own, and exited 0."""
+    run_dir = tmp_path / "out"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("model: tiny\n")
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run_dir / "summary.json").write_text('{"figures": {"grpo/success": 0.9}}')
+    proc = run(tmp_path, "-n", "2")
+    assert proc.returncode == 2
+    said = one_error_line(proc)
+    assert said.startswith(
+        f"--out {run_dir} holds an agentgym train run (config.yaml, "
+        "metrics.jsonl), whose files this eval run would overwrite"
+    ), said
+    assert said.endswith(f"such as {run_dir / 'eval'}"), said
+    assert (run_dir / "summary.json").read_text() == '{"figures": {"grpo/success": 0.9}}'
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+    ]

@@ -57,6 +57,7 @@ from agentgym import Trajectory
 from agentgym._durable import atomic_write_text, check_folder_can_be_made, fsync_dir
 from agentgym._errors import ConfigError
 from agentgym._trajectory import to_json_line
+from agentgym.runs._folder import RUN_FILES, refuse_another_kind_of_run
 
 from ._training_state import load_training_state, save_adapter_files, write_training_state
 
@@ -68,8 +69,6 @@ RESUMABLE_KEYS = frozenset(
     {"max_steps", "eval_steps", "save_steps", "save_total_limit", "logging_steps", "report_to",
      "log_completions", "output_dir"}
 )
-#: Files whose presence means a folder already holds a run.
-_RUN_MARKERS = ("config.yaml", "status.json", "metrics.jsonl", "checkpoints")
 _CHECKPOINT = re.compile(r"^step-(\d{6,})$")
 _ADAPTER = re.compile(r"^v(\d+)$")
 _TEMP_PREFIXES = (".tmp-", ".old-")
@@ -183,7 +182,7 @@ class RunDir:
     @staticmethod
     def holds_run(path: str | os.PathLike[str]) -> bool:
         """Whether ``path`` already holds a run (config, status, metrics or checkpoints)."""
-        return any((Path(path) / name).exists() for name in _RUN_MARKERS)
+        return any((Path(path) / name).exists() for name in RUN_FILES["train"])
 
     @classmethod
     def check_open(
@@ -202,6 +201,7 @@ class RunDir:
         """
         path = Path(path)
         check_folder_can_be_made(path, "output_dir")
+        refuse_another_kind_of_run(path, "train", "output_dir")
         if not cls.holds_run(path):
             if resume:  # a mistyped output_dir would otherwise restart quietly
                 log.warning("--resume: %s holds no run; starting a new one there", path)

@@ -13,13 +13,39 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agentgym._errors import ConfigError
+
 #: The combined stdout/stderr of a job started by a queue.
 OUTPUT_LOG = "output.log"
 #: What ``agentgym sft`` writes last in its OUT folder: knobs, source, per-step history.
 SFT_SUMMARY = "sft.json"
+#: The files that mark a folder as each kind of run's (a train run's ``output_dir``, an eval's
+#: ``--out``, an ``agentgym sft`` OUT), by kind.
+RUN_FILES: dict[str, tuple[str, ...]] = {
+    "train": ("config.yaml", "status.json", "metrics.jsonl", "checkpoints"),
+    "eval": ("run.json", "trajectories.jsonl"),
+    "sft": (SFT_SUMMARY,),
+}
 #: Logs looked at for a failed run's last lines, most specific first.
 _LOGS = (OUTPUT_LOG, "train.log")
 TAIL_LINES = 20
+
+
+def refuse_another_kind_of_run(path: Path, kind: str, option: str) -> None:
+    """Refuse ``path`` for a run of ``kind`` when it holds another kind of run.
+
+    Why: train and eval runs both write ``summary.json`` (and both are indexed by folder), so
+    an eval pointed at a train run's folder replaced the run's figures, findings and eval
+    history with its own, and a train run into an eval's folder did the same the other way.
+    """
+    for other, files in RUN_FILES.items():
+        found = [name for name in files if (path / name).exists()]
+        if other != kind and found:
+            raise ConfigError(
+                f"{option} {path} holds an agentgym {other} run ({', '.join(found)}), whose "
+                f"files this {kind} run would overwrite; choose a folder of its own, such as "
+                f"{path / kind}"
+            )
 
 
 def read_figures(run_dir: Path) -> dict[str, float]:

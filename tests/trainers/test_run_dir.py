@@ -79,6 +79,23 @@ def test_a_folder_holding_a_run_is_refused_without_resume(tmp_path: Path) -> Non
         RunDir(tmp_path, CONFIG)
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_eval_folder_is_refused_before_its_summary_is_overwritten(
+    tmp_path: Path, resume: bool
+) -> None:
+    """`agentgym eval --out` writes summary.json too: a train run there replaced it."""
+    eval_out = tmp_path / "eval"
+    eval_out.mkdir()
+    (eval_out / "trajectories.jsonl").write_text("")
+    (eval_out / "summary.json").write_text('{"episodes": 4}')
+    with pytest.raises(ConfigError, match=r"output_dir .*eval holds an agentgym eval run "
+                       r"\(trajectories.jsonl\), whose files this train run would overwrite; "
+                       r"choose a folder of its own, such as .*eval/train$"):  # fmt: skip
+        RunDir(eval_out, CONFIG, resume=resume)
+    assert (eval_out / "summary.json").read_text() == '{"episodes": 4}'
+    assert sorted(p.name for p in eval_out.iterdir()) == ["summary.json", "trajectories.jsonl"]
+
+
 def test_a_killed_run_is_called_killed_when_a_new_run_is_refused(tmp_path: Path) -> None:
     RunDir(tmp_path, CONFIG).write_metrics(4, {"reward/mean": 0.0})
     gone = subprocess.Popen(["true"])
