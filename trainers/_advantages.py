@@ -44,18 +44,25 @@ class Advantages:
     #: Keys of groups with no learning signal (equal kept rewards, or fewer than 2 kept).
     zero_variance_groups: list[Hashable] = field(default_factory=list)
     num_groups: int = 0
+    #: Groups none of whose episodes was kept (all dropped): in ``zero_variance_groups``,
+    #: since they teach nothing either, but not groups whose rewards were alike.
+    num_unscored_groups: int = 0
     num_infra_error: int = 0
     num_error: int = 0
     num_late: int = 0
 
     @classmethod
     def tallied(
-        cls, values: list[float | None], flat: list[Hashable], groups: int,
-        statuses: Sequence[Status],
+        cls, values: list[float | None], flat: list[Hashable],
+        members: Mapping[Hashable, Sequence[int]], statuses: Sequence[Status],
     ) -> Advantages:  # fmt: skip
-        """The advantages with the step's outcome counts taken from ``statuses``."""
+        """The advantages, with the step's group and outcome counts.
+
+        ``members``: each group's kept episodes (an empty list: none was kept).
+        """
         return cls(
-            values=values, zero_variance_groups=flat, num_groups=groups,
+            values=values, zero_variance_groups=flat, num_groups=len(members),
+            num_unscored_groups=sum(not kept for kept in members.values()),
             num_infra_error=sum(s == "infra_error" for s in statuses),
             num_error=sum(s == "error" for s in statuses),
             num_late=sum(s == "late" for s in statuses),
@@ -67,17 +74,22 @@ class Advantages:
         return [i for i, v in enumerate(self.values) if v is not None]
 
     def metrics(self) -> dict[str, float]:
-        """Namespaced step metrics: group counts and the error tallies."""
+        """Namespaced step metrics: group counts and the error tallies.
+
+        The zero-variance figures are over the groups with a scored episode, and absent when
+        none has one: a step whose every episode was late logged 100% of groups flat, and the
+        health rules read that as "nothing succeeds".
+        """
+        scored = self.num_groups - self.num_unscored_groups
+        flat = len(self.zero_variance_groups) - self.num_unscored_groups
         return {
             "reward/groups": float(self.num_groups),
-            "reward/zero_variance_groups": float(len(self.zero_variance_groups)),
-            "reward/frac_zero_variance_groups": (
-                len(self.zero_variance_groups) / self.num_groups if self.num_groups else 0.0
-            ),
+            **({"reward/zero_variance_groups": float(flat),
+                "reward/frac_zero_variance_groups": flat / scored} if scored else {}),
             "rollout/infra_error_episodes": float(self.num_infra_error),
             "rollout/late_episodes": float(self.num_late),
             "rollout/error_episodes": float(self.num_error),
-        }
+        }  # fmt: skip
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -164,7 +176,7 @@ def group_advantages(
         scale = {"group": std + STD_EPS, "batch": batch_std + STD_EPS, "none": 1.0}[scale_rewards]
         for i in indices:
             values[i] = (rewards[i] - mean) / scale
-    return Advantages.tallied(values, flat, len(members), statuses)
+    return Advantages.tallied(values, flat, members, statuses)
 
 
 def decoupled_advantages(
@@ -223,7 +235,7 @@ def decoupled_advantages(
         for i in indices:
             value = sums[i]
             values[i] = 0.0 if value is None else (value - mean) / (std + STD_EPS)
-    return Advantages.tallied(values, flat, len(members), statuses)
+    return Advantages.tallied(values, flat, members, statuses)
 
 
 def group_key(trajectory: Trajectory) -> Hashable:

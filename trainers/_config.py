@@ -209,9 +209,10 @@ class GRPOConfig:
         3,
         "Consecutive steps in which at least half the episodes ended infra_error (a sandbox, "
         "tool service or engine failed, not the model), or every episode ended error or "
-        "infra_error (the env or a reward function raised each time), before the run stops "
-        "with InfraError (EpisodesFailedError for the latter), after a checkpoint: fix what "
-        "broke and `--resume`. Each such step trains on what is left; a run whose "
+        "infra_error (the env or a reward function raised each time), or every episode was "
+        "late (episode_deadline_s too short), before the run stops with InfraError "
+        "(EpisodesFailedError, EpisodesLateError for the others), after a checkpoint: fix "
+        "what broke and `--resume`. Each such step trains on what is left; a run whose "
         "infrastructure or env is broken would otherwise spend every remaining step on "
         "nothing. None: never stop.",
     )

@@ -859,13 +859,26 @@ def _all_failed(episodes: Sequence[Trajectory]) -> bool:
     return failed and len(rewards) == 1  # a NaN reward (status error) teaches nothing either
 
 
+def _all_late(episodes: Sequence[Trajectory]) -> bool:
+    """Whether every episode of a step missed its deadline: none was scored.
+
+    A run with an ``episode_deadline_s`` too short for its episodes trained on nothing at
+    every step, logged as such, and went on to its last step.
+    """
+    return bool(episodes) and all(t.status == "late" for t in episodes)
+
+
 def _broken_step(episodes: Sequence[Trajectory]) -> bool:
     """Whether a step counts towards `infra_error_patience`: nothing in it can train."""
-    return _mostly_infra_errors(episodes) or _all_failed(episodes)
+    return _mostly_infra_errors(episodes) or _all_failed(episodes) or _all_late(episodes)
 
 
 class EpisodesFailedError(Error):
     """Every episode of several steps in a row raised (the env, a tool loop or a reward)."""
+
+
+class EpisodesLateError(Error):
+    """Every episode of several steps in a row missed the step's deadline."""
 
 
 def _broken_stop(
@@ -878,6 +891,13 @@ def _broken_stop(
     """
     if _mostly_infra_errors(episodes) or patience is None or broken_steps < patience:
         return _infra_stop(episodes, broken_steps, step, patience)
+    if _all_late(episodes):
+        return EpisodesLateError(
+            f"{broken_steps} steps in a row had every episode miss episode_deadline_s; nothing "
+            f"was scored, so nothing was learnt: the run stopped at step {step} after a "
+            "checkpoint: raise episode_deadline_s (null waits for every episode), then run "
+            "again with --resume (infra_error_patience sets the steps)"
+        )
     errors = [t.error for t in episodes if t.error]
     last = (errors[0].strip().splitlines() or [""])[-1][:200] if errors else "no message"
     return EpisodesFailedError(

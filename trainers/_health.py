@@ -91,7 +91,8 @@ class History:
         self.batch = batch
         #: where the figures a finding quotes come from, for its evidence
         self.span = "in this eval" if batch else "in the recent steps"
-        self.steps = [r for r in rows if "reward/mean" in r]
+        # a step whose every episode was late or infra_error has no reward/mean: a step still
+        self.steps = [r for r in rows if "reward/mean" in r or "rollout/episodes" in r]
         self.figures = dict(figures or {})
         #: the SFT warm start's record (its ``sft.json``), None without one
         self.warm_start = warm_start

@@ -45,8 +45,29 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Reward, per-function scores, lengths, turns, tool use and outcomes of one step."""
+    """Reward, per-function scores, lengths, turns, tool use and outcomes of one step.
+
+    What the scored episodes did is absent, not 0, when none was scored (all ``late`` or
+    ``infra_error``): a step that missed its deadline in every episode logged reward 0, no
+    tool calls and one turn per episode, and the health rules then advised a warm start.
+    """
+    metrics = _outcome_metrics(trajectories)
     scored = [t for t in trajectories if t.status not in ("infra_error", "late")]
+    return metrics | _scored_metrics(scored) if scored else metrics
+
+
+def _outcome_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """How a step's episodes ended: their count and the share of each outcome."""
+    metrics = {"rollout/episodes": float(len(trajectories))}
+    for status in ("truncated", "error", "infra_error", "late"):
+        metrics[f"rollout/frac_{status}"] = _mean([float(t.status == status) for t in trajectories])
+    # ended with reward 0 by a call that destroyed what they are scored on (`Forfeit`)
+    metrics["rollout/frac_forfeit"] = _mean([float("forfeit" in t.info) for t in trajectories])
+    return metrics
+
+
+def _scored_metrics(scored: Sequence[Trajectory]) -> dict[str, float]:
+    """What the scored episodes (at least one) did: reward, scores, turns and tool use."""
     rewards = [t.total_reward for t in scored]
     metrics: dict[str, float] = {
         "reward/mean": _mean(rewards),
@@ -64,23 +85,17 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     errors = sum(len(turn.tool_errors) for turn in turns)
     cut = sum(turn.tool_results_cut for turn in turns)
     attempts = calls + sum(_malformed_calls(t) for t in scored)
-    metrics |= {
-        "rollout/episodes": float(len(trajectories)),
+    return metrics | {
         "rollout/turns_per_episode": _mean([float(len(t.turns)) for t in scored]),
         "rollout/completion_length": _mean([float(len(t.completion_ids or [])) for t in turns]),
         # turns that hit max_completion_length (TRL's completions/clipped_ratio): a call cut
         # there reads as a malformed call, not as a truncated episode
         "rollout/frac_turns_cut": _mean([float(t.finish_reason == "length") for t in turns]),
-        "rollout/tool_calls_per_episode": calls / len(scored) if scored else 0.0,
+        "rollout/tool_calls_per_episode": calls / len(scored),
         "rollout/tool_error_rate": errors / attempts if attempts else 0.0,
         # results longer than the env's max_tool_result_chars: the model read their start only
         "rollout/frac_tool_results_cut": cut / calls if calls else 0.0,
     }
-    for status in ("truncated", "error", "infra_error", "late"):
-        metrics[f"rollout/frac_{status}"] = _mean([float(t.status == status) for t in trajectories])
-    # ended with reward 0 by a call that destroyed what they are scored on (`Forfeit`)
-    metrics["rollout/frac_forfeit"] = _mean([float("forfeit" in t.info) for t in trajectories])
-    return metrics
 
 
 def eval_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -94,11 +109,12 @@ def eval_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     played = [t for t in trajectories if t.status != "infra_error"]
     step = episode_metrics(trajectories)
     metrics = {
-        "eval/reward": step["reward/mean"],
-        "eval/tool_calls_per_episode": step["rollout/tool_calls_per_episode"],
         "eval/episodes": float(len(trajectories)),
         "eval/infra_errors": float(len(trajectories) - len(played)),
     }
+    if "reward/mean" in step:  # some episode was scored
+        metrics["eval/reward"] = step["reward/mean"]
+        metrics["eval/tool_calls_per_episode"] = step["rollout/tool_calls_per_episode"]
     if played:
         metrics["eval/success"] = _mean([float(is_multi_turn_success(t)) for t in played])
     return metrics

@@ -113,7 +113,22 @@ def test_zero_variance_and_singleton_groups_get_zero_and_are_reported() -> None:
 def test_a_group_of_only_infra_errors_trains_nothing() -> None:
     result = group_advantages([0.0, 0.0], [5, 5], ["infra_error", "infra_error"])
     assert result.values == [None, None]
-    assert result.zero_variance_groups == [5]
+    assert result.zero_variance_groups == [5]  # replayed by resample_zero_variance_groups
+
+
+def test_groups_with_no_scored_episode_are_not_counted_as_flat() -> None:
+    """A step whose every episode was late logged 100% of its groups flat, and the health
+    rules read "nothing succeeds"; the share is over the groups that were scored."""
+    result = group_advantages(
+        [0.0, 0.0, 1.0, 1.0, 0.0, 1.0], ["late", "late", "flat", "flat", "mixed", "mixed"],
+        ["late", "late", "ok", "ok", "ok", "ok"],
+    )  # fmt: skip
+    assert result.zero_variance_groups == ["late", "flat"]
+    metrics = result.metrics()
+    assert metrics["reward/groups"] == 3.0 and metrics["reward/zero_variance_groups"] == 1.0
+    assert metrics["reward/frac_zero_variance_groups"] == pytest.approx(1 / 2)
+    all_late = group_advantages([0.0] * 4, [1, 1, 2, 2], ["late"] * 4).metrics()
+    assert "reward/frac_zero_variance_groups" not in all_late and all_late["reward/groups"] == 2.0
 
 
 def test_trajectories_group_by_task_position_then_index() -> None:

@@ -466,3 +466,17 @@ def test_doctor_reads_an_eval_folder_killed_mid_line(tmp_path: Path) -> None:
     (out / "trajectories.jsonl").write_text("".join(lines) + lines[0][:40])  # a torn last line
     assert [f.rule for f in run_findings(out)] == ["no-tool-calls"]
     assert (out / "trajectories.jsonl").read_text().endswith(lines[0][:40])  # read, not cut
+
+
+def test_steps_whose_every_episode_was_late_are_found_late_and_nothing_else() -> None:
+    """Rows as the trainer writes them for such steps (`episode_metrics` and the advantages'
+    figures of all-late episodes): they carried reward 0, no tool calls, one turn and every
+    group flat, and the findings added no-tool-calls and flat-groups ("warm start") to late."""
+    from agentgym.trainers._advantages import group_advantages
+    from agentgym.trainers._metrics import episode_metrics
+
+    late = [Trajectory(env_id="e", status="late", task_index=i // 2) for i in range(4)]
+    figures = {**episode_metrics(late),
+               **group_advantages([0.0] * 4, [0, 0, 1, 1], ["late"] * 4).metrics()}  # fmt: skip
+    rows = [{"step": step, **figures} for step in range(1, 7)]
+    assert rules(rows) == ["late"]

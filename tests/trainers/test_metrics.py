@@ -56,6 +56,23 @@ def test_an_eval_of_infra_errors_alone_measures_no_success() -> None:
     assert "eval/success" not in m and m["eval/infra_errors"] == 3.0
 
 
+@pytest.mark.parametrize("status", ["late", "infra_error"])
+def test_a_step_with_no_scored_episode_logs_its_outcomes_and_no_made_up_figures(
+    status: str,
+) -> None:
+    """Every episode past its deadline: the step logged reward 0, no tool calls and one turn
+    per episode (0 in fact), and health read that as a model that never calls its tool."""
+    m = episode_metrics([episode(status, None)] * 4)
+    assert m == {
+        "rollout/episodes": 4.0, "rollout/frac_truncated": 0.0, "rollout/frac_error": 0.0,
+        "rollout/frac_infra_error": float(status == "infra_error"),
+        "rollout/frac_late": float(status == "late"), "rollout/frac_forfeit": 0.0,
+    }  # fmt: skip
+    assert eval_metrics([episode(status, None)] * 2).keys() == {
+        "eval/episodes", "eval/infra_errors", *(["eval/success"] if status == "late" else [])
+    }
+
+
 def test_a_steps_metrics_weigh_its_passes_by_their_tokens() -> None:
     """A pass of 10 tokens counts a tenth of one of 90; extremes stay extremes; losses add."""
     big = {"loss/entropy": 0.02, "sampling/is_ratio_max": 1.5, "sampling/is_ratio_min": 0.9,

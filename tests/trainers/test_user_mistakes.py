@@ -63,6 +63,17 @@ def test_a_step_whose_every_episode_failed_is_broken() -> None:
     assert isinstance(infra, agentgym.InfraError)
 
 
+def test_a_step_whose_every_episode_was_late_is_broken_and_stops_naming_the_deadline() -> None:
+    """An episode_deadline_s too short trained nothing at every step, to the run's end."""
+    assert _broken_step(episodes("late", "late"))
+    assert not _broken_step(episodes("late", "ok"))
+    assert _broken_stop(episodes("late", "late"), 2, 5, 3) is None
+    stop = _broken_stop(episodes("late", "late"), 3, 5, 3)
+    assert type(stop).__name__ == "EpisodesLateError" and "\n" not in str(stop)
+    assert str(stop).startswith("3 steps in a row had every episode miss episode_deadline_s")
+    assert "raise episode_deadline_s" in str(stop) and "--resume" in str(stop)
+
+
 def test_a_run_whose_every_episode_errors_stops_with_a_checkpoint(tmp_path: Path) -> None:
     from agentgym.trainers import GRPOTrainer
 
