@@ -27,6 +27,7 @@ from agentgym._check_template import call_format_problem, unshown_tools_problem
 from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
 from agentgym._tasks import task_text, tasks_digest
+from agentgym._types import Message
 from agentgym.engine._model_dir import context_length
 from agentgym.parsers import ToolCallParser
 
@@ -37,7 +38,7 @@ from ._sft import check_device_here
 from ._tracking import BACKENDS, resolve_report_to
 
 if TYPE_CHECKING:
-    from agentgym.engine import VLLMFleet
+    from agentgym.engine import ChatRenderer, VLLMFleet
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,14 @@ def preflight(config: GRPOConfig) -> Checked:
     env = _check_env(config)
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_context(model_dir, config)
-    _check_template(model_dir, env.tools, config.chat_template_kwargs, env.lists_tools, env.parser)
+    renderer = _check_template(
+        model_dir, env.tools, config.chat_template_kwargs, env.lists_tools, env.parser
+    )
+    from agentgym.engine._episode import opening_prompt_problem
+
+    if problem := opening_prompt_problem(renderer, env.opening, env.tools, config.max_model_len):
+        raise ConfigError(f"{problem}; raise max_model_len (--set max_model_len=N) to what "
+                          f"{config.model} allows")  # fmt: skip
     _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
     _check_servers(model_dir, config)
@@ -186,6 +194,8 @@ class _EnvShown(NamedTuple):
     lists_tools: bool
     #: The env's tool-call parser (None: it reads no calls).
     parser: ToolCallParser | None
+    #: The first train task's opening messages (empty: the env builds no prompt up front).
+    opening: list[Message]
 
 
 def _check_env(config: GRPOConfig) -> _EnvShown:
@@ -207,8 +217,12 @@ def _check_env(config: GRPOConfig) -> _EnvShown:
         max_turns = getattr(env, "max_turns", None) or config.max_turns or 1
         parser = getattr(env, "parser", None)
         parser = parser if isinstance(parser, ToolCallParser) else None
+        build_prompt = getattr(env, "build_prompt", None)  # a ToolEnv's, without a reset
+        opening: list[Message] = []
+        if callable(build_prompt) and tasks is not None and train_tasks:
+            opening = list(build_prompt(tasks[train_tasks[0]]))
         return _EnvShown(train_tasks, eval_tasks, tools, max_turns, digest, weights,
-                         lists_tools(env), parser)  # fmt: skip
+                         lists_tools(env), parser, opening)  # fmt: skip
     finally:
         env.close()
 
@@ -409,8 +423,10 @@ def _check_template(
     kwargs: dict[str, Any],
     env_lists: bool = False,
     parser: ToolCallParser | None = None,
-) -> None:
+) -> ChatRenderer:
     """The model's first prompt shows the tools, and the env's parser reads the calls it asks for.
+
+    Returns the model's renderer, for the checks after this one.
 
     The tools: its template renders them, or the env lists them (``tool_prompt="system"``,
     the fix the first error names, which it used to refuse all the same). A template that
@@ -424,11 +440,12 @@ def _check_template(
 
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir), kwargs)  # has a template
     if env_lists or not tools:
-        return
+        return renderer
     if problem := unshown_tools_problem(renderer, tools):
         raise ConfigError(f"{model_dir}: {problem}")
     if parser is not None and (problem := call_format_problem(renderer, tools, parser)):
         raise ConfigError(f"{model_dir}: {problem}")
+    return renderer
 
 
 def _check_memory(model_dir: Path, config: GRPOConfig) -> None:

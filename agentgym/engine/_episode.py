@@ -264,15 +264,9 @@ class TokenPolicy:
         no hint in the summary (a dozen tool schemas outgrow 4,096 tokens).
         """
         opening = list(itertools.takewhile(lambda m: m.get("role") != "assistant", example))
-        if not opening:
-            return
-        length = len(self.renderer.prompt_ids(opening, tools or None))
-        if length >= self.max_model_len:
-            raise ConfigError(
-                f"the env's opening prompt is {length} tokens, and max_model_len is "
-                f"{self.max_model_len}: every episode would end before its first turn; raise "
-                "max_model_len (--max-model-len) to what the model allows"
-            )
+        if problem := opening_prompt_problem(self.renderer, opening, tools, self.max_model_len):
+            raise ConfigError(f"{problem}; raise max_model_len (--max-model-len) to what the "
+                              "model allows")  # fmt: skip
 
     def start_episode(
         self, tools: list[dict[str, Any]], *, task: Any = None, seed: int | None = None
@@ -495,3 +489,23 @@ def probe_conversation(tools: list[dict[str, Any]]) -> list[Message]:
         {"role": "tool", "tool_call_id": "call2", "name": name, "content": "second"},
         {"role": "assistant", "content": "The answer is 42."},
     ]
+
+
+def opening_prompt_problem(
+    renderer: ChatRenderer,
+    opening: Sequence[Message],
+    tools: list[dict[str, Any]],
+    max_model_len: int,
+) -> str:
+    """Why every episode would end before its first turn ("" when the opening prompt fits).
+
+    One rule for the engine (an eval finds out when it starts) and `agentgym train`'s
+    pre-flight (before the model and the engine load), each naming its own fix.
+    """
+    if not opening:
+        return ""
+    length = len(renderer.prompt_ids(list(opening), tools or None))
+    if length < max_model_len:
+        return ""
+    return (f"the env's opening prompt is {length} tokens, and max_model_len is "
+            f"{max_model_len}: every episode would end before its first turn")  # fmt: skip

@@ -146,6 +146,19 @@ def test_the_tiny_models_hermes_calls_are_refused_under_another_parser(
         "num_tasks": 40, "parser": "llama3_json"}}), "use --env-arg parser=hermes")  # fmt: skip
 
 
+def test_an_opening_prompt_longer_than_the_context_is_refused_before_the_engine(
+    tiny_model_dir: Path,
+) -> None:
+    """It passed the dry run and failed after the engine started, leaving a failed run folder
+    that neither a new run nor --resume (config changed) would take."""
+    config = GRPOConfig(model=str(tiny_model_dir), max_model_len=200, max_completion_length=100,
+                        **SMALL_TASKS)  # fmt: skip
+    _refusal(config, "the env's opening prompt is ")
+    _refusal(config, "and max_model_len is 200: every episode would end before its first turn; "
+                     "raise max_model_len (--set max_model_len=N)")  # fmt: skip
+    assert preflight(GRPOConfig(model=str(tiny_model_dir), max_model_len=1024, **SMALL_TASKS))
+
+
 def test_a_model_too_big_for_this_machine_is_refused_on_the_cpu(tmp_path: Path) -> None:
     spec = {"hidden_size": 16384, "num_hidden_layers": 200, "vocab_size": 150000}
     (tmp_path / "config.json").write_text(json.dumps(spec))
