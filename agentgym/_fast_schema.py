@@ -22,7 +22,7 @@ Check = Callable[[Any], bool]
 _JSON_TYPES: frozenset[type] = frozenset({str, int, float, bool, type(None), dict, list})
 _TYPES: dict[str, frozenset[type]] = {
     "string": frozenset({str}),
-    "integer": frozenset({int}),  # 2.0 is refused: the validator (`_tool_schema`) says why
+    "integer": frozenset({int}),  # 2.0 is an integer too: jsonschema decides that one
     "number": frozenset({int, float}),
     "boolean": frozenset({bool}),
     "null": frozenset({type(None)}),

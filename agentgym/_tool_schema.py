@@ -118,23 +118,6 @@ def arrives_as_is(annotation: Any) -> bool:
     return origin in _AS_DECODED_ORIGINS and all(map(arrives_as_is, args))
 
 
-def _is_integer(checker: Any, instance: Any) -> bool:
-    """An integer as the tool receives it: an int (not a bool), never ``5.0``.
-
-    JSON Schema counts 5.0 (and 1e30) as integers, so they passed, and an ``int`` parameter
-    arrived as a float: ``range(n)`` raised in the tool and the model was told the tool
-    failed. Refused, the model reads that its argument is not an integer.
-    """
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-#: Draft 2020-12, with integers as Python takes them (`_is_integer`).
-ArgumentsValidator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
-)
-
-
 @functools.lru_cache(maxsize=1024)
 def checked_schema(text: str) -> tuple[Any, Callable[[Any], bool] | None]:
     """`checked_schema_of` the schema whose canonical JSON is ``text``, once per schema.
@@ -148,7 +131,40 @@ def checked_schema(text: str) -> tuple[Any, Callable[[Any], bool] | None]:
 def checked_schema_of(schema: dict[str, Any]) -> tuple[Any, Callable[[Any], bool] | None]:
     """A validator and a fast check for ``schema``; raises ``SchemaError`` when it is not one."""
     jsonschema.Draft202012Validator.check_schema(schema)
-    return ArgumentsValidator(schema), compile_fast_check(schema)
+    return jsonschema.Draft202012Validator(schema), compile_fast_check(schema)
+
+
+def whole_floats_as_ints(value: Any, schema: Mapping[str, Any]) -> Any:
+    """``value`` with each whole float where ``schema`` asks for an integer made an int.
+
+    JSON Schema counts 5.0 as an integer, so it passes the check; a plain ``int`` parameter
+    (given as decoded, no pydantic) then got a float, ``range(n)`` raised in the tool and the
+    model was told the tool had failed. Only the slow path (the compiled check declines a
+    float where an integer is due) pays for the walk.
+    """
+    if isinstance(value, float) and value.is_integer() and _asks_integer(schema):
+        return int(value)
+    if isinstance(value, dict):
+        properties = _branch(schema, "object").get("properties", {})
+        return {k: whole_floats_as_ints(v, properties.get(k, {})) for k, v in value.items()}
+    if isinstance(value, list):
+        items = _branch(schema, "array").get("items", {})
+        return [whole_floats_as_ints(v, items) for v in value]
+    return value
+
+
+def _asks_integer(schema: Mapping[str, Any]) -> bool:
+    kind = schema.get("type")
+    return (kind == "integer" or (isinstance(kind, list) and "integer" in kind)
+            or any(_asks_integer(s) for s in schema.get("anyOf", ())))  # fmt: skip
+
+
+def _branch(schema: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    """The part of ``schema`` for values of JSON type ``kind`` (its ``anyOf`` branch)."""
+    for option in schema.get("anyOf", ()):
+        if option.get("type") == kind:
+            return option
+    return schema
 
 
 def not_unicode(value: Any) -> str | None:

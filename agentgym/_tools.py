@@ -47,6 +47,7 @@ from ._tool_schema import (
     describe_error,
     not_unicode,
     parameter_schemas,
+    whole_floats_as_ints,
 )
 
 #: Parameter names the environment fills in; a tool that declares one gets it injected.
@@ -98,8 +99,11 @@ class Tool:
             },
         }
 
-    def validate(self, arguments: Any) -> None:
-        """Raise `ToolArgumentsError` naming every schema violation in ``arguments``."""
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """``arguments`` as the tool takes them, or `ToolArgumentsError` naming each violation.
+
+        A whole float where an integer is due (JSON Schema's 5.0) comes back an int.
+        """
         if not isinstance(arguments, dict):
             raise ToolArgumentsError(
                 f"arguments for {self.name!r} must be a JSON object, got {type(arguments).__name__}"
@@ -111,13 +115,14 @@ class Tool:
                 "escape such as \\ud800 that is not a character); send text only"
             )
         if self._surely_valid is not None and self._surely_valid(arguments):
-            return
+            return arguments
         problems = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
         if problems:
             details = "; ".join(
                 f"{'/'.join(map(str, p.path)) or 'arguments'}: {p.message}" for p in problems
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name!r}: {details}")
+        return typing.cast(dict[str, Any], whole_floats_as_ints(arguments, self.parameters))
 
     async def acall(
         self,
@@ -134,7 +139,7 @@ class Tool:
         still running `CANCEL_GRACE_SECONDS` later); a sync tool's thread is abandoned (see
         `tool`).
         """
-        self.validate(arguments)
+        arguments = self.validate(arguments)
         kwargs = self._convert(arguments) if self.converters else dict(arguments)
         for name in self.injected:
             kwargs[name] = (context or {}).get(name)
