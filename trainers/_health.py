@@ -267,9 +267,10 @@ turns_cut = _recent_at_least(
     lambda share, span: f"{_pct(share)} of turns ended at the token limit {span} (a tool "
     "call cut there is a malformed call)",
     "raise max_completion_length (and max_model_len with it); read the cut turns with "
-    "`agentgym runs episodes RUN --length-outliers`",
+    "`agentgym runs episodes RUN --turns-cut` (training ones: log_completions, then "
+    "RUN/rollouts.jsonl)",
     "raise --max-tokens (and --max-model-len with it); read the cut turns with "
-    "`agentgym runs episodes OUT --length-outliers`",
+    "`agentgym runs episodes OUT --turns-cut`",
 )
 tool_results_cut = _recent_at_least(
     "tool-results-cut", "rollout/frac_tool_results_cut", TOOL_RESULTS_CUT,

@@ -135,6 +135,10 @@ def show_episodes(
         bool,
         typer.Option("--results-cut", help="Only episodes with a tool result cut at its cap."),
     ] = False,
+    turns_cut: Annotated[
+        bool,
+        typer.Option("--turns-cut", help="Only episodes with a turn cut at the token limit."),
+    ] = False,
     limit: Annotated[int, typer.Option(min=1, help="Most episodes printed.")] = 3,
     offset: Annotated[int, typer.Option(min=0, help="Matching episodes skipped first.")] = 0,
     db: DbOption = None,
@@ -151,7 +155,7 @@ def show_episodes(
     index = TrajectoryIndex(_trajectories_of(run, db))
     index.extend()
     where = TrajectoryFilter(min_reward, max_reward, tuple(status or ()), tool_errors,
-                             length_outliers, step, results_cut)  # fmt: skip
+                             length_outliers, step, results_cut, turns_cut)  # fmt: skip
     keep = where.predicate(index)
     matched = [row for row in index.rows if keep(row)]
     shown = matched[offset : offset + limit]
@@ -221,6 +225,7 @@ def _print_episode(index: TrajectoryIndex, row: Row) -> None:
              f"turns {row.turns}", f"tool calls {row.tool_calls}",
              f"tool errors {row.tool_errors}"]  # fmt: skip
     head += [f"tool results cut {row.results_cut}"] if row.results_cut else []
+    head += [f"turns cut {row.turns_cut}"] if row.turns_cut else []
     console.rule()
     console.print(Text(" · ".join(head), style="bold"))
     try:

@@ -55,6 +55,7 @@ class Row:
     tool_calls: int
     tool_errors: int
     results_cut: int
+    turns_cut: int
     length: int
     preview: str
 
@@ -154,6 +155,7 @@ def _summarise(index: int, offset: int, t: Trajectory) -> Row:
         tool_calls=sum(len(m.get("tool_calls") or []) for m in t.messages),
         tool_errors=sum(len(turn.tool_errors) for turn in t.turns),
         results_cut=sum(turn.tool_results_cut for turn in t.turns),
+        turns_cut=sum(turn.finish_reason == "length" for turn in t.turns),
         length=sum(len(turn.completion_ids or []) for turn in t.turns),
         preview=str(first_user.get("content") or "")[:_PREVIEW_CHARS],
     )
@@ -172,6 +174,9 @@ class TrajectoryFilter:
     #: Only episodes with a tool result cut at ``max_tool_result_chars`` (the model read less
     #: than the tool said: the ``tool-results-cut`` finding's episodes).
     results_cut: bool = False
+    #: Only episodes with a turn cut at the token limit (the ``turns-cut`` finding's: when
+    #: every turn is cut, no length is an outlier).
+    turns_cut: bool = False
 
     def predicate(self, index: TrajectoryIndex) -> Callable[[Row], bool]:
         """A test for rows of ``index`` (length outliers are relative to the whole file)."""
@@ -186,6 +191,7 @@ class TrajectoryFilter:
                 and (not self.length_outliers or not low <= row.length <= high)
                 and (self.step is None or row.step == self.step)
                 and (not self.results_cut or row.results_cut > 0)
+                and (not self.turns_cut or row.turns_cut > 0)
             )
 
         return keep

@@ -429,6 +429,7 @@ def dashboard_router(store: RunStore) -> APIRouter:
         length_outliers: bool = False,
         step: int | None = None,
         results_cut: bool = False,
+        turns_cut: bool = False,
     ) -> dict[str, Any]:
         """One page of trajectory summaries matching every given filter."""
         run = get_run(run_id)
@@ -439,7 +440,7 @@ def dashboard_router(store: RunStore) -> APIRouter:
                     "length_fences": [None, None], "items": []}  # fmt: skip
         where = TrajectoryFilter(
             min_reward, max_reward, tuple(status or ()), tool_errors, length_outliers, step,
-            results_cut,
+            results_cut, turns_cut,
         )  # fmt: skip
         return page(cache.get(path), where, offset, limit)
 

@@ -65,6 +65,23 @@ def test_results_cut_picks_the_episodes_whose_model_read_a_cut_tool_result(
     assert everything.stdout.count("· tool results cut") == 2  # said only where it happened
 
 
+def test_turns_cut_picks_the_episodes_with_a_turn_at_the_token_limit(
+    tmp_path: Path, db: str
+) -> None:
+    """The turns-cut finding's command: when every turn is cut alike, no length is an
+    outlier, and --length-outliers showed nothing."""
+    cut = episode("ok", 0.0, "<tool_call>{\"name\": \"calc")
+    cut.turns[0].finish_reason = "length"
+    whole = episode("ok", 1.0, "The answer is 42.")
+    whole.turns[0].finish_reason = "stop"
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text("".join(to_json_line(t) + "\n" for t in (whole, cut, cut)))
+    shown = agentgym("runs", "episodes", path, "--turns-cut", "--limit", "9", db=db)
+    assert shown.returncode == 0, shown.stderr
+    assert "episodes 1-2 of 2 matching (3 in " in shown.stdout
+    assert shown.stdout.count("· turns cut 1") == 2 and "The answer is 42." not in shown.stdout
+
+
 def episode(status: str, reward: float, reply: str, error: str | None = None) -> Trajectory:
     """A one-turn episode whose assistant wrote ``reply``, scored ``reward``."""
     messages = [{"role": "user", "content": "What is 6 * 7?"},

@@ -61,6 +61,7 @@ def episode(
     status: str = "ok",
     note: str = "",
     results_cut: int = 0,
+    cut_turn: bool = False,
 ) -> Trajectory:
     """A two-turn calculator episode: call ``calculate``, read its result (``results_cut``:
     counted as cut at ``max_tool_result_chars``), answer."""
@@ -77,7 +78,8 @@ def episode(
         Turn(prompt1, _ids(call_text), [-0.1] * len(_ids(call_text)), None, call_text, "stop",
              tool_errors=[f"calculate: {result}"] if tool_error else [],
              tool_results_cut=results_cut),
-        Turn(prompt2, _ids(final), [-0.2] * len(_ids(final)), None, final, "stop"),
+        Turn(prompt2, _ids(final), [-0.2] * len(_ids(final)), None, final,
+             "length" if cut_turn else "stop"),
     ]  # fmt: skip
     for turn in turns:
         turn.completion_mask = [1] * len(turn.completion_ids or [])
@@ -181,7 +183,7 @@ def standard_episodes() -> list[Trajectory]:
     """Ten episodes covering what the viewer must show and filter."""
     episodes = [episode(40 + i, 50 + i, step=10, results_cut=int(i == 2)) for i in range(6)]
     episodes.append(episode(7, 8, step=20, tool_error=True, answer="16"))  # reward 0
-    episodes.append(episode(3, 4, step=20, status="truncated", answer="0"))
+    episodes.append(episode(3, 4, step=20, status="truncated", answer="0", cut_turn=True))
     episodes.append(episode(1, 2, step=20, note=" " + "very long " * 40))  # length outlier
     episodes.append(episode(5, 6, step=20, note=XSS))
     return episodes

@@ -144,8 +144,8 @@ def test_trajectory_pages(client: httpx.Client) -> None:
     assert first["items"][0] | {"preview": None} == {
         "index": 0, "step": 10, "env_id": "calculator", "task_index": 40, "group_index": 0,
         "status": "ok", "reward": 1.0, "scores": {"correct_answer": 1.0, "used_calculator": 1.0},
-        "turns": 2, "tool_calls": 1, "tool_errors": 0, "results_cut": 0, "length": 107,
-        "preview": None,
+        "turns": 2, "tool_calls": 1, "tool_errors": 0, "results_cut": 0, "turns_cut": 0,
+        "length": 107, "preview": None,
     }  # fmt: skip
     assert "messages" not in first["items"][0]  # pages carry summaries only
     assert ids(get(client, "/api/runs/a/trajectories", offset=8, limit=4)) == [8, 9]
@@ -162,6 +162,7 @@ def test_trajectory_pages(client: httpx.Client) -> None:
         ({"tool_errors": True}, [6]),
         ({"length_outliers": True}, [8, 9]),
         ({"results_cut": True}, [2]),
+        ({"turns_cut": True}, [7]),
     ],
 )
 def test_trajectory_filters(

@@ -177,7 +177,9 @@ def test_viewer_shows_tool_call_result_and_loss_mask(
     shot("trajectory")
 
 
-@pytest.mark.parametrize(("box", "index"), [("tool_errors", "6"), ("results_cut", "2")])
+@pytest.mark.parametrize(
+    ("box", "index"), [("tool_errors", "6"), ("results_cut", "2"), ("turns_cut", "7")]
+)
 def test_filter_by_a_checkbox(browser: Any, dashboard: Dashboard, box: str, index: str) -> None:
     open_view(browser, dashboard, "/run/a")
     browser.find_element("css selector", f'#filters input[name="{box}"]').click()

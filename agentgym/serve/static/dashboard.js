@@ -298,6 +298,7 @@ function filterForm(onApply) {
     el("label", {}, "tool errors", el("input", { type: "checkbox", name: "tool_errors" })),
     el("label", {}, "length outliers", el("input", { type: "checkbox", name: "length_outliers" })),
     el("label", {}, "results cut", el("input", { type: "checkbox", name: "results_cut" })),
+    el("label", {}, "turns cut", el("input", { type: "checkbox", name: "turns_cut" })),
     el("button", { type: "submit" }, "Apply"));
   form.addEventListener("submit", (event) => {
     event.preventDefault();
