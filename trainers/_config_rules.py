@@ -225,6 +225,24 @@ def _level_mismatches(config: GRPOConfig) -> list[str]:
     return mismatches
 
 
+#: Trainer knobs that set the env option of the same name (`GRPOConfig.run_env_kwargs`).
+_ENV_KNOBS = ("max_turns", "max_episode_tokens")
+
+
+def check_env_kwargs(config: GRPOConfig) -> None:
+    """Refuse an env option given both as a trainer knob and in ``env_kwargs``, differently.
+
+    The knob won, and ``env_kwargs.max_turns: 5`` was dropped without a word.
+    """
+    for name in _ENV_KNOBS:
+        knob, option = getattr(config, name), config.env_kwargs.get(name)
+        if knob is not None and option is not None and knob != option:
+            raise ConfigError(
+                f"{name} is given twice, {name}: {knob!r} and env_kwargs.{name}: {option!r}; "
+                f"keep one ({name} sets the env's option)"
+            )
+
+
 def check_tasks(config: GRPOConfig) -> None:
     config.task_split(None)
 
@@ -353,6 +371,11 @@ _STEP_KNOBS: dict[str, str | None] = {
 }
 
 def check_schedule(config: GRPOConfig) -> None:
+    for name, off in _STEP_KNOBS.items():  # first: the warm-up rule reads max_steps
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            null = f", or null: {off}" if off else ""
+            raise ConfigError(f"{name}={value!r} must be >= 1{null}")
     if config.warmup_steps and config.lr_scheduler_type == "constant":
         raise ConfigError(
             f"warmup_steps={config.warmup_steps!r} with lr_scheduler_type='constant', which "
@@ -363,11 +386,6 @@ def check_schedule(config: GRPOConfig) -> None:
             f"warmup_steps={config.warmup_steps!r} is longer than the run's max_steps="
             f"{config.max_steps}; shorten the warm-up or train longer"
         )
-    for name, off in _STEP_KNOBS.items():
-        value = getattr(config, name)
-        if value is not None and value < 1:
-            null = f", or null: {off}" if off else ""
-            raise ConfigError(f"{name}={value!r} must be >= 1{null}")
     if config.gradient_accumulation_steps < 1 or \
             config.gradient_accumulation_steps > config.episodes_per_step:
         raise ConfigError(
@@ -467,7 +485,8 @@ def _describe(hint: Any) -> str:
 
 #: Every rule, in the order `GRPOConfig.__post_init__` runs them.
 CONFIG_RULES: tuple[Callable[[GRPOConfig], None], ...] = (
-    check_types, check_finite, check_ranges, check_loss, check_tasks, check_lora,
+    check_types, check_finite, check_ranges, check_loss, check_env_kwargs, check_tasks,
+    check_lora,
     check_hardware, check_rollout_servers, check_schedule, check_output_dir,
     warn_is_bias, warn_full_weight_rate,
 )  # fmt: skip

@@ -70,6 +70,11 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"save_total_limit": 0}, "save_total_limit=0 must be >= 1, or null: keep every"),
         ({"eval_steps": 0}, "eval_steps=0 must be >= 1, or null: no periodic eval"),
         ({"max_steps": 0}, "max_steps=0 must be >= 1"),
+        ({"max_steps": -2}, "max_steps=-2 must be >= 1"),  # not "warmup_steps=0 is longer"
+        ({"max_turns": 3, "env_kwargs": {"max_turns": 5}},
+         "max_turns is given twice, max_turns: 3 and env_kwargs.max_turns: 5; keep one"),
+        ({"max_episode_tokens": 64, "env_kwargs": {"max_episode_tokens": 32}},
+         "max_episode_tokens is given twice"),
         ({"episode_deadline_s": 0}, "episode_deadline_s=0"),
         ({"vllm_importance_sampling_clip_max": 0.0}, "vllm_importance_sampling_clip_max=0.0"),
         ({"rollout_servers": ["http://a:8000"], "sft_steps": 10}, "start the servers on"),
