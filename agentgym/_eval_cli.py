@@ -194,8 +194,14 @@ def evaluate(
 
         max_model_len = context_length(model_path, max_model_len)
     probe = _built(env_id, env_kwargs_built)  # validates options before any work
-    tasks = getattr(probe, "tasks", ())
+    tasks = getattr(probe, "tasks", None)
     try:
+        if tasks is None or not len(tasks):  # it warned "playing all 0", then failed in rollout
+            raise ConfigError(
+                "the env has no task list (a `tasks` attribute) to play; give it one"
+                if tasks is None else "the env has no tasks to play (its options made none); "
+                "give it some, e.g. --env-arg num_tasks=N"
+            )  # fmt: skip
         refuse_unready(probe, env_id)  # its sandboxes, before a model loads
         chosen = _chosen_tasks(task_range, num_tasks, len(tasks))
         reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None

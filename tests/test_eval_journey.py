@@ -248,3 +248,14 @@ def test_an_out_holding_a_train_run_is_refused_before_its_summary_is_overwritten
         "metrics.jsonl",
         "summary.json",
     ]
+
+
+@pytest.mark.parametrize("count", ["0", "-3"])
+def test_an_env_made_with_no_tasks_is_refused_in_one_line(tmp_path: Path, count: str) -> None:
+    """It warned "playing all 0", drew an empty progress bar, then failed naming the Python
+    API's ``tasks=[...]``, and was indexed as a failed run."""
+    proc = run(tmp_path, "-n", "2", "--env-arg", f"num_tasks={count}")
+    assert proc.returncode == 2
+    assert one_error_line(proc) == ("the env has no tasks to play (its options made none); "
+                                    "give it some, e.g. --env-arg num_tasks=N")  # fmt: skip
+    assert not (tmp_path / "out").exists()
