@@ -262,6 +262,12 @@ def check_split(config: GRPOConfig, train: list[int] | None, held_out: list[int]
                 f"eval_num_tasks={config.eval_num_tasks!r} must be between 1 and the "
                 f"{len(held_out)} eval_tasks; lower it or null to use all"
             )
+    if train is not None and not train and config.train_tasks is None:
+        raise ConfigError(  # not "lower tasks_per_step": it cannot go to 0
+            f"the default split held out every one of the env's {len(held_out or ())} "
+            "task(s) for eval (a tenth of them, at least 1), leaving none to train on; give "
+            "the env more tasks, or set train_tasks and eval_tasks"
+        )
     if train is not None and config.tasks_per_step > len(train):
         raise ConfigError(
             f"tasks_per_step={config.tasks_per_step} exceeds the {len(train)} train_tasks; "

@@ -286,6 +286,10 @@ def test_unset_task_ranges_split_the_envs_tasks() -> None:
         GRPOConfig(tasks_per_step=8).task_split(3)  # known only once the env is
     with pytest.raises(ConfigError, match="eval_num_tasks=20 must be between 1 and the 10"):
         GRPOConfig(eval_num_tasks=20).task_split(100)
+    # an env of one task: "lower tasks_per_step" below 1 was the advice
+    with pytest.raises(ConfigError, match="the default split held out every one of the env's 1 "
+                       "task.* set train_tasks and eval_tasks"):  # fmt: skip
+        GRPOConfig().task_split(1)
 
 
 def test_parse_tasks() -> None:
