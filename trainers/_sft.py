@@ -588,13 +588,16 @@ def sft_on_conversations(
                  modes["per_turn"], len(conversations))  # fmt: skip
     _check_traces(examples, validation, model_dir, config, source.get("env_id"))
     check_device_here(config.device)
+    checkpoint = _Checkpoint(sft_checkpoint(Path(out_dir)),
+                             _fingerprint(config, model_dir, examples), _knobs(config),
+                             str(model_dir))  # fmt: skip
+    checkpoint.refuse_another_run()
     torch.manual_seed(config.seed)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.to(config.device)
     if config.method == "lora":
         model = _with_lora(model, config)
     out = Path(out_dir)
-    checkpoint = _Checkpoint(sft_checkpoint(out), _fingerprint(config, model_dir, examples))
     history, trained_before = _train(model, examples, validation, config, checkpoint)
     if config.method == "lora":
         model = model.merge_and_unload()
@@ -760,12 +763,17 @@ def _with_lora(model: Any, config: SFTConfig) -> Any:
     return get_peft_model(model, lora)
 
 
+def _knobs(config: SFTConfig) -> dict[str, Any]:
+    """The knobs a resumed run must share with its checkpoint, as JSON values."""
+    knobs = {k: v for k, v in asdict(config).items() if k not in ("log", "device")}
+    return json.loads(json.dumps(knobs, sort_keys=True, default=str))
+
+
 def _fingerprint(config: SFTConfig, model_dir: str | os.PathLike[str],
                  examples: Sequence[Example]) -> str:  # fmt: skip
     """What a checkpoint must have been trained on to be resumed: the knobs and the traces."""
     digest = hashlib.sha256(str(model_dir).encode())
-    knobs = {k: v for k, v in asdict(config).items() if k not in ("log", "device")}
-    digest.update(json.dumps(knobs, sort_keys=True, default=str).encode())
+    digest.update(json.dumps(_knobs(config), sort_keys=True).encode())
     for example in examples:
         digest.update(json.dumps([example.ids, example.mask]).encode())
     return digest.hexdigest()
@@ -773,14 +781,49 @@ def _fingerprint(config: SFTConfig, model_dir: str | os.PathLike[str],
 
 @dataclass
 class _Checkpoint:
-    """A killed SFT run's state, in ``path``, valid only for the run of ``fingerprint``."""
+    """A killed SFT run's state, in ``path``, valid only for the run of ``fingerprint``.
+
+    Beside it, ``checkpoint.json`` holds the fingerprint, knobs and model it was saved with,
+    so a run of other ones is refused before its model loads, naming what differs.
+    """
 
     path: Path
     fingerprint: str
+    knobs: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
 
     @property
     def folder(self) -> Path:
         return self.path.parent
+
+    @property
+    def record(self) -> Path:
+        return self.folder / "checkpoint.json"
+
+    def refuse_another_run(self) -> None:
+        """Refuse a checkpoint saved by a run of other knobs, model or traces.
+
+        Checked on ``checkpoint.json`` alone, before the model loads: the refusal came after the
+        weights had loaded (minutes on a real model) and named no knob.
+        """
+        if not self.path.is_file():
+            return
+        try:
+            saved = json.loads(self.record.read_text())
+        except (OSError, ValueError):
+            return  # a checkpoint from before the record: `load` checks its fingerprint
+        if saved.get("fingerprint") == self.fingerprint:
+            return
+        knobs = saved.get("knobs") or {}
+        differ = [f"{k} (saved {knobs.get(k)!r}, now {v!r})" for k, v in self.knobs.items()
+                  if knobs.get(k) != v]  # fmt: skip
+        if saved.get("model") != self.model:
+            differ.append(f"model (saved {saved.get('model')}, now {self.model})")
+        raise ConfigError(
+            f"{self.folder} holds a checkpoint of another SFT run, whose "
+            + ("; ".join(differ) if differ else "traces")
+            + " differ; run again with its settings to resume it, or delete that folder"
+        )
 
     def save(self, step: int, model: Any, optimizer: Any, schedule: Any,
              history: list[dict[str, Any]]) -> None:  # fmt: skip
@@ -792,8 +835,16 @@ class _Checkpoint:
         state = {"fingerprint": self.fingerprint, "step": step, "trained": trained,
                  "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
                  "history": history}  # fmt: skip
+        self.write_record()  # first: whenever state.pt is there, so is its record
         torch.save(state, self.path.with_suffix(".tmp"))
         os.replace(self.path.with_suffix(".tmp"), self.path)
+
+    def write_record(self) -> None:
+        """``checkpoint.json``: what `refuse_another_run` compares, written whole."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        record = {"fingerprint": self.fingerprint, "knobs": self.knobs, "model": self.model}
+        self.record.with_suffix(".tmp").write_text(json.dumps(record))
+        os.replace(self.record.with_suffix(".tmp"), self.record)
 
     def load(self, model: Any, optimizer: Any, schedule: Any) -> tuple[int, list[dict[str, Any]]]:
         """(step, metrics so far) of the checkpoint, loaded into the three; (0, []) if none.

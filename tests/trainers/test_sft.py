@@ -100,6 +100,29 @@ def test_config_is_checked_before_anything_loads() -> None:
     assert SFTConfig(device="cuda:1").device == "cuda:1"  # checked against the machine later
 
 
+def test_a_checkpoint_of_other_knobs_is_refused_naming_them_before_the_model_loads(
+    tmp_path,
+) -> None:
+    """The refusal came after the weights loaded and said only "other knobs, model or
+    traces"; it is read off the checkpoint's record now, and names what differs."""
+    from trainers._sft import SFTConfig, _Checkpoint, _knobs
+
+    path = tmp_path / "out.partial" / "state.pt"
+    saved = _Checkpoint(path, "run-a", _knobs(SFTConfig(steps=60)), "models/tiny")
+    saved.write_record()
+    path.write_bytes(b"the weights")  # never read: the record decides
+    other = _Checkpoint(path, "run-b", _knobs(SFTConfig(steps=30, lr=2e-4)), "models/tiny")
+    with pytest.raises(ConfigError) as refused:
+        other.refuse_another_run()
+    said = str(refused.value)
+    assert "holds a checkpoint of another SFT run, whose lr (saved " in said and "\n" not in said
+    assert "steps (saved 60, now 30)" in said and "delete that folder" in said
+    traces = _Checkpoint(path, "run-c", _knobs(SFTConfig(steps=60)), "models/tiny")
+    with pytest.raises(ConfigError, match="another SFT run, whose traces differ"):
+        traces.refuse_another_run()
+    _Checkpoint(path, "run-a", {}, "").refuse_another_run()  # its own run: resumed
+
+
 def test_a_few_steps_lower_the_loss_and_the_folder_loads(tmp_path) -> None:
     torch = require("torch")
     from transformers import AutoModelForCausalLM, AutoTokenizer
