@@ -311,9 +311,9 @@ def _cannot_open(url: str, reason: BaseException | str) -> ConfigError:
         if match:
             shown = f"{url[: match.start(1)]}***{url[match.end(1) :]}"
     text = " ".join(str(reason).split()) or type(reason).__name__  # may span lines
-    if password:  # a driver's message could quote it, as typed or %-encoded
-        for secret in {password, quote(password, safe="")}:
-            text = text.replace(secret, "***")
+    if password:  # a driver's message could quote it, as typed or %-encoded; as a whole
+        for secret in {password, quote(password, safe="")}:  # word ("p" hid every p of it)
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
     return ConfigError(
         f"cannot open the runs database {shown} ({text}); check --db / $AGENTGYM_RUNS_DB"
     )

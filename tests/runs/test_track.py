@@ -157,3 +157,14 @@ def test_indexing_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("AGENTGYM_RUNS_DB", "off")
     with track_run("eval", "x", {}, tmp_path) as run_id:
         assert run_id is None
+
+
+def test_a_short_password_is_hidden_where_it_stands_not_in_every_word() -> None:
+    """Password "p" printed the driver's message as "***ort 1 failed ... acce***ting"."""
+    from agentgym.runs._store import _cannot_open
+
+    said = str(_cannot_open("postgresql+psycopg://u:p@127.0.0.1:1/db",
+                            'connection to server at "127.0.0.1", port 1 failed: is it accepting '
+                            "TCP/IP connections? password p rejected"))  # fmt: skip
+    assert "port 1 failed: is it accepting TCP/IP" in said, said
+    assert "password *** rejected" in said and "u:***@127.0.0.1" in said, said
