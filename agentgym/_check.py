@@ -126,6 +126,11 @@ def load_tokenizer(tokenizer: Any) -> Any:
     from .engine._render import TOKENIZER_FILES, require_vocabulary
 
     tokenizer = str(tiny_model_folder(tokenizer) or tokenizer)  # as train and eval name it
+    written_as_path = tokenizer.startswith(("/", "./", "../", "~"))
+    if written_as_path and not os.path.exists(os.path.expanduser(tokenizer)):
+        raise ConfigError(  # not transformers' "Repo id must be in the form 'repo_name'"
+            f"no folder at {tokenizer}; pass a model folder with its tokenizer files"
+        )
     try:
         loaded = AutoTokenizer.from_pretrained(tokenizer)
     except Exception as exc:  # OSError, ValueError ... all mean "not a tokenizer folder"

@@ -364,7 +364,9 @@ def test_cli_check_passes_chat_template_kwargs(family_dirs: dict[str, Path]) -> 
         pytest.param(["--chat-template-kwargs", "{enable_thinking: false}"], "JSON object",
                      id="kwargs-not-json"),
         pytest.param(["--chat-template-kwargs", "[1]"], "JSON object", id="kwargs-not-object"),
-        pytest.param(["--model", "/nonexistent/model"], "cannot load a tokenizer",
+        pytest.param(["--model", "/nonexistent/model"], "no folder at /nonexistent/model; pass",
+                     id="model-folder-missing"),  # not "Repo id must be in the form ..."
+        pytest.param(["--model", "/tmp"], "cannot load a tokenizer",
                      id="model-without-tokenizer"),
         pytest.param(["--env-arg", "parser=qwen3_codr"], "Did you mean 'qwen3_coder'",
                      id="parser-typo"),
