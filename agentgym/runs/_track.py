@@ -91,11 +91,26 @@ def track_run(
     tracker.finish(0, None)
 
 
+def _folder_state(run_dir: Path) -> frozenset[tuple[str, int, int]]:
+    """(name, mtime, size) of what lies at the top of ``run_dir``: what a run there writes."""
+    try:
+        return frozenset((e.name, (st := e.stat()).st_mtime_ns, st.st_size)
+                         for e in os.scandir(run_dir))  # fmt: skip
+    except OSError:
+        return frozenset()
+
+
 class _Tracker:
-    """The row of one CLI process; every database call is guarded (see module docstring)."""
+    """The row of one CLI process; every database call is guarded (see module docstring).
+
+    A process that failed having written nothing in its folder records no figures or step
+    from it: they are another run's (a refused rerun into a finished run's folder was listed
+    as failed "at step 3", the step of the run it was refused for).
+    """
 
     def __init__(self, store: RunStore | None, run_id: str | None, run_dir: Path) -> None:
         self.store, self.run_id, self.run_dir = store, run_id, run_dir
+        self.found = _folder_state(run_dir)
 
     @classmethod
     def start(cls, kind: str, name: str, config: Mapping[str, Any], run_dir: Path) -> _Tracker:
@@ -119,9 +134,11 @@ class _Tracker:
     def finish(self, code: int, exc: BaseException | None) -> None:
         if self.store is None or self.run_id is None:
             return
+        own = code == 0 or _folder_state(self.run_dir) != self.found  # the folder's figures
         values: dict[str, Any] = {
             "status": status_of(code), "exit_code": code, "ended_at": now_iso(),
-            "figures": read_figures(self.run_dir), "step": read_step(self.run_dir),
+            "figures": read_figures(self.run_dir) if own else {},
+            "step": read_step(self.run_dir) if own else None,
         }  # fmt: skip
         if exc is not None and code != 0:
             values["error_tail"] = _error_text(exc)

@@ -168,3 +168,23 @@ def test_a_short_password_is_hidden_where_it_stands_not_in_every_word() -> None:
                             "TCP/IP connections? password p rejected"))  # fmt: skip
     assert "port 1 failed: is it accepting TCP/IP" in said, said
     assert "password *** rejected" in said and "u:***@127.0.0.1" in said, said
+
+
+def test_a_refused_rerun_into_a_finished_runs_folder_does_not_take_its_figures(
+    tmp_path: Path,
+) -> None:
+    """A train run refused for a folder that holds a run was listed as failed "at step 3",
+    with the figures of the run it was refused for."""
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "status.json").write_text('{"state": "finished", "step": 3}')
+    (run_dir / "summary.json").write_text('{"figures": {"grpo/success": 0.9}}')
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: tiny\nenv: calculator\noutput_dir: {run_dir}\n")
+    refused = agentgym("train", str(config), db=db)
+    assert refused.returncode == 2 and "already holds a run" in refused.stderr, refused.stderr
+    [row] = RunStore(db).list_runs()
+    assert (row["status"], row["step"], row["figures"]) == ("failed", None, {})
+    said = row["error_tail"]
+    assert said.startswith("ConfigError:") and "already holds a run" in said, said
