@@ -72,8 +72,9 @@ class HFPolicy(TokenPolicy):
             None: 4096, or the model's positions if fewer (`context_length`).
         chat_template_kwargs: extra chat-template variables.
         rollout_mode: see `TokenPolicy`.
-        max_batch_size: most turns sampled in one `generate` call. A batch shares one seed
-            (the first turn's), so a seeded turn repeats exactly only with the same batch.
+        max_batch_size: most turns sampled in one `generate` call. Each seeded turn draws
+            from a generator of its own (`_SeededRows`), so it repeats in any batch (up to the
+            float noise a batch's padding adds to the logits).
         straggler_wait: how long a batch may wait for live episodes that are still running
             a tool, as a fraction of the last batch's time (0 waits for none). A turn that
             misses a batch costs a `generate` call of its own, about a whole batch's time;
@@ -275,31 +276,31 @@ class HFPolicy(TokenPolicy):
         rows = [[pad] * (width - len(t.prompt_ids)) + t.prompt_ids for t in batch]
         mask = [[0] * (width - len(t.prompt_ids)) + [1] * len(t.prompt_ids) for t in batch]
         greedy = s.temperature == 0
+        sampler = None if greedy else _SeededRows([t.seed for t in batch], s, self.device)
         options: dict[str, Any] = {
             "max_new_tokens": limit,
-            "do_sample": not greedy,
-            "output_scores": True,
+            "do_sample": False,  # greedy over what `_SeededRows` leaves: the token it drew
+            "output_scores": greedy,
             "return_dict_in_generate": True,
             "pad_token_id": pad,
             "eos_token_id": sorted(stops) or None,
         }
-        if not greedy:
-            top_k = s.top_k if s.top_k > 0 else None  # 0 and -1 both mean no top-k
-            options |= {"temperature": s.temperature, "top_p": s.top_p, "top_k": top_k}
+        if sampler is not None:
+            from transformers import LogitsProcessorList
+
+            options["logits_processor"] = LogitsProcessorList([sampler])
         if s.stop:
             options |= {"stop_strings": list(s.stop), "tokenizer": tokenizer}
         with self._lock, torch.no_grad():
-            if batch[0].seed is not None:
-                torch.manual_seed(batch[0].seed)
             inputs = torch.tensor(rows, device=self.device)
             attention = torch.tensor(mask, device=self.device)
             out = self.model.generate(inputs, attention_mask=attention, **options)
             version = self.adapter_version
             new = out.sequences[:, width:]
-            picked = [
+            picked = sampler.picked if sampler is not None else [
                 torch.log_softmax(step.float(), -1).gather(-1, new[:, k : k + 1])[:, 0]
                 for k, step in enumerate(out.scores)
-            ]
+            ]  # fmt: skip
             logprobs = torch.stack(picked, 1).tolist() if picked else [[] for _ in batch]
         return [
             self._completion(turn, new[row].tolist(), logprobs[row], version)
@@ -402,6 +403,51 @@ class HFPolicy(TokenPolicy):
         return logp.gather(-1, torch.tensor(completion_ids, device=self.device)[:, None])[
             :, 0
         ].tolist()
+
+
+class _SeededRows:
+    """Draws each row's next token from the row's own generator, as ``generate`` would draw it.
+
+    Why: ``generate`` draws every row from torch's one generator, seeded once per batch (by
+    its first turn's seed), so a seeded turn repeated only in the same batch: an eval resumed
+    after Ctrl-C sampled other episodes than the seeds it recorded (3 of 120), and other
+    batching (a torn last line resumed) 67 of 120. Here a turn's seed seeds its row alone;
+    ``generate`` runs greedy over what this returns (the drawn token, every other at -inf).
+    The distribution is ``generate``'s: temperature, then top-k, then top-p, with its warpers;
+    ``picked`` keeps each step's logprobs of the drawn tokens under it (processed logprobs,
+    as vLLM reports them). A row without a seed draws from torch's generator.
+    """
+
+    def __init__(self, seeds: list[int | None], sampling: SamplingConfig, device: str) -> None:
+        import torch
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.warpers: list[Any] = []
+        if sampling.temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_k > 0:  # 0 and -1 both mean no top-k
+            self.warpers.append(TopKLogitsWarper(sampling.top_k))
+        if sampling.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(sampling.top_p))
+        self.generators = [
+            None if seed is None else torch.Generator(device=device).manual_seed(seed)
+            for seed in seeds
+        ]
+        #: Per generated step, the logprob of each row's drawn token.
+        self.picked: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        logprobs = torch.log_softmax(scores.float(), -1)
+        probs = logprobs.exp()
+        drawn = torch.cat([torch.multinomial(probs[row], 1, generator=generator)
+                           for row, generator in enumerate(self.generators)])  # fmt: skip
+        self.picked.append(logprobs.gather(-1, drawn[:, None])[:, 0])
+        only = torch.full_like(scores, float("-inf"))
+        return only.scatter_(-1, drawn[:, None], 0.0)
 
 
 def _bare_generation_config(loaded: Any) -> Any:

@@ -44,6 +44,36 @@ def test_turns_queued_together_equal_the_same_turns_sampled_alone(greedy: HFPoli
         assert b.logprobs == pytest.approx(a.logprobs[: len(b.logprobs)], abs=1e-4)  # fp32
 
 
+def test_seeded_turns_sample_the_same_alone_as_in_any_batch(tiny_model_dir: Path) -> None:
+    """A batch drew every row from one generator seeded by its first turn's seed, so a seeded
+    turn repeated only in the same batch: an eval resumed after Ctrl-C (other batches) played
+    other episodes than the seeds it recorded."""
+    policy = HFPolicy(tiny_model_dir, sampling={"temperature": 1.0, "top_k": 50, "max_tokens": 16})
+    prompts = [policy.tokenizer.encode(f"say {word} " * 2) for word in ("abc", "xyz", "hello")]
+    seeds = [101, 102, 103]
+
+    async def alone() -> list:
+        return [await policy.generate_ids(p, seed=s) for p, s in zip(prompts, seeds)]
+
+    async def together(order: list[int]) -> list:
+        done = await asyncio.gather(*(policy.generate_ids(prompts[i], seed=seeds[i])
+                                      for i in order))  # fmt: skip
+        return [done[order.index(i)] for i in range(len(order))]
+
+    one_by_one = asyncio.run(alone())
+    for order in ([0, 1, 2], [2, 0, 1]):
+        batched = asyncio.run(together(order))
+        assert [b.completion_ids for b in batched] == [a.completion_ids for a in one_by_one]
+        for a, b in zip(one_by_one, batched):
+            assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    assert len({tuple(a.completion_ids) for a in one_by_one}) == 3  # not one draw for all
+    # the logprobs are the sampled distribution's (top-k 50 at temperature 1 here)
+    first = one_by_one[0]
+    assert all(lp <= 0.0 for lp in first.logprobs) and len(first.logprobs) == len(
+        first.completion_ids
+    )
+
+
 def test_a_cancelled_turn_leaves_the_others_of_its_batch_served(greedy: HFPolicy) -> None:
     prompt = greedy.tokenizer.encode("hello there")
 
