@@ -8,6 +8,7 @@ conversation `agentgym check --model` reports on, so the two agree.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Collection
 from pathlib import Path
@@ -166,7 +167,7 @@ def prepare_engine(
     from .engine import HFPolicy, RemoteVLLMPolicy, SamplingConfig, VLLMFleet, VLLMPolicy
 
     tools, example = _checked_template(
-        model_path, env_id, env_kwargs, template_kwargs, rollout_mode
+        model_path, env_id, env_kwargs, template_kwargs, rollout_mode, max_model_len
     )
     options: dict[str, Any] = {
         "sampling": SamplingConfig.from_dict({k: v for k, v in sampling.items() if v is not None}),
@@ -222,20 +223,21 @@ def _checked_template(
     env_kwargs: dict[str, Any],
     template_kwargs: dict[str, Any],
     rollout_mode: RolloutModeChoice,
+    max_model_len: int | None = None,
 ) -> tuple[list[dict[str, Any]], list[Message]]:
     """The env's tool schemas and the conversation the rollout mode is decided on.
 
     That conversation is the one `agentgym check --model` reports on (the env's reference
     episode, or a probe with a second call after text). Chat-template kwargs the template
-    never reads, ``--rollout-mode concat`` with a template that cannot, and a template that
+    never reads, ``--rollout-mode concat`` with a template that cannot, a template that
     shows the tools and a call format the env's parser does not read (the model would call no
-    tool: the eval would measure the parser, not the model) are refused here, on the tokenizer
-    alone, before the slow engine start. A template that never shows the tools (unless the env
-    lists them) is only warned of: the trainer refuses it, but an eval of such a model as it
-    is can be the question asked.
+    tool: the eval would measure the parser, not the model), and an opening prompt that fills
+    ``max_model_len`` are refused here, on the tokenizer alone, before the slow engine start.
+    A template that never shows the tools (unless the env lists them) is only warned of: the
+    trainer refuses it, but an eval of such a model as it is can be the question asked.
     """
     from .engine import ChatRenderer
-    from .engine._episode import probe_conversation
+    from .engine._episode import opening_prompt_problem, probe_conversation
 
     probe = make(env_id, **env_kwargs)
     tools, parser = getattr(probe, "tool_schemas", []), getattr(probe, "parser", None)
@@ -252,6 +254,10 @@ def _checked_template(
             raise ConfigError(f"{model_path}: {problem}")
     example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
     example = example or probe_conversation(tools)
+    opening = list(itertools.takewhile(lambda m: m.get("role") != "assistant", example))
+    if max_model_len and (problem := opening_prompt_problem(renderer, opening, tools,
+                                                            max_model_len)):  # fmt: skip
+        raise ConfigError(f"{problem}; raise --max-model-len to what the model allows")
     if rollout_mode is RolloutModeChoice.concat:
         decision = renderer.decide_mode(example, tools)
         if decision.mode != "concat":
