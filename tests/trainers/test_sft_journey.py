@@ -181,12 +181,12 @@ def test_the_run_warm_starts_on_the_env_template_and_context_its_rollouts_use(
     monkeypatch.setattr(grpo, "sft_warm_start", record)
     trainer = GRPOTrainer(grpo.GRPOConfig(
         env="calculator", train_tasks="10:40", eval_tasks="0:10", env_kwargs={"num_tasks": 40},
-        sft_steps=5, max_turns=2, max_model_len=512, report_to=["none"],
+        sft_steps=5, max_turns=2, max_model_len=1024, report_to=["none"],
         chat_template_kwargs={"enable_thinking": False}, sft_method="lora", lora_r=8,
         lora_alpha=24,
     ))  # fmt: skip
     trainer._warm_start(type("Run", (), {"path": tmp_path})())  # type: ignore[arg-type]
     assert seen["env_kwargs"] == {"num_tasks": 40, "max_turns": 2}
     assert seen["chat_template_kwargs"] == {"enable_thinking": False}
-    assert seen["max_length"] == 512
+    assert seen["max_length"] == 1024
     assert seen["method"] == "lora" and seen["lora"] == (8, 24)  # sft_method, the run's adapter
