@@ -8,7 +8,6 @@ conversation `agentgym check --model` reports on, so the two agree.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 from collections.abc import Collection
 from pathlib import Path
@@ -254,8 +253,7 @@ def _checked_template(
             raise ConfigError(f"{model_path}: {problem}")
     example = reference_conversation(env_id, env_kwargs, tokenizer, template_kwargs)
     example = example or probe_conversation(tools)
-    opening = list(itertools.takewhile(lambda m: m.get("role") != "assistant", example))
-    if max_model_len and (problem := opening_prompt_problem(renderer, opening, tools,
+    if max_model_len and (problem := opening_prompt_problem(renderer, example, tools,
                                                             max_model_len)):  # fmt: skip
         raise ConfigError(f"{problem}; raise --max-model-len to what the model allows")
     if rollout_mode is RolloutModeChoice.concat:

@@ -588,16 +588,15 @@ def sft_on_conversations(
                  modes["per_turn"], len(conversations))  # fmt: skip
     _check_traces(examples, validation, model_dir, config, source.get("env_id"))
     check_device_here(config.device)
-    checkpoint = _Checkpoint(sft_checkpoint(Path(out_dir)),
-                             _fingerprint(config, model_dir, examples), _knobs(config),
-                             str(model_dir))  # fmt: skip
+    out = Path(out_dir)
+    checkpoint = _Checkpoint(sft_checkpoint(out), _fingerprint(config, model_dir, examples),
+                             _knobs(config), str(model_dir))  # fmt: skip
     checkpoint.refuse_another_run()
     torch.manual_seed(config.seed)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.to(config.device)
     if config.method == "lora":
         model = _with_lora(model, config)
-    out = Path(out_dir)
     history, trained_before = _train(model, examples, validation, config, checkpoint)
     if config.method == "lora":
         model = model.merge_and_unload()

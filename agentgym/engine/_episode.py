@@ -263,8 +263,7 @@ class TokenPolicy:
         Why: each episode would end as ``truncated`` before its first turn, with no turn and
         no hint in the summary (a dozen tool schemas outgrow 4,096 tokens).
         """
-        opening = list(itertools.takewhile(lambda m: m.get("role") != "assistant", example))
-        if problem := opening_prompt_problem(self.renderer, opening, tools, self.max_model_len):
+        if problem := opening_prompt_problem(self.renderer, example, tools, self.max_model_len):
             raise ConfigError(f"{problem}; raise max_model_len (--max-model-len) to what the "
                               "model allows")  # fmt: skip
 
@@ -493,18 +492,20 @@ def probe_conversation(tools: list[dict[str, Any]]) -> list[Message]:
 
 def opening_prompt_problem(
     renderer: ChatRenderer,
-    opening: Sequence[Message],
+    conversation: Sequence[Message],
     tools: list[dict[str, Any]],
     max_model_len: int,
 ) -> str:
     """Why every episode would end before its first turn ("" when the opening prompt fits).
 
-    One rule for the engine (an eval finds out when it starts) and `agentgym train`'s
-    pre-flight (before the model and the engine load), each naming its own fix.
+    The opening prompt is ``conversation`` up to its first assistant turn. One rule for the
+    engine (when it starts), `agentgym eval` and `agentgym train`'s pre-flight (on the
+    tokenizer, before any model loads), each naming its own fix.
     """
+    opening = list(itertools.takewhile(lambda m: m.get("role") != "assistant", conversation))
     if not opening:
         return ""
-    length = len(renderer.prompt_ids(list(opening), tools or None))
+    length = len(renderer.prompt_ids(opening, tools or None))
     if length < max_model_len:
         return ""
     return (f"the env's opening prompt is {length} tokens, and max_model_len is "
