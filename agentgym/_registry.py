@@ -307,6 +307,16 @@ def make(id: str | EnvSpec, **kwargs: Any) -> Env:
     return env
 
 
+def check_env_options(id: str, kwargs: dict[str, Any]) -> None:
+    """Refuse an unknown env id, or options its constructor would refuse, building nothing.
+
+    What `make` checks before it builds the env: for a job queued now and built later, maybe
+    hours later, by a worker.
+    """
+    spec = gymnasium.spec(resolve_id(id))
+    _check_kwargs(spec.id, _load_entry_point(spec.entry_point), {**(spec.kwargs or {}), **kwargs})
+
+
 def _spec_as_made(spec: EnvSpec, options: dict[str, Any]) -> EnvSpec:
     """The env's own spec: the registered one with the options it was made with.
 

@@ -230,7 +230,9 @@ def check_options(params: Mapping[str, Any]) -> None:
 
     Why: a queued sft job (``agentgym serve``, ``sweep``) is checked at submission, so a config
     the command would refuse never becomes a run; the model and the env's task count are the
-    worker's to check (a model load). ``params``: the command's click ``ctx.params``.
+    worker's to check (a model load), and the env is the caller's (a ``module:id`` runs the
+    submitter's code on import: the job API checks it in a child process). ``params``: the
+    command's click ``ctx.params``.
     """
     _sft_config(**params)
     env, tasks, scripts = params["env"], params["tasks"], params["script"]
@@ -238,8 +240,6 @@ def check_options(params: Mapping[str, Any]) -> None:
     parse_env_args(params["env_arg"])
     if params["chat_template_kwargs"] is not None:
         parse_template_kwargs(params["chat_template_kwargs"])
-    if env is not None:
-        resolve_id(env)
     if tasks:
         parse_tasks(tasks, "--tasks")
     _parse_scripts(scripts or [])

@@ -23,6 +23,7 @@ import difflib
 import functools
 import importlib.util
 import json
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -236,13 +237,56 @@ def _option_args(config: Mapping[str, Any], skip: str) -> list[str]:
 
 def _check_eval(config: Mapping[str, Any]) -> None:
     from agentgym._eval_options import check_policy_options
-    from agentgym._registry import resolve_id
 
     _check_keys("eval", config, _EVAL_RESERVED)
     args = _eval_args(config)
-    resolve_id(args[0])  # UnknownEnvError names the close ids
     ctx = _parse("eval", [*args, "--out", "unused"])
     check_policy_options(ctx)  # temperature under the reference policy: refused now
+    _check_env(args[0], config.get("env_kwargs"))
+
+
+#: What a child process runs to check a ``module:id`` env: the import is the user's code.
+_CHECK_ENV = (
+    "import json, sys\n"
+    "from agentgym._errors import ConfigError\n"
+    "from agentgym._registry import check_env_options\n"
+    "try:\n"
+    "    check_env_options(sys.argv[1], json.loads(sys.argv[2]))\n"
+    "except ConfigError as exc:\n"
+    "    sys.exit(f'error: {exc}')\n"
+)
+
+
+def _check_env(env_id: str, env_kwargs: Mapping[str, Any] | None) -> None:
+    """Refuse an unknown env id, or env options its constructor would refuse.
+
+    A ``module:id`` is checked in a child process: importing the module runs the submitter's
+    code, and in the server's process a module that calls ``sys.exit`` (``unittest.__main__``)
+    stopped the server, and one that raised on import answered 500. The worker imports it
+    again when the job runs.
+    """
+    from agentgym._registry import check_env_options
+
+    kwargs = dict(env_kwargs or {})
+    if ":" not in env_id:
+        check_env_options(env_id, kwargs)  # UnknownEnvError names the close ids
+        return
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHECK_ENV, env_id, json.dumps(kwargs, default=str)],
+            capture_output=True, text=True, timeout=ENV_CHECK_SECONDS, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"env {env_id!r}: importing its module took over "
+                          f"{ENV_CHECK_SECONDS} s; check it with agentgym check") from None
+    if proc.returncode:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        said = lines[-1].removeprefix("error: ") if lines else f"exit {proc.returncode}"
+        raise ConfigError(f"env {env_id!r}: {said}")
+
+
+#: Seconds a child process may take to import a job's env module and check its options.
+ENV_CHECK_SECONDS = 120
 
 
 def _check_sft(config: Mapping[str, Any]) -> None:
@@ -253,7 +297,10 @@ def _check_sft(config: Mapping[str, Any]) -> None:
     from agentgym.trainers._sft_cli import check_options
 
     _check_keys("sft", config, _SFT_RESERVED)
-    check_options(_parse("sft", _sft_args(config, Path("unused"))).params)
+    params = _parse("sft", _sft_args(config, Path("unused"))).params
+    check_options(params)
+    if params["env"] is not None:
+        _check_env(params["env"], config.get("env_kwargs"))
 
 
 def _check_keys(name: str, config: Mapping[str, Any], reserved: frozenset[str]) -> None:
@@ -298,7 +345,5 @@ def _check_train(config: Mapping[str, Any]) -> None:
         from agentgym.trainers._config import GRPOConfig
     except ImportError:  # the train extra is missing: the worker will say so
         return
-    from agentgym._registry import resolve_id
-
     cfg = GRPOConfig.from_dict(config)
-    resolve_id(cfg.env)
+    _check_env(cfg.env, cfg.run_env_kwargs)

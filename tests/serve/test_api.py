@@ -196,10 +196,11 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_run(client: httpx.Client) ->
 
 
 def test_a_failing_job_records_its_exit_code_and_last_log_lines(client: httpx.Client) -> None:
-    failing = submit(client, {"env": "calculator", "env_kwargs": {"bogus_option": 1}})
+    # options of the right type, which only the built env finds wrong (no tasks): its worker's
+    failing = submit(client, {"env": "calculator", "env_kwargs": {"num_tasks": 0}})
     done = wait_status(client, failing["id"], "failed")
     assert done["exit_code"] == 2 and done["attempt"] == 1  # a bad config is never retried
-    assert "bogus_option" in done["error_tail"]
+    assert "no tasks to play" in done["error_tail"]
     assert not (Path(done["run_dir"]) / "summary.json").exists()
     assert wait_status(client, submit(client, QUICK)["id"], "finished")  # still serving
 
