@@ -157,13 +157,16 @@ def create_app(
         that already finished or failed; cancelling a cancelled job again is a no-op.
         """
         run = _get(store, run_id)
+        if run["status"] in (RunStatus.finished, RunStatus.failed):  # first: a finished CLI
+            # run was told to "stop its process (pid N)", a pid that may be another's by now
+            what = "job" if run["job"] is not None else "run"
+            raise HTTPException(409, f"{what} {run_id!r} already {run['status']}; nothing to "
+                                     "cancel")  # fmt: skip
         if run["job"] is None:
             raise HTTPException(
                 409, f"run {run_id!r} was started from the command line, not as a job; stop "
                 f"its process (pid {run['pid']} on {run['host']}) instead",
             )  # fmt: skip
-        if run["status"] in (RunStatus.finished, RunStatus.failed):
-            raise HTTPException(409, f"job {run_id!r} already {run['status']}; nothing to cancel")
         row = store.request_cancel(run_id)
         queue.wake()
         return row or _get(store, run_id)
@@ -300,7 +303,8 @@ def _bearer_check(token: str) -> Callable[[Request, _Next], Awaitable[Response]]
     """
     async def check(request: Request, call_next: _Next) -> Response:
         header, cookie = request.headers.get("authorization"), request.cookies.get(TOKEN_COOKIE)
-        if _same(header, f"Bearer {token}") or _same(cookie, token):
+        scheme, _, given = (header or "").partition(" ")  # the scheme is case-insensitive
+        if (scheme.lower() == "bearer" and _same(given, token)) or _same(cookie, token):
             return await call_next(request)
         if request.method == "GET" and _same(request.query_params.get("token"), token):
             response = RedirectResponse(str(request.url.remove_query_params("token")), 303)

@@ -28,6 +28,7 @@ from tests.runs.postgres import BACKENDS, backend_url
 require("fastapi")
 require("uvicorn")
 require("sqlalchemy")
+from agentgym.runs import RunStore  # noqa: E402
 
 AGENTGYM = [sys.executable, "-c", "from agentgym.cli import main; main()"]
 QUICK = {"env": "calculator", "num_tasks": 3}
@@ -143,6 +144,26 @@ def server(
 def client(server: Server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=30) as c:
         yield c
+
+
+def test_cancelling_a_command_line_run_says_what_it_is(
+    client: httpx.Client, server: Server
+) -> None:
+    """A finished one was told "stop its process (pid N) instead": a pid that may be another
+    process's by then. A running one still gets that advice."""
+    store = RunStore(server.db_url)
+    try:
+        finished = store.create_run(kind="eval", name="cli", config={}, source="cli",
+                                    status="finished", pid=1, host="here")  # fmt: skip
+        running = store.create_run(kind="eval", name="cli", config={}, source="cli",
+                                   status="running", pid=os.getpid(), host="here")  # fmt: skip
+    finally:
+        store.close()
+    done = client.post(f"/jobs/{finished}/cancel")
+    assert done.status_code == 409 and "already finished; nothing to cancel" in done.text
+    assert "pid" not in done.text
+    live = client.post(f"/jobs/{running}/cancel")
+    assert live.status_code == 409 and f"stop its process (pid {os.getpid()}" in live.text
 
 
 def test_openapi_schema_is_published(client: httpx.Client) -> None:

@@ -143,6 +143,12 @@ def test_another_address_needs_the_token(tmp_path: Path) -> None:
                 assert "Bearer" in response.json()["detail"]
         good = httpx.get(base + "/jobs", headers={"Authorization": "Bearer s3cret"}, timeout=30)
         assert good.status_code == 200 and good.json() == []
+        for scheme in ("bearer", "BEARER"):  # RFC 7235: the scheme is case-insensitive
+            lower = httpx.get(base + "/jobs", headers={"Authorization": f"{scheme} s3cret"},
+                              timeout=30)  # fmt: skip
+            assert lower.status_code == 200, scheme
+        other = httpx.get(base + "/jobs", headers={"Authorization": "Basic s3cret"}, timeout=30)
+        assert other.status_code == 401
         # a browser cannot send the header: it signs in once with ?token=, then has a cookie
         assert httpx.get(base + "/?token=wrong", timeout=30).status_code == 401
         with httpx.Client(base_url=base, timeout=30) as browser:
