@@ -34,7 +34,6 @@ class PrefixMismatchError(ValueError):
     """Turn k+1's prompt does not extend turn k's prompt + completion (history was rewritten)."""
 
 
-
 #: The largest reward magnitude an episode carries. Past it a group's statistics overflow:
 #: rewards of 1e200 made the trainer's step raise OverflowError (the std squares them), and
 #: an infinite one made every advantage of its group NaN. No real reward comes near it.

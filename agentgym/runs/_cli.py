@@ -154,8 +154,10 @@ def show_episodes(
                           f"{', '.join(get_args(Status))}")  # fmt: skip
     index = TrajectoryIndex(_trajectories_of(run, db))
     index.extend()
-    where = TrajectoryFilter(min_reward, max_reward, tuple(status or ()), tool_errors,
-                             length_outliers, step, results_cut, turns_cut)  # fmt: skip
+    where = TrajectoryFilter(
+        min_reward, max_reward, tuple(status or ()), tool_errors=tool_errors,
+        length_outliers=length_outliers, step=step, results_cut=results_cut, turns_cut=turns_cut,
+    )  # fmt: skip
     keep = where.predicate(index)
     matched = [row for row in index.rows if keep(row)]
     shown = matched[offset : offset + limit]

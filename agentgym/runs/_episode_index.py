@@ -163,7 +163,7 @@ def _summarise(index: int, offset: int, t: Trajectory) -> Row:
 
 @dataclass(frozen=True)
 class TrajectoryFilter:
-    """Which rows the list shows; every given condition must hold."""
+    """Which rows the list shows; every given condition must hold (the flags by keyword)."""
 
     min_reward: float | None = None
     max_reward: float | None = None

@@ -439,8 +439,9 @@ def dashboard_router(store: RunStore) -> APIRouter:
             return {"total": 0, "matched": 0, "offset": offset, "bad_lines": 0,
                     "length_fences": [None, None], "items": []}  # fmt: skip
         where = TrajectoryFilter(
-            min_reward, max_reward, tuple(status or ()), tool_errors, length_outliers, step,
-            results_cut, turns_cut,
+            min_reward, max_reward, tuple(status or ()), tool_errors=tool_errors,
+            length_outliers=length_outliers, step=step, results_cut=results_cut,
+            turns_cut=turns_cut,
         )  # fmt: skip
         return page(cache.get(path), where, offset, limit)
 
