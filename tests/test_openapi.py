@@ -223,6 +223,7 @@ class _Handler(BaseHTTPRequestHandler):
     a wrong path prefix). ``seen`` records each request's method and path."""
 
     release: threading.Event
+    hang_arrived: threading.Event
     seen: list[tuple[str, str]]
 
     def _answer(self) -> None:
@@ -240,6 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path.startswith("/nowhere"):
             code, payload = 404, {"detail": "Not Found"}
         elif self.path == "/hang":
+            self.hang_arrived.set()
             self.release.wait(10)
             code, payload = 200, {}
         else:
@@ -259,9 +261,17 @@ def seen() -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def server(seen: list[tuple[str, str]]) -> Iterator[str]:
+def hang_arrived() -> threading.Event:
+    """Set once the ``server`` fixture's handler holds a ``/hang`` request: a client that
+    timed out may return before the server's thread has even recorded it (a loaded machine)."""
+    return threading.Event()
+
+
+@pytest.fixture
+def server(seen: list[tuple[str, str]], hang_arrived: threading.Event) -> Iterator[str]:
     release = threading.Event()
-    handler = type("Handler", (_Handler,), {"release": release, "seen": seen})
+    attributes = {"release": release, "seen": seen, "hang_arrived": hang_arrived}
+    handler = type("Handler", (_Handler,), attributes)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -337,7 +347,7 @@ async def test_429_and_503_are_tried_again_then_the_services_whoever_asked(
 
 
 async def test_with_a_probe_a_call_that_breaks_a_working_service_is_the_models(
-    server: str, seen: list[tuple[str, str]]
+    server: str, seen: list[tuple[str, str]], hang_arrived: threading.Event
 ) -> None:
     """A model that can make the service fail (a 500, a hang) must not turn its episode into
     an unscored ``infra_error``: while the service answers the probe, it is a tool error."""
@@ -349,7 +359,8 @@ async def test_with_a_probe_a_call_that_breaks_a_working_service_is_the_models(
     seen.clear()
     with pytest.raises(ToolError, match="no response .* within 0.3 s"):
         await _tool(tools, "hang").acall({})
-    assert seen == [("GET", "/hang"), ("GET", "/health")]  # a timeout is not sent again
+    assert hang_arrived.wait(10)  # the server's thread may record it after the probe's
+    assert sorted(seen) == [("GET", "/hang"), ("GET", "/health")]  # a timeout is not sent again
     seen.clear()
     with pytest.raises(ToolError, match="HTTP 502"):
         await _tool(tools, "post_status").acall({"code": 502})
