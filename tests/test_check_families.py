@@ -125,7 +125,8 @@ LLAMA31_LIKE = (
 )
 
 # Ignores ``tools``; concatenates each call's arguments as text, the calls back to back in
-# V3.1's short form; nothing opens the turn after a tool result.
+# V3.1's short form; nothing opens the turn after a tool result. A turn ends with the eos token
+# (the real template writes ``<｜end▁of▁sentence｜>``, its tokenizer's eos).
 _DS = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
 DEEPSEEK_V31_LIKE = (
     "{%- set ns = namespace(last_user=false) %}"
@@ -139,7 +140,7 @@ DEEPSEEK_V31_LIKE = (
     "{%- for c in m.tool_calls %}"
     "{{- '" + _DS[1] + "' + c.function.name + '" + _DS[2] + "' + c.function.arguments"
     " + '" + _DS[3] + "' }}{%- endfor %}{{- '<｜tool▁calls▁end｜>' }}{%- endif %}"
-    "{{- '<｜end▁of▁sentence｜>' }}"
+    "{{- eos_token }}"
     "{%- elif m.role == 'tool' %}"
     "{{- '<｜tool▁output▁begin｜>' + m.content + '<｜tool▁output▁end｜>' }}"
     "{%- endif %}{%- endfor %}"

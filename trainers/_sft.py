@@ -266,14 +266,15 @@ def tokenize_conversation(
 
     The chat template is rendered prefix by prefix: before each assistant message the prompt
     (``add_generation_prompt=True``) must extend the previous render, and the assistant's
-    part is its content through the end-of-turn token (``tokenizer.eos_token``); what follows
+    part is its content through the first stop token the engine ends a turn on (the eos
+    token, or one of ``generation_config.json``'s: Gemma's ``<end_of_turn>``); what follows
     that token belongs to the next prompt. ``chat_template_kwargs`` (e.g. ``{"enable_thinking":
     False}``) render it as the rollouts render it, so SFT trains the tokens they sample.
 
     Raises:
         HistoryRewrittenError: the template rewrites history (not a prefix).
-        ConfigError: an assistant turn does not end with the eos token, or the template
-            fails to render the conversation.
+        ConfigError: an assistant turn holds no stop token, or the template fails to render
+            the conversation.
     """
     return _whole_conversation(_renderer(tokenizer, chat_template_kwargs), messages, tools)
 
@@ -295,7 +296,6 @@ def _whole_conversation(
     renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]] | None
 ) -> Example:
     """`tokenize_conversation` with a renderer built once for many conversations."""
-    eos = renderer.tokenizer.eos_token
     segments: list[tuple[str, int]] = []
     done = ""
     for i, message in enumerate(messages):
@@ -309,11 +309,14 @@ def _whole_conversation(
                 "conversations needs one that does (`conversation_examples` trains per turn)"
             )
         reply = full[len(prompt) :]
-        end = reply.find(eos)
+        end = _through_first_stop(reply, renderer.stop_texts)
         if end < 0:
-            raise ConfigError(f"assistant turn {i} does not end with eos {eos!r}: {reply!r}")
-        segments += [(prompt[len(done) :], 0), (reply[: end + len(eos)], 1)]
-        done = prompt + reply[: end + len(eos)]
+            raise ConfigError(
+                f"assistant turn {i} holds none of the model's stop tokens "
+                f"{renderer.stop_texts}: {reply!r}; the template must end turns with one"
+            )
+        segments += [(prompt[len(done) :], 0), (reply[:end], 1)]
+        done = prompt + reply[:end]
     ids: list[int] = []
     mask: list[int] = []
     for text, trainable in segments:
@@ -321,6 +324,12 @@ def _whole_conversation(
         ids += piece
         mask += [trainable] * len(piece)
     return Example(ids, mask)
+
+
+def _through_first_stop(reply: str, stops: Sequence[str]) -> int:
+    """Where ``reply`` ends: after its first stop token's text (-1 when it holds none)."""
+    found = [(at, len(stop)) for stop in stops if (at := reply.find(stop)) >= 0]
+    return sum(min(found)) if found else -1
 
 
 class HistoryRewrittenError(ConfigError):

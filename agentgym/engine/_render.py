@@ -124,7 +124,12 @@ class ChatRenderer:
         self.template_kwargs = dict(chat_template_kwargs or {})
         self._arguments_as_text = False
         self.stop_token_ids = _stop_token_ids(tokenizer)
+        #: Each stop token's text, as it appears in a render (what SFT trains a turn through).
+        self.stop_texts = tuple(
+            text for text in (tokenizer.decode([i]) for i in sorted(self.stop_token_ids)) if text
+        )
         self._turn_end = self._find_turn_end()
+        self._refuse_unending_turns()
 
     # ---- rendering ---------------------------------------------------------------------
     def render_text(
@@ -322,11 +327,28 @@ class ChatRenderer:
 
     def _sampled_stop_text(self) -> str:
         """The part of the turn end a model samples: its first stop token, if it opens it."""
-        for token_id in self.stop_token_ids:
-            text = self.tokenizer.decode([token_id])
-            if text and self._turn_end.startswith(text):
-                return text
-        return ""
+        return next((text for text in self.stop_texts if self._turn_end.startswith(text)), "")
+
+    def _refuse_unending_turns(self) -> None:
+        """Refuse a template whose turn end holds none of the tokens the model stops on.
+
+        Why: a turn ends where the model samples a stop token (its ``eos_token`` and the ids of
+        ``generation_config.json``, as vLLM stops). A base model's tokenizer under a chat
+        template (Qwen2.5 base stops on ``<|endoftext|>``, its template ends turns with
+        ``<|im_end|>``) sampled every turn to max_tokens, and the warm start refused it with a
+        message that named no fix. A template that ends a turn with no text (the next header
+        follows) is left alone: the sampled stop token is then the turn's end.
+        """
+        end = self._turn_end.strip()
+        if not end or any(text in self._turn_end for text in self.stop_texts):
+            return
+        stops = ", ".join(map(repr, self.stop_texts)) or "none"
+        raise TemplateError(
+            f"the chat template ends an assistant turn with {end!r}, but the model stops only on "
+            f"{stops} (eos_token and generation_config.json's eos_token_id), so every turn "
+            f"would run to max_tokens; set eos_token to {end!r} in the model's "
+            "tokenizer_config.json, or use a template that ends turns with {{ eos_token }}"
+        )
 
     def _find_turn_end(self) -> str:
         """What the template writes after an assistant turn's content (``<|im_end|>`` + newline)."""

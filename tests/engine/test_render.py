@@ -194,3 +194,35 @@ def test_a_template_that_wants_arguments_as_text_gets_json_text() -> None:
             "function": {"name": "calculate", "arguments": {"expression": "1 + 2 é"}}}  # fmt: skip
     text = r.render_text([{"role": "assistant", "content": "", "tool_calls": [call]}], None, False)
     assert 'calculate {"expression": "1 + 2 é"}' in text  # as the parsers write it, not \u00e9
+
+
+def _base_model_tokenizer(folder: Path, generation_eos: list[str]) -> object:
+    """The tiny tokenizer as a base model ships it: eos ``<|endoftext|>`` under a ChatML
+    template that ends turns with ``<|im_end|>`` (Qwen2.5 base), its generation_config.json
+    stopping on ``generation_eos`` (Gemma's lists its turn end beside its eos)."""
+    tok = make_tokenizer()
+    tok.eos_token = "<|endoftext|>"
+    tok.save_pretrained(folder)
+    ids = [tok.convert_tokens_to_ids(t) for t in generation_eos]
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_a_template_ending_turns_on_a_token_the_model_never_stops_on_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Every turn would run to max_tokens (vLLM stops on eos and generation_config's ids only),
+    and the warm start refused such a model naming no fix."""
+    base = _base_model_tokenizer(tmp_path / "base", ["<|endoftext|>"])
+    with pytest.raises(TemplateError) as refused:
+        ChatRenderer(base)
+    message = str(refused.value)
+    assert "ends an assistant turn with '<|im_end|>'" in message
+    assert "stops only on '<|endoftext|>'" in message
+    assert "set eos_token to '<|im_end|>' in the model's tokenizer_config.json" in message
+    assert "\n" not in message
+    gemma_like = _base_model_tokenizer(tmp_path / "gemma", ["<|endoftext|>", "<|im_end|>"])
+    assert ChatRenderer(gemma_like).stop_texts == ("<|endoftext|>", "<|im_end|>")
+    # a template that writes nothing after a turn: the sampled stop token is its end
+    no_turn_end = "{%- for m in messages %}{{- m.role + ': ' + (m.content or '') }}{%- endfor %}"
+    assert renderer(no_turn_end).stop_texts == ("<|im_end|>",)

