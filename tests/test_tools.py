@@ -645,8 +645,12 @@ async def test_sync_calls_reuse_a_warm_thread() -> None:
         return threading.current_thread()
 
     threads = ToolThreads(4)
+    parked = max(len(_tool_calls._workers.idle), 1)  # idle workers once the call's is back
     first = await where.acall({}, threads=threads)
-    await asyncio.sleep(0.01)  # let the worker go back to idle
+    deadline = time.monotonic() + 5  # the worker settles the call, then parks itself
+    while len(_tool_calls._workers.idle) < parked:
+        assert time.monotonic() < deadline, "the worker never went back to idle"
+        await asyncio.sleep(0.005)
     assert await where.acall({}, threads=threads) is first
     assert first is not threading.current_thread()
 
@@ -655,16 +659,19 @@ async def test_idle_worker_threads_exit(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(_tool_calls, "IDLE_THREAD_SECONDS", 0.05)
     gate = threading.Barrier(3)
 
+    met: list[threading.Thread] = []
+
     @tool
     def meet() -> str:
         """Hold a thread until three calls run at once."""
+        met.append(threading.current_thread())
         gate.wait(5)
         return "met"
 
     await asyncio.gather(*(meet.acall({}) for _ in range(3)))
-    assert any(t.name == "agentgym-tool-meet" for t in threading.enumerate())
+    assert len(set(met)) == 3  # three worker threads (they may have exited already: 0.05 s)
     deadline = time.monotonic() + 5
-    while any(t.name == "agentgym-tool-meet" for t in threading.enumerate()):
+    while any(t.is_alive() for t in met):
         assert time.monotonic() < deadline, "idle worker threads did not exit"
         await asyncio.sleep(0.02)
 

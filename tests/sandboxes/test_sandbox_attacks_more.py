@@ -334,7 +334,7 @@ signal.signal(signal.SIGUSR1, lambda *a: libc.pthread_exit(None))
 main = threading.main_thread().ident
 forever = threading.Event()
 def survive():
-    time.sleep(0.3)  # the cell has replied: the kernel waits for its next cell
+    time.sleep(1.5)  # the cell has replied: the kernel waits for its next cell
     signal.pthread_kill(main, signal.SIGUSR1)
     while open('/proc/self/status').read().split('State:')[1].split()[0] != 'Z':
         time.sleep(0.01)

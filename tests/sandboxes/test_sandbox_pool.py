@@ -38,16 +38,21 @@ def test_lease_keeps_files_and_session_then_resets(pool):
 
 
 async def test_async_leases_run_in_parallel(pool):
+    held: list[tuple[float, float]] = []  # each lease's (start, end), not a wall-clock bound
+
     async def episode(i: int) -> str:
         async with pool.alease() as sb:
+            start = time.perf_counter()
             await sb.arun(f"x = {i}")
             await sb.arun("import time; time.sleep(0.3)")
-            return (await sb.arun("print(x)")).stdout
+            out = (await sb.arun("print(x)")).stdout
+            held.append((start, time.perf_counter()))
+            return out
 
-    started = time.perf_counter()
     outs = await asyncio.gather(*(episode(i) for i in range(6)))
     assert outs == [f"{i}\n" for i in range(6)]
-    assert time.perf_counter() - started < 6 * 0.3, "leases must overlap"
+    most_at_once = max(sum(s <= t < e for s, e in held) for t, _ in held)
+    assert most_at_once >= 2, f"leases must overlap: {held}"
 
 
 async def test_cancelled_waiter_does_not_leak_a_sandbox(pool):

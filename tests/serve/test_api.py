@@ -264,7 +264,10 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return Path(f"/proc/{pid}/cmdline").read_bytes() != b""  # a zombie is gone
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() != b""  # a zombie is gone
+    except FileNotFoundError:  # reaped since the signal
+        return False
 
 
 def test_the_dashboard_reads_the_same_store(client: httpx.Client) -> None:
