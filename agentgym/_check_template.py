@@ -95,13 +95,23 @@ def template_checks(
 def template_failure_cause(
     renderer: ChatRenderer, tools: list[dict[str, Any]], parser: ToolCallParser | None
 ) -> str:
-    """The env's parser, when it is why the template failed (ids Mistral's cannot render)."""
+    """The env's parser, when it is why the template failed (ids Mistral's cannot render).
+
+    "" when the template writes the parser's call: it failed on something else (a role it
+    refuses), which its own message says.
+    """
+    from .engine import TemplateError
+
     if not tools or parser is None:
         return ""
+    expected = _probe_call(tools)
     try:
-        return call_format_problem(renderer, tools, parser)
+        _written_call(renderer, tools, parser, expected[0])
+    except TemplateError as exc:
+        return _unwritable_call(renderer, tools, parser, expected, exc)
     except ConfigError:  # the template fails on any call: its own message says why
         return ""
+    return ""
 
 
 def _template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> CheckResult:
@@ -272,6 +282,8 @@ def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:
         ]
         return same_calls and turn.content == ours.content and not turn.errors
 
+    if ours.tool_calls and not any(c.name in rendered for c in ours.tool_calls):
+        return DROPS_CALLS
     if ours.tool_calls and not reads_back(parser):
         other = next((n for n in available_parsers() if reads_back(get_parser(n))), None)
         hint = f"; it reads as the {other!r} format (--env-arg parser={other})" if other else ""
@@ -320,8 +332,17 @@ def read_calls(parser: ToolCallParser, text: str) -> list[Call] | None:
     return None if turn.errors else [(c.name, c.arguments) for c in turn.tool_calls]
 
 
+#: The fix for a template that writes no call at all: no parser can read what is not there.
+DROPS_CALLS = (
+    "the template drops the turn's tool calls (a fresh render shows the model none of the calls "
+    "it made): give the model a chat template that writes tool calls (one made for tool use)"
+)
+
+
 def format_fix(text: str, expected: list[Call], parser: ToolCallParser) -> str:
     """The fix to name: the shipped parser that reads the template's calls, or the template."""
+    if not any(name in text for name, _ in expected):
+        return DROPS_CALLS
     readers = (n for n in available_parsers() if n != parser.name)
     other = next((n for n in readers if read_calls(get_parser(n), text) == expected), None)
     if other:
@@ -367,25 +388,44 @@ def call_format_problem(
     """
     from .engine import TemplateError
 
-    function = tools[0]["function"]
-    expected = [(function["name"], example_arguments(function.get("parameters") or {}))]
+    expected = _probe_call(tools)
     try:
         text = _written_call(renderer, tools, parser, expected[0])
-    except TemplateError as exc:  # Mistral's requires 9-character ids, which hermes' are not
-        others = (get_parser(n) for n in available_parsers() if n != parser.name)
-        fits = (p.name for p in others if _writes_readable_call(renderer, tools, p, expected))
-        fix = next((f"use --env-arg parser={n} (env_kwargs)" for n in fits), "")
-        return (
-            f"the chat template cannot write a call with the id {parser.make_call_id(1, 0)!r} "
-            f"the env's parser {parser.name!r} gives ({exc.__cause__ or exc}); "
-            f"{fix or f'give the model a chat template that writes the {parser.name!r} format'}"
-        )
+    except TemplateError as exc:
+        return _unwritable_call(renderer, tools, parser, expected, exc)
     if read_calls(parser, text) == expected:
         return ""
     return (
-        f"the chat template writes a call to {function['name']!r} as {text[:80]!r}, which the "
+        f"the chat template writes a call to {expected[0][0]!r} as {text[:80]!r}, which the "
         f"env's parser {parser.name!r} does not read, so the model would call no tool; "
         f"{format_fix(text, expected, parser)}"
+    )
+
+
+def _probe_call(tools: list[dict[str, Any]]) -> list[Call]:
+    """One call to the env's first tool, with arguments its schema accepts."""
+    function = tools[0]["function"]
+    return [(function["name"], example_arguments(function.get("parameters") or {}))]
+
+
+def _unwritable_call(
+    renderer: ChatRenderer,
+    tools: list[dict[str, Any]],
+    parser: ToolCallParser,
+    expected: list[Call],
+    exc: Exception,
+) -> str:
+    """Why the template refused the parser's call, naming a shipped parser it writes, if any.
+
+    Mistral's requires 9-character ids, which hermes' are not.
+    """
+    others = (get_parser(n) for n in available_parsers() if n != parser.name)
+    fits = (p.name for p in others if _writes_readable_call(renderer, tools, p, expected))
+    fix = next((f"use --env-arg parser={n} (env_kwargs)" for n in fits), "")
+    return (
+        f"the chat template cannot write a call with the id {parser.make_call_id(1, 0)!r} "
+        f"the env's parser {parser.name!r} gives ({exc.__cause__ or exc}); "
+        f"{fix or f'give the model a chat template that writes the {parser.name!r} format'}"
     )
 
 

@@ -421,3 +421,17 @@ def test_cli_check_vllm_parser_without_its_markers_names_the_fix(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "pass the model's tokenizer" in proc.stderr and "Traceback" not in proc.stderr
     assert get_parser("vllm:deepseek_v3").name == "vllm:deepseek_v3"  # default tokenizer: fine
+
+
+def test_a_template_that_drops_calls_is_blamed_not_the_parser() -> None:
+    """Phi-4-mini's, Granite 3.3's and SmolLM2's templates write a turn's content only: the
+    row said the template writes calls the 'hermes' parser does not read."""
+    content_only = (
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') }}"
+        "{{- '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    round_trip = rows(content_only, tool_prompt="system")["chat template round trip"]
+    assert not round_trip.passed
+    assert "the template drops the turn's tool calls" in round_trip.detail
+    assert "parser does not read" not in round_trip.detail

@@ -79,9 +79,8 @@ def preflight(config: GRPOConfig) -> Checked:
     env = _check_env(config)
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_context(model_dir, config)
-    renderer = _check_template(
-        model_dir, env.tools, config.chat_template_kwargs, env.lists_tools, env.parser
-    )
+    renderer = _check_template(model_dir, env.tools, config.chat_template_kwargs,
+                               env.lists_tools, env.parser, config.sft_steps > 0)  # fmt: skip
     from agentgym.engine._episode import opening_prompt_problem
 
     if problem := opening_prompt_problem(renderer, env.opening, env.tools, config.max_model_len):
@@ -423,6 +422,7 @@ def _check_template(
     kwargs: dict[str, Any],
     env_lists: bool = False,
     parser: ToolCallParser | None = None,
+    warm_start: bool = False,
 ) -> ChatRenderer:
     """The model's first prompt shows the tools, and the env's parser reads the calls it asks for.
 
@@ -433,15 +433,18 @@ def _check_template(
     shows the tools also shows how to call them; a pretrained model writes that format, so the
     env's parser must read it (`call_format_problem`): under ``parser: hermes`` a Llama 3
     model's calls were plain text, and the run trained on episodes that called nothing.
+    A ``warm_start`` trains on the template's text of each call, so its calls must read back
+    also where the env lists the tools (the warm start refused such a template only after
+    the dry run had passed it: Phi-4-mini's, which drops the calls, under ``tool_prompt``).
     """
     from transformers import AutoTokenizer
 
     from agentgym.engine import ChatRenderer
 
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir), kwargs)  # has a template
-    if env_lists or not tools:
+    if not tools or (env_lists and not warm_start):
         return renderer
-    if problem := unshown_tools_problem(renderer, tools):
+    if not env_lists and (problem := unshown_tools_problem(renderer, tools)):
         raise ConfigError(f"{model_dir}: {problem}")
     if parser is not None and (problem := call_format_problem(renderer, tools, parser)):
         raise ConfigError(f"{model_dir}: {problem}")

@@ -41,6 +41,10 @@ _PLACEHOLDER_TOOL = {
 }
 
 
+#: What the env sends in each role a template may refuse (`ChatRenderer._refused_role`).
+_ROLE_USES = {"system": "its system prompt", "tool": "tool results"}
+
+
 @dataclass(frozen=True)
 class ModeDecision:
     """Which rollout mode a template gets, and why (shown by `agentgym check` and logged)."""
@@ -77,12 +81,15 @@ def require_vocabulary(tokenizer: Any) -> None:
         )
 
 
-def template_messages(messages: Sequence[Message], as_text: bool = False) -> list[Message]:
+def template_messages(
+    messages: Sequence[Message], as_text: bool = False, calls_without_content: bool = False
+) -> list[Message]:
     """Messages as a chat template expects them: tool-call arguments as dicts or JSON text.
 
     Most HF templates want dicts; some concatenate the arguments as text (``as_text``, e.g.
     DeepSeek V3's), written as the parsers render them (non-ASCII kept as is), so a render
-    of history is the text the env's parser writes.
+    of history is the text the env's parser writes. ``calls_without_content``: a turn of calls
+    alone gets content None, not "" (the OpenAI form; some templates write calls only then).
     """
     out = []
     for message in messages:
@@ -90,6 +97,8 @@ def template_messages(messages: Sequence[Message], as_text: bool = False) -> lis
         if calls:
             calls = [{**c, "function": _function(c["function"], as_text)} for c in calls]
             message = {**message, "tool_calls": calls}
+            if calls_without_content and message.get("content") == "":
+                message["content"] = None
         out.append(message)
     return out
 
@@ -123,6 +132,7 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.template_kwargs = dict(chat_template_kwargs or {})
         self._arguments_as_text = False
+        self._calls_without_content = False
         self.stop_token_ids = _stop_token_ids(tokenizer)
         #: Each stop token's text, as it appears in a render (what SFT trains a turn through).
         self.stop_texts = tuple(
@@ -130,6 +140,7 @@ class ChatRenderer:
         )
         self._turn_end = self._find_turn_end()
         self._refuse_unending_turns()
+        self._calls_without_content = self._writes_calls_only_without_content()
 
     # ---- rendering ---------------------------------------------------------------------
     def render_text(
@@ -151,10 +162,43 @@ class ChatRenderer:
                 else:
                     self._arguments_as_text = True
                     return text
+            refused = self._refused_role(messages)
+            fix = (f"it refuses {refused!r} messages, which the env sends ({_ROLE_USES[refused]}): "
+                   "use a chat template that takes them (one made for tool use)") if refused else (
+                   "check the template and chat_template_kwargs")  # fmt: skip
             raise TemplateError(
                 f"the chat template failed to render {len(messages)} messages "
-                f"({type(exc).__name__}: {exc}); check the template and chat_template_kwargs"
+                f"({type(exc).__name__}: {exc}); {fix}"
             ) from exc
+
+    def _refused_role(self, messages: Sequence[Message]) -> str:
+        """A role of ``messages`` the template refuses outright ("" when none is to blame).
+
+        Why: Gemma 2's template raises on a system message, Gemma 3's on a ``tool`` one, and the
+        error sent users to their chat_template_kwargs. A role is blamed only where a short
+        conversation renders without it and fails with it.
+        """
+        noop = {"name": "noop", "arguments": {}}
+        call = {"id": "a1b2c3d4e", "type": "function", "function": noop}  # Mistral's id shape
+        user: Message = {"role": "user", "content": "u"}
+        called: list[Message] = [user, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        result = {"role": "tool", "tool_call_id": call["id"], "name": "noop", "content": "r"}
+        probes: dict[str, tuple[list[Message], list[Message]]] = {
+            "system": ([user], [{"role": "system", "content": "s"}, user]),
+            "tool": (called, [*called, result]),
+        }
+        sent = {m.get("role") for m in messages}
+        for role, (without, with_it) in probes.items():
+            if role in sent and self._renders(without) and not self._renders(with_it):
+                return role
+        return ""
+
+    def _renders(self, messages: list[Message]) -> bool:
+        try:
+            self._render(messages, [_PLACEHOLDER_TOOL], True, self._arguments_as_text)
+        except Exception:  # jinja raises anything
+            return False
+        return True
 
     def _render(
         self,
@@ -164,7 +208,7 @@ class ChatRenderer:
         as_text: bool,
     ) -> str:
         text = self.tokenizer.apply_chat_template(
-            template_messages(messages, as_text),
+            template_messages(messages, as_text, self._calls_without_content),
             tools=tools or None,
             add_generation_prompt=generation,
             tokenize=False,
@@ -349,6 +393,27 @@ class ChatRenderer:
             f"would run to max_tokens; set eos_token to {end!r} in the model's "
             "tokenizer_config.json, or use a template that ends turns with {{ eos_token }}"
         )
+
+    def _writes_calls_only_without_content(self) -> bool:
+        """Whether the template drops a turn's calls unless its content is None (not "").
+
+        Why: the env gives a turn of calls alone the content "" (templates that add text to
+        it need a string), and DeepSeek-R1-Distill's template writes calls only when the
+        content is none: every call vanished from the prompts and the SFT traces, and the
+        check blamed the parser. Such a template is given None for those turns.
+        """
+        call = {"id": "call_1", "type": "function", "function": {"name": "noop", "arguments": {}}}
+
+        def written(content: str | None) -> str:
+            turn = {"role": "assistant", "content": content, "tool_calls": [call]}
+            try:
+                text = self.render_text([{"role": "user", "content": "hi"}, turn],
+                                        [_PLACEHOLDER_TOOL], generation=False)  # fmt: skip
+            except TemplateError:
+                return ""
+            return text
+
+        return "noop" not in written("") and "noop" in written(None)
 
     def _find_turn_end(self) -> str:
         """What the template writes after an assistant turn's content (``<|im_end|>`` + newline)."""

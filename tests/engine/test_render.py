@@ -226,3 +226,67 @@ def test_a_template_ending_turns_on_a_token_the_model_never_stops_on_is_refused(
     # a template that writes nothing after a turn: the sampled stop token is its end
     no_turn_end = "{%- for m in messages %}{{- m.role + ': ' + (m.content or '') }}{%- endfor %}"
     assert renderer(no_turn_end).stop_texts == ("<|im_end|>",)
+
+
+# DeepSeek-R1-Distill-like: a turn's calls are written only when its content is none.
+CALLS_ONLY_WITHOUT_CONTENT = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.content is none %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- for c in m.tool_calls %}"
+    "{{- '<tool_call>\\n' + (c.function | tojson) + '\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_template_that_writes_calls_only_without_content_gets_none() -> None:
+    """The env gives a turn of calls alone the content "": under this template every call
+    vanished from the prompts and the SFT traces, and the check blamed the env's parser."""
+    from agentgym._check_template import call_format_problem
+    from agentgym.parsers import get_parser
+
+    r = renderer(CALLS_ONLY_WITHOUT_CONTENT)
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "calculate", "arguments": {"expression": "1 + 2"}}}  # fmt: skip
+    turn = {"role": "assistant", "content": "", "tool_calls": [call]}  # as the env writes it
+    text = r.render_text([{"role": "user", "content": "q"}, turn], TOOLS, generation=False)
+    assert '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1 + 2"}}' in text
+    assert call_format_problem(r, TOOLS, get_parser("hermes")) == ""
+    worded = {**turn, "content": "Let me compute."}  # text with calls: as the template says
+    assert "<tool_call>" not in r.render_text([worded], TOOLS, generation=False)
+    assert "<tool_call>" in renderer().render_text([turn], TOOLS, generation=False)  # ChatML
+
+
+# Gemma-2-like: a system message is refused. Gemma-3-like: roles must alternate (no tool role).
+REFUSES_SYSTEM = (
+    "{%- if messages[0].role == 'system' %}{{- raise_exception('System role not supported') }}"
+    "{%- endif %}" + CALLS_ONLY_WITHOUT_CONTENT
+)
+ALTERNATES = (
+    "{%- set chat = messages[1:] if messages[0].role == 'system' else messages %}"
+    "{%- for m in chat %}{%- if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+    "{%- endif %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "role", "use"),
+    [(REFUSES_SYSTEM, "system", "its system prompt"), (ALTERNATES, "tool", "tool results")],
+    ids=["gemma2", "gemma3"],
+)
+def test_a_role_the_template_refuses_is_named_not_the_kwargs(
+    template: str, role: str, use: str
+) -> None:
+    r = renderer(template)
+    conversation = [{"role": "system", "content": "Be brief."}, *probe_conversation(TOOLS)]
+    with pytest.raises(TemplateError) as refused:
+        r.render_text(conversation, TOOLS, generation=True)
+    message = str(refused.value)
+    assert f"it refuses '{role}' messages, which the env sends ({use})" in message
+    assert "chat_template_kwargs" not in message
+    with pytest.raises(TemplateError, match="check the template and chat_template_kwargs"):
+        renderer("{{ raise_exception('broken') }}{{ messages }}")  # no role to blame

@@ -113,6 +113,20 @@ def test_the_fix_it_names_passes_the_env_lists_the_tools_itself(
     assert checked.model_dir == model
 
 
+def test_a_warm_start_refuses_a_template_that_drops_calls_where_the_env_lists_the_tools(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The dry run passed it, then the warm start refused it (Phi-4-mini's, Granite 3.3's and
+    SmolLM2's templates write an assistant turn's content only). Without a warm start the
+    sampled tokens are what trains, and it passes as before."""
+    model = _without_tools(tiny_model_dir, tmp_path)
+    env_kwargs = {**SMALL_TASKS["env_kwargs"], "tool_prompt": "system"}  # type: ignore[dict-item]
+    listed = {**SMALL_TASKS, "env_kwargs": env_kwargs}
+    _refusal(GRPOConfig(model=str(model), sft_steps=10, **listed),
+             "the template drops the turn's tool calls")  # fmt: skip
+    assert preflight(GRPOConfig(model=str(model), **listed)).model_dir == model
+
+
 #: Renders the tools, as the real Llama 3.1 and Mistral v0.3 templates do (these do not).
 _SHOW_TOOLS = (
     "{%- for tool in tools or [] %}{{- 'Tool: ' + tool.function.name + '\\n' }}{%- endfor %}"
