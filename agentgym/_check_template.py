@@ -286,8 +286,10 @@ def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:
         return DROPS_CALLS
     if ours.tool_calls and not reads_back(parser):
         other = next((n for n in available_parsers() if reads_back(get_parser(n))), None)
-        hint = f"; it reads as the {other!r} format (--env-arg parser={other})" if other else ""
-        return f"the template writes tool calls the {parser.name!r} parser does not read{hint}"
+        blame = f"the template writes tool calls the {parser.name!r} parser does not read"
+        if other:
+            blame += f"; it reads as the {other!r} format ({env_option('parser', other)})"
+        return blame
     squeezed = "".join(produced.split())
     if "".join(rendered.split()).startswith(squeezed):
         return "only whitespace differs; make the parser's render match the template's spacing"
@@ -295,7 +297,7 @@ def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:
     if writer:
         return (
             f"the template writes the same calls as the {writer!r} parser does, not as "
-            f"{parser.name!r} (both read them): use --env-arg parser={writer} (env_kwargs), so "
+            f"{parser.name!r} (both read them): use {env_option('parser', writer)}, so "
             "the env's reference turns and SFT traces are what the template writes"
         )
     return (
@@ -322,6 +324,11 @@ def _parser_writing_as(rendered: str, turn: ParsedTurn, parser: ToolCallParser) 
     return None
 
 
+def env_option(name: str, value: str) -> str:
+    """An env option as the commands take it: ``agentgym train`` has no ``--env-arg``."""
+    return f"--env-arg {name}={value} (agentgym train: --set env_kwargs.{name}={value})"
+
+
 #: A tool call as a parser reads it: (name, arguments).
 Call = tuple[str, Any]
 
@@ -346,7 +353,7 @@ def format_fix(text: str, expected: list[Call], parser: ToolCallParser) -> str:
     readers = (n for n in available_parsers() if n != parser.name)
     other = next((n for n in readers if read_calls(get_parser(n), text) == expected), None)
     if other:
-        return f"it reads as the {other!r} format: use --env-arg parser={other} (env_kwargs)"
+        return f"it reads as the {other!r} format: use {env_option('parser', other)}"
     return f"give the model a chat template that writes the {parser.name!r} format"
 
 
@@ -370,7 +377,7 @@ def unshown_tools_problem(renderer: ChatRenderer, tools: list[dict[str, Any]]) -
         f"the chat template does not render tools (the tool {tools[0]['function']['name']!r} "
         "is missing from the prompt), so the model never sees them; use a model whose "
         "template supports tools, or the env's tool_prompt='system', which lists them in its "
-        "system prompt: --env-arg tool_prompt=system (env_kwargs)"
+        f"system prompt: {env_option('tool_prompt', 'system')}"
     )
 
 
@@ -421,7 +428,7 @@ def _unwritable_call(
     """
     others = (get_parser(n) for n in available_parsers() if n != parser.name)
     fits = (p.name for p in others if _writes_readable_call(renderer, tools, p, expected))
-    fix = next((f"use --env-arg parser={n} (env_kwargs)" for n in fits), "")
+    fix = next((f"use {env_option('parser', n)}" for n in fits), "")
     return (
         f"the chat template cannot write a call with the id {parser.make_call_id(1, 0)!r} "
         f"the env's parser {parser.name!r} gives ({exc.__cause__ or exc}); "

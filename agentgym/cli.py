@@ -127,6 +127,9 @@ _mount_commands()
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 2.
 
+    Infrastructure that failed before a run began (a rollout server the dry run cannot reach)
+    is one line and 75, as in a run: a queue tries it again, and 1 means a bug of ours.
+
     Without standalone mode the app returns a command's ``typer.Exit`` code instead of
     exiting (a failed ``check`` is 1); it must reach `sys.exit`, or every run exits 0.
     """
@@ -141,6 +144,8 @@ def main() -> None:
             print_error(message)
         sys.exit(2)
     except Error as exc:  # infrastructure (a server that would not start ...): not the user's
+        from .runs._track import exit_code_of  # the runs' own codes: 75 for an InfraError
+
         print_error(str(exc))
-        sys.exit(1)
+        sys.exit(exit_code_of(exc))
     sys.exit(code if isinstance(code, int) else 0)  # a command's return value is no code

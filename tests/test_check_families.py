@@ -192,7 +192,8 @@ def test_mistral_under_the_default_parser_names_the_parser_not_the_template() ->
     """Its template refuses hermes' ``call_1_0`` ids: the row said "check the template"."""
     detail = rows(MISTRAL_V03_LIKE)["chat template"].detail
     assert "Tool call IDs should be alphanumeric" in detail
-    assert detail.endswith("use --env-arg parser=mistral (env_kwargs)"), detail
+    fix = "use --env-arg parser=mistral (agentgym train: --set env_kwargs.parser=mistral)"
+    assert detail.endswith(fix), detail
 
 
 def test_mistral_env_keeps_the_models_ids_and_assigns_ids_that_fit() -> None:

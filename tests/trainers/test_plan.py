@@ -134,3 +134,40 @@ def test_a_base_models_tokenizer_under_a_chat_template_is_refused_before_the_run
     assert "ends an assistant turn with '<|im_end|>'" in lines[0]
     assert "set eos_token to '<|im_end|>'" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_refusal_of_trains_names_the_option_as_train_takes_it(tmp_path: Path) -> None:
+    """It said "use --env-arg parser=hermes", an option `agentgym train` does not have."""
+    path = tmp_path / "run.yaml"
+    path.write_text(f"env: calculator\noutput_dir: {tmp_path / 'run'}\nreport_to: [none]\n")
+    agentgym = Path(sys.executable).with_name("agentgym")
+
+    def dry_run(*overrides: str) -> subprocess.CompletedProcess[str]:
+        sets = [arg for pair in overrides for arg in ("--set", pair)]
+        return subprocess.run([str(agentgym), "train", str(path), "--dry-run", *sets],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    refused = dry_run("env_kwargs.parser=llama3_json")
+    assert refused.returncode == 2, refused.stderr
+    fix = "--set env_kwargs.parser=hermes"
+    assert f"(agentgym train: {fix})" in refused.stderr
+    assert dry_run(fix.removeprefix("--set ")).returncode == 0  # the fix it names passes
+
+
+def test_a_rollout_server_nobody_answers_is_infrastructure_not_a_bug(tmp_path: Path) -> None:
+    """One line, exit 75 (a queue tries it again); it was 1, which the docs define as a bug."""
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on once this closes
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = tmp_path / "run.yaml"
+    path.write_text(f"env: calculator\noutput_dir: {tmp_path / 'run'}\nreport_to: [none]\n"
+                    f"rollout_servers: ['http://127.0.0.1:{port}']\n")  # fmt: skip
+    agentgym = Path(sys.executable).with_name("agentgym")
+    refused = subprocess.run([str(agentgym), "train", str(path), "--dry-run"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 75 and len(lines) == 1, refused.stderr
+    assert "is unreachable" in lines[0] and "rollout_servers" in lines[0]
+    assert not (tmp_path / "run").exists()

@@ -172,7 +172,8 @@ def test_agentgym_sft_on_a_mistral_template_under_the_default_parser_names_the_p
                               "--env-arg", "tool_prompt=system")  # fmt: skip
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].endswith("use --env-arg parser=mistral (env_kwargs)")
+    fix = "use --env-arg parser=mistral (agentgym train: --set env_kwargs.parser=mistral)"
+    assert len(lines) == 1 and lines[0].endswith(fix)
     assert not out.exists()
 
 
