@@ -68,7 +68,7 @@ NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
         pytest.param(["--help"], {}, 0, id="help"),
         pytest.param([], {}, 2, id="no-command"),
         pytest.param(["evaluate"], {}, 2, id="unknown-command"),
-        pytest.param(["sandbox", "ls"], NO_DOCKER, 1, id="sandbox-ls-without-docker"),
+        pytest.param(["sandbox", "ls"], NO_DOCKER, 75, id="sandbox-ls-without-docker"),
         pytest.param(["sandbox", "ls", "--host", "tcp://10.0.0.5:2376", "--cert-dir", "/missing"],
                      {}, 2, id="sandbox-ls-bad-cert-dir"),  # a config error, as elsewhere
         pytest.param(["sandbox", "build", "--method", "magic"], {}, 2, id="sandbox-bad-option"),
