@@ -1,4 +1,7 @@
-"""`loads`: `json.loads` for the hot path of every step, with `json.loads`'s results and errors.
+"""JSON helpers: `loads` for the hot path of every step, `is_array` for numpy/torch numbers.
+
+`is_array` says what JSON should write as numbers and lists (numpy and torch scalars and
+arrays) where it would fall back to text.
 
 `json.loads` spends more time in its Python wrapper (two whitespace regexes, a BOM check,
 three calls) than its C scanner spends reading a tool call. `loads` runs the scanner directly
@@ -15,6 +18,17 @@ from typing import Any
 
 _DECODER: Any = json.JSONDecoder()  # json.loads's own settings: no hooks, strict
 _scan: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once
+
+
+#: Libraries whose scalars and arrays become Python numbers and lists (``tolist``).
+_ARRAY_LIBRARIES = frozenset({"numpy", "torch"})
+
+
+def is_array(value: Any) -> bool:
+    """A numpy/torch scalar or array: JSON writes its ``tolist()``, numbers, not their text."""
+    return type(value).__module__.partition(".")[0] in _ARRAY_LIBRARIES and hasattr(
+        value, "tolist"
+    )
 
 
 def loads(text: str) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 import pydantic
 
 from ._errors import ToolError
+from ._json import is_array
 
 _BYTES = (bytes, bytearray, memoryview)
 
@@ -78,13 +79,9 @@ def _json_data(value: Any) -> Any:
             return value.model_dump(mode="json")
         except ValueError:  # a field pydantic cannot write as JSON (bytes that are not UTF-8)
             return value.model_dump()  # whose values come back here
-    if type(value).__module__.partition(".")[0] in _ARRAY_LIBRARIES and hasattr(value, "tolist"):
+    if is_array(value):
         return value.tolist()  # numbers, not their str in quotes ("3", "[1 2]")
     return _plain_text(value)
-
-
-#: Libraries whose scalars and arrays become Python numbers and lists (``tolist``).
-_ARRAY_LIBRARIES = frozenset({"numpy", "torch"})
 
 
 def _plain_text(value: Any) -> str:

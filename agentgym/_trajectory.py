@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ._errors import ConfigError
+from ._json import is_array
 from ._types import Completion
 
 #: ``ok``: ended on its own (final answer or a stop condition); ``truncated``: hit max turns or
@@ -187,7 +188,16 @@ def _field_names(kind: type) -> frozenset[str]:
 
 def to_json_line(trajectory: Trajectory) -> str:
     """One JSONL line (with its newline) for ``trajectory``."""
-    return json.dumps(trajectory.to_dict(), ensure_ascii=False, default=str) + "\n"
+    return json.dumps(trajectory.to_dict(), ensure_ascii=False, default=_line_data) + "\n"
+
+
+def _line_data(value: Any) -> Any:
+    """What JSON cannot write itself: numpy/torch numbers as numbers, anything else as text.
+
+    Why: a task's ``np.int64(7)`` came back as ``"7"``, and a reward that re-scored the read
+    episodes changed.
+    """
+    return value.tolist() if is_array(value) else str(value)
 
 
 def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:

@@ -30,3 +30,18 @@ class Completion:
     logprobs: list[float] | None = None
     finish_reason: str | None = None
     adapter_version: int | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse logprobs that do not pair with the sampled ids, one for one.
+
+        Why: a policy of the user's returned 4 ids and 2 logprobs; the episode ended ``ok`` and
+        the trainer's importance ratios read NaN and another token's logprob, with nothing said.
+        """
+        ids, logprobs = self.completion_ids, self.logprobs
+        if ids is not None and logprobs is not None and len(ids) != len(logprobs):
+            from ._errors import ConfigError  # `_errors` imports nothing of ours; kept late anyway
+
+            raise ConfigError(
+                f"Completion has {len(ids)} completion_ids and {len(logprobs)} logprobs: give "
+                "one logprob per sampled id (the sampling distribution's), or logprobs=None"
+            )

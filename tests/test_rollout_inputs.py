@@ -176,3 +176,30 @@ async def test_summarize_reads_a_written_file_back(tmp_path) -> None:
     write_jsonl(trajectories, tmp_path / "t.jsonl")
     summary = summarize(read_jsonl(tmp_path / "t.jsonl"))  # a generator, as read_jsonl gives
     assert summary["episodes"] == 2 and summary["reward/mean"] == 0.5
+
+
+class ShortLogprobsPolicy:
+    """A user's policy with a bug: 4 sampled ids, 2 logprobs."""
+
+    async def generate(self, messages, tools, *, max_tokens=None, task=None) -> Completion:
+        return Completion("0", prompt_ids=[1, 2, 3], completion_ids=[5, 6, 7, 8],
+                          logprobs=[-0.1, -0.2], finish_reason="stop")  # fmt: skip
+
+
+async def test_logprobs_that_do_not_pair_with_the_ids_fail_the_episode_naming_both() -> None:
+    """The episode ended ``ok`` and the trainer's importance ratios read NaN and other tokens'
+    logprobs, silently."""
+    [trajectory] = await arollout(CountedEnv, ShortLogprobsPolicy(), tasks=[0])
+    assert trajectory.status == "error"
+    assert "Completion has 4 completion_ids and 2 logprobs" in (trajectory.error or "")
+    assert Completion("x", completion_ids=[1, 2], logprobs=None).logprobs is None  # allowed
+
+
+async def test_numpy_numbers_in_a_task_read_back_as_numbers(tmp_path) -> None:
+    """``json.dumps(default=str)`` wrote ``np.int64(7)`` as ``"7"``: a reward that re-scored
+    the read episodes (``answer == 7``) changed."""
+    task = {"prompt": "p", "answer": "0", "id": np.int64(7), "ids": np.arange(2), "w": 0.5}
+    written = await arollout(CountedEnv, ScriptedPolicy(["0"]), tasks=[task])
+    write_jsonl(written, tmp_path / "t.jsonl")
+    [back] = read_jsonl(tmp_path / "t.jsonl")
+    assert back.task == {"prompt": "p", "answer": "0", "id": 7, "ids": [0, 1], "w": 0.5}
