@@ -65,7 +65,8 @@ class HFPolicy(TokenPolicy):
     Args:
         model: a local model folder.
         sampling: a `SamplingConfig` or a dict of its fields (``min_p`` is not supported).
-        adapter: a PEFT adapter folder to apply on top of the model, or None.
+        adapter: a PEFT adapter folder to apply on top of the model (version 1, which its
+            turns record, as a first `load_adapter`), or None.
         device: ``"cpu"``, ``"cuda"`` ...
         dtype: torch dtype name for the weights (``"float32"`` for exact comparisons).
         max_model_len: context window; a longer prompt ends the episode as ``truncated``.
@@ -127,7 +128,7 @@ class HFPolicy(TokenPolicy):
             check_adapter_base(Path(adapter).expanduser(), model)
         net: Any = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
         net.generation_config = _bare_generation_config(net.generation_config)
-        if adapter is not None:
+        if adapter is not None and not local:
             from peft import PeftModel
 
             net = PeftModel.from_pretrained(net, str(adapter))
@@ -139,6 +140,12 @@ class HFPolicy(TokenPolicy):
         self._lock = threading.Lock()  # one forward pass at a time; torch uses every core
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopTurns]
         self._loops = weakref.WeakKeyDictionary()
+        if adapter is not None:  # version 1, as a first `load_adapter` (its turns said 0: base)
+            if local:
+                self.load_adapter(Path(adapter).expanduser())
+            else:
+                self.adapters = [AdapterVersion(1, "default", str(adapter), 0.0)]
+                self.adapter_version = 1
 
     @property
     def renderer(self) -> ChatRenderer:

@@ -269,6 +269,7 @@ def test_an_adapter_swapped_into_the_slot_serves_what_it_does_loaded_fresh(
         assert asyncio.run(policy.served_adapters()) == {version}
         fresh = HFPolicy(tiny_model_dir, sampling=sampling, adapter=adapter)
         want = asyncio.run(fresh.generate_ids(prompt))
+        assert want.adapter_version == 1  # it said 0, the base weights' version
         got = asyncio.run(policy.generate_ids(prompt))
         assert got.completion_ids == want.completion_ids, adapter.name
         ids = want.completion_ids
