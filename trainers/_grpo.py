@@ -48,7 +48,7 @@ from agentgym.engine._episode import ModeChoice
 from agentgym.engine._fleet import run_namespace
 from agentgym.engine._vllm import unguarded_script
 from agentgym.runs._folder import SFT_SUMMARY
-from agentgym.sandboxes._env import shared_pool_metrics
+from agentgym.sandboxes._env import close_shared_pools, shared_pool_metrics
 
 from ._advantages import Advantages, group_key, mask_truncated, trajectory_advantages
 from ._config import GRPOConfig
@@ -210,7 +210,8 @@ class GRPOTrainer:
 
         The engine runs on a loop of its own; this one plays episodes. Envs are built once
         per concurrent episode for the whole run instead of once per episode, and closed
-        when the run ends.
+        when the run ends, with the sandbox containers they shared: a notebook's kernel kept
+        a sandbox env's containers running after `train` returned, until it exited.
         """
         with asyncio.Runner() as loop:
             self._loop = loop
@@ -218,6 +219,7 @@ class GRPOTrainer:
                 yield
             finally:
                 loop.run(self._envs.aclose())
+                close_shared_pools()
                 self._loop = None
 
     def _run(self, coro: Any) -> Any:

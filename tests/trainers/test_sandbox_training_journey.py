@@ -229,3 +229,22 @@ def test_the_preflight_refuses_a_run_without_its_sandbox_before_the_model_loads(
         assert "fix DOCKER_HOST=unix:///nonexistent/docker.sock" in err  # the value that failed
     assert "Loading weights" not in out + err  # refused before the model loaded
     assert not (folder / name).exists()  # no run folder that a retry would need --resume for
+
+
+def test_train_from_python_removes_its_sandboxes_when_it_returns(folder: Path) -> None:
+    """In a notebook the kernel lives on after `train()`: the run's containers stayed up until
+    it exited (the interpreter's exit hook was what removed them)."""
+    config = yaml.safe_load(write_config(folder, "in_python", max_steps=1).read_text())
+    script = (
+        "import os, sys, yaml\n"
+        "from agentgym.trainers import GRPOConfig, GRPOTrainer\n"
+        "from tests.trainers.test_sandbox_training_journey import containers_of\n"
+        f"GRPOTrainer(GRPOConfig(**yaml.safe_load({yaml.safe_dump(config)!r}))).train()\n"
+        "print('LEFT', len(containers_of(os.getpid())))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    metrics = [json.loads(line) for line in (folder / "in_python" / "metrics.jsonl").open()]
+    assert max(m.get("sandbox/created", 0) for m in metrics) >= 1  # its rewards ran in sandboxes
+    assert "LEFT 0" in done.stdout, done.stdout[-2000:]
