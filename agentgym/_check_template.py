@@ -104,13 +104,13 @@ def template_failure_cause(
 
     if not tools or parser is None:
         return ""
-    expected = _probe_call(tools)
     try:
+        expected = _probe_call(tools)
         _written_call(renderer, tools, parser, expected[0])
     except TemplateError as exc:
         return _unwritable_call(renderer, tools, parser, expected, exc)
     except ConfigError:  # the template fails on any call: its own message says why
-        return ""
+        pass
     return ""
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._errors import ConfigError
+
 #: One OpenAI-format chat message (``role``, ``content``, maybe ``tool_calls`` ...).
 Message = dict[str, Any]
 
@@ -39,8 +41,6 @@ class Completion:
         """
         ids, logprobs = self.completion_ids, self.logprobs
         if ids is not None and logprobs is not None and len(ids) != len(logprobs):
-            from ._errors import ConfigError  # `_errors` imports nothing of ours; kept late anyway
-
             raise ConfigError(
                 f"Completion has {len(ids)} completion_ids and {len(logprobs)} logprobs: give "
                 "one logprob per sampled id (the sampling distribution's), or logprobs=None"

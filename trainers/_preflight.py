@@ -79,8 +79,10 @@ def preflight(config: GRPOConfig) -> Checked:
     env = _check_env(config)
     model_dir = resolve_model(config.model, seed=config.seed)
     _check_context(model_dir, config)
-    renderer = _check_template(model_dir, env.tools, config.chat_template_kwargs,
-                               env.lists_tools, env.parser, config.sft_steps > 0)  # fmt: skip
+    renderer = _check_template(
+        model_dir, env.tools, config.chat_template_kwargs, env.lists_tools, env.parser,
+        warm_start=config.sft_steps > 0,
+    )  # fmt: skip
     from agentgym.engine._episode import opening_prompt_problem
 
     if problem := opening_prompt_problem(renderer, env.opening, env.tools, config.max_model_len):

@@ -41,6 +41,10 @@ _PLACEHOLDER_TOOL = {
 }
 
 
+#: A call of the placeholder tool, with an id of Mistral's shape (9 letters and digits), which
+#: every template accepts.
+_PLACEHOLDER_CALL = {"id": "a1b2c3d4e", "type": "function",
+                     "function": {"name": "noop", "arguments": {}}}  # fmt: skip
 #: What the env sends in each role a template may refuse (`ChatRenderer._refused_role`).
 _ROLE_USES = {"system": "its system prompt", "tool": "tool results"}
 
@@ -162,10 +166,11 @@ class ChatRenderer:
                 else:
                     self._arguments_as_text = True
                     return text
-            refused = self._refused_role(messages)
-            fix = (f"it refuses {refused!r} messages, which the env sends ({_ROLE_USES[refused]}): "
-                   "use a chat template that takes them (one made for tool use)") if refused else (
-                   "check the template and chat_template_kwargs")  # fmt: skip
+            fix = "check the template and chat_template_kwargs"
+            if refused := self._refused_role(messages):
+                fix = (f"it refuses {refused!r} messages, which the env sends "
+                       f"({_ROLE_USES[refused]}): use a chat template that takes them (one made "
+                       "for tool use)")  # fmt: skip
             raise TemplateError(
                 f"the chat template failed to render {len(messages)} messages "
                 f"({type(exc).__name__}: {exc}); {fix}"
@@ -178,8 +183,7 @@ class ChatRenderer:
         error sent users to their chat_template_kwargs. A role is blamed only where a short
         conversation renders without it and fails with it.
         """
-        noop = {"name": "noop", "arguments": {}}
-        call = {"id": "a1b2c3d4e", "type": "function", "function": noop}  # Mistral's id shape
+        call = _PLACEHOLDER_CALL
         user: Message = {"role": "user", "content": "u"}
         called: list[Message] = [user, {"role": "assistant", "content": "", "tool_calls": [call]}]
         result = {"role": "tool", "tool_call_id": call["id"], "name": "noop", "content": "r"}
@@ -402,16 +406,14 @@ class ChatRenderer:
         content is none: every call vanished from the prompts and the SFT traces, and the
         check blamed the parser. Such a template is given None for those turns.
         """
-        call = {"id": "call_1", "type": "function", "function": {"name": "noop", "arguments": {}}}
 
         def written(content: str | None) -> str:
-            turn = {"role": "assistant", "content": content, "tool_calls": [call]}
+            turn = {"role": "assistant", "content": content, "tool_calls": [_PLACEHOLDER_CALL]}
             try:
-                text = self.render_text([{"role": "user", "content": "hi"}, turn],
+                return self.render_text([{"role": "user", "content": "hi"}, turn],
                                         [_PLACEHOLDER_TOOL], generation=False)  # fmt: skip
             except TemplateError:
                 return ""
-            return text
 
         return "noop" not in written("") and "noop" in written(None)
 
