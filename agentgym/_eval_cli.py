@@ -313,7 +313,12 @@ def _run_eval(
     lock: FolderLock,
 ) -> tuple[dict[str, Any], list[Trajectory]]:
     """Play the missing episodes, streaming each to ``out``: (the summary written, them)."""
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # what the up-front check cannot see: root may write, /proc refuses
+        raise ConfigError(
+            f"--out {out}: cannot make the folder ({exc.strerror or exc}); choose another --out"
+        ) from None
     if lock.acquire() and (out / "trajectories.jsonl").exists():
         raise ConfigError(  # a fresh run raced another into the same new folder
             f"another agentgym eval started writing {out} meanwhile; rerun with --resume "

@@ -365,3 +365,13 @@ def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path, below:
     assert proc.returncode == 2
     assert "notes.txt is a file, not a folder; choose another --out" in one_error_line(proc)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_an_out_no_folder_can_be_made_in_is_one_line() -> None:
+    """Under /proc: root passes the up-front write check, then mkdir failed with a traceback."""
+    proc = run("eval", "calculator", "--policy", "reference", "-n", "1",
+               "--out", "/proc/agentgym-eval-out")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = one_error_line(proc)
+    assert line.startswith("error: --out /proc/agentgym-eval-out: ")
+    assert line.endswith("; choose another --out")
