@@ -143,6 +143,10 @@ class ChatRenderer:
             text for text in (tokenizer.decode([i]) for i in sorted(self.stop_token_ids)) if text
         )
         self._turn_end = self._find_turn_end()
+        #: The part of the turn end a model samples: its first stop token, if it opens it.
+        self._sampled_stop = next(
+            (text for text in self.stop_texts if self._turn_end.startswith(text)), ""
+        )
         self._refuse_unending_turns()
         self._calls_without_content = self._writes_calls_only_without_content()
 
@@ -308,7 +312,7 @@ class ChatRenderer:
                 )
             ids += delta
         if conversation[-1].get("role") == "assistant":  # the unsampled rest of its turn end
-            ids += self.encode(self._turn_end[len(self._sampled_stop_text()) :])
+            ids += self.encode(self._turn_end[len(self._sampled_stop) :])
             fresh = self.encode(self.render_text(conversation, tools, generation=False))
         else:
             fresh = self.prompt_ids(conversation, tools)
@@ -335,8 +339,7 @@ class ChatRenderer:
         if not full.startswith(prompt) or not full.endswith(self._turn_end):
             return None
         body = full[len(prompt) : len(full) - len(self._turn_end)]
-        stop = self._sampled_stop_text()
-        return self.encode(body + stop)
+        return self.encode(body + self._sampled_stop)
 
     def written_turn_text(
         self, upto_assistant: Sequence[Message], tools: list[dict[str, Any]] | None
@@ -371,11 +374,7 @@ class ChatRenderer:
     ) -> list[int]:
         """`written_turn_text`'s ids with the stop token a model samples to end the turn."""
         text = self.written_turn_text(upto_assistant, tools)
-        return self.encode(text + self._sampled_stop_text())
-
-    def _sampled_stop_text(self) -> str:
-        """The part of the turn end a model samples: its first stop token, if it opens it."""
-        return next((text for text in self.stop_texts if self._turn_end.startswith(text)), "")
+        return self.encode(text + self._sampled_stop)
 
     def _refuse_unending_turns(self) -> None:
         """Refuse a template whose turn end holds none of the tokens the model stops on.

@@ -85,23 +85,38 @@ def test_a_dry_run_makes_the_run_folders_refusals_and_leaves_it_alone(
     assert after == before
 
 
-def test_the_cli_prints_the_plan_or_one_line_naming_the_fix(tmp_path: Path) -> None:
+AGENTGYM = Path(sys.executable).with_name("agentgym")
+
+
+def _run_config(tmp_path: Path, extra: str = "") -> Path:
+    """A train config on the calculator env, its run folder under ``tmp_path`` (never made)."""
     path = tmp_path / "run.yaml"
-    path.write_text(f"env: calculator\noutput_dir: {tmp_path / 'run'}\nreport_to: [none]\n")
-    agentgym = Path(sys.executable).with_name("agentgym")
-    ok = subprocess.run([str(agentgym), "train", str(path), "--dry-run"],
-                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    path.write_text(f"env: calculator\noutput_dir: {tmp_path / 'run'}\nreport_to: [none]\n{extra}")
+    return path
+
+
+def _dry_run(config: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """``agentgym train CONFIG --dry-run``, each override passed as ``--set KEY=VALUE``."""
+    sets = [arg for pair in overrides for arg in ("--set", pair)]
+    return subprocess.run([str(AGENTGYM), "train", str(config), "--dry-run", *sets],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def _error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+def test_the_cli_prints_the_plan_or_one_line_naming_the_fix(tmp_path: Path) -> None:
+    path = _run_config(tmp_path)
+    ok = _dry_run(path)
     assert ok.returncode == 0, ok.stderr
     assert "each step    4 tasks x 8 generations = 32 episodes" in ok.stdout
     assert ok.stdout.rstrip().endswith("dry run: every check passed; nothing was loaded, "
                                        "trained or written")  # fmt: skip
     assert not (tmp_path / "run").exists()
 
-    typo = subprocess.run(
-        [str(agentgym), "train", str(path), "--dry-run", "--set", "env=calculater"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    lines = [line for line in typo.stderr.splitlines() if line.strip()]
+    typo = _dry_run(path, "env=calculater")
+    lines = _error_lines(typo)
     assert typo.returncode == 2 and len(lines) == 1, typo.stderr
     assert "calculator" in lines[0], typo.stderr  # "did you mean ..."
 
@@ -123,13 +138,8 @@ def test_a_base_models_tokenizer_under_a_chat_template_is_refused_before_the_run
     generation = json.loads((model / "generation_config.json").read_text())
     generation["eos_token_id"] = generation["pad_token_id"]  # <|endoftext|>
     (model / "generation_config.json").write_text(json.dumps(generation))
-    path = tmp_path / "run.yaml"
-    path.write_text(f"env: calculator\nmodel: {model}\noutput_dir: {tmp_path / 'run'}\n"
-                    "report_to: [none]\nsft_steps: 10\n")  # fmt: skip
-    agentgym = Path(sys.executable).with_name("agentgym")
-    refused = subprocess.run([str(agentgym), "train", str(path), "--dry-run"],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
-    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    refused = _dry_run(_run_config(tmp_path, f"model: {model}\nsft_steps: 10\n"))
+    lines = _error_lines(refused)
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert "ends an assistant turn with '<|im_end|>'" in lines[0]
     assert "set eos_token to '<|im_end|>'" in lines[0]
@@ -138,20 +148,12 @@ def test_a_base_models_tokenizer_under_a_chat_template_is_refused_before_the_run
 
 def test_a_refusal_of_trains_names_the_option_as_train_takes_it(tmp_path: Path) -> None:
     """It said "use --env-arg parser=hermes", an option `agentgym train` does not have."""
-    path = tmp_path / "run.yaml"
-    path.write_text(f"env: calculator\noutput_dir: {tmp_path / 'run'}\nreport_to: [none]\n")
-    agentgym = Path(sys.executable).with_name("agentgym")
-
-    def dry_run(*overrides: str) -> subprocess.CompletedProcess[str]:
-        sets = [arg for pair in overrides for arg in ("--set", pair)]
-        return subprocess.run([str(agentgym), "train", str(path), "--dry-run", *sets],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-
-    refused = dry_run("env_kwargs.parser=llama3_json")
+    path = _run_config(tmp_path)
+    refused = _dry_run(path, "env_kwargs.parser=llama3_json")
     assert refused.returncode == 2, refused.stderr
     fix = "--set env_kwargs.parser=hermes"
     assert f"(agentgym train: {fix})" in refused.stderr
-    assert dry_run(fix.removeprefix("--set ")).returncode == 0  # the fix it names passes
+    assert _dry_run(path, fix.removeprefix("--set ")).returncode == 0  # the fix it names passes
 
 
 def test_a_rollout_server_nobody_answers_is_infrastructure_not_a_bug(tmp_path: Path) -> None:
@@ -161,13 +163,8 @@ def test_a_rollout_server_nobody_answers_is_infrastructure_not_a_bug(tmp_path: P
     with socket.socket() as sock:  # a port nobody listens on once this closes
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    path = tmp_path / "run.yaml"
-    path.write_text(f"env: calculator\noutput_dir: {tmp_path / 'run'}\nreport_to: [none]\n"
-                    f"rollout_servers: ['http://127.0.0.1:{port}']\n")  # fmt: skip
-    agentgym = Path(sys.executable).with_name("agentgym")
-    refused = subprocess.run([str(agentgym), "train", str(path), "--dry-run"],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
-    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    refused = _dry_run(_run_config(tmp_path, f"rollout_servers: ['http://127.0.0.1:{port}']\n"))
+    lines = _error_lines(refused)
     assert refused.returncode == 75 and len(lines) == 1, refused.stderr
     assert "is unreachable" in lines[0] and "rollout_servers" in lines[0]
     assert not (tmp_path / "run").exists()
