@@ -35,6 +35,7 @@ from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ._deadline import episode_deadline
 from ._env import Env
 from ._errors import ConfigError, ConversationError, InfraError
 from ._policies import Policy, PolicyEpisode, start_episode
@@ -139,8 +140,9 @@ async def _run_episode(
     clock = asyncio.timeout_at(deadline_at)
     try:
         env = envs.take()
-        async with clock:
-            await _play(env, policy, spec, trajectory, max_tokens_per_turn)
+        with episode_deadline(deadline_at):
+            async with clock:
+                await _play(env, policy, spec, trajectory, max_tokens_per_turn)
         reusable = True
     except Exception as exc:
         if clock.expired():  # our deadline (whatever the cut raised), not the env's own timeout

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._deadline import episode_deadline_at
 from .._errors import ConfigError, ModelError
 from .._types import Completion
 from ._episode import (
@@ -47,6 +48,7 @@ class _Turn:
     sampling: SamplingConfig
     session: str | None
     future: asyncio.Future[Completion] = field(repr=False)
+    deadline_at: float | None = None  # the episode's (loop time): its batch stops there
 
 
 @dataclass
@@ -178,7 +180,8 @@ class HFPolicy(TokenPolicy):
         self._check_sampling(s)
         limit = self.turn_limit(prompt_ids, max_tokens, s)
         loop = asyncio.get_running_loop()
-        turn = _Turn(list(prompt_ids), limit, seed, s, session, loop.create_future())
+        turn = _Turn(list(prompt_ids), limit, seed, s, session, loop.create_future(),
+                     episode_deadline_at())  # fmt: skip
         turns = self._loops.setdefault(loop, _LoopTurns())
         turns.queue.append(turn)
         if session is not None:
@@ -214,7 +217,7 @@ class HFPolicy(TokenPolicy):
                     break
                 started = time.perf_counter()
                 try:
-                    results = self._sample_batch(batch)
+                    results = self._sample_batch(batch, _seconds_left(batch))
                 except Exception as exc:  # out of memory, a driver error: never the model's
                     for turn in batch:
                         failure = ModelError(f"transformers generate failed: {exc!r}")
@@ -222,6 +225,8 @@ class HFPolicy(TokenPolicy):
                     continue
                 self._last_batch_seconds = time.perf_counter() - started
                 for turn, completion in zip(batch, results):
+                    if _seconds_left([turn]) == 0:
+                        continue  # late: its rollout's clock cancels the episode (a cut turn)
                     turn.future.set_result(completion)
         except asyncio.CancelledError:  # the loop is shutting down: no turn waits forever
             for turn in queue:
@@ -271,8 +276,11 @@ class HFPolicy(TokenPolicy):
         queue[:] = [t for t in queue if t not in batch]
         return batch
 
-    def _sample_batch(self, batch: list[_Turn]) -> list[Completion]:
-        """One `generate` call for ``batch`` (left padded); each row cut at its stop or limit."""
+    def _sample_batch(self, batch: list[_Turn], max_time: float | None) -> list[Completion]:
+        """One `generate` call for ``batch`` (left padded); each row cut at its stop or limit.
+
+        ``max_time`` (seconds) stops the whole batch early: its episodes' deadline.
+        """
         import torch
 
         tokenizer = self._renderer.tokenizer
@@ -291,6 +299,7 @@ class HFPolicy(TokenPolicy):
             "return_dict_in_generate": True,
             "pad_token_id": pad,
             "eos_token_id": sorted(stops) or None,
+            "max_time": max_time,
         }
         if sampler is not None:
             from transformers import LogitsProcessorList
@@ -410,6 +419,14 @@ class HFPolicy(TokenPolicy):
         return logp.gather(-1, torch.tensor(completion_ids, device=self.device)[:, None])[
             :, 0
         ].tolist()
+
+
+def _seconds_left(batch: list[_Turn]) -> float | None:
+    """Seconds to the last of ``batch``'s episode deadlines (0 if past); None: a turn has none."""
+    deadlines = [turn.deadline_at for turn in batch]
+    if not deadlines or None in deadlines:
+        return None
+    return max(0.0, max(d for d in deadlines if d is not None) - asyncio.get_running_loop().time())
 
 
 class _SeededRows:

@@ -8,6 +8,7 @@ and every turn records the one that sampled it, as with vLLM.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,22 @@ def test_a_failing_generate_makes_its_batch_infra_errors(
     trajectories = agentgym.rollout(NudgeEnv, greedy, tasks=[{"id": 1}, {"id": 2}])
     assert [t.status for t in trajectories] == ["infra_error", "infra_error"]  # not "error"
     assert "out of memory" in trajectories[0].error
+
+
+def test_a_rollout_deadline_stops_the_batch_it_falls_in(tiny_model_dir: Path) -> None:
+    """`generate` blocks the event loop, so a rollout's deadline cannot cancel an episode in
+    the middle of a batch: the batch itself must stop there, and the turns it cut must not
+    reach their episodes. Before, the 800 greedy tokens (the tiny model never stops) ran to
+    their end, some 20 s here, and each late episode kept that turn."""
+    import agentgym
+    from tests.engine.episodes import NudgeEnv
+
+    policy = HFPolicy(tiny_model_dir, sampling={"temperature": 0.0, "max_tokens": 800})
+    started = time.perf_counter()
+    trajectories = agentgym.rollout(NudgeEnv, policy, tasks=[{"id": 1}, {"id": 2}], deadline=1.0)
+    assert [t.status for t in trajectories] == ["late", "late"]
+    assert [t.turns for t in trajectories] == [[], []]
+    assert time.perf_counter() - started < 6.0  # the deadline, a decoding step and the close
 
 
 def test_two_event_loops_in_two_threads_each_get_their_own_turns(greedy: HFPolicy) -> None:
