@@ -400,7 +400,7 @@ class VLLMPolicy(TokenPolicy):
         sample = final.outputs[0]
         ids = list(sample.token_ids)
         served = final.lora_request.lora_int_id if final.lora_request is not None else 0
-        text = sample.text if params.detokenize else self._decode(ids)
+        text = self._decode(ids)  # not `sample.text`: cut where a stop string ends inside a token
         return Completion(
             text=self.renderer.visible_text(text, ids),
             prompt_ids=list(prompt_ids),
@@ -416,8 +416,8 @@ class VLLMPolicy(TokenPolicy):
         """The vLLM ``SamplingParams`` a turn is sampled with (benchmarks submit the same).
 
         Throughput: only the final output of a request is returned (``FINAL_ONLY``), and the
-        engine detokenizes only when stop strings need it (otherwise the turn's text is
-        decoded once from its ids). Together they halved this process's CPU per token in
+        engine detokenizes only when stop strings need it (the turn's text is decoded once
+        from its ids either way). Together they halved this process's CPU per token in
         bench/rollout_bench.py: per-token Python work here competes with the episodes for
         the CPU and, on a GPU machine, for the GIL.
         """

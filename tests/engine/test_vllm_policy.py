@@ -66,6 +66,22 @@ def test_three_turn_episode_is_token_exact(policy: VLLMPolicy) -> None:
     assert sum(mask) == sum(len(t.completion_ids) for t in trajectory.turns)
 
 
+def test_a_stop_string_ending_inside_a_token_keeps_text_and_ids_alike(policy: VLLMPolicy) -> None:
+    """``stop=["<tool"]`` ends inside the one token ``<tool_call>``: vLLM cuts its text there
+    but keeps the token in the ids, and the env read ``...<tool`` while the trainer learnt
+    ``...<tool_call>``. The turn's text is its ids' text, as with `HFPolicy`."""
+    tok = policy.tokenizer
+    allowed = [tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "x")]  # no eos: it stops there
+    view = policy.with_sampling(stop=["<tool"], extra={"allowed_token_ids": allowed})
+    [trajectory] = agentgym.rollout(NudgeEnv, view, tasks=[{"id": 1}], seed=1)
+    cut = [t for t in trajectory.turns if t.text.endswith("<tool_call>")]
+    assert cut, [t.text for t in trajectory.turns]  # the stop string ended some turn
+    for turn in trajectory.turns:
+        assert tok.decode(turn.completion_ids, skip_special_tokens=True) == turn.text
+    said = [m["content"] for m in trajectory.messages if m["role"] == "assistant"]
+    assert said == [t.text for t in trajectory.turns]
+
+
 async def test_logprobs_are_the_sampling_distributions_and_match_transformers(
     policy: VLLMPolicy, hf: HFPolicy
 ) -> None:
