@@ -8,7 +8,6 @@ conversation `agentgym check --model` reports on, so the two agree.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -188,11 +187,12 @@ def prepare_engine(
         else:
             policy = VLLMPolicy(model_path, dtype=dtype, **options, **lora_options(adapter))
     where = ", ".join(servers.urls) or model_path
-    with console.status(f"starting {'transformers' if transformers else 'vLLM'} on {where}"):
-        policy.start()
     try:
-        if adapter is not None:
-            version = policy.load_adapter(adapter)
+        with console.status(f"starting {'transformers' if transformers else 'vLLM'} on {where}"):
+            # the adapter first: its folder is checked before the engine starts, not after
+            version = policy.load_adapter(adapter) if adapter is not None else None
+            policy.start()
+        if version is not None:
             console.print(f"adapter {adapter} loaded as version {version}", soft_wrap=True)
         decision = policy.mode_for(tools, example)
     except BaseException:
@@ -206,10 +206,15 @@ def lora_options(adapter: Path | None) -> dict[str, Any]:
     """`VLLMPolicy` options that serve ``adapter``: LoRA on, the smallest servable rank."""
     if adapter is None:
         return {}
+    from .engine._model_dir import adapter_rank
     from .engine._vllm import LORA_RANKS
 
-    peft_config = json.loads((adapter / "adapter_config.json").read_text())
-    rank = max([int(peft_config["r"]), *map(int, (peft_config.get("rank_pattern") or {}).values())])
+    rank = adapter_rank(adapter)
+    if rank is None:
+        raise ConfigError(
+            f"{adapter}/adapter_config.json gives no LoRA rank (r); save the adapter again "
+            "(PEFT's save_pretrained)"
+        )
     fits = [r for r in LORA_RANKS if r >= rank]
     if not fits:
         raise ConfigError(f"{adapter} has LoRA rank {rank}; vLLM serves at most {LORA_RANKS[-1]}")

@@ -210,6 +210,33 @@ def test_eval_vllm_refuses_before_the_engine_starts(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("broken", ["another-base", "config-not-json"])
+def test_eval_vllm_refuses_a_broken_adapter_before_the_engine_starts(
+    tiny_model_dir: Path, tmp_path: Path, broken: str
+) -> None:
+    """The adapter was checked by `load_adapter` only after `policy.start()` (30 s here), and
+    a config that is not JSON printed a traceback."""
+    require("peft")
+    from agentgym.engine.tiny import build_tiny_model, save_random_adapter
+
+    if broken == "another-base":
+        other = build_tiny_model(tmp_path / "other", hidden_size=256, num_heads=4)
+        adapter, message = save_random_adapter(other, tmp_path / "adapter", rank=8), "does not fit"
+    else:
+        adapter = save_random_adapter(tiny_model_dir, tmp_path / "adapter", rank=8)
+        (adapter / "adapter_config.json").write_text("{not json")
+        message = "cannot be read as JSON"
+    out = tmp_path / "run"
+    proc = run(
+        "eval", "calculator", "--policy", "vllm", "--model-path", str(tiny_model_dir),
+        "--adapter", str(adapter), "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not out.exists()
+
+
 @pytest.mark.engine
 def test_eval_vllm_on_a_server_keeps_token_ids_in_and_out(
     vllm_server: VLLMServer, tmp_path: Path

@@ -27,6 +27,7 @@ from typing import Any
 
 from agentgym import Trajectory
 from agentgym._errors import ConfigError
+from agentgym.engine._model_dir import read_adapter_config
 
 from ._metrics import is_multi_turn_success
 from ._run_dir import atomic_dir, checkpoints_by_step, read_jsonl_records
@@ -186,8 +187,13 @@ def _base_model(
     adapter: Path, given: str | os.PathLike[str] | None, option: str = "--base-model"
 ) -> Path:
     """The folder of the model the adapter was trained on (or ``given``), checked."""
-    recorded = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
-    base = Path(given) if given is not None else _recorded_base(adapter, Path(recorded))
+    recorded = read_adapter_config(adapter).get("base_model_name_or_path")
+    if given is None and not isinstance(recorded, str):
+        raise ConfigError(
+            f"the adapter at {adapter} does not say which model it was trained on "
+            f"(no base_model_name_or_path); pass that model's folder with {option} DIR"
+        )
+    base = Path(given) if given is not None else _recorded_base(adapter, Path(str(recorded)))
     if not (base / "config.json").is_file():
         raise ConfigError(
             f"the base model {base} is gone (no config.json; the adapter was trained on "

@@ -15,12 +15,12 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Literal, Self
 
 from .._errors import ConfigError, ContextLengthError, ConversationError
 from .._seeds import turn_seed
 from .._types import Completion, Message
+from ._model_dir import read_adapter_config
 from ._render import ChatRenderer, ModeDecision, RolloutMode, TemplateError
 
 log = logging.getLogger(__name__)
@@ -40,12 +40,11 @@ class AdapterVersion:
 def next_adapter_version(path: str | os.PathLike[str], last: int, version: int | None) -> int:
     """The version an adapter load gets (default ``last + 1``), after checking the request.
 
-    Raises `ConfigError` when ``path`` is not a PEFT adapter folder or ``version`` is not
+    Raises `ConfigError` when ``path`` is not a whole PEFT adapter folder or ``version`` is not
     above ``last``: an engine that reuses a number would skip reloading it and serve stale
     weights under the new version's name.
     """
-    if not (Path(path) / "adapter_config.json").is_file():
-        raise ConfigError(f"{path} is not a PEFT adapter folder (no adapter_config.json)")
+    read_adapter_config(path)  # a whole PEFT adapter folder
     version = last + 1 if version is None else version
     if version <= last:
         raise ConfigError(

@@ -166,6 +166,50 @@ def _generation_config_file(model: str) -> Path | None:
     return Path(cached) if isinstance(cached, str) else None
 
 
+def read_adapter_config(adapter: str | os.PathLike[str]) -> dict[str, Any]:
+    """A PEFT adapter folder's ``adapter_config.json``, once the folder is seen to be whole.
+
+    Why: vLLM found a folder without weights, with truncated weights or with a config that
+    is not JSON only inside its engine (after its start, a minute on two cores), printed
+    some 75 lines of worker tracebacks and reported an infrastructure error; the eval CLI
+    printed a traceback. Each is the folder's fault, named here with the fix.
+    """
+    folder = Path(adapter)
+    config = folder / "adapter_config.json"
+    if not config.is_file():
+        raise ConfigError(f"{adapter} is not a PEFT adapter folder (no adapter_config.json)")
+    resave = "save the adapter again (PEFT's save_pretrained)"
+    try:
+        spec = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{config} cannot be read as JSON ({exc}); {resave}") from exc
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{config} holds a {type(spec).__name__}, not an object; {resave}")
+    weights = folder / "adapter_model.safetensors"
+    if weights.is_file():
+        if not _safetensors_whole(weights):
+            raise ConfigError(f"{weights} is cut short or not safetensors; {resave}")
+    elif not (folder / "adapter_model.bin").is_file():
+        raise ConfigError(
+            f"{adapter} holds no adapter weights (adapter_model.safetensors); {resave}"
+        )
+    return spec
+
+
+def _safetensors_whole(file: Path) -> bool:
+    """Whether a safetensors file is as long as its header says (no weights are read)."""
+    try:
+        with open(file, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            if not 0 < size < 100_000_000:
+                return False
+            header = json.loads(handle.read(size))
+        ends = [e["data_offsets"][1] for k, e in header.items() if k != "__metadata__"]
+        return file.stat().st_size >= 8 + size + max(ends, default=0)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return False
+
+
 def adapter_rank(adapter: str | os.PathLike[str]) -> int | None:
     """The largest LoRA rank of a PEFT adapter folder (``r``, ``rank_pattern``); None if unread."""
     try:

@@ -51,6 +51,7 @@ from ._model_dir import (
     config_head_size,
     context_length,
     model_source,
+    read_adapter_config,
 )
 from ._render import ChatRenderer, policy_renderer
 
@@ -507,6 +508,13 @@ class VLLMPolicy(TokenPolicy):
             raise ConfigError("load_adapter needs VLLMPolicy(..., enable_lora=True)")
         last = self.adapters[-1].version if self.adapters else 0
         next_adapter_version(path, last, version)
+        why = _unservable(read_adapter_config(path))
+        if why:
+            raise ConfigError(
+                f"vLLM cannot serve the adapter at {os.fspath(path)}: {why}; train a plain "
+                "LoRA adapter (the trainer's are) or serve this one with HFPolicy"
+            )
+        self._refuse_folder_in_use(Path(path))
         rank = adapter_rank(path)
         max_rank = int(self._engine_args["max_lora_rank"])
         if rank is not None and rank > max_rank:
@@ -517,6 +525,24 @@ class VLLMPolicy(TokenPolicy):
                 f"max_lora_rank={max_rank}; start the VLLMPolicy with {fix}"
             )
         check_adapter_base(path, self.model)
+
+    def _refuse_folder_in_use(self, path: Path) -> None:
+        """Refuse a folder that backs a version turns are still sampling with.
+
+        Why: vLLM re-reads an evicted version from its folder when a turn of it is scheduled
+        again, so saving new weights over that folder changed the weights of turns in flight
+        while they still recorded the old version (a probe reusing one folder: 21 of 24
+        turns sampled with other weights than their version's).
+        """
+        for adapter in self.adapters:
+            if Path(adapter.path).resolve() == path.resolve() and self._in_flight.get(
+                adapter.version, 0
+            ):
+                raise ConfigError(
+                    f"{os.fspath(path)} backs adapter version {adapter.version}, which turns "
+                    "in flight still sample with (vLLM re-reads it from there); save each "
+                    "version to a folder of its own (the trainer writes adapters/v<N>)"
+                )
 
     async def _load(self, path: Path, version: int | None) -> int:
         from vllm.lora.request import LoRARequest
@@ -552,6 +578,26 @@ class VLLMPolicy(TokenPolicy):
         """Adapter ids the engine reports as loaded (to check a sync really happened)."""
         thread, _ = self._started()
         return set(await thread.run(self._engine.list_loras()))
+
+
+def _unservable(spec: dict[str, Any]) -> str:
+    """Why vLLM will not serve a PEFT adapter of this ``adapter_config.json``, or "".
+
+    Each was refused by the engine only after its start, with some 75 lines of tracebacks,
+    as an infrastructure error (a retry would fail the same way).
+    """
+    if spec.get("use_dora"):
+        return "it is a DoRA adapter (use_dora: true), which vLLM does not serve"
+    if spec.get("bias", "none") != "none":
+        return f"it trains biases (bias: {spec['bias']!r}), which vLLM does not serve"
+    if spec.get("modules_to_save"):
+        return f"it saves whole modules ({spec['modules_to_save']}), which vLLM does not serve"
+    targets = spec.get("target_modules")
+    names = targets if isinstance(targets, list) else []  # a pattern: left to vLLM
+    heads = [t for t in names if str(t).rsplit(".", 1)[-1] in ("lm_head", "embed_tokens")]
+    if heads:
+        return f"it adapts {heads}; vLLM serves LoRA on the decoder's linear layers only"
+    return ""
 
 
 def _kv_cache_gib(requested: float | None, engine_args: dict[str, Any]) -> float | None:

@@ -182,6 +182,70 @@ def test_adapter_mistakes_are_refused_before_the_engine_starts(
     policy.close()
 
 
+def _broken_adapters(plain: Path, root: Path) -> dict[str, tuple[Path, str]]:
+    """Copies of ``plain`` broken as users' folders were, each with the error it must get."""
+
+    def copy(name: str) -> Path:
+        return Path(shutil.copytree(plain, root / name))
+
+    no_weights, cut, not_json = copy("no-weights"), copy("cut"), copy("not-json")
+    (no_weights / "adapter_model.safetensors").unlink()
+    weights = cut / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    (not_json / "adapter_config.json").write_text("{not json")
+    return {
+        "no weights": (no_weights, "holds no adapter weights .*save the adapter again"),
+        "cut weights": (cut, "is cut short or not safetensors; save the adapter again"),
+        "config not JSON": (not_json, "cannot be read as JSON .*save the adapter again"),
+    }
+
+
+def _unservable_adapters(plain: Path, root: Path) -> dict[str, tuple[Path, str]]:
+    """Copies of ``plain`` whose config asks for what vLLM does not serve (PEFT does)."""
+    cases = {
+        "DoRA": ({"use_dora": True}, "is a DoRA adapter"),
+        "biases": ({"bias": "lora_only"}, "trains biases"),
+        "whole modules": ({"modules_to_save": ["lm_head"]}, "saves whole modules"),
+        "head": ({"target_modules": ["q_proj", "lm_head"]}, r"adapts \['lm_head'\]"),
+    }
+    out = {}
+    for name, (fields, error) in cases.items():
+        folder = Path(shutil.copytree(plain, root / name))
+        config = folder / "adapter_config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), **fields}))
+        out[name] = (folder, f"vLLM cannot serve the adapter at .*: it {error}")
+    return out
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_adapters_vllm_would_refuse_in_its_engine_are_refused_before_it_starts(
+    vllm_policy_class: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Each was a `ModelError` (an infra failure: `agentgym eval` exit 75, for a queue to
+    retry) raised after the engine's start, with some 75 lines of worker tracebacks."""
+    plain = make_adapter(tiny_model_dir, tmp_path / "plain", seed=1)
+    policy = vllm_policy_class(tiny_model_dir, enable_lora=True, max_lora_rank=8)
+    cases = _broken_adapters(plain, tmp_path) | _unservable_adapters(plain, tmp_path)
+    for folder, error in cases.values():
+        with pytest.raises(ConfigError, match=error):
+            policy.load_adapter(folder)
+    assert policy._engine is None
+    policy.close()
+
+
+@pytest.mark.slow
+def test_hf_refuses_a_broken_adapter_folder_with_the_fix(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    plain = make_adapter(tiny_model_dir, tmp_path / "plain", seed=1)
+    policy = HFPolicy(tiny_model_dir)
+    for folder, error in _broken_adapters(plain, tmp_path).values():
+        with pytest.raises(ConfigError, match=error):
+            policy.load_adapter(folder)
+    assert policy.adapter_version == 0 and type(policy.model).__name__ != "PeftModel"
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_closed_policy_is_not_silently_restarted(
