@@ -16,7 +16,8 @@ would serve stale weights or stale KV); each request also carries the version as
 Requests in flight finish on the version they started with. vLLM's adapter cache holds
 ``max_loras`` versions and evicts the least recently used one inside the load that needs the
 room (no second engine round trip on the sync path); an evicted version asked for again is
-re-read from its folder, so a request in flight never loses its weights.
+re-read from its folder, so a request in flight never loses its weights (as long as nothing is
+saved over that folder meanwhile: `load_adapter` refuses a folder backing a version in flight).
 """
 
 from __future__ import annotations

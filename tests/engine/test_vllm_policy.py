@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import agentgym
+from agentgym import ConfigError
 from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy, _cpu_lora, _engine_spin
 from tests.conftest import require
 from tests.engine.episodes import NudgeEnv, letters_only, make_adapter
@@ -130,6 +131,8 @@ async def test_old_versions_leave_the_engine_and_one_still_running_keeps_its_wei
     alone = await greedy.generate_ids(prompt, max_tokens=256)
     running = asyncio.ensure_future(greedy.generate_ids(prompt, max_tokens=256))
     await asyncio.sleep(0)  # one pass of the loop: the request is submitted, not timed
+    with pytest.raises(ConfigError, match=f"backs adapter version {old}, which turns in flight"):
+        await policy.aload_adapter(tmp_path / "old")  # weights saved over it would reach `running`
     still_running = []
     for seed in (5, 6):  # two newer versions: the old one is past max_loras (2)
         adapter = make_adapter(tiny_model_dir, tmp_path / f"v{seed}", seed)
@@ -143,6 +146,7 @@ async def test_old_versions_leave_the_engine_and_one_still_running_keeps_its_wei
     assert newest in served and len(served) <= policy.max_loras
     await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "last", seed=7))
     assert old not in [a.version for a in policy.adapters]  # idle now: forgotten
+    await policy.aload_adapter(tmp_path / "old")  # its folder may serve again: nothing uses it
     assert len(await policy.served_adapters()) <= policy.max_loras
 
 
