@@ -64,10 +64,12 @@ from ._training_state import load_training_state, save_adapter_files, write_trai
 log = logging.getLogger(__name__)
 
 #: Config keys a resume may change: they schedule the run, they do not change what it learns.
-#: ``output_dir`` is here because the same folder can be spelled differently.
+#: ``output_dir`` is here because the same folder can be spelled differently;
+#: ``episode_deadline_s`` and ``infra_error_patience`` because a run they stopped says to
+#: raise them and resume (they decide how long a step waits and when the run gives up).
 RESUMABLE_KEYS = frozenset(
     {"max_steps", "eval_steps", "save_steps", "save_total_limit", "logging_steps", "report_to",
-     "log_completions", "output_dir"}
+     "log_completions", "output_dir", "episode_deadline_s", "infra_error_patience"}
 )
 _CHECKPOINT = re.compile(r"^step-(\d{6,})$")
 _ADAPTER = re.compile(r"^v(\d+)$")

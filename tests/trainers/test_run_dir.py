@@ -172,6 +172,22 @@ def test_resume_accepts_schedule_changes_and_saves_them(tmp_path: Path) -> None:
     assert run.status["attempt"] == 2 and run.status["previous"]["state"] == "finished"
 
 
+def test_what_a_stopped_run_says_to_raise_may_change_on_resume(tmp_path: Path) -> None:
+    """A run stopped because its episodes missed ``episode_deadline_s`` (or broke for
+    ``infra_error_patience`` steps) says: raise it, then run again with --resume. The resume
+    refused exactly that change, so its last checkpoint could not be used."""
+    from agentgym.trainers._grpo import _broken_stop, _infra_stop
+
+    late = [Trajectory(env_id="e", status="late") for _ in range(2)]
+    infra = [Trajectory(env_id="e", status="infra_error", error="OSError") for _ in range(2)]
+    said = [str(_broken_stop(late, 3, 3, 3)), str(_infra_stop(infra, 3, 3, 3))]
+    assert "raise episode_deadline_s" in said[0] and "--resume" in said[0]
+    assert "infra_error_patience sets the steps" in said[1]
+    RunDir(tmp_path, {**CONFIG, "episode_deadline_s": 0.001, "infra_error_patience": 3})
+    RunDir(tmp_path, {**CONFIG, "episode_deadline_s": 300, "infra_error_patience": 10},
+           resume=True)  # fmt: skip
+
+
 def test_a_run_another_live_process_writes_is_refused(tmp_path: Path) -> None:
     run = RunDir(tmp_path, CONFIG)
     owner = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
