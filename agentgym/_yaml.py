@@ -4,10 +4,12 @@ Why: PyYAML's errors span several lines (the quoted line, a caret under it, a se
 and the CLIs print every user error as one line naming the fix. A config file, a ``--set``
 value and a ``--grid`` axis all come through here.
 
-Two YAML 1.1 rules that PyYAML follows are turned off, because they silently change what a
-config says: ``10:50`` (a task range) is a base-60 number there (650), and a key written twice
-keeps only its last value. Here ``10:50`` stays the string it looks like, and a repeated key
-is an error.
+Three YAML 1.1 rules that PyYAML follows are turned off, because they silently change what a
+config says: ``10:50`` (a task range) is a base-60 number there (650), ``2024-01-01`` (a run
+folder's name) is a date, which no knob takes, and a key written twice keeps only its last
+value. Here the first two stay the strings they look like, and a repeated key is an error.
+A value given on the command line (`load_cli_value`) has no comments either: ``#`` is a
+character there, not the start of a comment that silently cut ``runs/exp #2`` to ``runs/exp``.
 """
 
 from __future__ import annotations
@@ -47,9 +49,17 @@ def _without_base_60(tag: str, regexp: re.Pattern[str]) -> re.Pattern[str]:
 
 
 _ConfigLoader.yaml_implicit_resolvers = {
-    first: [(tag, _without_base_60(tag, regexp)) for tag, regexp in resolvers]
+    first: [
+        (tag, _without_base_60(tag, regexp))
+        for tag, regexp in resolvers
+        if tag != "tag:yaml.org,2002:timestamp"
+    ]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+
+#: Stands for ``#`` while a command-line value is parsed (a private-use character: printable
+#: for YAML, and in no one's value).
+_HASH = "\ue000"
 
 
 def load_yaml(text: str, source: str) -> Any:
@@ -68,3 +78,18 @@ def load_yaml(text: str, source: str) -> Any:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise ConfigError(f"{source} is not valid YAML{where}: {problem}") from None
+
+
+def load_cli_value(text: str, source: str) -> Any:
+    """`load_yaml` for one ``key=value`` value of a command line: ``#`` starts no comment."""
+    return _with_hashes(load_yaml(text.replace("#", _HASH), source))
+
+
+def _with_hashes(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace(_HASH, "#")
+    if isinstance(value, list):
+        return [_with_hashes(v) for v in value]
+    if isinstance(value, dict):
+        return {_with_hashes(k): _with_hashes(v) for k, v in value.items()}
+    return value

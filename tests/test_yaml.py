@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentgym import ConfigError
-from agentgym._yaml import load_yaml
+from agentgym._yaml import load_cli_value, load_yaml
 
 
 def test_a_task_range_stays_a_string_not_a_base_60_number() -> None:
@@ -33,3 +33,19 @@ def test_a_key_given_twice_is_refused_in_one_line() -> None:
 def test_nested_mappings_are_checked_too() -> None:
     with pytest.raises(ConfigError, match="the key 'num_tasks' appears twice"):
         load_yaml("env_kwargs:\n  num_tasks: 1\n  num_tasks: 2\n", "x")
+
+
+def test_a_date_stays_the_string_it_looks_like() -> None:
+    # output_dir: 2024-01-01 was a date, refused as "(date) is not a valid str"
+    assert load_yaml("output_dir: 2024-01-01\nb: 2024-01-01 10:00:00", "x") == {
+        "output_dir": "2024-01-01", "b": "2024-01-01 10:00:00",
+    }  # fmt: skip
+
+
+def test_a_hash_in_a_command_line_value_is_kept_not_a_comment() -> None:
+    # --set output_dir=runs/exp #2 trained into runs/exp; a system prompt lost its "#1"
+    assert load_cli_value("runs/exp #2", "x") == "runs/exp #2"
+    assert load_cli_value("Answer with the number #1", "x") == "Answer with the number #1"
+    assert load_cli_value("[none, 'a #b']", "x") == ["none", "a #b"]
+    assert load_cli_value("{k: v #1}", "x") == {"k": "v #1"}
+    assert load_cli_value("5", "x") == 5 and load_cli_value("#", "x") == "#"

@@ -22,7 +22,7 @@ from rich.logging import RichHandler
 from agentgym._cli_common import key_value
 from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
-from agentgym._yaml import load_yaml
+from agentgym._yaml import load_cli_value
 
 console = Console(markup=False)  # figures and paths, never markup
 
@@ -30,7 +30,7 @@ console = Console(markup=False)  # figures and paths, never markup
 def _overrides(pairs: list[str]) -> dict[str, Any]:
     """``key=value`` pairs, values parsed as YAML (``max_steps=5``, ``report_to=[none]``)."""
     split = [(pair, *key_value(pair, "--set")) for pair in pairs]
-    return {key: load_yaml(value, f"--set {pair!r}") for pair, key, value in split}
+    return {key: load_cli_value(value, f"--set {pair!r}") for pair, key, value in split}
 
 
 def _quiet_backends() -> None:

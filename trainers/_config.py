@@ -577,6 +577,16 @@ class GRPOConfig:
             self.report_to = ["none"]
         for rule in CONFIG_RULES:  # each raises ConfigError naming the fix, or warns
             rule(self)
+        self._checked = self.to_dict()
+
+    def recheck(self) -> None:
+        """Check the knobs again if one was set since the config was made; `GRPOTrainer` does.
+
+        Why: TRL users set knobs on the object (``config.loss_type = "bnpo"``), which no check
+        saw: that run trained with the dapo loss while its config.yaml said bnpo.
+        """
+        if self.to_dict() != self._checked:
+            self.__post_init__()
 
     # --- construction ---------------------------------------------------------------------
 

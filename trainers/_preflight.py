@@ -72,6 +72,7 @@ def preflight(config: GRPOConfig) -> Checked:
     once, then closed); then the model folder (``tiny`` presets are built here); last the
     rollout servers, if any (one request each; unreachable is a `ModelError`).
     """
+    config.recheck()  # knobs set on the object after it was made
     resolve_id(config.env)  # unknown env: "did you mean ..."
     _check_engine(config)
     _check_trackers(config)

@@ -20,7 +20,7 @@ from rich.text import Text
 from agentgym._env import message_text
 from agentgym._errors import ConfigError
 from agentgym._trajectory import Status, Trajectory
-from agentgym._yaml import load_yaml
+from agentgym._yaml import load_cli_value
 
 from ._episode_index import (
     MALFORMED,
@@ -325,7 +325,7 @@ def _grid_axis(item: str) -> tuple[str, list[Any]]:
     key, sep, values = item.partition("=")
     if not sep or not key or not values:
         raise ConfigError(f"--grid takes key=v1,v2,..., got {item!r}")
-    parsed = [load_yaml(v, f"--grid {item!r}") for v in values.split(",")]
+    parsed = [load_cli_value(v, f"--grid {item!r}") for v in values.split(",")]
     seen: list[Any] = []
     for value in parsed:  # a repeated value is the same run twice
         if value in seen:

@@ -47,6 +47,20 @@ def test_a_vllm_engine_without_vllm_installed_names_both_fixes(monkeypatch) -> N
     assert preflight(preflight_ok).model_dir.is_dir()  # the transformers engine needs no vLLM
 
 
+@pytest.mark.parametrize(
+    ("knob", "value", "fragment"),
+    [("loss_type", "bnpo", "loss_type"), ("num_generations", 1, "num_generations")],
+)
+def test_a_knob_set_on_the_config_after_it_was_made_is_checked(
+    knob: str, value: Any, fragment: str
+) -> None:
+    """TRL users set knobs on the object; ``loss_type = "bnpo"`` trained with the dapo loss
+    (config.yaml recorded bnpo), ``num_generations = 1`` trained on flat groups only."""
+    config = GRPOConfig(**SMALL_TASKS)
+    setattr(config, knob, value)
+    _refusal(config, fragment)
+
+
 def test_the_default_config_runs_on_the_default_env_splitting_its_tasks() -> None:
     # the README's GRPOConfig(model=..., env="calculator"): the env has 100 tasks by default
     checked = preflight(GRPOConfig(env="calculator"))
