@@ -27,7 +27,8 @@ from typing import Any
 
 from agentgym import Trajectory
 from agentgym._errors import ConfigError
-from agentgym.engine._model_dir import read_adapter_config
+from agentgym.engine._model_dir import check_adapter_base, read_adapter_config
+from agentgym.engine._render import TOKENIZER_FILES, require_vocabulary
 
 from ._metrics import is_multi_turn_success
 from ._run_dir import atomic_dir, checkpoints_by_step, read_jsonl_records
@@ -62,7 +63,7 @@ def export_run(
             ``out`` exists, or the base is missing.
     """
     if best and step is not None:
-        raise ConfigError(f"pass step={step} or best=True, not both")
+        raise ConfigError(f"choose the checkpoint by step ({step}) or by its eval (best), not both")
     chosen_by: dict[str, Any] = {}
     if best:
         _, checkpoint, chosen_by = best_checkpoint(Path(run_dir))
@@ -73,6 +74,8 @@ def export_run(
     out = Path(out)
     if out.exists():
         raise ConfigError(f"{out} already exists; export into a new folder (or remove it first)")
+    if merge:  # the merged folder gets the base's tokenizer: one without a vocabulary wrote
+        _check_base_tokenizer(base)  # a folder whose tokenizer turned every text into nothing
     info = {
         "run": str(Path(run_dir).resolve()),
         "step": int(json.loads((checkpoint / "trainer_state.json").read_text())["step"]),
@@ -199,7 +202,21 @@ def _base_model(
             f"the base model {base} is gone (no config.json; the adapter was trained on "
             f"{recorded}); pass the folder it is in now with {option} DIR"
         )
+    check_adapter_base(adapter, base)  # a wrong --base-model exported, or failed to merge
     return base.resolve()
+
+
+def _check_base_tokenizer(base: Path) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"the base model {base} has no tokenizer to export with the merged weights "
+            f"({exc}); pass a base folder with its tokenizer files ({TOKENIZER_FILES})"
+        ) from None
+    require_vocabulary(tokenizer)
 
 
 def _recorded_base(adapter: Path, recorded: Path) -> Path:

@@ -185,8 +185,29 @@ def test_best_without_an_evaluated_checkpoint_says_how_to_get_one(
     )
     with pytest.raises(ConfigError, match="evals of steps 2, 4 played no task in common"):
         export_run(run_dir, tmp_path / "out", best=True)
-    with pytest.raises(ConfigError, match="pass step=2 or best=True, not both"):
+    with pytest.raises(ConfigError, match=r"by step \(2\) or by its eval \(best\), not both"):
         export_run(run_dir, tmp_path / "out", step=2, best=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_base_model_the_adapter_does_not_fit_or_without_a_vocabulary_is_refused(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """``--base-model`` of another width exported with a ``vllm serve`` line for a model the
+    adapter does not fit (and ``--merge`` failed with PEFT's traceback); a base folder without
+    its tokenizer files merged into a folder whose tokenizer turned any text into nothing."""
+    from agentgym.engine.tiny import build_tiny_model
+    from agentgym.trainers import export_run
+
+    run_dir = write_run(tmp_path, tiny_model_dir, {2: 0})
+    other = build_tiny_model(tmp_path / "other", hidden_size=256, num_heads=4)
+    for merge in (False, True):
+        with pytest.raises(ConfigError, match="does not fit the model in .*other"):
+            export_run(run_dir, tmp_path / "out", merge=merge, base_model=other)
+    bare = Path(shutil.copytree(tiny_model_dir, tmp_path / "bare"))
+    (bare / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError, match="vocabulary is missing|no tokenizer"):
+        export_run(run_dir, tmp_path / "out", merge=True, base_model=bare)
     assert not (tmp_path / "out").exists()
 
 
