@@ -406,6 +406,16 @@ class _SamplingView(TokenPolicy):
     def renderer(self) -> ChatRenderer:
         return self._parent.renderer
 
+    @property
+    def max_num_seqs(self) -> int | None:
+        """The parent engine's batch, if it has one: `arollout` sizes its concurrency by it.
+
+        Without it a greedy eval through a view of a `VLLMPolicy` ran 256 episodes at once
+        (the default) where the policy itself ran twice its batch (512 on the CPU build),
+        and a view of a closed policy played every episode to an error instead of refusing.
+        """
+        return getattr(self._parent, "max_num_seqs", None)
+
     def _check_sampling(self, sampling: SamplingConfig) -> None:
         self._parent._check_sampling(sampling)  # a view of a view: the backend's refusals
 

@@ -251,12 +251,18 @@ def test_hf_refuses_a_broken_adapter_folder_with_the_fix(
 def test_a_closed_policy_is_not_silently_restarted(
     vllm_policy_class: Any, tiny_model_dir: Path
 ) -> None:
+    import agentgym
+    from tests.engine.episodes import NudgeEnv
+
     policy = vllm_policy_class(tiny_model_dir)
+    greedy = policy.with_sampling(temperature=0.0)
     policy.close()
     policy.close()  # twice: nothing to do
     for use in (policy.start, lambda: policy.renderer, lambda: policy.max_num_seqs):
         with pytest.raises(ConfigError, match="this VLLMPolicy was closed.*make a new VLLMPolicy"):
             use()  # each started a second engine that nothing closed
+    with pytest.raises(ConfigError, match="this VLLMPolicy was closed"):
+        agentgym.rollout(NudgeEnv, greedy, tasks=[{"id": 1}])  # a view: every episode an error
     assert policy._engine is None
 
 

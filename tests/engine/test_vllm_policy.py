@@ -83,6 +83,13 @@ def test_a_stop_string_ending_inside_a_token_keeps_text_and_ids_alike(policy: VL
     assert said == [t.text for t in trajectory.turns]
 
 
+def test_a_view_sizes_a_rollout_by_its_engines_batch(policy: VLLMPolicy) -> None:
+    """A view had no ``max_num_seqs``: a rollout through it ran `DEFAULT_CONCURRENCY` (256)
+    episodes at once where the policy itself ran twice the engine's batch."""
+    view = policy.with_sampling(temperature=0.0).with_sampling(top_k=5)  # a view of a view
+    assert view.max_num_seqs == policy.max_num_seqs > 0
+
+
 async def test_logprobs_are_the_sampling_distributions_and_match_transformers(
     policy: VLLMPolicy, hf: HFPolicy
 ) -> None:
