@@ -312,18 +312,29 @@ def _safetensors_shapes(files: list[Path]) -> dict[str, list[int]]:
     return shapes
 
 
+def _text_config(model: str | os.PathLike[str]) -> dict[str, Any]:
+    """A local model's config.json, its ``text_config`` merged in; {} when unread (a hub id)."""
+    try:
+        spec = json.loads((Path(model) / "config.json").read_text())
+        return {**spec, **spec.get("text_config", {})}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def config_vocab_size(model: str | os.PathLike[str]) -> int | None:
+    """A local model's ``vocab_size`` (the rows of its output layer); None when not given."""
+    size = _text_config(model).get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
 def config_head_size(model: str | os.PathLike[str]) -> int | None:
     """A local model's attention head size from its config.json; None when not plain to see.
 
     ``head_dim`` if given, else ``hidden_size / num_attention_heads``; None for a hub id, an
     unreadable config, or latent attention (MLA's ``kv_lora_rank``), whose size vLLM derives.
     """
-    try:
-        spec = json.loads((Path(model) / "config.json").read_text())
-        spec = {**spec, **spec.get("text_config", {})}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
-    if spec.get("kv_lora_rank") is not None:
+    spec = _text_config(model)
+    if not spec or spec.get("kv_lora_rank") is not None:
         return None
     head = spec.get("head_dim")
     if isinstance(head, int) and not isinstance(head, bool):

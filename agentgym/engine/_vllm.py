@@ -50,6 +50,7 @@ from ._model_dir import (
     adapter_rank,
     check_adapter_base,
     config_head_size,
+    config_vocab_size,
     context_length,
     model_source,
     read_adapter_config,
@@ -195,6 +196,7 @@ class VLLMPolicy(TokenPolicy):
         kv_cache_gib: float | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        self.model = model_source(model)  # before the sampling check, which reads its vocabulary
         super().__init__(sampling, rollout_mode)
         if max_lora_rank not in LORA_RANKS:
             raise ConfigError(f"max_lora_rank must be one of {LORA_RANKS}, got {max_lora_rank}")
@@ -202,7 +204,6 @@ class VLLMPolicy(TokenPolicy):
             raise ConfigError(f"max_loras must be >= 1, got {max_loras}")
         if dtype not in DTYPES:  # vLLM said so at start, as an engine failure
             raise ConfigError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        self.model = model_source(model)
         self.max_model_len = max_model_len = context_length(self.model, max_model_len)
         self.enable_lora = enable_lora
         self.max_loras = max_loras
@@ -464,6 +465,14 @@ class VLLMPolicy(TokenPolicy):
                 f"sampling extra={sampling.extra!r}: vLLM's SamplingParams refuses it ({exc}); "
                 "fix or drop that field"
             ) from exc
+        vocab = config_vocab_size(self.model) or 0  # 0: not known (a hub id), left to vLLM
+        for name, ids in _token_ids_in(sampling.extra).items():
+            outside = [i for i in ids if vocab and not 0 <= i < vocab]
+            if outside:  # vLLM checks these per request: every episode an error, with a traceback
+                raise ConfigError(
+                    f"sampling extra {name} holds token ids {outside[:5]} outside the model's "
+                    f"vocabulary (0-{vocab - 1}); fix those ids"
+                )
 
     def _decode(self, ids: list[int]) -> str:
         """A turn's text from its ids, special tokens kept (tool-call tags often are)."""
@@ -579,6 +588,16 @@ class VLLMPolicy(TokenPolicy):
         """Adapter ids the engine reports as loaded (to check a sync really happened)."""
         thread, _ = self._started()
         return set(await thread.run(self._engine.list_loras()))
+
+
+def _token_ids_in(extra: dict[str, Any]) -> dict[str, list[int]]:
+    """The token ids that ``extra``'s id-valued `SamplingParams` fields name, by field."""
+    found = {}
+    for name in ("allowed_token_ids", "stop_token_ids", "logit_bias"):
+        ids = extra.get(name)
+        if isinstance(ids, (list, tuple, dict)):  # logit_bias: its keys (ints, or JSON's text)
+            found[name] = [int(i) for i in ids if str(i).lstrip("-").isdigit()]
+    return found
 
 
 def _unservable(spec: dict[str, Any]) -> str:

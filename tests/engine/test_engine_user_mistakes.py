@@ -316,6 +316,12 @@ def test_engine_option_typos_are_config_errors_not_engine_failures(
         vllm_policy_class(tiny_model_dir, sampling={"extra": {"ignore_eoss": True}})
     with pytest.raises(ConfigError, match="vLLM's SamplingParams refuses it"):
         vllm_policy_class(tiny_model_dir).with_sampling(extra={"repetition_penalty": -1.0})
+    # ids outside the vocabulary: vLLM checks them per request, so every episode an error
+    for extra in ({"allowed_token_ids": [5, 99999]}, {"logit_bias": {"-1": 2.0}},
+                  {"stop_token_ids": [261]}):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"holds token ids \[.*\] outside the model's "
+                           r"vocabulary \(0-260\); fix those ids"):  # fmt: skip
+            vllm_policy_class(tiny_model_dir, sampling={"extra": extra})
 
 
 # ---- a context window below the env's opening prompt (Python API) --------------------------
