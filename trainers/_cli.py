@@ -79,7 +79,8 @@ def train(
         from ._grpo import GRPOTrainer
 
     if not config.is_file():
-        raise ConfigError(f"config file {config} does not exist")
+        what = "is a folder, not a YAML file" if config.is_dir() else "does not exist"
+        raise ConfigError(f"config file {config} {what}")
     if dry_run:
         _print_plan(GRPOConfig.from_yaml(config, overrides=_overrides(set_ or [])), resume)
         return

@@ -622,6 +622,10 @@ class GRPOConfig:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config {str(path)!r}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config {str(path)!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+            ) from None
         data = load_yaml(text, f"config {str(path)!r}") or {}
         if isinstance(data, Mapping):
             data = _overridden(dict(data), overrides or {}, cls.defaults())

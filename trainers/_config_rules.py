@@ -131,6 +131,7 @@ def check_ranges(config: GRPOConfig) -> None:
         ("entropy_coef", config.entropy_coef >= 0, "use 0.0 (no bonus) or a small value"),
         ("vllm_gpu_memory_utilization", 0 < config.vllm_gpu_memory_utilization <= 1,
          "use a share of the GPU in (0, 1], e.g. 0.3"),
+        ("entropy_coef_max", config.entropy_coef_max >= 0, "use a value >= 0: 1.0"),
         ("entropy_coef_min", 0 <= config.entropy_coef_min <= config.entropy_coef_max,
          "use a value >= 0 and <= entropy_coef_max"),
         ("entropy_coef_delta", config.entropy_coef_delta > 0, "use a positive step: 0.005"),

@@ -87,6 +87,7 @@ def test_defaults_are_valid_and_every_knob_is_documented() -> None:
         ({"warmup_steps": 300, "lr_scheduler_type": "cosine"}, "longer than the run's max_steps"),
         ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial'"),
         ({"weight_decay": -0.1}, "weight_decay=-0.1 is out of range"),
+        ({"entropy_coef_max": -1.0}, "entropy_coef_max=-1.0"),  # it blamed entropy_coef_min
     ],
 )
 def test_bad_knobs_raise_one_line_with_value_and_fix(knobs: dict[str, Any], fragment: str) -> None:
@@ -228,6 +229,10 @@ def test_yaml_that_is_not_a_mapping_is_a_config_error(tmp_path: Path) -> None:
         GRPOConfig.from_yaml(path)
     with pytest.raises(ConfigError, match="cannot read config"):
         GRPOConfig.from_yaml(tmp_path / "missing.yaml")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"model: tiny\nenv: caf\xe9\n")  # a UnicodeDecodeError traceback
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 20\); save it as UTF-8"):
+        GRPOConfig.from_yaml(latin)
 
 
 def test_broken_yaml_is_one_line_naming_the_file_and_place(tmp_path: Path) -> None:
@@ -248,6 +253,9 @@ def test_cli_set_with_broken_yaml_is_a_one_line_error(tmp_path: Path) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr  # was a traceback
     assert "--set 'num_generations=[2' is not valid YAML" in lines[0], proc.stderr
+    proc = subprocess.run([str(agentgym), "train", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "is a folder, not a YAML file" in proc.stderr, proc.stderr
 
 
 def test_a_dotted_set_changes_one_entry_of_a_mapping_knob(tmp_path: Path) -> None:
