@@ -397,6 +397,11 @@ class VLLMPolicy(TokenPolicy):
             ):
                 final = output
         except VLLMServerError as exc:  # the engine died or failed: infra, not the model's doing
+            if await self._engine_died():
+                raise ModelError(
+                    f"the vLLM engine died ({exc!r}); its policy cannot sample again: close it "
+                    "and make a new VLLMPolicy (a training run: run it again with --resume)"
+                ) from exc
             raise ModelError(f"the vLLM engine failed: {exc!r}") from exc
         if final is None or not final.outputs:
             raise ModelError("vLLM returned no output for a request")
@@ -412,6 +417,18 @@ class VLLMPolicy(TokenPolicy):
             finish_reason=sample.finish_reason,
             adapter_version=served,
         )
+
+    async def _engine_died(self, within: float = 5.0) -> bool:
+        """Whether the engine is dead for good, after a request of it failed.
+
+        Why wait: a request cut by the death (``EngineGenerateError``) can fail before vLLM's
+        process monitor marks the engine dead; without the wait, that episode's error did
+        not say the policy was done for. Only the failure path waits.
+        """
+        deadline = time.monotonic() + within
+        while not self._engine.errored and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # vLLM's monitor thread sets the flag; nothing to await
+        return bool(self._engine.errored)
 
     def sampling_params(
         self, max_tokens: int, seed: int | None = None, sampling: SamplingConfig | None = None
