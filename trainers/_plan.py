@@ -139,7 +139,7 @@ def _loss(config: GRPOConfig) -> str:
 def _evaluation(config: GRPOConfig, eval_count: int) -> str:
     before = "on the base model, after the warm start" if config.sft_steps else "before training"
     text = f"all {eval_count:,} held-out tasks {before} and after step {config.max_steps}"
-    periodic = [s for s in _every(config.eval_steps, config.max_steps) if s < config.max_steps]
+    periodic = _every(config.eval_steps, config.max_steps)
     if periodic:
         played = min(config.eval_num_tasks or eval_count, eval_count)
         text += f"; the first {played:,} {_at(periodic)}"
@@ -147,10 +147,9 @@ def _evaluation(config: GRPOConfig, eval_count: int) -> str:
 
 
 def _checkpoints(config: GRPOConfig) -> str:
-    steps = sorted({*_every(config.save_steps, config.max_steps), config.max_steps})
     kept = "all kept" if config.save_total_limit is None else (
         f"the newest {config.save_total_limit} kept")  # fmt: skip
-    return f"{_at(steps)}; {kept}"
+    return f"{_at(_every(config.save_steps, config.max_steps), then=config.max_steps)}; {kept}"
 
 
 def _run_folder(config: GRPOConfig, resume: bool, tasks_sha256: str | None) -> str:
@@ -168,17 +167,24 @@ def _run_folder(config: GRPOConfig, resume: bool, tasks_sha256: str | None) -> s
     return f"{path}: resumes after step {max(done)} of {config.max_steps}"
 
 
-def _every(interval: int | None, last: int) -> list[int]:
-    return list(range(interval, last + 1, interval)) if interval else []
+def _every(interval: int | None, end: int) -> range:
+    """Every ``interval``-th step before ``end``, as a range: never listed whole.
+
+    Why: listing them ran a dry run of ``max_steps: 1000000000000`` out of memory.
+    """
+    return range(interval, end, interval) if interval else range(0)
 
 
-def _at(steps: Sequence[int]) -> str:
-    """``at step 3`` or ``at steps 25, 50, 75``."""
-    return f"at step {steps[0]}" if len(steps) == 1 else f"at steps {_steps(steps)}"
+def _at(steps: range, then: int | None = None) -> str:
+    """``at step 3`` or ``at steps 25, 50, 75``: ``steps``, then the step ``then``."""
+    last = [then] if then is not None else []
+    count = len(steps) + len(last)
+    return f"at step {[*steps, *last][0]}" if count == 1 else f"at steps {_steps(steps, last)}"
 
 
-def _steps(steps: Sequence[int]) -> str:
-    """``25, 50, 75`` or, for many, ``10, 20, ..., 1000 (100 times)``."""
-    if len(steps) <= 6:
-        return ", ".join(map(str, steps))
-    return f"{steps[0]}, {steps[1]}, ..., {steps[-1]} ({len(steps)} times)"
+def _steps(steps: range, last: Sequence[int]) -> str:
+    """``25, 50, 75`` or, for many, ``10, 20, ..., 1000 (100 times)``; reads ``steps`` lazily."""
+    count = len(steps) + len(last)
+    if count <= 6:
+        return ", ".join(map(str, [*steps, *last]))
+    return f"{steps[0]}, {steps[1]}, ..., {[*steps[-1:], *last][-1]} ({count:,} times)"

@@ -59,7 +59,12 @@ from agentgym._errors import ConfigError
 from agentgym._trajectory import to_json_line
 from agentgym.runs._folder import RUN_FILES, refuse_another_kind_of_run
 
-from ._training_state import load_training_state, save_adapter_files, write_training_state
+from ._training_state import (
+    load_training_state,
+    refuse_damaged_checkpoint,
+    save_adapter_files,
+    write_training_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +123,7 @@ class RunDir:
         self.config = _normalise(config)
         self.resumed = False
         self.resume_step: int | None = None
+        taken_over = _failed_before_any_step(self.path)
         previous = self.check_open(self.path, self.config, resume=resume, defaults=defaults,
                                    tasks_sha256=tasks_sha256)  # fmt: skip
         existing = previous is not None
@@ -133,6 +139,8 @@ class RunDir:
         self._status = _new_status(previous or {}, self.resume_step) | {
             "tasks_sha256": tasks_sha256
         }
+        if previous is None and taken_over is not None:  # its failure stays on record
+            self._status["taken_over"] = _previous_record(taken_over)
         self._write_status()
 
     @property
@@ -199,7 +207,9 @@ class RunDir:
         """Make the refusals opening ``path`` would make, touching nothing (a dry run's check).
 
         Returns the saved status of the run it would reopen (``{}`` if it has none), or None
-        when a new run would start there. Raises `ConfigError` as the constructor does.
+        when a new run would start there: also over a run that failed before finishing a step
+        (it left nothing to resume, and a corrected rerun was refused in both ways). Raises
+        `ConfigError` as the constructor does.
         """
         path = Path(path)
         check_folder_can_be_made(path, "output_dir")
@@ -208,6 +218,11 @@ class RunDir:
             if resume:  # a mistyped output_dir would otherwise restart quietly
                 log.warning("--resume: %s holds no run; starting a new one there", path)
             return None
+        failed = _failed_before_any_step(path)
+        if failed is not None:
+            log.warning("%s holds a run that failed before finishing a step (%s); starting a "
+                        "new run there", path, _exit_error(failed))  # fmt: skip
+            return None
         if not resume:
             raise ConfigError(
                 f"{path} already holds a run ({_describe_run(path)}); pass --resume to "
@@ -215,11 +230,12 @@ class RunDir:
                 "resume=True))"
             )
         _refuse_changed_config(path, _normalise(config), defaults)
-        previous = _read_json(path / "status.json") or {}
+        previous = _read_status(path)
         _refuse_live_owner(path, previous)
         _refuse_other_tasks(path, previous.get("tasks_sha256"), tasks_sha256)
         _refuse_fewer_steps(path, config.get("max_steps"), previous)
-        return dict(previous)
+        _refuse_damaged_newest_checkpoint(path)
+        return previous
 
     @staticmethod
     def finished_figures(
@@ -233,8 +249,9 @@ class RunDir:
         Such a run has nothing to resume: resuming it would only run its final eval again. A
         finished run resumed with a larger ``max_steps`` trains on, so it gets None.
         """
-        status = _read_json(Path(path) / "status.json") or {}
-        summary = _read_json(Path(path) / "summary.json") or {}
+        check_folder_can_be_made(Path(path), "output_dir")  # a file there: not "cannot read"
+        status = _read_status(Path(path))
+        summary = _read_object(Path(path) / "summary.json", "delete it: the resume writes it again")
         done = status.get("state") == "finished" and (status.get("step") or 0) >= max_steps
         if not done or "figures" not in summary:
             return None
@@ -251,7 +268,8 @@ class RunDir:
         shutil.rmtree(self.adapters_dir, ignore_errors=True)  # the old engine's, see save_adapter
         checkpoint = self.latest_checkpoint()
         if checkpoint is not None:
-            self.resume_step = int(_read_json(checkpoint / "trainer_state.json")["step"])
+            state = _read_object(checkpoint / "trainer_state.json", "delete that checkpoint folder")
+            self.resume_step = int(state["step"])
             self.resumed = True
         after = self.resume_step if self.resume_step is not None else -1
         moved = self.rollback(after)
@@ -530,11 +548,26 @@ def _dump_yaml(data: Mapping[str, Any]) -> str:
     return str(yaml.safe_dump(dict(data), sort_keys=False, allow_unicode=True))
 
 
-def _read_json(path: Path) -> Any:
+def _read_object(path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when it is missing.
+
+    Raises:
+        ConfigError: it is not a JSON object (a damaged file), naming it and ``fix``.
+    """
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return None
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} cannot be read as JSON ({exc}); {fix}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a {type(data).__name__}, not a JSON object; {fix}")
+    return data
+
+
+def _read_status(path: Path) -> dict[str, Any]:
+    """A run folder's ``status.json``, {} when it has none (see `_read_object`)."""
+    return _read_object(path / "status.json", "delete it to resume: the run writes it again")
 
 
 def _append_lines(path: Path, lines: Sequence[str]) -> None:
@@ -571,19 +604,37 @@ def _move_lines(path: Path, moves: Any) -> int:
     """Move the lines whose JSON satisfies ``moves`` to ``<stem>.rolled_back.jsonl``.
 
     Order of writes: the moved lines are appended (fsynced) before ``path`` is replaced, so
-    a crash in between duplicates lines at worst, never loses one.
+    a crash in between duplicates lines at worst, never loses one. A line that is not a record
+    of ``path`` (damaged: a kill only ever tears the last line, cut off before) is moved too,
+    with a warning: it failed the resume with a traceback, and kept, it would fail readers.
     """
     if not path.is_file():
         return 0
     moved: list[bytes] = []
     kept: list[bytes] = []
+    unreadable = 0
     for line in path.read_bytes().splitlines(keepends=True):
-        (moved if line.strip() and moves(json.loads(line)) else kept).append(line)
+        verdict = _moves(line, moves)
+        (kept if verdict is False else moved).append(line)
+        unreadable += verdict is None
+    if unreadable:
+        log.warning("%s: %d line(s) cannot be read as its records; moved them to %s", path,
+                    unreadable, rolled_back_path(path).name)  # fmt: skip
     if not moved:
         return 0
-    _append_lines(rolled_back_path(path), [m.decode() for m in moved])
-    atomic_write_text(path, b"".join(kept).decode())
+    _append_lines(rolled_back_path(path), [m.decode(errors="replace") for m in moved])
+    atomic_write_text(path, b"".join(kept).decode(errors="replace"))
     return len(moved)
+
+
+def _moves(line: bytes, moves: Any) -> bool | None:
+    """Whether ``moves`` picks ``line``'s record; None when the line holds no such record."""
+    if not line.strip():
+        return False
+    try:
+        return bool(moves(json.loads(line)))
+    except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or not a record
+        return None
 
 
 @contextlib.contextmanager
@@ -652,14 +703,69 @@ def _new_status(previous: Mapping[str, Any], resume_step: int | None) -> dict[st
         "run_id": previous.get("run_id") or uuid.uuid4().hex[:12],
     }
     if previous:
-        before = previous.get("state")
-        status["previous"] = {
-            "state": "killed" if before == "running" else before,
-            "pid": previous.get("pid"),
-            "step": previous.get("step"),
-            "exit": previous.get("exit"),
-        }
+        status["previous"] = _previous_record(previous)
     return status
+
+
+def _previous_record(previous: Mapping[str, Any]) -> dict[str, Any]:
+    """What a new status keeps of the one it replaces: state, pid, last step, exit."""
+    before = previous.get("state")
+    return {
+        "state": "killed" if before == "running" else before,
+        "pid": previous.get("pid"),
+        "step": previous.get("step"),
+        "exit": previous.get("exit"),
+    }
+
+
+def _exit_error(status: Mapping[str, Any]) -> str:
+    """The error a failed run recorded, for the line that says its folder is taken over."""
+    exit_info = status.get("exit")
+    error = exit_info.get("error") if isinstance(exit_info, dict) else None
+    return str(error or "no error recorded")
+
+
+#: What a run that failed before finishing a step may leave, besides empty files: taking it
+#: over rewrites ``config.yaml`` and ``status.json`` (keeping the failure in ``taken_over``),
+#: appends to ``train.log`` and replaces ``adapters/`` (the engine's cache).
+_LEFT_BEFORE_A_STEP = frozenset({"config.yaml", "status.json", "train.log", "adapters",
+                                 "checkpoints"})  # fmt: skip
+
+
+def _failed_before_any_step(path: Path) -> dict[str, Any] | None:
+    """The status of a run in ``path`` that failed before finishing a step, else None.
+
+    Why: a run that failed while loading (a damaged model folder the dry run cannot see) left
+    a folder that refused the corrected rerun without ``--resume`` and, its config having
+    changed, with it too. Such a folder holds no step, no checkpoint and no line: nothing a
+    new run there could lose. Anything else in it keeps the usual refusals.
+    """
+    try:
+        status = _read_status(path)
+    except ConfigError:
+        return None  # a damaged status: the refusals name it
+    if status.get("state") != "failed" or status.get("step") is not None:
+        return None
+    if complete_checkpoints(path) or not (path / "config.yaml").is_file():
+        return None
+    others = [p for p in path.iterdir() if p.name not in _LEFT_BEFORE_A_STEP]
+    return status if all(p.is_file() and p.stat().st_size == 0 for p in others) else None
+
+
+def _refuse_damaged_newest_checkpoint(path: Path) -> None:
+    """Refuse to resume from a newest checkpoint whose files cannot be loaded.
+
+    Checked where the checkpoint is chosen, before any model loads, so a dry run says it too.
+    Its files are the user's to delete (nothing is removed here): the run then resumes from
+    the checkpoint before it.
+    """
+    steps = sorted(checkpoints_by_step(path).items())
+    if not steps:
+        return
+    newest = steps[-1][1]
+    instead = (f"resume after step {steps[-2][0]} (the checkpoint before it)" if len(steps) > 1
+               else "run again from step 1 (it has no older checkpoint)")  # fmt: skip
+    refuse_damaged_checkpoint(newest, f"{newest.relative_to(path)} of {path}", instead)
 
 
 def _refuse_other_tasks(path: Path, before: str | None, now: str | None) -> None:
@@ -695,10 +801,17 @@ def _refuse_changed_config(
     config_path = path / "config.yaml"
     if not config_path.is_file():
         return
+    fix = "restore it, or delete it to resume under the config given now"
     try:
         saved = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"cannot read the saved config {config_path}: {exc}") from exc
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        why = " ".join(str(exc).split())  # PyYAML's message spans lines: the CLI prints one
+        raise ConfigError(f"cannot read the saved config {config_path} ({why}); {fix}") from exc
+    if not isinstance(saved, dict):
+        raise ConfigError(
+            f"the saved config {config_path} holds a {type(saved).__name__}, not a mapping of "
+            f"knobs; {fix}"
+        )
     added = _normalise(defaults or {})
     differing = sorted(
         key
@@ -720,7 +833,10 @@ def _refuse_changed_config(
 
 def _describe_run(path: Path) -> str:
     """The saved run's state and last step, for a refusal (a dead ``running`` one: killed)."""
-    status = _read_json(path / "status.json") or {}
+    try:
+        status = _read_status(path)
+    except ConfigError:
+        return "its status.json cannot be read"
     state = status.get("state", "unknown state")
     if state == "running" and not _owner_alive(status):
         state = "killed"  # its process is gone: it was killed, not running

@@ -40,6 +40,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import random
 import re
 import shutil
@@ -52,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from agentgym import ScriptedPolicy, make, rollout
 from agentgym._check import lists_tools
 from agentgym._check_template import Call, format_fix, read_calls, template_failure_cause
+from agentgym._durable import atomic_write_text, fsync_dir
 from agentgym._errors import ConfigError
 from agentgym.parsers import ToolCallParser
 from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
@@ -844,28 +846,37 @@ class _Checkpoint:
                  "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
                  "history": history}  # fmt: skip
         self.write_record()  # first: whenever state.pt is there, so is its record
-        torch.save(state, self.path.with_suffix(".tmp"))
-        os.replace(self.path.with_suffix(".tmp"), self.path)
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("wb") as f:  # synced before the rename, as a GRPO checkpoint is: a
+            torch.save(state, f)  # power cut must not leave a renamed, empty state.pt
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fsync_dir(self.folder)
 
     def write_record(self) -> None:
-        """``checkpoint.json``: what `refuse_another_run` compares, written whole."""
+        """``checkpoint.json``: what `refuse_another_run` compares, written whole and synced."""
         self.folder.mkdir(parents=True, exist_ok=True)
         record = {"fingerprint": self.fingerprint, "knobs": self.knobs, "model": self.model}
-        self.record.with_suffix(".tmp").write_text(json.dumps(record))
-        os.replace(self.record.with_suffix(".tmp"), self.record)
+        atomic_write_text(self.record, json.dumps(record))
 
     def load(self, model: Any, optimizer: Any, schedule: Any) -> tuple[int, list[dict[str, Any]]]:
         """(step, metrics so far) of the checkpoint, loaded into the three; (0, []) if none.
 
         Raises:
-            ConfigError: the checkpoint is another run's (other knobs or traces).
+            ConfigError: the checkpoint is another run's (other knobs or traces), or damaged.
         """
         import torch
 
         if not self.path.is_file():
             return 0, []
         device = next(model.parameters()).device
-        state = torch.load(self.path, map_location=device, weights_only=True)
+        try:
+            state = torch.load(self.path, map_location=device, weights_only=True)
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            why = " ".join(str(exc).split())[:200]  # cut short: a full disk, a copy cut off
+            raise ConfigError(f"{self.path} is damaged ({why}); delete it to start this SFT "
+                              "run over from step 1") from exc  # fmt: skip
         if state["fingerprint"] != self.fingerprint:
             raise ConfigError(
                 f"{self.folder} holds a checkpoint of another SFT run (other knobs, model or "

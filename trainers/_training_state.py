@@ -11,11 +11,13 @@ import dataclasses
 import json
 import os
 import random
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from agentgym._errors import ConfigError
+from agentgym.engine._model_dir import read_adapter_config
 
 
 def write_training_state(folder: Path, model: Any, optimizer: Any, state_text: str) -> None:
@@ -35,11 +37,12 @@ def load_training_state(path: str | os.PathLike[str], model: Any, optimizer: Any
     (`RunDir.load_checkpoint` also rolls the run's lines back).
 
     Raises:
-        ConfigError: the checkpoint's adapter does not fit ``model``.
+        ConfigError: the checkpoint is damaged, or its adapter does not fit ``model``.
     """
     import torch
 
     path = Path(path)
+    refuse_damaged_checkpoint(path, str(path), "resume from the checkpoint before it")
     state: dict[str, Any] = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
     _load_adapter_weights(model, path / "adapter")
     optimizer.load_state_dict(
@@ -47,6 +50,45 @@ def load_training_state(path: str | os.PathLike[str], model: Any, optimizer: Any
     )
     _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
     return state
+
+
+def refuse_damaged_checkpoint(folder: Path, shown: str, instead: str) -> None:
+    """Refuse a checkpoint whose files cannot be loaded, naming the file; reads headers only.
+
+    Why: a cut-short adapter or a broken ``trainer_state.json`` failed the resume with a
+    traceback once the model had loaded, after a dry run had called the folder fine.
+    ``shown`` names the checkpoint, ``instead`` is what deleting it lets the user do.
+    """
+    damage = _checkpoint_damage(folder)
+    if damage is not None:
+        raise ConfigError(
+            f"checkpoint {shown} is damaged ({damage}); delete that folder to {instead}"
+        )
+
+
+def _checkpoint_damage(folder: Path) -> str | None:
+    """What makes the checkpoint in ``folder`` unloadable, or None when its files are whole."""
+    state = _trainer_state_damage(folder / "trainer_state.json")
+    if state is not None:
+        return state
+    try:
+        read_adapter_config(folder / "adapter")
+    except ConfigError as exc:  # its message names the file by its full path, then a fix
+        return str(exc).split("; ")[0].replace(f"{folder}{os.sep}", "")
+    for name in ("optimizer.pt", "rng.pt"):  # torch.save writes zip archives
+        if not zipfile.is_zipfile(folder / name):
+            return f"its {name} is missing or cut short"
+    return None
+
+
+def _trainer_state_damage(file: Path) -> str | None:
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"its {file.name} cannot be read: {exc}"
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        return f"its {file.name} holds no step number"
+    return None
 
 
 def _load_adapter_weights(model: Any, adapter_dir: Path) -> None:

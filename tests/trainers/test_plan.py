@@ -68,11 +68,10 @@ def test_a_dry_run_makes_the_run_folders_refusals_and_leaves_it_alone(
 ) -> None:
     cfg = config(tmp_path)
     digest = preflight(cfg).tasks_sha256
-    with RunDir(cfg.output_dir, cfg.to_dict(), tasks_sha256=digest):
-        pass  # a finished-looking folder without checkpoints: what a killed run leaves
-    checkpoint = tmp_path / "run" / "checkpoints" / "step-000008"
-    checkpoint.mkdir()
-    (checkpoint / "trainer_state.json").write_text('{"step": 8}')
+    from tests.trainers.test_run_dir import lora_model
+
+    with RunDir(cfg.output_dir, cfg.to_dict(), tasks_sha256=digest) as run:
+        run.save_checkpoint(8, *lora_model(0))  # a whole checkpoint: a damaged one is refused
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
 
     with pytest.raises(ConfigError, match="already holds a run .* pass --resume"):
