@@ -268,38 +268,6 @@ def test_a_closed_policy_is_not_silently_restarted(
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_a_dead_engine_says_its_policy_cannot_sample_again(
-    vllm_policy_class: Any, tiny_model_dir: Path
-) -> None:
-    """The engine's worker killed (as the OOM killer does): its episodes end infra_error and
-    say what to do; every later rollout failed at once with "the vLLM engine failed:
-    EngineDeadError(...)", which did not say the policy was done for."""
-    import os
-
-    import psutil
-
-    import agentgym
-    from tests.engine.episodes import NudgeEnv
-
-    policy = vllm_policy_class(tiny_model_dir, sampling={"max_tokens": 8})
-    policy.start()
-    try:
-        workers = [p for p in psutil.Process().children(recursive=True) if p.ppid() != os.getpid()]
-        assert workers, "no worker process under the engine core"
-        for worker in workers:
-            worker.kill()
-        psutil.wait_procs(workers, timeout=30)
-        for _ in range(2):  # the rollout that meets the death, and one after it
-            [trajectory] = agentgym.rollout(NudgeEnv, policy, tasks=[{"id": 1}])
-            assert trajectory.status == "infra_error"
-            assert "the vLLM engine died" in trajectory.error
-            assert "make a new VLLMPolicy" in trajectory.error
-    finally:
-        policy.close()
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
 def test_a_head_size_vllm_cpu_cannot_run_is_refused_before_the_engine_starts(
     vllm_policy_class: Any, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

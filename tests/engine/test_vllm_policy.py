@@ -266,7 +266,9 @@ def test_group_samples_differ_and_a_waiting_episode_does_not_hold_the_others(
 
 def test_an_engine_killed_mid_run_ends_episodes_as_infra_errors(tiny_model_dir: Path) -> None:
     """The engine's processes die (as an out-of-memory kill would take them): the episode is
-    the machinery's failure, `infra_error`, which trainers drop, never the model's `error`."""
+    the machinery's failure, `infra_error`, which trainers drop, never the model's `error`.
+    Its error says the policy is done for (every later rollout failed at once with "the vLLM
+    engine failed: EngineDeadError(...)", which did not say so)."""
     require("vllm")
     psutil = require("psutil")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -277,9 +279,11 @@ def test_an_engine_killed_mid_run_ends_episodes_as_infra_errors(tiny_model_dir: 
         for process in engine:
             process.kill()
         psutil.wait_procs(engine, timeout=30)
-        [trajectory] = agentgym.rollout(NudgeEnv, doomed, tasks=[{"id": 1}])
-    assert trajectory.status == "infra_error", trajectory.error
-    assert "vLLM engine failed" in (trajectory.error or "")
+        for _ in range(2):  # the rollout that meets the death, and one after it
+            [trajectory] = agentgym.rollout(NudgeEnv, doomed, tasks=[{"id": 1}])
+            assert trajectory.status == "infra_error", trajectory.error
+            assert "the vLLM engine died" in (trajectory.error or "")
+            assert "make a new VLLMPolicy" in (trajectory.error or "")
 
 
 async def test_a_cancelled_turn_aborts_its_engine_request(policy: VLLMPolicy) -> None:
