@@ -22,8 +22,14 @@ def pair() -> Iterator[list[FaultServer]]:
 
 @pytest.fixture
 def adapter(tmp_path: Path) -> Path:
-    """An adapter folder to publish; the stand-in servers never read it."""
+    """An adapter folder to publish; the stand-in servers never read its weights.
+
+    Whole as a PEFT folder must be to publish: a config and a safetensors file (one tensor).
+    """
     folder = tmp_path / "adapter"
     folder.mkdir()
     (folder / "adapter_config.json").write_text("{}")
+    header = b'{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    body = len(header).to_bytes(8, "little") + header + bytes(4)
+    (folder / "adapter_model.safetensors").write_bytes(body)
     return folder

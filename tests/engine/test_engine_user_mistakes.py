@@ -370,9 +370,11 @@ async def test_an_engine_refusal_and_a_close_mid_rollout_lose_nothing(
     try:
         good = make_adapter(tiny_model_dir, tmp_path / "good", seed=1)
         assert policy.load_adapter(good) == 1
-        broken = shutil.copytree(good, tmp_path / "broken")
-        weights = broken / "adapter_model.safetensors"
-        weights.write_bytes(weights.read_bytes()[:100])  # passes the checks, vLLM cannot read it
+        broken = make_adapter(tiny_model_dir, tmp_path / "broken", seed=2,
+                              targets=["q_proj", "lm_head"])  # fmt: skip
+        config = broken / "adapter_config.json"  # targets as a pattern: left to vLLM to refuse
+        config.write_text(json.dumps({**json.loads(config.read_text()),
+                                      "target_modules": "(q_proj|lm_head)"}))  # fmt: skip
         refused = _escaped(f"vLLM refused to load the adapter at {broken}")
         with pytest.raises(ModelError, match=refused):
             policy.load_adapter(broken)  # was a bare Exception("Call to add_lora ...")
