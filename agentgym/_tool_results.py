@@ -41,6 +41,31 @@ def format_result(value: Any, tool_name: str | None = None) -> str:
     naming its type, for the model to read and the tool's author to fix (``tool_name``
     names the tool in the message).
     """
+    try:
+        text = _result_text(value, tool_name)
+    except ValueError as exc:  # an int past Python's 4,300 digits (the model's arguments did it)
+        raise ToolError(
+            f"{'the tool' if tool_name is None else repr(tool_name)} returned a value too large "
+            f"to write as text ({exc}); the tool must return a str or JSON data it can print"
+        ) from None
+    return text if text.isascii() else _utf8(text)
+
+
+def _utf8(text: str) -> str:
+    """``text`` with its lone surrogates written as backslash escapes: it goes out as UTF-8.
+
+    Why: a file name decoded with ``os.fsdecode`` holds them; the episode ended ``ok`` and
+    writing it to JSONL then killed the eval (and a training run) with `UnicodeEncodeError`.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _result_text(value: Any, tool_name: str | None) -> str:
+    """`format_result` before its text is made safe to encode."""
     if isinstance(value, str):
         return value
     if type(value) is int:  # what json.dumps writes, without its encoder set-up

@@ -282,6 +282,39 @@ def test_str_int_and_json_results_are_as_before() -> None:
     assert format_result([1.5, None, True]) == "[1.5, null, true]"
 
 
+async def test_a_result_too_large_to_print_or_holding_surrogates_is_a_tool_message() -> None:
+    """A model's arguments made ``power`` return 10**20000: `str` refuses ints past 4,300
+    digits and the episode ended ``error`` (the model chose its class). A file name decoded
+    with ``os.fsdecode`` holds lone surrogates: the episode ended ``ok``, then writing it to
+    JSONL killed the eval and the training run."""
+    import os
+
+    import agentgym
+    from agentgym._trajectory import to_json_line
+
+    @tool
+    def power(base: int, exp: int) -> int:
+        """Raise base to exp."""
+        return int(base) ** int(exp)
+
+    @tool
+    def file_name(name: str) -> str:
+        """The name of a file as the file system holds it."""
+        return os.fsdecode(name.encode("latin-1"))
+
+    env = ToolEnv([power, file_name], tasks=TASKS)
+    await env.areset()
+    call = '<tool_call>{"name": "power", "arguments": {"base": 10, "exp": 20000}}</tool_call>'
+    new_messages, *_ = await env.astep(call)
+    said = new_messages[1]["content"]
+    assert said.startswith("Error: 'power' returned a value too large to write as text")
+    call = '<tool_call>{"name": "file_name", "arguments": {"name": "café.txt"}}</tool_call>'
+    new_messages, *_ = await env.astep(call)
+    assert new_messages[1]["content"] == "caf\\udce9.txt"
+    line = to_json_line(agentgym.Trajectory(env_id="e", messages=new_messages))
+    assert line.encode("utf-8")  # it writes: no UnicodeEncodeError
+
+
 async def test_a_tool_returning_a_model_sends_its_json_to_the_model() -> None:
     @tool
     def who(name: str) -> Person:
