@@ -13,7 +13,10 @@ enters that baseline matters more than the formula:
   started (no slot freed before the deadline) is dropped under every policy: it played no
   turn, so its lateness says nothing about the policy.
 - ``error`` episodes (the env, a tool loop or a reward function raised) are kept: the reward
-  they got is data about the policy's behaviour. They are counted so a rise is visible.
+  they got is data about the policy's behaviour. They are counted so a rise is visible. An
+  error episode scores no more than the worst other kept episode of its group: the model's
+  reply can make a reward function raise, and the episode kept the sum of the others, so
+  crashing a negative-weight penalty out-scored the honest reply (a probe: 1.0 against 0.0).
 - Groups whose kept rewards are all equal (zero variance, or a single kept episode) carry no
   learning signal: their advantages are 0 and their keys are reported.
 
@@ -129,6 +132,41 @@ def _kept_by_group(
     return members
 
 
+def _errors_capped(
+    rewards: Sequence[float], statuses: Sequence[Status], members: Mapping[Hashable, list[int]]
+) -> list[float]:
+    """``rewards``, each ``error`` episode's at most its group's worst kept other episode's."""
+    capped = list(rewards)
+    for indices in members.values():
+        sound = [rewards[i] for i in indices if statuses[i] != "error"]
+        for i in indices if sound else ():
+            if statuses[i] == "error":
+                capped[i] = min(rewards[i], min(sound))
+    return capped
+
+
+def _raised_scored_worst(
+    components: Sequence[Sequence[float | None]], weights: Sequence[float],
+    statuses: Sequence[Status], members: Mapping[Hashable, list[int]],
+) -> list[list[float | None]]:  # fmt: skip
+    """Each score an ``error`` episode's function raised on counts as its group's worst on it.
+
+    As `_errors_capped` for summed rewards: a reply that makes a penalty raise must not beat
+    the honest replies on that penalty (skipped, it left the episode's other scores alone).
+    """
+    rows = [list(row) for row in components]
+    for indices in members.values():
+        for k, weight in enumerate(weights):
+            scored = [s for i in indices if (s := rows[i][k]) is not None]
+            if not scored or not weight:
+                continue
+            worst = min(scored) if weight > 0 else max(scored)
+            for i in indices:
+                if rows[i][k] is None and statuses[i] == "error":
+                    rows[i][k] = worst
+    return rows
+
+
 def group_advantages(
     rewards: Sequence[float],
     groups: Sequence[Hashable],
@@ -160,6 +198,7 @@ def group_advantages(
     if late_policy == "zero":
         rewards = [0.0 if s == "late" else r for r, s in zip(rewards, statuses)]
     members = _kept_by_group(groups, statuses, late_policy, started)
+    rewards = _errors_capped(rewards, statuses, members)
     kept_rewards = [rewards[i] for indices in members.values() for i in indices]
     batch_std = unbiased_std(kept_rewards)
     values: list[float | None] = [None] * len(rewards)
@@ -213,6 +252,7 @@ def decoupled_advantages(
         components = [[0.0] * len(weights) if s == "late" else row
                       for row, s in zip(components, statuses)]  # fmt: skip
     members = _kept_by_group(groups, statuses, late_policy, started)
+    components = _raised_scored_worst(components, weights, statuses, members)
     sums: list[float | None] = [None] * len(components)
     flat: list[Hashable] = []
     for key, indices in members.items():

@@ -100,6 +100,18 @@ def test_error_episodes_are_scored_and_counted() -> None:
     assert result.metrics()["rollout/error_episodes"] == 1.0
 
 
+def test_an_error_episode_never_scores_above_its_groups_worst_sound_one() -> None:
+    """The model's reply made a negative-weight reward function raise: the episode kept the
+    sum of the others (1.0) where the honest reply scored 0.0, so GRPO taught the crash."""
+    result = group_advantages([1.0, 0.0, 0.5], [0, 0, 0], ["error", "ok", "ok"])
+    assert result.values[0] == pytest.approx(result.values[1])  # capped at 0.0, the worst
+    assert result.values[0] < 0 < result.values[2]
+    low = group_advantages([-2.0, 0.0, 0.5], [0, 0, 0], ["error", "ok", "ok"])
+    assert low.values[0] < low.values[1]  # a lower reward of its own stands
+    alone = group_advantages([1.0, 1.0], [0, 0], ["error", "error"])
+    assert alone.values == [0.0, 0.0]  # no sound episode to cap by: equal, no signal
+
+
 def test_zero_variance_and_singleton_groups_get_zero_and_are_reported() -> None:
     result = group_advantages(
         [1.0, 1.0, 0.0, 1.0, 0.3], ["same", "same", "mixed", "mixed", "alone"],
@@ -185,6 +197,14 @@ def test_gdpo_skips_a_score_that_raised_and_leaves_dropped_episodes_out() -> Non
     assert result.values[5] == 0.0 and result.zero_variance_groups == ["b"]  # alone in b
     without_dropped = decoupled_advantages(rows[:4], [1.0, 0.5], groups[:4], statuses[:4])
     assert result.values[:4] == pytest.approx(without_dropped.values)
+
+
+def test_gdpo_scores_a_penalty_that_raised_as_the_groups_worst_on_it() -> None:
+    """Skipped, the raised penalty left the crashing reply level with the honest ones."""
+    rows = [[1.0, None], [1.0, 0.0], [1.0, 2.0], [0.0, 0.0]]  # [correct, penalty]
+    result = decoupled_advantages(rows, [1.0, -1.0], [0] * 4, ["error", "ok", "ok", "ok"])
+    assert result.values[0] == pytest.approx(result.values[2])  # as the worst penalty, 2.0
+    assert result.values[0] < result.values[1]
 
 
 def test_gdpo_reports_a_group_flat_when_only_unweighted_scores_vary() -> None:
