@@ -28,7 +28,7 @@ from ._check_tool_params import tool_parameters
 from ._env import Env
 from ._errors import ConfigError, SandboxError
 from ._policies import ScriptedPolicy
-from ._registry import make
+from ._registry import made_for_a_command, make
 from ._rollout import EpisodeSpec, run_episode
 from ._tool_schema import example_arguments
 from ._trajectory import Trajectory
@@ -72,11 +72,11 @@ def check(
     # parser does not need the model's tokenizer (a typo is refused in a second, not six)
     built_early = not _parser_needs_tokenizer(env_kwargs)
     if built_early:
-        make(env_id, **env_kwargs).close()
+        made_for_a_command(env_id, env_kwargs).close()
     tok = None if tokenizer is None else load_tokenizer(tokenizer)
     env_kwargs = with_model_tokenizer(env_kwargs, tok)
     if not built_early:
-        make(env_id, **env_kwargs).close()
+        made_for_a_command(env_id, env_kwargs).close()
     # the reference check and the template checks each read one played episode
     reference = functools.cache(lambda: _play(env_id, env_kwargs, _reference_script))
     wrong = functools.cache(lambda: _play_wrong_answers(env_id, env_kwargs))

@@ -8,9 +8,7 @@ loses none and ``--resume`` plays only what is missing (`_eval_folder`).
 from __future__ import annotations
 
 import contextlib
-import sysconfig
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,7 +48,7 @@ from ._eval_options import (
 )
 from ._eval_server import check_served_model
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy, check_base_url
-from ._registry import make, resolve_id
+from ._registry import made_for_a_command, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
 from ._tasks import parse_tasks, tasks_digest
@@ -193,7 +191,7 @@ def evaluate(
         from .engine._model_dir import context_length
 
         max_model_len = context_length(model_path, max_model_len)
-    probe = _built(env_id, env_kwargs_built)  # validates options before any work
+    probe = made_for_a_command(env_id, env_kwargs_built)  # validates options before any work
     tasks = getattr(probe, "tasks", None)
     try:
         if tasks is None or not len(tasks):  # it warned "playing all 0", then failed in rollout
@@ -411,27 +409,6 @@ def _refuse_failed_episodes(played: list[Trajectory], out: Path) -> None:
             f"their tracebacks are in {results}",
             soft_wrap=True,
         )
-
-
-def _built(env_id: str, env_kwargs: dict[str, Any]) -> Any:
-    """The env, or one line saying where its own code failed to build it.
-
-    Why: an env whose constructor raised (its service down: a ``ConnectError``) printed a
-    full traceback through the CLI's internals; the line names the env's frame instead.
-    """
-    try:
-        return make(env_id, **env_kwargs)
-    except Error:
-        raise
-    except Exception as exc:
-        frames = traceback.extract_tb(exc.__traceback__)
-        libraries = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])
-        own = [f for f in frames if not f.filename.startswith(libraries)] or frames
-        where = f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
-        raise Error(
-            f"{env_id} could not be built: {type(exc).__name__}: {exc}{where} (the env's own "
-            f"code raised it; agentgym.make({env_id!r}) in Python shows the whole traceback)"
-        ) from exc
 
 
 def _all_failed(played: list[Trajectory], status: str, cause: str, results: Path) -> str:

@@ -22,7 +22,9 @@ import inspect
 import os
 import re
 import sys
+import sysconfig
 import textwrap
+import traceback
 import types
 import typing
 import warnings
@@ -37,7 +39,7 @@ from gymnasium.envs.registration import EnvSpec
 from pydantic import TypeAdapter, ValidationError
 
 from ._env import Env
-from ._errors import ConfigError, UnknownEnvError
+from ._errors import ConfigError, Error, UnknownEnvError
 
 ENTRY_POINT_GROUP = "agentgym.envs"
 _OUR_IDS: set[str] = set()
@@ -305,6 +307,29 @@ def make(id: str | EnvSpec, **kwargs: Any) -> Env:
         )
     env.spec = _spec_as_made(spec, merged)
     return env
+
+
+def made_for_a_command(env_id: str, env_kwargs: dict[str, Any]) -> Env:
+    """`make`, or one line saying where the env's own code failed to build it (for the CLIs).
+
+    Why: an env whose constructor raised (its service down: a ``ConnectError``; its data
+    file missing) printed a full traceback through a command's internals (``eval`` first;
+    ``check``, ``train --dry-run`` and ``sft`` too); the line names the env's frame instead.
+    `make` itself keeps the traceback, for Python users.
+    """
+    try:
+        return make(env_id, **env_kwargs)
+    except Error:
+        raise
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        libraries = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])
+        own = [f for f in frames if not f.filename.startswith(libraries)] or frames
+        where = f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
+        raise Error(
+            f"{env_id} could not be built: {type(exc).__name__}: {exc}{where} (the env's own "
+            f"code raised it; agentgym.make({env_id!r}) in Python shows the whole traceback)"
+        ) from exc
 
 
 def check_env_options(id: str, kwargs: dict[str, Any]) -> None:

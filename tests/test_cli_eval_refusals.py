@@ -112,6 +112,27 @@ def test_an_env_whose_constructor_raises_is_one_line_naming_its_frame(workdir: P
     assert f"at {workdir / 'faulty.py'}:" in line and "agentgym.make(" in line
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["check", "faulty:test/Unbuildable-v0"],
+     ["train", "config.yaml", "--dry-run"],
+     ["sft", "tiny", "sft-out", "--env", "faulty:test/Unbuildable-v0", "--steps", "1"]],
+    ids=["check", "train-dry-run", "sft"],
+)  # fmt: skip
+def test_every_command_names_the_frame_of_an_env_whose_constructor_raises(
+    workdir: Path, command: list[str]
+) -> None:
+    """``eval`` said it in one line; ``check``, ``train --dry-run`` and ``sft`` printed some
+    90 lines of rich traceback for the same env."""
+    (workdir / "config.yaml").write_text("env: faulty:test/Unbuildable-v0\nreport_to: [none]\n")
+    proc = subprocess.run([str(AGENTGYM), *command], cwd=workdir, env=_env(None),
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    line = [text for text in proc.stderr.splitlines() if text.strip()][-1]
+    assert "Traceback" not in proc.stderr and "─" not in proc.stderr, proc.stderr
+    assert "test/Unbuildable-v0 could not be built: ConnectionRefusedError" in line
+
+
 def test_a_sandbox_env_without_its_image_is_refused_before_any_episode(workdir: Path) -> None:
     """Every episode ended infra_error, after a model (if any) loaded, and the run went on."""
     proc = run(workdir, "pythoncode", "--policy", "reference", "-n", "1",

@@ -20,12 +20,11 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentgym import make
 from agentgym._check import lists_tools, refuse_unready, undescribed_tools
 from agentgym._check_tasks import missing_task_fields
 from agentgym._check_template import call_format_problem, unshown_tools_problem
 from agentgym._errors import ConfigError
-from agentgym._registry import resolve_id
+from agentgym._registry import made_for_a_command, resolve_id
 from agentgym._tasks import task_text, tasks_digest
 from agentgym._types import Message
 from agentgym.engine._model_dir import context_length
@@ -202,7 +201,7 @@ class _EnvShown(NamedTuple):
 
 def _check_env(config: GRPOConfig) -> _EnvShown:
     """Build the env once: split, SFT scripts, tools, turn limit, task digest, reward weights."""
-    env = make(config.env, **config.run_env_kwargs)
+    env = made_for_a_command(config.env, config.run_env_kwargs)
     try:
         refuse_unready(env, config.env)
         weights = _reward_weights(env, config)

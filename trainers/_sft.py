@@ -55,6 +55,7 @@ from agentgym._check import lists_tools
 from agentgym._check_template import Call, format_fix, read_calls, template_failure_cause
 from agentgym._durable import atomic_write_text, fsync_dir
 from agentgym._errors import ConfigError
+from agentgym._registry import made_for_a_command
 from agentgym.parsers import ToolCallParser
 from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
 
@@ -530,8 +531,8 @@ class EnvFacts(NamedTuple):
 
 
 def env_facts(env_id: str, env_kwargs: Mapping[str, Any] | None) -> EnvFacts:
-    """`EnvFacts` of one env built and closed."""
-    env: Any = make(env_id, **(env_kwargs or {}))
+    """`EnvFacts` of one env built and closed (for ``agentgym sft``: a failing build is a line)."""
+    env: Any = made_for_a_command(env_id, dict(env_kwargs or {}))
     try:
         return EnvFacts(list(getattr(env, "tool_schemas", [])), len(getattr(env, "tasks", ())),
                         lists_tools(env))  # fmt: skip
