@@ -187,7 +187,8 @@ class GRPOConfig:
     episode_deadline_s: float | None = _knob(
         300.0,
         "Seconds a step waits for its episodes after rollouts start; late ones are handled by "
-        "`late_policy` and logged. None: wait for every episode.",
+        "`late_policy` and logged. An eval waits this long per step's worth of its episodes "
+        "(a late one counts as not solved). None: wait for every episode.",
     )
     late_policy: LatePolicy = _knob(
         "drop",

@@ -766,6 +766,7 @@ class GRPOTrainer:
             arollout(
                 self._envs, policy.with_sampling(temperature=0.0), tasks=tasks, group_size=1,
                 seed=cfg.seed, max_concurrency=max(len(tasks), 1),
+                deadline=_eval_deadline(cfg, len(tasks)),
             )
         )  # fmt: skip
         run.append_eval(step, trajectories, label)
@@ -799,6 +800,19 @@ class GRPOTrainer:
         with self._in_process_engine(model_dir, greedy, lora=False, rollout_mode="auto") as policy:
             self._decide_mode(policy)  # the run's reference episode decides, as for the run
             return self._headline_eval(policy, run, trackers, 0, "base")
+
+
+def _eval_deadline(cfg: GRPOConfig, episodes: int) -> float | None:
+    """An eval's deadline: ``episode_deadline_s`` for each step's worth of its episodes.
+
+    Why: evals had none, so a reward function or tool that never returned hung the run in
+    its step-0 eval while its steps stopped at the deadline. An eval plays its episodes at
+    once, more than a step's, so it gets a step's deadline per step's worth of them; a late
+    one counts as not solved (`eval_metrics`).
+    """
+    if cfg.episode_deadline_s is None:
+        return None
+    return cfg.episode_deadline_s * math.ceil(episodes / (cfg.tasks_per_step * cfg.num_generations))
 
 
 def swap_groups(

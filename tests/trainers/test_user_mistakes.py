@@ -23,7 +23,7 @@ import agentgym
 from agentgym.trainers import GRPOConfig
 from envs.calculator import CalculatorEnv
 from tests.conftest import TINY_RUN
-from trainers._grpo import _broken_step, _broken_stop
+from trainers._grpo import _broken_step, _broken_stop, _eval_deadline
 
 
 class BrokenCalculator(CalculatorEnv):
@@ -72,6 +72,15 @@ def test_a_step_whose_every_episode_was_late_is_broken_and_stops_naming_the_dead
     assert type(stop).__name__ == "EpisodesLateError" and "\n" not in str(stop)
     assert str(stop).startswith("3 steps in a row had every episode miss episode_deadline_s")
     assert "raise episode_deadline_s" in str(stop) and "--resume" in str(stop)
+
+
+def test_an_eval_gets_a_steps_deadline_for_each_steps_worth_of_its_episodes() -> None:
+    """Evals had no deadline: a reward function that never returned hung the run in its
+    step-0 eval, while its steps stopped at ``episode_deadline_s``."""
+    knobs = {"tasks_per_step": 2, "num_generations": 4}
+    assert _eval_deadline(GRPOConfig(episode_deadline_s=10, **knobs), 8) == 10
+    assert _eval_deadline(GRPOConfig(episode_deadline_s=10, **knobs), 20) == 30
+    assert _eval_deadline(GRPOConfig(episode_deadline_s=None, **knobs), 20) is None
 
 
 def test_a_run_whose_every_episode_errors_stops_with_a_checkpoint(tmp_path: Path) -> None:
