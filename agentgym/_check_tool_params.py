@@ -97,6 +97,7 @@ def _parameter_problems(d: _Described) -> list[str]:
             f"{', '.join(map(repr, stray))}, which it does not take (its parameters: {shown}); "
             "make the names match"
         )
+    problems += _schema_misfits(d)
     for name in sorted(d.tool.injected & d.params.keys()):
         if why := _meant_for_the_model(name, d.docs.get(name), d.hints.get(name, Any)):
             problems.append(
@@ -104,6 +105,31 @@ def _parameter_problems(d: _Described) -> list[str]:
                 f"but the model never sees it: {name!r} is filled with "
                 f"{_FILLED_WITH.get(name, 'a value of the env')}; rename it"
             )
+    return problems
+
+
+def _schema_misfits(d: _Described) -> list[str]:
+    """A schema given by hand (``Tool(fn, parameters=...)``) against its function's names.
+
+    Why: a schema offering ``x, y`` for a function taking ``a, b`` passed the check; every
+    call the schema allowed then failed with a TypeError, counted as the model's tool error.
+    """
+    offered = set((d.tool.parameters or {}).get("properties") or {})
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    takes = {n for n, p in d.params.items() if n not in d.tool.injected and p.kind not in kinds}
+    problems = []
+    if unknown := sorted(offered - takes):
+        problems.append(
+            f"tool {d.tool.name!r}: its schema offers {', '.join(map(repr, unknown))}, which "
+            f"its function does not take (it takes {', '.join(map(repr, sorted(takes))) or 'none'})"
+            "; every call the schema allows would fail: make the names match"
+        )
+    needed = sorted(n for n in takes - offered if d.params[n].default is inspect.Parameter.empty)
+    if needed:
+        problems.append(
+            f"tool {d.tool.name!r}: its function needs {', '.join(map(repr, needed))}, which "
+            "its schema never asks the model for: add them to the schema's properties"
+        )
     return problems
 
 

@@ -251,6 +251,22 @@ def test_an_args_entry_the_function_does_not_take_fails_naming_both(row) -> None
     assert result.detail.endswith("parameters with no description: 'wrongdoc' (city)")
 
 
+def test_a_hand_written_schema_that_misnames_the_functions_parameters_fails(row) -> None:
+    """It passed: every call the schema allowed then failed as the model's tool error."""
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}, "a": {"type": "integer"}},
+              "required": ["x", "a"]}  # fmt: skip
+    misnamed = agentgym.Tool(fn=add, name="add", description="Add numbers.", parameters=schema)
+    result = row("tool parameters", [lookup, misnamed])
+    assert result.verdict == "FAIL"
+    assert ("tool 'add': its schema offers 'x', which its function does not take (it takes "
+            "'a', 'b'); every call the schema allows would fail") in result.detail  # fmt: skip
+    assert "its function needs 'b', which its schema never asks the model for" in result.detail
+
+
 def test_an_injected_parameter_documented_as_the_models_fails_with_the_fix(row) -> None:
     result = row("tool parameters", [add_todo])
     assert result.verdict == "FAIL"
