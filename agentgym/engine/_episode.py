@@ -45,6 +45,11 @@ def next_adapter_version(path: str | os.PathLike[str], last: int, version: int |
     weights under the new version's name.
     """
     read_adapter_config(path)  # a whole PEFT adapter folder
+    return version_after(last, version)
+
+
+def version_after(last: int, version: int | None) -> int:
+    """``version`` (default ``last + 1``), refused unless above ``last`` (see above)."""
     version = last + 1 if version is None else version
     if version <= last:
         raise ConfigError(

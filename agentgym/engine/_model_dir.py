@@ -213,10 +213,16 @@ def _safetensors_whole(file: Path) -> bool:
 def adapter_rank(adapter: str | os.PathLike[str]) -> int | None:
     """The largest LoRA rank of a PEFT adapter folder (``r``, ``rank_pattern``); None if unread."""
     try:
-        spec = json.loads((Path(adapter) / "adapter_config.json").read_text())
-        ranks = [spec["r"], *(spec.get("rank_pattern") or {}).values()]
-        return max(int(r) for r in ranks)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return spec_rank(json.loads((Path(adapter) / "adapter_config.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def spec_rank(spec: dict[str, Any]) -> int | None:
+    """The largest LoRA rank an ``adapter_config.json`` gives; None if it gives none."""
+    try:
+        return max(int(r) for r in [spec["r"], *(spec.get("rank_pattern") or {}).values()])
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 

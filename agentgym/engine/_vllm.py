@@ -44,16 +44,16 @@ from ._episode import (
     ModeChoice,
     SamplingConfig,
     TokenPolicy,
-    next_adapter_version,
+    version_after,
 )
 from ._model_dir import (
-    adapter_rank,
     check_adapter_base,
     config_head_size,
     config_vocab_size,
     context_length,
     model_source,
     read_adapter_config,
+    spec_rank,
 )
 from ._render import ChatRenderer, policy_renderer
 
@@ -534,15 +534,16 @@ class VLLMPolicy(TokenPolicy):
         if not self.enable_lora:
             raise ConfigError("load_adapter needs VLLMPolicy(..., enable_lora=True)")
         last = self.adapters[-1].version if self.adapters else 0
-        next_adapter_version(path, last, version)
-        why = _unservable(read_adapter_config(path))
+        version_after(last, version)
+        spec = read_adapter_config(path)  # read once: this is on every step's sync path
+        why = _unservable(spec)
         if why:
             raise ConfigError(
                 f"vLLM cannot serve the adapter at {os.fspath(path)}: {why}; train a plain "
                 "LoRA adapter (the trainer's are) or serve this one with HFPolicy"
             )
         self._refuse_folder_in_use(Path(path))
-        rank = adapter_rank(path)
+        rank = spec_rank(spec)
         max_rank = int(self._engine_args["max_lora_rank"])
         if rank is not None and rank > max_rank:
             fits = [r for r in LORA_RANKS if r >= rank]
@@ -575,7 +576,7 @@ class VLLMPolicy(TokenPolicy):
         from vllm.lora.request import LoRARequest
 
         last = self.adapters[-1].version if self.adapters else 0
-        version = next_adapter_version(path, last, version)
+        version = version_after(last, version)  # the folder was checked by `_check_adapter`
         name = f"agentgym-v{version}"
         started = time.perf_counter()
         try:
