@@ -201,7 +201,7 @@ def sft(
         with needs_extra("agentgym sft", "train"):
             folder = plan.train()
         # inside the tracked block, as eval: a follower of the run's log stops once finished
-        _print_figures(folder)
+        _print_figures(folder, env)
 
 
 @dataclass(frozen=True)
@@ -421,10 +421,14 @@ def _progress(steps: int) -> Callable[[dict[str, Any]], None]:
     return report
 
 
-def _print_figures(out: Path) -> None:
-    """One line per figure of the ``sft.json`` just written, then how to use the model."""
+def _print_figures(out: Path, env_as_given: str | None) -> None:
+    """One line per figure of the ``sft.json`` just written, then how to use the model.
+
+    The eval command names the env as the user gave it: the id it resolved to lost a user
+    module's prefix (``units:probe/Units-v0``), and the pasted command then found no env.
+    """
     summary = json.loads((out / "sft.json").read_text(encoding="utf-8"))
-    env_id = summary["source"]["env_id"]
+    env_id = env_as_given or summary["source"]["env_id"]
     history = summary["history"]
     console.print(f"traces used: {summary['num_examples']}")
     console.print(f"first loss: {history[0]['loss']:.4f}")

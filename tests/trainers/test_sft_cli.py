@@ -80,7 +80,7 @@ def test_sft_on_the_env_scripts_trains_and_says_where(tiny_model_dir: Path, tmp_
     assert any(not base[name].equal(trained[name]) for name in base)
     for line in ("traces used: 12", "first loss: ", "last loss: ", f"output folder: {out}"):
         assert line in done.stdout, done.stdout
-    assert f"--policy vllm --model-path {out}" in done.stdout
+    assert f"agentgym eval calculator --policy vllm --model-path {out}" in done.stdout  # as given
 
 
 def test_sft_with_a_target_measures_held_out_traces_and_says_when_it_fell_short(
