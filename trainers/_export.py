@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from agentgym import Trajectory
+from agentgym._check import load_tokenizer
 from agentgym._errors import ConfigError
 from agentgym.engine._model_dir import check_adapter_base, read_adapter_config
-from agentgym.engine._render import TOKENIZER_FILES, require_vocabulary
 
 from ._metrics import is_multi_turn_success
 from ._run_dir import atomic_dir, checkpoints_by_step, read_jsonl_records
@@ -75,7 +75,7 @@ def export_run(
     if out.exists():
         raise ConfigError(f"{out} already exists; export into a new folder (or remove it first)")
     if merge:  # the merged folder gets the base's tokenizer: one without a vocabulary wrote
-        _check_base_tokenizer(base)  # a folder whose tokenizer turned every text into nothing
+        load_tokenizer(base)  # a folder whose tokenizer turned every text into nothing
     info = {
         "run": str(Path(run_dir).resolve()),
         "step": int(json.loads((checkpoint / "trainer_state.json").read_text())["step"]),
@@ -204,19 +204,6 @@ def _base_model(
         )
     check_adapter_base(adapter, base)  # a wrong --base-model exported, or failed to merge
     return base.resolve()
-
-
-def _check_base_tokenizer(base: Path) -> None:
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(base)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"the base model {base} has no tokenizer to export with the merged weights "
-            f"({exc}); pass a base folder with its tokenizer files ({TOKENIZER_FILES})"
-        ) from None
-    require_vocabulary(tokenizer)
 
 
 def _recorded_base(adapter: Path, recorded: Path) -> Path:

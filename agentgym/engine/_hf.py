@@ -423,10 +423,10 @@ class HFPolicy(TokenPolicy):
 
 def _seconds_left(batch: list[_Turn]) -> float | None:
     """Seconds to the last of ``batch``'s episode deadlines (0 if past); None: a turn has none."""
-    deadlines = [turn.deadline_at for turn in batch]
-    if not deadlines or None in deadlines:
+    deadlines = [turn.deadline_at for turn in batch if turn.deadline_at is not None]
+    if not batch or len(deadlines) < len(batch):
         return None
-    return max(0.0, max(d for d in deadlines if d is not None) - asyncio.get_running_loop().time())
+    return max(0.0, max(deadlines) - asyncio.get_running_loop().time())
 
 
 class _SeededRows:
