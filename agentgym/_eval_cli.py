@@ -152,6 +152,14 @@ def evaluate(
     router_url: Annotated[
         str | None, typer.Option(help="vllm: a router before the --server URLs (vllm-router).")
     ] = None,
+    episode_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="Seconds one episode may play; one still playing then is cut and recorded "
+            "late (not scored; --resume plays it again). Default: no limit.",
+        ),
+    ] = None,
     out: Annotated[
         Path, typer.Option(help="Folder for trajectories.jsonl, summary.json and run.json.")
     ] = Path("runs/eval"),
@@ -249,11 +257,12 @@ def evaluate(
         plan = {
             **which, "group_size": group_size, "max_concurrency": concurrency,
             "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs_built,
+            "episode_timeout": episode_timeout,
         }  # fmt: skip
         summary, played = _run_eval(
             out, env_id, agent, run_config, done, total * group_size, plan, lock
         )
-        _refuse_failed_episodes(played, out)
+        _refuse_failed_episodes(played, out, episode_timeout)
         # inside the tracked block: a follower of the run's log stops once it is finished
         _print_summary(summary, out)
 
@@ -377,16 +386,27 @@ def _progress() -> Progress:
     )
 
 
-def _refuse_failed_episodes(played: list[Trajectory], out: Path) -> None:
+def _refuse_failed_episodes(
+    played: list[Trajectory], out: Path, episode_timeout: float | None
+) -> None:
     """A run whose every played episode failed evaluated nothing: refuse it, not exit 0.
 
     All infra_error (the model server or sandbox failed) exits 75, which queues retry, and
     --resume plays them again; all error (an exception in the env or the policy) exits 1
-    naming the first one's exception. Some errors among scored episodes:
-    a warning, since the scores stand.
+    naming the first one's exception. Some errors among scored episodes, or some episodes
+    cut by --episode-timeout: a warning, since the scores stand.
     """
     results = out / "trajectories.jsonl"
     statuses = Counter(t.status for t in played)
+    if statuses["late"]:  # not scored: the summary's success is over the others
+        cut = (
+            f"{statuses['late']} of {len(played)} episodes played were cut at --episode-timeout "
+            f"{episode_timeout:g} s (late, not scored); raise it and rerun with --resume to "
+            "play them again"
+        )
+        if statuses["late"] == len(played):
+            raise Error(cut)  # nothing was evaluated
+        console.print(f"warning: {cut}", soft_wrap=True)
     if played and statuses["infra_error"] == len(played):
         raise InfraError(
             _all_failed(

@@ -135,8 +135,8 @@ def previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> li
         )
     _refuse_other_tasks(saved_path, saved.get(TASKS_KEY), run_config.get(TASKS_KEY))
     episodes = _recovered_episodes(results)
-    kept = [t for t in episodes if t.status != "infra_error"]
-    if len(kept) < len(episodes):  # the machinery failed them, not the model: play them again
+    kept = [t for t in episodes if t.status not in ("infra_error", "late")]
+    if len(kept) < len(episodes):  # the machinery or the clock cut them: play them again
         write_jsonl(kept, results)
     return kept
 

@@ -401,6 +401,7 @@ async def arollout(
     on_episode: Callable[[Trajectory], None] | None = None,
     skip: Collection[tuple[int | None, int]] = (),
     deadline: float | None = None,
+    episode_timeout: float | None = None,
 ) -> list[Trajectory]:
     """Run ``group_size`` episodes for each task, up to ``max_concurrency`` at a time.
 
@@ -437,6 +438,10 @@ async def arollout(
             sandboxes are released) and episodes not yet started are not started; both come
             back with status ``late``: the turns they played, no reward (trainers drop them
             from group statistics). ``on_episode`` is called for them too. None: no deadline.
+        episode_timeout: seconds each episode may play, from its start; one still playing
+            then is cut the same way and comes back ``late``, while the others go on (an
+            evaluation's guard against one episode that never ends: a tool or reward
+            without a timeout of its own). None: no limit.
 
     Returns:
         Trajectories in plan order (task-major, then group index), one per episode.
@@ -451,8 +456,9 @@ async def arollout(
         max_concurrency = _default_concurrency(policy)
     if max_concurrency < 1:
         raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
-    if deadline is not None and not deadline > 0:
-        raise ConfigError(f"deadline must be > 0 seconds or None, got {deadline}")
+    for name, seconds in (("deadline", deadline), ("episode_timeout", episode_timeout)):
+        if seconds is not None and not seconds > 0:
+            raise ConfigError(f"{name} must be > 0 seconds or None, got {seconds}")
     _check_plan_knobs(policy, num_tasks, max_tokens_per_turn)
     deadline_at = None if deadline is None else started + deadline
     limit = asyncio.Semaphore(max_concurrency)
@@ -469,7 +475,8 @@ async def arollout(
             try:
                 trajectory = await _run_episode(
                     envs, policy, spec, env_id=env_id,
-                    max_tokens_per_turn=max_tokens_per_turn, deadline_at=deadline_at,
+                    max_tokens_per_turn=max_tokens_per_turn,
+                    deadline_at=_earlier(deadline_at, episode_timeout),
                 )  # fmt: skip
             finally:
                 limit.release()
@@ -490,6 +497,14 @@ async def arollout(
         await cancel_and_wait(running)
         if envs is not env:  # the caller's pool stays open for its next rollout
             await envs.aclose()
+
+
+def _earlier(deadline_at: float | None, timeout: float | None) -> float | None:
+    """The sooner of ``deadline_at`` and ``timeout`` seconds from now (loop times; None: none)."""
+    if timeout is None:
+        return deadline_at
+    ends = asyncio.get_running_loop().time() + timeout
+    return ends if deadline_at is None else min(deadline_at, ends)
 
 
 def _task_count(envs: EnvPool) -> int:

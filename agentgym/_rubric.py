@@ -20,7 +20,9 @@ A sync function runs on the event loop, where every other episode waits for it: 
 comparison of strings (microseconds; a thread costs about 80 us), wrong for a judge called
 through a blocking HTTP client or a subprocess. Those go on worker threads (``threaded``),
 under an optional ``timeout``, and one that holds the loop for `BLOCKING_REWARD_SECONDS` or
-more is named in a warning, once, with that fix.
+more is named in a warning, once, with that fix. The same ``timeout`` bounds each async
+function: a judge that never answers would otherwise hold its episode, and the rollout or
+evaluation waiting on it, forever.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ._tool_calls import (
     cancellations,
     describe_failure,
     original,
+    run_coroutine,
     run_in_thread,
 )
 from ._trajectory import MAX_ABS_REWARD
@@ -78,10 +81,10 @@ class Rubric:
             thread, so the episodes beside theirs go on while they wait (a judge over HTTP
             with a blocking client, a subprocess); an episode's threaded functions start
             together. The rest run on the event loop, in order.
-        timeout: seconds a threaded function may take; past it the call counts as raised
-            (its score None, the episode ``error`` and scored, not ``infra_error``: the
-            model's reply can make a judge slow), and its thread is abandoned (it cannot be
-            killed). An async function keeps its own (its HTTP client's). None: no limit.
+        timeout: seconds a threaded or async function may take; past it the call counts as
+            raised (its score None, the episode ``error`` and scored, not ``infra_error``:
+            the model's reply can make a judge slow). An async function is cancelled where it
+            waits; a thread is abandoned (it cannot be killed). None: no limit.
 
     Example:
         >>> rubric = Rubric([lambda completion: 1.0], names=["always_one"])
@@ -118,7 +121,8 @@ class Rubric:
         self._required = [_required(fn, self.INJECTABLE) for fn in self.funcs]
         self._threaded = self._checked_threaded(threaded)
         self._any_threaded = any(self._threaded)
-        self.timeout = _checked_timeout(timeout, self._any_threaded)
+        self._async = [_is_async(fn) for fn in self.funcs]
+        self.timeout = _checked_timeout(timeout, self._any_threaded or any(self._async))
 
     def _checked_threaded(self, threaded: bool | Collection[str]) -> list[bool]:
         """Per function, whether it runs on a thread; names that are not sync functions refused."""
@@ -175,12 +179,17 @@ class Rubric:
         total = 0.0
         pending = cancellations()
         started = self._start_threaded(context) if self._any_threaded else {}
-        every = zip(self.names, self.funcs, self.weights, self._params, self._threaded)
+        every = zip(
+            self.names, self.funcs, self.weights, self._params, self._threaded, self._async
+        )
         try:
-            for name, fn, weight, params, threaded in every:
+            for name, fn, weight, params, threaded, is_async in every:
                 try:
                     if threaded:
                         value = await started[name]
+                    elif is_async:
+                        kwargs = {p: context.get(p) for p in params}
+                        value = await run_coroutine(fn, kwargs, name, self.timeout)
                     else:
                         began = time.monotonic()
                         value = fn(**{p: context.get(p) for p in params})
@@ -222,15 +231,16 @@ class Rubric:
         }
 
 
-def _checked_timeout(timeout: float | None, any_threaded: bool) -> float | None:
+def _checked_timeout(timeout: float | None, any_waits: bool) -> float | None:
     if timeout is None:
         return None
     if not _finite_number(timeout) or timeout <= 0:
         raise ConfigError(f"Rubric timeout must be a number of seconds > 0, got {timeout!r}")
-    if not any_threaded:
+    if not any_waits:
         raise ConfigError(
-            "Rubric timeout applies to sync functions run on threads, and this rubric runs none "
-            "there: give threaded=True or their names (an async function keeps its own timeout)"
+            "Rubric timeout applies to async functions and to sync ones run on threads, and "
+            "this rubric has neither: give threaded=True or their names (a sync function on "
+            "the event loop cannot be interrupted)"
         )
     return float(timeout)
 

@@ -68,7 +68,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length", 0))
-        request = json.loads(self.rfile.read(length))
+        self._reply(json.loads(self.rfile.read(length)))
+
+    def _reply(self, request: dict[str, object]) -> None:
         if self.path != "/v1/chat/completions":
             self._answer(404, {"detail": "Not Found"})
         elif request.get("model") != SERVED:
@@ -259,3 +261,64 @@ def test_an_env_made_with_no_tasks_is_refused_in_one_line(tmp_path: Path, count:
     assert one_error_line(proc) == ("the env has no tasks to play (its options made none); "
                                     "give it some, e.g. --env-arg num_tasks=N")  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+
+class _HoldingHandler(_Handler):
+    """Never answers task 0 (66 + 24) until ``released``: a server that went quiet on one
+    request, as a judge or a tool without a timeout of its own can."""
+
+    released = threading.Event()
+
+    def _reply(self, request: dict[str, object]) -> None:
+        if "66" in json.dumps(request) and "24" in json.dumps(request) \
+                and not self.released.is_set():  # fmt: skip
+            self.released.wait(60)  # the quiet request under test (set by the fixture's end)
+            return  # its client gave up on it long before: nobody to answer
+        super()._reply(request)
+
+
+@pytest.fixture
+def holding_server() -> Iterator[str]:
+    """The ``/v1`` URL of a server that does not answer task 0 until the test ends."""
+    _HoldingHandler.released.clear()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _HoldingHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    finally:
+        _HoldingHandler.released.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+def test_an_episode_past_episode_timeout_is_late_and_resume_plays_it_again(
+    tmp_path: Path, holding_server: str
+) -> None:
+    """One episode whose request never came back held the whole eval until the server let go:
+    ``--episode-timeout`` cuts it (late, not scored), the others are scored, and ``--resume``
+    plays it again."""
+    args = [*openai(holding_server, "--model", SERVED, "--api-key", KEY), "-n", "3"]
+    args += ["--episode-timeout", "2"]
+    proc = run(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 of 3 episodes played were cut at --episode-timeout 2 s" in proc.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"]["late"] == 1 and summary["status"]["ok"] == 2
+    _HoldingHandler.released.set()
+    again = run(tmp_path, *args, "--resume")
+    assert again.returncode == 0, again.stderr
+    played = list(read_jsonl(tmp_path / "out" / "trajectories.jsonl"))
+    assert sorted((t.task_index, t.status) for t in played) == [(0, "ok"), (1, "ok"), (2, "ok")]
+
+
+def test_an_eval_whose_every_episode_passed_episode_timeout_exits_1(
+    tmp_path: Path, holding_server: str
+) -> None:
+    args = [*openai(holding_server, "--model", SERVED, "--api-key", KEY), "-n", "1"]
+    proc = run(tmp_path, *args, "--episode-timeout", "1")
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]  # after the progress bar
+    assert last.startswith("error: 1 of 1 episodes played were cut at --episode-timeout 1 s")

@@ -144,10 +144,25 @@ async def test_cancelling_the_rollout_closes_the_envs_waiting_for_a_next_episode
     ]  # fmt: skip
 
 
+async def test_an_episode_timeout_cuts_only_the_episode_past_it() -> None:
+    """Each episode gets ``episode_timeout`` from its own start: with one slot, the fast
+    episodes queued behind the slow one still play in full once it is cut (a rollout-wide
+    deadline of the same length would have cut them unstarted)."""
+    log: Log = []
+    trajectories = await arollout(
+        gate_env(log), POLICY, tasks=[SLOW, FAST, FAST], max_concurrency=1,
+        episode_timeout=DEADLINE,
+    )  # fmt: skip
+    assert [t.status for t in trajectories] == ["late", "ok", "ok"]
+    assert [t.text for t in trajectories[0].turns] == ["one"]  # cut in its second step
+    assert ("slow", "cancelled") in log and ("slow", "closed") in log
+
+
 @pytest.mark.parametrize("deadline", [0, -1.0])
-async def test_a_deadline_must_be_positive(deadline: float) -> None:
-    with pytest.raises(ConfigError, match="deadline must be > 0"):
-        await arollout(gate_env([]), POLICY, tasks=[FAST], deadline=deadline)
+@pytest.mark.parametrize("name", ["deadline", "episode_timeout"])
+async def test_a_deadline_must_be_positive(name: str, deadline: float) -> None:
+    with pytest.raises(ConfigError, match=f"{name} must be > 0"):
+        await arollout(gate_env([]), POLICY, tasks=[FAST], **{name: deadline})
 
 
 class InfraOnCancelEnv(GateEnv):

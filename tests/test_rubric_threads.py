@@ -189,7 +189,6 @@ def _sync_judge(completion: str) -> float:
         ({"threaded": "_sync_judge", "timeout": 0}, "timeout must be a number of seconds > 0"),
         ({"threaded": True, "timeout": float("nan")}, "timeout must be"),
         ({"threaded": True, "timeout": True}, "timeout must be"),
-        ({"timeout": 5}, r"timeout applies to sync functions run on threads.*threaded=True"),
     ],
 )
 def test_threads_and_timeouts_that_cannot_apply_are_refused(
@@ -197,6 +196,32 @@ def test_threads_and_timeouts_that_cannot_apply_are_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=match):
         Rubric([_sync_judge, _async_judge], **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_timeout_for_functions_that_all_run_on_the_loop_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"applies to async functions and to sync ones run on "
+                       r"threads.*threaded=True"):  # fmt: skip
+        Rubric([_sync_judge], timeout=5)
+
+
+def test_an_async_judge_past_the_timeout_counts_as_raised_and_is_scored() -> None:
+    """A judge that never answers (a server that accepted the connection and went quiet)
+    held its episode, and the rollout or eval waiting on it, forever: the timeout covers
+    async functions too."""
+    cleaned_up = []
+
+    async def judge(completion: str) -> float:
+        try:
+            await asyncio.Event().wait()  # never set: the call under test never returns
+        finally:
+            cleaned_up.append(True)
+        return 1.0
+
+    env = env_with(Rubric([judge, _sync_judge], timeout=0.2))
+    [t] = rollout(env, ScriptedPolicy(["done"]), num_tasks=1)
+    assert t.status == "error" and t.scores == {"judge": None, "_sync_judge": 1.0}
+    assert "'judge' timed out after 0.2 s" in (t.error or "")
+    assert cleaned_up == [True]  # cancelled where it waited, its cleanup run
 
 
 def test_threaded_true_leaves_async_functions_on_the_loop() -> None:

@@ -158,8 +158,8 @@ class GRPOTrainer:
             if self.resume else None
         )  # fmt: skip
         if done is not None:
-            log.warning("%s finished its %d steps already: nothing to resume", cfg.output_dir,
-                        cfg.max_steps)  # fmt: skip
+            log.warning("%s has finished (max_steps %d reached): nothing to resume",
+                        cfg.output_dir, cfg.max_steps)  # fmt: skip
             return done if self.world.is_main else {}
         self._refuse_unguarded_script()  # before the run folder: a fixed script reruns as new
         with self.world.joined(self._device()), self._rollout_loop():
@@ -178,7 +178,9 @@ class GRPOTrainer:
             except BaseException as exc:
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):  # Ctrl-C, `kill PID`
                     log.warning("%s", _interrupted(run))
-                run.mark_failed(exc)
+                    run.mark_interrupted(exc)
+                else:
+                    run.mark_failed(exc)
                 raise
             finally:
                 if trackers is not None:

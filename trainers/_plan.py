@@ -10,11 +10,13 @@ weights and writes nothing but the ``tiny`` model's cache, which the run would b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from agentgym._check import load_tokenizer, reference_conversation
 from agentgym._registry import resolve_id
 from agentgym.engine import ChatRenderer
 from agentgym.engine._episode import choose_mode
+from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
 
 from ._config import GRPOConfig
 from ._memory import cpu_memory_estimate, parameter_count
@@ -104,8 +106,11 @@ def _rollout_mode(config: GRPOConfig, checked: Checked) -> str:
 
 
 def _training(config: GRPOConfig, episodes: int) -> str:
+    schedule: str = config.lr_scheduler_type
+    if config.warmup_step_count:  # a 'constant' schedule with one was refused
+        schedule += f" after {config.warmup_step_count:,} warm-up steps from 0"
     grpo = (f"{config.max_steps:,} GRPO steps ({config.max_steps * episodes:,} episodes), "
-            f"learning rate {config.learning_rate:g} ({config.lr_scheduler_type})")  # fmt: skip
+            f"learning rate {config.learning_rate:g} ({schedule})")  # fmt: skip
     if not config.sft_steps:
         return grpo
     shares, total = config.sft_scripts, sum(config.sft_scripts.values())
@@ -156,15 +161,30 @@ def _run_folder(config: GRPOConfig, resume: bool, tasks_sha256: str | None) -> s
     """What opening ``output_dir`` would do, making the refusals the run would make."""
     path, defaults = config.output_dir, GRPOConfig.defaults()
     if resume and RunDir.finished_figures(path, config.max_steps, config.to_dict(), defaults):
-        return f"{path}: finished its {config.max_steps} steps; a resume only reports its figures"
+        return (f"{path}: finished (max_steps {config.max_steps} reached); a resume only "
+                "reports its figures")  # fmt: skip
     previous = RunDir.check_open(path, config.to_dict(), resume=resume, defaults=defaults,
                                  tasks_sha256=tasks_sha256)  # fmt: skip
     if previous is None:
         return f"{path}: a new run"
     done = checkpoints_by_step(path)
     if not done:
-        return f"{path}: holds a run with no complete checkpoint; it would start over"
+        return f"{path}: holds a run with no GRPO checkpoint; {_warm_start_kept(config)}"
     return f"{path}: resumes after step {max(done)} of {config.max_steps}"
+
+
+def _warm_start_kept(config: GRPOConfig) -> str:
+    """What a resume keeps of a run stopped before its first GRPO checkpoint.
+
+    Why: a run killed during its SFT warm start was said to "start over", and the user
+    deleted a folder whose warm start was done, or half done, and would have been reused.
+    """
+    warm_start = Path(config.output_dir) / "sft"
+    if config.sft_steps and (warm_start / SFT_SUMMARY).is_file():
+        return "its SFT warm start is kept and GRPO starts at step 1"
+    if config.sft_steps and sft_checkpoint(warm_start).is_file():
+        return "its SFT warm start resumes from its checkpoint, then GRPO starts at step 1"
+    return "it would start over"
 
 
 def _every(interval: int | None, end: int) -> range:

@@ -424,6 +424,14 @@ class RunDir:
         """Record a failure (``state: failed``, the error and its traceback's tail)."""
         self._end("failed", error)
 
+    def mark_interrupted(self, stop: BaseException) -> None:
+        """Record a stop asked for (Ctrl-C, ``kill PID``): ``state: interrupted``.
+
+        Why not ``failed``: nothing went wrong, and a reader of the folder (``runs``, a
+        teammate) should know the run is meant to go on with ``--resume``.
+        """
+        self._end("interrupted", stop)
+
     def __enter__(self) -> RunDir:
         return self
 
@@ -484,13 +492,33 @@ def figures_before_training(
 
 
 def read_jsonl_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file, skipping a torn last line; [] if it is missing."""
+    """The JSON objects of a JSONL file, skipping a torn last line; [] if it is missing.
+
+    A line before the last that is not a JSON object is no kill's doing (a hand edit, a lost
+    disk block): `ConfigError` names it and the fix, where a report, an export or a doctor
+    of the run died with a JSON traceback. (A resumed run moves such lines aside itself.)
+    """
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         return []
-    complete = data[: data.rfind(b"\n") + 1]
-    return [json.loads(line) for line in complete.splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(data[: data.rfind(b"\n") + 1].splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:  # UnicodeDecodeError is one too
+            record, why = None, f"not JSON: {getattr(exc, 'msg', exc)}"
+        else:
+            why = f"a JSON {type(record).__name__}, not an object"
+        if not isinstance(record, dict):
+            raise ConfigError(
+                f"line {number} of {path} is not a record ({why}); the trainer writes whole "
+                "lines: restore the file, or delete that line (resuming the run moves it aside)"
+            )
+        records.append(record)
+    return records
 
 
 def complete_checkpoints(run_path: str | os.PathLike[str]) -> list[Path]:
@@ -733,7 +761,7 @@ _LEFT_BEFORE_A_STEP = frozenset({"config.yaml", "status.json", "train.log", "ada
 
 
 def _failed_before_any_step(path: Path) -> dict[str, Any] | None:
-    """The status of a run in ``path`` that failed before finishing a step, else None.
+    """The status of a run in ``path`` that failed or was stopped before a step, else None.
 
     Why: a run that failed while loading (a damaged model folder the dry run cannot see) left
     a folder that refused the corrected rerun without ``--resume`` and, its config having
@@ -744,7 +772,7 @@ def _failed_before_any_step(path: Path) -> dict[str, Any] | None:
         status = _read_status(path)
     except ConfigError:
         return None  # a damaged status: the refusals name it
-    if status.get("state") != "failed" or status.get("step") is not None:
+    if status.get("state") not in ("failed", "interrupted") or status.get("step") is not None:
         return None
     if complete_checkpoints(path) or not (path / "config.yaml").is_file():
         return None

@@ -72,7 +72,7 @@ def test_health_lists_a_train_runs_findings(
         with (run.path / "metrics.jsonl").open("a") as f:
             f.write("{not json\n" + metrics_line(9, 0.5))
         torn = get(client, "/api/runs/sick/health")
-    assert torn["findings"] == [] and "holds a line that is not a JSON record" in torn["why"]
+    assert torn["findings"] == [] and "metrics.jsonl is not a record (not JSON" in torn["why"]
 
 
 def test_health_reads_an_eval_runs_episodes(

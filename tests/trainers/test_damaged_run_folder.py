@@ -168,6 +168,32 @@ def test_an_unreadable_metrics_line_moves_aside_on_resume_and_is_kept(
     )
 
 
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [('{"step": 1, "lo\n', "not JSON: Unterminated string"), ("[1, 2]\n", "a JSON list")],
+    ids=["torn", "not_an_object"],
+)
+def test_readers_of_a_run_name_a_damaged_middle_line_and_its_fix(
+    tmp_path: Path, line: str, why: str
+) -> None:
+    """`agentgym export --best`, `report` and `runs doctor` read a run they do not resume: a
+    line broken before the last one died in a JSON traceback (or an AttributeError on a list)."""
+    from agentgym.trainers._export import best_checkpoint
+    from agentgym.trainers._report import plot_curves
+
+    run_with_checkpoints(tmp_path, CONFIG, 1)
+    episodes = tmp_path / "eval_trajectories.jsonl"
+    episodes.write_text(line + '{"status": "ok", "info": {"step": 1}}\n')
+    said = refusal(best_checkpoint, tmp_path)
+    assert said.startswith(f"line 1 of {episodes} is not a record ({why}")
+    assert said.endswith("restore the file, or delete that line (resuming the run moves it aside)")
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(line + metrics.read_text())
+    assert f"line 1 of {metrics} is not a record" in refusal(
+        plot_curves, metrics, tmp_path / "curve.png", "run"
+    )
+
+
 # --- 3. a run that failed before its first step ---------------------------------------------------
 
 

@@ -282,7 +282,7 @@ def test_cli_doctor_exits_1_with_findings_and_0_without(tmp_path: Path) -> None:
     with (well / "metrics.jsonl").open("a") as f:
         f.write("{not json\n" + json.dumps(run_rows()[1]) + "\n")
     torn = agentgym("runs", "doctor", well, db=db)
-    assert torn.returncode == 2 and "metrics.jsonl holds a line that is not a JSON record" in \
+    assert torn.returncode == 2 and "metrics.jsonl is not a record (not JSON" in \
         torn.stderr and "Traceback" not in torn.stderr  # fmt: skip
     missing = agentgym("runs", "doctor", "nosuchrun", db=db)
     assert missing.returncode == 2 and "no run with id 'nosuchrun'" in missing.stderr

@@ -49,6 +49,14 @@ def test_a_dry_run_names_the_warm_start_the_cpu_memory_and_changed_loss_knobs(
     assert "M parameters, ~" in plan["model"] and "to train on the CPU" in plan["model"]
 
 
+def test_a_dry_run_shows_the_warm_up_of_the_learning_rate() -> None:
+    """A warm-up of 10% of 12 steps was invisible: the plan said only "(linear)"."""
+    warm = dict(dry_run(config(Path("unused"), lr_scheduler_type="linear", warmup_steps=0.1)))
+    assert "learning rate 1e-05 (linear after 2 warm-up steps from 0)" in warm["training"]
+    flat = dict(dry_run(config(Path("unused"))))
+    assert flat["training"].endswith("(constant)")
+
+
 def test_the_plan_shows_every_loss_knob_a_config_sets() -> None:
     """Each `LossSpec` knob taken from the config by name, and the adaptive entropy knobs."""
     import dataclasses
@@ -82,6 +90,31 @@ def test_a_dry_run_makes_the_run_folders_refusals_and_leaves_it_alone(
 
     after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_a_dry_run_says_what_a_resume_keeps_of_a_run_stopped_in_its_warm_start(
+    tmp_path: Path, detach_run_logs: Any
+) -> None:
+    """A run killed during its SFT warm start was said to "start over"; the warm start (done
+    or checkpointed) is reused by the resume, and deleting the folder lost it."""
+    from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
+
+    cfg = config(tmp_path, sft_steps=30)
+    with RunDir(cfg.output_dir, cfg.to_dict(), tasks_sha256=preflight(cfg).tasks_sha256):
+        pass
+    warm_start = tmp_path / "run" / "sft"
+    row = f"{tmp_path / 'run'}: holds a run with no GRPO checkpoint; "
+    assert dict(dry_run(cfg, resume=True))["run folder"] == row + "it would start over"
+    sft_checkpoint(warm_start).parent.mkdir(parents=True)
+    sft_checkpoint(warm_start).write_bytes(b"state")
+    assert dict(dry_run(cfg, resume=True))["run folder"] == (
+        row + "its SFT warm start resumes from its checkpoint, then GRPO starts at step 1"
+    )
+    warm_start.mkdir()
+    (warm_start / SFT_SUMMARY).write_text("{}")
+    assert dict(dry_run(cfg, resume=True))["run folder"] == (
+        row + "its SFT warm start is kept and GRPO starts at step 1"
+    )
 
 
 AGENTGYM = Path(sys.executable).with_name("agentgym")

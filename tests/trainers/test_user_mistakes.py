@@ -137,7 +137,9 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("interrupted")]
     assert len(said) == 1 and "\n" not in said[0]
     assert "step-000002" in said[0] and "--resume" in said[0]
-    assert json.loads((run / "status.json").read_text())["checkpoint_step"] == 2
+    status = json.loads((run / "status.json").read_text())
+    assert status["checkpoint_step"] == 2
+    assert status["state"] == "interrupted"  # not "failed": a stop asked for, to be resumed
 
 
 def _copy_of_tiny(tmp_path: Path) -> Path:
