@@ -15,6 +15,7 @@ import asyncio
 import functools
 import os
 import re
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,6 +37,12 @@ from ._types import Message
 from .parsers import ToolCall, ToolCallParser, get_parser
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+#: Seconds a row that plays episodes may take by default (a code env's reference starts a
+#: sandbox and runs its tests: seconds; a loaded CI machine: tens of seconds).
+PLAY_SECONDS = 300.0
+
+Row = Callable[[], "CheckResult | list[CheckResult]"]
+
 #: The text the exercise episode writes before its extra tool call.
 TEXT_BEFORE_CALL = "Let me double-check that."
 
@@ -45,6 +52,7 @@ def check(
     tokenizer: Any = None,
     *,
     chat_template_kwargs: dict[str, Any] | None = None,
+    episode_timeout: float = PLAY_SECONDS,
     **env_kwargs: Any,
 ) -> list[CheckResult]:
     """Run every pre-flight check on a registered env.
@@ -56,6 +64,8 @@ def check(
             with it (vLLM's parsers read their markers from the model's tokenizer).
         chat_template_kwargs: extra chat-template variables (``{"enable_thinking": False}``),
             used as the engine uses them; each must be a variable the template reads.
+        episode_timeout: seconds each row that plays episodes may take; one past it fails,
+            naming the likely cause (a tool or reward function that never returns).
         env_kwargs: options of the env (``parser="mistral"`` ...).
 
     Returns:
@@ -83,22 +93,22 @@ def check(
     exercise = functools.cache(lambda: _exercise(env_id, env_kwargs, tok, chat_template_kwargs))
     sandboxes = _sandboxes(env_id, env_kwargs)
     # a row that plays an episode needs the sandboxes; without them it says so, once, above
-    plays = sandboxes is None or sandboxes.passed
-    checks: list[Callable[[], CheckResult | list[CheckResult]]] = [
+    plays = _Plays(sandboxes is None or sandboxes.passed, episode_timeout)
+    checks: list[Row] = [
         *([lambda: sandboxes] if sandboxes is not None else []),
-        _played("gymnasium check_env", plays, lambda: _gymnasium_api(env_id, env_kwargs)),
+        plays.row("gymnasium check_env", lambda: _gymnasium_api(env_id, env_kwargs)),
         lambda: _tool_schemas(make(env_id, **env_kwargs)),
         lambda: tool_parameters(make(env_id, **env_kwargs)),
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
         lambda: _task_fields(make(env_id, **env_kwargs)),
-        _played("reference episode", plays, lambda: _reference_episode(*reference())),
-        _played(WRONG_ROW, plays, lambda: _wrong_answers(reference()[0], wrong)),
+        plays.row("reference episode", lambda: _reference_episode(*reference())),
+        plays.row(WRONG_ROW, lambda: _wrong_answers(reference()[0], wrong)),
     ]
     if tok is not None:
         kwargs = dict(chat_template_kwargs or {})
         checks.append(lambda: _tools_in_prompt(make(env_id, **env_kwargs), tok, kwargs))
-        checks.append(_played("chat template", plays,
-                              lambda: template_checks(tok, kwargs, *exercise())))  # fmt: skip
+        checks.append(plays.row("chat template", lambda: template_checks(tok, kwargs,
+                                                                        *exercise())))
     results: list[CheckResult] = []
     for run in checks:
         try:
@@ -181,14 +191,55 @@ def _sandboxes(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult | None:
         env.close()
 
 
-def _played(
-    name: str, sandboxes_ready: bool, run: Callable[[], CheckResult | list[CheckResult]]
-) -> Callable[[], CheckResult | list[CheckResult]]:
-    """``run``, or a skipped row ``name`` when it would play an episode without sandboxes."""
-    if sandboxes_ready:
-        return run
-    return lambda: CheckResult(name, True, "not played: the sandboxes are not ready (above)",
+
+class _Plays:
+    """Runs the rows that play episodes, each bounded by ``seconds``.
+
+    Why: a tool or reward function that never returns (an ``async def`` judge whose server
+    went quiet) hung ``agentgym check`` for good, the one command meant to find it. A row past
+    its time fails naming the likely cause; its thread is abandoned (a daemon: the command
+    still exits), and the rows after it that play are skipped, since the episodes they replay
+    would hang the same way.
+    """
+
+    def __init__(self, sandboxes_ready: bool, seconds: float) -> None:
+        self.sandboxes_ready, self.seconds = sandboxes_ready, seconds
+        self.hung: str | None = None
+
+    def row(self, name: str, run: Row) -> Row:
+        """``run``, bounded; or a skipped row ``name`` when it cannot be played."""
+        return lambda: self._bounded(name, run)
+
+    def _bounded(self, name: str, run: Row) -> CheckResult | list[CheckResult]:
+        if not self.sandboxes_ready:
+            return CheckResult(name, True, "not played: the sandboxes are not ready (above)",
                                skipped=True)  # fmt: skip
+        if self.hung is not None:
+            return CheckResult(name, True, f"not played: {self.hung} did not finish (above)",
+                               skipped=True)  # fmt: skip
+        done: list[CheckResult | list[CheckResult] | BaseException] = []
+        worker = threading.Thread(target=_run_into, args=(run, done), daemon=True)
+        worker.start()
+        worker.join(self.seconds)
+        if not done:
+            self.hung = name
+            return CheckResult(
+                name, False,
+                f"did not finish in {self.seconds:g} s: a tool, reward function or env hook "
+                "that never returns holds its episode; give it a timeout (@tool(timeout=...), "
+                "Rubric(..., timeout=...)), or raise --episode-timeout if it is only slow",
+            )  # fmt: skip
+        if isinstance(done[0], BaseException):
+            raise done[0]
+        return done[0]
+
+
+def _run_into(run: Row, done: list[Any]) -> None:
+    """``run()``'s result, or the exception it raised, appended to ``done``."""
+    try:
+        done.append(run())
+    except BaseException as exc:  # handed to the caller's thread, which raises it
+        done.append(exc)
 
 
 def _gymnasium_api(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:

@@ -460,5 +460,15 @@ def _thread_loop() -> asyncio.AbstractEventLoop:
     if loop is None or loop.is_closed():
         loop = _loops.loop = asyncio.new_event_loop()
         _adapter_loops.add(loop)
-        atexit.register(loop.close)
+        atexit.register(_close_unless_running, loop)
     return loop
+
+
+def _close_unless_running(loop: asyncio.AbstractEventLoop) -> None:
+    """Close ``loop`` at exit, unless a thread left mid-call still runs it.
+
+    Why: `agentgym check` abandons a row's thread whose episode never returns; closing its
+    loop then printed "Cannot close a running event loop" as the command exited.
+    """
+    if not loop.is_running():
+        loop.close()

@@ -18,6 +18,7 @@ import typer
 from rich.table import Column, Table
 from rich.text import Text
 
+from ._check import PLAY_SECONDS
 from ._check import check as run_checks
 from ._cli_common import (
     ChatTemplateKwargsOption,
@@ -75,6 +76,12 @@ def check_env(
         ),
     ] = None,
     chat_template_kwargs: ChatTemplateKwargsOption = None,
+    episode_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="Seconds each check that plays episodes may take before it fails."
+        ),
+    ] = PLAY_SECONDS,
     env_arg: EnvArgOption = [],  # noqa: B006
 ) -> None:
     """Pre-flight an env: Gymnasium API, tool schemas, parser and chat-template round trips."""
@@ -82,6 +89,7 @@ def check_env(
         resolve_id(env),
         tokenizer=tokenizer,
         chat_template_kwargs=parse_template_kwargs(chat_template_kwargs),
+        episode_timeout=episode_timeout,
         **parse_env_args(env_arg),
     )
     table = Table("check", "result", "detail")

@@ -65,6 +65,38 @@ def test_check_reports_a_broken_reference_solution():
     assert "reward 0.0" in result.detail
 
 
+def test_a_reward_function_that_never_returns_fails_its_row_instead_of_hanging_the_check():
+    """An ``async def`` judge whose server went quiet hung `agentgym check` for good: the rows
+    that play are bounded, the first past its time fails naming the cause, and the rows after
+    it that would replay the same episode are skipped instead of hanging one by one."""
+    import asyncio
+    import time
+
+    async def quiet_judge(completion: str) -> float:
+        await asyncio.Event().wait()  # never set: the hang under test
+        return 1.0
+
+    class QuietJudge(agentgym.ToolEnv):
+        def __init__(self):
+            super().__init__(tasks=[{"prompt": "hi", "answer": "1"}],
+                             rubric=agentgym.Rubric([quiet_judge]))  # fmt: skip
+
+        def reference_turns(self, task):
+            return ["1"]
+
+    agentgym.register("tests/QuietJudge-v0", QuietJudge)
+    started = time.monotonic()
+    results = {r.name: r for r in agentgym.check("tests/QuietJudge-v0", episode_timeout=1)}
+    assert time.monotonic() - started < 30
+    gym = results["gymnasium check_env"]
+    assert not gym.passed and gym.detail.startswith("did not finish in 1 s: a tool, reward")
+    assert "Rubric(..., timeout=...)" in gym.detail
+    for name in ("reference episode", "reward of wrong answers"):
+        assert results[name].skipped, results[name]
+        assert "gymnasium check_env did not finish" in results[name].detail
+    assert results["tool schemas"].passed  # rows that play nothing still run
+
+
 def test_template_round_trip_catches_a_parser_the_template_does_not_speak(tiny_model_dir):
     require("transformers")
     # the tiny template renders tool calls in hermes form; a llama3_json model's turns differ
