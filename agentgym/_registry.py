@@ -19,6 +19,7 @@ import difflib
 import functools
 import importlib
 import inspect
+import json
 import os
 import re
 import sys
@@ -66,8 +67,11 @@ def register(
         ConfigError: a malformed id or entry point, a ``kwargs`` that is not a dict, or an
             option given both in ``kwargs`` and as a keyword (nothing is registered).
     """
-    if not re.fullmatch(r"([\w.-]+/)?[\w.:-]+-v\d+", id):
-        raise ConfigError(f"env id {id!r} must look like 'namespace/Name-v0'")
+    if not re.fullmatch(r"([\w.-]+/)?[\w.:-]+-v(0|[1-9]\d*)", id):
+        raise ConfigError(  # Gymnasium reads -v01 as version 1: made by neither spelling
+            f"env id {id!r} must look like 'namespace/Name-v0' (a version without leading "
+            "zeros: -v1, not -v01)"
+        )
     _check_entry_point(id, entry_point)
     defaults = _merged_defaults(id, kwargs, defaults)
     previous = gymnasium.registry.get(id)
@@ -156,7 +160,10 @@ def load_plugins() -> list[str]:
             hook = ep.load()
             if callable(hook):
                 hook()
-        except Exception as exc:  # a third party's bug must not take agentgym down
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a third party's bug must not take agentgym down: one
+            # that parses sys.argv or calls sys.exit on import ended every command with it
             failed.append(ep.name)
             warnings.warn(
                 f"agentgym plugin {ep.name!r} ({ep.value}) failed to load: {exc!r}", stacklevel=2
@@ -197,11 +204,22 @@ def resolve_id(name: str) -> str:
     short = name.lower()
     matches = [i for i in _OUR_IDS if _short_name(i) == short]
     if matches:
-        return max(matches, key=lambda i: int(i.rsplit("-v", 1)[1]))
+        newest = max(_version(i) for i in matches)
+        tied = sorted(i for i in matches if _version(i) == newest)
+        if len(tied) > 1:  # which won followed the process's hash seed, run to run
+            raise ConfigError(
+                f"{name!r} names {' and '.join(tied)} (same version, other namespaces); "
+                "give the full id"
+            )
+        return tied[0]
     raise UnknownEnvError(
         f"unknown env {name!r}.{_known(name)} Register yours with "
         "agentgym.register(id, 'pkg.module:Class') in a module, and name it 'module:id'"
     )
+
+
+def _version(env_id: str) -> int:
+    return int(env_id.rsplit("-v", 1)[1])
 
 
 def _known(name: str) -> str:
@@ -323,7 +341,8 @@ def made_for_a_command(env_id: str, env_kwargs: dict[str, Any]) -> Env:
         raise
     except Exception as exc:
         frames = traceback.extract_tb(exc.__traceback__)
-        libraries = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])
+        libraries = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                     _OWN_PACKAGE)  # fmt: skip
         own = [f for f in frames if not f.filename.startswith(libraries)] or frames
         where = f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
         raise Error(
@@ -455,7 +474,17 @@ def _leading_self(call: ast.Call) -> int | None:
     return 1 if isinstance(first, ast.Name) and first.id == "self" else None
 
 
+#: agentgym's own folder: an editable install is outside site-packages, and a frame of its
+#: metaclass was named as the env's own code.
+_OWN_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
+    if missing := _required_options(factory) - set(kwargs):
+        raise ConfigError(  # was the constructor's TypeError, "at agentgym/_env.py"
+            f"{env_id} needs option(s) {sorted(missing)}: give them (--env-arg NAME=VALUE, "
+            "env_kwargs in a config, or agentgym.make(id, NAME=VALUE))"
+        )
     accepted, set_itself = _options(factory)
     if repeated := sorted(set(kwargs) & set_itself):
         raise ConfigError(_set_itself(env_id, repeated))
@@ -473,7 +502,30 @@ def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, An
             reason = exc.errors()[0]["msg"]
             raise ConfigError(
                 f"{env_id}: option {name}={value!r} is not valid: {reason[0].lower()}{reason[1:]}"
+                + _as_text_hint(adapter, name, value)
             ) from None
+
+
+def _as_text_hint(adapter: TypeAdapter[Any], name: str, value: Any) -> str:
+    """How to give as text a value the command line read as a number (``--env-arg code=123``)."""
+    if isinstance(value, (dict, list, str)) or value is None:
+        return ""
+    text = json.dumps(value)
+    try:
+        adapter.validate_python(text, strict=True)
+    except ValidationError:
+        return ""
+    return f"; to give it as text, quote it as JSON: --env-arg '{name}=\"{text}\"'"
+
+
+def _required_options(factory: Callable[..., Env]) -> set[str]:
+    """The keyword options ``factory``'s own signature has no default for."""
+    fn = next(_constructors(factory))
+    if fn is object.__init__:
+        return set()
+    params = list(inspect.signature(fn).parameters.values())[1 if inspect.isclass(factory) else 0:]
+    return {p.name for p in params if p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}  # fmt: skip
 
 
 #: Values a config file or the command line can hold; only these are type-checked.

@@ -105,6 +105,8 @@ class Rubric:
         threaded: bool | Collection[str] = False,
         timeout: float | None = None,
     ) -> None:
+        if callable(funcs):  # Rubric(fn): "'function' object is not iterable"
+            raise ConfigError("Rubric takes a list of reward functions: Rubric([fn])")
         self.funcs = list(funcs)
         self.weights = [1.0] * len(self.funcs) if weights is None else _checked_weights(weights)
         #: The keys of the scores, one per function, in order.
@@ -150,6 +152,11 @@ class Rubric:
     def _injected(self, name: str, fn: Callable[..., Any]) -> tuple[str, ...]:
         """The context values ``fn`` asks for: its injectable parameters, or all with **kwargs."""
         signature = inspect.signature(fn).parameters.values()
+        positional = [p.name for p in signature if p.kind is p.POSITIONAL_ONLY]
+        if positional or _is_generator(fn):  # each failed every episode, scored None
+            why = (f"takes {positional} positionally only, and rewards are passed by name"
+                   if positional else "is a generator: it must return a number")  # fmt: skip
+            raise ConfigError(f"reward function {name!r} {why}")
         params = tuple(p.name for p in signature if p.name in self.INJECTABLE)
         unknown = [
             p.name for p in signature
@@ -251,9 +258,17 @@ def _finite_number(value: object) -> bool:
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` is a coroutine function, or an object whose ``__call__`` is one."""
+    """Whether ``fn`` is a coroutine function, or an object whose ``__call__`` is one.
+
+    Looked for under `functools.wraps` decorators too (a logging or retry wrapper).
+    """
     call = getattr(fn, "__call__", None)  # noqa: B004 (a callable object's own method)
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+    return inspect.iscoroutinefunction(inspect.unwrap(fn)) or inspect.iscoroutinefunction(call)
+
+
+def _is_generator(fn: Callable[..., Any]) -> bool:
+    inner = inspect.unwrap(fn)
+    return inspect.isgeneratorfunction(inner) or inspect.isasyncgenfunction(inner)
 
 
 def _said_once_key(name: str, fn: Callable[..., Any]) -> str:

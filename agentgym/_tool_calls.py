@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import logging
 import os
 import queue
@@ -57,6 +58,8 @@ async def run_coroutine(
     start = clock()
     context = contextvars.copy_context()
     coro = fn(**kwargs)
+    if not inspect.iscoroutine(coro):  # a wrapper of an async function that ran it itself
+        return await coro if inspect.isawaitable(coro) else coro
     try:
         signal = context.run(coro.send, None)
     except StopIteration as finished:  # the usual call: its one extra cost is a clock read
@@ -328,9 +331,17 @@ def original(exc: BaseException) -> BaseException:
 
 
 def describe_failure(exc: BaseException) -> str:
-    """``ValueError: bad input``: the type and text of what a call raised."""
+    """``ValueError: bad input``: the type and text of what a call raised.
+
+    An exception whose ``__str__`` itself raises (a client library's error reading a field
+    the response lacks) is named by its type: formatting it crashed the step.
+    """
     raised = original(exc)
-    return f"{type(raised).__name__}: {raised}"
+    try:
+        text = str(raised)
+    except Exception:
+        text = "(its message could not be printed: its __str__ raised)"
+    return f"{type(raised).__name__}: {text}"
 
 
 def _expire(running: asyncio.Future[Any]) -> None:

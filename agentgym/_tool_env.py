@@ -135,14 +135,13 @@ class ToolEnv(Env):
         max_tool_result_chars: int | None = 32_768,
     ) -> None:
         super().__init__()
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
+        if type(max_turns) is not int or max_turns < 1:  # 1.5 played 2 turns, None crashed
+            raise ConfigError(f"max_turns must be an int >= 1, got {max_turns!r}")
         if tool_prompt not in ("template", "system"):
             raise ConfigError(f"tool_prompt must be 'template' or 'system', got {tool_prompt!r}")
-        if max_episode_tokens is not None and max_episode_tokens < 1:
-            raise ConfigError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
         for name, cap in (("max_tool_calls_per_turn", max_tool_calls_per_turn),
-                          ("max_tool_result_chars", max_tool_result_chars)):  # fmt: skip
+                          ("max_tool_result_chars", max_tool_result_chars),
+                          ("max_episode_tokens", max_episode_tokens)):  # fmt: skip
             if cap is not None and (type(cap) is not int or cap < 1):
                 raise ConfigError(f"{name} must be an int >= 1 or None, got {cap!r}")
         _check_tools(tools)
@@ -572,6 +571,11 @@ def _check_tasks(tasks: Any) -> None:
             else "pass a list of task dicts (agentgym.load_tasks reads files and datasets)"
         )
         raise ConfigError(f"tasks must be a list of task dicts, got {shown(tasks)}; {fix}")
+    if hasattr(tasks, "columns") and hasattr(tasks, "to_dict"):  # tasks[0] is a column
+        raise ConfigError(
+            f"tasks must be a list of task dicts, got a {type(tasks).__name__}; pass "
+            "df.to_dict('records')"
+        )
     if len(tasks):
         _check_task(tasks[0], 0)
 

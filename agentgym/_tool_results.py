@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import re
 from typing import Any
@@ -34,8 +36,9 @@ def format_result(value: Any, tool_name: str | None = None) -> str:
     their JSON data, not their repr, numpy and torch numbers and arrays as numbers and lists
     (not ``"3"`` and ``"[1 2]"``), and floats JSON has no number for (NaN, Infinity,
     -Infinity) as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, so the text stays
-    valid JSON without losing what the value was. Values JSON cannot carry fall back to
-    their str (a date, a set, a dataclass), except those whose str shows a memory address
+    valid JSON without losing what the value was; an enum member is its value and a
+    dataclass an object of its fields, as in the tool's schema. Values JSON cannot carry fall
+    back to their str (a date, a set), except those whose str shows a memory address
     (an object without a ``__repr__``, a function): it differs in every run, so an episode
     could not be replayed, and it tells the model nothing. Such a result raises `ToolError`
     naming its type, for the model to read and the tool's author to fix (``tool_name``
@@ -106,6 +109,10 @@ def _json_data(value: Any) -> Any:
             return value.model_dump()  # whose values come back here
     if is_array(value):
         return value.tolist()  # numbers, not their str in quotes ("3", "[1 2]")
+    if isinstance(value, enum.Enum):  # the value the tool's schema and the model use, not
+        return value.value  # "Unit.C"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}  # as JSON
     return _plain_text(value)
 
 

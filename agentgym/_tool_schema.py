@@ -81,7 +81,10 @@ def _unsupported(what: str, reason: str) -> ConfigError:
 
 
 def _tidy(node: Any, defs: Mapping[str, Any], keep: set[str], seen: tuple[str, ...] = ()) -> Any:
-    """``node`` with `$ref`s inlined (``keep`` gets those that recur) and titles dropped."""
+    """``node`` with `$ref`s inlined (``keep`` gets those that recur) and titles dropped.
+
+    Objects of named fields are closed to other keys, unless they say otherwise.
+    """
     if isinstance(node, list):
         return [_tidy(n, defs, keep, seen) for n in node]
     if not isinstance(node, dict):
@@ -101,6 +104,10 @@ def _tidy(node: Any, defs: Mapping[str, Any], keep: set[str], seen: tuple[str, .
             tidy[key] = {n: _tidy(v, defs, keep, seen) for n, v in value.items()}
         elif key != "title":
             tidy[key] = _tidy(value, defs, keep, seen)
+    if "properties" in tidy and "additionalProperties" not in tidy:
+        # a dataclass's, TypedDict's or model's fields, closed as the top level is: pydantic
+        # drops an unknown key, so a model's typo ("Limit") ran with the default silently
+        tidy["additionalProperties"] = False
     return tidy
 
 
@@ -115,6 +122,8 @@ def arrives_as_is(annotation: Any) -> bool:
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Literal:
         return all(type(a) in (str, int, bool, type(None)) for a in args)
+    if origin in (dict, Mapping) and args and args[0] not in (str, Any):
+        return False  # JSON keys are strings: a dict[int, str] needs pydantic to make them ints
     return origin in _AS_DECODED_ORIGINS and all(map(arrives_as_is, args))
 
 
@@ -145,8 +154,10 @@ def whole_floats_as_ints(value: Any, schema: Mapping[str, Any]) -> Any:
     if isinstance(value, float) and value.is_integer() and _asks_integer(schema):
         return int(value)
     if isinstance(value, dict):
-        properties = _branch(schema, "object").get("properties", {})
-        return {k: whole_floats_as_ints(v, properties.get(k, {})) for k, v in value.items()}
+        branch = _branch(schema, "object")
+        properties, extra = branch.get("properties", {}), branch.get("additionalProperties")
+        other = extra if isinstance(extra, dict) else {}  # a dict[str, int]'s values
+        return {k: whole_floats_as_ints(v, properties.get(k, other)) for k, v in value.items()}
     if isinstance(value, list):
         items = _branch(schema, "array").get("items", {})
         return [whole_floats_as_ints(v, items) for v in value]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import docstring_parser
+import jsonschema
 import pydantic
 import pydantic_core
 
@@ -81,11 +82,18 @@ class Tool:
     def __post_init__(self) -> None:
         check_timeout(self.timeout, f"tool {self.name!r}: timeout")
         try:
-            text = json.dumps(self.parameters, sort_keys=True)
-        except (TypeError, ValueError):  # not JSON (a default of another type): check it as is
-            self._validator, self._surely_valid = checked_schema_of(self.parameters)
-        else:
-            self._validator, self._surely_valid = checked_schema(text)
+            try:
+                text = json.dumps(self.parameters, sort_keys=True)
+            except (TypeError, ValueError):  # not JSON (a default of another type): as is
+                self._validator, self._surely_valid = checked_schema_of(self.parameters)
+            else:
+                self._validator, self._surely_valid = checked_schema(text)
+        except jsonschema.SchemaError as exc:  # jsonschema's own 11 lines named no tool
+            where = "/".join(map(str, exc.path))
+            raise ConfigError(
+                f"tool {self.name!r}: its parameters are not a JSON schema "
+                f"(parameters{'/' + where if where else ''}: {exc.message})"
+            ) from exc
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -296,7 +304,9 @@ def _build_tool(
         parameters=parameters,
         injected=frozenset(params.keys() & INJECTABLE),
         timeout=timeout,
-        is_async=inspect.iscoroutinefunction(described),
+        # through functools.wraps: a sync decorator (logging, retry) over an async tool
+        # returns its coroutine, which ran on a thread and was never awaited
+        is_async=inspect.iscoroutinefunction(inspect.unwrap(described)),
         converters={
             p: adapters[p].validate_python for p, hint in shown.items() if not arrives_as_is(hint)
         },

@@ -320,9 +320,22 @@ def test_a_users_module_missing_a_dependency_keeps_its_own_error(
         agentgym.make("needsdep:x/Y-v0")  # not blamed on the module name
 
 
+#: A plugin that parses the command line when imported (argparse exits 2 on `agentgym list`).
+EXITING_MODULE = """
+import sys
+sys.exit(2)
+"""
+
+
 @pytest.mark.slow
-def test_broken_plugin_warns_and_agentgym_still_works(tmp_path: Path) -> None:
-    site = _install(tmp_path, "brokenplugin", BROKEN_MODULE)
+@pytest.mark.parametrize(
+    ("source", "said"), [(BROKEN_MODULE, "plugin exploded"), (EXITING_MODULE, "SystemExit(2)")],
+    ids=["raises", "exits"],
+)  # fmt: skip
+def test_broken_plugin_warns_and_agentgym_still_works(
+    tmp_path: Path, source: str, said: str
+) -> None:
+    site = _install(tmp_path, "brokenplugin", source)
     out = _run_python(
         site,
         """
@@ -341,7 +354,7 @@ def test_broken_plugin_warns_and_agentgym_still_works(tmp_path: Path) -> None:
         """,
     )
     assert len(out["warnings"]) == 1
-    assert "brokenplugin" in out["warnings"][0] and "plugin exploded" in out["warnings"][0]
+    assert "brokenplugin" in out["warnings"][0] and said in out["warnings"][0]
     assert "agentgym/Calculator-v0" in out["ids"]
     assert out["reset_ok"] is True
 

@@ -273,10 +273,28 @@ def test_a_result_whose_text_is_a_memory_address_is_the_tools_error(
     assert " at 0x" not in obs[-1]["content"] and not terminated
 
 
+class Unit(enum.Enum):
+    C = "celsius"
+
+
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(Point(1, 2), '"Point(x=1, y=2)"'), (date(2020, 1, 2), '"2020-01-02"'), ({3}, '"{3}"')],
-    ids=["dataclass", "date", "set"],
+    [(Point(1, 2), '{"x": 1, "y": 2}'), ({"unit": Unit.C}, '{"unit": "celsius"}')],
+    ids=["dataclass", "enum"],
+)
+def test_a_dataclass_or_enum_result_reaches_the_model_as_the_json_its_schema_reads(
+    value: Any, text: str
+) -> None:
+    """An enum showed as ``Unit.C`` where the schema and the model say "celsius", and a
+    dataclass as its repr where a pydantic model is JSON."""
+    obs, *_, info = giving(value).step(call("give"))
+    assert obs[-1]["content"] == text and info["tool_errors"] == []
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(date(2020, 1, 2), '"2020-01-02"'), ({3}, '"{3}"')],
+    ids=["date", "set"],
 )
 def test_a_result_json_cannot_carry_still_reaches_the_model_as_its_str(
     value: Any, text: str

@@ -6,8 +6,6 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
-
 from agentgym._errors import ConfigError
 from agentgym._tools import Tool
 
@@ -41,10 +39,10 @@ def as_tool(listed: mcp_types.Tool, spec: MCPServer, call: CallTool) -> Tool:
             timeout=None,
             is_async=True,
         )
-    except jsonschema.SchemaError as exc:
+    except ConfigError as exc:  # its input schema is not one (the error says where)
         raise ConfigError(
             f"MCP server {spec.label!r} lists tool {server_name!r} with an invalid input "
-            f"schema ({exc.message}); fix the server or leave the tool out with tools=[...]"
+            f"schema ({exc}); fix the server or leave the tool out with tools=[...]"
         ) from exc
 
 

@@ -101,7 +101,10 @@ class ToolCall:
         return {
             "id": self.id,
             "type": "function",
-            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+            # the model's characters kept (Zürich, not Z\u00fcrich), as vLLM's parsers keep them
+            "function": {
+                "name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)
+            },
         }
 
 
