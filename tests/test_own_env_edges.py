@@ -225,8 +225,9 @@ agentgym.register("edges/Greeter-v0", Greeter)
 
 def agentgym_cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [str(Path(sys.executable).with_name("agentgym")), *args]
+    env = {**os.environ, "AGENTGYM_RUNS_DB": "off", "COLUMNS": "250"}
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "AGENTGYM_RUNS_DB": "off", "COLUMNS": "250"})  # fmt: skip
+                          env=env)  # fmt: skip
 
 
 def test_an_option_without_default_is_named_with_how_to_give_it(tmp_path: Path) -> None:
