@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -224,6 +225,7 @@ def evaluate(
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
         TASKS_KEY: digest, **({"adapter": str(adapter)} if adapter else {}),
+        **_where_served(policy, base_url, server, router_url),
     }  # fmt: skip
     from .runs import track_run  # indexes the run; a database failure is only a warning
 
@@ -265,6 +267,30 @@ def evaluate(
         _refuse_failed_episodes(played, out, episode_timeout)
         # inside the tracked block: a follower of the run's log stops once it is finished
         _print_summary(summary, out)
+
+
+def _where_served(
+    policy: PolicyKind, base_url: str, servers: list[str], router_url: str | None
+) -> dict[str, Any]:
+    """Which server(s) sampled the episodes, without credentials, for ``run.json``.
+
+    Why: two evals of one served model name on different servers had identical configs, so
+    ``runs compare`` called them the same, and a resume could mix episodes of both.
+    """
+    if policy is PolicyKind.openai:
+        return {"base_url": _without_credentials(base_url)}
+    where: dict[str, Any] = {}
+    if servers:
+        where["server"] = [_without_credentials(url) for url in servers]
+    if router_url:
+        where["router_url"] = _without_credentials(router_url)
+    return where
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` without a user:password part or a query (where tokens go)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def _chosen_tasks(task_range: str | None, num_tasks: int | None, available: int) -> list[int]:

@@ -322,3 +322,21 @@ def test_an_eval_whose_every_episode_passed_episode_timeout_exits_1(
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]  # after the progress bar
     assert last.startswith("error: 1 of 1 episodes played were cut at --episode-timeout 1 s")
+
+
+def test_the_server_an_eval_sampled_on_is_recorded_without_its_credentials(
+    tmp_path: Path, server: str
+) -> None:
+    """Two evals of one served name on different servers had identical configs (``runs
+    compare`` called them the same), and a resume could mix both servers' episodes."""
+    from agentgym._eval_cli import _without_credentials
+
+    proc = run(tmp_path, *openai(f"{server}/v1", "--model", SERVED, "--api-key", KEY))
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert saved["base_url"] == f"{server}/v1"
+    port = server.rpartition(":")[2]
+    elsewhere = run(tmp_path, *openai(f"http://localhost:{port}/v1", "--model", SERVED,
+                                      "--api-key", KEY, "--resume"))  # fmt: skip
+    assert elsewhere.returncode == 2 and "base_url" in one_error_line(elsewhere)
+    assert _without_credentials("https://me:pw@host:8000/v1?key=pw") == "https://host:8000/v1"

@@ -249,9 +249,9 @@ def run_findings(run_dir: str | os.PathLike[str]) -> list[Finding]:
                           "`agentgym runs doctor` reads a train run's folder (its output_dir), "
                           "an eval's (its --out) or a finished sft run's (its OUT)")  # fmt: skip
     rows = read_jsonl_records(metrics)  # a damaged line: a one-line ConfigError naming it
-    try:
-        figures = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["figures"]
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # read_json: a regular file only (a FIFO there hung the dashboard's health view)
+        figures = read_json(run_dir / "summary.json")["figures"]
+    except (KeyError, TypeError):
         figures = _figures_from_rows(rows, run_dir)
     return diagnose(rows, figures, read_warm_start(run_dir))
 

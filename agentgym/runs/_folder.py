@@ -9,6 +9,8 @@ a run may be dying.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -186,11 +188,23 @@ def sft_checkpoint(run_dir: Path) -> Path:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's value; None when it is missing or unreadable (a run may be mid-write)."""
+    """A JSON file's value; None when it is missing or unreadable (a run may be mid-write).
+
+    Only a regular file is read: a FIFO named ``status.json`` in a run folder hung ``runs
+    ls`` and the dashboard's list, a read that waits for a writer forever. The open does not
+    wait (``O_NONBLOCK``), and what it opened is checked, so nothing swapped in between counts.
+    """
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
         return None
+    with os.fdopen(fd, "rb") as file:
+        try:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                return None
+            return json.loads(file.read().decode("utf-8"))
+        except (OSError, ValueError):
+            return None
 
 
 def _flatten_numbers(data: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

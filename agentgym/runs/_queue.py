@@ -78,7 +78,7 @@ class JobQueue:
         writers must never share a folder); then the interruption policy applies.
         """
         requeued = []
-        for row in self.store.reconcile():
+        for row in self.store.reconcile(jobs=True):
             if row["job"] is None or row["sweep_id"] != self.sweep_id:
                 continue  # a CLI run, or another sweep's job: marked, not ours to restart
             _stop_orphan(row["pid"], self.grace_s)
@@ -96,6 +96,9 @@ class JobQueue:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         while not self._stopping:
+            # CLI runs of this host whose process died become interrupted: a dashboard
+            # following one streamed forever, and the API said "running", until a `runs ls`
+            self.store.reconcile()
             self._forward_cancels()
             # count tasks, not processes: a job's process exists only once its task has run,
             # so counting processes claimed every queued job in one pass (`--parallel 1` ran

@@ -52,6 +52,9 @@ class RunStatus(StrEnum):
     interrupted = "interrupted"  # its process died without finishing (kill, Ctrl-C, host crash)
 
 
+#: The longest run name the index keeps (the ``runs.name`` column's length).
+NAME_LENGTH: int = runs.c.name.type.length  # type: ignore[attr-defined]
+
 #: States a run does not leave by itself (an interrupted job may still be re-queued).
 TERMINAL = frozenset(
     {RunStatus.finished, RunStatus.failed, RunStatus.cancelled, RunStatus.interrupted}
@@ -160,6 +163,9 @@ class RunStore:
         """Insert a run; returns its id (``run_id``, or a new one). ``values``: other columns."""
         run_id = run_id or new_run_id()
         stamp = now_iso()
+        # cut to the column's length: PostgreSQL refuses a longer name (the run went
+        # unindexed, a sweep died with a traceback) where SQLite stored it whole
+        name = name[:NAME_LENGTH]
         row = {
             "id": run_id, "kind": kind, "name": name, "status": str(status), "source": source,
             "config": _jsonable(config), "job": _jsonable(job) if job is not None else None,
@@ -225,16 +231,19 @@ class RunStore:
         self.update_run(run_id, only_if={"status": "running"}, cancel_requested=True)
         return self.get_run(run_id)
 
-    def reconcile(self) -> list[dict[str, Any]]:
+    def reconcile(self, *, jobs: bool = False) -> list[dict[str, Any]]:
         """Mark ``running`` rows of this host whose process died as ``interrupted``.
 
-        A job's process is its queue's (``owner``); a CLI run's is its own ``pid``. Rows of
-        other hosts are left alone. Returns the rows changed (as they were before).
+        A CLI run's process is its own ``pid``; a job's is its queue's (``owner``), and only
+        a queue recovering its jobs (``jobs=True``) settles those: marked by a viewer
+        (``runs ls``) while the queue was down, a job was no longer ``running`` when the
+        restarted queue looked, so its orphaned worker was never stopped nor the job resumed.
+        Rows of other hosts are left alone. Returns the rows changed (as they were before).
         """
         host = socket.gethostname()
         changed = []
         for row in self.list_runs(limit=None, status=RunStatus.running):
-            if row["host"] != host:
+            if row["host"] != host or (row["job"] is not None and not jobs):
                 continue
             pid = _owner_pid(row["owner"]) if row["owner"] else row["pid"]
             if process_alive(pid):

@@ -29,6 +29,14 @@ def test_open_applies_migrations_once_and_records_the_version(db_url: str) -> No
     assert again.get_run(run_id)["config"] == {"x": [1, 2]}
 
 
+def test_a_name_longer_than_the_column_is_cut_not_refused(db_url: str) -> None:
+    """PostgreSQL refuses a name over ``runs.name``'s 200 characters (SQLite keeps it): a CLI
+    run in a long-named folder went unindexed, a sweep of a long-named config died."""
+    store = RunStore(db_url)
+    run_id = store.create_run(kind="eval", name="x" * 300, config={}, source="cli")
+    assert store.get_run(run_id)["name"] == "x" * 200
+
+
 def test_a_database_newer_than_this_code_is_refused(db_url: str) -> None:
     store = RunStore(db_url)
     with store.engine.begin() as conn:
@@ -127,9 +135,34 @@ def test_reconcile_marks_runs_of_dead_processes_interrupted(db_url: str) -> None
                              status=RunStatus.running, pid=os.getpid(), host=host)  # fmt: skip
     elsewhere = store.create_run(kind="eval", name="far", config={}, source="cli",
                                  status=RunStatus.running, pid=1, host="other-host")  # fmt: skip
+    # a job of a queue that died: left to the queue's own recovery (``runs ls`` marked it,
+    # and the restarted queue then neither stopped its worker nor resumed it)
+    job = store.create_run(kind="eval", name="job", config={}, source="serve", job={"k": 1},
+                           status=RunStatus.running, owner=f"{host}:{int(dead.stdout)}",
+                           host=host)  # fmt: skip
     assert [r["id"] for r in store.reconcile()] == [gone]
-    statuses = {i: store.get_run(i)["status"] for i in (gone, alive, elsewhere)}
-    assert statuses == {gone: "interrupted", alive: "running", elsewhere: "running"}
+    statuses = {i: store.get_run(i)["status"] for i in (gone, alive, elsewhere, job)}
+    assert statuses == {gone: "interrupted", alive: "running", elsewhere: "running",
+                        job: "running"}  # fmt: skip
+    assert [r["id"] for r in store.reconcile(jobs=True)] == [job]  # what `recover` calls
+
+
+def test_a_running_queue_settles_cli_runs_whose_process_died(db_url: str) -> None:
+    """A dashboard following a CLI run killed with -9 streamed forever, and the API said
+    "running", until someone ran ``agentgym runs ls``: the server's queue now reconciles."""
+    import asyncio
+    import socket
+
+    from agentgym.runs import JobQueue
+
+    store = RunStore(db_url)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    killed = store.create_run(kind="eval", name="killed", config={}, source="cli",
+                              status=RunStatus.running, pid=int(dead.stdout),
+                              host=socket.gethostname())  # fmt: skip
+    asyncio.run(asyncio.wait_for(JobQueue(store, poll_s=0.01).run(until_idle=True), 60))
+    assert store.get_run(killed)["status"] == "interrupted"
 
 
 def test_a_bad_job_is_refused_before_a_row_exists(db_url: str, tmp_path: Path) -> None:

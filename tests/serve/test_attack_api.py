@@ -146,6 +146,28 @@ def test_a_fifo_or_endless_file_does_not_hang_the_server(
     _nothing_is_served(client, _finished_cli_run(store, run_dir))
 
 
+def test_a_fifo_named_as_a_runs_json_files_does_not_hang_the_list_or_its_health(
+    client: TestClient, store: RunStore, tmp_path: Path
+) -> None:
+    """``status.json`` (read for a running run's live step) and ``summary.json`` (a train
+    run's figures, read for its health) were opened without the regular-file check: a FIFO
+    there blocked ``/api/runs`` and ``/api/runs/{id}/health`` forever, ``runs ls`` too."""
+    import socket
+
+    live, done = tmp_path / "live", tmp_path / "done"
+    for run_dir in (live, done):
+        run_dir.mkdir()
+        (run_dir / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    os.mkfifo(live / "status.json")
+    os.mkfifo(done / "summary.json")
+    store.create_run(kind="train", name="live", config={}, source="cli", run_dir=live,
+                     status=RunStatus.running, pid=os.getpid(), host=socket.gethostname())  # fmt: skip
+    finished = _finished_cli_run(store, done)
+    listed = client.get("/api/runs")
+    assert listed.status_code == 200 and {r["name"] for r in listed.json()["runs"]} >= {"live"}
+    assert client.get(f"/api/runs/{finished}/health").status_code == 200
+
+
 def _finished_cli_run(store: RunStore, run_dir: Path) -> str:
     return store.create_run(
         kind="train", name="x", config={}, source="cli", status=RunStatus.finished,
