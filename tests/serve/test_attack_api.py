@@ -161,7 +161,8 @@ def test_a_fifo_named_as_a_runs_json_files_does_not_hang_the_list_or_its_health(
     os.mkfifo(live / "status.json")
     os.mkfifo(done / "summary.json")
     store.create_run(kind="train", name="live", config={}, source="cli", run_dir=live,
-                     status=RunStatus.running, pid=os.getpid(), host=socket.gethostname())  # fmt: skip
+                     status=RunStatus.running, pid=os.getpid(),
+                     host=socket.gethostname())  # fmt: skip
     finished = _finished_cli_run(store, done)
     listed = client.get("/api/runs")
     assert listed.status_code == 200 and {r["name"] for r in listed.json()["runs"]} >= {"live"}
