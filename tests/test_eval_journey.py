@@ -10,6 +10,7 @@ the OpenAI-compatible server is a small stdlib one in this process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -83,10 +84,10 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: the test reads the CLI's output, not the server's."""
 
 
-@pytest.fixture
-def server() -> Iterator[str]:
-    """The root URL (no ``/v1``) of a server that answers until the test ends."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """The root URL (no ``/v1``) of a loopback server of ``handler``, until the block ends."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -95,6 +96,13 @@ def server() -> Iterator[str]:
         httpd.shutdown()
         httpd.server_close()
         thread.join()
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    """The root URL (no ``/v1``) of a server that answers until the test ends."""
+    with serving(_Handler) as url:
+        yield url
 
 
 def openai(server_url: str, *args: str) -> list[str]:
@@ -282,16 +290,11 @@ class _HoldingHandler(_Handler):
 def holding_server() -> Iterator[str]:
     """The ``/v1`` URL of a server that does not answer task 0 until the test ends."""
     _HoldingHandler.released.clear()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _HoldingHandler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        _HoldingHandler.released.set()
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
+    with serving(_HoldingHandler) as url:
+        try:
+            yield f"{url}/v1"
+        finally:  # before the server shuts down: no request is left held
+            _HoldingHandler.released.set()
 
 
 def test_an_episode_past_episode_timeout_is_late_and_resume_plays_it_again(
