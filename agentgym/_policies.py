@@ -333,6 +333,15 @@ def check_base_url(base_url: str) -> None:
             "base_url (--base-url) must be an http(s) URL such as http://127.0.0.1:8000/v1, "
             f"got {base_url!r}"
         )
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        # /chat/completions went after the query (every request a 404, filed as the
+        # server's failure); a user:password was sent as basic auth over the API key and
+        # printed in every error line
+        raise ConfigError(
+            "base_url (--base-url) must be the server's root alone, such as "
+            "http://127.0.0.1:8000/v1: no ?query, #fragment or user:password@ (the key goes "
+            "in --api-key)"
+        )
 
 
 def _completion_from_response(data: dict[str, Any]) -> Completion:

@@ -159,6 +159,16 @@ def test_a_base_url_that_is_not_an_http_url_is_a_config_error(url: str) -> None:
         agentgym.OpenAIPolicy(url, "m")
 
 
+@pytest.mark.parametrize(
+    "url", ["http://h:8000/v1?api-version=1", "http://h/v1#x", "http://me:pw@h:8000/v1"]
+)
+def test_a_base_url_with_more_than_the_servers_root_is_a_config_error(url: str) -> None:
+    """A query had /chat/completions appended after it (every request a 404, every episode
+    infra_error); a user:password went out as basic auth over the key, and into every error."""
+    with pytest.raises(agentgym.ConfigError, match=r"no \?query, #fragment or user:password@"):
+        agentgym.OpenAIPolicy(url, "m")
+
+
 def test_sync_rollouts_reuse_the_policy_and_leave_no_open_connections(serve) -> None:
     server = serve([(200, REPLY)])
     policy = agentgym.OpenAIPolicy(server.base_url, "m")
