@@ -44,7 +44,12 @@ def check_folder_can_be_made(path: Path, option: str) -> None:
     Otherwise the run fails at its first write, after the model loaded, with a traceback.
     ``option`` names what the user set (``--out``, ``output_dir``).
     """
-    existing = next(p for p in (path, *path.parents) if p.exists())
+    try:
+        existing = next(p for p in (path, *path.parents) if p.exists())
+    except OSError as exc:  # a name over the file system's limit (ENAMETOOLONG), a loop ...
+        raise ConfigError(
+            f"{option} {path}: {exc.strerror or exc}; choose another {option}"
+        ) from None
     if not existing.is_dir():
         raise ConfigError(
             f"{option} {path}: {existing} is a file, not a folder; choose another {option}"

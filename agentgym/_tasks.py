@@ -358,6 +358,21 @@ def task_text(task: Any) -> str:
         return repr(task)
 
 
+def tasks_of_env(spec: str, env_id: str, count: int) -> list[int]:
+    """``--tasks`` indices (`parse_tasks`), refused in one line when they reach past the env's.
+
+    One check for ``agentgym sft`` and for a queued sft job, so the job is refused at
+    submission with the words the command would use, not when its worker starts.
+    """
+    indices = parse_tasks(spec, "--tasks")
+    if max(indices) >= count:
+        raise ConfigError(
+            f"--tasks {spec} reaches task {max(indices)} but {env_id!r} has {count} tasks "
+            f"(0:{count}); pick a range inside it, or give the env more with --env-arg"
+        )
+    return indices
+
+
 def parse_tasks(spec: str | list[int], name: str = "tasks") -> list[int]:
     """Task indices from ``"start:stop"`` (half-open, like ``range``) or an explicit list.
 

@@ -50,7 +50,7 @@ from agentgym._durable import check_folder_can_be_made
 from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._registry import resolve_id
-from agentgym._tasks import parse_tasks
+from agentgym._tasks import parse_tasks, tasks_of_env
 from agentgym.runs._folder import OUTPUT_LOG, SFT_SUMMARY
 
 from ._cli import _quiet_backends, console
@@ -320,12 +320,7 @@ def _env_plan(
     """The warm start's data and training, on the tasks and scripts the options chose."""
     facts = env_facts(env_id, env_kwargs)
     count = facts.size
-    indices = parse_tasks(tasks, "--tasks") if tasks else list(range(count))
-    if max(indices, default=-1) >= count:
-        raise ConfigError(
-            f"--tasks {tasks} reaches task {max(indices)} but {env_id!r} has {count} tasks "
-            f"(0:{count}); pick a range inside it, or give the env more with --env-arg"
-        )
+    indices = tasks_of_env(tasks, env_id, count) if tasks else list(range(count))
     shares = _parse_scripts(scripts)
     validation: list[int] = []
     if config.target_accuracy is not None:

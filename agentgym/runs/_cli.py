@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
+import signal
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, NamedTuple, get_args
 
 import typer
 import yaml
@@ -32,9 +35,9 @@ from ._episode_index import (
     trajectories_in,
 )
 from ._folder import live_step, read_json
-from ._jobs import parse_config, submit_job
+from ._jobs import check_job, parse_config, queue_checked_job
 from ._queue import JobQueue
-from ._store import RunStatus, RunStore, agentgym_home, new_run_id
+from ._store import RunStatus, RunStore, agentgym_home, new_run_id, now_iso
 
 app = typer.Typer(help="List, show and compare indexed runs.", no_args_is_help=True)
 console = Console(markup=False)  # names, configs and log lines are the user's text
@@ -63,8 +66,8 @@ def list_runs(
     for run in store.list_runs(limit, status=status):
         shown = {k: v for k, v in run["figures"].items() if k in _HEADLINE}
         table.add_row(
-            run["id"], run["kind"], _text(run["name"]), _coloured(run["status"]),
-            _text(run["exit_code"]), _text(live_step(run)), run["created_at"][:16],
+            _text(run["id"]), _text(run["kind"]), _text(run["name"]), _coloured(run["status"]),
+            _text(run["exit_code"]), _text(live_step(run)), _text(run["created_at"][:16]),
             ", ".join(f"{_text(k)}={_text(v)}" for k, v in shown.items()),
         )  # fmt: skip
     console.print(table)
@@ -85,10 +88,11 @@ def show_run(
     for key, value in sorted(run["figures"].items()):
         table.add_row(_text(key), _text(value))
     console.print(table)
-    console.print(yaml.safe_dump(run["config"], sort_keys=False).rstrip(), highlight=False)
+    config = yaml.safe_dump(run["config"], sort_keys=False).rstrip()
+    console.print(_visible(config), highlight=False)
     if run["error_tail"]:
         console.print(Text("last log lines:", style="red"))
-        console.print(run["error_tail"], highlight=False)
+        console.print(_visible(run["error_tail"]), highlight=False)
 
 
 @app.command("compare")
@@ -100,13 +104,13 @@ def compare_runs(
     """Two runs side by side: their figures, and the config keys that differ."""
     store = RunStore(db)
     a, b = ({**r, "step": live_step(r)} for r in (_find(store, first), _find(store, second)))
-    table = Table("", a["id"], b["id"], title="figures")
+    table = Table("", _text(a["id"]), _text(b["id"]), title="figures")
     for key in ("kind", "name", "status", "step"):
         table.add_row(key, _text(a[key]), _text(b[key]))
     for key in sorted(a["figures"].keys() | b["figures"].keys()):
         table.add_row(_text(key), *_told_apart(a["figures"].get(key), b["figures"].get(key)))
     console.print(table)
-    differ = Table("config key", a["id"], b["id"], title="config differences")
+    differ = Table("config key", _text(a["id"]), _text(b["id"]), title="config differences")
     for key in sorted(a["config"].keys() | b["config"].keys()):
         if a["config"].get(key) != b["config"].get(key):
             differ.add_row(_text(key), _text(a["config"].get(key)), _text(b["config"].get(key)))
@@ -164,7 +168,7 @@ def show_episodes(
     for row in shown:
         _print_episode(index, row)
     bad = f"; {index.bad_lines} lines are not trajectories" if index.bad_lines else ""
-    where_from = f"{len(index.rows)} in {index.path}{bad}"
+    where_from = f"{len(index.rows)} in {_visible(str(index.path))}{bad}"
     if not shown:
         console.print(f"no episode to show: {len(matched)} match ({where_from})", highlight=False)
         return
@@ -186,16 +190,16 @@ def doctor(
     """
     from agentgym.trainers._report import run_findings
 
-    given = Path(run).expanduser()
-    folder = given if given.is_dir() else Path(_find(RunStore(db), run)["run_dir"] or "")
+    folder = _folder_of(run, db)
+    shown = _visible(str(folder))
     findings = run_findings(folder)
     if not findings:
-        console.print(f"{folder}: no known problem in its figures", highlight=False)
+        console.print(f"{shown}: no known problem in its figures", highlight=False)
         return
     for finding in findings:
-        console.print(Text(f"[{finding.rule}] {finding.title}", style="bold yellow"))
-        console.print(f"  {finding.evidence}\n  fix: {finding.fix}", highlight=False)
-    console.print(f"{len(findings)} finding(s) in {folder}; each rule is explained in "
+        console.print(Text(_visible(f"[{finding.rule}] {finding.title}"), style="bold yellow"))
+        console.print(_visible(f"  {finding.evidence}\n  fix: {finding.fix}"), highlight=False)
+    console.print(f"{len(findings)} finding(s) in {shown}; each rule is explained in "
                   "docs/troubleshooting.md", highlight=False)  # fmt: skip
     raise typer.Exit(1)
 
@@ -209,13 +213,37 @@ def _trajectories_of(run: str, db: str | None) -> Path:
     given = Path(run).expanduser()
     if given.is_file():
         return given
-    folder = given if given.is_dir() else Path(_find(RunStore(db), run)["run_dir"] or "")
+    folder = _folder_of(run, db)
     found = trajectories_in(folder)
     if found is None:
         files = " or ".join(TRAJECTORY_FILES)
         raise ConfigError(f"{folder} holds no {files} yet; a train run writes its eval "
                           "episodes there, `agentgym eval --out` its episodes")  # fmt: skip
     return found
+
+
+def _folder_of(run: str, db: str | None) -> Path:
+    """The folder a ``runs doctor``/``episodes`` argument names: an existing folder, else a run's.
+
+    Raises:
+        ConfigError: the run has no folder yet (a queued job), or its folder is gone; said
+            as the dashboard says it, not as a folder that holds nothing *yet*.
+    """
+    given = Path(run).expanduser()
+    if given.is_dir():  # the folder first, as `_find` rules for every `runs` command
+        return given
+    row = _find(RunStore(db), run)
+    folder = Path(row["run_dir"]) if row["run_dir"] else None
+    if folder is not None and folder.is_dir():
+        return folder
+    what = f"run {row['id']} ({row['status']})"
+    if folder is None or row["started_at"] is None:
+        raise ConfigError(f"{what} has not started, so it has no folder yet; wait for it "
+                          "(`agentgym runs ls`)")  # fmt: skip
+    raise ConfigError(
+        f"{what} has no folder {_visible(str(folder))} any more (deleted or moved?); its row "
+        f"is kept: restore the folder, or read the row with `agentgym runs show {row['id']}`"
+    )
 
 
 def _print_episode(index: TrajectoryIndex, row: Row) -> None:
@@ -229,16 +257,16 @@ def _print_episode(index: TrajectoryIndex, row: Row) -> None:
     head += [f"tool results cut {row.results_cut}"] if row.results_cut else []
     head += [f"turns cut {row.turns_cut}"] if row.turns_cut else []
     console.rule()
-    console.print(Text(" · ".join(head), style="bold"))
+    console.print(Text(_visible(" · ".join(head)), style="bold"))
     try:
         episode: Trajectory = read_line(index, row)
     except MALFORMED as exc:  # indexed, yet a field read in full has the wrong type
-        console.print(f"(malformed: {type(exc).__name__}: {exc})", highlight=False)
+        console.print(_visible(f"(malformed: {type(exc).__name__}: {exc})"), highlight=False)
         return
     if episode.error:
-        console.print(Text(f"error: {episode.error}", style="red"))
-    for message in episode.messages:
-        console.print(message_text(message) + "\n", highlight=False)
+        console.print(Text(_visible(f"error: {episode.error}"), style="red"))
+    for message in episode.messages:  # the model's text: its escape sequences are shown
+        console.print(_visible(message_text(message)) + "\n", highlight=False)
 
 
 def sweep(
@@ -262,41 +290,111 @@ def sweep(
     """Run every config of a grid or a folder, each with its own run id, through the queue.
 
     Configs are checked before anything runs; only infrastructure failures are retried.
+    SIGTERM, SIGHUP or Ctrl-C stops the running jobs and cancels the ones not started.
     """
-    configs = _sweep_configs(source, grid or [], kind)
+    jobs = _sweep_configs(source, grid or [], kind)
+    for job in jobs:  # all of them before any row: a bad one leaves none behind
+        try:
+            check_job(job.kind, job.config)
+        except ConfigError as exc:
+            raise ConfigError(f"{job.name}: {exc}") from None
     store = RunStore(db)
     root = runs_dir or agentgym_home() / "runs"
     sweep_id = new_run_id()
-    for index, (job_kind, config) in enumerate(configs):
-        submit_job(
-            store, job_kind, config, runs_root=root, source="sweep", sweep_id=sweep_id,
-            max_attempts=retries + 1, name=f"{source.stem}-{index}",
-        )  # fmt: skip
-    console.print(f"sweep {sweep_id}: {len(configs)} runs, {parallel} at a time")
-    asyncio.run(JobQueue(store, workers=parallel, sweep_id=sweep_id).run(until_idle=True))
-    rows = store.list_runs(limit=None, sweep_id=sweep_id)
+    ids: list[str] = []  # the sweep's order, which its table keeps
+    for job in jobs:
+        ids.append(queue_checked_job(
+            store, job.kind, job.config, runs_root=root, source="sweep", sweep_id=sweep_id,
+            max_attempts=retries + 1, name=job.name,
+        ))  # fmt: skip
+    console.print(f"sweep {sweep_id}: {len(jobs)} runs, {parallel} at a time", highlight=False)
+    queue = JobQueue(store, workers=parallel, sweep_id=sweep_id)
+    stopped_by = asyncio.run(_run_sweep(queue))
+    by_id = {run["id"]: run for run in store.list_runs(limit=None, sweep_id=sweep_id)}
+    rows = [by_id[run_id] for run_id in ids if run_id in by_id]  # the sweep's order
     table = Table("id", "name", "status", "exit", "attempts", "last log line")
     table.columns[0].no_wrap = True
-    for run in sorted(rows, key=lambda r: r["name"]):
+    for run in rows:
         tail = (run["error_tail"] or "").splitlines()[-1:] or [""]
         table.add_row(
             run["id"], _text(run["name"]), _coloured(run["status"]), _text(run["exit_code"]),
             str(run["attempt"]), _text(tail[0][:80]),
         )  # fmt: skip
     console.print(table)
+    if stopped_by is not None:
+        raise typer.Exit(128 + stopped_by)  # as the signal's own exit status reads
     if any(run["status"] != RunStatus.finished for run in rows):
         raise typer.Exit(1)
 
 
-def _sweep_configs(source: Path, grid: list[str], kind: str) -> list[tuple[str, dict[str, Any]]]:
-    """(kind, config) of every run: the grid's product over one file, or each file of a folder."""
+#: Signals that stop a sweep: ``kill``, a closed terminal, Ctrl-C.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+async def _run_sweep(queue: JobQueue) -> signal.Signals | None:
+    """Run the sweep's jobs to the end; or, on a stop signal, stop them; returns that signal.
+
+    Why: each job runs in a session of its own, which the signal never reaches; a sweep that
+    died of it left its running job writing its folder with no one to record how it ended,
+    and its queued jobs ``queued`` forever (no queue runs another sweep's jobs). Stopped, the
+    running jobs get SIGTERM (SIGKILL after the queue's grace) and end ``interrupted``; the
+    jobs left ``queued`` are ``cancelled``, saying why.
+    """
+    loop = asyncio.get_running_loop()
+    stopping: list[tuple[signal.Signals, asyncio.Task[None]]] = []
+
+    def stop(sig: signal.Signals) -> None:
+        if stopping:  # a second signal: the shutdown under way ends the jobs already
+            return
+        console.print(f"{sig.name}: stopping the sweep's jobs (SIGTERM, then SIGKILL after "
+                      f"{queue.grace_s:g} s)", highlight=False)  # fmt: skip
+        stopping.append((sig, loop.create_task(queue.shutdown())))
+
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        await queue.run(until_idle=True)
+        if not stopping:
+            return None
+        sig, shutdown = stopping[0]
+        await shutdown
+        # still under the handlers: a second signal must not kill us half way through
+        _cancel_queued(queue.store, queue.sweep_id, sig)
+        return sig
+    finally:
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+def _cancel_queued(store: RunStore, sweep_id: str | None, sig: signal.Signals) -> None:
+    """Cancel the sweep's jobs still ``queued`` (not started, or re-queued to resume)."""
+    why = (f"agentgym sweep was stopped ({sig.name}) before this job ran to its end; run "
+           "the sweep again for it")  # fmt: skip
+    for run in store.list_runs(limit=None, status=RunStatus.queued, sweep_id=sweep_id):
+        store.update_run(
+            run["id"], only_if={"status": "queued"}, status=RunStatus.cancelled,
+            ended_at=now_iso(), error_tail=why,
+        )  # fmt: skip
+
+
+class _SweepRun(NamedTuple):
+    """One run of a sweep: its kind, its config, and its name (what tells it apart)."""
+
+    kind: str
+    config: dict[str, Any]
+    name: str
+
+
+def _sweep_configs(source: Path, grid: list[str], kind: str) -> list[_SweepRun]:
+    """Every run: the grid's product over one file, or each file of a folder (named by it)."""
     if source.is_dir():
         if grid:
             raise ConfigError("--grid applies to one config file, not a folder")
         files = sorted(p for p in source.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
         if not files:
             raise ConfigError(f"{source} holds no .yaml/.yml/.json config")
-        return [_split_kind(_read_config(p), kind) for p in files]
+        return [_SweepRun(*_split_kind(_read_config(p), kind), _run_name(p.stem, [], i))
+                for i, p in enumerate(files)]  # fmt: skip
     job_kind, base = _split_kind(_read_config(source), kind)
     axes = [_grid_axis(item) for item in grid]
     keys = [key for key, _ in axes]
@@ -305,7 +403,34 @@ def _sweep_configs(source: Path, grid: list[str], kind: str) -> list[tuple[str, 
         raise ConfigError(f"--grid names {key!r} more than once; give its values in one --grid "
                           f"{key}={','.join(values)}")  # fmt: skip
     combos = itertools.product(*[[(key, v) for v in values] for key, values in axes])
-    return [(job_kind, {**base, **dict(combo)}) for combo in combos]
+    return [_SweepRun(job_kind, {**base, **dict(combo)}, _run_name(source.stem, combo, i))
+            for i, combo in enumerate(combos)]  # fmt: skip
+
+
+#: Longest sweep run name: `runs ls` stays readable, and the column holds 200 characters.
+_NAME_MAX = 80
+
+
+def _run_name(stem: str, combo: Sequence[tuple[str, Any]], index: int) -> str:
+    """``<stem>-<key>=<value>,...``: what tells a sweep's runs apart, short and file-name safe.
+
+    Why not ``<stem>-<index>``: `runs ls` could not tell the runs of a sweep apart, and
+    sorted as text ``ev-10`` came before ``ev-2``. A name cut to `_NAME_MAX` ends with the
+    run's index, so that cut names stay apart.
+    """
+    values = ",".join(f"{key}={_name_value(value)}" for key, value in combo)
+    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", f"{stem}-{values}" if values else stem)
+    if len(name) <= _NAME_MAX:
+        return name
+    suffix = f"~{index}"
+    return name[: _NAME_MAX - len(suffix)] + suffix
+
+
+def _name_value(value: Any) -> str:
+    """A grid value as it reads in a name (a list or a mapping as compact JSON)."""
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -335,10 +460,18 @@ def _grid_axis(item: str) -> tuple[str, list[Any]]:
 
 
 def _find(store: RunStore, run_id: str) -> dict[str, Any]:
+    """The run ``run_id`` names: an existing folder, else an id (prefix), else a folder's own id.
+
+    Why the folder first: ``runs episodes`` and ``doctor`` read an existing folder as it is,
+    and a folder named like an id prefix (``d7``) meant another run to ``runs show``.
+    """
     if not run_id.strip():
         raise ConfigError("give a run id (or a unique prefix of one, or a run folder); see "
                           "`agentgym runs ls`")  # fmt: skip
-    run = store.find_run(run_id) or _by_folder(store, run_id)
+    folder = Path(run_id).expanduser()
+    if folder.is_dir():
+        return _run_in(store, folder, run_id)
+    run = store.find_run(run_id) or _by_own_id(store, run_id)
     if run is None:
         several = [r["id"] for r in store.list_runs(limit=None) if r["id"].startswith(run_id)]
         if len(several) > 1:
@@ -350,21 +483,39 @@ def _find(store: RunStore, run_id: str) -> dict[str, Any]:
     return run
 
 
-def _by_folder(store: RunStore, key: str) -> dict[str, Any] | None:
-    """The newest run whose folder is ``key``, or whose folder's own run id starts with it.
+def _run_in(store: RunStore, folder: Path, key: str) -> dict[str, Any]:
+    """The newest run whose folder is ``folder``.
+
+    Raises:
+        ConfigError: no indexed run wrote it; naming the run whose id ``key`` starts, if one
+            does (the user may have meant it).
+    """
+    wanted = folder.resolve()
+    for run in store.list_runs(limit=None):  # newest first
+        if run["run_dir"] and Path(run["run_dir"]).resolve() == wanted:
+            return run
+    shown = _visible(str(folder))
+    by_id = store.find_run(key)
+    if by_id is not None:
+        raise ConfigError(
+            f"{key!r} is both the folder {shown}, which no indexed run wrote, and the start of "
+            f"run id {by_id['id']}; for that run give more of its id"
+        )
+    raise ConfigError(f"no indexed run wrote the folder {shown} (a row names the folder its run "
+                      "wrote: a moved one is not found); see `agentgym runs ls`")  # fmt: skip
+
+
+def _by_own_id(store: RunStore, key: str) -> dict[str, Any] | None:
+    """The newest run whose folder's own run id starts with ``key``, when one id does.
 
     Why: a train run's folder names the run by its own id (``status.json``), which a user
     copies from there; the index gives each process its own row id.
     """
-    folder = Path(key).expanduser()
     matches: list[tuple[str, dict[str, Any]]] = []  # (the folder's own id, its newest row)
     for run in store.list_runs(limit=None):  # newest first
         if not run["run_dir"]:
             continue
-        run_dir = Path(run["run_dir"])
-        if folder.is_dir() and run_dir.resolve() == folder.resolve():
-            return run
-        status = read_json(run_dir / "status.json")
+        status = read_json(Path(run["run_dir"]) / "status.json")
         own = status.get("run_id") if isinstance(status, dict) else None
         if isinstance(own, str) and own.startswith(key):
             matches.append((own, run))
@@ -373,7 +524,7 @@ def _by_folder(store: RunStore, key: str) -> dict[str, Any] | None:
 
 def _coloured(status: str) -> Text:
     colour = _STATUS_COLOURS.get(status, "yellow")
-    return Text(status, style=colour)
+    return Text(_visible(status), style=colour)
 
 
 def _told_apart(first: Any, second: Any) -> tuple[str, str]:
@@ -393,10 +544,25 @@ def _told_apart(first: Any, second: Any) -> tuple[str, str]:
 
 
 def _text(value: Any) -> str:
+    """A cell's value as text (floats to 4 digits), its control characters made visible."""
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict | list):
         return json.dumps(value)
-    return str(value)
+    return _visible(str(value))
+
+
+#: Control characters (C0, DEL, C1) but newline and tab, each to its ``\\xNN`` escape.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
+def _visible(text: str) -> str:
+    r"""``text`` with its control characters shown as ``\xNN`` (newlines and tabs kept).
+
+    Why: names, log lines and above all a model's output are other people's text; printed
+    raw, an escape sequence in them clears the screen, hides text or writes the clipboard
+    (OSC 52) of whoever reads them.
+    """
+    return text.translate(_CONTROLS)

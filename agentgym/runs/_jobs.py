@@ -32,6 +32,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from agentgym._errors import ConfigError
+from agentgym._tasks import tasks_of_env
 from agentgym._yaml import load_yaml
 
 from ._store import RunStore, new_run_id
@@ -160,11 +161,26 @@ def submit_job(
     """
     data = parse_config(config)
     check_job(kind, data)
+    return queue_checked_job(
+        store, kind, data, runs_root=runs_root, source=source, name=name,
+        max_attempts=max_attempts, sweep_id=sweep_id,
+    )  # fmt: skip
+
+
+def queue_checked_job(
+    store: RunStore, kind: str, data: Mapping[str, Any], *, runs_root: Path, **row: Any
+) -> str:
+    """Queue a job config that `check_job` passed (`submit_job`'s second half); its run id.
+
+    ``row``: `submit_job`'s ``source``, ``name``, ``max_attempts`` and ``sweep_id``. Why
+    apart: a sweep checks every config before it queues any, so that one bad config leaves
+    no rows behind (no queue would ever run them).
+    """
     run_id = new_run_id()
+    name = row.pop("name", None) or job_name(kind, data)
     return store.create_run(
-        kind=kind, name=name or job_name(kind, data), config=data, source=source,
-        run_dir=runs_root.resolve() / run_id, job={"kind": kind, "config": data},
-        max_attempts=max_attempts, sweep_id=sweep_id, run_id=run_id,
+        kind=kind, name=name, config=data, run_dir=runs_root.resolve() / run_id,
+        job={"kind": kind, "config": data}, run_id=run_id, **row,
     )  # fmt: skip
 
 
@@ -197,7 +213,7 @@ def _eval_args(config: Mapping[str, Any]) -> list[str]:
     """``agentgym eval`` arguments for an eval job config (``env`` first)."""
     if "env" not in config:
         raise ConfigError("an eval job config needs 'env' (e.g. env: calculator)")
-    return [str(config["env"]), *_option_args(config, skip="env")]
+    return [str(config["env"]), *_option_args("eval", config, skip="env")]
 
 
 def _sft_args(config: Mapping[str, Any], out: Path, flags: Sequence[str] = ()) -> list[str]:
@@ -207,15 +223,21 @@ def _sft_args(config: Mapping[str, Any], out: Path, flags: Sequence[str] = ()) -
     """
     if "model" not in config:
         raise ConfigError("an sft job config needs 'model' (a model folder, or tiny)")
-    options = _option_args(config, skip="model")
+    options = _option_args("sft", config, skip="model")
     return [*options, *flags, "--", str(config["model"]), str(out)]
 
 
-def _option_args(config: Mapping[str, Any], skip: str) -> list[str]:
+def _option_args(name: str, config: Mapping[str, Any], skip: str) -> list[str]:
     """``--flag value`` for each key of a job config but ``skip`` (the command's argument).
 
-    ``env_kwargs`` becomes ``--env-arg k=<json>``; a list, a repeated option; a mapping, JSON.
+    ``env_kwargs`` becomes ``--env-arg k=<json>``; a list, a repeated option (only for options
+    of ``agentgym NAME`` that take several values); a mapping, JSON.
+
+    Raises:
+        ConfigError: a list for an option that takes one value: click would keep the last
+            item, and the job would run with a value nobody chose.
     """
+    several = _multi_valued(name)
     args: list[str] = []
     for key, value in config.items():
         if key == skip or value is None:
@@ -228,6 +250,9 @@ def _option_args(config: Mapping[str, Any], skip: str) -> list[str]:
             continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, list):  # a repeatable option (server: [url, url])
+            if key not in several:
+                raise ConfigError(f"{name} config key {key!r} takes one value, got {value!r}; "
+                                  "use agentgym sweep --grid for several")  # fmt: skip
             for item in value:
                 args += [flag, str(item)]
             continue
@@ -235,45 +260,89 @@ def _option_args(config: Mapping[str, Any], skip: str) -> list[str]:
     return args
 
 
+@functools.cache
+def _multi_valued(name: str) -> frozenset[str]:
+    """The options of ``agentgym NAME`` that take several values (repeatable, or nargs > 1)."""
+    params = _command(name).params
+    return frozenset(p.name for p in params if p.name and (p.multiple or p.nargs != 1))
+
+
 def _check_eval(config: Mapping[str, Any]) -> None:
-    from agentgym._eval_options import check_policy_options
+    from agentgym._eval_engine import local_env_kwargs
+    from agentgym._eval_options import PolicyKind, check_policy_options
 
     _check_keys("eval", config, _EVAL_RESERVED)
     args = _eval_args(config)
     ctx = _parse("eval", [*args, "--out", "unused"])
     check_policy_options(ctx)  # temperature under the reference policy: refused now
+    policy, params = PolicyKind(ctx.params["policy"]), ctx.params
+    if policy.local and params["model_path"] is None and params["adapter"] is None:
+        # no model to play: the command's own refusal, made before it looks at the folder
+        local_env_kwargs(None, {}, policy)
     _check_env(args[0], config.get("env_kwargs"))
 
 
+#: Starts the line on which the child process of `_check_env` reports the env's task count
+#: (the env's module may print lines of its own).
+_TASKS_MARK = "agentgym-env-tasks: "
 #: What a child process runs to check a ``module:id`` env: the import is the user's code.
 _CHECK_ENV = (
     "import json, sys\n"
     "from agentgym._errors import ConfigError\n"
-    "from agentgym._registry import check_env_options\n"
+    "from agentgym.runs._jobs import _TASKS_MARK, checked_env_tasks\n"
     "try:\n"
-    "    check_env_options(sys.argv[1], json.loads(sys.argv[2]))\n"
+    "    count = checked_env_tasks(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == 'count')\n"
     "except ConfigError as exc:\n"
     "    sys.exit(f'error: {exc}')\n"
+    "print(_TASKS_MARK + json.dumps(count))\n"
 )
 
 
-def _check_env(env_id: str, env_kwargs: Mapping[str, Any] | None) -> None:
+def checked_env_tasks(env_id: str, env_kwargs: dict[str, Any], count: bool) -> int | None:
+    """Refuse env options its constructor would refuse; with ``count``, the env's task count.
+
+    Counting builds the env once, so that a task range past its last task is refused at
+    submission, not by the worker. None: not counted, the env has no task list, or the env's
+    own code failed to build it (a service down now may be up when the job runs: the
+    worker's to say then).
+    """
+    from agentgym._errors import Error
+    from agentgym._registry import check_env_options, made_for_a_command
+
+    check_env_options(env_id, env_kwargs)  # UnknownEnvError names the close ids
+    if not count:
+        return None
+    try:
+        env = made_for_a_command(env_id, env_kwargs)
+    except ConfigError:
+        raise
+    except Error:
+        return None
+    try:
+        tasks = getattr(env, "tasks", None)
+        return None if tasks is None else len(tasks)
+    finally:
+        env.close()
+
+
+def _check_env(
+    env_id: str, env_kwargs: Mapping[str, Any] | None, *, count_tasks: bool = False
+) -> int | None:
     """Refuse an unknown env id, or env options its constructor would refuse.
 
+    With ``count_tasks``, returns the env's task count (see `checked_env_tasks`).
     A ``module:id`` is checked in a child process: importing the module runs the submitter's
     code, and in the server's process a module that calls ``sys.exit`` (``unittest.__main__``)
     stopped the server, and one that raised on import answered 500. The worker imports it
     again when the job runs.
     """
-    from agentgym._registry import check_env_options
-
     kwargs = dict(env_kwargs or {})
     if ":" not in env_id:
-        check_env_options(env_id, kwargs)  # UnknownEnvError names the close ids
-        return
+        return checked_env_tasks(env_id, kwargs, count_tasks)
+    argv = [env_id, json.dumps(kwargs, default=str), "count" if count_tasks else "check"]
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _CHECK_ENV, env_id, json.dumps(kwargs, default=str)],
+            [sys.executable, "-c", _CHECK_ENV, *argv],
             capture_output=True, text=True, timeout=ENV_CHECK_SECONDS, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -283,6 +352,8 @@ def _check_env(env_id: str, env_kwargs: Mapping[str, Any] | None) -> None:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         said = lines[-1].removeprefix("error: ") if lines else f"exit {proc.returncode}"
         raise ConfigError(f"env {env_id!r}: {said}")
+    reports = [line for line in proc.stdout.splitlines() if line.startswith(_TASKS_MARK)]
+    return json.loads(reports[-1].removeprefix(_TASKS_MARK)) if reports else None
 
 
 #: Seconds a child process may take to import a job's env module and check its options.
@@ -292,15 +363,19 @@ ENV_CHECK_SECONDS = 120
 def _check_sft(config: Mapping[str, Any]) -> None:
     """The config as ``agentgym sft`` parses it, then the command's own checks of its options.
 
-    The model and the env's tasks are left to the worker: building them costs a model load.
+    The model is left to the worker (a model load); the env is built once when ``tasks``
+    names a range, which must lie inside its tasks.
     """
     from agentgym.trainers._sft_cli import check_options
 
     _check_keys("sft", config, _SFT_RESERVED)
     params = _parse("sft", _sft_args(config, Path("unused"))).params
     check_options(params)
-    if params["env"] is not None:
-        _check_env(params["env"], config.get("env_kwargs"))
+    env, tasks = params["env"], params["tasks"]
+    if env is not None:
+        count = _check_env(env, config.get("env_kwargs"), count_tasks=tasks is not None)
+        if tasks is not None and count is not None:
+            tasks_of_env(tasks, env, count)  # the command's own refusal
 
 
 def _check_keys(name: str, config: Mapping[str, Any], reserved: frozenset[str]) -> None:
@@ -346,4 +421,6 @@ def _check_train(config: Mapping[str, Any]) -> None:
     except ImportError:  # the train extra is missing: the worker will say so
         return
     cfg = GRPOConfig.from_dict(config)
-    _check_env(cfg.env, cfg.run_env_kwargs)
+    # the split the trainer's pre-flight makes of the env's tasks (ranges past its last
+    # task, too few tasks for a step), on the env built once
+    cfg.task_split(_check_env(cfg.env, cfg.run_env_kwargs, count_tasks=True))

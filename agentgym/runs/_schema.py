@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
+from agentgym._errors import ConfigError
+
 metadata = sa.MetaData()
 
 schema_version = sa.Table(
@@ -66,8 +68,21 @@ MIGRATIONS: list[Callable[[sa.Connection], None]] = [_v1_runs]
 _PG_LOCK_KEY = 0x61676D72  # "agmr": serialises concurrent migrations on PostgreSQL
 
 
+class NewerDatabaseError(ConfigError, RuntimeError):
+    """The database's schema is newer than this code knows: upgrade agentgym.
+
+    A `ConfigError` (the CLI prints one line, exit 2); a `RuntimeError` too, as it was raised
+    before, so that code catching that still does.
+    """
+
+
 def migrate(engine: sa.Engine) -> int:
-    """Apply the missing steps of `MIGRATIONS`; returns the schema version now in place."""
+    """Apply the missing steps of `MIGRATIONS`; returns the schema version now in place.
+
+    Raises:
+        NewerDatabaseError: the database is newer than this code (a newer agentgym migrated
+            it); the user's to fix (upgrade), so one line and exit 2, not a traceback.
+    """
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
@@ -77,9 +92,11 @@ def migrate(engine: sa.Engine) -> int:
             conn.execute(schema_version.insert().values(version=0))
             current = 0
         if current > len(MIGRATIONS):
-            raise RuntimeError(
-                f"the run database has schema version {current}, newer than this agentgym "
-                f"knows ({len(MIGRATIONS)}); upgrade agentgym"
+            shown = engine.url.render_as_string(hide_password=True)
+            raise NewerDatabaseError(
+                f"the runs database {shown} has schema version {current}, newer than this "
+                f"agentgym knows ({len(MIGRATIONS)}); upgrade agentgym, or use another "
+                "--db / $AGENTGYM_RUNS_DB"
             )
         for step in MIGRATIONS[current:]:
             step(conn)
