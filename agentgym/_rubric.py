@@ -215,9 +215,10 @@ class Rubric:
                     errors[name] = "".join(traceback.format_exception(original(failure)))
                     warn_once(  # Gymnasium's step returns a number whatever happens: say it once
                         log, "reward", _said_once_key(name, fn),
-                        "reward function %r raised %s; its episodes are 'error', not scored "
-                        "(full traceback in info['reward_errors'] and Trajectory.error; said "
-                        "once)", name, describe_failure(failure),
+                        "reward function %r raised %s; its episodes are 'error', its score "
+                        "None, and they count with the reward the other functions gave (full "
+                        "traceback in info['reward_errors'] and Trajectory.error; said once)",
+                        name, describe_failure(failure),
                     )  # fmt: skip
                     continue
                 scores[name] = value

@@ -109,7 +109,7 @@ def _print_plan(cfg: Any, resume: bool) -> None:
     width = max(len(what) for what, _ in rows)
     for what, how in rows:
         console.print(f"{what:<{width}}  {how}", soft_wrap=True)
-    console.print("dry run: every check passed; nothing was loaded, trained or written")
+    console.print("dry run: every check passed; nothing was trained and no run folder written")
 
 
 def export(

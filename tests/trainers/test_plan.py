@@ -143,8 +143,8 @@ def test_the_cli_prints_the_plan_or_one_line_naming_the_fix(tmp_path: Path) -> N
     ok = _dry_run(path)
     assert ok.returncode == 0, ok.stderr
     assert "each step    4 tasks x 8 generations = 32 episodes" in ok.stdout
-    assert ok.stdout.rstrip().endswith("dry run: every check passed; nothing was loaded, "
-                                       "trained or written")  # fmt: skip
+    assert ok.stdout.rstrip().endswith("dry run: every check passed; nothing was trained and "
+                                       "no run folder written")  # fmt: skip
     assert not (tmp_path / "run").exists()
 
     typo = _dry_run(path, "env=calculater")
