@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,11 @@ DEFAULT_IMAGE = "agentgym-sandbox:py3"
 MIN_MEM_MB = 64  # the code server + verify's runner + pytest, with room to spare
 MAX_TIMEOUT_S = 7 * 86400.0  # what a call's timeout may be (_protocol.check_timeout)
 MIN_PIDS = 16  # keeper, server, kernel, a call's child and grandchild, runner, judge, factory
+MIN_NOFILE = 32  # measured: no container started at 10 files, verify's pytest failed at 16
+MIN_CPUS = 0.01  # Docker's smallest CPU quota
+MAX_PIDS = 4 * 1024 * 1024  # the kernel's PID_MAX_LIMIT: the cgroup's pids.max refuses more
+MAX_ID = 2**31 - 1  # Docker: "uids and gids must be in range 0-2147483647"
+MAX_MIB = (2**63 - 1) >> 20  # Docker takes these sizes as int64 bytes
 
 @dataclass(frozen=True)
 class DockerSandboxConfig:
@@ -107,7 +113,8 @@ class DockerSandboxConfig:
         # Below these the harness itself cannot run (the code server, verify's runner, judge
         # and factory, pytest): every sample then fails as the code's doing, reward 0, not
         # infra_error (measured: pytest mode failed at 32 MiB, verify at 6 pids).
-        for name, least in (("mem_limit_mb", MIN_MEM_MB), ("pids_limit", MIN_PIDS)):
+        for name, least in (("mem_limit_mb", MIN_MEM_MB), ("pids_limit", MIN_PIDS),
+                            ("nofile", MIN_NOFILE)):
             if getattr(self, name) < least:
                 raise ConfigError(f"{name} must be >= {least}, got {getattr(self, name)!r}: "
                                   "below that the sandbox's own server and verify's runner "
@@ -121,6 +128,7 @@ class DockerSandboxConfig:
         if self.code_uid <= 0 or self.keeper_uid <= 0:
             raise ConfigError(f"code_uid and keeper_uid must be non-root (> 0), got "
                               f"{self.code_uid} and {self.keeper_uid}")
+        self._check_docker_ranges()
         if self.code_uid == self.keeper_uid:
             raise ConfigError(f"code_uid and keeper_uid must differ (both {self.code_uid}): "
                               "otherwise the code can kill the keeper")
@@ -152,6 +160,26 @@ class DockerSandboxConfig:
         if self.default_timeout > MAX_TIMEOUT_S:
             raise ConfigError(f"default_timeout must be <= {MAX_TIMEOUT_S:g} s (a week), got "
                               f"{self.default_timeout!r}")
+
+    def _check_docker_ranges(self) -> None:
+        """Refuse values that Docker, runc or the kernel refuse at every container start.
+
+        Why up front: ``cpus=0.005``, ``code_uid=2**32 + 5`` or ``pids_limit=2**62`` passed
+        here, the trainer's preflight passed, and then every container start failed with a
+        raw runc error of 500 characters: every episode an ``infra_error``.
+        """
+        if self.cpus < MIN_CPUS:
+            raise ConfigError(f"cpus must be >= {MIN_CPUS} (Docker's smallest CPU quota), got "
+                              f"{self.cpus!r}")
+        for name, most, why in (
+                ("pids_limit", MAX_PIDS, "the kernel's largest pid limit"),
+                ("code_uid", MAX_ID, "Docker's largest uid"),
+                ("keeper_uid", MAX_ID, "Docker's largest uid"),
+                *((name, MAX_MIB, "Docker takes it as 64-bit bytes")
+                  for name in ("mem_limit_mb", "fsize_mb", "shm_size_mb"))):
+            if getattr(self, name) > most:
+                raise ConfigError(f"{name} must be <= {most} ({why}), got "
+                                  f"{getattr(self, name)!r}")
 
     def _check_import_paths(self) -> None:
         """Refuse a PYTHONPATH (or PYTHONHOME) into a folder the code can write.
@@ -189,15 +217,27 @@ class DockerSandboxConfig:
         return dataclasses.replace(self, **changes)
 
 
-def check_image(image: object) -> str:
-    """``image`` if it is a non-empty image reference without whitespace, else a `ConfigError`.
+# Docker's image reference grammar (distribution/reference): [host[:port]/]path[:tag][@digest]
+_HOST_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_DOMAIN = rf"(?:{_HOST_PART}(?:\.{_HOST_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = re.compile(
+    rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
 
-    Why up front: ``image=3`` or ``""`` was taken as it was and failed only when the first
-    container was created, for a bare sandbox as an ``infra_error`` of its first call.
+
+def check_image(image: object) -> str:
+    """``image`` if it is a Docker image reference, else a `ConfigError`.
+
+    Why up front: ``image=3``, ``""`` or ``"UPPER/Case:x"`` was taken as it was and failed
+    only when the first container was created, for a bare sandbox as an ``infra_error`` of
+    its first call.
     """
-    if not isinstance(image, str) or not image or image != image.strip() or " " in image:
-        raise ConfigError(f"image must be a Docker image reference such as {DEFAULT_IMAGE!r}, "
-                          f"got {image!r}")
+    if not isinstance(image, str) or not IMAGE_REFERENCE.fullmatch(image):
+        raise ConfigError(f"image must be a Docker image reference such as {DEFAULT_IMAGE!r} "
+                          "([host[:port]/]lowercase/path[:tag][@digest]), got "
+                          f"{image!r:.200}")
     return image
 
 

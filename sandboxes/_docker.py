@@ -140,6 +140,7 @@ class DockerSandbox(SandboxBase):
         cfg = self.config
         if self._client is None:
             self._client = self.host.connect()
+        self._remove_left_behind()  # its daemon answers again
         loosened = cfg.loosened()
         if loosened:
             log.warning("sandbox hardening loosened explicitly: %s", ", ".join(loosened))
@@ -157,7 +158,9 @@ class DockerSandbox(SandboxBase):
         try:
             container.start()
         except Exception as exc:
-            self.close()
+            # removed, not closed: closing refused every later call of a sandbox the user
+            # never closed, after one passing daemon failure
+            self._remove_container()
             raise SandboxError(f"cannot start a container from {self.image!r}: {exc}") from exc
 
     def _open_server(self, wipe: bool) -> None:
@@ -219,7 +222,8 @@ class DockerSandbox(SandboxBase):
         self.interrupt()
         with self._lock:
             self._remove_container()
-            _reap.untrack(self)
+            if self.left_behind is None:  # else the exit hook's close tries it again
+                _reap.untrack(self)
 
     def _refuse_if_closed(self, what: str) -> None:
         if self._closed:
@@ -232,8 +236,12 @@ class DockerSandbox(SandboxBase):
             self._channel = None
 
     def _remove_container(self) -> None:
-        """Close the channel and force-remove the container, if any (never raises)."""
+        """Close the channel and force-remove the container, if any (never raises).
+
+        A container an earlier removal left behind is tried again first.
+        """
         self._drop_channel()
+        self._remove_left_behind()
         container, self._container = self._container, None
         if container is not None:
             try:
@@ -242,6 +250,18 @@ class DockerSandbox(SandboxBase):
                 if not isinstance(exc, import_docker().errors.NotFound):
                     self.left_behind = container.id
                 log.debug("removing %s: %s", container.short_id, exc)
+
+    def _remove_left_behind(self) -> None:
+        """Remove the container `left_behind` names, once its daemon answers (never raises)."""
+        if self.left_behind is None or self._client is None:
+            return
+        try:
+            self._client.api.remove_container(self.left_behind, force=True)
+        except Exception as exc:
+            if not isinstance(exc, import_docker().errors.NotFound):
+                log.debug("removing %s again: %s", self.left_behind[:12], exc)
+                return
+        self.left_behind = None
 
     def interrupt(self) -> None:
         """Kill the code of the call running now, from outside, while that call holds the sandbox.
@@ -260,10 +280,10 @@ class DockerSandbox(SandboxBase):
 
     def _kill_this_call(self) -> None:
         """``kill -9 -1`` as the code uid from outside, for the call running now."""
+        self._killed = True  # seen by the call once its container started, if none yet
         container = self._container
         if container is None:
             return
-        self._killed = True
         self.needs_recycle = True
         uid = self.config.code_uid
         try:
@@ -314,22 +334,39 @@ class DockerSandbox(SandboxBase):
                "stdin": _b64(to_bytes(stdin)),
                "files": {p: _b64(to_bytes(c)) for p, c in (files or {}).items()}}
         started = time.monotonic()
-        with self._lock, running_call(self._kill_this_call):
-            self._refuse_if_closed("the call")
-            self._busy, self._killed = True, False
-            try:
-                self.start()
-                reply = self._open_channel().request(req, timeout + self.config.host_grace_s)
-            except ChannelDeadline:
-                return self._recover("timeout", started, timeout)
-            except ChannelClosed as exc:
-                return self._recover("closed", started, timeout, str(exc))
-            except Exception as exc:
-                self.needs_recycle = True
-                return ExecResult.infra_failure(f"sandbox: {type(exc).__name__}: {exc}",
-                                                time.monotonic() - started)
-            finally:
-                self._busy = False
+        too_large = _too_large(files, self.config)
+        if too_large:  # sent whole in one request, it took the code server's memory
+            return ExecResult("", f"sandbox: {too_large}\n", None, 0.0, ExecStatus.ERROR)
+        with self._lock:
+            self._killed = False  # before the call can be killed: a kill from now on is its
+            with running_call(self._kill_this_call):
+                return self._call_locked(req, timeout, started)
+
+    def _call_locked(self, req: dict[str, Any], timeout: float, started: float) -> ExecResult:
+        """`_call` holding the sandbox, its kill registered for a cancel or `close`."""
+        self._refuse_if_closed("the call")
+        self._busy = True
+        try:
+            self.start()
+            if self._killed:  # cancelled or closed while its container started
+                return ExecResult.infra_failure(
+                    "sandbox: the call was cancelled (or its sandbox closed) while the "
+                    "container started; no code ran", time.monotonic() - started)
+            reply = self._open_channel().request(req, timeout + self.config.host_grace_s)
+        except ChannelDeadline:
+            return self._recover("timeout", started, timeout)
+        except ChannelClosed as exc:
+            return self._recover("closed", started, timeout, str(exc))
+        except Exception as exc:
+            self.needs_recycle = True
+            return ExecResult.infra_failure(f"sandbox: {type(exc).__name__}: {exc}",
+                                            time.monotonic() - started)
+        except BaseException:  # Ctrl-C in a blocking call: the code must not run on,
+            self._kill_this_call()  # and the next call be blamed for its time
+            self._drop_channel()
+            raise
+        finally:
+            self._busy = False
         if "input_error" in reply:  # e.g. a file path outside the work dir: the caller's doing
             return ExecResult("", f"sandbox: {reply['input_error']}\n", None,
                               time.monotonic() - started, ExecStatus.ERROR)
@@ -367,6 +404,8 @@ class DockerSandbox(SandboxBase):
                 restarted = True
             except Exception as exc:
                 detail = f"{detail}; the server could not be restarted in it: {exc}"
+                # read again: a container being removed from outside still read "running"
+                running = self._still_running()
         if not restarted:
             try:
                 self._replace_container()
@@ -392,6 +431,13 @@ class DockerSandbox(SandboxBase):
             return False
         self._container.reload()
         return self._container.status == "running"
+
+    def _still_running(self) -> bool:
+        """`_container_running`, False when its state cannot be read (it is being removed)."""
+        try:
+            return self._container_running()
+        except Exception:
+            return False
 
     # -- state fork -------------------------------------------------------------------------
     def snapshot(self, timeout: float = 60.0) -> Snapshot:
@@ -425,6 +471,23 @@ class DockerSandbox(SandboxBase):
         if "server_error" in reply:
             raise SandboxError(f"{what} failed: {reply['server_error']}")
         return reply
+
+
+def _too_large(files: Files | None, cfg: DockerSandboxConfig) -> str | None:
+    """Why ``files`` cannot be sent, or None: a file over ``fsize_mb``, or all over the work dir.
+
+    Checked on the host: the server reads a call's files whole, and 100 MiB of them took its
+    memory; the call came back as the code's failure ("killed by the code?") with no code run.
+    """
+    sizes = {path: len(to_bytes(content) or b"") for path, content in (files or {}).items()}
+    for path, size in sizes.items():
+        if size > cfg.fsize_mb << 20:
+            return (f"file {path!r} is {size / 2**20:.1f} MiB, over the sandbox's largest file "
+                    f"(fsize_mb={cfg.fsize_mb}); send less, or raise fsize_mb")
+    if sum(sizes.values()) > cfg.workdir_size_mb << 20:
+        return (f"the files are {sum(sizes.values()) / 2**20:.1f} MiB in all, over the work "
+                f"dir's {cfg.workdir_size_mb} MiB (workdir_size_mb); send less, or raise it")
+    return None
 
 
 def _b64(data: bytes | None) -> str | None:

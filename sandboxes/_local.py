@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, cast
@@ -86,6 +87,11 @@ class LocalSandbox(SandboxBase):
             warnings.warn(WARNING, UserWarning, stacklevel=2)
         self.config = config or LocalSandboxConfig()
         self.workdir = tempfile.mkdtemp(prefix="agentgym-local-")
+        # A sandbox never closed (dropped, or passed inline as verify(..., sandbox=
+        # LocalSandbox())) left its work dir, with what the code wrote, in /tmp for good.
+        # The finalizer runs at garbage collection or at interpreter exit, holds no reference
+        # to the sandbox, and is what close() calls too.
+        self._remove_workdir = weakref.finalize(self, _remove_dir, self.workdir, os.getpid())
         self._closed = False
         self._running: set[int] = set()  # process groups of the calls running now
 
@@ -109,22 +115,29 @@ class LocalSandbox(SandboxBase):
         if self._closed:
             raise SandboxError("this LocalSandbox is closed (its work dir is deleted); make a "
                                "new LocalSandbox() for more calls")
-        for path, content in (files or {}).items():
-            self._write(path, to_bytes(content) or b"")
         started = time.monotonic()
-        pid: list[int] = []
-
-        def kill() -> None:  # this call's process group only: others may run beside it
-            if pid:
-                _kill_group(pid[0])
-
-        with running_call(kill):
-            proc = subprocess.Popen(
-                list(argv), cwd=self.workdir, env=self._env(), start_new_session=True,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                preexec_fn=self._limits(timeout),
-            )
-            pid.append(proc.pid)
+        for path in files or {}:
+            check_relative(path)
+        for path, content in (files or {}).items():
+            try:
+                self._write(path, to_bytes(content) or b"")
+            except (OSError, ValueError) as exc:  # too long a name, no space: DockerSandbox's
+                return _not_run(f"sandbox: cannot write {path!r}: {type(exc).__name__}: {exc}",
+                                started)
+        group = _CallGroup()
+        with running_call(group.kill):
+            try:
+                proc = subprocess.Popen(
+                    [str(a) for a in argv], cwd=self.workdir, env=self._env(),
+                    start_new_session=True,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    preexec_fn=self._limits(timeout),
+                )
+            except OSError as exc:  # no such command, not executable: the command's `error`
+                return _not_run(f"{exc.filename or argv[0]}: {exc.strerror}", started, 127)
+            except ValueError as exc:  # a NUL byte in argv
+                return _not_run(f"sandbox: cannot run {argv[0]!r:.80}: {exc}", started)
+            group.started(proc.pid)
             self._running.add(proc.pid)
             try:
                 _feed(proc, to_bytes(stdin) or b"")
@@ -162,10 +175,10 @@ class LocalSandbox(SandboxBase):
         """Kill the calls running now and delete the work dir; later calls raise `SandboxError`."""
         self._closed = True
         self.interrupt()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self._remove_workdir()
 
     def _write(self, path: str, content: bytes) -> None:
-        check_relative(path)
+        """Write one file of a call (``path`` checked by `check_relative` already)."""
         full = os.path.join(self.workdir, os.path.normpath(path))
         os.makedirs(os.path.dirname(full), exist_ok=True)
         with open(full, "wb") as fh:
@@ -189,6 +202,49 @@ class LocalSandbox(SandboxBase):
                 resource.setrlimit(which, (value, value))
 
         return apply
+
+
+class _CallGroup:
+    """The process group of one call, which a cancel may kill before it exists.
+
+    Why: ``CallToken.cancel`` can arrive while ``Popen`` still runs, before the pid is known;
+    a kill then found nothing and the cancelled ``arun`` waited for the code's whole
+    timeout. A kill that comes first is remembered and done as soon as the group exists.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._killed = False
+
+    def kill(self) -> None:
+        """Kill the group now, or as soon as `started` names it."""
+        with self._lock:
+            self._killed = True
+            if self._pid is not None:
+                _kill_group(self._pid)
+
+    def started(self, pid: int) -> None:
+        """The call's process (its group leader) exists; kill it if a kill came first."""
+        with self._lock:
+            self._pid = pid
+            if self._killed:
+                _kill_group(pid)
+
+
+def _not_run(why: str, started: float, exit_code: int | None = None) -> ExecResult:
+    """The `error` result of a call whose command never ran (DockerSandbox's wording)."""
+    return ExecResult("", why + "\n", exit_code, time.monotonic() - started, ExecStatus.ERROR)
+
+
+def _remove_dir(path: str, owner_pid: int) -> None:
+    """Delete a sandbox's work dir, but only in the process that made it.
+
+    Why the pid: a forked child inherits the finalizer and would delete the parent's dir
+    when it exits.
+    """
+    if os.getpid() == owner_pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:

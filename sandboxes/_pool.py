@@ -170,7 +170,11 @@ class SandboxPool:
         succeeded starts down (routed around) and joins when it answers a health check.
         """
         with self._start_lock:
-            return self._start_once()
+            try:
+                return self._start_once()
+            except BaseException:  # Ctrl-C midway (a notebook goes on): what it made is
+                self.close()  # removed, not left half-started (counted, never idle)
+                raise
 
     def _start_once(self) -> SandboxPool:
         if self._closed:  # before `_started`: a closed pool once started, and stays closed
@@ -181,6 +185,8 @@ class SandboxPool:
             problems = dict(zip(self._slots, connecting.map(self._connect_and_reap, self._slots)))
         self.stats.reap_removed = sum(slot.stats.reap_removed for slot in self._slots)
         problems.update(self._fill([slot for slot, p in problems.items() if p is None]))
+        if self._closed:  # `close` from another thread meanwhile: not a started pool
+            raise _closed_during_start()
         failed = {slot: p for slot, p in problems.items() if p is not None}
         if len(failed) == len(self._slots):
             self.close()
@@ -201,8 +207,11 @@ class SandboxPool:
             self._started = True
             for slot in slots:
                 slot.creating += slot.size
-        futures = {slot: [self._workers.submit(self._create, slot) for _ in range(slot.size)]
-                   for slot in slots}
+        try:
+            futures = {slot: [self._workers.submit(self._create, slot) for _ in range(slot.size)]
+                       for slot in slots}
+        except RuntimeError:  # `close` shut the workers down meanwhile
+            raise _closed_during_start() from None
         first_error: dict[HostSlot, BaseException | None] = {}
         for slot, created in futures.items():
             errors = [f.exception() for f in created if f.exception() is not None]
@@ -733,3 +742,8 @@ def _check_hosts(hosts: Sequence[DockerHost | str] | None, client: Any,
         raise ConfigError(f"Docker host names must be unique in a pool, got {names}: "
                           "set DockerHost(name=...)")
     return targets
+
+
+def _closed_during_start() -> SandboxError:
+    """A `close` from another thread won over `SandboxPool.start`, which then refuses."""
+    return SandboxError("this sandbox pool was closed while it started; create a new SandboxPool")

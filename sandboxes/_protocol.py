@@ -242,15 +242,17 @@ def language_argv(language: str, code: str) -> list[str] | None:
 MAX_TIMEOUT_S = 7 * 86400.0  # a week: past that, the platform's clocks overflow (inf did)
 
 
-def check_timeout(timeout: Any, what: str = "timeout") -> float:
-    """``timeout`` as seconds; `ConfigError` unless it is a number in (0, MAX_TIMEOUT_S].
+def check_timeout(timeout: Any, what: str = "timeout", most: float = MAX_TIMEOUT_S) -> float:
+    """``timeout`` as seconds; `ConfigError` unless it is a number in (0, most].
 
     Why: nan or inf reached the server and came back as an ``infra_error`` (the caller's
-    mistake scored as the sandbox's), a negative one as the code's ``timeout``.
+    mistake scored as the sandbox's), a negative one as the code's ``timeout``. ``most`` is
+    lower where a caller adds time of its own (verify's runner slack), so the error names
+    the caller's own argument and limit.
     """
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not (
-            0 < float(timeout) <= MAX_TIMEOUT_S):
-        raise ConfigError(f"{what} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}, "
+            0 < float(timeout) <= most):
+        raise ConfigError(f"{what} must be a number of seconds > 0 and <= {most:g}, "
                           f"got {timeout!r}")
     return float(timeout)
 
@@ -261,16 +263,19 @@ def check_call_args(what: str, code: Any, stdin: Any, files: Any) -> None:
     Why: code that is not text came back from the container as an ``infra_error`` (the
     caller's mistake scored as the sandbox's, and the sandbox recycled); an argv given as one
     string ran its first letter; ``stdin`` or a file's content that is not text or bytes
-    raised a bare ``TypeError``.
+    raised a bare ``TypeError``. Text that cannot be UTF-8 (a lone surrogate) raised a bare
+    ``UnicodeEncodeError`` on both backends. (argv items that are not strings, a `Path`, a
+    number, run as their ``str`` on both.)
     """
     if what == "code" and not isinstance(code, str):
         raise ConfigError(f"code must be a str (the source to run), got {type(code).__name__}")
-    if what == "argv" and (isinstance(code, (str, bytes)) or not isinstance(code, Sequence)
-                           or not code):
-        raise ConfigError(f"argv must be a non-empty list of strings such as ['ls', '-la'], "
-                          f"got {code!r:.80}")
+    if what == "argv":
+        if isinstance(code, (str, bytes)) or not isinstance(code, Sequence) or not code:
+            raise ConfigError(f"argv must be a non-empty list of strings such as ['ls', '-la'], "
+                              f"got {code!r:.80}")
     if stdin is not None and not isinstance(stdin, (str, bytes)):
         raise ConfigError(f"stdin must be str, bytes or None, got {type(stdin).__name__}")
+    _check_utf8("stdin", stdin)
     if files is not None:
         if not isinstance(files, Mapping):
             raise ConfigError(f"files must map relative paths to str or bytes, got "
@@ -279,6 +284,17 @@ def check_call_args(what: str, code: Any, stdin: Any, files: Any) -> None:
             if not isinstance(path, str) or not isinstance(content, (str, bytes)):
                 raise ConfigError(f"files[{path!r}] must be str or bytes under a str path, got "
                                   f"{type(content).__name__}")
+            _check_utf8(f"files[{path!r:.60}]", content)
+
+
+def _check_utf8(what: str, data: str | bytes | None) -> None:
+    """`ConfigError` for text that has no UTF-8 form (a lone surrogate, e.g. U+DCFF)."""
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"{what} is not valid Unicode text ({exc.reason} at position "
+                              f"{exc.start}); pass bytes for binary data") from None
 
 
 def check_relative(path: str) -> None:

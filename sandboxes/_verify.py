@@ -21,7 +21,7 @@ from typing import Any, Literal
 from agentgym._errors import ConfigError
 
 from ._pool import SandboxPool
-from ._protocol import Sandbox, check_timeout
+from ._protocol import MAX_TIMEOUT_S, Sandbox, check_timeout
 from ._result import ExecResult, ExecStatus
 
 VerifyMode = Literal["assert", "stdio", "pytest"]
@@ -88,7 +88,10 @@ def _payload(code: str, tests: Any, mode: str, per_test_timeout: float,
     if not tests:
         raise ConfigError("verify needs at least one test")
     per_test_timeout = check_timeout(per_test_timeout, "per_test_timeout")
-    total_timeout = check_timeout(total_timeout, "total_timeout")
+    # The call gets total_timeout + RUNNER_SLACK_S, which must itself be a valid timeout:
+    # checked against MAX_TIMEOUT_S, a week was refused with an error about a `timeout` of
+    # 604805 that the caller never passed.
+    total_timeout = check_timeout(total_timeout, "total_timeout", MAX_TIMEOUT_S - RUNNER_SLACK_S)
     if not isinstance(code, str):
         raise ConfigError(f"code must be a str (the candidate's source), got "
                           f"{type(code).__name__}")

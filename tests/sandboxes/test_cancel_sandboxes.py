@@ -111,3 +111,147 @@ async def test_a_lease_cancelled_while_restoring_its_snapshot_returns_the_sandbo
     finally:
         await asyncio.to_thread(pool.close)
     assert pool_containers(pool) == []
+
+
+# --- a probe's findings: the first call's start, Ctrl-C, a container removed from outside ----
+
+
+async def test_a_first_call_cancelled_while_its_container_starts_runs_no_code(docker_ready):
+    """The kill found no container yet and was lost: the call went on to run its code to the
+    end (``wait_for(arun(sleep 20), 0.05)`` returned after 20 s)."""
+    sandbox = DockerSandbox()
+    gate = Gate()
+    sandbox._create_container = gate.wrap(sandbox._create_container)
+    try:
+        started = asyncio.get_running_loop().time()
+        await gate.cancel(asyncio.create_task(sandbox.arun("import time; time.sleep(20)")))
+        assert asyncio.get_running_loop().time() - started < 15
+        after = await sandbox.arun("print('next')")  # the sandbox serves the next call
+        assert (after.status.value, after.stdout) == ("ok", "next\n")
+    finally:
+        await asyncio.to_thread(sandbox.close)
+
+
+async def test_close_while_the_first_call_starts_its_container_ends_that_call(docker_ready):
+    """``close`` waited for the call, which then ran ``ok``; its outcome is infra_error now."""
+    sandbox = DockerSandbox()
+    gate = Gate()
+    sandbox._create_container = gate.wrap(sandbox._create_container)
+    call = asyncio.create_task(sandbox.arun("import time; time.sleep(20); print('ran')"))
+    await gate.reached.wait()
+    closing = asyncio.create_task(asyncio.to_thread(sandbox.close))
+    while not sandbox._closed:  # close() marked it and tried to kill the call: let it go on
+        await asyncio.sleep(0)
+    gate.go.set()
+    result = await asyncio.wait_for(call, 60)
+    await closing
+    assert result.status.value == "infra_error" and "no code ran" in result.stderr
+    assert own_containers() == [] or all(c.id != sandbox.container_id for c in own_containers())
+
+
+def test_ctrl_c_in_a_blocking_call_kills_its_code(docker_ready):
+    """The interrupted code ran on in the container, and the next call waited for it (its
+    timeout then blamed on that call's code)."""
+    import time
+
+    with DockerSandbox() as sandbox:
+        sandbox.run("print('warm')")
+        real_request = sandbox._channel.request
+
+        def interrupted(*args, **kwargs):
+            real_request({"op": "exec", "argv": ["sh", "-c", "sleep 30 &"], "timeout": 5,
+                          "limit": 1000, "stdin": None, "files": {}}, 10)  # fmt: skip
+            raise KeyboardInterrupt  # as Ctrl-C lands while the call waits for its reply
+
+        sandbox._channel.request = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            sandbox.run("print('never')")
+        began = time.monotonic()
+        after = sandbox.exec(["sh", "-c", "ps -eo comm | grep -c '^sleep$' || true"], timeout=5)
+        assert after.status.value == "ok" and time.monotonic() - began < 5
+        assert after.stdout.strip() == "0"  # the code of the interrupted call is gone
+
+
+def test_a_container_removed_from_outside_mid_call_is_infrastructure(docker_ready, docker_client):
+    """``docker rm -f`` during a call was scored as the code's ``error`` (verify: reward 0.0)
+    when the container still read "running" while its removal ran."""
+    with DockerSandbox() as sandbox:
+        sandbox.run("print('warm')")
+        container = sandbox.container_id
+        remover = threading.Timer(1.0, lambda: docker_client.api.remove_container(
+            container, force=True))  # fmt: skip
+        remover.start()
+        result = sandbox.run("import time; time.sleep(30)", timeout=40)
+        remover.join()
+        assert result.status.value == "infra_error", result
+        assert sandbox.run("print(1)").stdout == "1\n"  # a new container serves the next call
+
+
+def test_a_file_larger_than_the_sandbox_takes_is_refused_before_it_is_sent(docker_ready):
+    """100 MiB of ``files`` took the code server's memory: the call came back as the code's
+    failure ("killed by the code?") and the Python session was lost, with no code run."""
+    with DockerSandbox() as sandbox:
+        sandbox.run("x = 42")
+        big = sandbox.run("print('ran')", files={"data.bin": b"\0" * (65 << 20)})
+        assert big.status.value == "error"
+        assert "'data.bin' is 65.0 MiB, over the sandbox's largest file (fsize_mb=64)" in big.stderr
+        assert sandbox.run("print(x)").stdout == "42\n"  # the session lives on
+
+
+def test_a_failed_container_start_neither_closes_the_sandbox_nor_leaks_it(
+    docker_ready, monkeypatch
+):
+    """One passing daemon failure (its start and remove both failing, as a restarting daemon
+    did) closed the sandbox for good, and the created container outlived close() and exit."""
+    import docker.models.containers as containers
+
+    def daemon_away(*args, **kwargs):
+        raise RuntimeError("simulated: daemon shutting down")
+
+    sandbox = DockerSandbox()
+    try:
+        with monkeypatch.context() as away:
+            away.setattr(containers.Container, "start", daemon_away)
+            away.setattr(containers.Container, "remove", daemon_away)
+            failed = sandbox.run("print(1)")
+            assert failed.status.value == "infra_error" and "shutting down" in failed.stderr
+            left = sandbox.left_behind
+            assert left is not None and left in [c.id for c in own_containers()]
+        assert sandbox.run("print(2)").stdout == "2\n"  # not closed: the next call runs
+        assert left not in [c.id for c in own_containers()]  # removed once the daemon answers
+    finally:
+        sandbox.close()
+
+
+def test_ctrl_c_in_a_pool_start_removes_what_it_made(docker_ready):
+    """A notebook's Ctrl-C left a half-started pool: containers running, none idle, every
+    lease waiting forever."""
+    pool = SandboxPool(size=1)
+    real_fill = pool._fill
+
+    def interrupted(slots):
+        real_fill(slots)
+        raise KeyboardInterrupt
+
+    pool._fill = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        pool.start()
+    assert pool.closed and pool_containers(pool) == []
+
+
+def test_close_during_a_pool_start_is_one_sandbox_error(docker_ready):
+    """It was ``RuntimeError: cannot schedule new futures after shutdown``, or a started pool
+    that was already closed."""
+    from agentgym import SandboxError
+
+    pool = SandboxPool(size=1)
+    real_fill = pool._fill
+
+    def closed_first(slots):
+        pool.close()
+        return real_fill(slots)
+
+    pool._fill = closed_first
+    with pytest.raises(SandboxError, match="closed while it started; create a new SandboxPool"):
+        pool.start()
+    assert pool_containers(pool) == []
