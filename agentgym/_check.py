@@ -203,7 +203,10 @@ class _Plays:
     """
 
     def __init__(self, sandboxes_ready: bool, seconds: float) -> None:
-        self.sandboxes_ready, self.seconds = sandboxes_ready, seconds
+        if not seconds > 0:  # nan too
+            raise ConfigError(f"episode_timeout must be a number of seconds > 0, got {seconds!r}")
+        # inf or 1e12 overflowed the thread join's clock: "check crashed" on every row
+        self.sandboxes_ready, self.seconds = sandboxes_ready, min(seconds, threading.TIMEOUT_MAX)
         self.hung: str | None = None
 
     def row(self, name: str, run: Row) -> Row:

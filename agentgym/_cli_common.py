@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -11,10 +13,24 @@ from rich.text import Text
 
 from ._errors import ConfigError
 
+
 #: Consoles that read no markup: what they print (templates, errors, paths) is the user's text,
 #: and a '[/INST]' in it would otherwise be a markup error. Styles are `rich.text.Text`.
+class PipedConsole(Console):
+    """A `Console` whose reader may go away: ``agentgym eval ... | head -1`` is not a failure.
+
+    Rich's default exits 1 when stdout's pipe closes: a finished eval was then recorded as a
+    crash (``failed``, exit 1, which a queue never retries) and its last lines were lost.
+    The rest of the output goes to /dev/null and the command ends as it would have.
+    """
+
+    def on_broken_pipe(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 console = Console(stderr=True, markup=False)
-stdout = Console(markup=False)
+stdout = PipedConsole(markup=False)
 
 
 def parse_template_kwargs(text: str | None) -> dict[str, Any]:

@@ -178,6 +178,7 @@ def evaluate(
     env_kwargs = parse_env_args(env_arg)
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
     check_policy_options(ctx)
+    out = out.expanduser()  # `--out=~/x`: bash leaves that "~" to us, as every reader takes it
     check_folder_can_be_made(out, "--out")
     refuse_another_kind_of_run(out, "eval", "--out")
     if policy is PolicyKind.openai:

@@ -358,6 +358,10 @@ def task_text(task: Any) -> str:
         return repr(task)
 
 
+#: The end of the largest task range taken (a list of its indices is 80 MB).
+MAX_TASKS = 10_000_000
+
+
 def tasks_of_env(spec: str, env_id: str, count: int) -> list[int]:
     """``--tasks`` indices (`parse_tasks`), refused in one line when they reach past the env's.
 
@@ -382,13 +386,19 @@ def parse_tasks(spec: str | list[int], name: str = "tasks") -> list[int]:
     if isinstance(spec, str):
         start, sep, stop = spec.partition(":")
         try:
-            indices = list(range(int(start), int(stop))) if sep else []
+            bounds = range(int(start), int(stop)) if sep else range(0)
         except ValueError:
-            indices = []
+            bounds = range(0)
+        if bounds.stop > MAX_TASKS:  # listed, 0:3000000000 took all memory
+            raise ConfigError(
+                f"{name}={spec!r} reaches past task {MAX_TASKS:,}, the most agentgym plays; "
+                "pick a range inside the env's tasks"
+            )
+        indices = list(bounds)
         if not sep or not indices:
             raise ConfigError(
                 f"{name}={spec!r} is not a non-empty 'start:stop' range of task indices; "
-                "write e.g. '100:600' or a list of indices"
+                "write e.g. '100:600'" + ("" if name.startswith("--") else " or a list of indices")
             )
     else:
         indices = [int(i) for i in spec]

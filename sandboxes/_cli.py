@@ -7,16 +7,18 @@ import time
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
+from agentgym._cli_common import PipedConsole
+from agentgym._errors import ConfigError
+
 from . import _reap
-from ._config import DEFAULT_IMAGE
+from ._config import DEFAULT_IMAGE, check_image
 
 app = typer.Typer(help="Build the sandbox image; list, prune and benchmark sandbox containers.",
                   no_args_is_help=True)
-console = Console(markup=False)  # errors and build logs are not markup
+console = PipedConsole(markup=False)  # errors and build logs are not markup
 
 
 class Method(enum.StrEnum):
@@ -42,6 +44,8 @@ def _client(host: str | None, cert_dir: str | None) -> object:
     """A client of the daemon the command looks at (`DockerHost` checks the address)."""
     from ._hosts import DockerHost
 
+    if cert_dir and not (host or "").startswith("tcp://"):  # it ended in docker's traceback
+        raise ConfigError("--cert-dir is for a tcp:// daemon: give --host tcp://HOST:2376 too")
     return DockerHost.parse({"url": host, "cert_dir": cert_dir} if cert_dir else host).connect()
 
 
@@ -57,6 +61,8 @@ def build(
     """Build the default sandbox image (python3 + pytest)."""
     from ._client import docker_client
     from ._image import build_image
+
+    check_image(tag)  # `--tag ""` built for a minute, then failed as infrastructure (exit 75)
 
     if if_missing:
         from ._client import import_docker

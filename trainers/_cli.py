@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 
-from agentgym._cli_common import key_value
+from agentgym._cli_common import PipedConsole, key_value
 from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._yaml import load_cli_value
 
-console = Console(markup=False)  # figures and paths, never markup
+console = PipedConsole(markup=False)  # figures and paths, never markup
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:

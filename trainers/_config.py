@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import os
 import typing
 import warnings
 from collections.abc import Mapping
@@ -576,6 +577,10 @@ class GRPOConfig:
             self.report_to = [name.strip() for name in self.report_to.split(",")]
         if self.report_to == []:
             self.report_to = ["none"]
+        if isinstance(self.output_dir, str) and self.output_dir.startswith("~"):
+            # `--set output_dir=~/runs/x` made a folder named "~" where the docs and every
+            # reader of a run (runs doctor, export) take "~" as home
+            self.output_dir = os.path.expanduser(self.output_dir)
         for rule in CONFIG_RULES:  # each raises ConfigError naming the fix, or warns
             rule(self)
         self._checked = self.to_dict()

@@ -34,6 +34,9 @@ LOWEST_LORA_RATE = 3e-6
 #: Seeds are below this: the trainer derives others from it (``seed * 1_000_003 + step *
 #: episodes_per_step`` in trainers/_grpo.py) that must fit torch's 64-bit seed.
 SEED_LIMIT = 2**31
+#: The most episodes of a task, or tasks, a step may take; and the most steps of a run.
+COUNT_LIMIT = 2**31 - 1
+STEP_LIMIT = 10**15
 #: Train tasks the SFT warm start holds back for validation when `sft_target_accuracy` is set:
 SFT_VALIDATION_TASKS = 128
 
@@ -85,6 +88,10 @@ def check_ranges(config: GRPOConfig) -> None:
         ("num_generations", config.num_generations >= 2,
          "GRPO compares episodes of a task; set it to 2 or more"),
         ("tasks_per_step", config.tasks_per_step >= 1, "set it to 1 or more"),
+        # a number past these passed the checks and crashed the plan (OverflowError) or ran
+        *((name, getattr(config, name) <= most, f"use at most {most:,}")
+          for name, most in (("num_generations", COUNT_LIMIT), ("tasks_per_step", COUNT_LIMIT),
+                             ("max_steps", STEP_LIMIT))),
         ("max_completion_length", config.max_completion_length >= 1, "set it to 1 or more"),
         ("max_episode_tokens",
          config.max_episode_tokens is None or config.max_episode_tokens >= 1,

@@ -71,7 +71,7 @@ def export_run(
         checkpoint = _checkpoint(Path(run_dir), step)
     adapter = checkpoint / "adapter"
     base = _base_model(adapter, base_model)
-    out = Path(out)
+    out = Path(out).expanduser()
     if out.exists():
         raise ConfigError(f"{out} already exists; export into a new folder (or remove it first)")
     if merge:  # the merged folder gets the base's tokenizer: one without a vocabulary wrote

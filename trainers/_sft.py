@@ -59,6 +59,8 @@ from agentgym._registry import made_for_a_command
 from agentgym.parsers import ToolCallParser
 from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
 
+from ._config_rules import SEED_LIMIT
+
 if TYPE_CHECKING:
     from agentgym.engine._render import ChatRenderer
 
@@ -114,8 +116,10 @@ class SFTConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"SFTConfig.{name} must be >= 1, got {value}")
-        if not self.lr > 0:
-            raise ConfigError(f"SFTConfig.lr must be > 0, got {self.lr}")
+        if not 0 < self.lr < math.inf:  # inf loaded the weights, then trained into nan
+            raise ConfigError(f"SFTConfig.lr must be a finite number > 0, got {self.lr}")
+        if not 0 <= self.seed < SEED_LIMIT:  # as train's: torch's generators take no more
+            raise ConfigError(f"SFTConfig.seed must be in [0, 2**31), got {self.seed}")
         if self.save_every < 0:
             raise ConfigError(f"SFTConfig.save_every must be >= 0 (0: no checkpoint), got "
                               f"{self.save_every}")  # fmt: skip

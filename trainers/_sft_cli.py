@@ -178,6 +178,7 @@ def sft(
     with `agentgym eval ENV --policy vllm --model-path OUT`.
     """
     _quiet_backends()
+    out = out.expanduser()  # `OUT=~/x` reaches us unexpanded from configs and `a=~/x` forms
     _check_out(out, resume)
     config = _sft_config(
         steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=method,

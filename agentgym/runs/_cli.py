@@ -16,10 +16,10 @@ from typing import Annotated, Any, NamedTuple, get_args
 
 import typer
 import yaml
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from agentgym._cli_common import PipedConsole
 from agentgym._env import message_text
 from agentgym._errors import ConfigError
 from agentgym._trajectory import Status, Trajectory
@@ -40,7 +40,7 @@ from ._queue import JobQueue
 from ._store import RunStatus, RunStore, agentgym_home, new_run_id, now_iso
 
 app = typer.Typer(help="List, show and compare indexed runs.", no_args_is_help=True)
-console = Console(markup=False)  # names, configs and log lines are the user's text
+console = PipedConsole(markup=False)  # names, configs and log lines are the user's text
 
 DbOption = Annotated[
     str | None,
@@ -55,7 +55,9 @@ _HEADLINE = ("reward/mean", "grpo/success", "reward/last", "sft/loss", "health/f
 @app.command("ls")
 def list_runs(
     db: DbOption = None,
-    limit: Annotated[int, typer.Option(min=1, help="Most rows shown, newest first.")] = 50,
+    limit: Annotated[
+        int, typer.Option(min=1, max=10**9, help="Most rows shown, newest first.")
+    ] = 50,
     status: Annotated[RunStatus | None, typer.Option(help="Only runs in this state.")] = None,
 ) -> None:
     """List runs, newest first (runs whose process died are marked `interrupted`)."""
