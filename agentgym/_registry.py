@@ -518,14 +518,15 @@ def _as_text_hint(adapter: TypeAdapter[Any], name: str, value: Any) -> str:
     return f"; to give it as text, quote it as JSON: --env-arg '{name}=\"{text}\"'"
 
 
-def _required_options(factory: Callable[..., Env]) -> set[str]:
+@functools.cache  # `make` runs for every env a rollout builds
+def _required_options(factory: Callable[..., Env]) -> frozenset[str]:
     """The keyword options ``factory``'s own signature has no default for."""
     fn = next(_constructors(factory))
     if fn is object.__init__:
-        return set()
+        return frozenset()
     params = list(inspect.signature(fn).parameters.values())[1 if inspect.isclass(factory) else 0:]
-    return {p.name for p in params if p.default is p.empty
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}  # fmt: skip
+    return frozenset(p.name for p in params if p.default is p.empty
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))  # fmt: skip
 
 
 #: Values a config file or the command line can hold; only these are type-checked.

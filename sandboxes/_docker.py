@@ -330,13 +330,13 @@ class DockerSandbox(SandboxBase):
         timeout = check_timeout(self.config.default_timeout if timeout is None else timeout)
         for path in files or {}:
             check_relative(path)
-        req = {**req, "timeout": timeout, "limit": self.config.output_limit_bytes,
-               "stdin": _b64(to_bytes(stdin)),
-               "files": {p: _b64(to_bytes(c)) for p, c in (files or {}).items()}}
-        started = time.monotonic()
-        too_large = _too_large(files, self.config)
+        contents = {p: to_bytes(c) or b"" for p, c in (files or {}).items()}
+        too_large = _too_large(contents, self.config)
         if too_large:  # sent whole in one request, it took the code server's memory
             return ExecResult("", f"sandbox: {too_large}\n", None, 0.0, ExecStatus.ERROR)
+        req = {**req, "timeout": timeout, "limit": self.config.output_limit_bytes,
+               "stdin": _b64(to_bytes(stdin)), "files": {p: _b64(c) for p, c in contents.items()}}
+        started = time.monotonic()
         with self._lock:
             self._killed = False  # before the call can be killed: a kill from now on is its
             with running_call(self._kill_this_call):
@@ -473,13 +473,13 @@ class DockerSandbox(SandboxBase):
         return reply
 
 
-def _too_large(files: Files | None, cfg: DockerSandboxConfig) -> str | None:
-    """Why ``files`` cannot be sent, or None: a file over ``fsize_mb``, or all over the work dir.
+def _too_large(contents: Mapping[str, bytes], cfg: DockerSandboxConfig) -> str | None:
+    """Why ``contents`` cannot be sent: a file over ``fsize_mb``, or all over the work dir.
 
     Checked on the host: the server reads a call's files whole, and 100 MiB of them took its
     memory; the call came back as the code's failure ("killed by the code?") with no code run.
     """
-    sizes = {path: len(to_bytes(content) or b"") for path, content in (files or {}).items()}
+    sizes = {path: len(content) for path, content in contents.items()}
     for path, size in sizes.items():
         if size > cfg.fsize_mb << 20:
             return (f"file {path!r} is {size / 2**20:.1f} MiB, over the sandbox's largest file "
