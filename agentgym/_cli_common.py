@@ -14,8 +14,6 @@ from rich.text import Text
 from ._errors import ConfigError
 
 
-#: Consoles that read no markup: what they print (templates, errors, paths) is the user's text,
-#: and a '[/INST]' in it would otherwise be a markup error. Styles are `rich.text.Text`.
 class PipedConsole(Console):
     """A `Console` whose reader may go away: ``agentgym eval ... | head -1`` is not a failure.
 
@@ -29,6 +27,8 @@ class PipedConsole(Console):
         os.dup2(devnull, sys.stdout.fileno())
 
 
+#: Consoles that read no markup: what they print (templates, errors, paths) is the user's text,
+#: and a '[/INST]' in it would otherwise be a markup error. Styles are `rich.text.Text`.
 console = Console(stderr=True, markup=False)
 stdout = PipedConsole(markup=False)
 

@@ -52,7 +52,7 @@ from ._policies import OpenAIPolicy, Policy, ScriptedPolicy, check_base_url
 from ._registry import made_for_a_command, resolve_id
 from ._rollout import rollout
 from ._summary import summarize
-from ._tasks import parse_tasks, tasks_digest
+from ._tasks import tasks_digest, tasks_of_env
 from ._trajectory import Trajectory, to_json_line
 from .runs._folder import refuse_another_kind_of_run
 
@@ -211,7 +211,7 @@ def evaluate(
                 "give it some, e.g. --env-arg num_tasks=N"
             )  # fmt: skip
         refuse_unready(probe, env_id)  # its sandboxes, before a model loads
-        chosen = _chosen_tasks(task_range, num_tasks, len(tasks))
+        chosen = _chosen_tasks(task_range, num_tasks, len(tasks), env_id)
         reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None
     finally:
         probe.close()
@@ -294,7 +294,9 @@ def _without_credentials(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
-def _chosen_tasks(task_range: str | None, num_tasks: int | None, available: int) -> list[int]:
+def _chosen_tasks(
+    task_range: str | None, num_tasks: int | None, available: int, env_id: str
+) -> list[int]:
     """The task indices to play: ``--tasks START:END``, else the first ``-n`` (all by default).
 
     ``-n`` beyond the env's tasks is a warning: ``-n 1000`` on a 100-task env played 100 and
@@ -304,14 +306,7 @@ def _chosen_tasks(task_range: str | None, num_tasks: int | None, available: int)
     if task_range is not None:
         if num_tasks is not None:
             raise ConfigError("give --tasks START:END or -n N, not both")
-        chosen = parse_tasks(task_range, "--tasks")
-        if max(chosen) >= available:
-            raise ConfigError(
-                f"--tasks {task_range} reaches task {max(chosen)}, but the env has {available} "
-                f"tasks (0:{available}); pick a range inside it, or give the env more tasks "
-                "with --env-arg"
-            )
-        return chosen
+        return tasks_of_env(task_range, env_id, available)
     if num_tasks is not None and num_tasks > available:
         console.print(
             f"warning: -n {num_tasks}, but the env has {available} tasks; playing all {available}",

@@ -124,7 +124,8 @@ def previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> li
         )
     saved_path = out / "run.json"
     saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
-    differ = sorted(k for k in run_config if k != TASKS_KEY and saved.get(k) != run_config[k])
+    differ = sorted(k for k in run_config if k != TASKS_KEY and saved.get(k) != run_config[k]
+                    and (k in saved or k not in RECORDED_LATER))  # fmt: skip
     if differ:
         changes = "; ".join(
             f"{k} {json.dumps(saved.get(k))} there, {json.dumps(run_config[k])} now" for k in differ
@@ -140,6 +141,10 @@ def previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> li
         write_jsonl(kept, results)
     return kept
 
+
+#: Keys ``run.json`` gained after runs were written without them: a run saved before then
+#: still resumes (its folder cannot say which server it used).
+RECORDED_LATER = frozenset({"base_url", "server", "router_url"})
 
 #: The key of ``run.json`` holding `agentgym._tasks.tasks_digest` of the tasks played.
 TASKS_KEY = "tasks_sha256"

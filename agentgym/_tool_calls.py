@@ -58,8 +58,13 @@ async def run_coroutine(
     start = clock()
     context = contextvars.copy_context()
     coro = fn(**kwargs)
-    if not inspect.iscoroutine(coro):  # a wrapper of an async function that ran it itself
-        return await coro if inspect.isawaitable(coro) else coro
+    if not inspect.isawaitable(coro):  # a wrapper of an async function that ran it itself
+        return coro
+    if not inspect.iscoroutine(coro):  # a Task or Future a wrapper returned: timed all the same
+        try:
+            return await asyncio.wait_for(coro, timeout)
+        except TimeoutError:
+            raise _timed_out(name, timeout, 0.0) from None
     try:
         signal = context.run(coro.send, None)
     except StopIteration as finished:  # the usual call: its one extra cost is a clock read

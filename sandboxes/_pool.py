@@ -170,15 +170,15 @@ class SandboxPool:
         succeeded starts down (routed around) and joins when it answers a health check.
         """
         with self._start_lock:
+            if self._closed:  # before `_started`: a closed pool once started, and stays closed
+                raise SandboxError("this sandbox pool was closed; create a new SandboxPool")
             try:
                 return self._start_once()
-            except BaseException:  # Ctrl-C midway (a notebook goes on): what it made is
-                self.close()  # removed, not left half-started (counted, never idle)
+            except BaseException:  # every host failed, or Ctrl-C midway (a notebook goes on):
+                self.close()  # what it made is removed, not left half-started (never idle)
                 raise
 
     def _start_once(self) -> SandboxPool:
-        if self._closed:  # before `_started`: a closed pool once started, and stays closed
-            raise SandboxError("this sandbox pool was closed; create a new SandboxPool")
         if self._started:
             return self
         with ThreadPoolExecutor(len(self._slots)) as connecting:  # a dead host costs a timeout
@@ -188,8 +188,7 @@ class SandboxPool:
         if self._closed:  # `close` from another thread meanwhile: not a started pool
             raise _closed_during_start()
         failed = {slot: p for slot, p in problems.items() if p is not None}
-        if len(failed) == len(self._slots):
-            self.close()
+        if len(failed) == len(self._slots):  # `start` closes the pool
             first = next(iter(failed.values()))
             raise SandboxError(f"sandboxes failed to start on every host ({self.size} asked): "
                                f"{first}") from first

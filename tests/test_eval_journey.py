@@ -146,7 +146,8 @@ def test_a_task_range_plays_exactly_those_tasks_and_resumes_only_them(tmp_path: 
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (["--tasks", "95:105"], "reaches task 104, but the env has 100 tasks (0:100)"),
+        (["--tasks", "95:105"],
+         "reaches task 104 but 'agentgym/Calculator-v0' has 100 tasks (0:100)"),
         (["--tasks", "40:45", "-n", "5"], "give --tasks START:END or -n N, not both"),
         (["--tasks", "7"], "is not a non-empty 'start:stop' range"),
     ],
@@ -343,3 +344,18 @@ def test_the_server_an_eval_sampled_on_is_recorded_without_its_credentials(
                                       "--api-key", KEY, "--resume"))  # fmt: skip
     assert elsewhere.returncode == 2 and "base_url" in one_error_line(elsewhere)
     assert _without_credentials("https://me:pw@host:8000/v1?key=pw") == "https://host:8000/v1"
+
+
+def test_a_run_saved_before_its_server_was_recorded_still_resumes(
+    tmp_path: Path, server: str
+) -> None:
+    """``run.json`` gained ``base_url``: a folder written without it refused every resume."""
+    args = openai(f"{server}/v1", "--model", SERVED, "--api-key", KEY)
+    assert run(tmp_path, *args).returncode == 0
+    saved = tmp_path / "out" / "run.json"
+    older = json.loads(saved.read_text())
+    del older["base_url"]
+    saved.write_text(json.dumps(older))
+    (tmp_path / "out" / "summary.json").unlink()  # killed before its summary: plays none again
+    again = run(tmp_path, *args, "--resume")
+    assert again.returncode == 0, again.stderr

@@ -246,3 +246,27 @@ def test_an_option_without_default_is_named_with_how_to_give_it(tmp_path: Path) 
     quoted = agentgym_cli(tmp_path, "check", "greeter:edges/Greeter-v0", "--env-arg",
                           'greeting="123"')  # fmt: skip
     assert quoted.returncode == 0, quoted.stderr
+
+
+def test_a_tool_that_returns_a_task_is_timed_as_a_coroutine_is() -> None:
+    """A wrapper returning ``asyncio.ensure_future(...)`` was awaited with no timeout."""
+
+    async def never() -> str:
+        await asyncio.Event().wait()  # never set: the hang under test
+        return "done"
+
+    def scheduled(city: str) -> Any:
+        return asyncio.ensure_future(never())
+
+    async def reference(city: str) -> str:
+        """Look a city up.
+
+        Args:
+            city: its name.
+        """
+        return city
+
+    functools.update_wrapper(scheduled, reference)
+    lookup = tool(scheduled, timeout=0.2)
+    assert lookup.is_async
+    assert reply_to(lookup, {"city": "x"}).startswith("Error: 'reference' timed out after 0.2 s")

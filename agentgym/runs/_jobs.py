@@ -421,6 +421,9 @@ def _check_train(config: Mapping[str, Any]) -> None:
     except ImportError:  # the train extra is missing: the worker will say so
         return
     cfg = GRPOConfig.from_dict(config)
-    # the split the trainer's pre-flight makes of the env's tasks (ranges past its last
-    # task, too few tasks for a step), on the env built once
-    cfg.task_split(_check_env(cfg.env, cfg.run_env_kwargs, count_tasks=True))
+    # ranges past the env's last task, split as the trainer's pre-flight splits them; built
+    # only for ranges given (an MCP env starts its servers to be built)
+    ranges = cfg.train_tasks is not None or cfg.eval_tasks is not None
+    count = _check_env(cfg.env, cfg.run_env_kwargs, count_tasks=ranges)
+    if ranges:
+        cfg.task_split(count)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -37,6 +38,11 @@ from ._store import RunStatus, RunStore, now_iso, process_alive
 from ._track import is_infra_failure
 
 log = logging.getLogger("agentgym.runs")
+
+
+#: How often a running queue looks for CLI runs whose process died (a query of the running
+#: rows and a pid check each).
+RECONCILE_EVERY_S = 5.0
 
 
 class JobQueue:
@@ -95,10 +101,13 @@ class JobQueue:
         """Start jobs as slots free up; with ``until_idle``, return once none is left."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        settled_at = -math.inf
         while not self._stopping:
             # CLI runs of this host whose process died become interrupted: a dashboard
             # following one streamed forever, and the API said "running", until a `runs ls`
-            self.store.reconcile()
+            if time.monotonic() - settled_at >= RECONCILE_EVERY_S:
+                self.store.reconcile()
+                settled_at = time.monotonic()
             self._forward_cancels()
             # count tasks, not processes: a job's process exists only once its task has run,
             # so counting processes claimed every queued job in one pass (`--parallel 1` ran

@@ -136,7 +136,13 @@ async def test_close_while_the_first_call_starts_its_container_ends_that_call(do
     """``close`` waited for the call, which then ran ``ok``; its outcome is infra_error now."""
     sandbox = DockerSandbox()
     gate = Gate()
-    sandbox._create_container = gate.wrap(sandbox._create_container)
+    real_create, made = sandbox._create_container, []
+
+    def create() -> None:
+        gate.wrap(real_create)()
+        made.append(sandbox.container_id)
+
+    sandbox._create_container = create
     call = asyncio.create_task(sandbox.arun("import time; time.sleep(20); print('ran')"))
     await gate.reached.wait()
     closing = asyncio.create_task(asyncio.to_thread(sandbox.close))
@@ -146,7 +152,7 @@ async def test_close_while_the_first_call_starts_its_container_ends_that_call(do
     result = await asyncio.wait_for(call, 60)
     await closing
     assert result.status.value == "infra_error" and "no code ran" in result.stderr
-    assert own_containers() == [] or all(c.id != sandbox.container_id for c in own_containers())
+    assert made[0] is not None and made[0] not in [c.id for c in own_containers()]
 
 
 def test_ctrl_c_in_a_blocking_call_kills_its_code(docker_ready):
