@@ -89,3 +89,17 @@ ChatTemplateKwargsOption = Annotated[
 ]
 #: ``--env-arg key=value``, as each command that builds an env takes it.
 EnvArgOption = Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")]
+
+
+#: Control characters (C0, DEL, C1) but newline and tab, each to its ``\\xNN`` escape.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
+def visible(text: str) -> str:
+    r"""``text`` with its control characters shown as ``\xNN`` (newlines and tabs kept).
+
+    Why: names, log lines and above all a model's output are other people's text; printed
+    raw, an escape sequence in them clears the screen, hides text or writes the clipboard
+    (OSC 52) of whoever reads them.
+    """
+    return text.translate(_CONTROLS)

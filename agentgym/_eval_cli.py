@@ -20,7 +20,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ._check import refuse_unready
-from ._cli_common import EnvArgOption, console, parse_env_args, parse_template_kwargs, stdout
+from ._cli_common import (
+    EnvArgOption,
+    console,
+    parse_env_args,
+    parse_template_kwargs,
+    stdout,
+    visible,
+)
 from ._durable import check_folder_can_be_made
 from ._errors import ConfigError, Error, InfraError
 from ._eval_engine import (
@@ -465,7 +472,7 @@ def _last_line(text: str | None) -> str:
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
-    table = Table("metric", "value", title=f"{summary['env']} ({summary['policy']})")
+    table = Table("metric", "value", title=visible(f"{summary['env']} ({summary['policy']})"))
     for key, value in summary.items():
         if key in ("env", "policy", "model", "findings"):
             continue
@@ -475,4 +482,5 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
     for finding in summary.get("findings", []):  # docs/troubleshooting.md#<rule>
         console.print(f"health [{finding['rule']}] {finding['title']}: {finding['evidence']}\n"
                       f"    fix: {finding['fix']}", style="yellow", soft_wrap=True)  # fmt: skip
-    console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}", soft_wrap=True)
+    console.print(visible(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}"),
+                  soft_wrap=True, highlight=False)  # fmt: skip

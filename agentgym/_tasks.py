@@ -362,6 +362,22 @@ def task_text(task: Any) -> str:
 MAX_TASKS = 10_000_000
 
 
+def check_num_tasks(num_tasks: int | None, *, none_ok: bool) -> None:
+    """Refuse an env's ``num_tasks`` that would give it no tasks, or that is not a count.
+
+    Why: ``--env-arg num_tasks=-5`` made an env of no tasks (``range`` and slicing take it),
+    which a run then reported far from the option that caused it.
+    ``none_ok``: the env reads None as "all of them".
+    """
+    if num_tasks is None and none_ok:
+        return
+    if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
+        also = " or None (all)" if none_ok else ""
+        raise ConfigError(f"num_tasks must be an int >= 1{also}, got {num_tasks!r}")
+    if num_tasks is not None and num_tasks > MAX_TASKS:  # a generated list that size: all memory
+        raise ConfigError(f"num_tasks {num_tasks:,} is more than agentgym plays ({MAX_TASKS:,})")
+
+
 def tasks_of_env(spec: str, env_id: str, count: int) -> list[int]:
     """``--tasks`` indices (`parse_tasks`), refused in one line when they reach past the env's.
 

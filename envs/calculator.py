@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentgym import ConfigError, Rubric, ToolCall, ToolEnv, tool
+from agentgym._tasks import check_num_tasks
 
 _OPS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add,
@@ -79,8 +80,9 @@ def make_tasks(num_tasks: int, seed: int) -> list[dict[str, Any]]:
     agree.
 
     Raises:
-        ConfigError: more tasks than `MAX_TASKS`.
+        ConfigError: no tasks, or more than `MAX_TASKS`.
     """
+    check_num_tasks(num_tasks, none_ok=False)
     if num_tasks > MAX_TASKS:
         raise ConfigError(
             f"calculator has {MAX_TASKS} distinct problems; ask for num_tasks <= {MAX_TASKS}, "

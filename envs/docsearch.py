@@ -19,7 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym import ConfigError, Rubric, ToolCall, ToolEnv, tool
+from agentgym import Rubric, ToolCall, ToolEnv, tool
+from agentgym._tasks import check_num_tasks
 
 MODULES = (
     "base64", "binascii", "bisect", "calendar", "collections", "copy", "datetime", "difflib",
@@ -177,8 +178,7 @@ class DocSearchEnv(ToolEnv):
     """
 
     def __init__(self, num_tasks: int | None = None, seed: int = 0, **kwargs: Any) -> None:
-        if num_tasks is not None and num_tasks < 1:
-            raise ConfigError(f"num_tasks must be >= 1 or None, got {num_tasks}")
+        check_num_tasks(num_tasks, none_ok=True)
         kwargs.setdefault("max_turns", 6)
         kwargs.setdefault(
             "system_prompt",

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentgym import Rubric, ToolCall, ToolError
+from agentgym._tasks import check_num_tasks
 from agentgym.mcp import MCPServer, MCPToolEnv
 
 _NAMES = ("groceries", "todo", "ideas", "meeting", "books", "travel", "gifts", "recipes")
@@ -72,6 +73,7 @@ def notes_server() -> Any:
 
 def make_tasks(num_tasks: int, seed: int) -> list[dict[str, Any]]:
     """``num_tasks`` save-this-note tasks; the same seed always gives the same list."""
+    check_num_tasks(num_tasks, none_ok=False)
     rng = random.Random(seed)
     tasks = []
     for _ in range(num_tasks):

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from agentgym import ConfigError, Rubric, SandboxError, ToolCall
-from agentgym._tasks import Split, TaskSource, load_tasks, select_split
+from agentgym._tasks import Split, TaskSource, check_num_tasks, load_tasks, select_split
 from agentgym.sandboxes import DEFAULT_IMAGE, Sandbox, SandboxToolEnv, averify
 
 from .humaneval import extract_code, has_code_block, hidden_tests, load_problems, run_python_for
@@ -136,8 +136,7 @@ class PythonCodeEnv(SandboxToolEnv):
     ) -> None:
         if reward not in ("fraction", "all"):
             raise ConfigError(f"reward must be 'fraction' or 'all', got {reward!r}")
-        if num_tasks is not None and num_tasks < 1:
-            raise ConfigError(f"num_tasks must be >= 1 or None, got {num_tasks}")
+        check_num_tasks(num_tasks, none_ok=True)
         if per_test_timeout <= 0:
             raise ConfigError(f"per_test_timeout must be > 0, got {per_test_timeout}")
         loaded = humaneval_tasks() if tasks is None else load_tasks(tasks, fields=fields)

@@ -65,6 +65,14 @@ class LocalSandboxConfig:
                 raise ConfigError(f"{name} must be a whole number > 0, got {value!r}")
         check_timeout(self.default_timeout, "default_timeout")  # nan, inf: every call refused
 
+    def limits_text(self) -> str:
+        """The rlimits as the config names them, for an error about them."""
+        return ", ".join(f"{name}={getattr(self, name)}" for name in _RLIMIT_FIELDS)
+
+
+#: The fields that become a child's rlimits (`LocalSandbox._limits`).
+_RLIMIT_FIELDS = ("mem_limit_mb", "fsize_mb", "nofile", "nproc")
+
 
 class LocalSandbox(SandboxBase):
     r"""Runs code in a child process on this machine. It is NOT a security boundary.
@@ -137,6 +145,12 @@ class LocalSandbox(SandboxBase):
                 return _not_run(f"{exc.filename or argv[0]}: {exc.strerror}", started, 127)
             except ValueError as exc:  # a NUL byte in argv
                 return _not_run(f"sandbox: cannot run {argv[0]!r:.80}: {exc}", started)
+            except subprocess.SubprocessError:  # `_limits` raised in the child: it says no more
+                raise ConfigError(
+                    f"LocalSandbox cannot set its limits ({self.config.limits_text()}): one is "
+                    "over this machine's hard limit (`ulimit -Ha`); lower it in "
+                    "LocalSandboxConfig"
+                ) from None
             group.started(proc.pid)
             self._running.add(proc.pid)
             try:

@@ -91,3 +91,13 @@ def test_an_out_given_as_tilde_slash_is_under_home(tmp_path: Path) -> None:
     proc = agentgym("eval", "calculator", "-n", "1", "--out=~/ev", cwd=tmp_path, home=home)
     assert proc.returncode == 0, proc.stderr
     assert (home / "ev" / "summary.json").is_file() and not (tmp_path / "~").exists()
+
+
+def test_an_out_folder_named_with_escapes_is_printed_with_them_shown(tmp_path: Path) -> None:
+    """Its name went to the terminal raw: OSC 52 in it writes the reader's clipboard."""
+    name = "ev\x1b]52;c;aGk=\x07"
+    proc = agentgym("eval", "calculator", "-n", "1", "--out", name, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stderr + proc.stdout and "\x07" not in proc.stderr
+    assert "ev\\x1b]52;c;aGk=\\x07/trajectories.jsonl" in proc.stderr
+    assert (tmp_path / name / "summary.json").is_file()

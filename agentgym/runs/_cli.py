@@ -19,7 +19,7 @@ import yaml
 from rich.table import Table
 from rich.text import Text
 
-from agentgym._cli_common import PipedConsole
+from agentgym._cli_common import PipedConsole, visible
 from agentgym._env import message_text
 from agentgym._errors import ConfigError
 from agentgym._trajectory import Status, Trajectory
@@ -91,10 +91,10 @@ def show_run(
         table.add_row(_text(key), _text(value))
     console.print(table)
     config = yaml.safe_dump(run["config"], sort_keys=False).rstrip()
-    console.print(_visible(config), highlight=False)
+    console.print(visible(config), highlight=False)
     if run["error_tail"]:
         console.print(Text("last log lines:", style="red"))
-        console.print(_visible(run["error_tail"]), highlight=False)
+        console.print(visible(run["error_tail"]), highlight=False)
 
 
 @app.command("compare")
@@ -170,7 +170,7 @@ def show_episodes(
     for row in shown:
         _print_episode(index, row)
     bad = f"; {index.bad_lines} lines are not trajectories" if index.bad_lines else ""
-    where_from = f"{len(index.rows)} in {_visible(str(index.path))}{bad}"
+    where_from = f"{len(index.rows)} in {visible(str(index.path))}{bad}"
     if not shown:
         console.print(f"no episode to show: {len(matched)} match ({where_from})", highlight=False)
         return
@@ -193,14 +193,14 @@ def doctor(
     from agentgym.trainers._report import run_findings
 
     folder = _folder_of(run, db)
-    shown = _visible(str(folder))
+    shown = visible(str(folder))
     findings = run_findings(folder)
     if not findings:
         console.print(f"{shown}: no known problem in its figures", highlight=False)
         return
     for finding in findings:
-        console.print(Text(_visible(f"[{finding.rule}] {finding.title}"), style="bold yellow"))
-        console.print(_visible(f"  {finding.evidence}\n  fix: {finding.fix}"), highlight=False)
+        console.print(Text(visible(f"[{finding.rule}] {finding.title}"), style="bold yellow"))
+        console.print(visible(f"  {finding.evidence}\n  fix: {finding.fix}"), highlight=False)
     console.print(f"{len(findings)} finding(s) in {shown}; each rule is explained in "
                   "docs/troubleshooting.md", highlight=False)  # fmt: skip
     raise typer.Exit(1)
@@ -243,7 +243,7 @@ def _folder_of(run: str, db: str | None) -> Path:
         raise ConfigError(f"{what} has not started, so it has no folder yet; wait for it "
                           "(`agentgym runs ls`)")  # fmt: skip
     raise ConfigError(
-        f"{what} has no folder {_visible(str(folder))} any more (deleted or moved?); its row "
+        f"{what} has no folder {visible(str(folder))} any more (deleted or moved?); its row "
         f"is kept: restore the folder, or read the row with `agentgym runs show {row['id']}`"
     )
 
@@ -259,16 +259,16 @@ def _print_episode(index: TrajectoryIndex, row: Row) -> None:
     head += [f"tool results cut {row.results_cut}"] if row.results_cut else []
     head += [f"turns cut {row.turns_cut}"] if row.turns_cut else []
     console.rule()
-    console.print(Text(_visible(" · ".join(head)), style="bold"))
+    console.print(Text(visible(" · ".join(head)), style="bold"))
     try:
         episode: Trajectory = read_line(index, row)
     except MALFORMED as exc:  # indexed, yet a field read in full has the wrong type
-        console.print(_visible(f"(malformed: {type(exc).__name__}: {exc})"), highlight=False)
+        console.print(visible(f"(malformed: {type(exc).__name__}: {exc})"), highlight=False)
         return
     if episode.error:
-        console.print(Text(_visible(f"error: {episode.error}"), style="red"))
+        console.print(Text(visible(f"error: {episode.error}"), style="red"))
     for message in episode.messages:  # the model's text: its escape sequences are shown
-        console.print(_visible(message_text(message)) + "\n", highlight=False)
+        console.print(visible(message_text(message)) + "\n", highlight=False)
 
 
 def sweep(
@@ -440,7 +440,7 @@ def _read_config(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    return parse_config(text)
+    return parse_config(text, f"config {path}")
 
 
 def _split_kind(config: dict[str, Any], default: str) -> tuple[str, dict[str, Any]]:
@@ -496,7 +496,7 @@ def _run_in(store: RunStore, folder: Path, key: str) -> dict[str, Any]:
     for run in store.list_runs(limit=None):  # newest first
         if run["run_dir"] and Path(run["run_dir"]).resolve() == wanted:
             return run
-    shown = _visible(str(folder))
+    shown = visible(str(folder))
     by_id = store.find_run(key)
     if by_id is not None:
         raise ConfigError(
@@ -526,7 +526,7 @@ def _by_own_id(store: RunStore, key: str) -> dict[str, Any] | None:
 
 def _coloured(status: str) -> Text:
     colour = _STATUS_COLOURS.get(status, "yellow")
-    return Text(_visible(status), style=colour)
+    return Text(visible(status), style=colour)
 
 
 def _told_apart(first: Any, second: Any) -> tuple[str, str]:
@@ -553,18 +553,4 @@ def _text(value: Any) -> str:
         return f"{value:.4g}"
     if isinstance(value, dict | list):
         return json.dumps(value)
-    return _visible(str(value))
-
-
-#: Control characters (C0, DEL, C1) but newline and tab, each to its ``\\xNN`` escape.
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
-
-
-def _visible(text: str) -> str:
-    r"""``text`` with its control characters shown as ``\xNN`` (newlines and tabs kept).
-
-    Why: names, log lines and above all a model's output are other people's text; printed
-    raw, an escape sequence in them clears the screen, hides text or writes the clipboard
-    (OSC 52) of whoever reads them.
-    """
-    return text.translate(_CONTROLS)
+    return visible(str(value))

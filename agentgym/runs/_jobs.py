@@ -48,18 +48,22 @@ _AGENTGYM = [sys.executable, "-c", "from agentgym.cli import main; main()"]
 MAX_CONFIG_NODES = 100_000
 
 
-def parse_config(config: Mapping[str, Any] | str) -> dict[str, Any]:
+def parse_config(config: Mapping[str, Any] | str, source: str = "the config") -> dict[str, Any]:
     """A job config as a dict: a mapping as is, or YAML/JSON text parsed.
+
+    ``source`` names it in errors (``config sweep.yaml``): a sweep reads several files.
 
     Raises:
         ConfigError: not a mapping, not YAML, nested too deep, or over `MAX_CONFIG_NODES`
             values (YAML aliases make a short text a huge config: the "billion laughs").
     """
     if isinstance(config, str):
-        config = load_yaml(config, "the config")
+        config = load_yaml(config, source)
     _check_size(config, MAX_CONFIG_NODES)
+    if config is None:
+        raise ConfigError(f"{source} is empty; write the run's options in it as key: value")
     if not isinstance(config, Mapping):
-        raise ConfigError(f"a config must be a mapping of key: value, got {type(config).__name__}")
+        raise ConfigError(f"{source} must be a mapping of key: value, got {type(config).__name__}")
     return dict(config)
 
 

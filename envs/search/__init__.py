@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from agentgym import ConfigError, Rubric, ToolCall, ToolEnv, tool
-from agentgym._tasks import Split, TaskSource, load_tasks, select_split
+from agentgym._tasks import Split, TaskSource, check_num_tasks, load_tasks, select_split
 
 from .backends import BM25Backend, Doc, Hit, HTTPBackend, SearchBackend, backend_for
 from .tasks import make_tasks, qa_index
@@ -224,8 +224,7 @@ class SearchEnv(ToolEnv):
     ) -> None:
         if reward not in ("exact_match", "f1"):
             raise ConfigError(f"reward must be 'exact_match' or 'f1', got {reward!r}")
-        if num_tasks is not None and num_tasks < 1:
-            raise ConfigError(f"num_tasks must be >= 1 or None, got {num_tasks}")
+        check_num_tasks(num_tasks, none_ok=True)
         if max_doc_chars < 1:
             raise ConfigError(f"max_doc_chars must be >= 1, got {max_doc_chars}")
         if tasks is None and corpus is not None:

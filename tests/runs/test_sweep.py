@@ -44,7 +44,8 @@ def test_a_failing_run_is_recorded_and_not_retried(tmp_path: Path) -> None:
     assert set(by_status) == {"finished", "failed"}
     failed = by_status["failed"]
     assert (failed["exit_code"], failed["attempt"]) == (2, 1)  # a bad config: one attempt
-    assert "no tasks to play" in failed["error_tail"] and "failed" in proc.stdout
+    assert "num_tasks must be an int >= 1, got 0" in failed["error_tail"]
+    assert "failed" in proc.stdout
     assert Path(failed["run_dir"]).parent == tmp_path / "home" / "runs"
 
 
@@ -58,3 +59,14 @@ def test_a_malformed_config_stops_the_sweep_before_anything_runs(tmp_path: Path)
     assert "did you mean 'num_tasks'" in agentgym("sweep", str(config), "--grid", "num_taks=1",
                                                   db=db).stderr  # fmt: skip
     assert RunStore(db).list_runs() == []
+
+
+def test_an_empty_config_file_is_named(tmp_path: Path) -> None:
+    """"a config must be a mapping of key: value, got NoneType": which of a folder's files?"""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "a.yaml").write_text("env: calculator\n")
+    (folder / "b.yaml").write_text("# nothing here yet\n")
+    proc = agentgym("sweep", str(folder), "--kind", "eval", db=f"sqlite:///{tmp_path / 'r.db'}")
+    assert proc.returncode == 2, proc.stderr
+    assert f"config {folder / 'b.yaml'} is empty; write the run's options" in proc.stderr

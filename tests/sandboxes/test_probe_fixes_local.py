@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from agentgym._errors import ConfigError
-from agentgym.sandboxes import DockerSandbox, LocalSandbox, _protocol
+from agentgym.sandboxes import DockerSandbox, LocalSandbox, LocalSandboxConfig, _protocol
 
 
 def _local() -> LocalSandbox:
@@ -120,3 +120,19 @@ def test_a_sandbox_never_closed_deletes_its_work_dir_at_exit():
                           timeout=60, cwd=os.getcwd(), check=True)
     workdir = done.stdout.strip()
     assert "agentgym-local-" in workdir and not os.path.exists(workdir)
+
+
+@pytest.mark.parametrize("limits", [{"nofile": 10**8}, {"mem_limit_mb": 2**60}])
+def test_a_limit_the_machine_refuses_is_named_not_a_bare_subprocess_error(limits) -> None:
+    """Over the hard limit (or past what setrlimit takes), the child's setrlimit raised and
+    Popen said only "Exception occurred in preexec_fn." (a `SubprocessError`)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sb = LocalSandbox(LocalSandboxConfig(**limits))
+    try:
+        with pytest.raises(ConfigError, match=r"cannot set its limits \(mem_limit_mb=.*nproc="
+                           r"None\): one is over this machine's hard limit .*LocalSandboxConfig"):
+            sb.run("print(1)")
+        assert os.listdir(sb.workdir) == []
+    finally:
+        sb.close()
