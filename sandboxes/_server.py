@@ -343,6 +343,10 @@ def _child_run(req, in_fd, out_w, err_w, ctl_w):
             except OSError as exc:
                 os.write(2, ("{}: {}\n".format(req["argv"][0], exc.strerror)).encode())
                 os._exit(127)
+            except ValueError as exc:  # a NUL byte in argv: LocalSandbox's words
+                os.write(2, "sandbox: cannot run {!r:.80}: {}\n".format(req["argv"][0], exc)
+                         .encode("utf-8", "replace"))
+                os._exit(125)
         for fd in (in_fd, out_w, err_w):
             os.close(fd)
         _, status = os.waitpid(pid, 0)

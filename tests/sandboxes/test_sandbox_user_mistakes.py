@@ -159,6 +159,18 @@ def test_a_fresh_call_that_cannot_start_says_why(one_pool):
             assert sb.run("print('fresh')", session=False).stdout == "fresh\n"
 
 
+def test_an_argv_with_a_nul_byte_says_why_on_both_backends(one_pool, local):
+    """The code server's exec raised ValueError, not OSError, after its stderr was the
+    call's: an `error` with nothing on stderr in Docker, where LocalSandbox said why."""
+    with one_pool.lease() as sb:
+        in_docker = sb.exec(["echo", "a\x00b"])
+        assert sb.exec(["echo", "next"]).stdout == "next\n"  # the server is fine
+    here = local.exec(["echo", "a\x00b"])
+    for result in (in_docker, here):
+        assert result.status.value == "error", result
+        assert result.stderr == "sandbox: cannot run 'echo': embedded null byte\n", result
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"per_test_timeout": float("nan")}, "per_test_timeout must be a number"),  # was: failed
     ({"total_timeout": float("nan")}, "total_timeout must be a number"),  # was: infra_error
