@@ -19,6 +19,7 @@ answer a plain request) and blames the episode while the fresh server works (see
 `MCPToolEnv._blame`); only a server that cannot be started afresh is infrastructure. A server
 that *answers* with an error (an ``isError`` result, a JSON-RPC error such as an unknown tool
 or bad arguments) answered the model's call: that is the model's mistake, a `ToolError`.
+A tool listing that only fixing the server mends (see `_list_all_pages`) is a `ConfigError`.
 """
 
 from __future__ import annotations
@@ -122,11 +123,30 @@ def _import_mcp() -> Any:
     return mcp
 
 
-def _describe(exc: BaseException) -> str:
-    """One line for an exception, looking inside the exception groups anyio raises."""
+def _innermost(exc: BaseException) -> BaseException:
+    """The exception inside the (nested, one-member) exception groups anyio raises."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an exception, looking inside the exception groups anyio raises."""
+    exc = _innermost(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+def _start_failure(exc: BaseException) -> str:
+    """Why a server did not start, after its name: unreachable, or failed.
+
+    An unreachable url is named as such, so nobody debugs a server that is not there.
+    """
+    import httpx2  # the SDK's HTTP client: installed with it
+
+    reason = _describe(exc)
+    if isinstance(_innermost(exc), httpx2.ConnectError):
+        return f"could not be reached ({reason})"
+    return f"failed to start: {reason}"
 
 
 def _copy_workspace(template: str) -> str:
@@ -156,6 +176,7 @@ class MCPConnection:
         self._client: mcp.Client | None = None
         self._stop = asyncio.Event()
         self._owner: asyncio.Task[None] | None = None
+        self._closing: asyncio.Future[None] | None = None  # the one close (see `close`)
 
     @classmethod
     async def open(cls, spec: MCPServer) -> MCPConnection:
@@ -209,17 +230,27 @@ class MCPConnection:
                 await self._stop.wait()
         except BaseException as exc:  # a session that ends on its own ends quietly
             if not ready.done():
-                reason = _describe(exc)
-                ready.set_exception(
-                    MCPServerError(f"MCP server {spec.label!r} failed to start: {reason}")
-                )
+                failure = _start_failure(exc)
+                ready.set_exception(MCPServerError(f"MCP server {spec.label!r} {failure}"))
             if not isinstance(exc, Exception):
                 raise
         finally:
             self._client, self.broken = None, True
 
     async def close(self) -> None:
-        """End the session and stop the server; returns when both are gone."""
+        """End the session and stop the server; returns when both are gone.
+
+        The first call closes, and that close goes on when its caller is cancelled; every call
+        waits for it. Closing again would cancel a starting owner task a second time, which
+        breaks into the SDK's shielded shutdown: that never ends (at exit, the process hung)
+        and the server and its workspace copy are left behind.
+        """
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        """The close every `close` waits for."""
         self.broken = True
         self._stop.set()
         owner = self._owner
@@ -236,15 +267,12 @@ class MCPConnection:
         _live.discard(self)
 
     async def list_tools(self) -> list[mcp_types.Tool]:
-        """Every tool the server lists, all pages."""
-        tools: list[mcp_types.Tool] = []
-        cursor: str | None = None
-        while True:
-            page = await self._request("list_tools", functools.partial(_list_page, cursor=cursor))
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if cursor is None:
-                return tools
+        """Every tool the server lists, all pages, within one ``call_timeout`` in all.
+
+        Raises `ConfigError` for a listing no retry can fix (see `_list_all_pages`).
+        """
+        listing = functools.partial(_list_all_pages, label=self.spec.label)
+        return await self._request("the listing of its tools", listing)
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
         """One ``tools/call``; an answer with ``isError`` is returned, not raised."""
@@ -269,6 +297,8 @@ class MCPConnection:
             if exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                 raise ToolError(exc.message) from exc  # the server answered the model's call
             failure: Exception = exc
+        except ConfigError:
+            raise  # the server answered, with what only fixing the server mends
         except Exception as exc:
             failure = exc
         self.broken = True
@@ -290,6 +320,50 @@ class MCPConnection:
 
 async def _list_page(client: mcp.Client, cursor: str | None) -> mcp_types.ListToolsResult:
     return await client.list_tools(cursor=cursor, cache_mode="bypass")  # ask the server itself
+
+
+#: Pages of one tool listing at most: a server whose cursors never end would be asked for ever.
+MAX_TOOL_PAGES = 100
+
+
+async def _list_all_pages(client: mcp.Client, label: str) -> list[mcp_types.Tool]:
+    """Every page of the server's tool listing.
+
+    The server answered, badly, when the SDK rejects a page (a tool without ``inputSchema``,
+    one whose type is not "object"), a cursor comes back again, or the pages go on past
+    `MAX_TOOL_PAGES` (building the env hung while its memory grew): a `ConfigError`.
+    """
+    from pydantic import ValidationError
+
+    tools: list[mcp_types.Tool] = []
+    cursor: str | None = None
+    seen: set[str] = set()
+    for _ in range(MAX_TOOL_PAGES):
+        try:
+            page = await _list_page(client, cursor)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            more = f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
+            raise ConfigError(
+                f"MCP server {label!r} lists tools the MCP SDK rejects ({where}: "
+                f"{first['msg']}{more}); fix the server (the SDK refuses the whole listing, so "
+                "MCPServer(tools=[...]) cannot leave the tool out)"
+            ) from exc
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            return tools
+        if cursor in seen:
+            raise ConfigError(
+                f"MCP server {label!r} repeats the cursor {cursor!r} when listing its tools, "
+                "so the listing never ends; fix the server"
+            )
+        seen.add(cursor)
+    raise ConfigError(
+        f"MCP server {label!r} lists its tools in more than {MAX_TOOL_PAGES} pages "
+        "(agentgym.mcp._connection.MAX_TOOL_PAGES); fix the server"
+    )
 
 
 async def _call_tool(

@@ -61,7 +61,10 @@ class MCPServer:
 
         MCPServer(command=".venv/bin/mcp-server-time", scope="shared")
         MCPServer(url="http://127.0.0.1:8000/mcp", prefix="notes_")
-        MCPServer(command="mcp-server-git", workspace="fixtures/repo")  # a repo per episode
+        # a repo per episode; --repository keeps the model's git calls in that copy (without
+        # it a call naming the template's path would commit there)
+        MCPServer(command="mcp-server-git", args=["--repository", "{workspace}"],
+                  workspace="fixtures/repo")
     """
 
     command: str | None = None

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from agentgym._check import _TOOL_NAME  # the rule of `agentgym check`: one rule for names
 from agentgym._errors import ConfigError
 from agentgym._tools import Tool
 
@@ -47,16 +49,48 @@ def as_tool(listed: mcp_types.Tool, spec: MCPServer, call: CallTool) -> Tool:
 
 
 def select(listed: list[mcp_types.Tool], spec: MCPServer) -> list[mcp_types.Tool]:
-    """The listed tools ``spec.tools`` asks for (all when None); an unknown name is an error."""
-    if spec.tools is None:
-        return listed
+    """The listed tools ``spec.tools`` asks for (all when None), each checked (`_check_name`).
+
+    An unknown name is an error.
+    """
     by_name = {t.name: t for t in listed}
-    unknown = sorted(set(spec.tools) - set(by_name))
-    if unknown:
+    if spec.tools is None:
+        chosen = listed
+    else:
+        unknown = sorted(set(spec.tools) - set(by_name))
+        if unknown:
+            raise ConfigError(
+                f"MCP server {spec.label!r} has no tool(s) {unknown}; it lists {sorted(by_name)}"
+            )
+        chosen = [by_name[name] for name in spec.tools]
+    listings = Counter(t.name for t in listed)
+    for tool in chosen:
+        _check_name(tool.name, listings[tool.name], spec)
+    return chosen
+
+
+def _check_name(name: str, listings: int, spec: MCPServer) -> None:
+    """Refuse a tool name the server lists ``listings`` > 1 times, or one models refuse.
+
+    The name (after ``spec.prefix``) must be one `agentgym check` accepts, the rule of the
+    models' APIs that the prefix is checked against too: a name with a dot, a space or markup
+    went into the schemas, where the API refused it or it broke the tool-call text.
+    """
+    if listings > 1:  # a prefix renames both alike: only the server can tell them apart
         raise ConfigError(
-            f"MCP server {spec.label!r} has no tool(s) {unknown}; it lists {sorted(by_name)}"
+            f"MCP server {spec.label!r} lists a tool named {name!r} {listings} times; fix the "
+            "server (a prefix does not help: it renames every copy alike)"
         )
-    return [by_name[name] for name in spec.tools]
+    full = spec.prefix + name
+    if not _TOOL_NAME.match(full):
+        fix = (
+            "give a shorter prefix" if _TOOL_NAME.match(name)
+            else "leave it out with MCPServer(tools=[...]) or fix the server"
+        )  # fmt: skip
+        raise ConfigError(
+            f"MCP server {spec.label!r} lists tool {name!r}, and {full!r} is not a tool name "
+            f"models accept (it must match {_TOOL_NAME.pattern}); {fix}"
+        )
 
 
 def result_text(result: mcp_types.CallToolResult) -> str:
