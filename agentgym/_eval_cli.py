@@ -378,7 +378,8 @@ def _run_eval(
 
             skip = {(t.task_index, t.group_index) for t in done}
             played = rollout(env_id, agent, on_episode=record, skip=skip, **plan)
-    except KeyboardInterrupt:  # still exits 130 (typer), and the run store files it interrupted
+    except KeyboardInterrupt:  # Ctrl-C or `kill` (`exit_on_sigterm`): still exits 130 / 143,
+        # and the run store files it interrupted
         console.print(
             f"interrupted: {written} of {total} episodes are in {results}; run the same "
             "command with --resume to play the rest",

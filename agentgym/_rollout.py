@@ -31,7 +31,7 @@ import logging
 import numbers
 import time
 import traceback
-from collections.abc import Callable, Collection, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -461,42 +461,62 @@ async def arollout(
             raise ConfigError(f"{name} must be > 0 seconds or None, got {seconds}")
     _check_plan_knobs(policy, num_tasks, max_tokens_per_turn)
     deadline_at = None if deadline is None else started + deadline
-    limit = asyncio.Semaphore(max_concurrency)
+    loop = asyncio.get_running_loop()
+    played: dict[int, Trajectory] = {}
 
-    async def bounded(spec: EpisodeSpec) -> Trajectory:
-        try:
-            async with asyncio.timeout_at(deadline_at):
-                await limit.acquire()
-        except TimeoutError:  # the deadline passed before a slot freed: never started
-            trajectory = _new_trajectory(spec, env_id)
-            trajectory.status = "late"
-            trajectory.timings = {"total": 0.0, "policy": 0.0, "env": 0.0}
-        else:
-            try:
+    async def player(queue: Iterator[tuple[int, EpisodeSpec]]) -> None:
+        """Play the plan's next episode until none is left; ``max_concurrency`` of these run.
+
+        Why players, not a task per episode behind a semaphore: 100,000 waiting tasks took
+        seconds to make and to cancel, and a stopped eval of that size hung instead of
+        exiting.
+        """
+        for position, spec in queue:  # one iterator for all: each episode plays once
+            if deadline_at is not None and loop.time() >= deadline_at:
+                trajectory = _new_trajectory(spec, env_id)  # never started
+                trajectory.status = "late"
+                trajectory.timings = {"total": 0.0, "policy": 0.0, "env": 0.0}
+            else:
                 trajectory = await _run_episode(
                     envs, policy, spec, env_id=env_id,
                     max_tokens_per_turn=max_tokens_per_turn,
                     deadline_at=_earlier(deadline_at, episode_timeout),
                 )  # fmt: skip
-            finally:
-                limit.release()
-        if on_episode is not None:
-            on_episode(trajectory)
-        return trajectory
+                _stop_if_asked()
+            played[position] = trajectory
+            if on_episode is not None:
+                on_episode(trajectory)
 
-    running: list[asyncio.Task[Trajectory]] = []
+    running: list[asyncio.Task[None]] = []
     try:
         if tasks is None:
             tasks = _env_tasks(envs, env_id, num_tasks)
         else:
             tasks = _checked_tasks(envs, list(tasks))
         plan = [spec for spec in plan_episodes(tasks, group_size, seed) if spec.key not in skip]
-        running = [asyncio.ensure_future(bounded(spec)) for spec in plan]
-        return list(await asyncio.gather(*running))
+        queue = iter(enumerate(plan))
+        players = min(max_concurrency, len(plan))
+        running = [asyncio.ensure_future(player(queue)) for _ in range(players)]
+        await asyncio.gather(*running)
+        return [played[position] for position in range(len(plan))]
     finally:  # an on_episode that raised stops the others: each gives its env back first
         await cancel_and_wait(running)
         if envs is not env:  # the caller's pool stays open for its next rollout
             await envs.aclose()
+
+
+def _stop_if_asked() -> None:
+    """Raise the player's cancellation that the episode it just played did not end on.
+
+    Why: Ctrl-C (asyncio's handler) cancels the running task from inside it. Requested just
+    before a tool call began, that cancellation was counted in the call's baseline, so the
+    call took it for the tool's own `CancelledError` (a tool error); the episode played on,
+    and so did its player, through every episode left. That episode's tool result is the
+    stop's, not the tool's: it is not kept (a resume plays it again).
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError("the rollout was stopped")
 
 
 def _earlier(deadline_at: float | None, timeout: float | None) -> float | None:

@@ -23,6 +23,8 @@ from ._check import check as run_checks
 from ._cli_common import (
     ChatTemplateKwargsOption,
     EnvArgOption,
+    exit_code_after_stop,
+    exit_on_sigterm,
     parse_env_args,
     parse_template_kwargs,
     print_error,
@@ -142,6 +144,7 @@ def main() -> None:
     exiting (a failed ``check`` is 1); it must reach `sys.exit`, or every run exits 0.
     """
     skip_final_collection()
+    exit_on_sigterm()
     try:
         code = app(standalone_mode=False)
     except typer.Abort:
@@ -156,4 +159,5 @@ def main() -> None:
 
         print_error(str(exc))
         sys.exit(exit_code_of(exc))
-    sys.exit(code if isinstance(code, int) else 0)  # a command's return value is no code
+    # a command's return value is no code; typer returns 130 for a KeyboardInterrupt
+    sys.exit(exit_code_after_stop(code) if isinstance(code, int) else 0)

@@ -264,11 +264,11 @@ def test_an_out_holding_a_train_run_is_refused_before_its_summary_is_overwritten
 @pytest.mark.parametrize("count", ["0", "-3"])
 def test_an_env_made_with_no_tasks_is_refused_in_one_line(tmp_path: Path, count: str) -> None:
     """It warned "playing all 0", drew an empty progress bar, then failed naming the Python
-    API's ``tasks=[...]``, and was indexed as a failed run."""
+    API's ``tasks=[...]``, and was indexed as a failed run. (The env refuses the count now,
+    before eval's own "the env has no tasks to play" could.)"""
     proc = run(tmp_path, "-n", "2", "--env-arg", f"num_tasks={count}")
     assert proc.returncode == 2
-    assert one_error_line(proc) == ("the env has no tasks to play (its options made none); "
-                                    "give it some, e.g. --env-arg num_tasks=N")  # fmt: skip
+    assert one_error_line(proc) == f"num_tasks must be an int >= 1, got {count}"
     assert not (tmp_path / "out").exists()
 
 

@@ -203,3 +203,29 @@ async def test_numpy_numbers_in_a_task_read_back_as_numbers(tmp_path) -> None:
     write_jsonl(written, tmp_path / "t.jsonl")
     [back] = read_jsonl(tmp_path / "t.jsonl")
     assert back.task == {"prompt": "p", "answer": "0", "id": 7, "ids": [0, 1], "w": 0.5}
+
+
+class SilentPolicy:
+    """Never answers: the rollout is stopped from outside."""
+
+    async def generate(self, messages, tools, *, max_tokens=None, task=None) -> Completion:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_huge_rollout_holds_a_task_per_player_not_per_episode() -> None:
+    """Each episode was a task from the start, waiting on a semaphore: 100,000 of them took
+    2.6 s to make and 1.2 s to cancel before a rollout even began to stop, and a `kill`ed
+    eval of that size hung in the cancelling."""
+    CountedEnv.made = CountedEnv.closed = 0
+    playing = asyncio.ensure_future(
+        arollout(CountedEnv, SilentPolicy(), tasks=[0], group_size=100_000, max_concurrency=2)
+    )
+    while CountedEnv.made < 2:  # both episodes that may play have started
+        await asyncio.sleep(0.01)
+    assert len(asyncio.all_tasks()) <= 4  # this test, the rollout, its two players
+    playing.cancel()
+    done, _ = await asyncio.wait([playing], timeout=10)
+    assert done == {playing} and playing.cancelled()
+    assert CountedEnv.closed == CountedEnv.made == 2
+    assert asyncio.all_tasks() == {asyncio.current_task()}

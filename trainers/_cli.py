@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -83,8 +81,6 @@ def train(
     if dry_run:
         _print_plan(GRPOConfig.from_yaml(config, overrides=_overrides(set_ or [])), resume)
         return
-    # `kill PID` unwinds like Ctrl-C: the vLLM engine's processes are shut down, not orphaned
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
     from agentgym.runs import track_run
 

@@ -86,7 +86,7 @@ def test_device_auto_on_a_cpu_machine_gets_the_cpu_rules(knobs: dict[str, Any], 
 def test_an_env_with_no_tasks_names_env_kwargs() -> None:
     config = GRPOConfig(model=NO_MODEL, env_kwargs={"num_tasks": 0}, train_tasks="10:40",
                         eval_tasks="0:10")  # fmt: skip
-    _refusal(config, "'calculator' has no tasks with env_kwargs={'num_tasks': 0}")
+    _refusal(config, "num_tasks must be an int >= 1, got 0")
 
 
 def test_a_warm_start_with_no_trace_tasks_left_is_refused() -> None:
