@@ -32,6 +32,7 @@ from ._durable import check_folder_can_be_made
 from ._errors import ConfigError, Error, InfraError
 from ._eval_engine import (
     PlaySettings,
+    TrainedRun,
     local_env_kwargs,
     local_model,
     prepare_engine,
@@ -57,7 +58,7 @@ from ._eval_options import (
 from ._eval_server import check_served_model
 from ._policies import OpenAIPolicy, Policy, ScriptedPolicy, check_base_url
 from ._registry import made_for_a_command, resolve_id
-from ._rollout import rollout
+from ._rollout import check_episode_count, rollout
 from ._summary import summarize
 from ._tasks import tasks_digest, tasks_of_env
 from ._trajectory import Trajectory, to_json_line
@@ -192,14 +193,17 @@ def evaluate(
         check_base_url(base_url)
     servers = Servers(server, router_url, model)
     model_path = local_model(model_path, seed)
+    run = None  # the run the adapter (or an exported merged model) was trained in
     if adapter is not None:
         adapter, model_path = trained_adapter_and_base(adapter, model_path, policy, servers)
         run = trained_run(adapter)
-        if run is not None:  # play the episodes as its run did, unless told otherwise
-            given = PlaySettings(env_kwargs, max_tokens, max_model_len, template_kwargs)
-            as_run = with_run_settings(run, env_id, typed_options(ctx), given)
-            env_kwargs, max_tokens = as_run.env_kwargs, as_run.max_tokens
-            max_model_len, template_kwargs = as_run.max_model_len, as_run.chat_template_kwargs
+    elif policy.local and model_path is not None:  # `agentgym export --merge` wrote it?
+        run = trained_run(model_path, exported_only=True)
+    if run is not None:  # play the episodes as its run did, unless told otherwise
+        given = PlaySettings(env_kwargs, max_tokens, max_model_len, template_kwargs)
+        as_run = with_run_settings(run, env_id, typed_options(ctx), given)
+        env_kwargs, max_tokens = as_run.env_kwargs, as_run.max_tokens
+        max_model_len, template_kwargs = as_run.max_model_len, as_run.chat_template_kwargs
     # what envs are built with: under vllm, a vllm:<name> parser reads the model's tokenizer
     env_kwargs_built = (
         local_env_kwargs(model_path, env_kwargs, policy) if policy.local else env_kwargs
@@ -218,11 +222,14 @@ def evaluate(
                 "give it some, e.g. --env-arg num_tasks=N"
             )  # fmt: skip
         refuse_unready(probe, env_id)  # its sandboxes, before a model loads
+        if run is not None and task_range is None and num_tasks is None:
+            task_range = _held_out_range(run, env_id, len(tasks))
         chosen = _chosen_tasks(task_range, num_tasks, len(tasks), env_id)
         reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None
     finally:
         probe.close()
     total, digest = len(chosen), tasks_digest(tasks, chosen)  # what is played, and its digest
+    check_episode_count(total, group_size)  # before a model loads
     if policy is PolicyKind.openai and model is not None:
         check_served_model(base_url, model, api_key)  # a 404 / 401 here is the command's
     run_config = {
@@ -299,6 +306,27 @@ def _without_credentials(url: str) -> str:
     """``url`` without a user:password part or a query (where tokens go)."""
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
+def _held_out_range(run: TrainedRun, env_id: str, available: int) -> str | None:
+    """The run's held-out tasks as ``--tasks START:END``, said in a line; None: all tasks.
+
+    Why: they are the run's own measure; an eval of every task played its training tasks
+    too (2,180 of 2,200), under a line naming the held-out ones.
+    """
+    held_out = run.held_out(available) if resolve_id(run.env) == env_id else []
+    if held_out and held_out == list(range(held_out[0], held_out[-1] + 1)):
+        spec = f"{held_out[0]}:{held_out[-1] + 1}"
+        console.print(f"playing its held-out tasks {spec} (--tasks or -n to choose others)",
+                      soft_wrap=True)  # fmt: skip
+        return spec
+    if held_out:
+        console.print(
+            f"warning: playing every task, training ones too: the run's held-out tasks "
+            f"{held_out} are no START:END range for --tasks",
+            soft_wrap=True,
+        )
+    return None
 
 
 def _chosen_tasks(
@@ -421,9 +449,11 @@ def _refuse_failed_episodes(
 ) -> None:
     """A run whose every played episode failed evaluated nothing: refuse it, not exit 0.
 
-    All infra_error (the model server or sandbox failed) exits 75, which queues retry, and
-    --resume plays them again; all error (an exception in the env or the policy) exits 1
-    naming the first one's exception. Some errors among scored episodes, or some episodes
+    Any infra_error (the model server or sandbox failed, even for some episodes only: a
+    server that died mid-run) exits 75, which queues retry, and --resume plays those again;
+    exit 0 read as a finished eval, its job was never retried, and its figures covered only
+    the episodes before the failure. All error (an exception in the env or the policy) exits
+    1 naming the first one's exception. Some errors among scored episodes, or some episodes
     cut by --episode-timeout: a warning, since the scores stand.
     """
     results = out / "trajectories.jsonl"
@@ -437,21 +467,20 @@ def _refuse_failed_episodes(
         if statuses["late"] == len(played):
             raise Error(cut)  # nothing was evaluated
         console.print(f"warning: {cut}", soft_wrap=True)
-    if played and statuses["infra_error"] == len(played):
+    if statuses["infra_error"]:
+        failed = next(t for t in played if t.status == "infra_error")
+        count = statuses["infra_error"]
+        some = f"all {count}" if count == len(played) else f"{count} of {len(played)}"
         raise InfraError(
-            _all_failed(
-                played,
-                "infra_error",
-                f"the model server or sandbox failed; the first: {_last_line(played[0].error)}",
-                results,
-            )
-            + "; fix it, then rerun with --resume to play them again"
+            f"{some} episodes played ended in infra_error (the model server "
+            f"or sandbox failed; the first: {_last_line(failed.error)}; see {results}); fix "
+            "it, then rerun with --resume to play them again"
         )
     if played and statuses["error"] == len(played):
-        first = _last_line(played[0].error)
         raise Error(
-            _all_failed(played, "error", f"the first: {first}", results)
-            + "; fix it, then rerun with another --out"  # --resume keeps episodes that errored
+            f"all {len(played)} episodes played ended in error (the first: "
+            f"{_last_line(played[0].error)}; see "
+            f"{results}); fix it, then rerun with another --out"  # --resume keeps them
         )
     if statuses["error"]:
         console.print(
@@ -459,11 +488,6 @@ def _refuse_failed_episodes(
             f"their tracebacks are in {results}",
             soft_wrap=True,
         )
-
-
-def _all_failed(played: list[Trajectory], status: str, cause: str, results: Path) -> str:
-    """The start of the line refusing a run whose every played episode ended in ``status``."""
-    return f"all {len(played)} episodes played ended in {status} ({cause}; see {results})"
 
 
 def _last_line(text: str | None) -> str:

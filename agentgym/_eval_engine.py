@@ -8,7 +8,8 @@ conversation `agentgym check --model` reports on, so the two agree.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+import json
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +84,24 @@ class TrainedRun:
     folder: Path
     env: str
     settings: PlaySettings
-    eval_tasks: Any
+    #: The run's held-out task indices, given its env's task count (`GRPOConfig.task_split`).
+    held_out: Callable[[int], list[int]]
 
 
-def trained_run(adapter: Path) -> TrainedRun | None:
-    """The run folder holding ``adapter`` (a checkpoint's or a served one), if any.
+def trained_run(trained: Path, *, exported_only: bool = False) -> TrainedRun | None:
+    """The run ``trained`` came from: the run folder holding it, or the run an export names.
 
-    Why: the run played its episodes with its own env options (a system prompt, a turn
-    limit, a task count), tokens per turn and context; an eval of its adapter that plays
-    them otherwise measures another task (the quickstart's adapter scored 0% under the
-    env's default system prompt, 92% under its own).
+    ``trained``: an adapter (a checkpoint's, a served one, an export's), or a model folder
+    `agentgym export --merge` wrote. Why: the run played its episodes with its own env
+    options (a system prompt, a turn limit, a task count), tokens per turn and context; an
+    eval of its adapter that plays them otherwise measures another task (the quickstart's
+    adapter scored 0% under the env's default system prompt, 92% under its own; an exported
+    one did, silently, as its export.json was not read). ``exported_only``: only the run an
+    export names (a model folder's parents are no run of its).
     """
-    folder = next((p for p in adapter.parents if (p / "config.yaml").is_file()), None)
+    folder = _exported_from(trained)
+    if folder is None and not exported_only:
+        folder = next((p for p in trained.parents if (p / "config.yaml").is_file()), None)
     if folder is None or not (folder / "checkpoints").is_dir():
         return None
     from agentgym.trainers._config import GRPOConfig
@@ -110,7 +117,29 @@ def trained_run(adapter: Path) -> TrainedRun | None:
         config.max_model_len,
         config.chat_template_kwargs,
     )
-    return TrainedRun(folder, config.env, settings, config.eval_tasks)
+    return TrainedRun(folder, config.env, settings, lambda count: config.task_split(count)[1])
+
+
+def _exported_from(trained: Path) -> Path | None:
+    """The run folder ``trained``'s export.json names (`agentgym export`), if it is still there.
+
+    A run that is gone is said in a line: its settings cannot be used.
+    """
+    from agentgym.trainers._export import EXPORT_INFO
+
+    try:
+        run = Path(json.loads((trained / EXPORT_INFO).read_text(encoding="utf-8"))["run"])
+    except (OSError, ValueError, KeyError, TypeError):  # no export, or not one of ours
+        return None
+    if not (run / "config.yaml").is_file():
+        console.print(
+            f"warning: {trained} was exported from run {run}, which is gone: the settings it "
+            "played with (env options, tokens per turn) are not used; give them here "
+            "(--env-arg, --max-tokens)",
+            soft_wrap=True,
+        )
+        return None
+    return run
 
 
 def with_run_settings(
@@ -138,9 +167,7 @@ def with_run_settings(
     )
     shown = ", ".join(f"{k} {v!r}" for k, v in dataclasses.asdict(merged).items())
     console.print(
-        f"playing as run {run.folder} did (an option given here wins): {shown}; its held-out "
-        f"tasks: {run.eval_tasks}",
-        soft_wrap=True,
+        f"playing as run {run.folder} did (an option given here wins): {shown}", soft_wrap=True
     )
     return merged
 

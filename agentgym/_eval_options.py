@@ -100,6 +100,11 @@ def _refuse_option_mix(policy: PolicyKind, typed: dict[str, str], servers: Serve
         raise ConfigError("--policy openai needs --model NAME (the served model name)")
     if servers.router_url and not servers.urls:
         raise ConfigError("--router-url needs the --server URLs too (adapters and checks)")
+    if policy is PolicyKind.vllm and "model" in typed and not servers.urls:
+        raise ConfigError(  # the in-process engine serves --model-path under no other name
+            f"{typed['model']} names the model a --server serves; the in-process engine "
+            "runs --model-path: drop it, or add --server URL"
+        )
 
 
 def _either(names: list[str]) -> str:

@@ -40,6 +40,7 @@ from ._env import Env
 from ._errors import ConfigError, ConversationError, InfraError
 from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
+from ._tasks import MAX_TASKS
 from ._tool_calls import CANCEL_GRACE_SECONDS, cancel_and_wait
 from ._trajectory import MAX_ABS_REWARD, Trajectory, Turn
 from ._types import Completion
@@ -85,14 +86,28 @@ def plan_episodes(
     tasks: Sequence[int | dict[str, Any]], group_size: int, seed: int
 ) -> list[EpisodeSpec]:
     """G episodes per task, task-major, each with its own deterministic seed."""
-    if group_size < 1:
-        raise ConfigError(f"group_size must be >= 1, got {group_size}")
+    check_episode_count(len(tasks), group_size)
     tasks = [_as_index(task) for task in tasks]
     return [
         EpisodeSpec(task, task if isinstance(task, int) else None, g, seed + i * group_size + g, i)
         for i, task in enumerate(tasks)
         for g in range(group_size)
     ]
+
+
+def check_episode_count(num_tasks: int, group_size: int) -> None:
+    """Refuse a ``group_size`` below 1, or a plan past `MAX_TASKS` episodes in all.
+
+    Why the cap: each planned episode is an object made up front; ``-g 100000000`` took
+    21 GB and stalled the machine instead of saying no.
+    """
+    if group_size < 1:
+        raise ConfigError(f"group_size must be >= 1, got {group_size}")
+    if num_tasks * group_size > MAX_TASKS:
+        raise ConfigError(
+            f"{num_tasks:,} tasks x group_size {group_size:,} is {num_tasks * group_size:,} "
+            f"episodes, more than agentgym plays at once ({MAX_TASKS:,}); play fewer"
+        )
 
 
 def _as_index(task: Any) -> Any:

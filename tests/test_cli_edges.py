@@ -40,6 +40,8 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     [
         (["eval", "calculator", "--tasks", f"0:{HUGE}"], "reaches past task 10,000,000"),
         (["eval", "calculator", "--tasks", "0:3000000000"], "reaches past task 10,000,000"),
+        (["eval", "calculator", "-g", "100000000"],  # 21 GB of planned episodes, then a stall
+         "100 tasks x group_size 100,000,000 is 10,000,000,000 episodes, more than agentgym"),
         (["train", "examples/quickstart.yaml", "--dry-run", "--set", f"max_steps={HUGE}"],
          "max_steps=99999999999999999999999 is out of range; use at most"),
         (["train", "examples/quickstart.yaml", "--dry-run", "--set", f"num_generations={HUGE}"],
@@ -51,8 +53,8 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
         (["sandbox", "ls", "--cert-dir", "/tmp"], "--cert-dir is for a tcp:// daemon"),
         (["sandbox", "build", "--tag", ""], "image must be a Docker image reference"),
     ],
-    ids=["tasks_huge", "tasks_3e9", "max_steps", "num_generations", "runs_limit", "sft_seed",
-         "sft_lr", "check_nan", "cert_dir", "empty_tag"],
+    ids=["tasks_huge", "tasks_3e9", "group_huge", "max_steps", "num_generations", "runs_limit",
+         "sft_seed", "sft_lr", "check_nan", "cert_dir", "empty_tag"],
 )  # fmt: skip
 def test_a_value_out_of_range_is_one_line_before_any_work(
     tmp_path: Path, args: list[str], said: str

@@ -31,8 +31,8 @@ import agentgym
 
 
 class Faulty(agentgym.ToolEnv):
-    '''One task per kind in ``kinds``: 'ok' plays, 'broken' fails its setup, 'stuck' never
-    gets past it.'''
+    '''One task per kind in ``kinds``: 'ok' plays, 'broken' fails its setup, 'down' finds
+    its service down (infrastructure), 'stuck' never gets past it.'''
 
     def __init__(self, kinds="ok", **kwargs):
         tasks = [{"prompt": f"task {i}", "kind": k} for i, k in enumerate(kinds.split(","))]
@@ -41,6 +41,8 @@ class Faulty(agentgym.ToolEnv):
     async def setup_episode(self, task):
         if task["kind"] == "broken":
             raise RuntimeError(f"{task['prompt']} is broken")
+        if task["kind"] == "down":
+            raise agentgym.InfraError(f"the service of {task['prompt']} is down")
         if task["kind"] == "stuck":
             await asyncio.Event().wait()
 
@@ -177,6 +179,9 @@ def test_a_sandbox_env_without_its_image_is_refused_before_any_episode(workdir: 
                      "--base-url applies to --policy openai, not hf", id="hf-base-url"),
         pytest.param(["--policy", "hf", "--model-path", "/models/m", "--model", "m"],
                      "--model applies to --policy openai or vllm, not hf", id="hf-model"),
+        pytest.param(["--policy", "vllm", "--model-path", "/models/m", "--model", "m"],
+                     "--model names the model a --server serves; the in-process engine runs "
+                     "--model-path: drop it, or add --server URL", id="vllm-model-no-server"),
     ],
 )  # fmt: skip
 def test_an_option_of_another_policy_is_refused_before_any_work(
@@ -231,6 +236,21 @@ def test_a_run_whose_every_episode_errored_exits_1_naming_the_first_error(workdi
         f"broken; see {results}); fix it, then rerun with another --out"
     )
     assert [t.status for t in read_jsonl(results)] == ["error"] * 2
+
+
+def test_a_run_where_some_episodes_met_a_failed_service_exits_as_infra(workdir: Path) -> None:
+    """It exited 0 (a server that died mid-eval: a finished job, never retried, its figures
+    over the episodes before the failure); 75 makes a queue resume it, playing those again."""
+    proc = run(workdir, FAULTY, "--env-arg", "kinds=ok,down,ok")
+    assert proc.returncode == 75, proc.stderr
+    results = workdir / "out" / "trajectories.jsonl"
+    assert last_line(proc).endswith(
+        "1 of 3 episodes played ended in infra_error (the model server or sandbox failed; the "
+        "first: agentgym._errors.InfraError: the service of task 1 is down; see "
+        f"{results}); fix it, then rerun with --resume to play them again"
+    )
+    assert [t.status for t in read_jsonl(results)] == ["ok", "infra_error", "ok"]
+    assert json.loads((workdir / "out" / "summary.json").read_text())["episodes"] == 3
 
 
 def test_a_run_where_some_episodes_errored_warns_and_exits_0(workdir: Path) -> None:

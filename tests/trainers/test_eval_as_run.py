@@ -63,3 +63,40 @@ def test_eval_of_a_runs_adapter_plays_with_the_runs_settings_unless_told_otherwi
     assert played["max_model_len"] == 900  # typed: the command line wins
     [episode] = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert episode["messages"][0]["content"] == "Answer with the number."
+
+
+def test_an_exported_adapter_plays_as_its_run_did_on_its_held_out_tasks(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """An export (`agentgym export RUN OUT`) played under the env's defaults: 0% where its
+    run measured 100%. And `--adapter RUN` alone named the run's held-out tasks, then played
+    every task, training ones too."""
+    from agentgym.trainers import export_run
+
+    run_dir = write_run(tmp_path, tiny_model_dir, {1: 0})
+    (run_dir / "config.yaml").write_text(
+        f"model: {tiny_model_dir}\nenv: calculator\n"
+        "env_kwargs: {system_prompt: Answer with the number., num_tasks: 10}\n"
+        "train_tasks: '4:10'\neval_tasks: '2:4'\ntasks_per_step: 2\neval_num_tasks: 2\n"
+        "max_turns: 1\nmax_completion_length: 4\nmax_model_len: 1024\n"
+    )
+    exported = export_run(run_dir, tmp_path / "exported")
+    out = tmp_path / "eval"
+    proc = run("eval", "calculator", "--policy", "hf", "--adapter", str(exported),
+               "--out", str(out))  # fmt: skip
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 0, proc.stderr
+    assert f"playing as run {run_dir.resolve()} did" in said
+    assert "playing its held-out tasks 2:4 (--tasks or -n to choose others)" in said
+    played = json.loads((out / "run.json").read_text())
+    assert played["env_kwargs"]["system_prompt"] == "Answer with the number."
+    assert played["tasks"] == "2:4"
+    episodes = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert [e["task_index"] for e in episodes] == [2, 3]
+
+    shutil.rmtree(run_dir)  # the run is gone: said, not silently defaulted
+    proc = run("eval", "calculator", "--policy", "hf", "--adapter", str(exported), "-n", "1",
+               "--out", str(tmp_path / "eval2"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"was exported from run {run_dir.resolve()}, which is gone: the settings it played " \
+        "with (env options, tokens per turn) are not used" in " ".join(proc.stderr.split())
