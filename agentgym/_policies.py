@@ -240,9 +240,10 @@ class OpenAIPolicy:
                 f"max_retries and retry_backoff must be >= 0, got {max_retries}, {retry_backoff}"
             )
         check_base_url(base_url)
+        self.sampling = dict(sampling or {})
+        _check_sampling(self.sampling)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
-        self.sampling = dict(sampling or {})
         self.vllm_extensions = vllm_extensions
         self.max_retries = max_retries
         self.retry_backoff = retry_backoff
@@ -295,7 +296,7 @@ class OpenAIPolicy:
                 f"{self.base_url}/chat/completions answered {response.status_code}: "
                 f"{response.text[:500]}"
             )
-        return _completion_from_response(response.json())
+        return _completion_from_response(response, f"{self.base_url}/chat/completions")
 
     async def _post(self, body: dict[str, Any]) -> httpx.Response:
         """POST with retries on transport errors and 429/5xx; other answers return as they are."""
@@ -321,35 +322,66 @@ class OpenAIPolicy:
         await self._http.aclose()
 
 
-def check_base_url(base_url: str) -> None:
-    """Refuse a server root that is not an http(s) URL, before any episode.
+#: The ``sampling`` knobs `SamplingConfig` also takes: checked as the in-process engines do.
+_ENGINE_KNOBS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed")
 
+
+def _check_sampling(sampling: dict[str, Any]) -> None:
+    """Refuse a knob value the server would refuse, as `SamplingConfig` refuses it.
+
+    Why: the server answered every request 400, filed as an infrastructure failure (exit 75)
+    whose advice, ``--resume``, was refused since the settings differ, and a queued job was
+    retried. None is the server's default, as in the request body.
+    """
+    from .engine._episode import SamplingConfig  # here: agentgym.engine loads httpx
+
+    SamplingConfig(**{k: sampling[k] for k in _ENGINE_KNOBS if sampling.get(k) is not None})
+
+
+def check_base_url(base_url: str) -> None:
+    """Refuse a server root that is not an http(s) URL, before any episode (`check_server_url`)."""
+    check_server_url(
+        base_url, "base_url (--base-url)", "http://127.0.0.1:8000/v1", "the key goes in --api-key"
+    )
+
+
+def check_server_url(url: str, option: str, example: str, key_hint: str) -> None:
+    """Refuse a server URL that is not an http(s) server root alone, before any request.
+
+    ``option`` names where it was given, ``example`` a good one, ``key_hint`` where a key goes.
     Otherwise every request fails, is retried, and each episode is filed as an infrastructure
     failure (a server that is down), which hides the typo.
     """
-    parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
+    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    if parts is not None and (parts.query or parts.fragment or "@" in url):
+        # a path was appended after the query (every request a 404, filed as the server's
+        # failure); a user:password was sent as basic auth over the key and printed in every
+        # error line (kept in the run database): refused without echoing the URL
+        raise ConfigError(
+            f"{option} must be the server's root alone, such as {example}: no ?query, "
+            f"#fragment or user:password@ ({key_hint})"
+        )
     if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(
-            "base_url (--base-url) must be an http(s) URL such as http://127.0.0.1:8000/v1, "
-            f"got {base_url!r}"
-        )
-    if parts.query or parts.fragment or "@" in parts.netloc:
-        # /chat/completions went after the query (every request a 404, filed as the
-        # server's failure); a user:password was sent as basic auth over the API key and
-        # printed in every error line
-        raise ConfigError(
-            "base_url (--base-url) must be the server's root alone, such as "
-            "http://127.0.0.1:8000/v1: no ?query, #fragment or user:password@ (the key goes "
-            "in --api-key)"
-        )
+        raise ConfigError(f"{option} must be an http(s) URL such as {example}, got {url!r}")
 
 
-def _completion_from_response(data: dict[str, Any]) -> Completion:
+def _completion_from_response(response: httpx.Response, url: str) -> Completion:
+    """The turn in a 200 answer from ``url``; `ModelError` when the body is not a chat completion.
+
+    Why: such a 200 (a proxy's HTML page, JSON cut short, ``message: null``, a logprobs entry
+    without ``logprob``) is the server's failure, as a 502 is, so the episode must end
+    ``infra_error`` (replayed by ``--resume``); it escaped as a JSONDecodeError, AttributeError
+    or KeyError and was filed as the episode's ``error``, scored as the model's.
+    """
     try:
-        choice = data["choices"][0]
-        message = choice["message"]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise ModelError(f"malformed chat completion response: {str(data)[:300]}") from exc
+        data = response.json()
+    except ValueError:  # JSONDecodeError, or bytes that are not text
+        raise ModelError(f"{url} answered 200 with no JSON: {response.text[:200]!r}") from None
+    fault = _completion_fault(data)
+    if fault:
+        raise ModelError(f"{url} answered 200 {fault}: {str(data)[:300]}")
+    choice = data["choices"][0]
+    message = choice["message"]
     entries = (choice.get("logprobs") or {}).get("content") or []
     return Completion(
         text=message.get("content") or "",
@@ -359,3 +391,45 @@ def _completion_from_response(data: dict[str, Any]) -> Completion:
         logprobs=[e["logprob"] for e in entries] or None,
         finish_reason=choice.get("finish_reason"),
     )
+
+
+def _completion_fault(data: Any) -> str:
+    """What keeps ``data`` from being a chat completion `Completion` can hold; "" if nothing."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "without choices[0]"
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        return "without choices[0].message"
+    if not isinstance(message.get("content"), str | None):
+        return "with a choices[0].message.content that is not text"
+    calls = message.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and _all(calls, dict)):
+        return "with choices[0].message.tool_calls that is not a list of objects"
+    logprobs = choice.get("logprobs") or {}
+    entries = (logprobs.get("content") or []) if isinstance(logprobs, dict) else None
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and _is_number(e.get("logprob")) for e in entries
+    ):
+        return "with choices[0].logprobs not {content: [{logprob: number}, ...]}"
+    ids = choice.get("token_ids")
+    for name, value in (("prompt_token_ids", data.get("prompt_token_ids")),
+                        ("choices[0].token_ids", ids)):  # fmt: skip
+        if value is not None and not (isinstance(value, list) and _all(value, int)):
+            return f"with {name} that is not a list of ints"
+    if ids is not None and entries and len(ids) != len(entries):
+        return f"with {len(ids)} token ids and {len(entries)} logprobs"
+    if not isinstance(choice.get("finish_reason"), str | None):
+        return "with a choices[0].finish_reason that is not text"
+    return ""
+
+
+def _all(values: list[Any], kind: type) -> bool:
+    """Every value is a ``kind``, a bool not counted as an int (JSON's true is no token id)."""
+    return all(isinstance(v, kind) and not isinstance(v, bool) for v in values)
+
+
+def _is_number(value: Any) -> bool:
+    """An int or a float, not a bool (JSON's true is no logprob)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -79,7 +79,8 @@ def test_list_shows_what_each_env_needs(tmp_path: Path):
 )
 def test_a_command_without_its_extra_names_it(tmp_path: Path, args: list[str], extra: str):
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")  # a model folder, by its look
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):  # a model folder, by
+        (tmp_path / "model" / name).write_text("{}")  # its look (file names are checked)
     done = agentgym_without_extras(*args, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr

@@ -26,15 +26,79 @@ _PRESCALED_ROPE = frozenset(
 )
 
 
+#: How a model's weights are stored, as transformers and vLLM find them: one file or more of
+#: the suffix, or the shards an index names.
+_WEIGHT_FORMATS = ((".safetensors", "model.safetensors.index.json"),
+                   (".bin", "pytorch_model.bin.index.json"))  # fmt: skip
+#: Files a tokenizer loads from; a folder with none of them has no tokenizer.
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json",
+                    "vocab.txt")  # fmt: skip
+
+
 def require_model_folder(model_dir: str | os.PathLike[str]) -> Path:
-    """``model_dir`` as a path; it must hold a model (``config.json``)."""
+    """``model_dir`` as a path; it must hold a model: ``config.json``, weights, a tokenizer.
+
+    Why weights and tokenizer: a folder without weights failed with an 81-line traceback
+    under transformers and after a minute's engine start under vLLM (an infrastructure error,
+    retried by the queue); one without tokenizer files was told its vocabulary is missing
+    beside a tokenizer_config.json it did not have either. Only file names are looked at.
+    """
     path = Path(model_dir).expanduser()
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"{os.fspath(model_dir)} is not a model folder (no config.json); pass the folder "
             "that holds the model's config.json and weights"
         )
+    missing = [_weights_problem(path), _tokenizer_problem(path)]
+    if any(missing):
+        raise ConfigError(
+            f"{os.fspath(model_dir)} is not a whole model folder: "
+            f"{'; '.join(filter(None, missing))}; copy the whole model folder (config.json, "
+            "weights and tokenizer files)"
+        )
     return path
+
+
+def _weights_problem(path: Path) -> str:
+    """What keeps the weights in ``path`` from loading; "" when one format of them is whole."""
+    problems = [_format_problem(path, suffix, index) for suffix, index in _WEIGHT_FORMATS]
+    if "" in problems:
+        return ""
+    return next(filter(None, problems), "no weights (no *.safetensors or *.bin file)")
+
+
+def _format_problem(path: Path, suffix: str, index: str) -> str | None:
+    """Empty when ``path`` holds weights of one format whole, None when it holds none.
+
+    With an index every shard it names must be there: vLLM loads only those.
+    """
+    if (path / index).is_file():
+        return _index_problem(path / index)
+    return "" if any(file.is_file() for file in path.glob(f"*{suffix}")) else None
+
+
+def _index_problem(index: Path) -> str:
+    """Why the shards ``index`` names cannot all be loaded ("" when each is there)."""
+    try:
+        shards = {str(shard) for shard in json.loads(index.read_text())["weight_map"].values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        shards = set()
+    if not shards:
+        return f"{index.name} names no shards (no readable weight_map)"
+    absent = sorted(shard for shard in shards if not (index.parent / shard).is_file())
+    if absent:
+        return (
+            f"{len(absent)} of the {len(shards)} shards {index.name} names are missing "
+            f"({absent[0]} ...)"
+        )
+    return ""
+
+
+def _tokenizer_problem(path: Path) -> str:
+    """What ``path`` lacks of a tokenizer ("" when it holds one of its files)."""
+    if any((path / name).is_file() for name in _TOKENIZER_FILES):
+        return ""
+    return f"no tokenizer files (none of {', '.join(_TOKENIZER_FILES)})"
 
 
 def model_source(model: str | os.PathLike[str]) -> str:

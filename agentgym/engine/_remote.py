@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._errors import ConfigError, ContextLengthError, ModelError
+from .._policies import check_server_url
 from .._types import Completion
 from ._episode import (
     AdapterVersion,
@@ -106,6 +107,10 @@ class RemoteVLLMPolicy(TokenPolicy):
             )
         if max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {max_attempts}")
+        for url in fleet.urls:
+            _check_url(url, "server")
+        if router_url:
+            _check_url(router_url, "router")
         self.model = str(model)
         self.fleet = fleet
         self.router_url = server_root(router_url) if router_url else None
@@ -424,6 +429,16 @@ class RemoteVLLMPolicy(TokenPolicy):
     async def aclose(self) -> None:
         """Close the connection pool (it reopens on demand; the servers keep running)."""
         await self.fleet.aclose()
+
+
+def _check_url(url: str, what: str) -> None:
+    """Refuse a ``what`` URL that is not an http(s) server root alone, as `OpenAIPolicy` does.
+
+    Why: a user:password in it was printed in every "is unreachable" line, and so kept in the
+    run database's error tail.
+    """
+    check_server_url(url, _URL_OPTIONS[what], "http://127.0.0.1:8000",
+                     "a key goes in VLLMFleet(api_key=...)")  # fmt: skip
 
 
 class _MalformedAnswer(ModelError):
