@@ -285,8 +285,9 @@ class GRPOConfig:
         "How the learning rate moves over the run, per GRPO step, as transformers' schedule of "
         "the same name: 'constant'; 'constant_with_warmup'; 'linear' and 'cosine' decay to 0 "
         "at max_steps after the warm-up. TRL defaults to 'linear'; 'constant' keeps a short "
-        "run's last steps learning. A pure function of the step, so a resumed run continues "
-        "it exactly.",
+        "run's last steps learning. A pure function of the step and max_steps, so a resumed "
+        "run continues it exactly; under 'linear', 'cosine' or a fractional warmup_steps a "
+        "resume keeps max_steps (a new one would change every later step's rate).",
     )
     warmup_steps: int | float = _knob(
         0,
@@ -685,8 +686,10 @@ class GRPOConfig:
         """The learning rate of GRPO step ``step`` (1-based) under `lr_scheduler_type`.
 
         Transformers' schedules, read per step (``step - 1`` steps taken, as its scheduler
-        counts): a step's rate depends on nothing else, so a resumed run needs no scheduler
-        state. ``tests/trainers/test_config.py`` checks it against ``transformers.get_scheduler``.
+        counts): a step's rate depends on nothing else but `max_steps` (decay, a share of
+        warm-up), so a resumed run needs no scheduler state; a resume may not change
+        `max_steps` where it matters (``_run_dir._refuse_rescheduled``).
+        ``tests/trainers/test_config.py`` checks it against ``transformers.get_scheduler``.
         """
         warmup, taken = self.warmup_step_count, step - 1
         if self.lr_scheduler_type == "constant":

@@ -27,11 +27,13 @@ from typing import Any
 
 from agentgym import Trajectory
 from agentgym._check import load_tokenizer
+from agentgym._durable import check_folder_can_be_made
 from agentgym._errors import ConfigError
 from agentgym.engine._model_dir import check_adapter_base, read_adapter_config
 
 from ._metrics import is_multi_turn_success
-from ._run_dir import atomic_dir, checkpoints_by_step, read_jsonl_records
+from ._run_dir import WARM_START, atomic_dir, checkpoints_by_step, read_jsonl_records
+from ._training_state import checkpoint_step
 
 #: Written into every export: where it came from.
 EXPORT_INFO = "export.json"
@@ -74,11 +76,12 @@ def export_run(
     out = Path(out).expanduser()
     if out.exists():
         raise ConfigError(f"{out} already exists; export into a new folder (or remove it first)")
+    check_folder_can_be_made(out, "OUT")  # a file or a read-only folder above it: one line
     if merge:  # the merged folder gets the base's tokenizer: one without a vocabulary wrote
         load_tokenizer(base)  # a folder whose tokenizer turned every text into nothing
     info = {
         "run": str(Path(run_dir).resolve()),
-        "step": int(json.loads((checkpoint / "trainer_state.json").read_text())["step"]),
+        "step": checkpoint_step(checkpoint, "export another checkpoint (--step)"),
         "base_model": str(base),
         "merged": merge,
         **chosen_by,
@@ -145,6 +148,12 @@ def best_checkpoint(run_dir: Path) -> tuple[int, Path, dict[str, Any]]:
 
 def _kept_checkpoints(run_dir: Path) -> dict[int, Path]:
     """The run's complete checkpoints by step, oldest first; at least one."""
+    if not (run_dir / "config.yaml").is_file() and (run_dir / "config.json").is_file():
+        raise ConfigError(
+            f"{run_dir} is already a plain model (a fine-tuned model folder, such as agentgym "
+            f"sft writes), nothing to export; `agentgym eval ENV --policy vllm --model-path "
+            f"{run_dir}` uses it directly"
+        )
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(
             f"{run_dir} is not a run folder (no config.yaml); pass a run's output_dir"
@@ -213,15 +222,35 @@ def _recorded_base(adapter: Path, recorded: Path) -> Path:
     started in (``runs/quickstart/sft``); read from elsewhere, that path names nothing. An
     export says where the base was when it was written (`EXPORT_INFO`); a checkpoint's run
     folder travels with it, so the path is also tried against the adapter's own folders,
-    nearest first.
+    nearest first. A warm start is recorded by its absolute path, gone once its run folder
+    moved: the run folder's own ``sft/`` is taken then (`_run_warm_start`).
     """
-    if recorded.is_absolute() or (recorded / "config.json").is_file():
+    if (recorded / "config.json").is_file():
+        return recorded
+    own = _run_warm_start(adapter)
+    if own is not None:  # a moved run folder: its own warm start, not the gone one
+        return own
+    if recorded.is_absolute():
         return recorded
     candidates = [p / recorded for p in adapter.resolve().parents]
     if (adapter / EXPORT_INFO).is_file():
         exported = json.loads((adapter / EXPORT_INFO).read_text(encoding="utf-8"))
         candidates.insert(0, Path(exported["base_model"]))
     return next((p for p in candidates if (p / "config.json").is_file()), recorded)
+
+
+def _run_warm_start(adapter: Path) -> Path | None:
+    """The warm start in the run folder of a checkpoint's adapter, if that folder has one.
+
+    A checkpoint's adapter lies in ``RUN/checkpoints/step-N/adapter``; its base, when the run
+    warm-started, is ``RUN/sft``, recorded by its absolute path: a run folder moved or copied
+    elsewhere still holds it.
+    """
+    checkpoints = adapter.resolve().parent.parent
+    if checkpoints.name != "checkpoints":
+        return None
+    own = checkpoints.parent / WARM_START
+    return own if (own / "config.json").is_file() else None
 
 
 def _write_merged(base: Path, adapter: Path, out: Path) -> None:

@@ -60,7 +60,7 @@ from ._metrics import combine_metrics, episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
 from ._preflight import preflight, resolved_device, rollout_fleet
 from ._report import plot_curves, read_warm_start, write_summary
-from ._run_dir import RunDir, read_jsonl_records
+from ._run_dir import WARM_START, RunDir, read_jsonl_records
 from ._samples import (
     PASS_COST_TOKENS,
     Batch,
@@ -339,11 +339,14 @@ class GRPOTrainer:
 
     # ---- stages -------------------------------------------------------------------------
     def _warm_start(self, run: RunDir) -> Path:
-        """The SFT warm start (once per run; reused on resume), or the model as it is."""
+        """The SFT warm start (once per run; reused on resume), or the model as it is.
+
+        A reused one was checked whole when the run folder opened (`RunDir.check_open`).
+        """
         cfg = self.config
         if not cfg.sft_steps:
             return self.model_dir
-        out = run.path / "sft"
+        out = run.path / WARM_START
         if (out / SFT_SUMMARY).is_file():
             return out
         traces, validation = cfg.sft_split(self.train_tasks)

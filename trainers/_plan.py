@@ -21,7 +21,7 @@ from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
 from ._config import GRPOConfig
 from ._memory import cpu_memory_estimate, parameter_count
 from ._preflight import Checked, gpu_split, preflight, resolved_device
-from ._run_dir import RunDir, checkpoints_by_step
+from ._run_dir import WARM_START, RunDir, checkpoints_by_step
 from ._tracking import resolve_report_to
 
 
@@ -179,7 +179,7 @@ def _warm_start_kept(config: GRPOConfig) -> str:
     Why: a run killed during its SFT warm start was said to "start over", and the user
     deleted a folder whose warm start was done, or half done, and would have been reused.
     """
-    warm_start = Path(config.output_dir) / "sft"
+    warm_start = Path(config.output_dir) / WARM_START
     if config.sft_steps and (warm_start / SFT_SUMMARY).is_file():
         return "its SFT warm start is kept and GRPO starts at step 1"
     if config.sft_steps and sft_checkpoint(warm_start).is_file():

@@ -55,20 +55,24 @@ from typing import Any
 
 from agentgym import Trajectory
 from agentgym._durable import atomic_write_text, check_folder_can_be_made, fsync_dir
-from agentgym._errors import ConfigError
+from agentgym._errors import ConfigError, Error
 from agentgym._trajectory import to_json_line
-from agentgym.runs._folder import RUN_FILES, refuse_another_kind_of_run
+from agentgym.engine._model_dir import _safetensors_whole
+from agentgym.runs._folder import RUN_FILES, SFT_SUMMARY, refuse_another_kind_of_run
 
 from ._training_state import (
     load_training_state,
     refuse_damaged_checkpoint,
     save_adapter_files,
+    write_failure,
     write_training_state,
 )
 
 log = logging.getLogger(__name__)
 
 #: Config keys a resume may change: they schedule the run, they do not change what it learns.
+#: ``max_steps`` only while the learning rate does not depend on it (`_refuse_rescheduled`:
+#: 'linear' and 'cosine' decay to 0 at it, a fractional ``warmup_steps`` is a share of it).
 #: ``output_dir`` is here because the same folder can be spelled differently;
 #: ``episode_deadline_s`` and ``infra_error_patience`` because a run they stopped says to
 #: raise them and resume (they decide how long a step waits and when the run gives up).
@@ -76,9 +80,19 @@ RESUMABLE_KEYS = frozenset(
     {"max_steps", "eval_steps", "save_steps", "save_total_limit", "logging_steps", "report_to",
      "log_completions", "output_dir", "episode_deadline_s", "infra_error_patience"}
 )
+#: The run folder's SFT warm start (``sft/``): the base model its adapters were trained on.
+WARM_START = "sft"
 _CHECKPOINT = re.compile(r"^step-(\d{6,})$")
 _ADAPTER = re.compile(r"^v(\d+)$")
 _TEMP_PREFIXES = (".tmp-", ".old-")
+
+
+class CheckpointWriteError(Error):
+    """A checkpoint could not be written (a full disk ...): the run stops, `--resume` goes on.
+
+    Why its own error: torch's and safetensors' failures on a full disk ended the run with a
+    traceback of some 140 lines; the CLI prints an `Error` as one line.
+    """
 
 
 class RunDir:
@@ -235,6 +249,7 @@ class RunDir:
         _refuse_other_tasks(path, previous.get("tasks_sha256"), tasks_sha256)
         _refuse_fewer_steps(path, config.get("max_steps"), previous)
         _refuse_damaged_newest_checkpoint(path)
+        _refuse_damaged_warm_start(path, bool(checkpoints_by_step(path)))
         return previous
 
     @staticmethod
@@ -353,8 +368,20 @@ class RunDir:
             raise ValueError("extra must not hold a 'step' key; it is passed as `step`")
         state_text = json.dumps({"step": step, **extra}, indent=1)  # non-JSON extra fails here
         final = self.checkpoints_dir / f"step-{step:06d}"
-        with atomic_dir(final) as tmp:
-            write_training_state(tmp, model, optimizer, state_text)
+        try:
+            with atomic_dir(final) as tmp:
+                write_training_state(tmp, model, optimizer, state_text)
+        except Exception as exc:  # only write failures: anything else stays as it was
+            why = write_failure(exc)
+            if why is None:
+                raise
+            done = self._status.get("checkpoint_step")
+            kept = f"step {done}" if done is not None else "none yet: it starts over"
+            raise CheckpointWriteError(
+                f"could not write the checkpoint of step {step} in {self.checkpoints_dir} "
+                f"({why}); once fixed, run the same command with --resume: it continues from "
+                f"the last complete checkpoint ({kept})"
+            ) from exc
         complete = self._checkpoints()  # also clears a killed save's temporary folders
         for old in complete[: -self.keep] if self.keep else ():
             shutil.rmtree(old)
@@ -679,7 +706,7 @@ def atomic_dir(final: Path, durable: bool = True, replace: bool = True) -> Itera
     try:
         yield tmp
         if durable:
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
         if final.exists() and not replace:
             raise ConfigError(f"{final} was made meanwhile (by another writer); not replaced")
         if final.exists():
@@ -695,7 +722,8 @@ def atomic_dir(final: Path, durable: bool = True, replace: bool = True) -> Itera
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: Path) -> None:
+    """Make every file and folder under ``root`` durable (before a rename or a marker file)."""
     for folder, _, files in os.walk(root):
         for name in files:
             fd = os.open(os.path.join(folder, name), os.O_RDONLY)
@@ -796,6 +824,28 @@ def _refuse_damaged_newest_checkpoint(path: Path) -> None:
     refuse_damaged_checkpoint(newest, f"{newest.relative_to(path)} of {path}", instead)
 
 
+def _refuse_damaged_warm_start(path: Path, has_checkpoints: bool) -> None:
+    """Refuse to resume on an SFT warm start (``sft/``) whose weight files are cut short.
+
+    Why: the run reuses ``sft/`` whenever its ``sft.json`` is there, so a truncated
+    ``model.safetensors`` passed the dry run and failed the resume with a traceback once the
+    engine loaded it. Headers and sizes only, as a checkpoint's adapter is checked.
+    """
+    folder = path / WARM_START
+    if not (folder / SFT_SUMMARY).is_file():
+        return  # none, or one the run has yet to finish: it is (re)done
+    broken = [f.name for f in sorted(folder.glob("*.safetensors")) if not _safetensors_whole(f)]
+    if not broken:
+        return
+    after = (" (its GRPO checkpoints were trained on the old one: for a clean run, start a new "
+             "output_dir)" if has_checkpoints else "")  # fmt: skip
+    raise ConfigError(
+        f"the SFT warm start {folder} is damaged ({', '.join(broken)} cut short or not "
+        f"safetensors); delete {folder} (its {SFT_SUMMARY} with it) to redo the warm start when "
+        f"resuming{after}"
+    )
+
+
 def _refuse_other_tasks(path: Path, before: str | None, now: str | None) -> None:
     """Refuse to resume a run onto other tasks than it trained on, under the same config.
 
@@ -857,6 +907,32 @@ def _refuse_changed_config(
             f"resume with the saved config ({config_path}) or choose a new output_dir. "
             f"Only {sorted(RESUMABLE_KEYS)} may change on resume"
         )
+    _refuse_rescheduled(path, saved.get("max_steps"), now)
+
+
+def _refuse_rescheduled(path: Path, saved_max_steps: Any, now: Mapping[str, Any]) -> None:
+    """Refuse a resume with a new ``max_steps`` when the learning rate is a function of it.
+
+    Why: 'linear' and 'cosine' decay to 0 at ``max_steps`` and a fractional ``warmup_steps``
+    is a share of it, so a resume with a larger one raised the rate of the steps after the
+    checkpoint (1.67e-4 -> 2.5e-4): the run went on under another schedule, silently.
+    """
+    max_steps, schedule = now.get("max_steps"), now.get("lr_scheduler_type")
+    warmup = now.get("warmup_steps") or 0
+    if saved_max_steps is None or saved_max_steps == max_steps:
+        return
+    if schedule in ("linear", "cosine"):
+        why = f"lr_scheduler_type {schedule!r} decays to 0 at max_steps"
+    elif 0 < warmup < 1:
+        why = f"warmup_steps {warmup} is a share of max_steps"
+    else:
+        return  # 'constant', or a warm-up of whole steps: the rate of a step stays
+    raise ConfigError(
+        f"cannot resume {path} with max_steps={max_steps} (saved {saved_max_steps}): "
+        f"{why}, so the steps after the checkpoint would learn at other rates; keep "
+        f"max_steps={saved_max_steps}, or train longer in a new output_dir (only a 'constant' "
+        "or 'constant_with_warmup' schedule with whole warmup_steps may change max_steps)"
+    )
 
 
 def _describe_run(path: Path) -> str:

@@ -60,6 +60,7 @@ from agentgym.parsers import ToolCallParser
 from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
 
 from ._config_rules import SEED_LIMIT
+from ._run_dir import fsync_tree
 
 if TYPE_CHECKING:
     from agentgym.engine._render import ChatRenderer
@@ -107,7 +108,8 @@ class SFTConfig:
     save_every: int = 50
     """Every N steps a checkpoint (the weights being trained, optimiser, step, metrics) goes to
     ``<out_dir>.partial/``: a run killed mid-way and run again with the same knobs and
-    traces resumes there instead of from step 0. Removed once the model is saved. 0: none."""
+    traces (``steps`` and ``save_every`` may change) resumes there instead of from step 0.
+    Removed once the model is saved. 0: none."""
     log: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
     """Called with each step's metrics (``step``, ``loss``, ``lr``, ``seconds``, ...)."""
 
@@ -716,11 +718,18 @@ def _message_calls(message: Message) -> list[Call]:
 
 
 def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> None:
-    """A plain model folder (weights, config, tokenizer) and its ``sft.json``, written last."""
+    """A plain model folder (weights, config, tokenizer) and its ``sft.json``, written last.
+
+    ``sft.json`` marks the folder done (a train run then reuses it), so the files before it
+    are synced first and it is written whole: a crash or power cut must not leave it beside
+    a cut-short ``model.safetensors``, which a resumed run's engine fails to load.
+    """
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / SFT_SUMMARY).write_text(json.dumps(summary, indent=1, default=str))
+    fsync_tree(out)
+    fsync_dir(out.parent)
+    atomic_write_text(out / SFT_SUMMARY, json.dumps(summary, indent=1, default=str))
 
 
 def _log_done(history: Sequence[Mapping[str, Any]], traces: int, samples: int, out: Path) -> None:
@@ -778,9 +787,15 @@ def _with_lora(model: Any, config: SFTConfig) -> Any:
     return get_peft_model(model, lora)
 
 
+#: `SFTConfig` fields a resumed run may change: the data order (`_batch_order`) and the
+#: warm-up-then-constant rate do not depend on them, so the steps a checkpoint holds are the
+#: ones the new run would have trained. (``log``, ``device``: not what is learned either.)
+_RESUMABLE = ("log", "device", "steps", "save_every")
+
+
 def _knobs(config: SFTConfig) -> dict[str, Any]:
     """The knobs a resumed run must share with its checkpoint, as JSON values."""
-    knobs = {k: v for k, v in asdict(config).items() if k not in ("log", "device")}
+    knobs = {k: v for k, v in asdict(config).items() if k not in _RESUMABLE}
     return json.loads(json.dumps(knobs, sort_keys=True, default=str))
 
 
@@ -830,8 +845,9 @@ class _Checkpoint:
         if saved.get("fingerprint") == self.fingerprint:
             return
         knobs = saved.get("knobs") or {}
-        differ = [f"{k} (saved {knobs.get(k)!r}, now {v!r})" for k, v in self.knobs.items()
-                  if knobs.get(k) != v]  # fmt: skip
+        # SFTConfig.<knob>: `agentgym sft` names it as its option (``--batch-size``)
+        differ = [f"SFTConfig.{k} (saved {knobs.get(k)!r}, now {v!r})"
+                  for k, v in self.knobs.items() if knobs.get(k) != v]  # fmt: skip
         if saved.get("model") != self.model:
             differ.append(f"model (saved {saved.get('model')}, now {self.model})")
         raise ConfigError(
@@ -919,6 +935,10 @@ def _train(
         optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1))
     )
     done, history = checkpoint.load(model, optimizer, schedule) if checkpoint else (0, [])
+    if checkpoint and done > config.steps:  # steps may change, not below the checkpoint
+        raise ConfigError(f"{checkpoint.path} holds step {done}, past SFTConfig.steps "
+                          f"{config.steps}; give {done} or more to resume it, or delete "
+                          f"{checkpoint.folder}")  # fmt: skip
     trained_before = float(history[-1]["seconds"]) if history else 0.0
     t0 = time.perf_counter() - trained_before
     model.train()

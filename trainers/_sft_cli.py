@@ -51,7 +51,7 @@ from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._registry import resolve_id
 from agentgym._tasks import parse_tasks, tasks_of_env
-from agentgym.runs._folder import OUTPUT_LOG, SFT_SUMMARY
+from agentgym.runs._folder import OUTPUT_LOG, SFT_SUMMARY, sft_checkpoint
 
 from ._cli import _quiet_backends, console
 from ._config_rules import SFT_VALIDATION_TASKS, split_off_validation
@@ -180,10 +180,11 @@ def sft(
     _quiet_backends()
     out = out.expanduser()  # `OUT=~/x` reaches us unexpanded from configs and `a=~/x` forms
     _check_out(out, resume)
+    progress = _Progress(steps)
     config = _sft_config(
         steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=method,
         lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
-        target_accuracy=target_accuracy,
+        target_accuracy=target_accuracy, log=progress,
     )  # fmt: skip
     env_kwargs = parse_env_args(env_arg)
     template_kwargs = (
@@ -200,7 +201,11 @@ def sft(
 
     with track_run("sft", out.resolve().name, _run_config(plan, config), out):
         with needs_extra("agentgym sft", "train"):
-            folder = plan.train()
+            try:
+                folder = plan.train()
+            except KeyboardInterrupt:  # Ctrl-C or `kill`: still exits 130 / 143, filed as such
+                console.print(_interrupted(out, progress.step), soft_wrap=True)
+                raise
         # inside the tracked block, as eval: a follower of the run's log stops once finished
         _print_figures(folder, env)
 
@@ -258,13 +263,14 @@ def _sft_config(
     save_every: int,
     device: str,
     target_accuracy: float | None,
+    log: Callable[[dict[str, Any]], None] | None = None,
     **_: Any,
 ) -> SFTConfig:
     """The knobs the options give (``**_``: the command's other options, for `check_options`)."""
     return SFTConfig(
         steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=Method(method).value,
         lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
-        log=_progress(steps), target_accuracy=target_accuracy,
+        log=log, target_accuracy=target_accuracy,
         eval_every=SFT_EVAL_EVERY if target_accuracy is not None else 0,
     )  # fmt: skip
 
@@ -406,15 +412,29 @@ def _checked_model(
     return model_dir
 
 
-def _progress(steps: int) -> Callable[[dict[str, Any]], None]:
-    """A step logger for about ten lines a run: a long CPU run otherwise looks stuck."""
-    every = max(1, steps // 10)
+@dataclass
+class _Progress:
+    """A step logger for about ten lines a run: a long CPU run otherwise looks stuck.
 
-    def report(record: dict[str, Any]) -> None:
-        if record["step"] % every == 0:
-            log.info("sft step %d/%d: loss %.4f", record["step"], steps, record["loss"])
+    It keeps the last step trained, for the line a Ctrl-C prints.
+    """
 
-    return report
+    steps: int
+    step: int | None = None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        self.step = record["step"]
+        if record["step"] % max(1, self.steps // 10) == 0:
+            log.info("sft step %d/%d: loss %.4f", record["step"], self.steps, record["loss"])
+
+
+def _interrupted(out: Path, step: int | None) -> str:
+    """What a stopped run kept, and how to go on: the command stopped without a word."""
+    at = f"interrupted at step {step}" if step is not None else "interrupted before a step"
+    partial = sft_checkpoint(out)
+    if partial.is_file():
+        return f"{at}; run the same command to resume from {partial.parent}"
+    return f"{at}, before its first checkpoint (--save-every); run the same command to start over"
 
 
 def _print_figures(out: Path, env_as_given: str | None) -> None:

@@ -8,6 +8,7 @@ only writes and reads them, so every training process can load the same checkpoi
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import random
@@ -28,6 +29,28 @@ def write_training_state(folder: Path, model: Any, optimizer: Any, state_text: s
     torch.save(optimizer.state_dict(), folder / "optimizer.pt")
     torch.save(_rng_state(), folder / "rng.pt")
     (folder / "trainer_state.json").write_text(state_text, encoding="utf-8")
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """``exc`` in one line when it is a failed write of a checkpoint's files, else None.
+
+    Why: a full disk ends a save as an `OSError`, as safetensors' ``SafetensorError`` ("I/O
+    error ... os error 28") or as torch's ``RuntimeError`` "[enforce fail at
+    inline_container.cc:672] . unexpected pos ..." (its zip writer checks what it wrote),
+    each at the end of a traceback of some 140 lines. "no space left?" is added where the
+    error says so, or (torch) cannot say more.
+    """
+    from safetensors import SafetensorError
+
+    text = " ".join(str(exc).split())[:200]
+    written = (isinstance(exc, OSError)
+               or (isinstance(exc, RuntimeError) and "inline_container" in text)
+               or (isinstance(exc, SafetensorError) and "I/O error" in text))  # fmt: skip
+    if not written:
+        return None
+    full = (getattr(exc, "errno", None) == errno.ENOSPC
+            or any(sign in text for sign in ("unexpected pos", "os error 28")))  # fmt: skip
+    return f"{text}; no space left?" if full else text
 
 
 def load_training_state(path: str | os.PathLike[str], model: Any, optimizer: Any) -> dict:
@@ -79,6 +102,18 @@ def _checkpoint_damage(folder: Path) -> str | None:
         if not zipfile.is_zipfile(folder / name):
             return f"its {name} is missing or cut short"
     return None
+
+
+def checkpoint_step(folder: Path, fix: str) -> int:
+    """The step a checkpoint's ``trainer_state.json`` records.
+
+    Raises:
+        ConfigError: the file is unreadable or holds no step number, naming it and ``fix``.
+    """
+    damage = _trainer_state_damage(folder / "trainer_state.json")
+    if damage is not None:
+        raise ConfigError(f"checkpoint {folder} is damaged ({damage}); {fix}")
+    return int(json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))["step"])
 
 
 def _trainer_state_damage(file: Path) -> str | None:

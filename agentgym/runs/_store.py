@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from agentgym._errors import ConfigError
 
+from ._folder import read_step
 from ._schema import migrate, runs
 
 #: ``AGENTGYM_RUNS_DB`` value that turns indexing of CLI runs off.
@@ -239,6 +240,10 @@ class RunStore:
         (``runs ls``) while the queue was down, a job was no longer ``running`` when the
         restarted queue looked, so its orphaned worker was never stopped nor the job resumed.
         Rows of other hosts are left alone. Returns the rows changed (as they were before).
+
+        The row takes the step its run folder recorded when it is further than the row's:
+        a killed process never filed its step, so ``runs ls`` showed "-" for a run whose
+        ``status.json`` said how far it got.
         """
         host = socket.gethostname()
         changed = []
@@ -248,9 +253,12 @@ class RunStore:
             pid = _owner_pid(row["owner"]) if row["owner"] else row["pid"]
             if process_alive(pid):
                 continue
+            reached = read_step(Path(row["run_dir"])) if row["run_dir"] else None
+            further = reached is not None and (row["step"] is None or reached > row["step"])
             if self.update_run(
                 row["id"], only_if={"status": "running", "owner": row["owner"]},
                 status=RunStatus.interrupted, ended_at=now_iso(),
+                **({"step": reached} if further else {}),
             ):  # fmt: skip
                 changed.append(row)
         return changed

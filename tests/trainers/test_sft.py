@@ -115,8 +115,9 @@ def test_a_checkpoint_of_other_knobs_is_refused_naming_them_before_the_model_loa
     with pytest.raises(ConfigError) as refused:
         other.refuse_another_run()
     said = str(refused.value)
-    assert "holds a checkpoint of another SFT run, whose lr (saved " in said and "\n" not in said
-    assert "steps (saved 60, now 30)" in said and "delete that folder" in said
+    assert "holds a checkpoint of another SFT run, whose SFTConfig.lr (saved 0.002, now 0.0002)" \
+        in said and "\n" not in said
+    assert "steps" not in said and "delete that folder" in said  # steps may change on resume
     traces = _Checkpoint(path, "run-c", _knobs(SFTConfig(steps=60)), "models/tiny")
     with pytest.raises(ConfigError, match="another SFT run, whose traces differ"):
         traces.refuse_another_run()
