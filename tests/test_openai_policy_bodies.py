@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 
 import agentgym
 from agentgym.engine import SamplingConfig
-from tests.test_policies import REPLY, FlakyServer
+from tests.test_policies import REPLY, FlakyServer, running_servers
 
 HTML = b"<html><body>Sign in to the proxy</body></html>"
 
@@ -85,18 +84,8 @@ class _BodyHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def answering() -> Iterator[Any]:
     """Starts a `BodyServer` on loopback for a body; all are stopped after the test."""
-    servers: list[BodyServer] = []
-
-    def start(body: bytes) -> BodyServer:
-        server = BodyServer(body)
-        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with running_servers(BodyServer) as start:
+        yield start
 
 
 @pytest.mark.parametrize(("body", "fault"), BODIES.values(), ids=BODIES.keys())

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import socket
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -57,20 +59,29 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def serve() -> Iterator:
-    servers: list[FlakyServer] = []
+@contextlib.contextmanager
+def running_servers(make_server: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """A function that starts a loopback server ``make_server`` builds; all stop on leaving."""
+    servers: list[Any] = []
 
-    def start(script: list[tuple[int, dict]]) -> FlakyServer:
-        server = FlakyServer(script)
+    def start(*args: Any) -> Any:
+        server = make_server(*args)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return server
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.fixture
+def serve() -> Iterator:
+    with running_servers(FlakyServer) as start:
+        yield start
 
 
 async def test_retries_transient_errors_then_returns_tokens(serve) -> None:
