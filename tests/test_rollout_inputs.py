@@ -215,8 +215,7 @@ class SilentPolicy:
 
 async def test_a_huge_rollout_holds_a_task_per_player_not_per_episode() -> None:
     """Each episode was a task from the start, waiting on a semaphore: 100,000 of them took
-    2.6 s to make and 1.2 s to cancel before a rollout even began to stop, and a `kill`ed
-    eval of that size hung in the cancelling."""
+    2.6 s to make before the first episode played, and 1.2 s to cancel when stopped."""
     CountedEnv.made = CountedEnv.closed = 0
     playing = asyncio.ensure_future(
         arollout(CountedEnv, SilentPolicy(), tasks=[0], group_size=100_000, max_concurrency=2)
