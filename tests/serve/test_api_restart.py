@@ -104,7 +104,8 @@ def test_a_stopped_server_interrupts_its_jobs_and_requeues_them(tmp_path: Path) 
     store = RunStore(db_url)
     stopped = store.get_run(long["id"])  # interrupted, then re-queued
     store.close()
-    assert (stopped["status"], stopped["exit_code"], stopped["resume"]) == ("queued", -15, True)
+    # the job's worker unwound on the SIGTERM (`exit_on_sigterm`): 128 + 15
+    assert (stopped["status"], stopped["exit_code"], stopped["resume"]) == ("queued", 143, True)
     with api_server(db_url, tmp_path, name="second") as second:
         with httpx.Client(base_url=second.url, timeout=30) as client:
             again = wait_running_with_episodes(
