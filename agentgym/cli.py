@@ -23,8 +23,6 @@ from ._check import check as run_checks
 from ._cli_common import (
     ChatTemplateKwargsOption,
     EnvArgOption,
-    exit_code_after_stop,
-    exit_on_sigterm,
     parse_env_args,
     parse_template_kwargs,
     print_error,
@@ -34,6 +32,7 @@ from ._errors import ConfigError, Error
 from ._eval_cli import evaluate
 from ._quick_exit import skip_final_collection
 from ._registry import make, registered_envs, resolve_id
+from ._stop import exit_code_after_stop, exit_on_sigterm
 
 app = typer.Typer(help="Multi-turn agentic RL environments for LLMs.", no_args_is_help=True)
 

@@ -321,11 +321,13 @@ def test_a_second_writer_on_a_running_folder_is_refused(
 # --- Ctrl-C: a clean stop, then a resume ------------------------------------------------------
 
 
-def test_ctrl_c_stops_cleanly_and_resumes(workdir: Path, uninterrupted: dict[str, Any]) -> None:
-    """(``kill PID`` ends the process on the spot, as SIGKILL does above: a handler raising from
-    a signal lands in whichever episode task runs and the others play on while asyncio cancels
-    them, which took a job with 100,000 planned episodes past its queue's 10 s grace.)"""
-    sig, code = signal.SIGINT, 128 + signal.SIGINT
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_cleanly_and_resumes(
+    workdir: Path, uninterrupted: dict[str, Any], sig: signal.Signals
+) -> None:
+    """``kill PID`` (SIGTERM) takes Ctrl-C's path (`exit_on_sigterm`): it ended the process on
+    the spot, leaving its servers, containers and workspace copies."""
+    code = 128 + sig
     from agentgym.runs import RunStore
 
     db = workdir / "runs.db"

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym._errors import ConfigError, InfraError
+from agentgym._stop import exit_code_after_stop
 
 from ._folder import read_figures, read_step
 from ._store import DISABLED, RunStatus, RunStore, now_iso
@@ -44,8 +45,8 @@ def exit_code_of(exc: BaseException | None) -> int:
         return 0
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    if isinstance(exc, KeyboardInterrupt):
-        return 128 + signal.SIGINT
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or `kill` (`exit_on_sigterm`)
+        return exit_code_after_stop(128 + signal.SIGINT)
     if isinstance(exc, ConfigError):
         return EXIT_CONFIG
     if isinstance(exc, InfraError):

@@ -118,7 +118,7 @@ def test_runs_print_names_and_configs_as_written(tmp_path: Path) -> None:
         (ConfigError("bad knob"), 2, RunStatus.failed),
         (ModelError("server down"), EXIT_INFRA, RunStatus.failed),
         (KeyboardInterrupt(), 130, RunStatus.interrupted),
-        (SystemExit(143), 143, RunStatus.interrupted),  # train's SIGTERM handler
+        (SystemExit(143), 143, RunStatus.interrupted),  # a SIGTERM handler that exits
         (RuntimeError("bug"), 1, RunStatus.failed),
     ],
 )
