@@ -157,6 +157,11 @@ class LocalSandbox(SandboxBase):
                 _feed(proc, to_bytes(stdin) or b"")
                 out, err, status = _collect(proc, started + timeout,
                                             self.config.output_limit_bytes)
+                if status is None:  # its output ended: let it exit before its group is killed
+                    try:  # (killed while exiting, `echo` ended -9: an `error` with its output)
+                        proc.wait(timeout=max(0.0, started + timeout - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        status = ExecStatus.TIMEOUT
             finally:
                 self._running.discard(proc.pid)
                 _kill_group(proc.pid)

@@ -51,9 +51,15 @@ class CtrlCAtEpisode:
 def test_ctrl_c_stops_the_rollout_and_keeps_no_episode_it_cut(concurrency: int) -> None:
     kept = []
     policy = CtrlCAtEpisode(at=6)
-    with pytest.raises(KeyboardInterrupt):
-        rollout(AddEnv, policy, tasks=[0], group_size=200, max_concurrency=concurrency,
-                on_episode=kept.append)  # fmt: skip
+    # as at a terminal: a pytest-xdist worker starts with SIGINT ignored, and then neither
+    # asyncio's handler nor any KeyboardInterrupt comes
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rollout(AddEnv, policy, tasks=[0], group_size=200, max_concurrency=concurrency,
+                    on_episode=kept.append)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert policy.started == 6  # none began after the stop
     # those still playing with the sixth were cut with it: not kept either
     assert len(kept) == 5 if concurrency == 1 else len(kept) < 6
