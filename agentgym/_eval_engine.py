@@ -26,6 +26,7 @@ from ._extras import needs_extra
 from ._registry import make, resolve_id
 from ._types import Message
 from .parsers import ToolCallParser
+from .runs._folder import EXPORT_INFO
 
 
 def local_model(model_path: Path | None, seed: int) -> Path | None:
@@ -125,8 +126,6 @@ def _exported_from(trained: Path) -> Path | None:
 
     A run that is gone is said in a line: its settings cannot be used.
     """
-    from agentgym.trainers._export import EXPORT_INFO
-
     try:
         run = Path(json.loads((trained / EXPORT_INFO).read_text(encoding="utf-8"))["run"])
     except (OSError, ValueError, KeyError, TypeError):  # no export, or not one of ours

@@ -131,7 +131,9 @@ def export(
     ] = None,
 ) -> None:
     """Export a run's trained adapter, alone or merged into its base, ready for vllm serve."""
-    from ._export import EXPORT_INFO, export_run
+    from agentgym.runs._folder import EXPORT_INFO
+
+    from ._export import export_run
 
     with needs_extra("agentgym export --merge", "train") if merge else contextlib.nullcontext():
         folder = export_run(run, out, step=step, best=best, merge=merge, base_model=base_model)

@@ -30,13 +30,11 @@ from agentgym._check import load_tokenizer
 from agentgym._durable import check_folder_can_be_made
 from agentgym._errors import ConfigError
 from agentgym.engine._model_dir import check_adapter_base, read_adapter_config
+from agentgym.runs._folder import EXPORT_INFO
 
 from ._metrics import is_multi_turn_success
 from ._run_dir import WARM_START, atomic_dir, checkpoints_by_step, read_jsonl_records
 from ._training_state import checkpoint_step
-
-#: Written into every export: where it came from.
-EXPORT_INFO = "export.json"
 
 
 def export_run(

@@ -21,6 +21,8 @@ from agentgym._errors import ConfigError
 OUTPUT_LOG = "output.log"
 #: What ``agentgym sft`` writes last in its OUT folder: knobs, source, per-step history.
 SFT_SUMMARY = "sft.json"
+#: What `agentgym export` writes beside an adapter or merged model: the run it came from.
+EXPORT_INFO = "export.json"
 #: The files that mark a folder as each kind of run's (a train run's ``output_dir``, an eval's
 #: ``--out``, an ``agentgym sft`` OUT), by kind.
 RUN_FILES: dict[str, tuple[str, ...]] = {
