@@ -230,7 +230,11 @@ def evaluate(
         probe.close()
     total, digest = len(chosen), tasks_digest(tasks, chosen)  # what is played, and its digest
     check_episode_count(total, group_size)  # before a model loads
+    served: OpenAIPolicy | None = None  # built here: its sampling is checked before indexing
     if policy is PolicyKind.openai and model is not None:
+        served = OpenAIPolicy(
+            base_url, model, api_key=api_key, sampling={"temperature": temperature, "seed": seed}
+        )
         check_served_model(base_url, model, api_key)  # a 404 / 401 here is the command's
     run_config = {
         "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value,
@@ -265,11 +269,8 @@ def evaluate(
             )  # fmt: skip
             agent = stack.enter_context(engine)  # shut down on leaving
         else:
-            assert model is not None  # checked above; narrows the type
-            agent = OpenAIPolicy(
-                base_url, model, api_key=api_key,
-                sampling={"temperature": temperature, "seed": seed},
-            )  # fmt: skip
+            assert served is not None  # built above; narrows the type
+            agent = served
         which = {"tasks": chosen} if task_range else {"num_tasks": num_tasks}
         plan = {
             **which, "group_size": group_size, "max_concurrency": concurrency,

@@ -210,6 +210,19 @@ def test_sampling_options_are_taken_under_the_openai_policy(tmp_path: Path) -> N
     assert run_config["temperature"] == 0.2 and run_config["max_tokens"] == 5
 
 
+def test_a_sampling_value_the_server_would_refuse_is_refused_before_the_run_is_indexed(
+    tmp_path: Path,
+) -> None:
+    """It was refused once the run was indexed: a 'failed' row (exit 2) for a typo."""
+    db = tmp_path / "runs.db"
+    dead = ["--policy", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]
+    proc = run(tmp_path, "calculator", "-n", "1", *dead, "--temperature", "-1",
+               env={"AGENTGYM_RUNS_DB": str(db)})  # fmt: skip
+    assert proc.returncode == 2
+    assert "temperature=-1.0" in one_error_line(proc)
+    assert not db.exists() and not (tmp_path / "out").exists()
+
+
 # --- an env without a reference solution ---------------------------------------------------------
 
 

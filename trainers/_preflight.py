@@ -27,7 +27,7 @@ from agentgym._errors import ConfigError
 from agentgym._registry import made_for_a_command, resolve_id
 from agentgym._tasks import task_text, tasks_digest
 from agentgym._types import Message
-from agentgym.engine._model_dir import context_length
+from agentgym.engine._model_dir import context_length, require_model_folder
 from agentgym.parsers import ToolCallParser
 
 from ._config import GRPOConfig
@@ -113,15 +113,12 @@ def resolve_model(model: str, seed: int = 0) -> Path:
     return path
 
 
-#: The weight files transformers and vLLM load from a folder (shards have an index).
-_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.safetensors.index.json")
-
-
 def _check_model_files(path: Path, model: str) -> None:
-    """``config.json`` parses and weights are there, which the load would find out too late.
+    """``config.json`` parses, and weights and tokenizer are whole, which the load finds too late.
 
-    A torn copy (no weights, a half-written config.json) passed the dry run, then failed with a
-    traceback after the run folder was made, so a retry needed ``--resume``.
+    A torn copy (no weights, a half-written config.json, a missing shard) passed the dry run,
+    then failed with a traceback after the run folder was made, so a retry needed ``--resume``.
+    The engine's own rule (`require_model_folder`) decides what a whole folder is.
     """
     try:
         json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -130,11 +127,7 @@ def _check_model_files(path: Path, model: str) -> None:
             f"model {model!r}: {path / 'config.json'} is not valid JSON ({exc}); copy the "
             "model folder again"
         ) from None
-    if not any(next(path.glob(pattern), None) for pattern in _WEIGHT_PATTERNS):
-        raise ConfigError(
-            f"model {model!r} has no weights ({path} holds no *.safetensors or *.bin "
-            "file); copy the whole model folder, weights included"
-        )
+    require_model_folder(path)
 
 
 def _check_engine(config: GRPOConfig) -> None:

@@ -57,7 +57,7 @@ from agentgym import Trajectory
 from agentgym._durable import atomic_write_text, check_folder_can_be_made, fsync_dir
 from agentgym._errors import ConfigError, Error
 from agentgym._trajectory import to_json_line
-from agentgym.engine._model_dir import _safetensors_whole
+from agentgym.engine._model_dir import _safetensors_whole, model_folder_problem
 from agentgym.runs._folder import RUN_FILES, SFT_SUMMARY, refuse_another_kind_of_run
 
 from ._training_state import (
@@ -835,14 +835,16 @@ def _refuse_damaged_warm_start(path: Path, has_checkpoints: bool) -> None:
     if not (folder / SFT_SUMMARY).is_file():
         return  # none, or one the run has yet to finish: it is (re)done
     broken = [f.name for f in sorted(folder.glob("*.safetensors")) if not _safetensors_whole(f)]
-    if not broken:
+    problems = [f"{', '.join(broken)} cut short or not safetensors"] if broken else []
+    if missing := model_folder_problem(folder):  # files deleted: it passed, the load failed
+        problems.append(missing)
+    if not problems:
         return
     after = (" (its GRPO checkpoints were trained on the old one: for a clean run, start a new "
              "output_dir)" if has_checkpoints else "")  # fmt: skip
     raise ConfigError(
-        f"the SFT warm start {folder} is damaged ({', '.join(broken)} cut short or not "
-        f"safetensors); delete {folder} (its {SFT_SUMMARY} with it) to redo the warm start when "
-        f"resuming{after}"
+        f"the SFT warm start {folder} is damaged ({'; '.join(problems)}); delete {folder} (its "
+        f"{SFT_SUMMARY} with it) to redo the warm start when resuming{after}"
     )
 
 

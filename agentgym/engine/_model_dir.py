@@ -49,14 +49,17 @@ def require_model_folder(model_dir: str | os.PathLike[str]) -> Path:
             f"{os.fspath(model_dir)} is not a model folder (no config.json); pass the folder "
             "that holds the model's config.json and weights"
         )
-    missing = [_weights_problem(path), _tokenizer_problem(path)]
-    if any(missing):
+    if missing := model_folder_problem(path):
         raise ConfigError(
-            f"{os.fspath(model_dir)} is not a whole model folder: "
-            f"{'; '.join(filter(None, missing))}; copy the whole model folder (config.json, "
-            "weights and tokenizer files)"
+            f"{os.fspath(model_dir)} is not a whole model folder: {missing}; copy the whole "
+            "model folder (config.json, weights and tokenizer files)"
         )
     return path
+
+
+def model_folder_problem(path: Path) -> str:
+    """What of its weights and tokenizer the model folder ``path`` lacks ("" when whole)."""
+    return "; ".join(filter(None, [_weights_problem(path), _tokenizer_problem(path)]))
 
 
 def _weights_problem(path: Path) -> str:

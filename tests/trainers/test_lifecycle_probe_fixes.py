@@ -191,6 +191,9 @@ def test_a_cut_short_warm_start_is_refused_by_the_dry_run_and_the_resume(
         said = refusal(opening)
         assert said.startswith(f"the SFT warm start {warm_start} is damaged (model.safetensors ")
         assert f"delete {warm_start} (its sft.json with it) to redo the warm start" in said
+    (warm_start / "model.safetensors").unlink()  # deleted, not cut: it passed the dry run
+    said = refusal(lambda: dry_run(cfg, resume=True))
+    assert said.startswith(f"the SFT warm start {warm_start} is damaged (no weights (no ")
 
 
 def test_the_warm_start_is_synced_before_its_sft_json_marks_it_done(

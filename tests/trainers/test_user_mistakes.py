@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,17 +152,37 @@ def _copy_of_tiny(tmp_path: Path) -> Path:
     return Path(shutil.copytree(resolve_model("tiny"), tmp_path / "model"))
 
 
-def test_a_model_folder_without_weights_is_refused_before_anything_is_written(
-    tmp_path: Path,
+def _without_tokenizer(model: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).unlink()
+
+
+def _with_a_shard_missing(model: Path) -> None:
+    """An index naming a second shard that was never copied (a torn multi-shard copy)."""
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    ))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tear", "expected"),
+    [
+        (lambda model: [w.unlink() for w in model.glob("*.safetensors")], "no weights"),
+        (_with_a_shard_missing, "1 of the 2 shards"),  # passed the dry run, died loading
+        (_without_tokenizer, "no tokenizer files"),  # passed the dry run, died loading
+    ],
+    ids=["no-weights", "shard-missing", "no-tokenizer"],
+)
+def test_a_torn_model_folder_is_refused_before_anything_is_written(
+    tmp_path: Path, tear: Callable[[Path], object], expected: str
 ) -> None:
     from trainers._plan import dry_run
 
     model = _copy_of_tiny(tmp_path)
-    for weights in model.glob("*.safetensors"):
-        weights.unlink()
+    tear(model)
     config = GRPOConfig.from_dict({**TINY_RUN, "model": str(model),
                                    "output_dir": str(tmp_path / "run")})  # fmt: skip
-    with pytest.raises(agentgym.ConfigError, match="has no weights.*copy the whole model"):
+    with pytest.raises(agentgym.ConfigError, match=f"{expected}.*copy the whole model"):
         dry_run(config, resume=False)
     assert not (tmp_path / "run").exists()
 
