@@ -8,7 +8,12 @@ while its episodes still differ.
 
 from __future__ import annotations
 
+#: Turn seeds are taken modulo this: vLLM cannot send a seed past 2**64 - 1 to its engine
+#: (every episode of ``--seed 2e16`` was an infra_error) and reads -1 as "no seed" (a run
+#: that did not repeat); torch and OpenAI-compatible servers take [0, 2**63) too.
+SEED_RANGE = 2**63
+
 
 def turn_seed(base: int | None, episode_seed: int, turn: int) -> int | None:
-    """``base + 1000 * episode_seed + turn``; None (fresh randomness) without a base."""
-    return None if base is None else base + 1000 * episode_seed + turn
+    """``base + 1000 * episode_seed + turn`` (mod 2**63); None (fresh randomness) without a base."""
+    return None if base is None else (base + 1000 * episode_seed + turn) % SEED_RANGE

@@ -641,10 +641,10 @@ class GRPOTrainer:
             self.world.sum_gradients(trainable)
             if cfg.max_grad_norm is not None:
                 norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm))
-                metrics["train/grad_norm"] = norm
             else:
                 norm = float(torch.nn.utils.get_total_norm([p.grad for p in trainable
                                                             if p.grad is not None]))  # fmt: skip
+            metrics["train/grad_norm"] = norm  # unclipped too: where a blow-up shows first
             # a NaN or inf gradient (a bf16 overflow, a NaN reward) would write NaN into the
             # adapter and every later step: that update is skipped, counted and reported
             metrics["train/skipped_updates"] = 0.0 if math.isfinite(norm) else 1.0

@@ -74,8 +74,9 @@ class SamplingConfig:
             string is taken as a list of it).
         extra: more fields of vLLM's ``SamplingParams`` (``allowed_token_ids``, ``logit_bias``
             ...); backends other than vLLM refuse them.
-        seed: when set, episode e's turn t samples with seed ``seed + 1000 * e + t``: runs
-            repeat exactly whatever else the engine is batching. None draws fresh randomness.
+        seed: when set, episode e's turn t samples with seed ``seed + 1000 * e + t`` (mod
+            2**63): runs repeat exactly whatever else the engine is batching. None draws fresh
+            randomness.
     """
 
     temperature: float = 1.0
@@ -118,6 +119,16 @@ class SamplingConfig:
                 "give SamplingConfig's own fields (temperature, top_p, top_k, min_p, "
                 "max_tokens, stop, seed) instead, and leave the others to the engine"
             )
+
+    def extra_for(self, max_tokens: int) -> dict[str, Any]:
+        """``extra`` for a turn of at most ``max_tokens``: a ``min_tokens`` above it is cut.
+
+        Why: a turn cut to what the episode's budget or the context has left asked for more
+        ``min_tokens`` than it may sample, which vLLM refuses: the episode ended ``error``.
+        """
+        if self.extra.get("min_tokens", 0) <= max_tokens:
+            return self.extra
+        return {**self.extra, "min_tokens": max_tokens}
 
     @classmethod
     def from_dict(cls, knobs: Mapping[str, Any]) -> SamplingConfig:
@@ -229,7 +240,10 @@ class TokenPolicy:
                 f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"
                 " (raise max_model_len, up to the model's positions, for longer episodes)"
             )
-        return min(max_tokens or sampling.max_tokens, room)
+        limit = sampling.max_tokens if max_tokens is None else max_tokens  # 0 is no "not given"
+        if limit < 1:  # an env's budget spent: the episode ends truncated, as on a full context
+            raise ContextLengthError(f"the episode's token budget is spent (turn limit {limit})")
+        return min(limit, room)
 
     def with_sampling(self, **changes: Any) -> TokenPolicy:
         """The same model and engine with other sampling knobs (e.g. greedy evaluation).

@@ -303,6 +303,7 @@ def check_adapter_base(adapter: str | os.PathLike[str], model: str | os.PathLike
     models not stored as safetensors are not checked.
     """
     lora = _safetensors_shapes([Path(adapter) / "adapter_model.safetensors"])
+    _check_rank_said(adapter, lora)
     base = _model_shapes(str(Path(model)), _stamp(Path(model)))
     if not lora or not base:
         return
@@ -317,6 +318,23 @@ def check_adapter_base(adapter: str | os.PathLike[str], model: str | os.PathLike
                         f"{os.fspath(model)}: {problem}; it was trained on another base "
                         "model: load an adapter trained on this one"
                     )
+
+
+def _check_rank_said(adapter: str | os.PathLike[str], lora: dict[str, list[int]]) -> None:
+    """Refuse LoRA weights of a higher rank than ``adapter_config.json`` gives.
+
+    Why: the engine reserves ranks by the config, so such a folder passed every check and
+    failed inside vLLM's worker ("size of tensor a (8) must match ... (16)"), 75 lines.
+    """
+    held = max((shape[0] for key, shape in lora.items()
+                if key.endswith(".lora_A.weight") and len(shape) == 2), default=None)  # fmt: skip
+    said = adapter_rank(adapter)
+    if held is not None and said is not None and held > said:
+        raise ConfigError(
+            f"the adapter at {os.fspath(adapter)} holds LoRA weights of rank {held}, but its "
+            f"adapter_config.json gives rank {said}; save config and weights together (PEFT's "
+            "save_pretrained)"
+        )
 
 
 def _misfit(module: str, shape: list[int], axis: int, base: dict[str, list[int]]) -> str:

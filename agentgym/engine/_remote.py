@@ -247,7 +247,7 @@ class RemoteVLLMPolicy(TokenPolicy):
             "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
             "spaces_between_special_tokens": False,
             # a version's own prefix cache: KV of another version's weights is never reused
-            "cache_salt": self.fleet.served_name(version), **s.extra,
+            "cache_salt": self.fleet.served_name(version), **s.extra_for(limit),
         }  # fmt: skip
 
     async def _attempt(

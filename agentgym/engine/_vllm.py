@@ -459,7 +459,7 @@ class VLLMPolicy(TokenPolicy):
             logprobs=0,
             skip_special_tokens=False,
             spaces_between_special_tokens=False,
-            **s.extra,
+            **s.extra_for(max_tokens),
         )
 
     def _check_sampling(self, sampling: SamplingConfig) -> None:
@@ -476,7 +476,7 @@ class VLLMPolicy(TokenPolicy):
         except ImportError:  # start() says vLLM is missing
             return
         try:
-            self.sampling_params(1, None, sampling)
+            self.sampling_params(sampling.max_tokens, None, sampling)
         except Exception as exc:  # TypeError, vLLM's VLLMValidationError (not a ValueError)
             raise ConfigError(
                 f"sampling extra={sampling.extra!r}: vLLM's SamplingParams refuses it ({exc}); "

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from agentgym import ConfigError
+from agentgym import ConfigError, ContextLengthError
+from agentgym._seeds import turn_seed
 from agentgym.engine import HFPolicy, SamplingConfig, TokenPolicy
 from agentgym.engine._model_dir import context_length
 from tests.conftest import require
@@ -60,6 +61,36 @@ def test_a_knob_no_sampler_can_use_is_one_config_error(knobs: dict, says: str) -
 
 def _escaped(text: str) -> str:
     return re.escape(text)
+
+
+def test_a_turn_cut_below_min_tokens_samples_what_it_may() -> None:
+    """A turn cut to the episode's budget asked vLLM for more min_tokens than max_tokens:
+    refused per request, the episode ended ``error``."""
+    sampling = SamplingConfig(max_tokens=40, extra={"min_tokens": 30, "ignore_eos": True})
+    assert sampling.extra_for(40) is sampling.extra
+    assert sampling.extra_for(10) == {"min_tokens": 10, "ignore_eos": True}
+    assert sampling.extra == {"min_tokens": 30, "ignore_eos": True}  # the config keeps its own
+
+
+def test_a_spent_token_budget_ends_the_episode_truncated_not_at_the_full_limit() -> None:
+    """A limit of 0 was read as "not given" (the policy's full max_tokens); -3 was vLLM's
+    error, the episode ``error``."""
+    policy = TokenPolicy(sampling={"max_tokens": 16})
+    assert policy.turn_limit([1, 2], None, policy.sampling) == 16
+    assert policy.turn_limit([1, 2], 5, policy.sampling) == 5
+    for spent in (0, -3):
+        with pytest.raises(ContextLengthError, match="token budget is spent"):
+            policy.turn_limit([1, 2], spent, policy.sampling)
+
+
+@pytest.mark.parametrize("base", [2**64, 2 * 10**16, -1, -(2**70)])
+def test_every_turn_seed_is_one_a_sampler_takes(base: int) -> None:
+    """vLLM could not send a seed past 2**64 - 1 (``--seed 2e16``: every episode an
+    infra_error) and read -1 as no seed at all (runs that did not repeat)."""
+    seeds = {turn_seed(base, episode, turn) for episode in (0, 7, 10**9) for turn in (0, 1)}
+    assert all(seed is not None and 0 <= seed < 2**63 for seed in seeds)
+    assert len(seeds) == 6  # still one per (episode, turn)
+    assert turn_seed(5, 2, 1) == 2006  # the documented formula where it fits
 
 
 def test_one_stop_string_is_one_stop_string_not_its_characters() -> None:
@@ -177,6 +208,11 @@ def test_adapter_mistakes_are_refused_before_the_engine_starts(
         policy.load_adapter(rank16)
     with pytest.raises(ConfigError, match="does not fit the model"):
         policy.load_adapter(other_base)
+    config = rank16 / "adapter_config.json"  # rank-16 weights under a config saying 8
+    config.write_text(json.dumps({**json.loads(config.read_text()), "r": 8}))
+    with pytest.raises(ConfigError, match="holds LoRA weights of rank 16, but its "
+                       "adapter_config.json gives rank 8; save config and weights together"):
+        policy.load_adapter(rank16)  # it failed in vLLM's worker, some 75 lines
     assert policy._engine is None, "the engine was started for a load that could not work"
     assert policy.adapters == [] and policy.adapter_version == 0
     policy.close()
@@ -316,6 +352,8 @@ def test_engine_option_typos_are_config_errors_not_engine_failures(
         vllm_policy_class(tiny_model_dir, sampling={"extra": {"ignore_eoss": True}})
     with pytest.raises(ConfigError, match="vLLM's SamplingParams refuses it"):
         vllm_policy_class(tiny_model_dir).with_sampling(extra={"repetition_penalty": -1.0})
+    # checked against the turn's own limit: min_tokens above 1 was refused (checked with 1)
+    vllm_policy_class(tiny_model_dir).with_sampling(max_tokens=40, extra={"min_tokens": 30})
     # ids outside the vocabulary: vLLM checks them per request, so every episode an error
     for extra in ({"allowed_token_ids": [5, 99999]}, {"logit_bias": {"-1": 2.0}},
                   {"stop_token_ids": [261]}):  # fmt: skip

@@ -43,6 +43,7 @@ def test_a_nan_gradient_skips_the_update_and_the_next_one_trains(
 
     trained = trainer._update(model, optimizer, samples, spec)
     assert trained["train/skipped_updates"] == 0.0
+    assert trained["train/grad_norm"] > 0  # logged unclipped too (it was only when clipping)
     after = adapter()
     assert all(torch.isfinite(p).all() for p in after.values())
     assert any(not torch.equal(p, before[n]) for n, p in after.items())  # this one trained
