@@ -13,6 +13,11 @@ started it, and kills the process when it is not: an orphan has been adopted by 
 subreaper. The engine core's workers are its children, so they follow it. The process that
 set the variable is left alone, and so is every process where it is not set.
 
+Each such process also ignores SIGINT: a terminal's Ctrl-C reaches the whole process group, and
+vLLM's worker, exiting on it mid-step, made its engine core print some 40 ERROR lines and a
+traceback ("Worker proc died unexpectedly") over the command's own "interrupted" line. The
+owner takes the Ctrl-C and closes its engine (SIGTERM, still vLLM's own orderly stop).
+
 Each such process also skips Python's last garbage collection at exit (`agentgym._quick_exit`):
 a vLLM worker spent about 3 s there, and vLLM kills an engine core that is not gone 5 s after
 ``close()`` asks it to stop, so every close took 5 s.
@@ -47,6 +52,8 @@ def register() -> None:
         return  # once; not ours; or the owner itself (vLLM loads plugins in the caller too)
     _started = True
     skip_final_collection()
+    if threading.current_thread() is threading.main_thread():  # where vLLM set its handlers
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C: it stops them
     parent = os.getppid()
     threading.Thread(target=_watch, args=(parent,), name="agentgym-orphan-guard",
                      daemon=True).start()  # fmt: skip

@@ -154,7 +154,9 @@ class VLLMPolicy(TokenPolicy):
             ``truncated`` (`ContextLengthError`). None: 4096, or the model's positions if
             fewer; longer than the model's positions is a `ConfigError` (`context_length`).
         dtype: weights' dtype (``"auto"``, ``"float32"``, ``"bfloat16"``); float32 makes
-            logprobs comparable with a float32 transformers forward pass.
+            logprobs comparable with a float32 transformers forward pass. ``"auto"`` is
+            float32 on the CPU build (as ``agentgym train`` and ``eval`` roll out there): in
+            bfloat16 its worker died of SIGILL at the first step on this project's machines.
         enable_lora: serve LoRA adapters (`load_adapter`). On the CPU build a batch whose
             tokens all use one adapter takes agentgym's fast path (`_cpu_lora`: ~2x faster
             decode steps), and ``engine_kwargs={"enforce_eager": False}`` compiles the model
@@ -313,6 +315,8 @@ class VLLMPolicy(TokenPolicy):
 
         if current_platform.is_cpu():
             cpu_args = {"enable_chunked_prefill": False, "enforce_eager": True, **engine_args}
+            if cpu_args.get("dtype") == "auto":  # bf16 here: the worker died of SIGILL at its
+                cpu_args["dtype"] = "float32"  # first step (tiny model); train/eval's CPU dtype
             if kv_cache_gib is not None:
                 cpu_args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
             return cpu_args

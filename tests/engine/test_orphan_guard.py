@@ -74,13 +74,78 @@ def test_the_engine_ends_when_its_owner_is_killed(tmp_path: Path, tiny_model_dir
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
+    assert not still_alive(engine), "vLLM processes outlived their owner"
+
+
+def still_alive(pids: set[int]) -> list[int]:
+    """Those of ``pids`` alive after a bounded wait; they are killed (never left behind)."""
     deadline = time.monotonic() + 30 * _orphan_guard.POLL_SECONDS
-    while any(alive(pid) for pid in engine) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)  # polling for an outcome, bounded: not a sleep standing in for sync
-    left = [pid for pid in engine if alive(pid)]
-    for pid in left:  # never leave them behind, even when the test fails
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
         os.kill(pid, signal.SIGKILL)
-    assert not left, f"vLLM processes outlived their owner: {left}"
+    return left
+
+
+GENERATING_OWNER = """
+import asyncio, sys
+from agentgym.engine import VLLMPolicy
+
+
+async def generate(policy):
+    while True:
+        await policy.generate_ids([1, 2, 3], max_tokens=200)
+        print("turn", flush=True)
+
+
+if __name__ == "__main__":
+    policy = VLLMPolicy(sys.argv[1], max_model_len=256,  # dtype "auto": float32 on the CPU
+                        sampling={"max_tokens": 200, "extra": {"ignore_eos": True}})
+    try:
+        asyncio.run(generate(policy))
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+    finally:
+        policy.close()
+        print("closed", flush=True)
+"""
+
+
+def test_ctrl_c_at_a_terminal_stops_the_engine_through_its_owner(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A terminal's Ctrl-C reaches the whole process group: vLLM's worker died of it mid-step,
+    and its engine core printed some 40 ERROR lines and a traceback ("Worker proc died
+    unexpectedly") over the command's own "interrupted" line. The owner stops them now."""
+    require("vllm")
+    script = tmp_path / "owner.py"
+    script.write_text(GENERATING_OWNER)
+    owner = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_model_dir)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's job
+    )  # fmt: skip
+    try:
+        assert owner.stdout is not None
+        said = []
+        for line in owner.stdout:  # vLLM logs to stdout too
+            said.append(line)
+            if line.strip() == "turn":
+                break
+        assert said[-1].strip() == "turn", "the engine did not generate:\n" + "".join(said)
+        engine = descendants(owner.pid)
+        os.killpg(owner.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        said += owner.stdout.readlines()
+        owner.wait(timeout=60)
+    finally:
+        if owner.poll() is None:
+            os.killpg(owner.pid, signal.SIGKILL)
+            owner.wait()
+    text = "".join(said)
+    assert "stopped" in text and "closed" in text, text
+    assert "Traceback" not in text and "ERROR" not in text, text
+    assert not still_alive(engine)
 
 
 def test_the_guard_leaves_processes_it_was_not_asked_to_watch(monkeypatch) -> None:
