@@ -11,8 +11,10 @@ Modes, decided once per (tokenizer, tools) before any episode runs (`ChatRendere
 - ``concat``: appending deltas gives exactly the tokens a fresh render of the conversation
   gives, so one episode trains as one sequence (`Trajectory.flatten`).
 - ``per_turn``: the template rewrites history (drops reasoning, moves the system prompt,
-  changes earlier turns) so deltas cannot be rendered consistently; every turn's prompt is a
-  fresh render and each turn is its own training sample. ``reason`` says what differed.
+  changes earlier turns) so deltas cannot be rendered consistently, or writes a turn without
+  the reasoning the model sampled (DeepSeek-R1-Distill's, even for the last turn); every
+  turn's prompt is a fresh render and each turn is its own training sample. ``reason`` says
+  what differed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ _PLACEHOLDER_TOOL = {
         "description": "Does nothing.",
         "parameters": {"type": "object", "properties": {}},
     },
+}
+
+
+#: Where a thinking model's reasoning ends (it opens with ``<think>``, in the turn or the prompt).
+_THINK_CLOSE = "</think>"
+#: A turn of a thinking model, to see whether the template keeps its reasoning.
+_REASONING_PROBE = {
+    "role": "assistant",
+    "content": "<think>\nI weigh both options first.\n</think>\n\nDone.",
 }
 
 
@@ -248,8 +259,11 @@ class ChatRenderer:
         closes the assistant turn that was not sampled (the end-of-turn token after a length
         cut, a stop string or another EOS; the newline after ``<|im_end|>``) and ends with the next
         assistant header. None when the template rewrites that turn once more messages
-        follow it (the caller falls back to a fresh render: ``per_turn``).
+        follow it, or writes it without the reasoning it holds (`drops_reasoning`): the caller
+        falls back to a fresh render (``per_turn``).
         """
+        if self.drops_reasoning(history, tools):
+            return None  # the ids hold reasoning no render of this conversation shows
         before = self.render_text(history, tools, generation=False)
         after = self.render_text([*history, *new_messages], tools, generation=True)
         if not after.startswith(before) or not before.endswith(self._turn_end):
@@ -284,7 +298,11 @@ class ChatRenderer:
         ``conversation`` should hold several tool turns (assistant text before a call
         included) as the env produces them; each assistant turn is taken as sampled exactly
         as the template renders it, which is the best case for the template. Exactly the
-        engine's delta path is exercised.
+        engine's delta path is exercised. Reasoning is the exception: a template that writes a
+        turn without the ``<think>`` block its message holds, even as the last message, shows
+        every later prompt reasoning a fresh render never has, so it gets ``per_turn``; and so
+        does one that would do that to a thinking model's turn when ``conversation`` has none
+        (the reference of a model that thinks may not, e.g. `agentgym check`'s generic one).
         """
         ends = [i for i, m in enumerate(conversation) if m.get("role") == "assistant"]
         if not ends:
@@ -298,6 +316,8 @@ class ChatRenderer:
                     f"the prompt of assistant turn {k + 1} changes once the turn is added (the "
                     "template renders a message differently when it is the last one)",
                 )
+            if self.drops_reasoning(conversation[: end + 1], tools):
+                return ModeDecision("per_turn", _dropped_reasoning(f"assistant turn {k + 1}"))
             ids += sampled
             following = ends[k + 1] if k + 1 < len(ends) else len(conversation)
             if following == end + 1:
@@ -324,7 +344,42 @@ class ChatRenderer:
                 f"{self.tokenizer.decode(fresh[at : at + 12])!r} where the turns as sampled "
                 f"have {self.tokenizer.decode(ids[at : at + 12])!r}",
             )
+        if self._drops_thinking_turns(conversation[: ends[0]], tools):
+            return ModeDecision("per_turn", _dropped_reasoning("a thinking model's turn"))
         return ModeDecision("concat", f"{len(ends)} turns rebuild the conversation exactly")
+
+    def drops_reasoning(
+        self, upto_assistant: Sequence[Message], tools: list[dict[str, Any]] | None
+    ) -> bool:
+        """Whether the template writes the last (assistant) message without its reasoning.
+
+        Why: DeepSeek-R1-Distill's template strips ``<think>`` from every assistant turn, the
+        last one included. Its renders then extend each other and deltas look consistent, but
+        the sampled ids hold the reasoning: later prompts showed the model reasoning that a
+        fresh render (what it meets when served) never has, and ``flatten()`` was no prefix of
+        that render. Only reasoning counts: other text the template writes differently (JSON
+        re-spaced, text before a call dropped) is what ``concat`` keeps as sampled.
+        """
+        reasoning = _reasoning(upto_assistant[-1].get("content"))
+        return bool(reasoning) and reasoning not in self.written_turn_text(upto_assistant, tools)
+
+    def _drops_thinking_turns(
+        self, opening: Sequence[Message], tools: list[dict[str, Any]] | None
+    ) -> bool:
+        """Whether a turn a thinking model samples after ``opening`` would lose its reasoning.
+
+        Why: a reference without reasoning (a generic conversation, a model that did not think
+        there) cannot show it, and the template alone says the model thinks. A generation
+        prompt that closes the block itself (DeepSeek V3.1 or Qwen3 with thinking off) gets
+        turns without reasoning: nothing to drop, no ``per_turn`` for it. A template that
+        refuses the probe turn is not judged by it: the conversation it rendered decided.
+        """
+        if self.render_text(opening, tools, generation=True).rstrip().endswith(_THINK_CLOSE):
+            return False
+        try:
+            return self.drops_reasoning([*opening, _REASONING_PROBE], tools)
+        except TemplateError:
+            return False
 
     def sampled_turn_ids(
         self, upto_assistant: Sequence[Message], tools: list[dict[str, Any]] | None
@@ -450,6 +505,25 @@ def policy_renderer(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None)
     if problem:
         raise ConfigError(f"chat_template_kwargs: {problem}; drop it or fix its name")
     return ChatRenderer(tokenizer, chat_template_kwargs)
+
+
+def _reasoning(content: Any) -> str:
+    """The reasoning a turn's text opens with ("" when none).
+
+    That is its ``<think>`` block's text, or the text before a ``</think>`` whose ``<think>``
+    the generation prompt opened (DeepSeek-R1-Distill's, Qwen3's).
+    """
+    if not isinstance(content, str) or _THINK_CLOSE not in content:
+        return ""
+    return content.split(_THINK_CLOSE)[0].split("<think>")[-1].strip()
+
+
+def _dropped_reasoning(turn: str) -> str:
+    """The ``per_turn`` reason for a template that writes ``turn`` without its reasoning."""
+    return (
+        f"the template writes {turn} without its <think> reasoning even as the last message: "
+        "the turns as sampled keep it, a fresh render of the conversation does not"
+    )
 
 
 def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
