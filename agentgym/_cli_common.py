@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import unicodedata
 from typing import Annotated, Any
 
 import typer
@@ -91,15 +92,37 @@ ChatTemplateKwargsOption = Annotated[
 EnvArgOption = Annotated[list[str], typer.Option(help="Env option key=value (repeatable).")]
 
 
-#: Control characters (C0, DEL, C1) but newline and tab, each to its ``\\xNN`` escape.
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+class _Escapes(dict[int, str]):
+    r"""`str.translate` table: a hidden character to its ``\xNN``/``\uNNNN`` escape.
+
+    Hidden: the controls (C0, DEL, C1; newline and tab kept) and the format characters
+    (category Cf: bidi overrides and isolates, zero-width characters). A U+202E in a run
+    name printed ``gnp.exe`` as ``exe.png`` and reversed the cells after it. Each character
+    is looked up once and cached: the table cannot list all of Unicode up front.
+    """
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        hidden = unicodedata.category(char) in ("Cc", "Cf") and char not in "\t\n"
+        self[code] = _escape(code) if hidden else char
+        return self[code]
+
+
+def _escape(code: int) -> str:
+    r"""``code`` as Python writes it in a string literal: ``\x1b``, ``\u202e``, ``\U000e0001``."""
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+_ESCAPES = _Escapes()
 
 
 def visible(text: str) -> str:
-    r"""``text`` with its control characters shown as ``\xNN`` (newlines and tabs kept).
+    r"""``text`` with its hidden characters shown as escapes (newlines and tabs kept).
 
     Why: names, log lines and above all a model's output are other people's text; printed
     raw, an escape sequence in them clears the screen, hides text or writes the clipboard
-    (OSC 52) of whoever reads them.
+    (OSC 52) of whoever reads them, and a bidi control reorders what is shown (`_Escapes`).
     """
-    return text.translate(_CONTROLS)
+    return text.translate(_ESCAPES)

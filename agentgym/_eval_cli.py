@@ -184,13 +184,10 @@ def evaluate(
         quiet_backends()  # before vLLM is imported: its engine processes read it too
     env_id = resolve_id(env)
     env_kwargs = parse_env_args(env_arg)
-    template_kwargs = parse_template_kwargs(chat_template_kwargs)
-    check_policy_options(ctx)
+    template_kwargs = check_eval_options(ctx)
     out = out.expanduser()  # `--out=~/x`: bash leaves that "~" to us, as every reader takes it
     check_folder_can_be_made(out, "--out")
     refuse_another_kind_of_run(out, "eval", "--out")
-    if policy is PolicyKind.openai:
-        check_base_url(base_url)
     servers = Servers(server, router_url, model)
     model_path = local_model(model_path, seed)
     run = None  # the run the adapter (or an exported merged model) was trained in
@@ -215,21 +212,16 @@ def evaluate(
     probe = made_for_a_command(env_id, env_kwargs_built)  # validates options before any work
     tasks = getattr(probe, "tasks", None)
     try:
-        if tasks is None or not len(tasks):  # it warned "playing all 0", then failed in rollout
-            raise ConfigError(
-                "the env has no task list (a `tasks` attribute) to play; give it one"
-                if tasks is None else "the env has no tasks to play (its options made none); "
-                "give it some, e.g. --env-arg num_tasks=N"
-            )  # fmt: skip
-        refuse_unready(probe, env_id)  # its sandboxes, before a model loads
-        if run is not None and task_range is None and num_tasks is None:
+        if tasks is None:  # it failed in rollout
+            raise ConfigError("the env has no task list (a `tasks` attribute) to play; give it one")
+        if run is not None and task_range is None and num_tasks is None and len(tasks):
             task_range = _held_out_range(run, env_id, len(tasks))
-        chosen = _chosen_tasks(task_range, num_tasks, len(tasks), env_id)
+        chosen = checked_tasks(len(tasks), task_range, num_tasks, group_size, env_id)
+        refuse_unready(probe, env_id)  # its sandboxes, before a model loads
         reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None
     finally:
         probe.close()
     total, digest = len(chosen), tasks_digest(tasks, chosen)  # what is played, and its digest
-    check_episode_count(total, group_size)  # before a model loads
     served: OpenAIPolicy | None = None  # built here: its sampling is checked before indexing
     if policy is PolicyKind.openai and model is not None:
         served = OpenAIPolicy(
@@ -283,6 +275,49 @@ def evaluate(
         _refuse_failed_episodes(played, out, episode_timeout)
         # inside the tracked block: a follower of the run's log stops once it is finished
         _print_summary(summary, out)
+
+
+def check_eval_options(ctx: Any) -> dict[str, Any]:
+    """The command's refusals of its options alone; returns ``--chat-template-kwargs`` parsed.
+
+    No model, no env and no network: a queued eval job is checked by this same function at
+    submission (`agentgym.runs.check_job`), so the job API cannot accept a config the command
+    then refuses in the worker (a ``file://`` base URL, temperature -5, a JSON typo were
+    queued, and failed there with exit 2). A URL with a user:password is refused here before
+    the job API could store it. ``ctx``: the command's click context.
+    """
+    from ._policies import _check_sampling
+    from .engine._remote import _check_url
+
+    params = ctx.params
+    policy = PolicyKind(params["policy"])
+    template_kwargs = parse_template_kwargs(params["chat_template_kwargs"])
+    check_policy_options(ctx)
+    if policy is PolicyKind.openai:
+        check_base_url(params["base_url"])
+    for url in params["server"]:
+        _check_url(url, "server")
+    if params["router_url"] is not None:
+        _check_url(params["router_url"], "router")
+    if policy is not PolicyKind.reference:  # as OpenAIPolicy and the engines check them
+        _check_sampling({k: params[k] for k in ("temperature", "seed", "max_tokens")})
+    return template_kwargs
+
+
+def checked_tasks(
+    available: int, task_range: str | None, num_tasks: int | None, group_size: int, env_id: str
+) -> list[int]:
+    """The task indices an eval plays out of ``available``, refused as the command refuses them.
+
+    Why shared: a queued eval job is checked by it at submission with its env's task count,
+    so a range past the env's tasks, or no tasks at all, is refused then, not by the worker.
+    """
+    if not available:  # it warned "playing all 0", then failed in rollout
+        raise ConfigError("the env has no tasks to play (its options made none); give it "
+                          "some, e.g. --env-arg num_tasks=N")  # fmt: skip
+    chosen = _chosen_tasks(task_range, num_tasks, available, env_id)
+    check_episode_count(len(chosen), group_size)  # before a model loads
+    return chosen
 
 
 def _where_served(

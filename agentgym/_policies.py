@@ -352,17 +352,37 @@ def check_server_url(url: str, option: str, example: str, key_hint: str) -> None
     Otherwise every request fails, is retried, and each episode is filed as an infrastructure
     failure (a server that is down), which hides the typo.
     """
-    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    check_url_root_alone(url, option, example, key_hint)
+    parts = _split(url)
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{option} must be an http(s) URL such as {example}, got {url!r}")
+
+
+def check_url_root_alone(url: str, option: str, example: str, key_hint: str) -> None:
+    """Refuse a URL with a ?query, #fragment or user:password@, without echoing it.
+
+    A path was appended after the query (every request a 404, filed as the server's
+    failure); a user:password was sent as basic auth over the key and printed in every error
+    line (kept in the run database). Apart from `check_server_url` for `GRPOConfig`, which
+    words its other URL refusals itself but must refuse a password before any of them echoes it.
+    """
+    parts = _split(url)
     if parts is not None and (parts.query or parts.fragment or "@" in url):
-        # a path was appended after the query (every request a 404, filed as the server's
-        # failure); a user:password was sent as basic auth over the key and printed in every
-        # error line (kept in the run database): refused without echoing the URL
         raise ConfigError(
             f"{option} must be the server's root alone, such as {example}: no ?query, "
             f"#fragment or user:password@ ({key_hint})"
         )
-    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{option} must be an http(s) URL such as {example}, got {url!r}")
+
+
+def _split(url: Any) -> urllib.parse.SplitResult | None:
+    """``url``'s parts; None for what is no URL (not text, or an unclosed ``[`` IPv6 host).
+
+    Why None over ValueError: a job config's ``http://[::1`` reached the job API as a 500.
+    """
+    try:
+        return urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    except ValueError:
+        return None
 
 
 def _completion_from_response(response: httpx.Response, url: str) -> Completion:

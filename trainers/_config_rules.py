@@ -361,6 +361,7 @@ def check_rollout_servers(config: GRPOConfig) -> None:
                 f"{name}={value!r} applies only with rollout_servers (in-process rollouts "
                 f"never read it); set rollout_servers, or drop {name}"
             )
+    _refuse_url_credentials(config)
     bad = [url for url in config.rollout_servers if not _is_http_url(url)]
     if bad:
         raise ConfigError(
@@ -474,6 +475,24 @@ def _is_share(value: Any) -> bool:
     """A finite positive number that is not a bool (``true`` is an int to Python)."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return number and math.isfinite(value) and value > 0
+
+
+def _refuse_url_credentials(config: GRPOConfig) -> None:
+    """Refuse a rollout URL with a user:password (or a ?query, #fragment), echoing none.
+
+    Why: the worker refused it only when the job ran (the `VLLMFleet` check), while the job
+    API had stored it in the run database and showed it to every client; and the refusals
+    below echo every URL. `check_url_root_alone` is the check `--server` and ``--base-url``
+    get: one rule, one wording.
+    """
+    from agentgym._policies import check_url_root_alone
+
+    hint = "train sends its servers no key: serve them on a trusted network"
+    for url in config.rollout_servers:
+        check_url_root_alone(url, "rollout_servers", "http://gpu-a:8000", hint)
+    if config.rollout_router_url is not None:
+        check_url_root_alone(config.rollout_router_url, "rollout_router_url",
+                             "http://router:30000", hint)  # fmt: skip
 
 
 def _is_http_url(url: str) -> bool:

@@ -4,17 +4,18 @@ A job config is a mapping (or YAML/JSON text of one):
 
 - ``train``: a `GRPOConfig` (the YAML ``agentgym train`` reads); ``output_dir`` is replaced by
   the job's run folder.
-- ``eval``: ``env`` plus any ``agentgym eval`` option by its Python name (``num_tasks``,
-  ``group_size``, ``policy`` ...), and ``env_kwargs`` (a mapping, as ``--env-arg k=v``);
-  ``out`` and ``resume`` belong to the queue. ``api_key`` is refused: secrets do not go into
-  the database (the worker inherits ``OPENAI_API_KEY``).
-- ``sft``: ``model`` plus any ``agentgym sft`` option by its Python name (``env`` or
+- ``eval``: ``env`` plus any ``agentgym eval`` option by its flag's name, ``-`` written ``_``
+  (``--num-tasks``: ``num_tasks``; ``--tasks``: ``tasks``; ``group_size``, ``policy`` ...), and
+  ``env_kwargs`` (a mapping, as ``--env-arg k=v``); ``out`` and ``resume`` belong to the queue.
+  ``api_key`` is refused: secrets do not go into the database (the worker inherits
+  ``OPENAI_API_KEY``).
+- ``sft``: ``model`` plus any ``agentgym sft`` option by its flag's name (``env`` or
   ``trajectories``, ``tasks``, ``steps``, ``batch_size``, ``method``, ``save_every`` ...), and
   ``env_kwargs`` as for ``eval``; OUT (the job's run folder) and ``resume`` belong to the queue.
 
 `check_job` parses the config as the command would (click's own parser for ``eval`` and
-``sft``, `GRPOConfig.from_dict` for ``train``), so a malformed config is refused at submission
-and never becomes a run.
+``sft``, `GRPOConfig.from_dict` for ``train``) and runs the command's own checks that need no
+model, so a config the command would refuse is refused at submission and never becomes a run.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ from agentgym._yaml import load_yaml
 from ._store import RunStore, new_run_id
 
 JobKind = Literal["train", "eval", "sft"]
+#: Option keys a job config may not set, each with why and what to do instead: listed among
+#: "unknown" keys, they read as options the command lacks (``api_key`` is one of ``eval``'s).
+_RESERVED: dict[str, str] = {
+    "api_key": "is not stored in the run database (secrets stay out of it); set "
+    "OPENAI_API_KEY in the environment of agentgym serve (or sweep): its jobs inherit it",
+    "out": "is the job's run folder, set by the queue; drop it",
+    "resume": "is set by the queue (a retried job resumes); drop it",
+    "env_arg": "is written as env_kwargs: {name: value}",
+}
 #: ``eval`` options a job config may not set (see the module docstring).
 _EVAL_RESERVED = frozenset({"out", "resume", "env_arg", "api_key"})
 #: ``sft`` options a job config may not set: OUT is the run folder, ``--resume`` the queue's.
@@ -252,7 +262,10 @@ def _option_args(name: str, config: Mapping[str, Any], skip: str) -> list[str]:
             for k, v in value.items():
                 args += ["--env-arg", f"{k}={json.dumps(v)}"]
             continue
-        flag = "--" + key.replace("_", "-")
+        param = _options(name).get(key)
+        flag = _flag(param) if param is not None else None
+        if flag is None:  # a row queued before its keys were checked as they are now
+            raise ConfigError(f"unknown {name} config key {key!r}; see agentgym {name} --help")
         if isinstance(value, list):  # a repeatable option (server: [url, url])
             if key not in several:
                 raise ConfigError(f"{name} config key {key!r} takes one value, got {value!r}; "
@@ -266,24 +279,78 @@ def _option_args(name: str, config: Mapping[str, Any], skip: str) -> list[str]:
 
 @functools.cache
 def _multi_valued(name: str) -> frozenset[str]:
-    """The options of ``agentgym NAME`` that take several values (repeatable, or nargs > 1)."""
-    params = _command(name).params
-    return frozenset(p.name for p in params if p.name and (p.multiple or p.nargs != 1))
+    """The keys of ``agentgym NAME``'s options that take several values (repeatable, nargs > 1)."""
+    return frozenset(k for k, p in _options(name).items() if p.multiple or p.nargs != 1)
+
+
+@functools.cache
+def _options(name: str) -> dict[str, Any]:
+    """``agentgym NAME``'s parameters by config key: the long flag's name (``--tasks``: ``tasks``).
+
+    Why the flag's name, and the flag taken from the option itself: ``eval --tasks`` is
+    ``task_range`` in Python; that key was listed as valid and passed as ``--task-range``,
+    which no command takes, while ``tasks`` (what ``--help`` shows) was refused as unknown.
+    """
+    return {_key(p): p for p in _command(name).params if p.name}
+
+
+def _key(param: Any) -> str:
+    """A parameter's config key: its long flag without ``--``, ``-`` as ``_``; else its name."""
+    flag = _flag(param)
+    return flag.removeprefix("--").replace("-", "_") if flag else str(param.name)
+
+
+def _flag(param: Any) -> str | None:
+    """A parameter's first long flag (``--num-tasks``, not ``-n``); None for an argument."""
+    return next((o for o in param.opts if o.startswith("--")), None)
 
 
 def _check_eval(config: Mapping[str, Any]) -> None:
-    from agentgym._eval_engine import local_env_kwargs
-    from agentgym._eval_options import PolicyKind, check_policy_options
+    """The config as ``agentgym eval`` parses it, then the command's checks needing no model.
 
-    _check_keys("eval", config, _EVAL_RESERVED)
+    `check_eval_options` and `checked_tasks` are the very functions the command runs, so the
+    two cannot disagree; nothing here loads a model or reaches a server. The env is built
+    once, to check its options' values and count its tasks.
+    """
+    from agentgym._eval_cli import check_eval_options, checked_tasks
+    from agentgym._eval_engine import local_env_kwargs
+    from agentgym._eval_options import PolicyKind
+    from agentgym._registry import resolve_id
+
+    _check_keys("eval", config, _EVAL_RESERVED, explained=_RESERVED)
     args = _eval_args(config)
     ctx = _parse("eval", [*args, "--out", "unused"])
-    check_policy_options(ctx)  # temperature under the reference policy: refused now
+    check_eval_options(ctx)  # temperature under the reference policy, a file:// URL ...
     policy, params = PolicyKind(ctx.params["policy"]), ctx.params
     if policy.local and params["model_path"] is None and params["adapter"] is None:
         # no model to play: the command's own refusal, made before it looks at the folder
         local_env_kwargs(None, {}, policy)
-    _check_env(args[0], config.get("env_kwargs"))
+    _check_adapter(ctx)
+    env = args[0]
+    count = _check_env(env, config.get("env_kwargs"), count_tasks=True)
+    if count is not None:  # named as the command names it (a module:id is not imported here)
+        env_id = env if ":" in env else resolve_id(env)
+        task_range, num_tasks = params["task_range"], params["num_tasks"]
+        checked_tasks(count, task_range, num_tasks, params["group_size"], env_id)
+
+
+def _check_adapter(ctx: Any) -> None:
+    """An eval job's ``adapter`` must be one the command takes, as it checks it: no model load.
+
+    Why: ``adapter: /etc`` was queued and refused by the worker. With ``model_path`` a
+    ``tiny`` name the base is built by the worker (seconds, and a write): left to it then.
+    """
+    from agentgym._eval_engine import trained_adapter_and_base
+    from agentgym._eval_options import PolicyKind, Servers
+    from agentgym.engine.tiny import tiny_preset
+
+    params = ctx.params
+    model_path = params["model_path"]
+    if params["adapter"] is None or (model_path is not None and
+                                     tiny_preset(str(model_path)) is not None):  # fmt: skip
+        return
+    servers = Servers(params["server"], params["router_url"], params["model"])
+    trained_adapter_and_base(params["adapter"], model_path, PolicyKind(params["policy"]), servers)
 
 
 #: Starts the line on which the child process of `_check_env` reports the env's task count
@@ -367,8 +434,9 @@ ENV_CHECK_SECONDS = 120
 def _check_sft(config: Mapping[str, Any]) -> None:
     """The config as ``agentgym sft`` parses it, then the command's own checks of its options.
 
-    The model is left to the worker (a model load); the env is built once when ``tasks``
-    names a range, which must lie inside its tasks.
+    The model is left to the worker (a model load); the env is built once, as the command
+    builds it: its options' values are checked (``num_tasks: 0`` was queued, then refused by
+    the worker), and a ``tasks`` range must lie inside its tasks.
     """
     from agentgym.trainers._sft_cli import check_options
 
@@ -377,21 +445,31 @@ def _check_sft(config: Mapping[str, Any]) -> None:
     check_options(params)
     env, tasks = params["env"], params["tasks"]
     if env is not None:
-        count = _check_env(env, config.get("env_kwargs"), count_tasks=tasks is not None)
+        count = _check_env(env, config.get("env_kwargs"), count_tasks=True)
         if tasks is not None and count is not None:
             tasks_of_env(tasks, env, count)  # the command's own refusal
 
 
-def _check_keys(name: str, config: Mapping[str, Any], reserved: frozenset[str]) -> None:
+def _check_keys(
+    name: str,
+    config: Mapping[str, Any],
+    reserved: frozenset[str],
+    explained: Mapping[str, str] | None = None,
+) -> None:
     """Refuse a key that is no option of ``agentgym NAME`` (or one the queue sets), with a hint.
 
     Why before parsing: click would report ``--num-taks`` as an unknown option; the config's
-    key, with the close match, is what the user wrote.
+    key, with the close match, is what the user wrote. A reserved key in ``explained`` says
+    why it is reserved.
     """
-    allowed = {p.name for p in _command(name).params if p.name} - reserved | {"env_kwargs"}
+    allowed = set(_options(name)) - reserved | {"env_kwargs"}
     for key in config:
+        if key in reserved and key in (explained or {}):
+            raise ConfigError(f"{name} config key {key!r} {_RESERVED[key]}")
         if key not in allowed:
-            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            python_names = {p.name: k for k, p in _options(name).items()}  # task_range: tasks
+            close = [python_names[key]] if python_names.get(key) in allowed else \
+                difflib.get_close_matches(str(key), sorted(allowed), n=1)  # fmt: skip
             hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {sorted(allowed)}"
             raise ConfigError(f"unknown {name} config key {key!r}; {hint}")
 

@@ -16,6 +16,10 @@ Policy when a job's process ends (`JobQueue._settle`):
 
 ``--resume`` continues a train run from its last checkpoint, an eval run after its last
 finished episode.
+
+The queue shares its event loop with ``agentgym serve``'s HTTP server: every store call it
+makes runs in a worker thread (`in_thread`), so a database lock held elsewhere delays the
+queue, not every request the server answers.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ._folder import OUTPUT_LOG, has_checkpoint, log_tail, read_figures, read_step
 from ._jobs import job_command
@@ -38,6 +43,8 @@ from ._store import RunStatus, RunStore, now_iso, process_alive
 from ._track import is_infra_failure
 
 log = logging.getLogger("agentgym.runs")
+
+_T = TypeVar("_T")
 
 
 #: How often a running queue looks for CLI runs whose process died (a query of the running
@@ -106,14 +113,14 @@ class JobQueue:
             # CLI runs of this host whose process died become interrupted: a dashboard
             # following one streamed forever, and the API said "running", until a `runs ls`
             if time.monotonic() - settled_at >= RECONCILE_EVERY_S:
-                self.store.reconcile()
+                await in_thread(self.store.reconcile)
                 settled_at = time.monotonic()
-            self._forward_cancels()
+            await self._forward_cancels()
             # count tasks, not processes: a job's process exists only once its task has run,
             # so counting processes claimed every queued job in one pass (`--parallel 1` ran
             # a whole sweep at once)
             while len(self._tasks) < self.workers and not self._stopping:
-                job = self.store.claim_next(self.owner, sweep_id=self.sweep_id)
+                job = await self._claim()
                 if job is None:
                     break
                 self._spawn(job)
@@ -134,6 +141,25 @@ class JobQueue:
             _signal_group(proc.pid, signal.SIGKILL)
         if self._tasks:
             await asyncio.wait(self._tasks)
+
+    async def _claim(self) -> dict[str, Any] | None:
+        """The next job, claimed in a worker thread; None when none is queued or we stop.
+
+        A job claimed while the queue began to stop, or whose claim outlived a cancelled
+        caller, is handed back (`RunStore.release`): no process would ever run it.
+        """
+        job = await in_thread(
+            lambda: self.store.claim_next(self.owner, sweep_id=self.sweep_id), undo=self._release
+        )
+        if job is not None and self._stopping:
+            await in_thread(lambda: self._release(job))
+            return None
+        return job
+
+    def _release(self, job: dict[str, Any] | None) -> None:
+        """Hand back a claimed ``job`` (None: nothing was claimed); a store write, off the loop."""
+        if job is not None:
+            self.store.release(job["id"], self.owner)
 
     # ---- one job ---------------------------------------------------------------------------
     def _spawn(self, job: dict[str, Any]) -> None:
@@ -172,8 +198,11 @@ class JobQueue:
                 env=env, start_new_session=True,  # its own group: a cancel stops its children
             )  # fmt: skip
         self._procs[job["id"]] = proc
-        self.store.update_run(job["id"], only_if={"owner": self.owner}, pid=proc.pid)
         try:
+            await in_thread(
+                lambda: self.store.update_run(job["id"], only_if={"owner": self.owner},
+                                              pid=proc.pid)
+            )  # fmt: skip
             code = await proc.wait()
         except asyncio.CancelledError:  # the loop is closing (Ctrl-C): leave no job running
             _signal_group(proc.pid, signal.SIGKILL)
@@ -182,7 +211,7 @@ class JobQueue:
         finally:
             del self._procs[job["id"]]
             self._term_sent.pop(job["id"], None)
-        self._settle(job["id"], code)
+        await in_thread(lambda: self._settle(job["id"], code))
 
     def _settle(self, run_id: str, code: int) -> None:
         """Record how a job's process ended and what happens next (module docstring)."""
@@ -249,17 +278,44 @@ class JobQueue:
             error_tail=f"{tail}\n{note}" if tail else note,
         )  # fmt: skip
 
-    def _forward_cancels(self) -> None:
+    async def _forward_cancels(self) -> None:
         """SIGTERM the jobs whose cancel was requested; SIGKILL them after ``grace_s``."""
-        for run_id, proc in list(self._procs.items()):
-            sent = self._term_sent.get(run_id)
-            if sent is None:
-                row = self.store.get_run(run_id)
-                if row is not None and row["cancel_requested"]:
-                    _signal_group(proc.pid, signal.SIGTERM)
-                    self._term_sent[run_id] = time.monotonic()
-            elif time.monotonic() - sent > self.grace_s:
+        unsent = [run_id for run_id in self._procs if run_id not in self._term_sent]
+        requested = await in_thread(lambda: self._cancel_requested(unsent)) if unsent else []
+        for run_id in requested:
+            proc = self._procs.get(run_id)  # None: it ended while the rows were read
+            if proc is not None:
+                _signal_group(proc.pid, signal.SIGTERM)
+                self._term_sent[run_id] = time.monotonic()
+        for run_id, sent in list(self._term_sent.items()):
+            proc = self._procs.get(run_id)
+            if proc is not None and time.monotonic() - sent > self.grace_s:
                 _signal_group(proc.pid, signal.SIGKILL)
+
+    def _cancel_requested(self, run_ids: list[str]) -> list[str]:
+        """Which of ``run_ids`` a cancel was requested for (store reads: call off the loop)."""
+        rows = (self.store.get_run(run_id) for run_id in run_ids)
+        return [row["id"] for row in rows if row is not None and row["cancel_requested"]]
+
+
+async def in_thread(call: Callable[[], _T], *, undo: Callable[[_T], object] | None = None) -> _T:
+    """``call()`` in a worker thread; a cancelled caller still waits for it to end.
+
+    Why: store calls on the event loop froze ``agentgym serve`` while another process held
+    the database lock (``/health`` took as long as the lock). In a thread they wait alone;
+    but a cancelled ``asyncio.to_thread`` leaves its thread running unseen. Here the caller's
+    cancellation waits for the call (its transaction is closed when it propagates) and then
+    runs ``undo`` on what it returned, in a thread too (a job claimed for nobody goes back).
+    """
+    # an executor future, not a task: the loop's shutdown cancels tasks, not this
+    running = asyncio.get_running_loop().run_in_executor(None, call)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait([running])
+        if undo is not None and running.exception() is None:
+            await asyncio.to_thread(undo, running.result())
+        raise
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -8,9 +8,13 @@ Which database: ``url`` if given, else ``$AGENTGYM_RUNS_DB``, else the SQLite fi
 ``$AGENTGYM_HOME/runs.db`` (``~/.cache/agentgym/runs.db``). A plain path means a SQLite file;
 anything with ``://`` is a SQLAlchemy URL (``postgresql+psycopg://user@host/db``).
 
-SQLite is opened in WAL mode and every transaction starts with ``BEGIN IMMEDIATE``: the CLI,
-the server and its workers are separate processes writing the same file, and an immediate
-transaction waits for the lock (``busy_timeout``) instead of failing on a lock upgrade.
+SQLite is opened in WAL mode and every transaction that may write starts with ``BEGIN
+IMMEDIATE``: the CLI, the server and its workers are separate processes writing the same file,
+and an immediate transaction waits for the lock (``busy_timeout``) instead of failing on a lock
+upgrade. A read (`RunStore.get_run`, `list_runs`, `find_run`, the look for a queued job) starts
+with a plain, deferred ``BEGIN``: in WAL mode it reads a snapshot without taking the lock, so a
+writer holding it (a long transaction, a stuck process) does not hold up listings, the
+dashboard or a queue's poll.
 
 A database that cannot be opened (unknown scheme, missing driver, host down or unresolvable,
 folder that cannot be made) is a `ConfigError` of one line naming it, password hidden, and the
@@ -40,6 +44,8 @@ from ._schema import migrate, runs
 
 #: ``AGENTGYM_RUNS_DB`` value that turns indexing of CLI runs off.
 DISABLED = "off"
+#: Execution option marking a connection whose transactions only read (see `_make_engine`).
+_READ_ONLY = "agentgym_read_only"
 
 
 class RunStatus(StrEnum):
@@ -130,6 +136,8 @@ class RunStore:
             self.engine = _make_engine(resolved)
         except (sa.exc.ArgumentError, ValueError, ImportError) as exc:
             raise _cannot_open(resolved, exc) from exc
+        # the same pool; its transactions begin deferred on SQLite (module docstring)
+        self._reader = self.engine.execution_options(**{_READ_ONLY: True})
         try:  # the first connection
             self.schema_version = migrate(self.engine)
         except sa.exc.DBAPIError as exc:
@@ -206,7 +214,7 @@ class RunStore:
                 runs.c.status == "queued",
                 runs.c.sweep_id == sweep_id,  # None: IS NULL
             )
-            with self.engine.begin() as conn:
+            with self._reader.connect() as conn:
                 row = conn.execute(query.order_by(runs.c.created_at).limit(1)).first()
             if row is None:
                 return None
@@ -217,6 +225,20 @@ class RunStore:
             )  # fmt: skip
             if claimed:
                 return self.get_run(row.id)
+
+    def release(self, run_id: str, owner: str) -> bool:
+        """Hand back a job ``owner`` claimed (`claim_next`) but started no process for.
+
+        Why: a queue stopped or cancelled between its claim and the start of the process left
+        the job ``running`` with no process; the next queue found it interrupted with no
+        checkpoint, and a job that never ran stayed ``interrupted``. It is ``queued`` again,
+        with the attempt it did not use. Returns whether it was handed back.
+        """
+        return self.update_run(
+            run_id, only_if={"owner": owner, "status": "running", "pid": None},
+            status=RunStatus.queued, owner=None, attempt=runs.c.attempt - 1, host=None,
+            started_at=None,
+        )  # fmt: skip
 
     def request_cancel(self, run_id: str) -> dict[str, Any] | None:
         """Ask for a run to stop: a queued job is cancelled now, a running one by its queue.
@@ -266,7 +288,7 @@ class RunStore:
     # ---- reading (the dashboard reads runs only through these two) ------------------------
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """One run as a dict of its columns (``config`` and ``figures`` dicts), or None."""
-        with self.engine.connect() as conn:
+        with self._reader.connect() as conn:
             row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).first()
         return _as_dict(row) if row is not None else None
 
@@ -285,7 +307,7 @@ class RunStore:
             query = query.where(runs.c.sweep_id == sweep_id)
         if limit is not None:
             query = query.limit(limit)
-        with self.engine.connect() as conn:
+        with self._reader.connect() as conn:
             return [_as_dict(row) for row in conn.execute(query)]
 
     def find_run(self, prefix: str) -> dict[str, Any] | None:
@@ -294,7 +316,7 @@ class RunStore:
         if exact is not None:
             return exact
         query = sa.select(runs).where(runs.c.id.startswith(prefix, autoescape=True)).limit(2)
-        with self.engine.connect() as conn:
+        with self._reader.connect() as conn:
             rows = conn.execute(query).all()
         return _as_dict(rows[0]) if len(rows) == 1 else None
 
@@ -355,6 +377,8 @@ def _make_engine(url: str) -> sa.Engine:
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # a read takes no lock: IMMEDIATE made every read wait behind any writer (module doc)
+        read_only = conn.get_execution_options().get(_READ_ONLY, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine

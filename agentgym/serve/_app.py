@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentgym._errors import ConfigError
 from agentgym.runs import TERMINAL, JobKind, JobQueue, RunStatus, RunStore, submit_job
 from agentgym.runs._folder import log_path
+from agentgym.runs._queue import in_thread
 
 from ._cli import _is_loopback
 from ._dashboard import check_folder, dashboard_router
@@ -157,8 +159,8 @@ def create_app(
         that already finished or failed; cancelling a cancelled job again is a no-op.
         """
         run = _get(store, run_id)
-        if run["status"] in (RunStatus.finished, RunStatus.failed):  # first: a finished CLI
-            # run was told to "stop its process (pid N)", a pid that may be another's by now
+        if _nothing_to_cancel(run):  # first: an ended CLI run was told to "stop its process
+            # (pid N)", a pid that may be another's by now
             what = "job" if run["job"] is not None else "run"
             raise HTTPException(409, f"{what} {run_id!r} already {run['status']}; nothing to "
                                      "cancel")  # fmt: skip
@@ -212,6 +214,19 @@ def create_app(
 
     app.include_router(dashboard_router(store))
     return app
+
+
+def _nothing_to_cancel(run: dict[str, Any]) -> bool:
+    """Whether a cancel of ``run`` is refused as too late (409 "already <status>").
+
+    A job that finished or failed; a CLI run in any final state: an interrupted or cancelled
+    one has no process left either, and was told to "stop its process (pid N)", a dead pid.
+    An interrupted job is still cancelled (so that no queue resumes it), a cancelled one
+    again is a no-op.
+    """
+    if run["job"] is None:
+        return run["status"] in TERMINAL
+    return run["status"] in (RunStatus.finished, RunStatus.failed)
 
 
 def _get(store: RunStore, run_id: str) -> dict[str, Any]:
@@ -339,9 +354,8 @@ async def _follow(
     """
     offset, pending, skipping = 0, b"", False
     while True:
-        done = not follow or _finished(store, run_id)
-        path = path_of()
-        chunk = _read_from(path, offset) if path is not None else b""
+        poll = functools.partial(_poll, store, run_id, path_of, offset, follow=follow)
+        done, chunk = await in_thread(poll)
         offset += len(chunk)
         lines = (pending + chunk).split(b"\n")
         pending = lines.pop()
@@ -363,6 +377,25 @@ async def _follow(
             return
         if not chunk:
             await asyncio.sleep(FOLLOW_POLL_S)
+
+
+def _poll(
+    store: RunStore,
+    run_id: str,
+    path_of: Callable[[], Path | None],
+    offset: int,
+    *,
+    follow: bool,
+) -> tuple[bool, bytes]:
+    """Whether the run has ended, and the file's bytes from ``offset``.
+
+    The state is read first, so no line written before the run ended is missed. Blocking (a
+    database read, file reads): `_follow` calls it in a worker thread. On the event loop, a
+    followed log waited there for a database lock, and so did every request.
+    """
+    done = not follow or _finished(store, run_id)
+    path = path_of()
+    return done, _read_from(path, offset) if path is not None else b""
 
 
 def _finished(store: RunStore, run_id: str) -> bool:

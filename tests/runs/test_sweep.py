@@ -36,7 +36,9 @@ def test_a_failing_run_is_recorded_and_not_retried(tmp_path: Path) -> None:
     folder = tmp_path / "configs"
     folder.mkdir()
     (folder / "good.yaml").write_text("env: calculator\nnum_tasks: 1\n")
-    (folder / "bad.yaml").write_text("env: calculator\nenv_kwargs: {num_tasks: 0}\n")
+    # found only once the worker reads the model's template (submission reads no model)
+    (folder / "bad.yaml").write_text("env: calculator\npolicy: hf\nmodel_path: tiny\n"
+                                     "chat_template_kwargs: '{\"nope\": 1}'\nnum_tasks: 1\n")
     proc = agentgym("sweep", str(folder), "--kind", "eval", "--retries", "3", db=db,
                     AGENTGYM_HOME=str(tmp_path / "home"))  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -44,7 +46,7 @@ def test_a_failing_run_is_recorded_and_not_retried(tmp_path: Path) -> None:
     assert set(by_status) == {"finished", "failed"}
     failed = by_status["failed"]
     assert (failed["exit_code"], failed["attempt"]) == (2, 1)  # a bad config: one attempt
-    assert "num_tasks must be an int >= 1, got 0" in failed["error_tail"]
+    assert "the template never reads 'nope'" in failed["error_tail"]
     assert "failed" in proc.stdout
     assert Path(failed["run_dir"]).parent == tmp_path / "home" / "runs"
 

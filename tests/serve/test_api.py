@@ -217,11 +217,12 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_run(client: httpx.Client) ->
 
 
 def test_a_failing_job_records_its_exit_code_and_last_log_lines(client: httpx.Client) -> None:
-    # options of the right type, which only the built env finds wrong (no tasks): its worker's
-    failing = submit(client, {"env": "calculator", "env_kwargs": {"num_tasks": 0}})
+    # options only the model's template finds wrong (submission reads no model): its worker's
+    failing = submit(client, {"env": "calculator", "policy": "hf", "model_path": "tiny",
+                              "chat_template_kwargs": '{"nope": 1}', "num_tasks": 1})
     done = wait_status(client, failing["id"], "failed")
     assert done["exit_code"] == 2 and done["attempt"] == 1  # a bad config is never retried
-    assert "num_tasks must be an int >= 1, got 0" in done["error_tail"]
+    assert "the template never reads 'nope'" in done["error_tail"]
     assert not (Path(done["run_dir"]) / "summary.json").exists()
     assert wait_status(client, submit(client, QUICK)["id"], "finished")  # still serving
 

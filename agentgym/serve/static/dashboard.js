@@ -97,6 +97,40 @@ function pretty(value) {
 // ---- charts --------------------------------------------------------------------------------
 
 const W = 360, H = 190, PAD = { l: 46, r: 8, t: 8, b: 22 };
+// Most points drawn per line: a long run has 100,000s of steps for a panel ~300 px wide.
+const MAX_DRAWN = 2000;
+
+// [min, max] of numbers, by a loop: Math.min(...values) overflowed the call stack at ~125,000
+// values and the whole run page showed only that error.
+function extent(values) {
+  let [low, high] = [Infinity, -Infinity];
+  for (const v of values) {
+    if (v < low) low = v;
+    if (v > high) high = v;
+  }
+  return [low, high];
+}
+
+// At most about MAX_DRAWN of points, in order: per bucket of consecutive points its lowest and
+// highest, plus the first and last point, so that spikes and both ends still show.
+function thin(points) {
+  if (points.length <= MAX_DRAWN) return points;
+  const size = Math.ceil(points.length / (MAX_DRAWN / 2));
+  const kept = [points[0]];
+  for (let start = 0; start < points.length; start += size) {
+    const end = Math.min(start + size, points.length);
+    let [low, high] = [start, start];
+    for (let i = start + 1; i < end; i++) {
+      if (points[i][1] < points[low][1]) low = i;
+      if (points[i][1] > points[high][1]) high = i;
+    }
+    for (const i of new Set([Math.min(low, high), Math.max(low, high)])) {
+      if (i > 0 && i < points.length - 1) kept.push(points[i]);
+    }
+  }
+  kept.push(points[points.length - 1]);
+  return kept;
+}
 
 // One SVG line chart; series: [{label, color, dash, points: [[x, y], ...]}].
 function chart(title, series) {
@@ -106,9 +140,8 @@ function chart(title, series) {
     panel.append(el("div", { class: "empty" }, "no data yet"));
     return panel;
   }
-  const xs = drawn.flatMap((s) => s.points.map((p) => p[0]));
-  const ys = drawn.flatMap((s) => s.points.map((p) => p[1]));
-  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  let [x0, x1] = extent(drawn.flatMap((s) => s.points.map((p) => p[0])));
+  let [y0, y1] = extent(drawn.flatMap((s) => s.points.map((p) => p[1])));
   if (x0 === x1) [x0, x1] = [x0 - 1, x1 + 1];
   if (y0 === y1) [y0, y1] = [y0 - 0.5, y1 + 0.5];
   const sx = (x) => PAD.l + ((x - x0) / (x1 - x0)) * (W - PAD.l - PAD.r);
@@ -124,7 +157,7 @@ function chart(title, series) {
   );
   const legend = el("div", { class: "legend" });
   for (const s of drawn) {
-    const points = s.points.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`);
+    const points = thin(s.points).map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`);
     const line = svg("polyline", {
       points: points.join(" "), fill: "none", stroke: s.color, "stroke-width": 1.6,
       "data-series": s.label, "data-points": s.points.length,
@@ -178,8 +211,18 @@ class LiveMetrics {
   }
 }
 
+// A panel that cannot be drawn says why in one line; the other panels still draw.
+function panelOrError(title, draw) {
+  try {
+    return draw();
+  } catch (error) {
+    return el("div", { class: "panel", "data-title": title }, el("h3", {}, title),
+      el("div", { class: "empty panel-error" }, `cannot draw this panel: ${error.message}`));
+  }
+}
+
 function drawPanels(container, runs) {
-  container.replaceChildren(...PANELS.map((panel) => {
+  container.replaceChildren(...PANELS.map((panel) => panelOrError(panel.title, () => {
     const series = [];
     runs.forEach((run, r) => {
       run.metrics.keysFor(panel).forEach((key, k) => {
@@ -192,7 +235,7 @@ function drawPanels(container, runs) {
       });
     });
     return chart(panel.title, series);
-  }));
+  })));
 }
 
 // Panels for runs [{id, label}], redrawn whenever a poll brings new points.
@@ -202,8 +245,10 @@ async function livePanels(container, runs) {
     const changed = await Promise.all(live.map((run) => run.metrics.poll()));
     if (changed.some(Boolean)) drawPanels(container, live);
   };
-  await refresh();
-  drawPanels(container, live);
+  // the episodes below must show even when the curves cannot be read
+  const said = (e) => container.replaceChildren(el("p", { class: "note panel-error" },
+    `curves: ${e.message}`));
+  await refresh().then(() => drawPanels(container, live)).catch(said);
   every(POLL_MS, container, () => refresh().catch((e) => showError(e.message)));
 }
 
@@ -247,7 +292,9 @@ async function showRun(app, runId) {
   const list = el("div", { id: "trajectories" });
   const health = el("div", { id: "health" });
   app.append(
-    el("h1", {}, `${run.name || run.id} `, el("span", { class: `status-${run.status}` }, run.status)),
+    // <bdi>: a bidi override in a name reorders the name alone, not the status after it
+    el("h1", {}, el("bdi", {}, run.name || run.id), " ",
+      el("span", { class: `status-${run.status}` }, run.status)),
     el("p", { class: "note" }, `${run.kind} · step ${fmt(run.step)} · ${run.run_dir}`),
     ...(HEALTHY_KINDS.has(run.kind) ? [el("h2", {}, "Health"), health] : []),
     el("h2", {}, "Curves"), panels, el("h2", {}, "Trajectories"), list,
@@ -282,7 +329,8 @@ async function showCompare(app, a, b) {
   document.getElementById("where").textContent = `/ compare`;
   const panels = el("div", { class: "panels", id: "curves" });
   app.append(el("h1", {}, "Compare ",
-    ...runs.flatMap((r, i) => [i ? " vs " : "", el("a", { href: runLink(r.id) }, r.name || r.id)])),
+    ...runs.flatMap((r, i) => [i ? " vs " : "",
+      el("a", { href: runLink(r.id) }, el("bdi", {}, r.name || r.id))])),
     panels);
   await livePanels(panels, runs.map((r) => ({ id: r.id, label: r.name || r.id })));
 }
