@@ -49,7 +49,7 @@ _RESERVED: dict[str, str] = {
     "env_arg": "is written as env_kwargs: {name: value}",
 }
 #: ``eval`` options a job config may not set (see the module docstring).
-_EVAL_RESERVED = frozenset({"out", "resume", "env_arg", "api_key"})
+_EVAL_RESERVED = frozenset(_RESERVED)
 #: ``sft`` options a job config may not set: OUT is the run folder, ``--resume`` the queue's.
 _SFT_RESERVED = frozenset({"out", "resume", "env_arg"})
 #: How a worker starts ``agentgym``: the interpreter running this code, not whatever is on PATH.
@@ -317,7 +317,7 @@ def _check_eval(config: Mapping[str, Any]) -> None:
     from agentgym._eval_options import PolicyKind
     from agentgym._registry import resolve_id
 
-    _check_keys("eval", config, _EVAL_RESERVED, explained=_RESERVED)
+    _check_keys("eval", config, _EVAL_RESERVED)
     args = _eval_args(config)
     ctx = _parse("eval", [*args, "--out", "unused"])
     check_eval_options(ctx)  # temperature under the reference policy, a file:// URL ...
@@ -450,21 +450,15 @@ def _check_sft(config: Mapping[str, Any]) -> None:
             tasks_of_env(tasks, env, count)  # the command's own refusal
 
 
-def _check_keys(
-    name: str,
-    config: Mapping[str, Any],
-    reserved: frozenset[str],
-    explained: Mapping[str, str] | None = None,
-) -> None:
+def _check_keys(name: str, config: Mapping[str, Any], reserved: frozenset[str]) -> None:
     """Refuse a key that is no option of ``agentgym NAME`` (or one the queue sets), with a hint.
 
     Why before parsing: click would report ``--num-taks`` as an unknown option; the config's
-    key, with the close match, is what the user wrote. A reserved key in ``explained`` says
-    why it is reserved.
+    key, with the close match, is what the user wrote. A reserved key says why it is one.
     """
     allowed = set(_options(name)) - reserved | {"env_kwargs"}
     for key in config:
-        if key in reserved and key in (explained or {}):
+        if key in reserved:
             raise ConfigError(f"{name} config key {key!r} {_RESERVED[key]}")
         if key not in allowed:
             python_names = {p.name: k for k, p in _options(name).items()}  # task_range: tasks

@@ -74,8 +74,9 @@ def test_an_sft_job_is_checked_at_submission_and_a_bad_one_never_becomes_a_run(
         "--min-reward filters --trajectories": {**good, "min_reward": 0.5},
         "--steps must be >= 1, got 0": {**good, "steps": 0},  # named as the option
         "needs 'model'": {"env": "calculator"},
-        "unknown sft config key 'out'": {**good, "out": str(tmp_path / "elsewhere")},
-        "unknown sft config key 'resume'": {**good, "resume": True},
+        "sft config key 'out' is the job's run folder, set by the queue":
+            {**good, "out": str(tmp_path / "elsewhere")},
+        "sft config key 'resume' is set by the queue": {**good, "resume": True},
         "env_kwargs must be a mapping": {**good, "env_kwargs": ["num_tasks=24"]},
         # files the worker would open later, on this machine: checked now
         f"sft job model: {tmp_path / 'sfx'} is not a model folder (no config.json)":
