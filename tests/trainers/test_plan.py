@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_a_dry_run_makes_the_run_folders_refusals_and_leaves_it_alone(
 
 
 def test_a_dry_run_says_what_a_resume_keeps_of_a_run_stopped_in_its_warm_start(
-    tmp_path: Path, detach_run_logs: Any
+    tmp_path: Path, detach_run_logs: Any, tiny_model_dir: Path
 ) -> None:
     """A run killed during its SFT warm start was said to "start over"; the warm start (done
     or checkpointed) is reused by the resume, and deleting the folder lost it."""
@@ -110,7 +111,7 @@ def test_a_dry_run_says_what_a_resume_keeps_of_a_run_stopped_in_its_warm_start(
     assert dict(dry_run(cfg, resume=True))["run folder"] == (
         row + "its SFT warm start resumes from its checkpoint, then GRPO starts at step 1"
     )
-    warm_start.mkdir()
+    shutil.copytree(tiny_model_dir, warm_start)  # a whole model: a done warm start's files
     (warm_start / SFT_SUMMARY).write_text("{}")
     assert dict(dry_run(cfg, resume=True))["run folder"] == (
         row + "its SFT warm start is kept and GRPO starts at step 1"
