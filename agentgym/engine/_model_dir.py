@@ -293,17 +293,22 @@ def spec_rank(spec: dict[str, Any]) -> int | None:
         return None
 
 
-def check_adapter_base(adapter: str | os.PathLike[str], model: str | os.PathLike[str]) -> None:
+def check_adapter_base(
+    adapter: str | os.PathLike[str],
+    model: str | os.PathLike[str],
+    spec: dict[str, Any] | None = None,
+) -> None:
     """Refuse a LoRA adapter whose layers do not fit the model's (trained on another model).
 
     Why: vLLM failed such a load deep in its engine (a shape error, or a layer it has not),
     and transformers had already added the adapter's layers to the model when it failed.
     Compared from the safetensors headers alone (no weights read): every ``lora_A`` must take
     its base layer's input width and every ``lora_B`` give its output width. Adapters or
-    models not stored as safetensors are not checked.
+    models not stored as safetensors are not checked. ``spec``: the adapter's config, when the
+    caller has read it (a sync's load reads it once).
     """
     lora = _safetensors_shapes([Path(adapter) / "adapter_model.safetensors"])
-    _check_rank_said(adapter, lora)
+    _check_rank_said(adapter, lora, adapter_rank(adapter) if spec is None else spec_rank(spec))
     base = _model_shapes(str(Path(model)), _stamp(Path(model)))
     if not lora or not base:
         return
@@ -320,15 +325,16 @@ def check_adapter_base(adapter: str | os.PathLike[str], model: str | os.PathLike
                     )
 
 
-def _check_rank_said(adapter: str | os.PathLike[str], lora: dict[str, list[int]]) -> None:
-    """Refuse LoRA weights of a higher rank than ``adapter_config.json`` gives.
+def _check_rank_said(
+    adapter: str | os.PathLike[str], lora: dict[str, list[int]], said: int | None
+) -> None:
+    """Refuse LoRA weights of a higher rank than ``adapter_config.json`` gives (``said``).
 
     Why: the engine reserves ranks by the config, so such a folder passed every check and
     failed inside vLLM's worker ("size of tensor a (8) must match ... (16)"), 75 lines.
     """
     held = max((shape[0] for key, shape in lora.items()
                 if key.endswith(".lora_A.weight") and len(shape) == 2), default=None)  # fmt: skip
-    said = adapter_rank(adapter)
     if held is not None and said is not None and held > said:
         raise ConfigError(
             f"the adapter at {os.fspath(adapter)} holds LoRA weights of rank {held}, but its "

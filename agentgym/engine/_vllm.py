@@ -556,7 +556,7 @@ class VLLMPolicy(TokenPolicy):
                 f"the adapter at {os.fspath(path)} has LoRA rank {rank}, above this engine's "
                 f"max_lora_rank={max_rank}; start the VLLMPolicy with {fix}"
             )
-        check_adapter_base(path, self.model)
+        check_adapter_base(path, self.model, spec)
 
     def _refuse_folder_in_use(self, path: Path) -> None:
         """Refuse a folder that backs a version turns are still sampling with.
