@@ -33,7 +33,12 @@ class LoopClient:
         return self._client
 
     async def aclose(self) -> None:
-        """Close the pool; the client stays usable (a new pool opens on demand)."""
-        if self._client is not None and self._loop is asyncio.get_running_loop():
-            await self._client.aclose()
+        """Close the pool; the client stays usable (a new pool opens on demand).
+
+        The pool is forgotten before it is closed: a close cancelled midway left a closed
+        pool that `get` then handed out (every later request a RuntimeError).
+        """
+        client, loop = self._client, self._loop
         self._client = self._loop = None
+        if client is not None and loop is asyncio.get_running_loop():
+            await client.aclose()

@@ -117,3 +117,32 @@ async def test_a_remote_vllm_turn_cancelled_in_flight_frees_its_replica_slot(ser
         assert server.paths == ["/v1/completions"]  # not retried on the same or another server
     finally:
         await policy.aclose()
+
+
+async def test_a_cancelled_pool_close_leaves_no_closed_pool_to_hand_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """httpx marks its client closed before its transport closes: a close cancelled there
+    kept the closed client, which `LoopClient.get` handed out (every request a RuntimeError)."""
+    import httpx
+
+    from agentgym._http import LoopClient
+
+    pools = LoopClient()
+    first = pools.get()
+    closed = asyncio.Event()
+    real_close = httpx.AsyncClient.aclose
+
+    async def slow_close(self: httpx.AsyncClient) -> None:
+        await real_close(self)
+        closed.set()
+        await asyncio.Event().wait()  # the transport's close, still running when cancelled
+
+    monkeypatch.setattr(httpx.AsyncClient, "aclose", slow_close)
+    closing = asyncio.create_task(pools.aclose())
+    await asyncio.wait_for(closed.wait(), 5)
+    closing.cancel()
+    await asyncio.wait([closing])
+    assert first.is_closed
+    second = pools.get()
+    assert second is not first and not second.is_closed

@@ -173,8 +173,14 @@ class JobQueue:
 
         Why: an exception before the process exists (argument list too long, a folder that
         cannot be written) would otherwise leave the job ``running`` with no process, forever.
+        A job cancelled before its process was recorded (the loop closing as it started) is
+        handed back (`RunStore.release`; nothing when its pid is there): the next queue found
+        it ``interrupted`` with no checkpoint, a job that never ran.
         """
-        if task.cancelled() or task.exception() is None:
+        if task.cancelled():
+            self.store.release(run_id, self.owner)
+            return
+        if task.exception() is None:
             return
         exc = task.exception()
         log.error("job %s: cannot start its process: %r", run_id, exc)
@@ -204,8 +210,8 @@ class JobQueue:
                                               pid=proc.pid)
             )  # fmt: skip
             code = await proc.wait()
-        except asyncio.CancelledError:  # the loop is closing (Ctrl-C): leave no job running
-            _signal_group(proc.pid, signal.SIGKILL)
+        except BaseException:  # the loop is closing (Ctrl-C), or its pid could not be recorded
+            _signal_group(proc.pid, signal.SIGKILL)  # (nothing would ever stop it): none left
             await asyncio.shield(proc.wait())
             raise
         finally:

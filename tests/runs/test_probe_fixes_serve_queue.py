@@ -152,3 +152,73 @@ def test_a_queue_stopped_while_its_claim_waits_for_the_lock_hands_the_job_back(
         loop.close()
     row = store.get_run(run_id)
     assert (row["status"], row["attempt"], row["owner"], row["pid"]) == ("queued", 0, None, None)
+
+
+async def test_a_job_cancelled_before_its_process_is_recorded_is_queued_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its process started (the loop closing), the job stayed ``running``
+    with no pid; the next queue found it interrupted with no checkpoint, never run."""
+    store = RunStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    run_id = queued_job(store, tmp_path)
+    queue = JobQueue(store, workers=1, poll_s=0.05)
+    starting = asyncio.Event()
+
+    async def never_starts(*args: Any, **kwargs: Any) -> Any:
+        starting.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(_queue, "job_command", lambda *args: ["true"])
+    monkeypatch.setattr(_queue.asyncio, "create_subprocess_exec", never_starts)
+    job = await queue._claim()
+    assert job is not None
+    queue._spawn(job)
+    await asyncio.wait_for(starting.wait(), WAIT_S)
+    [task] = queue._tasks
+    task.cancel()
+    await asyncio.wait([task])
+    await asyncio.sleep(0)  # the task's done callbacks
+    row = store.get_run(run_id)
+    assert (row["status"], row["attempt"], row["pid"]) == ("queued", 0, None)
+
+
+async def test_a_job_whose_pid_cannot_be_recorded_leaves_no_process_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pid's write failing (a lock held past the busy timeout) left the process running
+    with no owner: nothing would ever stop it."""
+    import sqlalchemy
+
+    store = RunStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    queued_job(store, tmp_path)
+    queue = JobQueue(store, workers=1, poll_s=0.05)
+    started: list[asyncio.subprocess.Process] = []
+    real_exec, real_update = asyncio.create_subprocess_exec, store.update_run
+
+    async def recording(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        started.append(await real_exec(*args, **kwargs))
+        return started[-1]
+
+    def locked(run_id: str, **values: Any) -> Any:
+        if "pid" in values:
+            raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("database is locked"))
+        return real_update(run_id, **values)
+
+    monkeypatch.setattr(_queue, "job_command", lambda *args: ["sleep", "60"])
+    monkeypatch.setattr(_queue.asyncio, "create_subprocess_exec", recording)
+    job = await queue._claim()
+    assert job is not None
+    monkeypatch.setattr(store, "update_run", locked)
+    queue._spawn(job)
+    [task] = queue._tasks
+    try:
+        with pytest.raises(sqlalchemy.exc.OperationalError):
+            await asyncio.wait_for(task, WAIT_S)
+        [proc] = started
+        assert proc.returncode is not None  # killed and waited for
+        assert not queue._procs
+    finally:
+        for proc in started:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
