@@ -76,12 +76,19 @@ class _EngineThread:
     def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    async def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Await ``coro`` on the engine loop from any other loop; cancelling cancels it there."""
+    async def run(self, coro: Coroutine[Any, Any, _T], *, finish: bool = False) -> _T:
+        """Await ``coro`` on the engine loop from any other loop; cancelling cancels it there.
+
+        With ``finish`` a cancelled caller waits for ``coro`` to end instead: for what the
+        engine completes once asked (an adapter load), so that this side records it too.
+        """
         future = self.submit(coro)
+        waited = asyncio.wrap_future(future)
         try:
-            return await asyncio.wrap_future(future)
+            return await (asyncio.shield(waited) if finish else waited)
         except asyncio.CancelledError:
+            if finish:
+                await asyncio.wait([waited])
             future.cancel()
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -521,10 +528,16 @@ class VLLMPolicy(TokenPolicy):
         return thread.submit(self._load(Path(path), version)).result()
 
     async def aload_adapter(self, path: str | os.PathLike[str], version: int | None = None) -> int:
-        """`load_adapter` from async code (does not block the caller's loop)."""
+        """`load_adapter` from async code (does not block the caller's loop).
+
+        A cancelled caller waits for the load to end: vLLM's engine loads an adapter it was
+        asked for even when its caller leaves, so a load cut short left a version the engine
+        served and this policy never recorded, and the next load of that number kept the old
+        weights (vLLM skips an id it holds).
+        """
         self._check_adapter(path, version)
         thread, _ = self._started()
-        return await thread.run(self._load(Path(path), version))
+        return await thread.run(self._load(Path(path), version), finish=True)
 
     def _check_adapter(self, path: str | os.PathLike[str], version: int | None) -> None:
         """Refuse an adapter load the engine would refuse, before the engine starts.

@@ -157,6 +157,25 @@ async def test_old_versions_leave_the_engine_and_one_still_running_keeps_its_wei
     assert len(await policy.served_adapters()) <= policy.max_loras
 
 
+async def test_a_cancelled_adapter_load_is_recorded_as_the_engine_loaded_it(
+    policy: VLLMPolicy, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's engine loads an adapter it was asked for even when the caller leaves: the
+    policy never recorded it, and the next load under its number served the old weights."""
+    before = policy.adapter_version
+    loading = asyncio.create_task(
+        policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "cut", seed=11))
+    )
+    await asyncio.sleep(0)  # the load is submitted to the engine's loop
+    loading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await loading
+    assert policy.adapter_version == before + 1  # waited for, and recorded
+    assert before + 1 in await policy.served_adapters()
+    after = await policy.aload_adapter(make_adapter(tiny_model_dir, tmp_path / "next", seed=12))
+    assert after == before + 2 and after in await policy.served_adapters()
+
+
 async def test_an_adapter_on_every_linear_layer_samples_what_transformers_computes(
     policy: VLLMPolicy, hf: HFPolicy, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
