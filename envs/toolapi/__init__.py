@@ -15,6 +15,7 @@ process; each episode gets its own tenant, created on reset and dropped when it 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 from typing import Any
@@ -128,17 +129,21 @@ class ToolAPIEnv(ToolEnv):
 
     async def teardown_episode(self) -> None:
         http, self._http = self._http, None
-        if http is None:
-            return
+        tenant, self._tenant = self._tenant, ""
+        if http is not None:
+            # shielded: an episode cancelled while it ended (a deadline, Ctrl-C) left its
+            # tenant in the shared service, and the env never tries that teardown again
+            await asyncio.shield(self._drop_tenant(http, tenant))
+
+    async def _drop_tenant(self, http: httpx.AsyncClient, tenant: str) -> None:
         try:
             with contextlib.suppress(httpx.HTTPError):  # a dead service has nothing to drop
-                if self._tenant:
+                if tenant:
                     await http.delete(
-                        self._admin_url(f"/admin/tenants/{self._tenant}"),
+                        self._admin_url(f"/admin/tenants/{tenant}"),
                         headers={service.ADMIN_HEADER: self.server.admin_token},
                     )
         finally:
-            self._tenant = ""
             await http.aclose()
 
     async def read_world(self) -> dict[str, Any]:

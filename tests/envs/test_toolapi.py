@@ -164,6 +164,27 @@ async def test_concurrent_episodes_each_change_only_their_own_tenant(toolapi: Mo
             await e.aclose()
 
 
+async def test_a_teardown_cancelled_midway_still_drops_its_tenant(toolapi: ModuleType) -> None:
+    """Cancelled as its DELETE went out (a deadline, Ctrl-C), the tenant stayed in the shared
+    service, and the env never tries that teardown again."""
+    env = agentgym.make("agentgym/ToolAPI-v0")
+    try:
+        await env.areset(options={"task": task_of(env, "refund")})
+        tenant, admin = env._tenant, {toolapi.service.ADMIN_HEADER: env.server.admin_token}
+        ending = asyncio.create_task(env.teardown_episode())
+        await asyncio.sleep(0)  # its DELETE is under way
+        ending.cancel()
+        await asyncio.wait([ending])
+        deadline = asyncio.get_running_loop().time() + 10
+        async with httpx.AsyncClient() as client:
+            url = f"{env.server.base_url}/admin/tenants/{tenant}"
+            while (await client.get(url, headers=admin)).status_code != 404:
+                assert asyncio.get_running_loop().time() < deadline, "the tenant was left"
+                await asyncio.sleep(0.05)  # polling for the outcome, bounded
+    finally:
+        await env.aclose()
+
+
 def test_the_admin_routes_need_the_token(env: Any) -> None:
     env.reset(options={"task": 0})
     url = f"{env.server.base_url}/admin/tenants/{env._tenant}"
