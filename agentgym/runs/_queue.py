@@ -314,14 +314,27 @@ async def in_thread(call: Callable[[], _T], *, undo: Callable[[_T], object] | No
     runs ``undo`` on what it returned, in a thread too (a job claimed for nobody goes back).
     """
     # an executor future, not a task: the loop's shutdown cancels tasks, not this
-    running = asyncio.get_running_loop().run_in_executor(None, call)
+    loop = asyncio.get_running_loop()
+    running = loop.run_in_executor(None, call)
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
-        await asyncio.wait([running])
+        await _through_cancels(running)
         if undo is not None and running.exception() is None:
-            await asyncio.to_thread(undo, running.result())
+            await _through_cancels(loop.run_in_executor(None, undo, running.result()))
         raise
+
+
+async def _through_cancels(future: asyncio.Future[Any]) -> None:
+    """Wait for ``future`` to end however often the caller is cancelled meanwhile.
+
+    Why: a second cancel (Ctrl-C twice, a shutdown cancelling what a cancel left waiting)
+    ended `in_thread`'s wait early and skipped its undo: a claimed job stayed ``running``.
+    The caller's first cancellation is raised once this returns.
+    """
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(future)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,40 @@ async def test_a_cancelled_call_in_a_thread_is_waited_for_then_undone() -> None:
     done, _ = await asyncio.wait([task], timeout=0.2)
     assert not done, "the cancelled caller went on while its call still ran"
     go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, WAIT_S)
+    assert undone == ["claimed"]
+
+
+async def test_a_call_in_a_thread_cancelled_twice_is_still_undone() -> None:
+    """A second cancel ended the wait early and skipped the undo."""
+    called, go, undoing, undo_may_end = (threading.Event() for _ in range(4))
+    undone = []
+
+    def call() -> str:
+        called.set()
+        go.wait(WAIT_S)
+        return "claimed"
+
+    def undo(result: str) -> None:
+        undoing.set()
+        undo_may_end.wait(WAIT_S)
+        undone.append(result)
+
+    async def until(event: threading.Event) -> None:  # polls a thread's flag, bounded
+        deadline = time.monotonic() + WAIT_S
+        while not event.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(_queue.in_thread(call, undo=undo))
+    await until(called)
+    task.cancel()
+    await asyncio.sleep(0)  # the cancel is taken
+    task.cancel()  # again, while it waits for the call
+    go.set()
+    await until(undoing)
+    task.cancel()  # and while the undo runs
+    undo_may_end.set()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, WAIT_S)
     assert undone == ["claimed"]
