@@ -105,6 +105,9 @@ NO_BUILTIN_TESTS = (
 BROKEN_TESTS = "the test file itself failed to import or collect, before any test ran"
 ITERATION_ENDERS = ("StopIteration", "StopAsyncIteration")  # never rebuilt (see _rebuilt)
 TOTAL_RAN_OUT = "the sample's total_timeout ({:g}s) ran out before this test finished"
+#: Standard-library modules whose import does something (prints, opens a browser, a window).
+ACTING_MODULES = frozenset({"this", "antigravity", "idlelib", "turtle", "turtledemo", "tkinter"})
+AFTER_TIMEOUT = "not run: {} timed out, and a timeout ends the sample's tests"
 
 
 def _prctl(option, value):
@@ -741,9 +744,17 @@ class _Remote:
 
 
 def _stdlib_module(name):
-    """The judge's own import of a standard-library module the candidate imported."""
+    """The judge's own import of a standard-library module the candidate imported.
+
+    Not a private one (``_thread``, ``unittest.__main__``) nor one whose import acts
+    (``this``, ``antigravity``): the name is the candidate's word, and importing
+    ``unittest.__main__`` ran unittest inside the judge, collecting ``test*.py`` files the
+    candidate could have written.
+    """
     parts = name.split(".")
-    if not all(part.isidentifier() for part in parts):
+    if not all(part.isidentifier() and not part.startswith("_") for part in parts):
+        return None
+    if parts[0] in ACTING_MODULES:
         return None
     if parts[0] not in getattr(sys, "stdlib_module_names", sys.builtin_module_names):
         return None
@@ -999,40 +1010,54 @@ def _judged(body, factory, req, total_deadline):
 # --- the modes --------------------------------------------------------------------------------
 
 
-def run_assert(req, factory, total_deadline):
-    out = []
-    for i, test in enumerate(req["tests"]):
-        if _out_of_time(total_deadline):
-            out.append(_not_started(f"test_{i}", req))
-            continue
+def _each_test(req, total_deadline, prefix, judge):
+    """The verdicts of ``judge(i, test) -> (result, duration)`` on each test, in order.
 
-        def body(_res_w, test=test, i=i):
+    A test that times out ends the sample: the later ones are timeouts, not run. Why: code
+    that hangs on every input made a sample of N tests last N x ``per_test_timeout`` (300 s
+    at 30 cases of 10 s), long enough for a trainer's episode deadline to drop it as late,
+    so a policy escaped its zero by running out the clock.
+    """
+    out, timed_out = [], None
+    for i, test in enumerate(req["tests"]):
+        name = f"{prefix}_{i}"
+        if _out_of_time(total_deadline):
+            out.append(_not_started(name, req))
+        elif timed_out is not None:
+            out.append(_outcome(name, "timeout", AFTER_TIMEOUT.format(timed_out), 0.0))
+        else:
+            out.append(_record(name, *judge(i, test)))
+            if out[-1]["status"] == "timeout":
+                timed_out = name
+    return out
+
+
+def run_assert(req, factory, total_deadline):
+    def judge(i, test):
+        def body(_res_w):
             solution = Solution(factory, "__main__")
             g = {"__name__": "__main__", **_namespace(solution, solution.start())}
             exec(compile(test, f"test_{i}", "exec"), g)
 
-        result, dur = _judged(body, factory, req, total_deadline)
-        out.append(_record(f"test_{i}", result, dur))
-    return out
+        return _judged(body, factory, req, total_deadline)
+
+    return _each_test(req, total_deadline, "test", judge)
 
 
 def run_stdio(req, factory, total_deadline):
     """The program runs in a process of the factory; the runner compares what it printed."""
-    out = []
-    for i, case in enumerate(req["tests"]):
-        if _out_of_time(total_deadline):
-            out.append(_not_started(f"case_{i}", req))
-            continue
-        data = case["input"].encode()
+
+    def judge(_i, case):
         timeout, cut = _budget(req, total_deadline)
-        lines, got, dur, problem = _program_run(factory, data, timeout)
+        lines, got, dur, problem = _program_run(factory, case["input"].encode(), timeout)
         result = _cut_short(_verdict(lines, problem), cut, req)
         if result.get("passed"):
             got_text = got.decode("utf-8", "replace")
             if _normalise(got_text) != _normalise(case["output"]):
                 result = {"passed": False, "error": f"wrong output: {got_text[:200]!r}"}
-        out.append(_record(f"case_{i}", result, dur))
-    return out
+        return result, dur
+
+    return _each_test(req, total_deadline, "case", judge)
 
 
 def _workspace():

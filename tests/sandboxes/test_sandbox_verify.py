@@ -25,11 +25,12 @@ def test_assert_mode_fraction_and_all(sb):
     assert verify(ADD, tests[:1], sandbox=sb, reward="all").reward == 1.0
 
 
-def test_tests_are_isolated_and_time_out_one_by_one(sb):
+def test_tests_are_isolated_and_time_out_on_their_own(sb):
+    # a timeout ends the sample (test_verify_timeout_ends_sample.py): the hang goes last here
     code = "import time\ndef f(n):\n    if n < 0:\n        time.sleep(60)\n    return n\n"
-    tests = ["assert f(1) == 1", "f(-1)", "import os; os._exit(0)", "assert f(2) == 2"]
+    tests = ["assert f(1) == 1", "import os; os._exit(0)", "assert f(2) == 2", "f(-1)"]
     res = verify(code, tests, sandbox=sb, per_test_timeout=0.5)
-    assert [t.status for t in res.tests] == ["passed", "timeout", "failed", "passed"]
+    assert [t.status for t in res.tests] == ["passed", "failed", "passed", "timeout"]
     assert res.reward == 0.5 and res.infra_error is None
 
 
