@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import ConfigError, ModelError
 from .._http import LoopClient
+from .._run_to_end import run_to_end
 from ._episode import AdapterVersion
 from ._router import ReplicaState, StickyLeastLoaded
 
@@ -310,12 +311,22 @@ class VLLMFleet:
         ``path`` must be readable by every server under the same name (shared storage; see
         `stage_adapter`). Raises `AdapterPublishError` when a server refused it (after
         unloading it from the others) and `ConfigError` for a version not above the last.
+
+        A cancelled caller waits for the publish to end (recorded, or unloaded again) before
+        its cancellation goes on. Why: a server finishes a load whatever its client does, so a
+        publish cut mid-gather left the version on servers without the fleet knowing (nothing
+        ever unloaded it), and the next publish reused its number, which those servers skipped
+        as served already: old weights under the new version's name.
         """
         if version <= self.adapter_version:
             raise ConfigError(
                 f"adapter version {version} is not above the last one published "
                 f"({self.adapter_version}); every version needs a fresh number"
             )
+        return await run_to_end(self._publish(path, version))
+
+    async def _publish(self, path: str | os.PathLike[str], version: int) -> PublishReport:
+        """`publish`'s loads, then the switch to ``version`` or the roll-back."""
         name, started = self.served_name(version), time.perf_counter()
         targets = self.router.healthy_urls()
         results = await asyncio.gather(

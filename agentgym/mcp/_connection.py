@@ -431,15 +431,40 @@ async def reconnect(spec: MCPServer, broken: MCPConnection) -> MCPConnection:
 async def checkout(spec: MCPServer, replacing: MCPConnection | None = None) -> MCPConnection:
     """`connect`, or with ``replacing`` `reconnect`, awaited from any loop (an episode's).
 
-    A session that opened just as the caller was cancelled is closed, not leaked.
+    A session that opened just as the caller was cancelled is closed, not leaked: ``handed``
+    passes it over, and its one change of state decides whether the caller or the hub owns
+    it. Why not the future `_submit` returns: cancelled after `connect` had returned but
+    before the hub's callback copied the result into it, it dropped the session unseen, and
+    the episode's server ran on for nobody.
     """
-    future = _submit(connect(spec) if replacing is None else reconnect(spec, replacing))
+    handed: concurrent.futures.Future[MCPConnection] = concurrent.futures.Future()
+    opening = connect(spec) if replacing is None else reconnect(spec, replacing)
+    running = _submit(_hand_over(opening, handed, spec))
     try:
-        return await asyncio.wrap_future(future)
+        return await asyncio.wrap_future(handed)
     except BaseException:
+        running.cancel()  # still opening: it stops, closing what it started
         if spec.scope == "episode":
-            future.add_done_callback(_close_unclaimed)
+            handed.add_done_callback(_close_unclaimed)
         raise
+
+
+async def _hand_over(
+    opening: Awaitable[MCPConnection],
+    handed: concurrent.futures.Future[MCPConnection],
+    spec: MCPServer,
+) -> None:
+    """Put ``opening``'s session in ``handed``; close it here if the caller gave up first."""
+    try:
+        connection = await opening
+    except BaseException as exc:
+        if handed.set_running_or_notify_cancel():
+            handed.set_exception(exc)
+        raise
+    if handed.set_running_or_notify_cancel():
+        handed.set_result(connection)
+    elif spec.scope == "episode":  # a shared session stays the process's
+        await connection.close()
 
 
 def _close_unclaimed(future: concurrent.futures.Future[MCPConnection]) -> None:

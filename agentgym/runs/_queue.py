@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .._run_to_end import through_cancels
 from ._folder import OUTPUT_LOG, has_checkpoint, log_tail, read_figures, read_step
 from ._jobs import job_command
 from ._store import RunStatus, RunStore, now_iso, process_alive
@@ -319,22 +320,10 @@ async def in_thread(call: Callable[[], _T], *, undo: Callable[[_T], object] | No
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
-        await _through_cancels(running)
+        await through_cancels(running)
         if undo is not None and running.exception() is None:
-            await _through_cancels(loop.run_in_executor(None, undo, running.result()))
+            await through_cancels(loop.run_in_executor(None, undo, running.result()))
         raise
-
-
-async def _through_cancels(future: asyncio.Future[Any]) -> None:
-    """Wait for ``future`` to end however often the caller is cancelled meanwhile.
-
-    Why: a second cancel (Ctrl-C twice, a shutdown cancelling what a cancel left waiting)
-    ended `in_thread`'s wait early and skipped its undo: a claimed job stayed ``running``.
-    The caller's first cancellation is raised once this returns.
-    """
-    while not future.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(future)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -24,6 +24,7 @@ import httpx
 
 from agentgym import ConfigError, InfraError, Rubric, ToolCall, ToolEnv
 from agentgym._openapi import openapi_tools
+from agentgym._run_to_end import run_to_end
 
 try:
     from . import service
@@ -123,9 +124,15 @@ class ToolAPIEnv(ToolEnv):
 
     async def setup_episode(self, task: dict[str, Any]) -> None:
         self._http = httpx.AsyncClient(timeout=self.http_timeout)
+        # the shop makes the tenant whatever this side does: a cancel that cut its answer short
+        # left a tenant nobody knew the name of, so no teardown ever dropped it. Once the
+        # answer is in, the name is kept, and the teardown drops it
+        await run_to_end(self._create_tenant(self._http))
+
+    async def _create_tenant(self, http: httpx.AsyncClient) -> None:
         created = await self._admin("POST", "/admin/tenants")
         self._tenant = created["tenant"]
-        self._http.headers[service.TENANT_HEADER] = self._tenant
+        http.headers[service.TENANT_HEADER] = self._tenant
 
     async def teardown_episode(self) -> None:
         http, self._http = self._http, None
