@@ -99,11 +99,14 @@ def _parameter_problems(d: _Described) -> list[str]:
         )
     problems += _schema_misfits(d)
     for name in sorted(d.tool.injected & d.params.keys()):
-        if why := _meant_for_the_model(name, d.docs.get(name), d.hints.get(name, Any)):
+        hint = d.hints.get(name, Any)
+        if why := _meant_for_the_model(name, d.docs.get(name), hint):
+            only_the_doc = _injectable_hint(name, hint)
             problems.append(
                 f"tool {d.tool.name!r}: parameter {name!r} is {why}, as if the model gave it, "
                 f"but the model never sees it: {name!r} is filled with "
                 f"{_FILLED_WITH.get(name, 'a value of the env')}; rename it"
+                + (", or say '(injected)' on its Args: line" if only_the_doc else "")
             )
     return problems
 

@@ -736,7 +736,7 @@ def _check_hosts(hosts: Sequence[DockerHost | str] | None, client: Any,
     names = [host.name for host in targets]
     if not targets or size < len(targets):
         raise ConfigError(f"SandboxPool needs 1 to size={size} hosts (one sandbox each at "
-                          f"least), got {len(targets)}")
+                          f"least), got {len(targets)}: raise size or give fewer hosts")
     if len(set(names)) != len(names):
         raise ConfigError(f"Docker host names must be unique in a pool, got {names}: "
                           "set DockerHost(name=...)")

@@ -277,6 +277,25 @@ def test_an_injected_parameter_documented_as_the_models_fails_with_the_fix(row) 
     )
 
 
+def look_up_task(task: dict, key: str) -> str:
+    """Read a field of the task.
+
+    Args:
+        task: the current task.
+        key: the field.
+    """
+    return str(task.get(key))
+
+
+def test_an_injected_parameter_documented_only_names_both_fixes(row) -> None:
+    result = row("tool parameters", [look_up_task])
+    assert result.verdict == "FAIL"
+    assert result.detail.endswith(
+        "'task' is filled with the env's task dict; rename it, or say '(injected)' on its "
+        "Args: line"
+    ), result.detail
+
+
 def test_an_injected_parameter_typed_as_a_models_value_fails(row) -> None:
     result = row("tool parameters", [remember])
     assert result.verdict == "FAIL"

@@ -190,7 +190,8 @@ class RemoteVLLMPolicy(TokenPolicy):
         if self.fleet.model not in names:
             raise ConfigError(
                 f"{url} serves {sorted(names)}, not {self.fleet.model!r}; give the "
-                "servers' --served-model-name as the model name"
+                "servers' --served-model-name as the model name (--model NAME; train: "
+                "rollout_model_name)"
             )
 
     async def _check_router(self, url: str) -> None:

@@ -52,7 +52,8 @@ def test_a_router_in_front_of_another_model_is_a_config_error(
 ) -> None:
     with fault_servers(1, model="someone-else") as (router,):
         policy = make_policy(tiny_model_dir, [s.url for s in pair], router_url=router.url)
-        with pytest.raises(ConfigError, match="not 'tiny'; give the servers' --served-model"):
+        with pytest.raises(ConfigError, match=r"not 'tiny'; give the servers' --served-model-name "
+                           r"as the model name \(--model NAME; train: rollout_model_name\)"):
             policy.start()
 
 
