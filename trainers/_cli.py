@@ -98,9 +98,12 @@ def train(
 
 def _print_plan(cfg: Any, resume: bool) -> None:
     """The dry run's plan, one aspect a line (`trainers._plan`)."""
+    from ._distributed import World
     from ._plan import dry_run
 
     rows = dry_run(cfg, resume=resume)
+    if not World.from_env().is_main:  # every rank checks; one prints
+        return
     width = max(len(what) for what, _ in rows)
     for what, how in rows:
         console.print(f"{what:<{width}}  {how}", soft_wrap=True)

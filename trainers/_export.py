@@ -19,6 +19,7 @@ was not chosen on say how it does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -84,13 +85,23 @@ def export_run(
         "merged": merge,
         **chosen_by,
     }
-    with atomic_dir(out, replace=False) as tmp:
+    with export_dir(out) as tmp:
         if merge:
             _write_merged(base, adapter, tmp)
         else:
             shutil.copytree(adapter, tmp, dirs_exist_ok=True)
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return out
+
+
+def export_dir(out: Path) -> contextlib.AbstractContextManager[Path]:
+    """The temporary folder an export is written in, renamed to ``out`` when complete.
+
+    Never over an ``out`` made meanwhile (a second export to it); the temp folders of exports
+    to ``out`` that were killed (a whole merged model each) are removed first, but not those
+    of a live one (`atomic_dir`'s ``sweep``).
+    """
+    return atomic_dir(out, replace=False, sweep=True)
 
 
 def _checkpoint(run_dir: Path, step: int | None) -> Path:
@@ -216,25 +227,44 @@ def _base_model(
 def _recorded_base(adapter: Path, recorded: Path) -> Path:
     """The base an adapter records, found from any working folder.
 
+    A checkpoint's adapter in a run that warm-started takes the run folder's own ``sft/``
+    (`_run_warm_start`), and an export the base it was exported on (`EXPORT_INFO`), before
+    the path the adapter records: a warm start is recorded by its absolute path, which a run
+    folder copied or moved leaves behind, and which a new run in the old folder fills with
+    its own warm start (the probe's export merged into that one: 1.28 nats/token off).
     A run given a relative ``output_dir`` records its SFT base relative to the folder it was
-    started in (``runs/quickstart/sft``); read from elsewhere, that path names nothing. An
-    export says where the base was when it was written (`EXPORT_INFO`); a checkpoint's run
-    folder travels with it, so the path is also tried against the adapter's own folders,
-    nearest first. A warm start is recorded by its absolute path, gone once its run folder
-    moved: the run folder's own ``sft/`` is taken then (`_run_warm_start`).
+    started in (``runs/quickstart/sft``); read from elsewhere, that path names nothing, so it
+    is also tried against the adapter's own folders, nearest first.
     """
-    if (recorded / "config.json").is_file():
-        return recorded
-    own = _run_warm_start(adapter)
-    if own is not None:  # a moved run folder: its own warm start, not the gone one
+    own = _own_base(adapter)
+    if own is not None:
         return own
-    if recorded.is_absolute():
+    if (recorded / "config.json").is_file() or recorded.is_absolute():
         return recorded
     candidates = [p / recorded for p in adapter.resolve().parents]
-    if (adapter / EXPORT_INFO).is_file():
-        exported = json.loads((adapter / EXPORT_INFO).read_text(encoding="utf-8"))
-        candidates.insert(0, Path(exported["base_model"]))
     return next((p for p in candidates if (p / "config.json").is_file()), recorded)
+
+
+def _own_base(adapter: Path) -> Path | None:
+    """The base that travels with the adapter, if there is one: its run's or its export's.
+
+    Why it beats the recorded path: the checkpoint and ``sft/`` were written by the same run,
+    so where both are there is no doubt which base the adapter trained on; the recorded path
+    only said where that ``sft/`` was then (when the run did not move: the same folder). No
+    content is compared: ``sft.json`` records no digest of the weights, and a folder at the
+    recorded path that differs from the run's own is another run's, never this one's.
+    """
+    own = _run_warm_start(adapter)
+    if own is not None or not (adapter / EXPORT_INFO).is_file():
+        return own
+    try:
+        info = json.loads((adapter / EXPORT_INFO).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):  # damaged: the recorded path decides
+        return None
+    exported = info.get("base_model") if isinstance(info, dict) else None
+    if not isinstance(exported, str) or not (Path(exported) / "config.json").is_file():
+        return None
+    return Path(exported)
 
 
 def _run_warm_start(adapter: Path) -> Path | None:

@@ -19,6 +19,7 @@ from agentgym.engine._episode import choose_mode
 from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
 
 from ._config import GRPOConfig
+from ._distributed import World
 from ._memory import cpu_memory_estimate, parameter_count
 from ._preflight import Checked, gpu_split, preflight, resolved_device
 from ._run_dir import WARM_START, RunDir, checkpoints_by_step
@@ -31,10 +32,15 @@ def dry_run(config: GRPOConfig, *, resume: bool = False) -> list[tuple[str, str]
     Raises:
         ConfigError: whatever the run would refuse before its model loads, with the fix.
     """
+    world = World.from_env()  # under torchrun: the run's own refusal of an unequal split
+    world.check_divides("tasks_per_step", config.tasks_per_step)
     checked = preflight(config)
     folder = _run_folder(config, resume, checked.tasks_sha256)
     episodes = config.episodes_per_step
-    return [
+    processes = [("processes", f"{world.world_size} (torchrun), "
+                  f"{config.tasks_per_step // world.world_size} tasks a step each; rank 0 "
+                  "writes the run folder")] if world.world_size > 1 else []  # fmt: skip
+    return processes + [
         ("model", _model(config, checked)),
         ("env", _env(config, checked)),
         ("tasks", f"{len(checked.train_tasks):,} to train on, {len(checked.eval_tasks):,} "

@@ -76,10 +76,21 @@ log = logging.getLogger(__name__)
 #: ``output_dir`` is here because the same folder can be spelled differently;
 #: ``episode_deadline_s`` and ``infra_error_patience`` because a run they stopped says to
 #: raise them and resume (they decide how long a step waits and when the run gives up).
+#: ``vllm_gpu_memory_utilization`` (the engine's KV cache) and ``max_concurrency`` (episodes in
+#: flight) because a run out of memory is resumed with them lowered: each episode's and each
+#: turn's seed comes from its place in the step's plan, and the episodes come back in plan
+#: order, however many play at once (`arollout`).
 RESUMABLE_KEYS = frozenset(
     {"max_steps", "eval_steps", "save_steps", "save_total_limit", "logging_steps", "report_to",
-     "log_completions", "output_dir", "episode_deadline_s", "infra_error_patience"}
+     "log_completions", "output_dir", "episode_deadline_s", "infra_error_patience",
+     "vllm_gpu_memory_utilization", "max_concurrency"}
 )
+#: Config keys that only decide how a step's samples are cut into forward/backward passes, so
+#: an out-of-memory run is resumed with them: the loss's normalisers count the whole step, so
+#: the update is the same however the samples are cut (tests/trainers/test_distributed.py) ...
+#: except where ``top_entropy_quantile`` < 1 takes its quantile over each pass's tokens.
+PASS_KEYS = frozenset({"micro_batch_tokens", "gradient_accumulation_steps",
+                       "gradient_checkpointing"})  # fmt: skip
 #: The run folder's SFT warm start (``sft/``): the base model its adapters were trained on.
 WARM_START = "sft"
 _CHECKPOINT = re.compile(r"^step-(\d{6,})$")
@@ -271,6 +282,7 @@ class RunDir:
         if not done or "figures" not in summary:
             return None
         _refuse_changed_config(Path(path), _normalise(config), defaults)  # as a resume would
+        _refuse_fewer_steps(Path(path), max_steps, status)  # its figures are of a later step
         return dict(summary["figures"])
 
     # ---- opening an existing run ---------------------------------------------------------
@@ -693,16 +705,22 @@ def _moves(line: bytes, moves: Any) -> bool | None:
 
 
 @contextlib.contextmanager
-def atomic_dir(final: Path, durable: bool = True, replace: bool = True) -> Iterator[Path]:
+def atomic_dir(
+    final: Path, durable: bool = True, replace: bool = True, sweep: bool = False
+) -> Iterator[Path]:
     """Yield a temp folder next to ``final``; on success rename it to ``final``.
 
     ``durable``: fsync the files and folders too, so the folder survives a power cut, not
     only a killed process. An existing ``final`` is replaced, unless ``replace`` is False:
     then `ConfigError` (another writer made it meanwhile). On an exception the temp folder
-    is removed.
+    is removed. ``sweep``: ``final`` lies where no run folder's reopening clears what a killed
+    writer left (an export's OUT): first remove the temp folders of ``final`` that no live
+    writer holds, and hold this one (`_claim_temp_dir`) until it is renamed.
     """
     tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
+    held = _claim_temp_dir(final, tmp) if sweep else None
+    if held is None:
+        tmp.mkdir(parents=True, exist_ok=sweep)
     try:
         yield tmp
         if durable:
@@ -720,6 +738,63 @@ def atomic_dir(final: Path, durable: bool = True, replace: bool = True) -> Itera
             fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if held is not None:
+            os.close(held)  # releases the lock (the folder is renamed or gone by now)
+
+
+def _claim_temp_dir(final: Path, tmp: Path) -> int | None:
+    """Make ``tmp`` locked by this process, after removing ``final``'s abandoned temp folders.
+
+    Returns the descriptor that holds the lock, or None where the file system cannot lock
+    (then nothing is removed: a live writer could not be told from a dead one). The lock is
+    `fcntl.flock` on the folder, as an eval's ``--out`` is locked (`FolderLock`): the kernel
+    drops it when its process ends, even by ``kill -9``, so a folder nobody holds was left by
+    a dead writer. Both steps happen under a lock on the parent folder, so a second writer of
+    ``final`` never finds this folder made and not yet locked.
+    """
+    import fcntl
+
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    parent = os.open(tmp.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(parent, fcntl.LOCK_EX)  # held for a sweep and a mkdir: short
+        _remove_abandoned_temp_dirs(tmp.parent, final.name)
+        tmp.mkdir()
+        return _locked(tmp)
+    except OSError:  # no locks here (some NFS mounts): write unlocked, sweep nothing
+        return None
+    finally:
+        os.close(parent)  # releases the parent's lock
+
+
+def _locked(folder: Path) -> int:
+    """A descriptor of ``folder`` holding its `fcntl.flock` (BlockingIOError: another's)."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_abandoned_temp_dirs(parent: Path, final_name: str) -> None:
+    """Remove the ``.tmp-<final_name>-xxxxxxxx`` folders in ``parent`` that no process holds.
+
+    Only ``final_name``'s: another OUT's (``out-b`` beside ``out``) is its own writer's to clear.
+    """
+    own = re.compile(re.escape(f".tmp-{final_name}-") + r"[0-9a-f]{8}")
+    for folder in parent.iterdir():
+        if not own.fullmatch(folder.name) or not folder.is_dir():
+            continue
+        try:
+            os.close(_locked(folder))  # taken: its writer is dead (new ones wait on parent)
+        except OSError:  # BlockingIOError: a live writer's; or not this process's to judge
+            continue
+        log.warning("removing %s, left by a writer that was killed", folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def fsync_tree(root: Path) -> None:
@@ -893,10 +968,11 @@ def _refuse_changed_config(
             f"knobs; {fix}"
         )
     added = _normalise(defaults or {})
+    may_change = _resumable_keys(now)
     differing = sorted(
         key
         for key in set(saved) | set(now)
-        if key not in RESUMABLE_KEYS
+        if key not in may_change
         and saved.get(key, added.get(key, _MISSING)) != now.get(key, _MISSING)
     )
     if differing:
@@ -907,9 +983,20 @@ def _refuse_changed_config(
         raise ConfigError(
             f"cannot resume {path}: the config differs from the saved one in {details}; "
             f"resume with the saved config ({config_path}) or choose a new output_dir. "
-            f"Only {sorted(RESUMABLE_KEYS)} may change on resume"
+            f"Only {sorted(may_change)} may change on resume"
         )
     _refuse_rescheduled(path, saved.get("max_steps"), now)
+
+
+def _resumable_keys(now: Mapping[str, Any]) -> frozenset[str]:
+    """The keys a resume under config ``now`` may change.
+
+    `RESUMABLE_KEYS`, and `PASS_KEYS` unless ``top_entropy_quantile`` < 1 makes the update
+    depend on the passes (a change of the quantile itself is refused as any other knob's).
+    """
+    quantile = now.get("top_entropy_quantile", 1.0)
+    per_pass = isinstance(quantile, (int, float)) and quantile < 1.0
+    return RESUMABLE_KEYS if per_pass else RESUMABLE_KEYS | PASS_KEYS
 
 
 def _refuse_rescheduled(path: Path, saved_max_steps: Any, now: Mapping[str, Any]) -> None:
@@ -968,16 +1055,19 @@ def _refuse_fewer_steps(path: Path, max_steps: Any, status: Mapping[str, Any]) -
     """Refuse a resume whose `max_steps` is below the step its checkpoint already reached.
 
     It used to train nothing, then label the final eval of the step-N model as step
-    `max_steps` and report N GRPO steps as if the run had been asked for them.
+    `max_steps` and report N GRPO steps as if the run had been asked for them. A finished run
+    is refused alike (`finished_figures`): its figures are of step N, not of `max_steps`.
     """
     done = status.get("checkpoint_step")
-    if status.get("state") == "finished" or not isinstance(max_steps, int):
-        return  # a finished run has nothing to resume (`finished_figures`)
-    if isinstance(done, int) and done > max_steps:
-        raise ConfigError(
-            f"cannot resume {path} with max_steps={max_steps}: its checkpoint is at step "
-            f"{done}; set max_steps to {done} or more, or export that checkpoint as it is"
-        )
+    if not isinstance(max_steps, int) or not isinstance(done, int) or done <= max_steps:
+        return
+    # a finished run too: it said "max_steps 2 reached" and showed the figures of step 3
+    where = ("it finished at step" if status.get("state") == "finished"
+             else "its checkpoint is at step")  # fmt: skip
+    raise ConfigError(
+        f"cannot resume {path} with max_steps={max_steps}: {where} {done}; set max_steps to "
+        f"{done} or more, or export that checkpoint as it is"
+    )
 
 
 def _refuse_live_owner(path: Path, status: Mapping[str, Any]) -> None:

@@ -37,7 +37,7 @@ from ._episode_index import (
 from ._folder import live_step, read_json
 from ._jobs import check_job, parse_config, queue_checked_job
 from ._queue import JobQueue
-from ._store import RunStatus, RunStore, agentgym_home, new_run_id, now_iso
+from ._store import RunStatus, RunStore, agentgym_home, new_run_id, now_iso, took_folder
 
 app = typer.Typer(help="List, show and compare indexed runs.", no_args_is_help=True)
 console = PipedConsole(markup=False)  # names, configs and log lines are the user's text
@@ -486,16 +486,21 @@ def _find(store: RunStore, run_id: str) -> dict[str, Any]:
 
 
 def _run_in(store: RunStore, folder: Path, key: str) -> dict[str, Any]:
-    """The newest run whose folder is ``folder``.
+    """The newest run that worked in ``folder`` (`took_folder`), else the newest naming it.
+
+    Why not the newest: a command refused before any work (a ``--resume`` whose config
+    differs, or whose folder another process wrote) is newer than the run it was refused
+    for, and ``runs show``/``compare`` printed its empty row in that run's place.
 
     Raises:
         ConfigError: no indexed run wrote it; naming the run whose id ``key`` starts, if one
             does (the user may have meant it).
     """
     wanted = folder.resolve()
-    for run in store.list_runs(limit=None):  # newest first
-        if run["run_dir"] and Path(run["run_dir"]).resolve() == wanted:
-            return run
+    named = [run for run in store.list_runs(limit=None)  # newest first
+             if run["run_dir"] and Path(run["run_dir"]).resolve() == wanted]  # fmt: skip
+    if named:
+        return next((run for run in named if took_folder(run)), named[0])
     shown = visible(str(folder))
     by_id = store.find_run(key)
     if by_id is not None:

@@ -275,15 +275,52 @@ class RunStore:
             pid = _owner_pid(row["owner"]) if row["owner"] else row["pid"]
             if process_alive(pid):
                 continue
-            reached = read_step(Path(row["run_dir"])) if row["run_dir"] else None
-            further = reached is not None and (row["step"] is None or reached > row["step"])
             if self.update_run(
                 row["id"], only_if={"status": "running", "owner": row["owner"]},
-                status=RunStatus.interrupted, ended_at=now_iso(),
-                **({"step": reached} if further else {}),
+                status=RunStatus.interrupted, **self._how_it_ended(row),
             ):  # fmt: skip
                 changed.append(row)
         return changed
+
+    def _how_it_ended(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """``ended_at`` (and ``step``, when its folder tells more) of a run whose process died.
+
+        Why not the folder's step and the time now: a later run that took the folder (an sft
+        killed at step 2, rerun to step 6 into the same OUT) wrote it since, and the killed row
+        was listed at the rerun's step, ended when ``runs ls`` ran. Taken over, the row keeps
+        its own step and ended when the taker started, at the latest; else it takes its
+        folder's step and ended at its folder's last write (never before it started).
+        """
+        taker = self._taker_of(row)
+        if taker is not None:
+            return {"ended_at": taker["started_at"] or taker["created_at"]}
+        run_dir = Path(row["run_dir"]) if row["run_dir"] else None
+        reached = read_step(run_dir) if run_dir is not None else None
+        further = reached is not None and (row["step"] is None or reached > row["step"])
+        ended, last = now_iso(), _last_write(run_dir) if run_dir is not None else None
+        if last is not None:
+            ended = min(ended, max(last, row["started_at"] or last))
+        return {"ended_at": ended, **({"step": reached} if further else {})}
+
+    def _taker_of(self, row: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The first run after ``row`` that took its folder (`took_folder`), or None."""
+        if not row["run_dir"]:
+            return None
+        later = [r for r in self.list_runs(limit=None, run_dir=row["run_dir"])
+                 if r["created_at"] > row["created_at"] and took_folder(r)]  # fmt: skip
+        return later[-1] if later else None  # newest first: the last is the first to take it
+
+    def delete_run(self, run_id: str, *, only_if: Mapping[str, Any] | None = None) -> bool:
+        """Remove a run's row; with ``only_if`` (column: value), only when they all match.
+
+        Why: a CLI process that was refused, or had nothing to do, in a folder another row
+        indexes, leaves no row of its own (`agentgym.runs._track`). Returns whether it went.
+        """
+        query = runs.delete().where(runs.c.id == run_id)
+        for column, expected in (only_if or {}).items():
+            query = query.where(runs.c[column] == expected)
+        with self.engine.begin() as conn:
+            return bool(conn.execute(query).rowcount)
 
     # ---- reading (the dashboard reads runs only through these two) ------------------------
     def get_run(self, run_id: str) -> dict[str, Any] | None:
@@ -298,9 +335,15 @@ class RunStore:
         *,
         status: str | None = None,
         sweep_id: str | None = None,
+        run_dir: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Runs, newest first, as dicts (see `get_run`); ``limit=None`` returns all."""
+        """Runs, newest first, as dicts (see `get_run`); ``limit=None`` returns all.
+
+        ``run_dir``: only rows naming that folder, spelled as the row stores it (resolved).
+        """
         query = sa.select(runs).order_by(runs.c.created_at.desc())
+        if run_dir is not None:
+            query = query.where(runs.c.run_dir == run_dir)
         if status is not None:
             query = query.where(runs.c.status == str(status))
         if sweep_id is not None:
@@ -319,6 +362,28 @@ class RunStore:
         with self._reader.connect() as conn:
             rows = conn.execute(query).all()
         return _as_dict(rows[0]) if len(rows) == 1 else None
+
+
+def took_folder(run: Mapping[str, Any]) -> bool:
+    """Whether ``run`` worked in its folder: it runs (or waits to), or recorded a step or figures.
+
+    Why: a command refused before any work (a ``--resume`` whose config differs) records
+    neither, and does not name the folder's run (`agentgym runs show FOLDER`).
+    """
+    working = run["status"] in (RunStatus.running, RunStatus.queued)
+    return working or run["step"] is not None or bool(run["figures"])
+
+
+def _last_write(run_dir: Path) -> str | None:
+    """When anything at the top of ``run_dir`` was last written (ISO, UTC), or None."""
+    try:
+        stamps = [entry.stat().st_mtime for entry in os.scandir(run_dir)]
+    except OSError:
+        return None
+    if not stamps:
+        return None
+    when = datetime.datetime.fromtimestamp(max(stamps), datetime.UTC)
+    return when.isoformat(timespec="microseconds")
 
 
 def _jsonable(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from agentgym._errors import ConfigError, InfraError
 from agentgym._stop import exit_code_after_stop
 
 from ._folder import read_figures, read_step
-from ._store import DISABLED, RunStatus, RunStore, now_iso
+from ._store import DISABLED, RunStatus, RunStore, now_iso, process_alive
 
 log = logging.getLogger("agentgym.runs")
 
@@ -106,11 +106,21 @@ class _Tracker:
 
     A process that failed having written nothing in its folder records no figures or step
     from it: they are another run's (a refused rerun into a finished run's folder was listed
-    as failed "at step 3", the step of the run it was refused for).
+    as failed "at step 3", the step of the run it was refused for). Changes a live run of the
+    same folder made meanwhile are not its own (a ``--resume`` refused for a folder being
+    written was listed as failed at the writer's step).
+
+    A process that did nothing in a folder another row indexes, refused (exit 2) or with
+    nothing left to do (a resume of a finished run, exit 0), leaves no row: it was listed
+    next to, and ``runs show FOLDER`` took it over, the run that wrote the folder. A queued
+    job's row (``AGENTGYM_RUN_ID``) is its queue's and always kept.
     """
 
-    def __init__(self, store: RunStore | None, run_id: str | None, run_dir: Path) -> None:
+    def __init__(
+        self, store: RunStore | None, run_id: str | None, run_dir: Path, *, adopted: bool = False
+    ) -> None:
         self.store, self.run_id, self.run_dir = store, run_id, run_dir
+        self.adopted = adopted
         self.found = _folder_state(run_dir)
 
     @classmethod
@@ -125,7 +135,7 @@ class _Tracker:
             }  # fmt: skip
             run_id = os.environ.get("AGENTGYM_RUN_ID")
             if run_id and store.update_run(run_id, config=dict(config), **running):
-                return cls(store, run_id, run_dir)
+                return cls(store, run_id, run_dir, adopted=True)
             run_id = store.create_run(kind=kind, name=name, config=config, source="cli", **running)
             return cls(store, run_id, run_dir)
         except Exception as exc:  # indexing must never stop a run
@@ -135,22 +145,45 @@ class _Tracker:
     def finish(self, code: int, exc: BaseException | None) -> None:
         if self.store is None or self.run_id is None:
             return
-        own = code == 0 or _folder_state(self.run_dir) != self.found  # the folder's figures
-        values: dict[str, Any] = {
-            "status": status_of(code), "exit_code": code, "ended_at": now_iso(),
-            "figures": read_figures(self.run_dir) if own else {},
-            "step": read_step(self.run_dir) if own else None,
-        }  # fmt: skip
-        if exc is not None and code != 0:
-            values["error_tail"] = _error_text(exc)
+        mine = {"status": "running", "pid": os.getpid()}  # the row as this process left it
         try:
-            self.store.update_run(
-                self.run_id, only_if={"status": "running", "pid": os.getpid()}, **values
-            )
+            wrote = _folder_state(self.run_dir) != self.found and not self._another_writer()
+            if not wrote and code in (0, EXIT_CONFIG) and self._indexed_elsewhere():
+                self.store.delete_run(self.run_id, only_if=mine)
+                return
+            own = code == 0 or wrote  # the folder's figures
+            values: dict[str, Any] = {
+                "status": status_of(code), "exit_code": code, "ended_at": now_iso(),
+                "figures": read_figures(self.run_dir) if own else {},
+                "step": read_step(self.run_dir) if own else None,
+            }  # fmt: skip
+            if exc is not None and code != 0:
+                values["error_tail"] = _error_text(exc)
+            self.store.update_run(self.run_id, only_if=mine, **values)
         except Exception as db_exc:  # a warning, never a failed run
             log.warning("run %s: could not record its end (%s)", self.run_id, db_exc)
         finally:
             self.store.close()
+
+    def _others(self) -> list[dict[str, Any]]:
+        """The other rows that name this run's folder."""
+        assert self.store is not None  # only called with a store; narrows the type
+        rows = self.store.list_runs(limit=None, run_dir=str(self.run_dir.resolve()))
+        return [row for row in rows if row["id"] != self.run_id]
+
+    def _another_writer(self) -> bool:
+        """Whether a live process of another row is running in this run's folder."""
+        host = socket.gethostname()
+        return any(row["status"] == RunStatus.running
+                   and (row["host"] != host or process_alive(row["pid"]))
+                   for row in self._others())  # fmt: skip
+
+    def _indexed_elsewhere(self) -> bool:
+        """Whether this row may go: this process made it, and another row names the folder.
+
+        Why the other row: the folder stays found (a first run of a copied folder keeps its row).
+        """
+        return not self.adopted and bool(self._others())
 
 
 def _error_text(exc: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -201,3 +202,20 @@ def test_a_rollout_server_nobody_answers_is_infrastructure_not_a_bug(tmp_path: P
     assert refused.returncode == 75 and len(lines) == 1, refused.stderr
     assert "is unreachable" in lines[0] and "rollout_servers" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500"}  # fmt: skip
+
+
+def test_a_dry_run_under_torchrun_refuses_an_unequal_split_and_names_the_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under torchrun the dry run said "every check passed" for tasks_per_step=3 on 2 ranks,
+    which the run refuses."""
+    for name, value in TORCHRUN.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match="tasks_per_step=3 cannot be split equally among the 2"):
+        dry_run(dataclasses.replace(config(tmp_path), tasks_per_step=3))
+    plan = dict(dry_run(dataclasses.replace(config(tmp_path), tasks_per_step=4)))
+    assert plan["processes"] == "2 (torchrun), 2 tasks a step each; rank 0 writes the run folder"
