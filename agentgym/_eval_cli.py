@@ -244,10 +244,10 @@ def evaluate(
         lock = stack.enter_context(FolderLock(out, warn=console.print))
         lock.acquire()  # before reading what is there: no second writer appends next to us
         done = previous_episodes(out, run_config, resume)
-        stack.enter_context(track_run("eval", out.name, run_config, out))
         finished = finished_summary(out, len(done), total * group_size)
         if finished is not None:  # resumed with nothing left to play: start no engine
-            _print_summary(finished, out)
+            with track_run("eval", out.name, run_config, out):
+                _print_summary(finished, out)
             return
         agent: Policy
         if policy is PolicyKind.reference:
@@ -263,6 +263,9 @@ def evaluate(
         else:
             assert served is not None  # built above; narrows the type
             agent = served
+        # indexed once the engine started: its refusals (a server serving another name, a
+        # template kwarg or parser the model refuses) are the command's, as the ones above
+        stack.enter_context(track_run("eval", out.name, run_config, out))
         which = {"tasks": chosen} if task_range else {"num_tasks": num_tasks}
         plan = {
             **which, "group_size": group_size, "max_concurrency": concurrency,

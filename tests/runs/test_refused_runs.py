@@ -170,3 +170,16 @@ def test_a_killed_run_ends_at_its_folders_last_write(db: str, tmp_path: Path) ->
     row = store.get_run(killed)
     assert row is not None and (row["status"], row["step"]) == ("interrupted", 2)
     assert row["ended_at"].startswith("2026-01-01T00:05:00"), row["ended_at"]
+
+
+def test_an_eval_refused_as_its_engine_starts_leaves_no_row(
+    db: str, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A parser or template kwarg the model refuses is found as the engine is built: that
+    refusal left a failed row (exit 2), though an eval's refusals leave none (experiments.md)."""
+    for option in (["--env-arg", "parser=mistral"],
+                   ["--chat-template-kwargs", '{"enable_thinkng": false}']):  # fmt: skip
+        done = agentgym("eval", "calculator", "--policy", "hf", "--model-path", tiny_model_dir,
+                        *option, "-n", "2", "--out", tmp_path / "out", db=db)  # fmt: skip
+        assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr
+        assert RunStore(db).list_runs() == [], option
