@@ -58,7 +58,7 @@ from ._health import HealthWatch
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import combine_metrics, episode_metrics, eval_metrics
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
-from ._preflight import preflight, resolved_device, rollout_fleet
+from ._preflight import preflight, resolved_device, rollout_fleet, warm_start_config
 from ._report import plot_curves, read_warm_start, write_summary
 from ._run_dir import WARM_START, RunDir, read_jsonl_records
 from ._samples import (
@@ -70,7 +70,7 @@ from ._samples import (
     rollout_mode_metrics,
     shared_prefix_length,
 )
-from ._sft import SFTConfig, sft_warm_start
+from ._sft import sft_warm_start
 from ._tracking import Trackers, TrainingConsole
 from ._training_state import load_training_state
 
@@ -350,19 +350,14 @@ class GRPOTrainer:
         if (out / SFT_SUMMARY).is_file():
             return out
         traces, validation = cfg.sft_split(self.train_tasks)
-        sft = SFTConfig(
-            steps=cfg.sft_steps, lr=cfg.sft_learning_rate, batch_size=cfg.sft_batch_size,
-            seed=cfg.seed, log=_log_sft_progress, target_accuracy=cfg.sft_target_accuracy,
-            eval_every=cfg.sft_eval_every if cfg.sft_target_accuracy else 0,
-            max_length=cfg.max_model_len, method=cfg.sft_method, lora_rank=cfg.lora_r,
-            lora_alpha=cfg.lora_alpha, device=self._device(),
-        )  # fmt: skip
         # the env and template the rollouts play: traces of other limits or renders would
         # teach tokens the run never samples
         return sft_warm_start(
-            self.model_dir, cfg.env, cfg.run_env_kwargs, out, sft,
+            self.model_dir, cfg.env, cfg.run_env_kwargs, out,
+            warm_start_config(cfg, self._device(), _log_sft_progress),
             tasks=traces, validation_tasks=validation,
             scripts=cfg.sft_scripts, chat_template_kwargs=cfg.chat_template_kwargs,
+            length_knob="max_model_len",
         )  # fmt: skip
 
     def _policy(self, model_dir: Path, namespace: str) -> RolloutPolicy:

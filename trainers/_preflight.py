@@ -29,11 +29,13 @@ from agentgym._tasks import task_text, tasks_digest
 from agentgym._types import Message
 from agentgym.engine._model_dir import context_length, require_model_folder
 from agentgym.parsers import ToolCallParser
+from agentgym.runs._folder import SFT_SUMMARY
 
 from ._config import GRPOConfig
 from ._config_rules import UNSERVABLE_TARGETS, check_device
 from ._memory import GIB, GpuSplit, cpu_memory_estimate, parameter_count
-from ._sft import check_device_here
+from ._run_dir import WARM_START
+from ._sft import SFTConfig, check_device_here, check_warm_start, scripted_turns
 from ._tracking import BACKENDS, resolve_report_to
 
 if TYPE_CHECKING:
@@ -88,6 +90,7 @@ def preflight(config: GRPOConfig) -> Checked:
     if problem := opening_prompt_problem(renderer, env.opening, env.tools, config.max_model_len):
         raise ConfigError(f"{problem}; raise max_model_len (--set max_model_len=N) to what "
                           f"{config.model} allows")  # fmt: skip
+    _check_warm_start(model_dir, config, env.train_tasks)
     _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
     _check_servers(model_dir, config)
@@ -313,7 +316,8 @@ def _check_scripts(env: Any, config: GRPOConfig, trace_tasks: list[int]) -> None
     if tasks is None or not trace_tasks:
         return
     task = tasks[trace_tasks[0]]
-    silent = [n for n in config.sft_scripts if getattr(env, f"{n}_turns")(task) is None]
+    silent = [n for n in config.sft_scripts
+              if scripted_turns(getattr(env, f"{n}_turns"), task, config.env, n) is None]
     if silent:
         raise ConfigError(
             f"sft_steps={config.sft_steps} but in env {config.env!r} "
@@ -321,6 +325,35 @@ def _check_scripts(env: Any, config: GRPOConfig, trace_tasks: list[int]) -> None
             f"{trace_tasks[0]} (no script to imitate); define it to return the assistant "
             "turns of a task, or set sft_steps 0"
         )
+
+
+def warm_start_config(config: GRPOConfig, device: str = "cpu", log: Any = None) -> SFTConfig:
+    """The SFT warm start's knobs, as the run's config sets them."""
+    return SFTConfig(
+        steps=config.sft_steps, lr=config.sft_learning_rate, batch_size=config.sft_batch_size,
+        seed=config.seed, log=log, target_accuracy=config.sft_target_accuracy,
+        eval_every=config.sft_eval_every if config.sft_target_accuracy else 0,
+        max_length=config.max_model_len, method=config.sft_method, lora_rank=config.lora_r,
+        lora_alpha=config.lora_alpha, device=device,
+    )  # fmt: skip
+
+
+def _check_warm_start(model_dir: Path, config: GRPOConfig, train_tasks: list[int]) -> None:
+    """The warm start's traces, refused now as the warm start would refuse them.
+
+    Why: an oracle that never succeeds, or a trace past ``max_model_len``, passed the dry run
+    and failed the run after vLLM had started and the base model was evaluated. This plays
+    the scripts on the tasks the warm start plays (``sft_num_traces``; CPU, no model) and
+    renders them with the tokenizer. A run folder whose warm start is done skips it.
+    """
+    if not config.sft_steps or (Path(config.output_dir) / WARM_START / SFT_SUMMARY).is_file():
+        return
+    traces, validation = config.sft_split(train_tasks)
+    check_warm_start(
+        model_dir, config.env, config.run_env_kwargs, warm_start_config(config), tasks=traces,
+        validation_tasks=validation, scripts=config.sft_scripts,
+        chat_template_kwargs=config.chat_template_kwargs, length_knob="max_model_len",
+    )  # fmt: skip
 
 
 def _check_context(model_dir: Path, config: GRPOConfig) -> None:

@@ -34,6 +34,7 @@ torch and transformers are imported inside the functions, so importing this modu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -44,7 +45,9 @@ import pickle
 import random
 import re
 import shutil
+import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -182,6 +185,17 @@ class Example:
     mask: list[int]
 
 
+class Played(NamedTuple):
+    """What playing an env's script gave: the conversations kept, the tools, the drops."""
+
+    conversations: list[list[Message]]
+    tools: list[dict[str, Any]]
+    dropped: Counter[str]
+    """Episodes not kept, by why: ``status`` (not ``ok``: the script raised, a tool broke)
+    or ``reward`` (an oracle episode with no reward): the names `kept_conversations` counts
+    recorded episodes' drops under, so ``sft.json`` reads the same for both sources."""
+
+
 def oracle_conversations(
     env_id: str,
     env_kwargs: dict[str, Any] | None = None,
@@ -191,6 +205,21 @@ def oracle_conversations(
 ) -> tuple[list[list[Message]], list[dict[str, Any]]]:
     """Play tasks with one of the env's scripted behaviours; returns (conversations, tools).
 
+    `played_script` without its count of dropped episodes.
+    """
+    played = played_script(env_id, env_kwargs, num_tasks, tasks, script)
+    return played.conversations, played.tools
+
+
+def played_script(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    num_tasks: int | None = None,
+    tasks: Sequence[int] | None = None,
+    script: str = "reference",
+) -> Played:
+    """Play tasks with one of the env's scripted behaviours.
+
     ``script`` names an env method ``<script>_turns(task) -> list[str]``: ``reference`` is the
     oracle every env with SFT support has; an env may script other habits (the calculator's
     ``estimate`` answers from a mental estimate, without the tool). ``tasks`` picks task
@@ -198,15 +227,18 @@ def oracle_conversations(
 
     Reference episodes are kept only when they end ``ok`` with reward > 0 (an oracle that fails
     is no oracle); any other script's episodes are kept whatever their reward, since they
-    demonstrate a habit, right or wrong.
+    demonstrate a habit, right or wrong. The dropped ones are counted and logged with the
+    first one's error: a script that raised on half the tasks trained on the other half
+    without a word.
 
     Raises:
-        ConfigError: the env has no ``<script>_turns``, or no reference episode succeeded.
+        ConfigError: the env has no ``<script>_turns``, it raises on the first task, or no
+            reference episode succeeded.
     """
     env: Any = make(env_id, **(env_kwargs or {}))
     try:
         turns = getattr(env, f"{script}_turns", None)
-        if turns is None or turns(env.tasks[0]) is None:
+        if turns is None or scripted_turns(turns, env.tasks[0], env_id, script) is None:
             raise ConfigError(
                 f"env {env_id!r} has no {script}_turns; a warm-start script names a method "
                 "<name>_turns of the env (every SFT-ready env has reference_turns)"
@@ -222,14 +254,56 @@ def oracle_conversations(
         env_kwargs=env_kwargs,
     )
     oracle = script == "reference"
-    good = [
-        t.messages
-        for t in trajectories
-        if t.status == "ok" and (not oracle or (t.final_reward or 0) > 0)
-    ]
+    reasons = [_script_drop_reason(t, oracle) for t in trajectories]
+    good = [t.messages for t, why in zip(trajectories, reasons, strict=True) if why is None]
     if oracle and not good:
         raise ConfigError(f"no oracle episode of {env_id!r} succeeded; check reference_turns")
-    return good, tools
+    dropped = Counter(why for why in reasons if why is not None)
+    if dropped:
+        errors = [t.error for t in trajectories if t.error]
+        first = f"; the first error: {_last_line(errors[0])}" if errors else ""
+        log.warning("%d of %d %s_turns episodes of %r dropped (%s)%s", dropped.total(),
+                    len(trajectories), script, env_id, dropped_text(dropped), first)  # fmt: skip
+    return Played(good, tools, dropped)
+
+
+def scripted_turns(turns: Callable[[Any], Any], task: Any, env_id: str, script: str) -> Any:
+    """``turns(task)``, a script raising as one `ConfigError` naming it and the exception.
+
+    Why: the env author's script raised out of the warm start as a traceback (exit 1).
+    """
+    try:
+        return turns(task)
+    except Exception as exc:  # the env author's code: any exception is theirs to fix
+        raise ConfigError(f"env {env_id!r}: {script}_turns raised {type(exc).__name__}: {exc}; "
+                          f"fix {script}_turns (it returns a task's assistant turns)") \
+            from exc  # fmt: skip
+
+
+def _script_drop_reason(trajectory: Any, oracle: bool) -> str | None:
+    """Why a scripted episode is not kept (``status`` or ``reward``); None keeps it."""
+    if trajectory.status != "ok":
+        return "status"
+    return "reward" if oracle and not (trajectory.final_reward or 0) > 0 else None
+
+
+def _last_line(text: str) -> str:
+    """A traceback's last line: the exception, which is what a log line needs of it."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else text
+
+
+#: How a drop reason reads in a log line and the command's summary.
+DROP_REASONS = {
+    "status": "not ok (the script or a tool raised, or the episode broke)",
+    "reward": "with no reward",
+    "no_assistant_turn": "without an assistant turn (nothing to train)",
+}
+
+
+def dropped_text(dropped: Mapping[str, int]) -> str:
+    """``4 not ok (...), 2 with no reward``: the nonzero counts, in words."""
+    return ", ".join(f"{n} {DROP_REASONS.get(k, k)}" for k, n in dropped.items() if n)
 
 
 def mixed_conversations(
@@ -239,6 +313,18 @@ def mixed_conversations(
     scripts: Mapping[str, float],
     seed: int = 0,
 ) -> tuple[list[list[Message]], list[dict[str, Any]]]:
+    """(conversations, tools) of `mixed_played`, without its count of dropped episodes."""
+    played = mixed_played(env_id, env_kwargs, tasks, scripts, seed)
+    return played.conversations, played.tools
+
+
+def mixed_played(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None,
+    tasks: Sequence[int],
+    scripts: Mapping[str, float],
+    seed: int = 0,
+) -> Played:
     """Split ``tasks`` among the env's scripts in the given shares and play each part.
 
     Why a mix: a warm start on the oracle alone also teaches *when* to use a tool, leaving RL
@@ -246,23 +332,25 @@ def mixed_conversations(
     the tool in 30% of answers) teaches the skills but leaves the decision to GRPO, the way a
     pretrained model that can call tools still has to learn when calling them pays.
     The split is a seeded shuffle: same tasks, shares and seed, same conversations.
+    Every part's dropped episodes are counted together.
     """
     order = list(tasks)
     random.Random(seed).shuffle(order)
     total = sum(scripts.values())
     conversations: list[list[Message]] = []
     tools: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
     start, cumulative = 0, 0.0
     for script, share in scripts.items():
         cumulative += share
         end = round(len(order) * cumulative / total)
         if end > start:
-            part, tools = oracle_conversations(
-                env_id, env_kwargs, tasks=order[start:end], script=script
-            )
-            conversations += part
+            part = played_script(env_id, env_kwargs, tasks=order[start:end], script=script)
+            conversations += part.conversations
+            tools = part.tools
+            dropped += part.dropped
         start = end
-    return conversations, tools
+    return Played(conversations, tools, dropped)
 
 
 def tokenize_conversation(
@@ -478,6 +566,7 @@ def sft_warm_start(
     validation_tasks: Sequence[int] = (),
     scripts: Mapping[str, float] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    length_knob: str = "SFTConfig.max_length",
 ) -> Path:
     """Fine-tune ``model_dir`` on the env's oracle trajectories; save the result in ``out_dir``.
 
@@ -496,6 +585,8 @@ def sft_warm_start(
         scripts: shares of the training tasks played by each of the env's scripted
             behaviours (`mixed_conversations`); None plays all with ``reference``.
         chat_template_kwargs: passed to the chat template, as the rollouts pass them.
+        length_knob: how a too-long trace's error names ``config.max_length``: the caller's
+            knob (a train run's ``max_model_len``).
 
     Returns:
         ``out_dir`` as a Path.
@@ -505,10 +596,57 @@ def sft_warm_start(
             model's context by default); both before the model loads.
     """
     config = config or SFTConfig()
+    traces = _env_traces(env_id, env_kwargs, tasks, validation_tasks, scripts, config.seed)
+    return sft_on_conversations(
+        model_dir, *traces[:2], out_dir, config, held_out=traces[2],
+        chat_template_kwargs=chat_template_kwargs, source=traces[3], length_knob=length_knob,
+    )  # fmt: skip
+
+
+def check_warm_start(
+    model_dir: str | os.PathLike[str],
+    env_id: str,
+    env_kwargs: dict[str, Any] | None,
+    config: SFTConfig,
+    *,
+    tasks: Sequence[int],
+    validation_tasks: Sequence[int] = (),
+    scripts: Mapping[str, float] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    length_knob: str = "SFTConfig.max_length",
+) -> None:
+    """Refuse what `sft_warm_start` would refuse of its traces, without training.
+
+    Why: a train run's warm start failed on its traces (an oracle that never succeeds, a
+    trace past ``max_model_len``) only after vLLM had started and the base model was
+    evaluated. This plays the same scripts (CPU, no model) and renders them with the
+    tokenizer, so the run refuses them before any engine starts. ``tasks``: the ones the
+    warm start plays (``sft_num_traces`` of them in a train run), so it costs what the warm
+    start's own scripted play costs.
+
+    Raises:
+        ConfigError: as `sft_warm_start` before its model loads.
+    """
+    conversations, tools, held_out, source = _env_traces(
+        env_id, env_kwargs, tasks, validation_tasks, scripts, config.seed
+    )
+    _training_data(model_dir, conversations, tools, config, held_out, chat_template_kwargs,
+                   source, length_knob)  # fmt: skip
+
+
+def _env_traces(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None,
+    tasks: Sequence[int] | None,
+    validation_tasks: Sequence[int],
+    scripts: Mapping[str, float] | None,
+    seed: int,
+) -> tuple[list[list[Message]], list[dict[str, Any]], list[list[Message]], dict[str, Any]]:
+    """(conversations, tools, held-out conversations, source) of `sft_warm_start`'s tasks."""
     scripts = dict(scripts or {"reference": 1.0})
     if tasks is None:
         tasks = range(env_facts(env_id, env_kwargs).size)
-    conversations, tools = mixed_conversations(env_id, env_kwargs, tasks, scripts, config.seed)
+    conversations, tools, dropped = mixed_played(env_id, env_kwargs, tasks, scripts, seed)
     if not conversations:
         raise ConfigError(
             f"the SFT warm start on {env_id!r} has no trace to train on (no train task, or "
@@ -518,11 +656,9 @@ def sft_warm_start(
     held_out: list[list[Message]] = []
     if validation_tasks:
         held_out, _ = oracle_conversations(env_id, env_kwargs, tasks=validation_tasks)
-    source = {"kind": "env", "env_id": env_id, "env_kwargs": env_kwargs, "scripts": scripts}
-    return sft_on_conversations(
-        model_dir, conversations, tools, out_dir, config,
-        held_out=held_out, chat_template_kwargs=chat_template_kwargs, source=source,
-    )  # fmt: skip
+    source = {"kind": "env", "env_id": env_id, "env_kwargs": env_kwargs, "scripts": scripts,
+              "dropped": {"status": dropped["status"], "reward": dropped["reward"]}}  # fmt: skip
+    return conversations, tools, held_out, source
 
 
 class EnvFacts(NamedTuple):
@@ -556,6 +692,7 @@ def sft_on_conversations(
     held_out: Sequence[list[Message]] = (),
     chat_template_kwargs: Mapping[str, Any] | None = None,
     source: dict[str, Any],
+    length_knob: str = "SFTConfig.max_length",
 ) -> Path:
     """Train ``model_dir`` on whole conversations; save a plain model folder in ``out_dir``.
 
@@ -574,6 +711,7 @@ def sft_on_conversations(
         source: where the conversations came from, recorded in ``sft.json`` as it is; its
             ``env_id`` names the traces in error messages.
         chat_template_kwargs: passed to the chat template, as the rollouts pass them.
+        length_knob: how a too-long trace's error names ``config.max_length``.
 
     Raises:
         ConfigError: no conversation, or one longer than ``config.max_length`` (the model's
@@ -581,14 +719,74 @@ def sft_on_conversations(
             ``<out_dir>.partial/`` of other knobs, model or traces; a loss that is not finite.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agentgym.engine._render import TemplateError
+    from transformers import AutoModelForCausalLM
 
     config = config or SFTConfig()
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     started = time.perf_counter()
+    tokenizer, examples, validation, modes, source = _training_data(
+        model_dir, conversations, tools, config, held_out, chat_template_kwargs, source,
+        length_knob,
+    )  # fmt: skip
+    check_device_here(config.device)
+    out = Path(out_dir)
+    checkpoint = _Checkpoint(sft_checkpoint(out), _fingerprint(config, model_dir, examples),
+                             _knobs(config), str(model_dir))  # fmt: skip
+    checkpoint.refuse_another_run()
+    with _sole_writer(checkpoint.folder, out):
+        torch.manual_seed(config.seed)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.to(config.device)
+        if config.method == "lora":
+            model = _with_lora(model, config)
+        history, trained_before = _train(model, examples, validation, config, checkpoint)
+        if config.method == "lora":
+            model = model.merge_and_unload()
+        summary = {
+            "config": {k: v for k, v in asdict(config).items() if k != "log"},
+            "base_model": str(model_dir),
+            "source": source,
+            "num_examples": len(examples),
+            "conversations": modes,
+            "seconds": time.perf_counter() - started + trained_before,  # a killed run's too
+            "history": history,
+        }
+        _save(model.cpu(), tokenizer, out, summary)
+        shutil.rmtree(checkpoint.folder, ignore_errors=True)  # the model is saved: done with it
+    _log_done(history, len(conversations), len(examples), out)
+    return out
+
+
+class _Data(NamedTuple):
+    """The rendered, checked training data of a run (`_training_data`)."""
+
+    tokenizer: Any
+    examples: list[Example]
+    validation: list[Example]
+    modes: dict[str, int]
+    source: dict[str, Any]
+
+
+def _training_data(
+    model_dir: str | os.PathLike[str],
+    conversations: Sequence[list[Message]],
+    tools: list[dict[str, Any]],
+    config: SFTConfig,
+    held_out: Sequence[list[Message]],
+    chat_template_kwargs: Mapping[str, Any] | None,
+    source: dict[str, Any],
+    length_knob: str,
+) -> _Data:
+    """The conversations rendered as training samples and checked, with the tokenizer alone.
+
+    Raises:
+        ConfigError: whatever of the traces the loop cannot train on (`_check_traces`).
+    """
+    from transformers import AutoTokenizer
+
+    from agentgym.engine._render import TemplateError
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     renderer = _renderer(tokenizer, chat_template_kwargs)
     render = functools.partial(conversation_examples, renderer, tools=tools)
@@ -597,40 +795,50 @@ def sft_on_conversations(
         rendered = [render(messages) for messages in conversations]
     except TemplateError as exc:  # Mistral's refuses the hermes parser's call ids
         raise ConfigError(template_failure_cause(renderer, tools, parser) or str(exc)) from exc
+    conversations, rendered, untrained = _with_trained_tokens(conversations, rendered)
+    source = _count_untrained(source, untrained, len(conversations))
     _check_trained_calls(conversations, rendered, renderer, parser, source, model_dir)
     examples, modes = _samples(rendered)
-    validation, _ = _samples(map(render, held_out))
+    validation, _ = _samples(_with_trained_tokens(held_out, list(map(render, held_out)))[1])
     if modes["per_turn"]:
         log.info("the chat template rewrites history: %d of %d conversations train as one "
                  "sample per assistant turn (the rollouts' per_turn mode)",
                  modes["per_turn"], len(conversations))  # fmt: skip
-    _check_traces(examples, validation, model_dir, config, source.get("env_id"))
-    check_device_here(config.device)
-    out = Path(out_dir)
-    checkpoint = _Checkpoint(sft_checkpoint(out), _fingerprint(config, model_dir, examples),
-                             _knobs(config), str(model_dir))  # fmt: skip
-    checkpoint.refuse_another_run()
-    torch.manual_seed(config.seed)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.to(config.device)
-    if config.method == "lora":
-        model = _with_lora(model, config)
-    history, trained_before = _train(model, examples, validation, config, checkpoint)
-    if config.method == "lora":
-        model = model.merge_and_unload()
-    summary = {
-        "config": {k: v for k, v in asdict(config).items() if k != "log"},
-        "base_model": str(model_dir),
-        "source": source,
-        "num_examples": len(examples),
-        "conversations": modes,
-        "seconds": time.perf_counter() - started + trained_before,  # a killed run's too
-        "history": history,
-    }
-    _save(model.cpu(), tokenizer, out, summary)
-    shutil.rmtree(checkpoint.folder, ignore_errors=True)  # the model is saved: done with it
-    _log_done(history, len(conversations), len(examples), out)
-    return out
+    _check_traces(examples, validation, model_dir, config, source.get("env_id"), length_knob)
+    return _Data(tokenizer, examples, validation, modes, source)
+
+
+def _with_trained_tokens(
+    conversations: Sequence[list[Message]], rendered: Sequence[tuple[list[Example], str]]
+) -> tuple[list[list[Message]], list[tuple[list[Example], str]], int]:
+    """The conversations whose samples train at least one token, theirs, and how many did not.
+
+    Why: a conversation without an assistant turn (system and user only) renders as no
+    trained token; a batch of such rows crashed inside the model after the weights loaded
+    (``cannot reshape tensor of 0 elements``), and among others it counted as a trace used.
+    """
+    kept = [(messages, samples) for messages, samples in zip(conversations, rendered, strict=True)
+            if any(1 in e.mask for e in samples[0])]  # fmt: skip
+    return [m for m, _ in kept], [r for _, r in kept], len(conversations) - len(kept)
+
+
+def _count_untrained(source: dict[str, Any], count: int, left: int) -> dict[str, Any]:
+    """``source`` with ``count`` conversations dropped for training nothing (`sft.json` keeps it).
+
+    Raises:
+        ConfigError: none is ``left``, before the weights load; the line says why and the fix.
+    """
+    if not count:
+        return source
+    if not left:
+        raise ConfigError(
+            f"none of the {count} SFT conversations of {source.get('env_id')!r} has an "
+            "assistant turn, so there is no token to train on; give episodes in which the "
+            "agent answered (e.g. record them with agentgym eval)"
+        )
+    dropped = {**(source.get("dropped") or {}), "no_assistant_turn": count}
+    log.warning("SFT conversations dropped: %s", dropped_text({"no_assistant_turn": count}))
+    return {**source, "dropped": dropped}
 
 
 def _samples(
@@ -732,6 +940,55 @@ def _save(model: Any, tokenizer: Any, out: Path, summary: Mapping[str, Any]) -> 
     atomic_write_text(out / SFT_SUMMARY, json.dumps(summary, indent=1, default=str))
 
 
+#: In the checkpoint folder: the pid and host of the SFT run writing it (`_sole_writer`).
+_OWNER = "owner.json"
+
+
+@contextlib.contextmanager
+def _sole_writer(folder: Path, out: Path) -> Iterator[None]:
+    """Hold ``folder`` (the run's checkpoint folder) as its one writer while the run trains.
+
+    Why: two runs into one OUT both trained and both said "output folder: OUT"; one model was
+    silently lost (with the same knobs, both wrote one checkpoint). The lock is the eval's
+    (`FolderLock`: ``flock``, dropped by the kernel when a run dies, even by ``kill -9``);
+    ``owner.json`` beside it names the process holding it, as a train run's ``status.json``
+    does. A run whose lock came after another finished finds that one's model and stops.
+
+    Raises:
+        ConfigError: a live process holds the folder, or ``out`` holds a finished model.
+    """
+    from agentgym._eval_folder import FolderLock
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with FolderLock(folder, log.warning) as lock:
+        try:
+            lock.acquire()
+        except ConfigError:
+            raise ConfigError(
+                f"{out} is being written by SFT process {_owner_pid(folder)} on this host; "
+                f"wait for it to end (or stop it), or give another OUT"
+            ) from None
+        if (out / SFT_SUMMARY).is_file():  # the other run finished before the lock came
+            raise ConfigError(f"{out} now holds a finished model ({SFT_SUMMARY}) that another "
+                              "run saved; give another OUT")  # fmt: skip
+        record = {"pid": os.getpid(), "host": socket.gethostname()}
+        atomic_write_text(folder / _OWNER, json.dumps(record))
+        try:
+            yield
+        finally:  # a failed run leaves its checkpoint to resume, not its claim
+            (folder / _OWNER).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty: no checkpoint was saved
+
+
+def _owner_pid(folder: Path) -> str:
+    """The pid ``owner.json`` names (``unknown``: not written yet, or unreadable)."""
+    try:
+        return str(json.loads((folder / _OWNER).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"
+
+
 def _log_done(history: Sequence[Mapping[str, Any]], traces: int, samples: int, out: Path) -> None:
     """One line when the warm start ends: a short one otherwise leaves the log nothing."""
     split = f" ({samples} samples: some trained per turn)" if samples != traces else ""
@@ -748,8 +1005,11 @@ def _check_traces(
     model_dir: str | os.PathLike[str],
     config: SFTConfig,
     env_id: str | None,
+    length_knob: str = "SFTConfig.max_length",
 ) -> None:
     """Refuse, before the model loads, traces the loop cannot train on.
+
+    ``length_knob`` names ``config.max_length`` as the caller's user sets it.
 
     No trace at all failed inside the first batch (``max() arg is an empty sequence``) after
     the model loaded; traces past the model's context trained silently on positions the
@@ -761,7 +1021,7 @@ def _check_traces(
         raise ConfigError(
             f"SFT on {env_id!r} got no conversation to train on; give it at least one"
         )
-    limit, why = config.max_length, "SFTConfig.max_length"
+    limit, why = config.max_length, length_knob
     fix = "raise it to {longest} or more (within the model's context), or shorten the env's " \
         "prompts or turns"  # fmt: skip
     if limit is None:

@@ -61,6 +61,7 @@ from ._sft import (
     EnvFacts,
     SFTConfig,
     check_device_here,
+    dropped_text,
     env_facts,
     sft_on_conversations,
     sft_warm_start,
@@ -447,6 +448,8 @@ def _print_figures(out: Path, env_as_given: str | None) -> None:
     env_id = env_as_given or summary["source"]["env_id"]
     history = summary["history"]
     console.print(f"traces used: {summary['num_examples']}")
+    if dropped := dropped_text(summary["source"].get("dropped") or {}):
+        console.print(f"traces dropped: {dropped}", soft_wrap=True)
     console.print(f"first loss: {history[0]['loss']:.4f}")
     console.print(f"last loss: {history[-1]['loss']:.4f}")
     measured = [r["reference_accuracy"] for r in history if "reference_accuracy" in r]
