@@ -733,7 +733,7 @@ def sft_on_conversations(
     out = Path(out_dir)
     checkpoint = _Checkpoint(sft_checkpoint(out), _fingerprint(config, model_dir, examples),
                              _knobs(config), str(model_dir))  # fmt: skip
-    checkpoint.refuse_another_run()
+    checkpoint.refuse_another_run(config.steps)
     with _sole_writer(checkpoint.folder, out):
         torch.manual_seed(config.seed)
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -1090,8 +1090,8 @@ class _Checkpoint:
     def record(self) -> Path:
         return self.folder / "checkpoint.json"
 
-    def refuse_another_run(self) -> None:
-        """Refuse a checkpoint saved by a run of other knobs, model or traces.
+    def refuse_another_run(self, steps: int | None = None) -> None:
+        """Refuse a checkpoint saved by a run of other knobs, model or traces, or past ``steps``.
 
         Checked on ``checkpoint.json`` alone, before the model loads: the refusal came after the
         weights had loaded (minutes on a real model) and named no knob.
@@ -1103,6 +1103,9 @@ class _Checkpoint:
         except (OSError, ValueError):
             return  # a checkpoint from before the record: `load` checks its fingerprint
         if saved.get("fingerprint") == self.fingerprint:
+            done = saved.get("step")
+            if steps is not None and isinstance(done, int) and done > steps:
+                raise self.past_steps(done, steps)
             return
         knobs = saved.get("knobs") or {}
         # SFTConfig.<knob>: `agentgym sft` names it as its option (``--batch-size``)
@@ -1134,12 +1137,22 @@ class _Checkpoint:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         fsync_dir(self.folder)
+        self.write_record(step)  # what state.pt holds now (the first write said no step)
 
-    def write_record(self) -> None:
-        """``checkpoint.json``: what `refuse_another_run` compares, written whole and synced."""
+    def write_record(self, step: int | None = None) -> None:
+        """``checkpoint.json``: what `refuse_another_run` compares, written whole and synced.
+
+        ``step``: the step ``state.pt`` holds, once it is renamed in (None while it is written).
+        """
         self.folder.mkdir(parents=True, exist_ok=True)
-        record = {"fingerprint": self.fingerprint, "knobs": self.knobs, "model": self.model}
+        record = {"fingerprint": self.fingerprint, "knobs": self.knobs, "model": self.model,
+                  **({"step": step} if step is not None else {})}  # fmt: skip
         atomic_write_text(self.record, json.dumps(record))
+
+    def past_steps(self, done: int, steps: int) -> ConfigError:
+        """The refusal of a resume whose ``steps`` is below the checkpoint's step ``done``."""
+        return ConfigError(f"{self.path} holds step {done}, past SFTConfig.steps {steps}; give "
+                           f"{done} or more to resume it, or delete {self.folder}")  # fmt: skip
 
     def load(self, model: Any, optimizer: Any, schedule: Any) -> tuple[int, list[dict[str, Any]]]:
         """(step, metrics so far) of the checkpoint, loaded into the three; (0, []) if none.
@@ -1196,9 +1209,7 @@ def _train(
     )
     done, history = checkpoint.load(model, optimizer, schedule) if checkpoint else (0, [])
     if checkpoint and done > config.steps:  # steps may change, not below the checkpoint
-        raise ConfigError(f"{checkpoint.path} holds step {done}, past SFTConfig.steps "
-                          f"{config.steps}; give {done} or more to resume it, or delete "
-                          f"{checkpoint.folder}")  # fmt: skip
+        raise checkpoint.past_steps(done, config.steps)  # (a record of before its step)
     trained_before = float(history[-1]["seconds"]) if history else 0.0
     t0 = time.perf_counter() - trained_before
     model.train()

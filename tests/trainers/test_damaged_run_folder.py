@@ -288,4 +288,5 @@ def test_an_sft_checkpoint_is_synced_before_and_after_its_rename(
     monkeypatch.setattr(os, "fsync", recording_fsync)
     checkpoint, *_ = sft_state(tmp_path)
     tmp, folder = checkpoint.path.with_suffix(".tmp"), checkpoint.path.parent
-    assert synced[-2:] == [str(tmp), str(folder)]  # the file's bytes, then its rename
+    renamed = synced.index(str(tmp))  # the file's bytes, then its rename (then the record)
+    assert synced[renamed:renamed + 2] == [str(tmp), str(folder)]

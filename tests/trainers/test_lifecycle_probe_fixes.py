@@ -7,6 +7,7 @@ that changes what a run learns passes silently.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -342,3 +343,22 @@ def test_an_sft_resume_with_fewer_steps_than_its_checkpoint_is_refused(tmp_path:
     said = refusal(_train, model, [], [], SFTConfig(steps=2), checkpoint)
     assert said == (f"{checkpoint.path} holds step 3, past SFTConfig.steps 2; give 3 or more to "
                     f"resume it, or delete {checkpoint.folder}")  # fmt: skip
+
+
+def test_the_fewer_steps_refusal_comes_from_the_record_before_the_weights_load(
+    tmp_path: Path,
+) -> None:
+    """It came after the weights had loaded, behind a "sft resumed from ..." line."""
+    from agentgym.trainers._sft import SFTConfig, _Checkpoint, _fingerprint, _knobs
+
+    path = tmp_path / "out.partial" / "state.pt"
+    config = SFTConfig(steps=6, save_every=2)
+    saved = _Checkpoint(path, _fingerprint(config, "tiny", []), _knobs(config), "tiny")
+    saved.write_record(4)
+    path.write_bytes(b"the weights")  # never read: the record decides
+    resumed = dataclasses.replace(config, steps=3)
+    again = _Checkpoint(path, _fingerprint(resumed, "tiny", []), _knobs(resumed), "tiny")
+    said = refusal(again.refuse_another_run, 3)
+    assert said == (f"{path} holds step 4, past SFTConfig.steps 3; give 4 or more to resume it, "
+                    f"or delete {path.parent}")  # fmt: skip
+    again.refuse_another_run(4)  # at or past its step: resumed
