@@ -26,6 +26,7 @@ import asyncio
 import atexit
 import contextvars
 import inspect
+import reprlib
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
@@ -110,7 +111,7 @@ class AssistantTurnSpace(spaces.Space[Any]):
         if isinstance(x, str):
             return True
         if isinstance(x, dict):
-            return x.get("role") == "assistant"
+            return x.get("role") == "assistant" and not assistant_message_problem(x)
         return isinstance(x, Completion)
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
@@ -128,6 +129,61 @@ class AssistantTurnSpace(spaces.Space[Any]):
 
     def __hash__(self) -> int:
         return hash((type(self), self.max_length))
+
+
+def assistant_message_problem(message: Message) -> str:
+    """What keeps an assistant message dict from being a step's action, with the fix; "" if none.
+
+    Why: `AssistantTurnSpace.contains` took any dict with role assistant, and a shape the
+    step could not read (content parts, ``tool_calls="abc"``, a call without ``function``)
+    failed deep in the reward or the parser with a bare TypeError, filed as the episode's
+    ``error``. `contains` and `step` share this check, so what the space holds steps. Only
+    the shape is checked: what a model writes into it (a tool name, arguments that are not
+    JSON) is the model's mistake, answered by a tool message as from parsed text.
+    """
+    content = message.get("content")
+    if content is not None and not isinstance(content, str) and not _is_text_parts(content):
+        return (
+            "content must be a str, None or a list of text parts "
+            f"[{{'type': 'text', 'text': '...'}}], got {_shown(content)}"
+        )
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        return f"tool_calls must be a list of OpenAI tool calls or None, got {_shown(calls)}"
+    for i, call in enumerate(calls or ()):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments", ""), (str, dict))
+        ):
+            return (
+                f"tool_calls[{i}] must be {{'function': {{'name': str, 'arguments': JSON str "
+                f"or dict}}}}, got {_shown(call)}"
+            )
+    return ""
+
+
+def assistant_content(message: Message) -> str:
+    """The content of an assistant message that passed `assistant_message_problem`, as one str.
+
+    OpenAI lets content be a list of text parts; they are one reply, joined as the API joins
+    them, so a reward reads the same text whichever form the reply came in.
+    """
+    content = message.get("content") or ""
+    return content if isinstance(content, str) else "".join(p["text"] for p in content)
+
+
+def _is_text_parts(content: Any) -> bool:
+    return isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    )
+
+
+def _shown(value: Any) -> str:
+    """A value as error messages quote it: its type and a repr cut short."""
+    return f"{type(value).__name__} {reprlib.repr(value)}"
 
 
 class _SpacePerEnv:
@@ -228,7 +284,9 @@ class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
     ``info["scores"]``), so a trainer reads them instead of taking the sum apart.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi", "human"]}
+    #: ``render_fps``: a conversation has no frame rate (it renders as text, when asked), but
+    #: Gymnasium's env checker warns on every check of an env with render modes and no fps.
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "human"], "render_fps": 1}
     observation_space: spaces.Space[Any] = _SpacePerEnv(MessagesSpace)  # type: ignore[assignment]
     action_space: spaces.Space[Any] = _SpacePerEnv(AssistantTurnSpace)  # type: ignore[assignment]
     _pending_seed: int | None = None  # a seed the generator has yet to be built from

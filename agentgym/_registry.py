@@ -479,6 +479,16 @@ def _leading_self(call: ast.Call) -> int | None:
 _OWN_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+#: Why: ``max_episode_steps`` is Gymnasium's option, not the env's: `gymnasium.make` takes it
+#: for its TimeLimit wrapper, which cuts the episode without scoring it, while `make` returns
+#: the env unwrapped, so there it reached the env and was refused with no word of the option
+#: that does that job.
+_STEPS_HINT = (
+    "; for max_episode_steps use max_turns (the episode is scored), or "
+    "gymnasium.make(..., max_episode_steps=N) for Gymnasium's unscored TimeLimit"
+)
+
+
 def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
     if missing := _required_options(factory) - set(kwargs):
         raise ConfigError(  # was the constructor's TypeError, "at agentgym/_env.py"
@@ -491,6 +501,7 @@ def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, An
     if accepted is not None and (unknown := sorted(set(kwargs) - accepted)):
         raise ConfigError(
             f"{env_id} does not take option(s) {unknown}; it takes: {', '.join(sorted(accepted))}"
+            + (_STEPS_HINT if "max_episode_steps" in unknown and "max_turns" in accepted else "")
         )
     for name, value in kwargs.items():
         adapter = _plain_option_types(factory).get(name)

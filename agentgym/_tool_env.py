@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ._env import Action, Env, json_copy
+from ._env import Action, Env, assistant_content, assistant_message_problem, json_copy
 from ._errors import ConfigError, Forfeit, InfraError, ToolError
 from ._rubric import Rubric
 from ._tool_calls import ToolThreads, cancel_and_wait
@@ -271,7 +271,7 @@ class ToolEnv(Env):
         await super().areset(seed=seed)
         if not self.state.done:
             await self.teardown_episode()
-        task, index = self._pick_task(options or {})
+        task, index = self._pick_task({} if options is None else options)
         self.state = EpisodeState(task=task, task_index=index)
         await self.setup_episode(task)
         self.messages = self._checked_prompt(self.build_prompt(task))
@@ -325,7 +325,12 @@ class ToolEnv(Env):
             await self.teardown_episode()
 
     # ---- the pieces --------------------------------------------------------------------
-    def _pick_task(self, options: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    def _pick_task(self, options: Any) -> tuple[dict[str, Any], int | None]:
+        if not isinstance(options, Mapping):  # options=3 raised a bare TypeError from len()
+            raise ConfigError(
+                f"reset options must be a dict whose only key is 'task', e.g. "
+                f"options={{'task': 0}}, got {shown(options)}"
+            )
         if len(options) > ("task" in options):  # an option besides 'task'
             unknown = sorted(set(options) - {"task"})
             raise ConfigError(f"unknown reset option(s) {unknown}; the only option is 'task'")
@@ -599,22 +604,36 @@ def describe_tools(tools: Iterable[Tool], parser: ToolCallParser) -> str:
 def _as_completion(action: Action) -> Completion:
     """Every kind of action as a `Completion`, the one form the env records and parses."""
     if isinstance(action, Completion):
+        if action.message is not None:
+            _check_message(action.message, "Completion.message's")
         return action
     if isinstance(action, str):
         return Completion(text=action)
     if isinstance(action, dict) and action.get("role") == "assistant":
-        return Completion(text=action.get("content") or "", message=action)
+        _check_message(action, "the action's")
+        return Completion(text=assistant_content(action), message=action)
     raise ConfigError(
         f"action must be assistant text, an assistant message dict or a Completion; "
         f"got {type(action).__name__}"
     )
 
 
+def _check_message(message: Message, whose: str) -> None:
+    """Refuse an assistant message whose shape `_parse_message` cannot read, naming the field."""
+    problem = assistant_message_problem(message)
+    if problem:
+        raise ConfigError(f"{whose} {problem}")
+
+
 def _parse_message(message: Message) -> ParsedTurn:
-    """A `ParsedTurn` from an OpenAI assistant message (arguments may be a JSON string)."""
-    turn = ParsedTurn(content=message.get("content") or "")
+    """A `ParsedTurn` from an OpenAI assistant message (arguments may be a JSON string).
+
+    The message passed `_check_message`; the values in it are the model's, so arguments that
+    are not a JSON object are its mistake, as they are in parsed text.
+    """
+    turn = ParsedTurn(content=assistant_content(message))
     for raw in message.get("tool_calls") or []:
-        function = raw.get("function", {})
+        function = raw["function"]
         arguments = function.get("arguments", {})
         try:
             if isinstance(arguments, str):
@@ -624,7 +643,7 @@ def _parse_message(message: Message) -> ParsedTurn:
         except (ValueError, TypeError) as exc:
             turn.errors.append(f"malformed arguments for {function.get('name')!r}: {exc}")
             continue
-        turn.tool_calls.append(ToolCall(function.get("name", ""), arguments, raw.get("id", "")))
+        turn.tool_calls.append(ToolCall(function["name"], arguments, raw.get("id", "")))
     return turn
 
 

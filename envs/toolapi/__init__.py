@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from agentgym import ConfigError, InfraError, Rubric, ToolCall, ToolEnv
+from agentgym import ConfigError, InfraError, Rubric, Tool, ToolCall, ToolEnv
 from agentgym._openapi import openapi_tools
 from agentgym._run_to_end import run_to_end
 
@@ -99,15 +99,8 @@ class ToolAPIEnv(ToolEnv):
         self._http: httpx.AsyncClient | None = None
         self._tenant = ""
         try:
-            tools = openapi_tools(
-                self.server.openapi,
-                self.server.base_url,
-                client=self._client,
-                timeout=http_timeout,
-                probe=PROBE,
-            )
             super().__init__(
-                tools,
+                self._shop_tools(self.server),
                 tasks=tasks,
                 rubric=Rubric([expected_state, rule_violations], weights=[1.0, 0.0]),
                 **kwargs,
@@ -116,6 +109,33 @@ class ToolAPIEnv(ToolEnv):
             service.release(self.server)
             raise
 
+    def _shop_tools(self, server: service.ShopServer) -> list[Tool]:
+        """The tools made from ``server``'s OpenAPI document, sending their calls to it."""
+        return openapi_tools(
+            server.openapi,
+            server.base_url,
+            client=self._client,
+            timeout=self.http_timeout,
+            probe=PROBE,
+        )
+
+    def _reacquire_shop(self) -> None:
+        """Take the shop again after `aclose` gave it back, so a closed env resets as others do.
+
+        Why: the last env to give the shared shop back stops it, and a reset after `close`
+        then spoke to a stopped server: an `InfraError`, so a rollout dropped the episode.
+        A shop started anew listens on another port, so the tools are made again for it.
+        """
+        server = service.acquire()
+        try:
+            tools = None if server is self.server else self._shop_tools(server)
+        except BaseException:
+            service.release(server)
+            raise
+        self.server, self._released = server, False
+        if tools is not None:
+            self.tools = {t.name: t for t in tools}
+
     @staticmethod
     def _client(env: ToolAPIEnv) -> httpx.AsyncClient:
         if env._http is None:
@@ -123,6 +143,8 @@ class ToolAPIEnv(ToolEnv):
         return env._http
 
     async def setup_episode(self, task: dict[str, Any]) -> None:
+        if self._released:
+            self._reacquire_shop()
         self._http = httpx.AsyncClient(timeout=self.http_timeout)
         # the shop makes the tenant whatever this side does: a cancel that cut its answer short
         # left a tenant nobody knew the name of, so no teardown ever dropped it. Once the
