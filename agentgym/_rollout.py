@@ -296,6 +296,8 @@ def _record_outcome(trajectory: Trajectory, info: dict[str, Any], truncated: boo
     trajectory.scores = dict(info.get("scores", {}))
     if "forfeit" in info:  # a call destroyed what the episode is scored on (`Forfeit`)
         trajectory.info["forfeit"] = str(info["forfeit"])
+    if "teardown_error" in info:  # the env's cleanup failed after scoring: the score stands
+        trajectory.info["teardown_error"] = str(info["teardown_error"])
     reward_errors = info.get("reward_errors") or {}
     if reward_errors:
         trajectory.status = "error"

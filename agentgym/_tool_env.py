@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import numbers
 import re
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -38,6 +40,8 @@ from ._trajectory import Trajectory, Turn
 from ._types import Completion, Message
 from .parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
 from .parsers._base import json_loads
+
+_log = logging.getLogger(__name__)
 
 #: The ``name`` of the tool message answering a tool call that could not be parsed: no tool
 #: ran, so metrics count it as a failed call attempt, never as a tool's result.
@@ -478,17 +482,36 @@ class ToolEnv(Env):
                 context["answer"] = (self.state.task or {}).get("answer")
                 context.build_trajectory = self.as_trajectory
                 result = await self.rubric.score(context)
-        finally:
+        except BaseException:
             await self.teardown_episode()
+            raise
+        teardown_error = await self._teardown_after_scoring()
         if self.state.forfeit is not None:  # before scoring, or a reward's read forfeited it
-            return {"final_reward": 0.0, "scores": dict.fromkeys(self.rubric.names, 0.0),
+            info = {"final_reward": 0.0, "scores": dict.fromkeys(self.rubric.names, 0.0),
                     "reward_errors": {}, "forfeit": self.state.forfeit}  # fmt: skip
-        assert result is not None  # scored: the episode was not forfeited
-        return {
-            "final_reward": result.reward,
-            "scores": result.scores,
-            "reward_errors": result.errors,
-        }
+        else:
+            assert result is not None  # scored: the episode was not forfeited
+            info = {
+                "final_reward": result.reward,
+                "scores": result.scores,
+                "reward_errors": result.errors,
+            }
+        return info | ({"teardown_error": teardown_error} if teardown_error else {})
+
+    async def _teardown_after_scoring(self) -> str | None:
+        """`teardown_episode` once the episode is scored: its failure is recorded, not raised.
+
+        Why: an exception there replaced the scored result, so the episode became ``error``
+        and trained as its group's worst for the env's own cleanup bug. The score stands;
+        ``info["teardown_error"]`` (and a warning) say what failed.
+        """
+        try:
+            await self.teardown_episode()
+        except Exception:
+            _log.warning("%s: teardown_episode failed after the episode was scored",
+                         type(self).__name__, exc_info=True)  # fmt: skip
+            return traceback.format_exc()
+        return None
 
 
 class _RewardContext(dict[str, Any]):
