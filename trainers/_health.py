@@ -9,7 +9,8 @@ after it (the summary, and ``agentgym runs doctor RUN`` on any run folder, a kil
 Each rule is a small function of a `History` that returns a `Finding` or None; its ``rule`` id
 is the anchor of its row in docs/troubleshooting.md. A rule looks at the recent steps (the last
 third of the run, at least `MIN_STEPS`), so one noisy step does not fire it, and it needs
-`MIN_STEPS` steps before it says anything.
+`MIN_STEPS` steps before it says anything, unless every episode so far failed
+(`FAILURE_RULES`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ TURNS_CUT = 0.1
 TOOL_RESULTS_CUT = 0.1
 #: Shares of episodes cut by a budget, lost to infrastructure, late, or scored with an error.
 TRUNCATED, INFRA_ERRORS, LATE, ERRORS = 0.2, 0.1, 0.1, 0.1
+#: Outcomes of an episode that failed: a step of nothing else is no noise to wait out.
+FAILED = ("error", "infra_error", "late")
 #: Mean |engine logprob - trainer logprob| per token, in nats (exp(0.05) = a 5% ratio).
 DRIFT = 0.05
 #: Share of tokens whose ratio was clipped.
@@ -106,6 +109,13 @@ class History:
     def judged(self) -> bool:
         """Whether there are enough steps to judge at all."""
         return len(self.steps) >= (1 if self.batch else MIN_STEPS)
+
+    @property
+    def failed(self) -> bool:
+        """Whether every episode of every step ended in a `FAILED` outcome."""
+        shares = [sum(_number(r.get(f"rollout/frac_{status}")) or 0.0 for status in FAILED)
+                  for r in self.steps]  # fmt: skip
+        return bool(shares) and min(shares) >= 1.0 - 1e-9
 
     def values(self, key: str) -> list[float]:
         """The finite values of ``key`` over the training steps, in step order."""
@@ -488,6 +498,11 @@ RULES: tuple[Callable[[History], Finding | None], ...] = (
 #: judged from then on (and on an ``agentgym sft`` run of its own, which has no steps).
 WARM_START_RULES: tuple[Callable[[History], Finding | None], ...] = (warm_start_short,)
 
+#: The rules judged before `MIN_STEPS` steps when every episode so far failed (`History.failed`):
+#: a run of 2 steps of errors read "no known problem in the metrics", where the trainer stops
+#: at the third (`EpisodesFailedError`).
+FAILURE_RULES: tuple[Callable[[History], Finding | None], ...] = (infra_errors, errors, late)
+
 
 def diagnose(
     rows: Sequence[Mapping[str, Any]],
@@ -496,10 +511,12 @@ def diagnose(
 ) -> list[Finding]:
     """The findings a run's metrics rows (headline figures, warm start) match, in `RULES` order.
 
-    Rules that read steps wait for `MIN_STEPS` of them; `WARM_START_RULES` do not.
+    Rules that read steps wait for `MIN_STEPS` of them; `WARM_START_RULES` do not, nor do
+    `FAILURE_RULES` while every episode failed.
     """
     history = History(rows, figures, warm_start=warm_start)
-    found = [rule(history) for rule in (RULES if history.judged else WARM_START_RULES)]
+    early = (FAILURE_RULES if history.failed else ()) + WARM_START_RULES
+    found = [rule(history) for rule in (RULES if history.judged else early)]
     return [f for f in found if f is not None]
 
 

@@ -47,13 +47,26 @@ def _mean(values: Sequence[float]) -> float:
 def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Reward, per-function scores, lengths, turns, tool use and outcomes of one step.
 
-    What the scored episodes did is absent, not 0, when none was scored (all ``late`` or
-    ``infra_error``): a step that missed its deadline in every episode logged reward 0, no
-    tool calls and one turn per episode, and the health rules then advised a warm start.
+    What the scored episodes did is absent, not 0, when none was scored (`_is_scored`): a step
+    that missed its deadline in every episode logged reward 0, no tool calls and one turn per
+    episode, and the health rules then advised a warm start.
     """
     metrics = _outcome_metrics(trajectories)
-    scored = [t for t in trajectories if t.status not in ("infra_error", "late")]
+    scored = [t for t in trajectories if _is_scored(t)]
     return metrics | _scored_metrics(scored) if scored else metrics
+
+
+def _is_scored(trajectory: Trajectory) -> bool:
+    """Whether an episode's reward, turns and tool use count in the step's figures.
+
+    Not a dropped one (``infra_error``, ``late``), nor one that ended ``error`` before its
+    first turn (the env's setup raised): no reward was computed and the model did nothing, so
+    a step of those logged reward 0, no turn and no tool error. An ``error`` episode that
+    played counts, with the reward it got (its advantage caps that at its group's worst).
+    """
+    if trajectory.status in ("infra_error", "late"):
+        return False
+    return trajectory.status != "error" or bool(trajectory.turns)
 
 
 def _outcome_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -77,7 +90,8 @@ def _scored_metrics(scored: Sequence[Trajectory]) -> dict[str, float]:
     names = sorted({name for t in scored for name in t.scores})
     for name in names:
         values = [v for t in scored if (v := t.scores.get(name)) is not None]
-        metrics[f"reward/{name}/mean"] = _mean(values)
+        if values:  # a function that raised on every episode returned nothing: absent, not 0
+            metrics[f"reward/{name}/mean"] = statistics.fmean(values)
     turns = [turn for t in scored for turn in t.turns]
     calls = sum(len(m.get("tool_calls") or []) for t in scored for m in t.messages)
     # a turn's tool errors include its calls that could not be parsed: count those as attempts
