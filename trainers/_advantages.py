@@ -11,7 +11,9 @@ enters that baseline matters more than the formula:
   stay in their group with reward 0: a policy that expects a low score could otherwise learn
   to run out the clock, since a dropped episode is never scored. A late episode that never
   started (no slot freed before the deadline) is dropped under every policy: it played no
-  turn, so its lateness says nothing about the policy.
+  turn, so its lateness says nothing about the policy. So is an ``error`` episode that never
+  started (the env's setup raised before the model's first turn): the model did nothing, and
+  scored as its group's worst it flattened the group (a probe: every group "zero variance").
 - ``error`` episodes (the env, a tool loop or a reward function raised) are kept: the reward
   they got is data about the policy's behaviour. They are counted so a rise is visible. An
   error episode scores no more than the worst other kept episode of its group: the model's
@@ -124,7 +126,8 @@ def _kept_by_group(
     members: dict[Hashable, list[int]] = {}
     for i, key in enumerate(groups):
         indices = members.setdefault(key, [])
-        never_started = statuses[i] == "late" and started is not None and not started[i]
+        never_started = (statuses[i] in ("late", "error")  # the model played no turn
+                         and started is not None and not started[i])  # fmt: skip
         if statuses[i] not in dropped and not never_started and not (
             drop_late_groups and key in late_groups
         ):
@@ -184,8 +187,8 @@ def group_advantages(
         scale_rewards: ``group`` | ``batch`` | ``none`` (see the module docstring).
         late_policy: ``drop`` (only late episodes leave) | ``drop_group`` (their groups do)
             | ``zero`` (late episodes stay, with reward 0).
-        started: whether each episode played a turn; a late one that did not is dropped
-            under every ``late_policy``. None: every episode started.
+        started: whether each episode played a turn; a late or ``error`` one that did not is
+            dropped under every ``late_policy``. None: every episode started.
 
     Raises:
         ValueError: the three sequences differ in length.

@@ -76,6 +76,16 @@ def test_a_late_episode_that_never_started_is_dropped_under_every_policy(
     assert result.kept == ([] if late_policy == "drop_group" else [0, 1])
 
 
+def test_an_error_episode_whose_setup_raised_leaves_its_group() -> None:
+    """The env's setup raised before the model's first turn: scored as the group's worst, it
+    kept a group of two successes flat (a fault probe: every group "zero variance")."""
+    result = group_advantages([1.0, 0.0, 1.0], [0, 0, 0], ["ok", "error", "ok"],
+                              started=[True, False, True])  # fmt: skip
+    assert result.values[1] is None and result.kept == [0, 2] and result.num_error == 1
+    played = group_advantages([1.0, 0.0, 1.0], [0, 0, 0], ["ok", "error", "ok"])
+    assert played.values[1] is not None and played.values[1] < 0  # an error that played stays
+
+
 def test_a_masked_truncated_episode_trains_nothing_and_still_sets_its_groups_baseline() -> None:
     episodes = [
         Trajectory(env_id="e", task_position=0, final_reward=r, status=s)
