@@ -26,6 +26,7 @@ import asyncio
 import atexit
 import contextvars
 import inspect
+import os
 import reprlib
 import threading
 import weakref
@@ -510,6 +511,18 @@ def _run_beside(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) 
 _loops = threading.local()
 #: Every loop the sync adapters made: one running means the caller is inside a sync call.
 _adapter_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+if hasattr(os, "register_at_fork"):  # a forked child must not run its parent's loops
+
+    def _forget_loops() -> None:
+        """Forget the parent's sync-adapter loops; the child's calls make loops of their own.
+
+        Why: a copied loop's default executor counts the parent's threads as idle, so the
+        child's ``asyncio.to_thread`` on it waited forever (a fork-mode `AsyncVectorEnv`).
+        """
+        global _loops
+        _loops = threading.local()
+
+    os.register_at_fork(after_in_child=_forget_loops)
 
 
 def _thread_loop() -> asyncio.AbstractEventLoop:

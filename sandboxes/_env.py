@@ -15,6 +15,8 @@ import asyncio
 import atexit
 import functools
 import json
+import multiprocessing.util
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -251,8 +253,30 @@ def _slot(
 
 @functools.cache
 def _close_at_exit() -> None:
-    """One exit hook for every shared pool, registered with the first (not at import)."""
+    """One exit hook for every shared pool of this process, registered with its first pool.
+
+    Why both: ``atexit`` covers an interpreter that exits; a multiprocessing child (a fork-mode
+    `AsyncVectorEnv` worker) ends with ``os._exit``, which skips ``atexit``, but runs the
+    `Finalize` callbacks of its own pid first, so its containers go at ``envs.close()``. Where
+    both run, the second finds no pool left.
+    """
     atexit.register(close_shared_pools)
+    multiprocessing.util.Finalize(None, close_shared_pools, exitpriority=0)
+
+
+if hasattr(os, "register_at_fork"):  # a forked child must not lease from its parent's pools
+
+    def _forget_parent_pools() -> None:
+        """Forget the parent's pools without closing them: their containers are the parent's.
+
+        The child's first episode then starts a pool of its own (its threads, its sockets).
+        """
+        global _SLOTS_LOCK
+        _SLOTS.clear()
+        _SLOTS_LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
+        _close_at_exit.cache_clear()  # the parent's hooks are not the child's: register anew
+
+    os.register_at_fork(after_in_child=_forget_parent_pools)
 
 
 def shared_pool_metrics() -> dict[str, float]:

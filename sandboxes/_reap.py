@@ -40,6 +40,21 @@ _live: set[Any] = set()
 _lock = threading.Lock()
 
 
+def _forget_parent_sandboxes() -> None:
+    """In a forked child: the copied sandboxes are the parent's, not this exit hook's to close.
+
+    Why: a child that exited normally (``os.fork`` then ``sys.exit``) removed its parent's
+    containers from under it.
+    """
+    global _lock
+    _live.clear()
+    _lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_sandboxes)
+
+
 def process_start_time(pid: int) -> str | None:
     """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22)."""
     try:
