@@ -15,10 +15,12 @@ import asyncio
 import functools
 import os
 import re
+import sys
+import sysconfig
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from gymnasium.utils.env_checker import check_env
 
@@ -205,8 +207,7 @@ class _Plays:
     def __init__(self, sandboxes_ready: bool, seconds: float) -> None:
         if not seconds > 0:  # nan too
             raise ConfigError(f"episode_timeout must be a number of seconds > 0, got {seconds!r}")
-        # inf or 1e12 overflowed the thread join's clock: "check crashed" on every row
-        self.sandboxes_ready, self.seconds = sandboxes_ready, min(seconds, threading.TIMEOUT_MAX)
+        self.sandboxes_ready, self.seconds = sandboxes_ready, seconds
         self.hung: str | None = None
 
     def row(self, name: str, run: Row) -> Row:
@@ -220,29 +221,80 @@ class _Plays:
         if self.hung is not None:
             return CheckResult(name, True, f"not played: {self.hung} did not finish (above)",
                                skipped=True)  # fmt: skip
-        done: list[CheckResult | list[CheckResult] | BaseException] = []
-        worker = threading.Thread(target=_run_into, args=(run, done), daemon=True)
-        worker.start()
-        worker.join(self.seconds)
-        if not done:
+        try:
+            return bounded(run, self.seconds)
+        except Hung as hung:
             self.hung = name
             return CheckResult(
                 name, False,
-                f"did not finish in {self.seconds:g} s: a tool, reward function or env hook "
-                "that never returns holds its episode; give it a timeout (@tool(timeout=...), "
-                "Rubric(..., timeout=...)), or raise --episode-timeout if it is only slow",
+                f"did not finish in {self.seconds:g} s: {hung.where} never returns and holds "
+                f"its episode; {HUNG_FIX}, or raise --episode-timeout if it is only slow",
             )  # fmt: skip
-        if isinstance(done[0], BaseException):
-            raise done[0]
-        return done[0]
 
 
-def _run_into(run: Row, done: list[Any]) -> None:
+#: How to stop a tool or reward function that never returns from holding its episode.
+HUNG_FIX = "give it a timeout (@tool(timeout=...), Rubric(..., timeout=...))"
+
+_T = TypeVar("_T")
+
+
+class Hung(Exception):
+    """`bounded`'s ``run`` did not return in time; ``where`` names what held it."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
+
+
+def bounded(run: Callable[[], _T], seconds: float) -> _T:
+    """``run()`` on a daemon thread: its result, its exception, or `Hung` after ``seconds``.
+
+    Why a thread: a sync tool or reward function that never returns holds the event loop, so
+    no asyncio timeout fires; the caller's thread must be the one that stops waiting. The
+    abandoned thread is a daemon, so the command still exits.
+    """
+    done: list[Any] = []
+    worker = threading.Thread(target=_run_into, args=(run, done), daemon=True)
+    worker.start()
+    # inf or 1e12 overflowed the thread join's clock (`check` crashed on every row)
+    worker.join(min(seconds, threading.TIMEOUT_MAX))
+    if not done:
+        raise Hung(_held_in(worker))
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    result: _T = done[0]
+    return result
+
+
+def _run_into(run: Callable[[], Any], done: list[Any]) -> None:
     """``run()``'s result, or the exception it raised, appended to ``done``."""
     try:
         done.append(run())
     except BaseException as exc:  # handed to the caller's thread, which raises it
         done.append(exc)
+
+
+#: Where the interpreter's and installed packages' code lives: not the env author's.
+_NOT_ENV_CODE = tuple(
+    {os.path.dirname(__file__), *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib",
+                                                                      "platlib"))}
+)  # fmt: skip
+
+
+def _held_in(thread: threading.Thread) -> str:
+    """The env's own function innermost on ``thread``'s stack: ``'judge' (envs/mine.py:17)``.
+
+    Why: "a tool or reward function" sends a user reading every one of them; the stack of
+    the thread still inside the episode names the one that holds it (a sync function on the
+    event loop; one on a thread of its own is not on this stack, hence the fallback).
+    """
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        code = frame.f_code
+        if not os.path.abspath(code.co_filename).startswith(_NOT_ENV_CODE):
+            return f"{code.co_name!r} ({code.co_filename}:{frame.f_lineno})"
+        frame = frame.f_back
+    return "a tool, reward function or env hook"
 
 
 def _gymnasium_api(env_id: str, env_kwargs: dict[str, Any]) -> CheckResult:
@@ -586,14 +638,20 @@ def reference_conversation(
     env_kwargs: dict[str, Any],
     tokenizer: Any = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    seconds: float | None = None,
 ) -> list[Message] | None:
     """The env's exercise episode as messages: what `agentgym check` decides the mode on.
 
     Giving it to `TokenPolicy.mode_for` makes a rollout decide on the same conversation. With
     the model's tokenizer, turns open with reasoning if its template expects that. None when
-    the env has no playable reference.
+    the env has no playable reference. With ``seconds``, an episode that takes longer raises
+    `Hung` (`bounded`); None waits for it.
     """
-    trajectory = _exercise(env_id, env_kwargs, tokenizer, chat_template_kwargs)[0]
+
+    def play() -> Trajectory | None:
+        return _exercise(env_id, env_kwargs, tokenizer, chat_template_kwargs)[0]
+
+    trajectory = play() if seconds is None else bounded(play, seconds)
     if trajectory is None or not any(m.get("role") == "assistant" for m in trajectory.messages):
         return None
     return trajectory.messages

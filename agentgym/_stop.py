@@ -6,11 +6,18 @@ records the code a stopped command exits with; neither should import the other f
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import threading
 from types import FrameType
 
 #: The signal that stopped the command, where it was not Ctrl-C (`exit_on_sigterm`).
 _stopped_by: list[signal.Signals] = []
+
+#: Seconds a SIGTERM gives the event loop to take its stop before the command stops as on a
+#: second signal (`_insist_unless_taken`): a job queue sends SIGKILL some seconds after one
+#: SIGTERM (``docker stop``: 10 s), and a stopping run still needs time to close its envs.
+SIGTERM_GRACE_S = 3.0
 
 
 def exit_on_sigterm() -> None:
@@ -30,9 +37,42 @@ def exit_on_sigterm() -> None:
         on_ctrl_c = signal.getsignal(signal.SIGINT)
         if not callable(on_ctrl_c):  # SIGINT ignored (started with `&` by a script): still stop
             raise KeyboardInterrupt
-        on_ctrl_c(signal.SIGINT, frame)
+        loop = _running_loop()
+        on_ctrl_c(signal.SIGINT, frame)  # asyncio's: cancels the main task; a second one raises
+        if loop is not None:
+            _insist_unless_taken(loop)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running on this (the main) thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _insist_unless_taken(loop: asyncio.AbstractEventLoop) -> None:
+    """Send SIGTERM again in `SIGTERM_GRACE_S` unless ``loop`` turns before then.
+
+    Why: the first Ctrl-C only cancels the main task, which happens when the loop next turns;
+    a sync tool or reward function that never returns holds the loop, and the one SIGTERM a
+    job queue sends did nothing (its SIGKILL then left vLLM's and the sandboxes' processes
+    behind). The second signal raises KeyboardInterrupt wherever the main thread is, even in
+    a blocking call. Why only when the loop did not turn: a loop that turns has taken the
+    cancellation, and its stop is the clean one, closing envs; a KeyboardInterrupt raised
+    into that cleanup would cut it short.
+    """
+    taken = threading.Event()
+    loop.call_soon_threadsafe(taken.set)
+    main = threading.main_thread().ident
+
+    def insist() -> None:
+        if not taken.wait(SIGTERM_GRACE_S) and main is not None:
+            signal.pthread_kill(main, signal.SIGTERM)  # a real signal: wakes a blocking call
+
+    threading.Thread(target=insist, name="sigterm-grace", daemon=True).start()
 
 
 def exit_code_after_stop(code: int) -> int:

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from agentgym import EnvPool, Trajectory, arollout
-from agentgym._check import reference_conversation
 from agentgym._errors import ConfigError, Error, InfraError
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
@@ -57,6 +56,7 @@ from ._entropy_control import EntropyControl
 from ._health import HealthWatch
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
 from ._metrics import combine_metrics, episode_metrics, eval_metrics
+from ._plan import reference_example
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
 from ._preflight import preflight, resolved_device, rollout_fleet, warm_start_config
 from ._report import plot_curves, read_warm_start, write_summary
@@ -413,10 +413,7 @@ class GRPOTrainer:
 
     def _decide_mode(self, policy: RolloutPolicy) -> None:
         """Decide ``concat``/``per_turn`` on the env's reference episode, as `check` does."""
-        cfg = self.config
-        example = reference_conversation(
-            cfg.env, cfg.run_env_kwargs, policy.tokenizer, cfg.chat_template_kwargs
-        )
+        example = reference_example(self.config, policy.tokenizer)
         policy.mode_for(self.tools, example or ())  # logs the decision and its reason
 
     def _device(self) -> str:

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from agentgym._check import load_tokenizer, reference_conversation
+from agentgym._check import HUNG_FIX, PLAY_SECONDS, Hung, load_tokenizer, reference_conversation
+from agentgym._errors import ConfigError
 from agentgym._registry import resolve_id
+from agentgym._types import Message
 from agentgym.engine import ChatRenderer
 from agentgym.engine._episode import choose_mode
 from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
@@ -105,10 +107,30 @@ def _rollout_mode(config: GRPOConfig, checked: Checked) -> str:
     """
     tokenizer = load_tokenizer(str(checked.model_dir))
     kwargs = config.chat_template_kwargs
-    example = reference_conversation(config.env, config.run_env_kwargs, tokenizer, kwargs)
+    example = reference_example(config, tokenizer)
     renderer = ChatRenderer(tokenizer, kwargs)
     decision = choose_mode(renderer, config.rollout_mode, checked.tools, example or ())
     return f"{decision.mode} mode: {decision.reason}"
+
+
+def reference_example(config: GRPOConfig, tokenizer: object) -> list[Message] | None:
+    """The env's reference conversation the mode is decided on (`reference_conversation`).
+
+    Bounded by ``episode_deadline_s`` (`PLAY_SECONDS` where it is None). Why: a reward
+    function or tool that never returned hung the run, and its dry run, before step 1 with
+    no deadline and no word of why; a ConfigError now names the function.
+    """
+    seconds = PLAY_SECONDS if config.episode_deadline_s is None else config.episode_deadline_s
+    try:
+        return reference_conversation(
+            config.env, config.run_env_kwargs, tokenizer, config.chat_template_kwargs, seconds
+        )
+    except Hung as hung:
+        raise ConfigError(
+            f"the env's reference episode (played to decide the rollout mode) did not finish "
+            f"in {seconds:g} s: {hung.where} never returned; {HUNG_FIX}, or raise "
+            "episode_deadline_s if it is only slow"
+        ) from None
 
 
 def _training(config: GRPOConfig, episodes: int) -> str:

@@ -409,10 +409,7 @@ class VLLMPolicy(TokenPolicy):
                 final = output
         except VLLMServerError as exc:  # the engine died or failed: infra, not the model's doing
             if await self._engine_died():
-                raise ModelError(
-                    f"the vLLM engine died ({exc!r}); its policy cannot sample again: close it "
-                    "and make a new VLLMPolicy (a training run: run it again with --resume)"
-                ) from exc
+                raise _engine_died_error(exc) from exc
             raise ModelError(f"the vLLM engine failed: {exc!r}") from exc
         if final is None or not final.outputs:
             raise ModelError("vLLM returned no output for a request")
@@ -590,6 +587,7 @@ class VLLMPolicy(TokenPolicy):
                 )
 
     async def _load(self, path: Path, version: int | None) -> int:
+        from vllm.exceptions import VLLMServerError
         from vllm.lora.request import LoRARequest
 
         last = self.adapters[-1].version if self.adapters else 0
@@ -598,7 +596,11 @@ class VLLMPolicy(TokenPolicy):
         started = time.perf_counter()
         try:
             added = await self._engine.add_lora(LoRARequest(name, version, str(path)))
-        except Exception as exc:  # the engine's own refusal: nothing was loaded
+        except Exception as exc:  # the engine's own refusal, or its death: nothing was loaded
+            # a dead engine core fails every call as "EngineCore encountered an issue", which
+            # read as a bad adapter; say the engine is gone and how to go on instead
+            if isinstance(exc, VLLMServerError) and await self._engine_died():
+                raise _engine_died_error(exc) from exc
             raise ModelError(f"vLLM refused to load the adapter at {path}: {exc}") from exc
         if not added:
             raise ModelError(f"vLLM refused to load the adapter at {path}")
@@ -623,6 +625,14 @@ class VLLMPolicy(TokenPolicy):
         """Adapter ids the engine reports as loaded (to check a sync really happened)."""
         thread, _ = self._started()
         return set(await thread.run(self._engine.list_loras()))
+
+
+def _engine_died_error(cause: BaseException) -> ModelError:
+    """The error of any call that met a dead engine: the policy is done for; resume the run."""
+    return ModelError(
+        f"the vLLM engine died ({cause!r}); its policy cannot sample again: close it and make "
+        "a new VLLMPolicy (a training run: run it again with --resume)"
+    )
 
 
 def _token_ids_in(extra: dict[str, Any]) -> dict[str, list[int]]:
