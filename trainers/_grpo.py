@@ -135,6 +135,8 @@ class GRPOTrainer:
         #: The env's turn limit and tool schemas, read off the env preflight built.
         self.env_max_turns, self.tools = checked.env_max_turns, checked.tools
         self.tasks_sha256 = checked.tasks_sha256
+        #: The warm start's conversations, played and checked by the pre-flight: played once.
+        self._warm_start_traces = checked.warm_start_traces
         #: The rubric's weights, for GDPO advantages (`multi_objective_aggregation`).
         self.reward_weights = (checked.reward_weights
                                if config.multi_objective_aggregation == "normalize_then_sum"
@@ -357,7 +359,7 @@ class GRPOTrainer:
             warm_start_config(cfg, self._device(), _log_sft_progress),
             tasks=traces, validation_tasks=validation,
             scripts=cfg.sft_scripts, chat_template_kwargs=cfg.chat_template_kwargs,
-            length_knob="max_model_len",
+            length_knob="max_model_len", traces=self._warm_start_traces,
         )  # fmt: skip
 
     def _policy(self, model_dir: Path, namespace: str) -> RolloutPolicy:

@@ -35,7 +35,13 @@ from ._config import GRPOConfig
 from ._config_rules import UNSERVABLE_TARGETS, check_device
 from ._memory import GIB, GpuSplit, cpu_memory_estimate, parameter_count
 from ._run_dir import WARM_START
-from ._sft import SFTConfig, check_device_here, check_warm_start, scripted_turns
+from ._sft import (
+    SFTConfig,
+    WarmStartTraces,
+    check_device_here,
+    check_warm_start,
+    scripted_turns,
+)
 from ._tracking import BACKENDS, resolve_report_to
 
 if TYPE_CHECKING:
@@ -64,6 +70,8 @@ class Checked(NamedTuple):
     tasks_sha256: str | None = None
     #: The env rubric's function names and weights (None: no `Rubric`), for GDPO advantages.
     reward_weights: dict[str, float] | None = None
+    #: The SFT warm start's conversations, played and checked (None: no warm start to run).
+    warm_start_traces: WarmStartTraces | None = None
 
 
 def preflight(config: GRPOConfig) -> Checked:
@@ -90,12 +98,12 @@ def preflight(config: GRPOConfig) -> Checked:
     if problem := opening_prompt_problem(renderer, env.opening, env.tools, config.max_model_len):
         raise ConfigError(f"{problem}; raise max_model_len (--set max_model_len=N) to what "
                           f"{config.model} allows")  # fmt: skip
-    _check_warm_start(model_dir, config, env.train_tasks)
+    warm_start = _check_warm_start(model_dir, config, env.train_tasks)
     _check_lora_targets(model_dir, config)
     _check_memory(model_dir, config)
     _check_servers(model_dir, config)
     return Checked(model_dir, env.train_tasks, env.eval_tasks, env.tools, env.max_turns,
-                   env.digest, env.reward_weights)  # fmt: skip
+                   env.digest, env.reward_weights, warm_start)  # fmt: skip
 
 
 def resolve_model(model: str, seed: int = 0) -> Path:
@@ -338,18 +346,21 @@ def warm_start_config(config: GRPOConfig, device: str = "cpu", log: Any = None) 
     )  # fmt: skip
 
 
-def _check_warm_start(model_dir: Path, config: GRPOConfig, train_tasks: list[int]) -> None:
+def _check_warm_start(
+    model_dir: Path, config: GRPOConfig, train_tasks: list[int]
+) -> WarmStartTraces | None:
     """The warm start's traces, refused now as the warm start would refuse them.
 
     Why: an oracle that never succeeds, or a trace past ``max_model_len``, passed the dry run
     and failed the run after vLLM had started and the base model was evaluated. This plays
     the scripts on the tasks the warm start plays (``sft_num_traces``; CPU, no model) and
-    renders them with the tokenizer. A run folder whose warm start is done skips it.
+    renders them with the tokenizer, and returns them for the warm start to train on. A run
+    folder whose warm start is done skips it (None).
     """
     if not config.sft_steps or (Path(config.output_dir) / WARM_START / SFT_SUMMARY).is_file():
-        return
+        return None
     traces, validation = config.sft_split(train_tasks)
-    check_warm_start(
+    return check_warm_start(
         model_dir, config.env, config.run_env_kwargs, warm_start_config(config), tasks=traces,
         validation_tasks=validation, scripts=config.sft_scripts,
         chat_template_kwargs=config.chat_template_kwargs, length_knob="max_model_len",

@@ -567,6 +567,7 @@ def sft_warm_start(
     scripts: Mapping[str, float] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     length_knob: str = "SFTConfig.max_length",
+    traces: WarmStartTraces | None = None,
 ) -> Path:
     """Fine-tune ``model_dir`` on the env's oracle trajectories; save the result in ``out_dir``.
 
@@ -587,6 +588,8 @@ def sft_warm_start(
         chat_template_kwargs: passed to the chat template, as the rollouts pass them.
         length_knob: how a too-long trace's error names ``config.max_length``: the caller's
             knob (a train run's ``max_model_len``).
+        traces: the scripts' conversations, played already (`check_warm_start`'s); None
+            plays them.
 
     Returns:
         ``out_dir`` as a Path.
@@ -596,10 +599,12 @@ def sft_warm_start(
             model's context by default); both before the model loads.
     """
     config = config or SFTConfig()
-    traces = _env_traces(env_id, env_kwargs, tasks, validation_tasks, scripts, config.seed)
+    if traces is None:
+        traces = _env_traces(env_id, env_kwargs, tasks, validation_tasks, scripts, config.seed)
     return sft_on_conversations(
-        model_dir, *traces[:2], out_dir, config, held_out=traces[2],
-        chat_template_kwargs=chat_template_kwargs, source=traces[3], length_knob=length_knob,
+        model_dir, traces.conversations, traces.tools, out_dir, config,
+        held_out=traces.held_out, chat_template_kwargs=chat_template_kwargs,
+        source=traces.source, length_knob=length_knob,
     )  # fmt: skip
 
 
@@ -614,24 +619,34 @@ def check_warm_start(
     scripts: Mapping[str, float] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     length_knob: str = "SFTConfig.max_length",
-) -> None:
-    """Refuse what `sft_warm_start` would refuse of its traces, without training.
+) -> WarmStartTraces:
+    """Refuse what `sft_warm_start` would refuse of its traces, without training; return them.
 
     Why: a train run's warm start failed on its traces (an oracle that never succeeds, a
     trace past ``max_model_len``) only after vLLM had started and the base model was
     evaluated. This plays the same scripts (CPU, no model) and renders them with the
     tokenizer, so the run refuses them before any engine starts. ``tasks``: the ones the
-    warm start plays (``sft_num_traces`` of them in a train run), so it costs what the warm
-    start's own scripted play costs.
+    warm start plays (``sft_num_traces`` of them in a train run); give the traces returned
+    to `sft_warm_start`, so they are played once.
 
     Raises:
         ConfigError: as `sft_warm_start` before its model loads.
     """
-    conversations, tools, held_out, source = _env_traces(
-        env_id, env_kwargs, tasks, validation_tasks, scripts, config.seed
-    )
-    _training_data(model_dir, conversations, tools, config, held_out, chat_template_kwargs,
-                   source, length_knob)  # fmt: skip
+    traces = _env_traces(env_id, env_kwargs, tasks, validation_tasks, scripts, config.seed)
+    _training_data(model_dir, traces.conversations, traces.tools, config, traces.held_out,
+                   chat_template_kwargs, traces.source, length_knob)  # fmt: skip
+    return traces
+
+
+class WarmStartTraces(NamedTuple):
+    """The conversations an env's warm start trains on (`sft_warm_start`)."""
+
+    conversations: list[list[Message]]
+    tools: list[dict[str, Any]]
+    held_out: list[list[Message]]
+    """The validation tasks' oracle conversations (``reference_accuracy``)."""
+    source: dict[str, Any]
+    """What `sft.json` records of where they came from (and what was dropped)."""
 
 
 def _env_traces(
@@ -641,8 +656,8 @@ def _env_traces(
     validation_tasks: Sequence[int],
     scripts: Mapping[str, float] | None,
     seed: int,
-) -> tuple[list[list[Message]], list[dict[str, Any]], list[list[Message]], dict[str, Any]]:
-    """(conversations, tools, held-out conversations, source) of `sft_warm_start`'s tasks."""
+) -> WarmStartTraces:
+    """The conversations of `sft_warm_start`'s tasks, played with the env's scripts."""
     scripts = dict(scripts or {"reference": 1.0})
     if tasks is None:
         tasks = range(env_facts(env_id, env_kwargs).size)
@@ -658,7 +673,7 @@ def _env_traces(
         held_out, _ = oracle_conversations(env_id, env_kwargs, tasks=validation_tasks)
     source = {"kind": "env", "env_id": env_id, "env_kwargs": env_kwargs, "scripts": scripts,
               "dropped": {"status": dropped["status"], "reward": dropped["reward"]}}  # fmt: skip
-    return conversations, tools, held_out, source
+    return WarmStartTraces(conversations, tools, held_out, source)
 
 
 class EnvFacts(NamedTuple):

@@ -33,3 +33,23 @@ def adapter(tmp_path: Path) -> Path:
     body = len(header).to_bytes(8, "little") + header + bytes(4)
     (folder / "adapter_model.safetensors").write_bytes(body)
     return folder
+
+
+def child_pids() -> set[int]:
+    """The pids of this process's children now (to tell the engine's from them later)."""
+    psutil = require("psutil")
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def kill_engine(started_before: set[int]) -> None:
+    """SIGKILL the engine's processes: the children started since ``started_before`` (pids).
+
+    vLLM's engine core (and its worker) run in processes of their own; a test of what a dead
+    engine does kills them as the kernel's OOM killer would.
+    """
+    psutil = require("psutil")
+    engine = [p for p in psutil.Process().children(recursive=True) if p.pid not in started_before]
+    assert engine  # the engine runs in processes of its own
+    for process in engine:
+        process.kill()
+    psutil.wait_procs(engine, timeout=30)

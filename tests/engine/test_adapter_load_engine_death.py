@@ -14,6 +14,7 @@ import pytest
 from agentgym import ModelError
 from agentgym.engine import VLLMPolicy
 from tests.conftest import require
+from tests.engine.conftest import child_pids, kill_engine
 from tests.engine.episodes import make_adapter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
@@ -23,16 +24,11 @@ def test_an_adapter_load_after_the_engine_core_was_killed_says_to_resume(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     require("vllm")
-    psutil = require("psutil")
     adapter = make_adapter(tiny_model_dir, tmp_path / "v1", seed=1)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = child_pids()
     with VLLMPolicy(tiny_model_dir, dtype="float32", max_model_len=1024, enable_lora=True,
                     max_lora_rank=8) as doomed:  # fmt: skip
-        engine = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-        assert engine  # vLLM's engine core (and its worker) run in processes of their own
-        for process in engine:
-            process.kill()
-        psutil.wait_procs(engine, timeout=30)
+        kill_engine(before)
         with pytest.raises(ModelError) as raised:
             doomed.load_adapter(adapter)
     message = str(raised.value)

@@ -17,6 +17,7 @@ import agentgym
 from agentgym import ConfigError
 from agentgym.engine import HFPolicy, SamplingConfig, VLLMPolicy, _cpu_lora, _engine_spin
 from tests.conftest import require
+from tests.engine.conftest import child_pids, kill_engine
 from tests.engine.episodes import NudgeEnv, letters_only, make_adapter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
@@ -289,15 +290,10 @@ def test_an_engine_killed_mid_run_ends_episodes_as_infra_errors(tiny_model_dir: 
     Its error says the policy is done for (every later rollout failed at once with "the vLLM
     engine failed: EngineDeadError(...)", which did not say so)."""
     require("vllm")
-    psutil = require("psutil")
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = child_pids()
     with VLLMPolicy(tiny_model_dir, sampling={"max_tokens": 8}, dtype="float32",
                     max_model_len=1024) as doomed:  # fmt: skip
-        engine = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-        assert engine  # vLLM's engine core (and its worker) run in processes of their own
-        for process in engine:
-            process.kill()
-        psutil.wait_procs(engine, timeout=30)
+        kill_engine(before)
         for _ in range(2):  # the rollout that meets the death, and one after it
             [trajectory] = agentgym.rollout(NudgeEnv, doomed, tasks=[{"id": 1}])
             assert trajectory.status == "infra_error", trajectory.error

@@ -133,17 +133,22 @@ def test_show_and_compare_by_folder_take_the_run_that_wrote_it(db: str, tmp_path
     assert agentgym("runs", "show", refused, db=db).returncode == 0  # still shown by its id
 
 
+def killed_sft(store: RunStore, run_dir: Path) -> str:
+    """The row of an sft run into ``run_dir`` whose process died without saying so."""
+    return store.create_run(
+        kind="sft", name=run_dir.name, config={}, source="cli", run_dir=run_dir.resolve(),
+        status=RunStatus.running, pid=dead_pid(), host=socket.gethostname(),
+        started_at="2026-01-01T00:00:00+00:00", created_at="2026-01-01T00:00:00+00:00",
+    )  # fmt: skip
+
+
 def test_a_killed_run_taken_over_keeps_what_it_recorded(db: str, tmp_path: Path) -> None:
     """sft killed at step 2, rerun to step 6 into the same folder: ``runs ls`` listed the
     killed row at step 6, ended when ``runs ls`` ran."""
     run_dir = tmp_path / "out"
     run_dir.mkdir()
     store = RunStore(db)
-    killed = store.create_run(
-        kind="sft", name="out", config={}, source="cli", run_dir=run_dir.resolve(),
-        status=RunStatus.running, pid=dead_pid(), host=socket.gethostname(),
-        started_at="2026-01-01T00:00:00+00:00", created_at="2026-01-01T00:00:00+00:00",
-    )  # fmt: skip
+    killed = killed_sft(store, run_dir)
     rerun_start = "2026-01-01T00:10:00+00:00"
     indexed(store, run_dir, step=6, started_at=rerun_start, created_at=rerun_start)
     (run_dir / "status.json").write_text('{"state": "finished", "step": 6}')  # the rerun's
@@ -161,11 +166,7 @@ def test_a_killed_run_ends_at_its_folders_last_write(db: str, tmp_path: Path) ->
     status.write_text('{"state": "running", "step": 2}')
     os.utime(status, (1767225900, 1767225900))  # 2026-01-01T00:05:00Z
     store = RunStore(db)
-    killed = store.create_run(
-        kind="sft", name="out", config={}, source="cli", run_dir=run_dir.resolve(),
-        status=RunStatus.running, pid=dead_pid(), host=socket.gethostname(),
-        started_at="2026-01-01T00:00:00+00:00", created_at="2026-01-01T00:00:00+00:00",
-    )  # fmt: skip
+    killed = killed_sft(store, run_dir)
     assert agentgym("runs", "ls", db=db).returncode == 0
     row = store.get_run(killed)
     assert row is not None and (row["status"], row["step"]) == ("interrupted", 2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -105,12 +106,17 @@ def test_traces_without_an_assistant_turn_are_dropped_and_counted(
     assert "traces dropped: 4 without an assistant turn" in done.stdout, done.stdout
 
 
+def sft_on_env(model: Path, out: Path, env_id: str) -> subprocess.CompletedProcess[str]:
+    """``agentgym sft`` of two steps on this module's env ``env_id``."""
+    return agentgym_cli("sft", model, out, "--env", f"{HERE}:{env_id}", "--steps", "2",
+                        "--batch-size", "2")  # fmt: skip
+
+
 def test_a_reference_turns_that_raises_is_one_line_naming_it(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "o"
-    proc = agentgym_cli("sft", tiny_model_dir, out, "--env", f"{HERE}:tests/SftRaises-v0",
-                        "--steps", "2", "--batch-size", "2")  # fmt: skip
+    proc = sft_on_env(tiny_model_dir, out, "tests/SftRaises-v0")
     line = one_error_line(proc)
     assert "reference_turns raised RuntimeError: oracle broke" in line, line
     assert not out.exists()
@@ -120,8 +126,7 @@ def test_episodes_whose_reference_turns_raised_are_counted_as_dropped(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "o"
-    done = agentgym_cli("sft", tiny_model_dir, out, "--env", f"{HERE}:tests/SftHalf-v0",
-                        "--steps", "2", "--batch-size", "2")  # fmt: skip
+    done = sft_on_env(tiny_model_dir, out, "tests/SftHalf-v0")
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "sft.json").read_text())
     assert summary["num_examples"] == 5
