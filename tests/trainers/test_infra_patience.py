@@ -87,15 +87,18 @@ def test_a_run_stops_after_broken_steps_with_a_checkpoint_and_resumes(tmp_path: 
     assert "[infra-errors]" in (run / "summary.txt").read_text()
     # ... and told the user's tracker: a count per step, the finding in TensorBoard's Text tab
     reported = [r["health/reported"] for r in steps if "data/tasks" in r]
-    assert reported[:2] == [0.0, 0.0] and reported[2] >= 1  # judged from the third step on
+    # every episode of steps 1-2 was lost: reported from the first step (an all-failed run has
+    # no noise to wait for), then again at step 3 as the recent steps' share
+    assert reported[:2] == [1.0, 1.0] and reported[2] >= 1
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     texts = [(e.step, e.tensor_proto.string_val[0].decode()) for e in
              events.Tensors("health/infra-errors/text_summary")]  # fmt: skip
-    [(step, text)] = texts
-    assert step == 3 and "lost to infrastructure" in text and "fix:" in text
+    assert [step for step, _ in texts] == [1, 3]
+    for _, text in texts:
+        assert "lost to infrastructure" in text and "fix:" in text
 
 
 @pytest.mark.slow
