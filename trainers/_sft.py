@@ -312,18 +312,6 @@ def mixed_conversations(
     tasks: Sequence[int],
     scripts: Mapping[str, float],
     seed: int = 0,
-) -> tuple[list[list[Message]], list[dict[str, Any]]]:
-    """(conversations, tools) of `mixed_played`, without its count of dropped episodes."""
-    played = mixed_played(env_id, env_kwargs, tasks, scripts, seed)
-    return played.conversations, played.tools
-
-
-def mixed_played(
-    env_id: str,
-    env_kwargs: dict[str, Any] | None,
-    tasks: Sequence[int],
-    scripts: Mapping[str, float],
-    seed: int = 0,
 ) -> Played:
     """Split ``tasks`` among the env's scripts in the given shares and play each part.
 
@@ -661,7 +649,7 @@ def _env_traces(
     scripts = dict(scripts or {"reference": 1.0})
     if tasks is None:
         tasks = range(env_facts(env_id, env_kwargs).size)
-    conversations, tools, dropped = mixed_played(env_id, env_kwargs, tasks, scripts, seed)
+    conversations, tools, dropped = mixed_conversations(env_id, env_kwargs, tasks, scripts, seed)
     if not conversations:
         raise ConfigError(
             f"the SFT warm start on {env_id!r} has no trace to train on (no train task, or "

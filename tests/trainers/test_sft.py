@@ -178,8 +178,9 @@ def test_a_script_mix_splits_the_tasks_by_share_and_keeps_failing_habits() -> No
 
     tasks = list(range(8))
     mix = {"reference": 0.25, "estimate": 0.75}
-    conversations, tools = mixed_conversations("calculator", ENV_KWARGS, tasks, mix, seed=1)
-    again, _ = mixed_conversations("calculator", ENV_KWARGS, tasks, mix, seed=1)
+    conversations, _, dropped = mixed_conversations("calculator", ENV_KWARGS, tasks, mix, seed=1)
+    again = mixed_conversations("calculator", ENV_KWARGS, tasks, mix, seed=1).conversations
+    assert not dropped  # every habit is kept, right or wrong
     assert conversations == again  # a seeded split
     with_tool = [c for c in conversations if any(m["role"] == "tool" for m in c)]
     direct = [c for c in conversations if not any(m["role"] == "tool" for m in c)]
