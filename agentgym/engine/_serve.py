@@ -12,7 +12,9 @@ that stopping it also stops its engine-core process.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +30,8 @@ import httpx
 from .._errors import ConfigError, ModelError
 from . import _cpu_lora, _logprob_ranks, _orphan_guard, _rpc_dir
 from ._model_dir import require_model_folder
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,24 @@ def _wait_until_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeou
                 return
         time.sleep(0.5)  # the poll interval of a readiness check
     raise ModelError(f"the server was not ready after {timeout:.0f} s:\n{_log_tail(log)}")
+
+
+@contextlib.contextmanager
+def _logs_kept_only_on_error(logs: list[Path]) -> Iterator[None]:
+    """Delete the servers' log folders after a clean exit; keep them, and say where, on error.
+
+    Why: each start writes a folder in the temp dir, so a test suite or a job server starting
+    servers all day would fill it, while after a failure the log is what the user needs.
+    ``logs`` may grow inside the block (servers started one by one).
+    """
+    try:
+        yield
+    except BaseException:
+        if logs:
+            logger.warning("server logs kept: %s", ", ".join(map(str, logs)))
+        raise
+    for log in logs:
+        shutil.rmtree(log.parent, ignore_errors=True)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -185,19 +207,23 @@ def serve_vllm_fleet(
     options = options or ServerOptions()
     model_dir = _checked_model_dir(model_dir)
     servers: list[LocalServer] = []
-    try:
-        for k in range(count):
-            servers.append(_start_vllm(model_dir, options, ports[k] if ports else None))
-        for server in servers:
-            assert server.process is not None
-            _wait_until_ready(
-                server.process, f"{server.base_url}/models", server.log_path, options.start_timeout
-            )
-        yield servers
-    finally:
-        for server in servers:
-            if server.process is not None:
-                _stop(server.process)
+    logs: list[Path] = []
+    with _logs_kept_only_on_error(logs):
+        try:
+            for k in range(count):
+                servers.append(_start_vllm(model_dir, options, ports[k] if ports else None))
+                logs.append(servers[-1].log_path)
+            for server in servers:
+                assert server.process is not None
+                _wait_until_ready(
+                    server.process, f"{server.base_url}/models", server.log_path,
+                    options.start_timeout,
+                )  # fmt: skip
+            yield servers
+        finally:
+            for server in servers:
+                if server.process is not None:
+                    _stop(server.process)
 
 
 @contextlib.contextmanager
@@ -246,9 +272,10 @@ def serve_router(
         "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
     ]  # fmt: skip
     proc, log_path = _spawn(command, dict(os.environ), "agentgym-router-")
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_until_ready(proc, f"{url}/health", log_path, start_timeout)
-        yield url
-    finally:
-        _stop(proc)
+    with _logs_kept_only_on_error([log_path]):
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_until_ready(proc, f"{url}/health", log_path, start_timeout)
+            yield url
+        finally:
+            _stop(proc)

@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,6 +23,7 @@ import httpx
 import pytest
 
 import agentgym
+from agentgym import ModelError
 from agentgym.engine import (
     AdapterPublishError,
     HFPolicy,
@@ -150,6 +152,23 @@ async def test_through_vllm_router_an_episode_stays_on_one_server(
             await policy.end_session(session)
         await policy.aclose()
     assert all(len(home) == 1 for home in homes.values()), homes
+
+
+def test_a_server_log_is_deleted_after_a_clean_exit_and_kept_after_an_error(
+    servers: list[LocalServer], tiny_model_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Every start writes a log folder in the temp dir: a job server would fill it otherwise."""
+    require("vllm_router")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp puts the logs
+    with serve_router([s.root for s in servers]):
+        assert [p.name.startswith("agentgym-router-") for p in tmp_path.iterdir()] == [True]
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ModelError, match="not ready"):  # the fleet's start gave up
+        with serve_vllm_fleet(tiny_model_dir, 1, replace(OPTIONS, start_timeout=0.01)):
+            pass
+    [kept] = tmp_path.glob("agentgym-vllm-*")
+    assert f"server logs kept: {kept / 'server.log'}" in caplog.text
 
 
 async def test_an_adapter_version_is_published_to_every_server(
