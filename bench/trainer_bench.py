@@ -37,8 +37,12 @@
         [--skip-sync] [--engine vllm|hf] [--device auto|cpu|cuda] [--malformed-ends-episode]
         [--compare-compiled] [--compare-overlap] [--trl-completion-length N] [--steps 4]
 
-Each sync trial runs both paths on the same weights back to back (the machine's drift hits
-both alike); the medians of the trials are compared.
+Each sync trial runs every path on the same weights back to back, in turn first and last
+(the machine's drift hits all alike), and each path's time runs until one token has been
+served from the new weights (vLLM copies a loaded adapter into the model on first use); the
+medians of the trials are compared. Step times (a) are wall time between the ends of
+consecutive steps on every side, the first (warm-up) and last step dropped;
+``--repeats R`` runs the sides R times in alternating order and pools their steps.
 
 The random tiny model never calls the tool, so TRL's tool loop idles in (a); give a model
 that does (``--warm-start STEPS``: SFT on oracle traces with the workload's system prompt,
@@ -53,6 +57,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -189,15 +194,46 @@ def _reload(policy: VLLMPolicy, **kwargs: Any) -> None:
     _engine_call(policy, go)
 
 
-def _greedy(policy: VLLMPolicy, prompt_ids: list[int], version: int) -> list[int]:
+def _greedy(
+    policy: VLLMPolicy, prompt_ids: list[int], version: int, max_tokens: int = 24
+) -> list[int]:
     """Greedy ids from adapter ``version`` (0: the engine's base weights)."""
     current = policy.adapter_version
     policy.adapter_version = version
     try:
-        completion = asyncio.run(policy.generate_ids(prompt_ids, max_tokens=24))
+        completion = asyncio.run(policy.generate_ids(prompt_ids, max_tokens=max_tokens))
     finally:
         policy.adapter_version = current
     return list(completion.completion_ids or [])
+
+
+def _sync_adapter(
+    run: RunDir, model: Any, policy: VLLMPolicy, prompt: list[int]
+) -> dict[str, float]:
+    """Ours: save the adapter, load it as a new version, serve one token with it.
+
+    The first request is timed because vLLM's ``add_lora`` only registers the adapter: it is
+    copied into the model's LoRA slots (and fused on agentgym's CPU path) on first use.
+    """
+    version = policy.adapter_version + 1
+    save_s, path = _timed(run.save_adapter, model, version)
+    load_s, _ = _timed(policy.load_adapter, path)
+    first_s, _ = _timed(_greedy, policy, prompt, version, 1)
+    return {"adapter: save": save_s, "adapter: load": load_s,
+            "adapter: first request": first_s, "adapter: total": save_s + load_s + first_s}
+
+
+def _sync_merged(
+    transport: str, folder: Path, model: Any, policy: VLLMPolicy, prompt: list[int]
+) -> dict[str, float]:
+    """TRL's way: merge and save the base weights, reload them, serve one token with them."""
+    folder.mkdir(exist_ok=True)
+    save_s, _ = _timed(_save_merged, model, folder / "model.safetensors")
+    reload_s, _ = _timed(_reload, policy, weights_path=str(folder))
+    first_s, _ = _timed(_greedy, policy, prompt, 0, 1)
+    return {f"{transport}: merge+save": save_s, f"{transport}: reload": reload_s,
+            f"{transport}: first request": first_s,
+            f"{transport} total": save_s + reload_s + first_s}
 
 
 def bench_sync(model_dir: Path, trials: int, lora_r: int, restart: bool) -> dict[str, float]:
@@ -206,34 +242,25 @@ def bench_sync(model_dir: Path, trials: int, lora_r: int, restart: bool) -> dict
     work = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
     run = RunDir(work / "run", {"bench": "sync"})
     shm = Path(tempfile.mkdtemp(prefix="trainer-bench-", dir=_tmpfs()))
-    times: dict[str, list[float]] = {k: [] for k in (
-        "adapter: save", "adapter: load", "adapter: total", "shm: merge+save", "shm: reload",
-        "shm total", "disk: merge+save", "disk: reload", "disk total", "restart total",
-    )}  # fmt: skip
+    times: dict[str, list[float]] = {}
     with VLLMPolicy(model_dir, sampling={"temperature": 0.0, "max_tokens": 24}, dtype="float32",
                     max_model_len=1024, enable_lora=True, max_lora_rank=lora_r) as policy:
         prompt = policy.renderer.tokenizer.encode("What is 12 + 30?")
-        for _ in range(trials + 1):  # the first trial warms up, and is dropped
-            _nudge(model)  # then each path syncs these weights, side by side in one trial
-            version = policy.adapter_version + 1
-            save_s, path = _timed(run.save_adapter, model, version)
-            load_s, _ = _timed(policy.load_adapter, path)
-            for key, value in (("adapter: save", save_s), ("adapter: load", load_s),
-                               ("adapter: total", save_s + load_s)):  # fmt: skip
-                times[key].append(value)
-            for transport, folder in (("shm", shm), ("disk", work / "merged")):
-                folder.mkdir(exist_ok=True)
-                file = folder / "model.safetensors"
-                save_s, _ = _timed(_save_merged, model, file)
-                reload_s, _ = _timed(_reload, policy, weights_path=str(folder))
-                times[f"{transport}: merge+save"].append(save_s)
-                times[f"{transport}: reload"].append(reload_s)
-                times[f"{transport} total"].append(save_s + reload_s)
+        paths: list[Callable[[], dict[str, float]]] = [
+            lambda: _sync_adapter(run, model, policy, prompt),
+            lambda: _sync_merged("shm", shm, model, policy, prompt),
+            lambda: _sync_merged("disk", work / "merged", model, policy, prompt),
+        ]
+        for trial in range(trials + 1):  # the first trial warms up, and is dropped
+            _nudge(model)  # then each path syncs these weights, side by side in one trial,
+            for path in paths[::-1] if trial % 2 else paths:  # in turn first and last
+                for key, value in path().items():
+                    times.setdefault(key, []).append(value)
         merged_ids = _greedy(policy, prompt, 0)  # the engine's base weights: the last merge
         _reload(policy, weights_path=str(model_dir))  # the original base under the adapter
         adapter_ids = _greedy(policy, prompt, policy.adapter_version)
     if restart:
-        times["restart total"].append(_restart_seconds(model_dir, model, work))
+        times["restart total"] = [_restart_seconds(model_dir, model, work)]
     shutil.rmtree(shm, ignore_errors=True)
     medians = {k: _median(v[1:] if len(v) > 1 else v) for k, v in times.items() if v}
     _print_sync(medians, adapter_ids, merged_ids, lora_r, model)
@@ -261,14 +288,15 @@ def _print_sync(
     print(f"\n(b) weight sync, median of the timed trials (LoRA r={lora_r}: {lora:,} adapter "
           f"parameters vs {base:,} base parameters)")  # fmt: skip
     for key, value in medians.items():
-        print(f"  {key:<18} {value * 1000:9.1f} ms")
+        print(f"  {key:<24} {value * 1000:9.1f} ms")
     ours = medians["adapter: total"]
     path = min(("shm", "disk"), key=lambda t: medians[f"{t} total"])
     merge = medians[f"{path} total"]
     agree = sum(a == b for a, b in zip(adapter_ids, merged_ids))
     print(f"  greedy tokens, adapter vs merged weights: {agree}/{max(len(adapter_ids), 1)} agree")
     print(f"  adapter-only sync {ours * 1000:.1f} ms vs merge-and-reload ({path}) "
-          f"{merge * 1000:.1f} ms: {merge / ours:.1f}x faster (goal >= 10x)")  # fmt: skip
+          f"{merge * 1000:.1f} ms, each up to one token served from the new weights: "
+          f"{merge / ours:.1f}x faster (goal >= 10x)")  # fmt: skip
 
 
 # ---- (a) step time --------------------------------------------------------------------------
@@ -279,24 +307,40 @@ def bench_step_time(
     workload: Workload = WORKLOAD,
     compare_compiled: bool = False,
     compare_overlap: bool = False,
+    repeats: int = 1,
 ) -> dict[str, float]:
     """Seconds per GRPO step: ours vs TRL's GRPOTrainer with its own tool loop.
 
     Both run `workload` on the same tiny model: same tasks per step, generations, completion
     length, turns, LoRA rank and learning rate. ``compare_compiled`` also times ours with a
     compiled vLLM engine (``rollout_compile=True``), ``compare_overlap`` with the next step
-    rolling out while this one trains (``max_staleness=1``), in the same run.
+    rolling out while this one trains (``max_staleness=1``), in the same run. ``repeats``
+    runs every side that many times, the order reversed each time, and pools their steps.
     """
-    variants: list[tuple[str, dict[str, Any]]] = []
+    sides: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("trl", functools.partial(trl_seconds_per_step, model_dir, workload)),
+        ("ours", functools.partial(our_seconds_per_step, model_dir, workload)),
+    ]
+    labels: dict[str, str] = {}
     if workload.engine == "vllm" and compare_compiled:
-        variants.append(("rollout_compile=True (vLLM compiled)", {"rollout_compile": True}))
+        labels["compiled"] = "rollout_compile=True (vLLM compiled)"
     if compare_overlap:
-        variants.append(("max_staleness=1 (the next step rolls out during the update)",
-                         {"max_staleness": 1}))  # fmt: skip
-    trl = _peak_memory(trl_seconds_per_step, model_dir, workload)
-    ours = _peak_memory(our_seconds_per_step, model_dir, workload)
+        labels["overlap"] = "max_staleness=1 (the next step rolls out during the update)"
+    changed = {
+        "compiled": dataclasses.replace(workload, rollout_compile=True),
+        "overlap": dataclasses.replace(workload, max_staleness=1),
+    }
+    for name in labels:
+        sides.append((name, functools.partial(our_seconds_per_step, model_dir, changed[name])))
+    pooled: dict[str, dict[str, Any]] = {name: {} for name, _ in sides}
+    for repeat in range(repeats):
+        for name, run in sides[::-1] if repeat % 2 else sides:
+            for key, value in _peak_memory(run).items():
+                _pool(pooled[name], key, value)
+    trl, ours = (_medians(pooled[name]) for name in ("trl", "ours"))
     print(f"\n(a) seconds per GRPO step ({workload.episodes} episodes of {workload.env}, "
-          f"median of {workload.steps} steps after a warm-up, on {_device(workload)})")  # fmt: skip
+          f"median of {workload.steps} steps x {repeats} repeats: wall time between step "
+          f"ends, first and last step dropped, on {_device(workload)})")  # fmt: skip
     print(f"  TRL GRPOTrainer (tools=[calculate], {trl['generation']}): {trl['seconds']:.2f} s "
           f"(tool calls per completion {trl['tool_calls']:.2f}, tool results kept "
           f"{trl['tool_results']:.2f}: a result that would pass its max_completion_length "
@@ -305,8 +349,8 @@ def bench_step_time(
           f"(tool calls per episode {ours['tool_calls']:.2f}, turns per episode "
           f"{ours['turns']:.2f}: {_MALFORMED[workload.malformed_call_ends_episode]})  ->  "
           f"{ours['seconds'] / trl['seconds']:.2f}x TRL's (goal <= 1.0x)")  # fmt: skip
-    for label, change in variants:
-        other = our_seconds_per_step(model_dir, dataclasses.replace(workload, **change))
+    for name, label in labels.items():
+        other = _medians(pooled[name])
         print(f"  agentgym, {label}: {_phases(other)}  ->  "
               f"{other['seconds'] / trl['seconds']:.2f}x TRL's, "
               f"{other['seconds'] / ours['seconds']:.2f}x ours above")  # fmt: skip
@@ -316,6 +360,30 @@ def bench_step_time(
     return {"trl": trl["seconds"], "ours": ours["seconds"]}
 
 
+def _pool(into: dict[str, Any], key: str, value: Any) -> None:
+    """Lists (per-step figures) add up across repeats; a peak keeps the largest; others stay."""
+    if isinstance(value, list):
+        into.setdefault(key, []).extend(value)
+    elif key == "peak_gib":
+        into[key] = max(value, into.get(key, 0.0))
+    else:
+        into[key] = value
+
+
+def _medians(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: _median(v) if isinstance(v, list) else v for k, v in figures.items()}
+
+
+def _between_step_ends(ends: list[float]) -> list[float]:
+    """Step times as the wall time between consecutive step ends, both sides alike.
+
+    The first step (no end before it: the warm-up) and the last are dropped: with
+    ``max_staleness`` 1 the last step has no rollout to overlap, and on every side it is
+    followed by the end of training rather than by another step.
+    """
+    return [b - a for a, b in zip(ends, ends[1:])][:-1]
+
+
 def _phases(figures: dict[str, float]) -> str:
     """A step's wall time and what it spent it on (rollouts may overlap the update)."""
     return (f"{figures['seconds']:.2f} s a step: rollouts {figures['rollout']:.2f} s (waited "
@@ -323,24 +391,26 @@ def _phases(figures: dict[str, float]) -> str:
             f"{figures['sync']:.3f}")  # fmt: skip
 
 
-def _peak_memory(trainer: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-    """``trainer(*args)``'s figures, with its peak CUDA memory (GiB) where it ran on CUDA."""
+def _peak_memory(trainer: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``trainer()``'s figures, with its peak CUDA memory (GiB) where it ran on CUDA."""
     import torch
 
     if not torch.cuda.is_available():
-        return trainer(*args)
+        return trainer()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    figures = trainer(*args)
+    figures = trainer()
     return {**figures, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
-def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float]:
-    """agentgym's `GRPOTrainer` on ``workload``: median seconds per step after a warm-up.
+def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
+    """agentgym's `GRPOTrainer` on ``workload``: the seconds of each timed step, and its phases.
 
-    A step is rollouts (vLLM, token-exact) + loss and optimiser step + adapter sync: its wall
-    time from the run's ``metrics.jsonl`` (``time/step``; with ``max_staleness`` 1 the next
-    step's rollouts run during the update); with the median tool calls and turns per episode.
+    A step is rollouts (vLLM, token-exact) + loss and optimiser step + adapter sync + the
+    step's metrics and logging: the wall time between the ``time`` stamps of consecutive rows
+    of the run's ``metrics.jsonl`` (each written as its step ends), as TRL's side is timed;
+    with ``max_staleness`` 1 the next step's rollouts run during the update. The phases come
+    from the rows' ``time/*`` figures; with the tool calls and turns per episode.
     """
     from agentgym.trainers import GRPOConfig, GRPOTrainer
 
@@ -351,7 +421,7 @@ def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float
         tasks_per_step=workload.tasks_per_step, num_generations=workload.num_generations,
         max_completion_length=workload.max_completion_length, max_turns=workload.max_turns,
         lora_r=workload.lora_r, lora_alpha=2 * workload.lora_r,
-        learning_rate=workload.learning_rate, max_steps=workload.steps + 1, sft_steps=0,
+        learning_rate=workload.learning_rate, max_steps=workload.steps + 2, sft_steps=0,
         eval_steps=None, save_steps=None, report_to=["none"], device=_device(workload),
         rollout_engine=workload.engine, rollout_compile=workload.rollout_compile,
         max_staleness=workload.max_staleness,
@@ -359,12 +429,13 @@ def our_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, float
     )  # fmt: skip
     GRPOTrainer(config).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "time/rollout" in r][1:]
+    rows = [r for r in rows if "time/rollout" in r]
+    steps = rows[1:-1]  # the rows of the steps `_between_step_ends` times
     return {
-        "seconds": _median([r["time/step"] for r in steps]),
-        **{stage: _median([r[f"time/{stage}"] for r in steps]) for stage in _STAGES},
-        "tool_calls": _median([r["rollout/tool_calls_per_episode"] for r in steps]),
-        "turns": _median([r["rollout/turns_per_episode"] for r in steps]),
+        "seconds": _between_step_ends([r["time"] for r in rows]),
+        **{stage: [r[f"time/{stage}"] for r in steps] for stage in _STAGES},
+        "tool_calls": [r["rollout/tool_calls_per_episode"] for r in steps],
+        "turns": [r["rollout/turns_per_episode"] for r in steps],
     }
 
 
@@ -391,7 +462,7 @@ def _context(model_dir: Path) -> int:
 
 
 def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
-    """TRL 1.16 GRPOTrainer, LoRA, ``tools=[calculate]``: median seconds per step.
+    """TRL 1.16 GRPOTrainer, LoRA, ``tools=[calculate]``: the seconds of each timed step.
 
     TRL's tool loop runs batch-synchronously: generate for every prompt, run the tool calls
     it parsed, generate again for those, up to ``max_tool_calling_iterations``. Generation is
@@ -442,7 +513,7 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
         or workload.max_completion_length,
         max_tool_calling_iterations=workload.max_turns - 1,
         learning_rate=workload.learning_rate,
-        max_steps=workload.steps + 1,
+        max_steps=workload.steps + 2,
         logging_steps=1, save_strategy="no", report_to="none",
         use_vllm=colocate, vllm_mode="colocate", use_cpu=not cuda, bf16=cuda,
         temperature=1.0, seed=0, dataloader_num_workers=0,
@@ -462,13 +533,11 @@ def trl_seconds_per_step(model_dir: Path, workload: Workload) -> dict[str, Any]:
         processing_class=tokenizer, peft_config=peft, tools=[calculate.fn],
         callbacks=[Clock()],
     )  # fmt: skip
-    started = time.perf_counter()
     trainer.train()
-    durations = [b - a for a, b in zip([started, *step_ends], step_ends)][1:]
-    logs = [h for h in trainer.state.log_history if "tools/call_frequency" in h][1:]
-    calls = _median([float(h["tools/call_frequency"]) for h in logs])
-    return {"seconds": _median(durations), "steps": durations, "tool_calls": calls,
-            "tool_results": _median(kept[1:]), "budget": args.max_completion_length,
+    logs = [h for h in trainer.state.log_history if "tools/call_frequency" in h][1:-1]
+    return {"seconds": _between_step_ends(step_ends),
+            "tool_calls": [float(h["tools/call_frequency"]) for h in logs],
+            "tool_results": kept[1:-1], "budget": args.max_completion_length,
             "generation": "vLLM colocate" if colocate else "transformers generate"}  # fmt: skip
 
 
@@ -528,8 +597,9 @@ def main() -> None:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="where both trainers train in (a)")
     parser.add_argument("--steps", type=int, default=WORKLOAD.steps, help="timed steps on "
-                        "each side in (a), after one warm-up step; more even out what was "
-                        "sampled (8 episodes a step vary in length)")
+                        "each side in (a), between a warm-up step and a last step (both "
+                        "dropped); more even out what was sampled (8 episodes a step vary in "
+                        "length)")
     parser.add_argument("--tasks-per-step", type=int, default=WORKLOAD.tasks_per_step)
     parser.add_argument("--num-generations", type=int, default=WORKLOAD.num_generations)
     parser.add_argument("--trl-completion-length", type=int, metavar="N",
@@ -539,6 +609,8 @@ def main() -> None:
                         "trainer with a compiled vLLM engine (rollout_compile) in the same run")
     parser.add_argument("--compare-overlap", action="store_true", help="also time our trainer "
                         "rolling out the next step during the update (max_staleness=1)")
+    parser.add_argument("--repeats", type=int, default=1, help="run every side of (a) this "
+                        "many times, the order reversed each time, and pool their steps")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     model_dir = args.model_dir or build_tiny_model(**SHAPES[args.shape])
@@ -561,7 +633,7 @@ def main() -> None:
             trl_max_completion_length=args.trl_completion_length,
         )  # fmt: skip
         bench_step_time(model_dir, workload, compare_compiled=args.compare_compiled,
-                        compare_overlap=args.compare_overlap)  # fmt: skip
+                        compare_overlap=args.compare_overlap, repeats=args.repeats)  # fmt: skip
 
 
 if __name__ == "__main__":
