@@ -103,7 +103,9 @@ def check(
         lambda: tool_parameters(make(env_id, **env_kwargs)),
         lambda: _parser_round_trip(make(env_id, **env_kwargs)),
         lambda: _task_fields(make(env_id, **env_kwargs)),
-        plays.row("reference episode", lambda: _reference_episode(*reference())),
+        plays.row(
+            "reference episode", lambda: _reference_episode(reference()[0], reference()[3])
+        ),
         plays.row(WRONG_ROW, lambda: _wrong_answers(reference()[0], wrong)),
     ]
     if tok is not None:
@@ -549,9 +551,7 @@ def _play(
     return trajectory, tools, parser, ""
 
 
-def _reference_episode(
-    trajectory: Trajectory | None, tools: list[Any], parser: Any, why_none: str
-) -> CheckResult:
+def _reference_episode(trajectory: Trajectory | None, why_none: str) -> CheckResult:
     """The env's own solution must play and earn a reward; with none, the row is skipped."""
     if trajectory is None:
         return CheckResult("reference episode", True, f"skipped: {why_none}", skipped=True)

@@ -161,6 +161,11 @@ class ScriptedPolicy:
         max_tokens: int | None = None,
         task: Any = None,
     ) -> Completion:
+        """The script's next turn: turn k when ``messages`` hold k assistant turns.
+
+        ``tools`` and ``max_tokens`` are ignored (the script is fixed); ``task`` is passed to
+        a ``turns`` function. Past the script's end the turn is ``""``.
+        """
         if callable(self._turns):
             script = _script(self._turns(task), "the turns function's result")
         else:

@@ -326,6 +326,7 @@ class _OneEnvPerEpisode:
         self.make_env = make_env
 
     def take(self) -> Env:
+        """The env for the next episode: a new one, built now."""
         return self.make_env()
 
     async def give_back(self, env: Env, trajectory: Trajectory, reusable: bool) -> None:
@@ -367,6 +368,7 @@ class EnvPool(_OneEnvPerEpisode):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def take(self) -> Env:
+        """The env for the next episode: an idle one if the pool holds one, else a new one."""
         return self.idle.pop() if self.idle else self.make_env()
 
     def check_loop(self) -> None:
@@ -381,6 +383,10 @@ class EnvPool(_OneEnvPerEpisode):
             )
 
     async def give_back(self, env: Env, trajectory: Trajectory, reusable: bool) -> None:
+        """Keep ``env`` for a later episode when ``reusable`` (its episode ended cleanly).
+
+        Any other env is closed; a close that fails is recorded on the episode it served.
+        """
         if reusable:
             self.idle.append(env)
         else:

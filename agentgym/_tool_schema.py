@@ -34,20 +34,13 @@ _DATA = frozenset({"default", "enum", "const", "examples"})
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "dependentSchemas"})
 
 
-def type_to_schema(annotation: Any) -> dict[str, Any]:
-    """JSON schema for a Python type hint; raises `ConfigError` for types JSON cannot carry.
-
-    Pydantic writes it (models, dataclasses, TypedDicts, dates, enums, unions ...), tidied
-    for a model to read: `$defs` inlined except where a type refers to itself, no titles.
-    """
-    properties, defs, _ = parameter_schemas(repr(annotation), {"value": annotation})
-    return {**properties["value"], **({"$defs": defs} if defs else {})}
-
-
 def parameter_schemas(
     owner: str, hints: Mapping[str, Any]
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, pydantic.TypeAdapter[Any]]]:
-    """Each parameter's tidy schema, the `$defs` they still share, and pydantic's adapters."""
+    """Each parameter's tidy schema, the `$defs` they still share, and pydantic's adapters.
+
+    Raises `ConfigError` for a type JSON cannot carry (``owner`` names the tool in it).
+    """
     adapters = {}
     for name, hint in hints.items():
         try:

@@ -12,7 +12,7 @@ import pytest
 
 from agentgym import ToolArgumentsError, tool
 from agentgym._fast_schema import compile_fast_check
-from agentgym._tool_schema import type_to_schema
+from agentgym._tool_schema import parameter_schemas
 
 
 class Mode(enum.Enum):
@@ -37,16 +37,24 @@ VALUES: list[Any] = [
 ]  # fmt: skip
 
 
+def type_schema(hint: Any) -> dict[str, Any]:
+    """The schema a tool shows for a parameter of type ``hint`` (what `Tool` builds on)."""
+    properties, defs, _ = parameter_schemas("test", {"value": hint})
+    return {**properties["value"], **({"$defs": defs} if defs else {})}
+
+
 def object_schema(hints: dict[str, Any], required: list[str], extra: Any = False) -> Any:
+    properties, defs, _ = parameter_schemas("test", hints)
     return {
         "type": "object",
-        "properties": {name: type_to_schema(hint) for name, hint in hints.items()},
+        "properties": properties,
         "required": required,
         "additionalProperties": extra,
+        **({"$defs": defs} if defs else {}),
     }
 
 
-SCHEMAS = [type_to_schema(h) for h in HINTS] + [
+SCHEMAS = [type_schema(h) for h in HINTS] + [
     object_schema({"a": int, "b": int}, ["a", "b"]),
     object_schema({"a": int, "mode": Mode}, ["a"], extra=True),
     object_schema({"a": Optional[str]}, [], extra={"type": "integer"}),  # noqa: UP045

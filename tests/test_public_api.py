@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 
+import pytest
+
 import agentgym
+from tests.conftest import require
 
 PUBLIC_NAMES = [
     "AssistantTurnSpace",
@@ -69,6 +73,45 @@ PUBLIC_NAMES = [
 def test_all_is_pinned() -> None:
     assert sorted(agentgym.__all__) == PUBLIC_NAMES
     assert len(set(agentgym.__all__)) == len(agentgym.__all__)
+
+
+#: Each subpackage's pinned `__all__`, and the optional dependency its names need.
+SUBPACKAGE_NAMES: dict[str, tuple[list[str], str | None]] = {
+    "agentgym.trainers": ([
+        "Advantages", "Batch", "GRPOConfig", "GRPOTrainer", "LossSpec", "SFTConfig", "Sample",
+        "StaleAdapterError", "build_samples", "collate", "export_run", "group_advantages",
+        "grpo_loss", "sft_warm_start", "token_logprobs", "trajectory_advantages",
+    ], "torch"),
+    "agentgym.engine": ([
+        "AdapterPublishError", "AdapterVersion", "ChatRenderer", "HFPolicy", "LocalServer",
+        "ModeDecision", "PublishReport", "RemoteVLLMPolicy", "SamplingConfig", "ServerOptions",
+        "StickyLeastLoaded", "TemplateError", "TokenEpisode", "TokenPolicy", "VLLMFleet",
+        "VLLMPolicy", "serve_router", "serve_vllm", "serve_vllm_fleet", "stage_adapter",
+    ], None),
+    "agentgym.parsers": ([
+        "ParsedTurn", "ToolCall", "ToolCallParser", "available_parsers", "get_parser",
+        "register_parser",
+    ], None),
+    "agentgym.mcp": (["MCPServer", "MCPServerError", "MCPToolEnv", "close_shared_servers"], None),
+    "agentgym.runs": ([
+        "EXIT_CONFIG", "EXIT_INFRA", "JobKind", "JobQueue", "RunStatus", "RunStore", "TERMINAL",
+        "agentgym_home", "check_job", "is_infra_failure", "job_command", "parse_config",
+        "resolve_db_url", "submit_job", "track_run",
+    ], None),
+    "agentgym.serve": (["create_app"], "fastapi"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", SUBPACKAGE_NAMES)
+def test_subpackage_all_is_pinned_and_importable(module: str) -> None:
+    names, needs = SUBPACKAGE_NAMES[module]
+    if needs:
+        require(needs)
+    package = importlib.import_module(module)
+    assert sorted(package.__all__) == names
+    assert len(set(package.__all__)) == len(package.__all__)
+    missing = [name for name in names if not hasattr(package, name)]  # lazy ones import here
+    assert missing == []
 
 
 def test_every_public_name_exists() -> None:

@@ -27,8 +27,11 @@ Crash-safety contract:
 
 Example::
 
-    run = RunDir(config.output_dir, config.to_dict(), resume=args.resume)
-    state = run.load_checkpoint(run.latest_checkpoint(), model, optim) if run.resumed else None
+    from agentgym.trainers._training_state import load_training_state
+
+    run = RunDir(config.output_dir, config.to_dict(), resume=args.resume)  # rolled back already
+    checkpoint = run.latest_checkpoint() if run.resumed else None
+    state = load_training_state(checkpoint, model, optim) if checkpoint else None
     for step in range(start, max_steps + 1):
         ...
         run.write_metrics(step, metrics)
@@ -61,7 +64,6 @@ from agentgym.engine._model_dir import _safetensors_whole, model_folder_problem
 from agentgym.runs._folder import RUN_FILES, SFT_SUMMARY, refuse_another_kind_of_run
 
 from ._training_state import (
-    load_training_state,
     refuse_damaged_checkpoint,
     save_adapter_files,
     write_failure,
@@ -340,8 +342,8 @@ class RunDir:
         """Move lines of steps ``> after_step``, and the final eval's, to ``*.rolled_back.jsonl``.
 
         Called when the run reopens (steps after the checkpoint will be replayed, and the final
-        eval always runs again: the last checkpoint is written before it) and by
-        `load_checkpoint`; idempotent. Returns the number of lines moved.
+        eval always runs again: the last checkpoint is written before it); idempotent. Returns
+        the number of lines moved.
         """
         moved = _move_lines(
             self.metrics_path,
@@ -412,20 +414,6 @@ class RunDir:
             return None
         checkpoints = self._checkpoints()
         return checkpoints[-1] if checkpoints else None
-
-    def load_checkpoint(self, path: str | os.PathLike[str], model: Any, optimizer: Any) -> dict:
-        """Restore adapter weights, optimizer state and RNG states; returns trainer_state.
-
-        ``model`` must be the PEFT model the checkpoint was saved from (same LoRA shape);
-        ``optimizer`` one built over its trainable parameters. Lines of later steps are
-        rolled back (`rollback`).
-
-        Raises:
-            ConfigError: the checkpoint's adapter does not fit ``model``.
-        """
-        state = load_training_state(path, model, optimizer)
-        self.rollback(int(state["step"]))
-        return state
 
     # ---- adapters for the engine ---------------------------------------------------------
     def adapter_dir(self, version: int) -> Path:

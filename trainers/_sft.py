@@ -74,7 +74,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SFTConfig:
-    """Knobs of the warm start; checked on construction, before any model loads."""
+    """Knobs of the warm start; checked on construction, before any model loads.
+
+    Every knob is documented where it is declared, below. Who sets which: the train stage's
+    warm start builds one from `GRPOConfig` (``sft_steps``, ``sft_learning_rate``,
+    ``sft_batch_size``, ``seed``, ``sft_method``, ``lora_r`` as ``lora_rank``, ``lora_alpha``,
+    ``max_model_len`` as ``max_length``, ``sft_target_accuracy`` with ``sft_eval_every`` as
+    ``eval_every``, and the trainer's ``device``); ``agentgym sft`` from its options (of the
+    same names; ``--target-accuracy`` measures every 10 steps). ``warmup_steps``,
+    ``weight_decay``, ``max_grad_norm``, ``num_threads`` and ``log`` are set from Python only.
+    """
 
     steps: int = 300
     """Optimiser steps (each one batch)."""
@@ -93,13 +102,15 @@ class SFTConfig:
     method: Literal["full", "lora"] = "full"
     """``full`` trains every weight; ``lora`` trains an adapter and merges it before saving."""
     lora_rank: int = 16
-    """Adapter rank when ``method="lora"``."""
+    """Adapter rank when ``method="lora"`` (>= 1; ignored by ``full``)."""
     lora_alpha: float = 32
     """Adapter scale numerator when ``method="lora"`` (scale = alpha / rank)."""
     num_threads: int | None = None
-    """torch intra-op threads; None leaves torch's default."""
+    """torch intra-op CPU threads, set with `torch.set_num_threads` for the whole process and
+    left so (e.g. 1 beside other work on the machine); None leaves torch's default."""
     eval_every: int = 0
-    """Every N steps, measure `reference_accuracy` on the eval traces; 0 never does."""
+    """Every N steps, measure `reference_accuracy` (the share of eval traces the model carries
+    out token for token after their first assistant token) on the eval traces; 0 never does."""
     target_accuracy: float | None = None
     """Stop early once `reference_accuracy` on the eval traces reaches this (needs
     ``eval_every``); None trains all ``steps``."""
@@ -199,22 +210,19 @@ class Played(NamedTuple):
 def oracle_conversations(
     env_id: str,
     env_kwargs: dict[str, Any] | None = None,
-    num_tasks: int | None = None,
     tasks: Sequence[int] | None = None,
-    script: str = "reference",
 ) -> tuple[list[list[Message]], list[dict[str, Any]]]:
-    """Play tasks with one of the env's scripted behaviours; returns (conversations, tools).
+    """Play tasks with the env's oracle (``reference_turns``); returns (conversations, tools).
 
-    `played_script` without its count of dropped episodes.
+    `played_script` of the ``reference`` script without its count of dropped episodes.
     """
-    played = played_script(env_id, env_kwargs, num_tasks, tasks, script)
+    played = played_script(env_id, env_kwargs, tasks)
     return played.conversations, played.tools
 
 
 def played_script(
     env_id: str,
     env_kwargs: dict[str, Any] | None = None,
-    num_tasks: int | None = None,
     tasks: Sequence[int] | None = None,
     script: str = "reference",
 ) -> Played:
@@ -223,7 +231,7 @@ def played_script(
     ``script`` names an env method ``<script>_turns(task) -> list[str]``: ``reference`` is the
     oracle every env with SFT support has; an env may script other habits (the calculator's
     ``estimate`` answers from a mental estimate, without the tool). ``tasks`` picks task
-    indices (e.g. only the training split); None plays the first ``num_tasks`` (all when None).
+    indices (e.g. only the training split); None plays every task.
 
     Reference episodes are kept only when they end ``ok`` with reward > 0 (an oracle that fails
     is no oracle); any other script's episodes are kept whatever their reward, since they
@@ -250,7 +258,6 @@ def played_script(
         env_id,
         ScriptedPolicy(turns),
         tasks=list(tasks) if tasks is not None else None,
-        num_tasks=num_tasks,
         env_kwargs=env_kwargs,
     )
     oracle = script == "reference"
@@ -341,31 +348,11 @@ def mixed_conversations(
     return Played(conversations, tools, dropped)
 
 
-def tokenize_conversation(
-    tokenizer: Any,
-    messages: list[Message],
-    tools: list[dict[str, Any]] | None = None,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-) -> Example:
-    """Token ids of the rendered conversation and its loss mask (assistant tokens only).
-
-    The chat template is rendered prefix by prefix: before each assistant message the prompt
-    (``add_generation_prompt=True``) must extend the previous render, and the assistant's
-    part is its content through the first stop token the engine ends a turn on (the eos
-    token, or one of ``generation_config.json``'s: Gemma's ``<end_of_turn>``); what follows
-    that token belongs to the next prompt. ``chat_template_kwargs`` (e.g. ``{"enable_thinking":
-    False}``) render it as the rollouts render it, so SFT trains the tokens they sample.
-
-    Raises:
-        HistoryRewrittenError: the template rewrites history (not a prefix).
-        ConfigError: an assistant turn holds no stop token, or the template fails to render
-            the conversation.
-    """
-    return _whole_conversation(_renderer(tokenizer, chat_template_kwargs), messages, tools)
-
-
 def _renderer(tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None) -> ChatRenderer:
     """The rollout engine's renderer, so SFT renders exactly what the rollouts render.
+
+    ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) render the template as the
+    rollouts render it, so SFT trains the tokens they sample.
 
     Why theirs: it hands templates tool-call arguments as objects, as real ones expect
     (Qwen2.5's writes ``arguments | tojson``: the OpenAI-format JSON string came out quoted,
@@ -380,7 +367,21 @@ def _renderer(tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None) ->
 def _whole_conversation(
     renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]] | None
 ) -> Example:
-    """`tokenize_conversation` with a renderer built once for many conversations."""
+    """Token ids of the rendered conversation and its loss mask (assistant tokens only).
+
+    The chat template is rendered prefix by prefix: before each assistant message the prompt
+    (``add_generation_prompt=True``) must extend the previous render, and the assistant's
+    part is its content through the first stop token the engine ends a turn on (the eos
+    token, or one of ``generation_config.json``'s: Gemma's ``<end_of_turn>``); what follows
+    that token belongs to the next prompt. ``renderer`` is `_renderer`'s, built once for many
+    conversations.
+
+    Raises:
+        HistoryRewrittenError: the template rewrites history (not a prefix);
+            `conversation_examples` then trains per turn.
+        ConfigError: an assistant turn holds no stop token, or the template fails to render
+            the conversation.
+    """
     segments: list[tuple[str, int]] = []
     done = ""
     for i, message in enumerate(messages):

@@ -352,27 +352,19 @@ def format_metrics(metrics: Mapping[str, Any], fields: Sequence[Field] = CONSOLE
 class TrainingConsole:
     """A rich progress bar over ``max_steps`` with the last step's numbers beside it.
 
-    Persistent lines (which stay in a scrolled terminal or a CI log, where the live bar does
-    not render) are printed every ``log_every`` steps (default: about 20 in a run), at every
-    step that has eval numbers, and at the last step.
+    The line shows `CONSOLE_FIELDS`. Persistent lines (which stay in a scrolled terminal or a
+    CI log, where the live bar does not render) are printed about 20 times in a run (every
+    ``max(1, max_steps // 20)`` steps), at every step that has eval numbers, and at the last
+    step. Why not every ``logging_steps``-th step: that knob paces the trackers and defaults
+    to every step, which would print a line per step beside the live bar.
 
     Args:
         max_steps: the step count the bar runs to.
         start_step: steps already done (a resumed run).
-        log_every: persistent line period in steps; None: ``max(1, max_steps // 20)``.
         console: a `rich.console.Console` (tests pass one that records); None: stderr.
-        fields: what the line shows (`CONSOLE_FIELDS`).
     """
 
-    def __init__(
-        self,
-        max_steps: int,
-        *,
-        start_step: int = 0,
-        log_every: int | None = None,
-        console: Any = None,
-        fields: Sequence[Field] = CONSOLE_FIELDS,
-    ) -> None:
+    def __init__(self, max_steps: int, *, start_step: int = 0, console: Any = None) -> None:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -384,8 +376,8 @@ class TrainingConsole:
         )
 
         self.max_steps = max_steps
-        self.log_every = log_every or max(1, max_steps // 20)
-        self.fields = tuple(fields)
+        #: Steps between persistent lines.
+        self.log_every = max(1, max_steps // 20)
         self.console = console if console is not None else Console(stderr=True, markup=False)
         self._progress = Progress(
             TextColumn("GRPO", style="bold"), BarColumn(bar_width=24), MofNCompleteColumn(),
@@ -404,7 +396,7 @@ class TrainingConsole:
         if not self._started:
             self._progress.start()
             self._started = True
-        line = format_metrics(metrics, self.fields)
+        line = format_metrics(metrics)
         self._progress.update(self._task, completed=step, line=line)
         has_eval = any(k.startswith("eval/") for k in metrics)
         if step % self.log_every == 0 or has_eval or step >= self.max_steps:

@@ -56,8 +56,8 @@ def write_failure(exc: BaseException) -> str | None:
 def load_training_state(path: str | os.PathLike[str], model: Any, optimizer: Any) -> dict:
     """Restore a checkpoint's adapter weights, optimizer and RNG states; returns trainer_state.
 
-    Writes nothing, so every training process can load the same checkpoint
-    (`RunDir.load_checkpoint` also rolls the run's lines back).
+    Writes nothing, so every training process can load the same checkpoint. Lines of later
+    steps were already moved aside when `RunDir` reopened the run (``resume=True``).
 
     Raises:
         ConfigError: the checkpoint is damaged, or its adapter does not fit ``model``.

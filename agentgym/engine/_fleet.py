@@ -172,7 +172,8 @@ class VLLMFleet:
     def metrics(self) -> dict[str, float]:
         """Routing counters to log each step (``router/...``), since the fleet was made.
 
-        Sticky, placed and moved turns, servers up, and requests per server (`urls` order).
+        Sticky, placed and moved turns, servers up, adapter loads retried because shared
+        storage lagged (`not_found_retries`), and requests per server (`urls` order).
         """
         replicas = [self.router.replicas[url] for url in self.urls]
         stats = self.router.stats
@@ -181,6 +182,7 @@ class VLLMFleet:
             "router/placed_episodes": float(stats.placed),
             "router/moved_episodes": float(stats.moved),
             "router/servers_up": float(sum(r.healthy for r in replicas)),
+            "router/not_found_retries": float(self.not_found_retries),
             **{f"router/requests_server{k}": float(r.requests) for k, r in enumerate(replicas)},
         }
 

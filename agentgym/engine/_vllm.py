@@ -376,7 +376,12 @@ class VLLMPolicy(TokenPolicy):
         sampling: SamplingConfig | None = None,
         session: str | None = None,
     ) -> Completion:
-        """Sample one turn from exact prompt ids with the current adapter version."""
+        """Sample one turn from exact prompt ids with the current adapter version.
+
+        ``session`` is accepted and ignored: it routes an episode's turns to one server of a
+        fleet (`RemoteVLLMPolicy`), and this one in-process engine keeps every episode's
+        prefix cache already.
+        """
         thread, _ = self._started()
         sampling = sampling or self.sampling
         limit = self.turn_limit(prompt_ids, max_tokens, sampling)

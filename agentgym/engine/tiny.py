@@ -132,9 +132,6 @@ _TEMPLATE_TAIL = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-#: The default template (full tool schemas), kept as a constant for callers that want the text.
-CHAT_TEMPLATE = chat_template("full")
-
 
 def _byte_alphabet() -> list[str]:
     """The printable stand-in character of each byte 0..255 (the GPT-2 byte-level mapping)."""

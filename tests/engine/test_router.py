@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -124,3 +125,47 @@ async def test_turns_carry_the_fleets_bearer_token(tiny_model_dir: Path) -> None
         server.shutdown()
     assert (turn.completion_ids, turn.logprobs, turn.adapter_version) == ([97], [-0.5], 0)
     assert server.headers_seen[0]["Authorization"] == "Bearer s3cret"
+
+
+class LaggingStorageServer(ThreadingHTTPServer):
+    """A stand-in adapter API whose shared storage shows a folder only after ``misses`` loads."""
+
+    def __init__(self, misses: int) -> None:
+        self.misses = misses
+        self.served = {"tiny"}
+        state = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                send_json(self, 200, {"data": [{"id": name} for name in sorted(state.served)]})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if state.misses:  # vLLM's own error object, not the framework's bare 404
+                    state.misses -= 1
+                    send_json(self, 404, {"error": {"message": "adapter path not found"}})
+                    return
+                state.served.add(body["lora_name"])
+                send_json(self, 200, "Success")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+async def test_loads_retried_for_lagging_storage_are_a_logged_metric(tmp_path: Path) -> None:
+    """`docs/deployment.md` tells operators to watch these retries: the trainer logs
+    `VLLMFleet.metrics()`, which left them out."""
+    server = LaggingStorageServer(misses=2)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fleet = VLLMFleet([server.url], "tiny", load_timeout=30)
+        assert fleet.metrics()["router/not_found_retries"] == 0.0
+        report = await fleet.publish(tmp_path, 1)
+        await fleet.aclose()
+    finally:
+        server.shutdown()
+    assert report.servers == (server.url,) and fleet.not_found_retries == 2
+    assert fleet.metrics()["router/not_found_retries"] == 2.0

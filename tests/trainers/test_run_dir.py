@@ -17,6 +17,7 @@ import pytest
 
 from agentgym import ConfigError, Trajectory
 from agentgym.trainers._run_dir import RESUMABLE_KEYS, RunDir, read_jsonl_records
+from agentgym.trainers._training_state import load_training_state
 from tests.conftest import require
 
 CONFIG: dict[str, Any] = {"model": "tiny", "lora_r": 8, "max_steps": 10, "report_to": ["auto"]}
@@ -285,7 +286,9 @@ def test_checkpoint_restores_adapter_optimizer_and_rng_state(tmp_path: Path) -> 
 
     other, other_opt = lora_model(seed=1)  # a fresh process: other weights, no optimizer state
     assert any(not torch.equal(saved[k], v) for k, v in lora_weights(other).items())
-    state = RunDir(tmp_path, CONFIG, resume=True).load_checkpoint(path, other, other_opt)
+    resumed = RunDir(tmp_path, CONFIG, resume=True)
+    assert resumed.latest_checkpoint() == path
+    state = load_training_state(path, other, other_opt)
 
     assert state == {"step": 3, "adapter_version": 3}
     assert all(torch.equal(saved[k], v) for k, v in lora_weights(other).items())
@@ -305,7 +308,7 @@ def test_a_checkpoint_of_another_lora_shape_is_refused(tmp_path: Path) -> None:
     base = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     narrow = peft.get_peft_model(base, peft.LoraConfig(r=2, target_modules=["0"]))
     with pytest.raises(ConfigError, match="does not fit the model"):
-        run.load_checkpoint(path, narrow, optimizer)
+        load_training_state(path, narrow, optimizer)
 
 
 def test_only_the_last_checkpoints_are_kept_and_half_written_ones_ignored(tmp_path: Path) -> None:
@@ -372,8 +375,9 @@ def test_resume_moves_lines_after_the_checkpoint_aside(tmp_path: Path) -> None:
     ]  # each episode's own info kept beside its step
     rolled = read_jsonl_records(tmp_path / "rollouts.rolled_back.jsonl")
     assert [r["info"]["step"] for r in rolled] == [4, 4, 5, 5]
-    state = resumed.load_checkpoint(resumed.latest_checkpoint() or Path(), model, optimizer)
-    assert state["step"] == 3 and steps(resumed.metrics_path) == [1, 2, 3]  # idempotent
+    state = load_training_state(resumed.latest_checkpoint() or Path(), model, optimizer)
+    assert state["step"] == 3 and steps(resumed.metrics_path) == [1, 2, 3]  # loading writes nothing
+    assert resumed.rollback(3) == 0  # idempotent
     assert "from checkpoint step 3; moved 7 lines of later steps aside" in (
         resumed.log_path.read_text()
     )

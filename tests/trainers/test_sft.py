@@ -23,6 +23,15 @@ def tokenizer(tmp_path_factory):
     return AutoTokenizer.from_pretrained(build_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
+def whole(tokenizer, messages, tools):
+    """The one sample the warm start trains on a conversation (the template keeps history)."""
+    from trainers._sft import _renderer, conversation_examples
+
+    [example], mode = conversation_examples(_renderer(tokenizer, None), messages, tools)
+    assert mode == "concat"
+    return example
+
+
 @pytest.fixture(scope="module")
 def oracle():
     from trainers._sft import oracle_conversations
@@ -41,11 +50,9 @@ def test_oracle_conversations_carry_real_tool_results(oracle) -> None:
 
 
 def test_mask_covers_exactly_the_assistant_tokens(tokenizer, oracle) -> None:
-    from trainers._sft import tokenize_conversation
-
     conversations, tools = oracle
     messages = conversations[0]
-    example = tokenize_conversation(tokenizer, messages, tools)
+    example = whole(tokenizer, messages, tools)
     full = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
     # the same text, token for token, up to the "\n" after the last <|im_end|> (never sampled)
     assert tokenizer.decode(example.ids) + "\n" == full
@@ -73,7 +80,7 @@ def test_mask_covers_exactly_the_assistant_tokens(tokenizer, oracle) -> None:
 
 
 def test_template_that_rewrites_history_is_refused(tokenizer, oracle) -> None:
-    from trainers._sft import tokenize_conversation
+    from trainers._sft import HistoryRewrittenError, _renderer, _whole_conversation
 
     conversations, tools = oracle
     bad = type(tokenizer).from_pretrained(tokenizer.name_or_path)
@@ -82,8 +89,9 @@ def test_template_that_rewrites_history_is_refused(tokenizer, oracle) -> None:
         "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}"
         "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
     )
-    with pytest.raises(ConfigError, match="prefix"):
-        tokenize_conversation(bad, conversations[0], tools)
+    with pytest.raises(HistoryRewrittenError, match="prefix"):
+        _whole_conversation(_renderer(bad, None), conversations[0], tools)
+    assert issubclass(HistoryRewrittenError, ConfigError)
 
 
 def test_config_is_checked_before_anything_loads() -> None:
@@ -135,7 +143,6 @@ def test_a_few_steps_lower_the_loss_and_the_folder_loads(tmp_path) -> None:
         masked_loss,
         oracle_conversations,
         sft_warm_start,
-        tokenize_conversation,
     )
 
     base = build_tiny_model(tmp_path / "base", **SMALL)
@@ -145,7 +152,7 @@ def test_a_few_steps_lower_the_loss_and_the_folder_loads(tmp_path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     conversations, tools = oracle_conversations("calculator", ENV_KWARGS)
-    batch = _collate([tokenize_conversation(tokenizer, c, tools) for c in conversations])
+    batch = _collate([whole(tokenizer, c, tools) for c in conversations])
     with torch.no_grad():
         before = masked_loss(AutoModelForCausalLM.from_pretrained(base), batch).item()
         trained = AutoModelForCausalLM.from_pretrained(out)
@@ -197,10 +204,10 @@ def test_reference_accuracy_leaves_the_first_token_the_strategy_to_rl(tokenizer,
     torch = require("torch")
     from types import SimpleNamespace
 
-    from trainers._sft import _collate, reference_accuracy, tokenize_conversation
+    from trainers._sft import _collate, reference_accuracy
 
     conversations, tools = oracle
-    examples = [tokenize_conversation(tokenizer, c, tools) for c in conversations[:2]]
+    examples = [whole(tokenizer, c, tools) for c in conversations[:2]]
     batch = _collate(examples)
     vocab = len(tokenizer)
 

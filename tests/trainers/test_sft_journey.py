@@ -136,13 +136,15 @@ def test_chat_template_kwargs_reach_every_sft_render(tiny_model_dir: Path) -> No
     require("transformers")
     from transformers import AutoTokenizer
 
-    from trainers._sft import oracle_conversations, tokenize_conversation
+    from trainers._sft import _renderer, conversation_examples, oracle_conversations
 
     conversations, tools = oracle_conversations("calculator", ENV_KWARGS, tasks=[0])
     tokenizer = _Recording(AutoTokenizer.from_pretrained(tiny_model_dir))
-    plain = tokenize_conversation(tokenizer, conversations[0], tools)
+    [plain], _ = conversation_examples(_renderer(tokenizer, None), conversations[0], tools)
     tokenizer.kwargs.clear()
-    example = tokenize_conversation(tokenizer, conversations[0], tools, {"enable_thinking": False})
+    off = _renderer(tokenizer, {"enable_thinking": False})
+    [example], mode = conversation_examples(off, conversations[0], tools)
+    assert mode == "concat"
     assert tokenizer.kwargs and all(k["enable_thinking"] is False for k in tokenizer.kwargs)
     assert example.ids == plain.ids  # the tiny template ignores it: same tokens, same mask
     assert example.mask == plain.mask
