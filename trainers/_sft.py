@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from agentgym import ScriptedPolicy, make, rollout
-from agentgym._check import lists_tools
+from agentgym._check import PLAY_SECONDS, lists_tools
 from agentgym._check_template import Call, format_fix, read_calls, template_failure_cause
 from agentgym._durable import atomic_write_text, fsync_dir
 from agentgym._errors import ConfigError
@@ -237,7 +237,9 @@ def played_script(
     is no oracle); any other script's episodes are kept whatever their reward, since they
     demonstrate a habit, right or wrong. The dropped ones are counted and logged with the
     first one's error: a script that raised on half the tasks trained on the other half
-    without a word.
+    without a word. An episode still playing after `PLAY_SECONDS` (the bound of
+    ``agentgym check``'s reference episode) is cut and dropped as ``late``: a tool or reward
+    that never returned hung the warm start, before step 1, with no word of why.
 
     Raises:
         ConfigError: the env has no ``<script>_turns``, it raises on the first task, or no
@@ -259,6 +261,7 @@ def played_script(
         ScriptedPolicy(turns),
         tasks=list(tasks) if tasks is not None else None,
         env_kwargs=env_kwargs,
+        episode_timeout=PLAY_SECONDS,
     )
     oracle = script == "reference"
     reasons = [_script_drop_reason(t, oracle) for t in trajectories]
@@ -288,7 +291,9 @@ def scripted_turns(turns: Callable[[Any], Any], task: Any, env_id: str, script: 
 
 
 def _script_drop_reason(trajectory: Any, oracle: bool) -> str | None:
-    """Why a scripted episode is not kept (``status`` or ``reward``); None keeps it."""
+    """Why a scripted episode is not kept (a `DROP_REASONS` key); None keeps it."""
+    if trajectory.status == "late":
+        return "late"
     if trajectory.status != "ok":
         return "status"
     return "reward" if oracle and not (trajectory.final_reward or 0) > 0 else None
@@ -304,6 +309,7 @@ def _last_line(text: str) -> str:
 DROP_REASONS = {
     "status": "not ok (the script or a tool raised, or the episode broke)",
     "reward": "with no reward",
+    "late": f"still playing after {PLAY_SECONDS:g} s (a tool or the reward never returned)",
     "no_assistant_turn": "without an assistant turn (nothing to train)",
 }
 
@@ -661,7 +667,7 @@ def _env_traces(
     if validation_tasks:
         held_out, _ = oracle_conversations(env_id, env_kwargs, tasks=validation_tasks)
     source = {"kind": "env", "env_id": env_id, "env_kwargs": env_kwargs, "scripts": scripts,
-              "dropped": {"status": dropped["status"], "reward": dropped["reward"]}}  # fmt: skip
+              "dropped": {k: dropped[k] for k in ("status", "reward", "late")}}  # fmt: skip
     return WarmStartTraces(conversations, tools, held_out, source)
 
 

@@ -8,6 +8,7 @@ dropped their episodes without a word. Run for real on the tiny model and the ca
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
@@ -63,8 +64,33 @@ class HalfEnv(_CityEnv):
         return [self.parser.render("", [call]), task["answer"]]
 
 
+async def _hanging_lookup(city: str) -> str:
+    """Return the country a city is in; never returns for Lima.
+
+    Args:
+        city: the city's English name.
+    """
+    if city == "Lima":
+        await asyncio.Event().wait()
+    return _lookup(city)
+
+
+class HangsEnv(agentgym.ToolEnv):
+    """An oracle whose tool never returns on the Lima tasks (half of them)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__([agentgym.tool(_hanging_lookup)], tasks=TASKS,
+                         rubric=agentgym.Rubric([_correct]), **kwargs)  # fmt: skip
+
+    def reference_turns(self, task: dict) -> list[str]:
+        city = "Lima" if "Lima" in task["prompt"] else "Paris"
+        call = agentgym.ToolCall("_hanging_lookup", {"city": city})
+        return [self.parser.render("", [call]), task["answer"]]
+
+
 agentgym.register("tests/SftRaises-v0", RaisesEnv)
 agentgym.register("tests/SftHalf-v0", HalfEnv)
+agentgym.register("tests/SftHangs-v0", HangsEnv)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +156,7 @@ def test_episodes_whose_reference_turns_raised_are_counted_as_dropped(
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "sft.json").read_text())
     assert summary["num_examples"] == 5
-    assert summary["source"]["dropped"] == {"status": 5, "reward": 0}
+    assert summary["source"]["dropped"] == {"status": 5, "reward": 0, "late": 0}
     assert "traces dropped: 5 not ok" in done.stdout, done.stdout
 
 
@@ -167,3 +193,16 @@ def test_a_train_runs_warm_start_traces_are_refused_before_any_engine(
     with pytest.raises(agentgym.ConfigError, match=re.escape(said)):
         GRPOTrainer(config)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_scripted_episode_that_hangs_is_cut_and_dropped_as_late(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tool that never returned hung the warm start before step 1, with no word of why."""
+    from trainers import _sft
+
+    monkeypatch.setattr(_sft, "PLAY_SECONDS", 0.5)  # `agentgym check`'s bound: 300 s
+    played = _sft.played_script("tests/SftHangs-v0")
+    assert len(played.conversations) == 5  # the Paris tasks
+    assert played.dropped == {"late": 5}
+    assert "5 of 10 reference_turns episodes" in caplog.text and "still playing" in caplog.text
