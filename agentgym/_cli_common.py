@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import unicodedata
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -32,6 +33,17 @@ class PipedConsole(Console):
 #: and a '[/INST]' in it would otherwise be a markup error. Styles are `rich.text.Text`.
 console = Console(stderr=True, markup=False)
 stdout = PipedConsole(markup=False)
+
+
+def folder_path(text: str) -> Path:
+    """A folder option's value as a `Path` (typer ``parser=``), refusing an empty one.
+
+    Why: ``Path("")`` is the current folder, so ``--out "$OUT"`` with ``OUT`` unset wrote a
+    run's files among whatever the shell's folder held.
+    """
+    if not text.strip():
+        raise typer.BadParameter("is empty; give a folder for the run's files (e.g. runs/eval)")
+    return Path(text)
 
 
 def parse_template_kwargs(text: str | None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from ._check import refuse_unready
 from ._cli_common import (
     EnvArgOption,
     console,
+    folder_path,
     parse_env_args,
     parse_template_kwargs,
     stdout,
@@ -170,7 +171,10 @@ def evaluate(
         ),
     ] = None,
     out: Annotated[
-        Path, typer.Option(help="Folder for trajectories.jsonl, summary.json and run.json.")
+        Path,
+        typer.Option(
+            help="Folder for trajectories.jsonl, summary.json and run.json.", parser=folder_path
+        ),
     ] = Path("runs/eval"),
     resume: Annotated[
         bool, typer.Option(help="Continue a killed run in --out: play only missing episodes.")

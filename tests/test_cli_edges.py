@@ -95,6 +95,13 @@ def test_an_out_given_as_tilde_slash_is_under_home(tmp_path: Path) -> None:
     assert (home / "ev" / "summary.json").is_file() and not (tmp_path / "~").exists()
 
 
+def test_an_empty_out_is_refused_not_the_current_folder(tmp_path: Path) -> None:
+    """``--out "$OUT"`` with OUT unset wrote the run's files among the cwd's own."""
+    proc = agentgym("eval", "calculator", "-n", "1", "--out", "", cwd=tmp_path)
+    assert proc.returncode == 2 and "'--out': is empty; give a folder" in proc.stderr, proc.stderr
+    assert not (tmp_path / "summary.json").exists()
+
+
 def test_an_out_folder_named_with_escapes_is_printed_with_them_shown(tmp_path: Path) -> None:
     """Its name went to the terminal raw: OSC 52 in it writes the reader's clipboard."""
     name = "ev\x1b]52;c;aGk=\x07"
