@@ -129,8 +129,12 @@ def unread_template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> str:
     """What is wrong with chat-template kwargs the template never reads; "" when none is.
 
     Such a kwarg changes nothing, silently (``enable_thinkng``); a template that cannot be
-    inspected gets the benefit of the doubt.
+    inspected gets the benefit of the doubt. A boolean quoted as a string
+    (``"enable_thinking": "false"``) is refused too (`_quoted_booleans`).
     """
+    quoted = _quoted_booleans(kwargs)
+    if quoted:
+        return quoted
     read = _template_variables(getattr(tokenizer, "chat_template", None))
     unknown = [k for k in kwargs if read is not None and k not in read]
     if read is None or not unknown:
@@ -143,6 +147,28 @@ def unread_template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> str:
     return (
         f"the template never reads {', '.join(map(repr, unknown))}, so it changes nothing"
         f"{'; ' + ' '.join(hints) if hints else ''} (it reads: {', '.join(sorted(read))})"
+    )
+
+
+def _quoted_booleans(kwargs: dict[str, Any]) -> str:
+    """What is wrong with kwargs whose value is a boolean's spelling as a string; "" if none.
+
+    Why: ``{"enable_thinking": "false"}`` (JSON quoting, or a quoted YAML value) passed the
+    check, yet a template tests ``enable_thinking is false`` (Qwen3's) or ``if
+    enable_thinking``, and the string is neither false nor falsy: thinking stayed on.
+    """
+    quoted = {
+        k: v
+        for k, v in kwargs.items()
+        if isinstance(v, str) and v.strip().lower() in ("true", "false")
+    }
+    if not quoted:
+        return ""
+    shown = ", ".join(f"{k}={v!r}" for k, v in quoted.items())
+    fixed = ", ".join(f'"{k}": {v.strip().lower()}' for k, v in quoted.items())
+    return (
+        f"{shown} is a string, which the template does not read as a boolean (a non-empty "
+        f"string is true); pass the JSON boolean: '{{{fixed}}}'"
     )
 
 

@@ -380,17 +380,54 @@ class ToolEnv(Env):
             return _parse_message(completion.message)
         text = completion.text
         turn = self.parser.parse(text)
-        end = _reasoning_end(text) if turn.tool_calls or turn.errors else 0
+        end = self._reasoning_end(text, turn) if turn.tool_calls or turn.errors else 0
         if end:  # calls written while reasoning are not run (as vLLM's reasoning parsers do)
             thought = self.parser.parse(text[:end])
             if thought.tool_calls or thought.errors:
                 rest = text[end:]
                 turn = self.parser.parse(rest)
                 if not (turn.tool_calls or turn.errors):
-                    return ParsedTurn(content=text)
+                    return ParsedTurn(content=text.strip())
                 gap = rest[: len(rest) - len(rest.lstrip())]  # content: the text before the call
                 turn.content = (text[:end] + gap + turn.content).strip()
         return turn
+
+    def _reasoning_end(self, text: str, turn: ParsedTurn) -> int:
+        """Where the reply's opening reasoning block ends; 0 if it has none (see the function).
+
+        Only a ``</think>`` outside every call counts (`_inside_call`). Why: the first
+        ``</think>`` anywhere counted, so a call whose argument held one (code, HTML, docs
+        about reasoning models) was cut in half, not run, and the turn became the final
+        answer, silently. A reply that opens with ``<think>`` and never closes it is reasoning
+        to its end (max_tokens hit while thinking): its calls are not run, as vLLM's
+        reasoning parsers return such a reply as reasoning only.
+        """
+        opens = text.lstrip().startswith(_THINK_OPEN)
+        opened = text.find(_THINK_OPEN)
+        close = text.find(_THINK_CLOSE)
+        for _ in range(_MAX_THINK_CLOSES):
+            if close < 0:
+                break
+            if 0 <= opened < close and not opens:
+                return 0  # text before the block: it does not open the reply
+            if not self._inside_call(text, close, turn):
+                return close + len(_THINK_CLOSE)
+            close = text.find(_THINK_CLOSE, close + 1)
+        return len(text) if opens else 0
+
+    def _inside_call(self, text: str, close: int, turn: ParsedTurn) -> bool:
+        """Whether the ``</think>`` at ``close`` is part of a call of ``turn`` (the whole text).
+
+        It is when, replaced by plain text, the calls read differently, or when the text
+        before it holds a call cut in half (an error the whole text does not have).
+        """
+        masked = self.parser.parse(
+            text[:close] + _THINK_MASK + text[close + len(_THINK_CLOSE) :]
+        )
+        if _call_list(masked) != _call_list(turn) or len(masked.errors) != len(turn.errors):
+            return True
+        before = self.parser.parse(text[:close])
+        return any(error not in turn.errors for error in before.errors)
 
     def _assistant_message(self, parsed: ParsedTurn) -> tuple[Message, list[ToolCall]]:
         calls = [
@@ -431,17 +468,36 @@ class ToolEnv(Env):
             messages.append({"role": "tool", "tool_call_id": c.id, "name": c.name,
                              "content": content})  # fmt: skip
         errors = [err for _, err in results if err]
-        for i, problem in enumerate(parse_errors):
+        for i, problem in enumerate(self._shown_parse_errors(len(calls), parse_errors)):
+            content = f"Error: {problem}. Emit tool calls in the documented format."
+            if limit is not None and len(content) > limit:
+                content, cut = _cut(content, limit), cut + 1
             messages.append(
                 {
                     "role": "tool",
                     "tool_call_id": self.parser.make_call_id(self.state.turn, len(calls) + i),
                     "name": MALFORMED_CALL,
-                    "content": f"Error: {problem}. Emit tool calls in the documented format.",
+                    "content": content,
                 }
             )
             errors.append(problem)
         return messages, errors, cut
+
+    def _shown_parse_errors(self, calls: int, parse_errors: list[str]) -> list[str]:
+        """The turn's parse errors as the model reads them, one tool message each.
+
+        One each while the turn's calls and errors together are within
+        ``max_tool_calls_per_turn`` (at least one), the last of those standing for the rest.
+        Why: each error was its own tool message, uncapped: ``<tool_call></tool_call>`` 2000
+        times (4000 tokens) became 2000 messages, 234 KB of the next prompt.
+        """
+        cap = self.max_tool_calls_per_turn
+        room = None if cap is None else max(cap - calls, 1)
+        if room is None or len(parse_errors) <= room:
+            return parse_errors
+        shown, rest = parse_errors[: room - 1], parse_errors[room - 1 :]
+        more = f"; and {len(rest) - 1} more" if len(rest) > 1 else ""
+        return [*shown, f"{rest[0]}{more} (this turn had {len(parse_errors)} malformed tool calls)"]
 
     async def _call_tool(self, call: ToolCall) -> tuple[str, str | None]:
         """Run one call; return (tool message content, error or None).
@@ -537,6 +593,14 @@ class _RewardContext(dict[str, Any]):
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+#: What replaces a ``</think>`` to tell whether it is part of a call: plain text in every format.
+_THINK_MASK = "_think_end_"
+#: ``</think>``s tried as the end of the reasoning: each costs two parses of the reply.
+_MAX_THINK_CLOSES = 8
+
+
+def _call_list(turn: ParsedTurn) -> list[tuple[str, dict[str, Any]]]:
+    return [(c.name, c.arguments) for c in turn.tool_calls]
 
 
 def _reasoning_end(text: str) -> int:

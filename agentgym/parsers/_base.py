@@ -22,6 +22,9 @@ from .._json import loads
 #: is a parse error: decoding it would otherwise succeed or hit RecursionError depending on how
 #: deep in the stack `parse` runs, and 100k of ``[`` would raise instead of being reported.
 MAX_DEPTH = 100
+#: The keys tool-call formats hold a call's arguments under (hermes and Mistral read
+#: ``"arguments"``, Llama 3 JSON both).
+ARGUMENT_KEYS = ("arguments", "parameters")
 _DECODER = json.JSONDecoder()
 
 
@@ -124,16 +127,35 @@ class ParsedTurn:
 def call_from_json(obj: Any, argument_keys: tuple[str, ...] = ("arguments",)) -> ToolCall:
     """One decoded ``{"name": ..., "arguments": ...}`` object as a `ToolCall`.
 
-    ``argument_keys`` are tried in order; the first present holds the arguments, which may be
-    a JSON object, a string holding one, or missing/null (no arguments). Raises `TypeError` or
+    ``argument_keys`` are the keys the format reads the arguments from, which may be a JSON
+    object, a string holding one, or missing/null (no arguments). Raises `TypeError` or
     `ValueError` (invalid JSON in a string) with the reason, for the parser's ``errors``.
+
+    Arguments under a key the format does not read (``"parameters"`` in a hermes call, the
+    Llama and OpenAI-schema spelling) are an error naming the key it reads, and so are two
+    keys it reads holding different values. Why: read as "no arguments", the call ran with
+    ``{}`` and the model was told that an argument it wrote was missing (or, for a tool whose
+    parameters all have defaults, the call silently ran with none of them).
     """
     if not isinstance(obj, dict):
         raise TypeError("a call must be a JSON object")
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         raise TypeError("'name' must be a non-empty string")
-    key = next((k for k in argument_keys if k in obj), argument_keys[0])
+    present = [k for k in argument_keys if k in obj]
+    if not present:
+        stray = next((k for k in ARGUMENT_KEYS if k in obj), None)
+        if stray is not None:
+            raise TypeError(
+                f"{stray!r} is not read in this format; put the arguments under "
+                f"{argument_keys[0]!r}"
+            )
+    elif any(obj[k] != obj[present[0]] for k in present[1:]):
+        raise TypeError(
+            f"both {present[0]!r} and {present[1]!r} hold arguments, with different values; "
+            "give one of them"
+        )
+    key = present[0] if present else argument_keys[0]
     arguments = obj.get(key)
     if arguments is None:
         arguments = {}

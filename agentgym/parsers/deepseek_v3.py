@@ -66,6 +66,8 @@ class DeepSeekV3Parser(ToolCallParser):
         pos, breaks = found.start(), ForwardFinder(text, "\n")
         while (begin := text.find(CALL_BEGIN, pos)) >= 0:
             pos = _read_call(text, begin + len(CALL_BEGIN), turn, breaks)
+        if not (turn.tool_calls or turn.errors):  # a turn cut right after the marker
+            turn.errors.append(f"{found.group()} with no call after it")
         return turn
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:

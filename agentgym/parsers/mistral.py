@@ -114,6 +114,8 @@ class MistralParser(ToolCallParser):
                 _parse_json_style(segment, turn)
             else:
                 _parse_args_style(segment, turn)
+        if not (turn.tool_calls or turn.errors):  # a turn cut right after the marker
+            turn.errors.append(f"{TOOL_CALLS} with no call after it")
         return turn
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:

@@ -3,7 +3,9 @@
 The calls are a Python list of calls with keyword arguments whose values are literals (strings,
 numbers, booleans, ``None``, lists, tuples, dicts; JSON's ``true``/``false``/``null`` too). The
 text is parsed with `ast`, never evaluated. The list must run to the end of the text and start
-the text or a line; text before it is the content.
+the text or a line, or follow Llama 4's ``<|python_start|>`` token anywhere (a closing
+``<|python_end|>`` is dropped, as vLLM's ``llama4_pythonic`` parser drops both); text before
+it is the content.
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ from ._base import (
     register_parser,
 )
 
-#: Where a call list may start: ``[`` then a (dotted) name and ``(``, at the text or a line start.
-_LIST_START = re.compile(r"(?:^|\n)[ \t]*(?=\[\s*[A-Za-z_][\w.]*\s*\()")
+PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"
+#: Where a call list may start: ``[`` then a (dotted) name and ``(``, at the text or a line
+#: start; or Llama 4's ``<|python_start|>`` token.
+_LIST_START = re.compile(
+    rf"{re.escape(PYTHON_START)}|(?:^|\n)[ \t]*(?=\[\s*[A-Za-z_][\w.]*\s*\()"
+)
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 #: A tool name `render` writes: `_LIST_START` only reads names that open with an ASCII letter.
 _NAME = re.compile(r"[A-Za-z_][\w.]*")
@@ -112,6 +118,11 @@ class PythonicParser(ToolCallParser):
             return ParsedTurn(content=text)
         source = text[match.end() :].strip()
         turn = ParsedTurn(content=text[: match.start()].strip())
+        if source.endswith(PYTHON_END):
+            source = source[: -len(PYTHON_END)].rstrip()
+        if not source:  # a turn cut right after <|python_start|>
+            turn.errors.append(f"{PYTHON_START} with no call after it")
+            return turn
         try:
             tree = ast.parse(source, mode="eval").body
             if not isinstance(tree, ast.List):

@@ -18,9 +18,10 @@ A turn with content and one call, as the chat template renders it::
 Values carry no types: the template writes a string as it is, a list or dict as JSON, and
 other values with Python's ``str`` (``True``, ``None``, ``3``). So `parse` reads a value as
 JSON (or ``True``/``False``/``None``) and keeps it as text when that fails, except for
-parameters whose tool schema says ``"string"``, which stay text (`for_tools` gives the parser
-the env's schemas; without them ``"42"`` reads as the number 42, as in vLLM). A string that
-would read back as something else (``"42"`` without a schema, text holding
+parameters whose tool schema allows a string (``"type": "string"``, a type list holding it,
+or an ``anyOf``/``oneOf`` branch, as ``str | None`` gives), which stay text (`for_tools` gives
+the parser the env's schemas; without them ``"42"`` reads as the number 42, as in vLLM). A
+string that would read back as something else (``"42"`` without a schema, text holding
 ``</parameter>``) is written as a JSON string literal with ``</`` escaped as ``<\/``, so
 `render` round-trips every value. Parameter values end at the first ``</parameter>``; one
 newline after the opening tag and one before the closing tag belong to the markup.
@@ -57,8 +58,8 @@ class Qwen3CoderParser(ToolCallParser):
     """Parse and render Qwen3-Coder's XML tool calls.
 
     Args:
-        tools: OpenAI tool schemas; parameters typed ``"string"`` there are never decoded
-            as JSON. The env passes its own through `for_tools`.
+        tools: OpenAI tool schemas; parameters whose schema allows a string there are never
+            decoded as JSON. The env passes its own through `for_tools`.
     """
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
@@ -67,7 +68,7 @@ class Qwen3CoderParser(ToolCallParser):
             function = schema.get("function", schema)
             properties = (function.get("parameters") or {}).get("properties") or {}
             self._string_params[function.get("name", "")] = {
-                key for key, spec in properties.items() if spec.get("type") == "string"
+                key for key, spec in properties.items() if _allows_string(spec)
             }
 
     def for_tools(self, tools: list[dict[str, Any]]) -> Qwen3CoderParser:
@@ -159,6 +160,27 @@ class Qwen3CoderParser(ToolCallParser):
                 f"as {decoded!r} (the tool schema types {key!r} as a string)"
             )
         return text
+
+
+def _allows_string(spec: Any, depth: int = 0) -> bool:
+    """Whether a parameter's schema accepts a string.
+
+    That is ``"type": "string"``, a type list holding it (``["string", "null"]``), or an
+    ``anyOf``/``oneOf`` branch that does (``str | None``). Why: only ``"type": "string"``
+    counted, so ``12345`` for an optional string parameter read as an int and the model's
+    valid call was refused as invalid (vLLM keeps it a string).
+    """
+    if not isinstance(spec, dict) or depth > 8:
+        return False
+    kind = spec.get("type")
+    if kind == "string" or (isinstance(kind, list) and "string" in kind):
+        return True
+    return any(
+        _allows_string(branch, depth + 1)
+        for key in ("anyOf", "oneOf")
+        if isinstance(spec.get(key), list)
+        for branch in spec[key]
+    )
 
 
 def _after_block(text: str, pos: int) -> int:
