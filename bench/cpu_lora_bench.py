@@ -6,7 +6,10 @@ Two engines on the same model run side by side in one process, one started with
 batch). Trials alternate between them, so machine noise hits both alike. Each trial samples
 ``--sequences`` calculator prompts x ``--tokens`` tokens (``ignore_eos``), with no adapter
 (the base model) and then with the same rank-16 adapter on every linear layer (as the
-trainer's LoRA). Printed: ms per decode step (median trial), and the ratios.
+trainer's LoRA). Printed: ms per generated token, i.e. the batch's wall time over
+``--tokens`` (median trial; the prefill of the prompts and scheduling are included, so it
+is not a pure decode step), and the ratios: each path's adapter time over its own engine's
+base-model time, and vLLM's adapter time over agentgym's.
 
     python bench/cpu_lora_bench.py [--shape quickstart|tiny] [--trials 6]
 """
@@ -84,15 +87,17 @@ def main() -> None:
             policy.close()
     step_ms = {k: statistics.median(v) / args.tokens * 1000 for k, v in times.items()}
     print(f"\n{args.shape} model, {args.sequences} sequences x {args.tokens} tokens, "
-          f"median of {args.trials} alternating trials: ms per decode step")  # fmt: skip
+          f"median of {args.trials} alternating trials: ms per generated token "
+          f"(batch wall time / tokens, prefill and scheduling included)")  # fmt: skip
     for key, value in step_ms.items():
         print(f"  {key:<34} {value:6.2f}")
     slow, fast = step_ms["adapter, vLLM's path"], step_ms["adapter, agentgym's path"]
-    base = step_ms["base model, agentgym's path"]
+    slow_base = step_ms["base model, vLLM's path"]
+    fast_base = step_ms["base model, agentgym's path"]
     print(f"  with an adapter: agentgym's path {slow / fast:.2f}x faster than vLLM's; "
-          f"the adapter costs {fast / base:.2f}x a base-model step (vLLM's path "
-          f"{slow / base:.2f}x)")  # fmt: skip
-
+          f"an adapter token costs {fast / fast_base:.2f}x a base-model token on agentgym's "
+          f"path, {slow / slow_base:.2f}x on vLLM's (each over its own engine's base "
+          f"model)")  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -78,9 +78,6 @@ def main() -> None:
         record_s = agentgym("eval", env, "--policy", "vllm", "--adapter", args.run,
                             "--tasks", args.record_tasks, "--temperature", args.temperature,
                             "--out", record)  # fmt: skip
-        teacher = work / "teacher"
-        agentgym("eval", env, "--policy", "vllm", "--adapter", args.run, "--tasks", held_out,
-                 "--temperature", "0", "--out", teacher)  # fmt: skip
         student = work / "student"
         target = ["--target-accuracy", args.target_accuracy] if args.target_accuracy else []
         sft_s = agentgym("sft", base, student, "--trajectories", record / "trajectories.jsonl",
@@ -91,12 +88,18 @@ def main() -> None:
         measured = [r["reference_accuracy"] for r in sft["history"] if "reference_accuracy" in r]
         played = as_played(record, student)
         scores = {}
-        for name, model in (("base", base), ("student", student)):
-            agentgym("eval", env, "--policy", "vllm", "--model-path", model, "--seed", seed,
+        # all three under the same seed and env settings: the teacher (its base with the
+        # run's adapter), the untrained base, the student
+        models: dict[str, list[str | Path]] = {
+            "teacher": ["--adapter", args.run], "base": ["--model-path", base],
+            "student": ["--model-path", student],
+        }  # fmt: skip
+        for name, model in models.items():
+            agentgym("eval", env, "--policy", "vllm", *model, "--seed", seed,
                      "--tasks", held_out, "--temperature", "0", *played,
                      "--out", work / f"eval-{name}")  # fmt: skip
             scores[name] = success(work / f"eval-{name}")
-        scores |= {"recording": success(record), "teacher": success(teacher)}
+        scores["recording"] = success(record)
     print(f"recording: the teacher played train tasks {args.record_tasks} at temperature "
           f"{args.temperature}: {scores['recording']:.1%} succeeded ({kept} episodes kept), "
           f"{record_s:.0f} s")

@@ -20,9 +20,11 @@ episode, reset and reward included).
 
 Then the concurrency figure: N episodes at once whose tool is a sync function sleeping 0.2 s;
 ideal wall time is one tool call, 0.2 s. agentgym: one env per episode, ``asyncio.gather``.
-GEM: its ``AsyncVectorEnv`` (a thread per env). skyrl-gym: each ``step`` in
-``asyncio.to_thread`` (the loop's default executor). verifiers: ``asyncio.gather`` of
-rollouts (its sync tools run on the event loop, so they queue; at most 8 rollouts there).
+GEM: its ``AsyncVectorEnv`` (a thread per env). skyrl-gym (whose env is synchronous, how to
+run it concurrently is the caller's choice): each ``step`` on a ``ThreadPoolExecutor`` with a
+thread per env, as GEM has. verifiers: ``asyncio.gather`` of rollouts (its sync tools run on
+the event loop, so they queue; at most 8 rollouts there). Every side's envs are built before
+the timer starts.
 
 The peers are not agentgym dependencies; install them (and agentgym) into a separate venv::
 
@@ -30,8 +32,10 @@ The peers are not agentgym dependencies; install them (and agentgym) into a sepa
     /tmp/peers-venv/bin/pip install -e . gem-llm==0.1.0 skyrl-gym==0.4.0 verifiers==0.3.1
     /tmp/peers-venv/bin/python bench/env_peers_bench.py
 
-(``--install-peers`` prints these commands). Peers that are not installed are skipped, named in
-the output, and agentgym runs alone. Timings are noisy on a shared machine: every runner is
+(``--install-peers`` prints these commands). The run's first line names the versions of
+agentgym and of each peer it found installed, so another version is never timed under the
+pinned one's name. Peers that are not installed are skipped, named in the output, and
+agentgym runs alone. Timings are noisy on a shared machine: every runner is
 timed in each repeat, interleaved, and the best repeat is reported, as wall-clock time and as
 CPU time of the whole process (worker threads included). CPU time is the steadier figure when
 other processes share the core; the goal line compares it. Ratios are to the fastest unseeded
@@ -49,6 +53,8 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from typing import Any
 
 import agentgym
@@ -423,19 +429,27 @@ def concurrent_gem(n: int, seconds: float) -> float:
 
 
 def concurrent_skyrl(n: int, seconds: float) -> float:
+    """skyrl-gym's env is synchronous: its steps run on a thread per env, as GEM's do.
+
+    The envs are built before the timer starts (as every other side's are), and the executor
+    has ``n`` threads: on the loop's default executor (``min(32, cores + 4)`` threads, 6 on a
+    2-core machine) the steps would queue, and the figure would time that executor instead.
+    """
     env_cls = skyrl_env_class(seconds)
     prompt = [{"role": "user", "content": PROMPT}]
+    envs = [env_cls() for _ in range(n)]
 
-    async def episode() -> None:
-        env = env_cls()
+    async def episode(pool: ThreadPoolExecutor, env: Any) -> None:
+        loop = asyncio.get_running_loop()
         env.init(prompt)
-        await asyncio.to_thread(env.step, CALL)
-        _expect((await asyncio.to_thread(env.step, FINAL))["reward"], "skyrl-gym")
+        await loop.run_in_executor(pool, env.step, CALL)
+        _expect((await loop.run_in_executor(pool, env.step, FINAL))["reward"], "skyrl-gym")
 
     async def play() -> float:
-        start = time.perf_counter()
-        await asyncio.gather(*(episode() for _ in range(n)))
-        return time.perf_counter() - start
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            start = time.perf_counter()
+            await asyncio.gather(*(episode(pool, env) for env in envs))
+            return time.perf_counter() - start
 
     return asyncio.run(play())
 
@@ -474,6 +488,21 @@ def installed_peers() -> tuple[dict[str, Runner], dict[str, Together], list[str]
     return runners, concurrent, skipped
 
 
+def versions() -> str:
+    """The installed versions of agentgym and of each peer, as the run's header prints them.
+
+    The docs name the versions they were measured with (``PEERS``); this says which ones were
+    really timed, so another installed version is never reported under the pinned name.
+    """
+    found = []
+    for dist in ["agentgym", *(pin.split("==")[0] for pin in PEERS.values())]:
+        try:
+            found.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{dist} not installed")
+    return "; ".join(found)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=2000, help="episodes per timing")
@@ -493,6 +522,7 @@ def main() -> None:
         "agentgym async tool, seeded": agentgym_async(async_tool, seeded=True),
     }
     peer_runners, concurrent, skipped = installed_peers()
+    print(f"versions: {versions()}")
     runners |= peer_runners
     times = per_step_times(runners, args.episodes, args.repeats)
     print_table(times, [name for name in peer_runners if "seeded" not in name], args)
@@ -552,6 +582,11 @@ def print_concurrency(concurrent: dict[str, Together], args: Any) -> None:
     )
     runs: dict[str, Together] = {"agentgym ToolEnv": concurrent_agentgym}
     runs |= concurrent
+    threads = {"agentgym": "a worker per env", "GEM": "its AsyncVectorEnv's, one per env",
+               "skyrl-gym": "a ThreadPoolExecutor of one per env",
+               "verifiers": "none, on its event loop"}  # fmt: skip
+    print("  (threads: " + "; ".join(f"{who} {how}" for who, how in threads.items()
+                                     if any(name.startswith(who) for name in runs)) + ")")
     for name, together in runs.items():
         count = min(n, 8) if name.startswith("verifiers") else n  # its tools queue on the loop
         repeats = 1 if name.startswith("verifiers") else 3

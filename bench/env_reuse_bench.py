@@ -2,7 +2,8 @@
 
 `arollout` makes one env per concurrent slot and ``reset``s it for each episode; before, it
 made (and closed) one env per episode, which is what `run_episode` alone still does. Both are
-timed here side by side, in interleaved rounds, on built-in envs whose construction costs
+timed here side by side, in interleaved rounds (both warmed up first, their order alternating
+round by round), on built-in envs whose construction costs
 something: the quickstart's calculator (2,200 generated tasks) and ToolAPI-v0 (12 OpenAPI
 tools over a shop service that its live envs share). The policy is each env's own reference
 script (`ScriptedPolicy` of ``reference_turns``), so no model time hides the env's: what is
@@ -30,15 +31,30 @@ ENVS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-async def reused(env_id: str, kwargs: dict[str, Any], tasks: list[int], slots: int) -> list[Any]:
+def script(env_id: str, kwargs: dict[str, Any]) -> ScriptedPolicy:
+    """The env's reference script as a policy, its env closed again before any timing.
+
+    Closed, so that no live env of the policy's keeps a shared service (ToolAPI-v0's shop)
+    up through the timed runs: a new env per episode then pays for what it really costs.
+    """
+    env = make(env_id, **kwargs)
+    try:
+        return ScriptedPolicy(env.reference_turns)
+    finally:
+        env.close()
+
+
+async def reused(
+    policy: ScriptedPolicy, env_id: str, kwargs: dict[str, Any], tasks: list[int], slots: int
+) -> list[Any]:
     """`arollout`: an env per slot, reset for each of its episodes."""
-    policy = ScriptedPolicy(make(env_id, **kwargs).reference_turns)
     return await arollout(env_id, policy, tasks=tasks, env_kwargs=kwargs, max_concurrency=slots)
 
 
-async def fresh(env_id: str, kwargs: dict[str, Any], tasks: list[int], slots: int) -> list[Any]:
+async def fresh(
+    policy: ScriptedPolicy, env_id: str, kwargs: dict[str, Any], tasks: list[int], slots: int
+) -> list[Any]:
     """The same episodes with a new env each (`run_episode`), ``slots`` at a time."""
-    policy = ScriptedPolicy(make(env_id, **kwargs).reference_turns)
     limit = asyncio.Semaphore(slots)
 
     async def one(position: int, task: int) -> Trajectory:
@@ -50,8 +66,10 @@ async def fresh(env_id: str, kwargs: dict[str, Any], tasks: list[int], slots: in
 
 
 def timed(play: Any, *args: Any) -> float:
+    """Wall seconds of one ``play``; the policy's script is built before the timer starts."""
+    policy = script(args[0], args[1])
     started = time.perf_counter()
-    trajectories = asyncio.run(play(*args))
+    trajectories = asyncio.run(play(policy, *args))
     seconds = time.perf_counter() - started
     rewards = {t.final_reward for t in trajectories}
     if rewards != {1.0}:
@@ -71,14 +89,17 @@ def main() -> None:
     for label, env_id, kwargs in ENVS:
         count = len(make(env_id, **kwargs).tasks)
         run = (env_id, kwargs, [i % count for i in range(args.episodes)], args.concurrency)
-        timed(reused, *run)  # warm-up: imports, caches
-        times: dict[str, list[float]] = {"reused": [], "fresh": []}
-        for _ in range(args.rounds):
-            times["fresh"].append(timed(fresh, *run))
-            times["reused"].append(timed(reused, *run))
+        timed(fresh, *run)  # warm-up of both sides: imports, caches
+        timed(reused, *run)
+        plays = {"fresh": fresh, "reused": reused}
+        times: dict[str, list[float]] = {name: [] for name in plays}
+        for round_ in range(args.rounds):  # the order alternates round by round
+            for name in sorted(plays, reverse=round_ % 2 == 1):
+                times[name].append(timed(plays[name], *run))
         new, reuse = (statistics.median(times[k]) for k in ("fresh", "reused"))
+        verdict = f"{new / reuse:5.2f}x faster" if new >= reuse else f"{reuse / new:5.2f}x slower"
         print(f"  {label:45s} new env per episode {new:6.2f} s   reused {reuse:6.2f} s   "
-              f"-> {new / reuse:5.1f}x faster")  # fmt: skip
+              f"-> reused {verdict}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A ToolEnv with one no-op async tool; each episode is reset, one tool-call turn (hermes text,
 parsed and validated), one final-answer turn (scored by a one-function rubric). Pinned to one
 core. Prints microseconds per step and steps per second for the async path (what the rollout
-engine uses) and for the sync Gymnasium adapter, side by side in one run.
+engine uses) and for the sync Gymnasium adapter, side by side in one run: both warmed up
+first, their repeats interleaved, each env built and closed outside its timer.
 
     python bench/env_step_overhead.py [--episodes 5000]
 
@@ -44,24 +45,31 @@ def make_env() -> agentgym.ToolEnv:
 
 
 async def async_steps(episodes: int) -> float:
+    """Seconds per step on the async path; the env is built and closed outside the timer."""
     env = make_env()
-    start = time.perf_counter()
-    for i in range(episodes):
-        await env.areset(seed=i)
-        await env.astep(CALL)
-        await env.astep(FINAL)
-    return (time.perf_counter() - start) / (2 * episodes)
+    try:
+        start = time.perf_counter()
+        for i in range(episodes):
+            await env.areset(seed=i)
+            await env.astep(CALL)
+            await env.astep(FINAL)
+        return (time.perf_counter() - start) / (2 * episodes)
+    finally:
+        await env.aclose()
 
 
 def sync_steps(episodes: int) -> float:
+    """Seconds per step on the sync adapter; built and closed outside the timer, as above."""
     env = make_env()
-    start = time.perf_counter()
-    for i in range(episodes):
-        env.reset(seed=i)
-        env.step(CALL)
-        env.step(FINAL)
-    env.close()
-    return (time.perf_counter() - start) / (2 * episodes)
+    try:
+        start = time.perf_counter()
+        for i in range(episodes):
+            env.reset(seed=i)
+            env.step(CALL)
+            env.step(FINAL)
+        return (time.perf_counter() - start) / (2 * episodes)
+    finally:
+        env.close()
 
 
 def main() -> None:
@@ -71,7 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    asyncio.run(async_steps(200))  # warm caches and imports
+    asyncio.run(async_steps(200))  # warm caches and imports, both paths alike
+    sync_steps(200)
     results: dict[str, list[float]] = {"async (astep)": [], "sync (step)": []}
     for _ in range(args.repeats):  # interleaved, so both see the same machine noise
         results["async (astep)"].append(asyncio.run(async_steps(args.episodes)))

@@ -6,7 +6,9 @@ Each lease runs ``print(1)`` once, so a lease's reset and hand-off are in the fi
 second host is a ``dockerd --tlsverify`` on loopback started for the run (the tests' helper,
 ``tests/sandboxes/tls_daemon.py``), so it needs root, ``dockerd``, ``openssl`` and the image
 from ``agentgym sandbox build``. Both daemons share this machine's cores, so the ratio shows
-what routing over two hosts costs, not a speed-up.
+what routing over two hosts costs, not a speed-up. The three pools stay started through the
+whole run (each keeps its warm sandboxes between its rounds), and the configs' order rotates
+round by round.
 """
 
 from __future__ import annotations
@@ -63,10 +65,14 @@ def main() -> None:
                  for name, hosts in configs.items()}
         try:
             rates: dict[str, list[float]] = {name: [] for name in pools}
-            for _ in range(args.rounds):  # interleaved, so load changes hit every config
-                for name, pool in pools.items():
+            names = list(pools)
+            for round_ in range(args.rounds):
+                # interleaved, so load changes hit every config, and the order rotates round
+                # by round, so no config always goes first (or right after another's leases)
+                shift = round_ % len(names)
+                for name in names[shift:] + names[:shift]:
                     rates[name].append(asyncio.run(
-                        leases_per_second(pool, args.leases, args.concurrency)))
+                        leases_per_second(pools[name], args.leases, args.concurrency)))
             split = Counter({n: s.leases for n, s in pools["local+tls"].stats.hosts.items()})
         finally:
             for pool in pools.values():
@@ -76,14 +82,17 @@ def main() -> None:
 
     base = statistics.median(rates["local"])
     print(f"# {args.leases} leases x run('print(1)') per round, concurrency "
-          f"{args.concurrency}, pool of {args.pool_size}, median of {args.rounds} rounds")
+          f"{args.concurrency}, pool of {args.pool_size}, median of {args.rounds} rounds "
+          "(order rotating)")
     print(f"# both daemons run on this machine and share its {os.cpu_count()} CPU cores: the "
           "ratio shows what routing over two hosts costs, not a speed-up")
     print(f"{'hosts':<10} {'leases/s':>9} {'vs local':>9}")
     for name, values in rates.items():
         median = statistics.median(values)
         print(f"{name:<10} {median:>9.1f} {median / base:>8.2f}x")
-    print("leases per host in local+tls: " + ", ".join(f"{n} {c}" for n, c in split.items()))
+    per_host = ", ".join(f"{n} {c}" for n, c in split.items())
+    print(f"leases per host in local+tls, summed over its {args.rounds} rounds "
+          f"({args.rounds * args.leases} leases): {per_host}")
 
 
 if __name__ == "__main__":

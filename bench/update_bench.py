@@ -1,5 +1,8 @@
 """One GRPO update (forward, backward, optimiser step) both ways, trials alternating.
 
+Each trial times both ways, their order swapped trial by trial (so neither always runs
+first); a first trial of both warms them up, off the record.
+
 This is what ``time/train`` of a step mostly is. Two of the trainer's choices are timed
 against the way they replaced, on the same samples; the update is the same either way
 (`tests/trainers/test_distributed.py`, `tests/trainers/test_prefix.py`).
@@ -107,7 +110,7 @@ def compare(trainer: GRPOTrainer, model_dir: Path, knob: str, steps: dict[str, l
         samples = step_samples(lengths, int(model.config.vocab_size))
         runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
         for trial in range(trials + 1):
-            for mine in (True, False):
+            for mine in (True, False) if trial % 2 == 0 else (False, True):  # order alternates
                 figures = time_update(trainer, (model, optimizer), samples, mine, knob)
                 if trial:  # the first round warms both up
                     runs[mine].append(figures)
