@@ -199,17 +199,27 @@ class DockerSandbox(SandboxBase):
             if self._container is None:
                 self.start()
                 return
-            if not hard:
-                try:
-                    if self._open_channel().request({"op": "reset"}, 10.0).get("ok"):
-                        return
-                except Exception as exc:
-                    log.debug("soft reset of %s failed: %s", self._container.short_id, exc)
+            if not hard and self._soft_reset():
+                return
             try:
                 self._kill_code_processes()
                 self._open_server(wipe=True)
+                clean = self._soft_reset()  # the new server's wipe, checked: a reply says
             except Exception:
+                clean = False
+            if not clean:
                 self._replace_container()
+
+    def _soft_reset(self) -> bool:
+        """Ask the server to reset; True when it says everything is clean again."""
+        try:
+            reply = self._open_channel().request({"op": "reset"}, 10.0)
+        except Exception as exc:
+            log.debug("soft reset of %s failed: %s", self._container.short_id, exc)
+            return False
+        if not reply.get("ok"):
+            log.debug("soft reset of %s left %s", self._container.short_id, reply.get("left"))
+        return bool(reply.get("ok"))
 
     def close(self) -> None:
         """Remove the container (idempotent); later calls raise `SandboxError`.
@@ -305,18 +315,27 @@ class DockerSandbox(SandboxBase):
     # -- calls ------------------------------------------------------------------------------
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout: float | None = None, *,
-            session: bool | None = None, end_session: bool = False) -> ExecResult:
+            session: bool | None = None, end_session: bool = False,
+            fresh_workdir: bool = False) -> ExecResult:
         """Run ``code``; Python runs in the session unless ``session=False`` (see config).
 
         ``end_session``: end the Python session (its threads, every process the code left)
         before the call, so nothing of the code runs beside it (see `Sandbox`).
+        ``fresh_workdir`` (verify asks for it): besides, empty the work dir, /tmp and /dev/shm
+        and restore the work dir's mode first, in the same request, so the call sees nothing
+        earlier calls left (`reset` without its round trip). If that cannot be done even
+        after a hard reset, the call is an ``infra_error`` and nothing runs.
         """
         check_call_args("code", code, stdin, files)
         argv = language_argv(language, code)
-        req: dict[str, Any] = {"op": "exec", "argv": argv, "end_session": end_session}
+        ends = end_session or fresh_workdir
+        req: dict[str, Any] = {"op": "exec", "argv": argv, "end_session": ends}
         if argv is None:
             use_session = self.config.python_session if session is None else session
-            req = {"op": "run", "code": code, "session": use_session, "end_session": end_session}
+            req = {"op": "run", "code": code, "session": use_session and not fresh_workdir,
+                   "end_session": ends}
+        if fresh_workdir:
+            req["wipe"] = True
         return self._call(req, stdin, files, timeout)
 
     def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
@@ -353,6 +372,8 @@ class DockerSandbox(SandboxBase):
                     "sandbox: the call was cancelled (or its sandbox closed) while the "
                     "container started; no code ran", time.monotonic() - started)
             reply = self._open_channel().request(req, timeout + self.config.host_grace_s)
+            if "wipe_error" in reply:
+                return self._after_wipe_error(req, timeout, started, reply["wipe_error"])
         except ChannelDeadline:
             return self._recover("timeout", started, timeout)
         except ChannelClosed as exc:
@@ -367,6 +388,33 @@ class DockerSandbox(SandboxBase):
             raise
         finally:
             self._busy = False
+        return self._result(reply, started)
+
+    def _after_wipe_error(self, req: dict[str, Any], timeout: float, started: float,
+                          left: str) -> ExecResult:
+        """Reset hard (a new server, else a new container), then send the call once more.
+
+        For a ``fresh_workdir`` call the server could not clean the sandbox for. Never the
+        call's own failure: what was left is an earlier call's doing, and judged
+        code must not run in it (it would score the wrong sample). A deadline or a dead
+        server during the second try is the call's, as for any call (the caller recovers).
+        """
+        self.needs_recycle = True
+        try:
+            self.reset(hard=True)
+        except Exception as exc:
+            why = f"left {left}; reset(hard=True) then failed: {type(exc).__name__}: {exc}"
+        else:
+            reply = self._open_channel().request(req, timeout + self.config.host_grace_s)
+            if "wipe_error" not in reply:
+                return self._result(reply, started)
+            why = f"left {reply['wipe_error']} even after reset(hard=True)"
+        return ExecResult.infra_failure(
+            f"sandbox: the sandbox could not be cleaned before this call ({why}); nothing "
+            "ran. Use a new sandbox (a SandboxPool replaces it)", time.monotonic() - started)
+
+    def _result(self, reply: dict[str, Any], started: float) -> ExecResult:
+        """The `ExecResult` of a run/exec reply."""
         if "input_error" in reply:  # e.g. a file path outside the work dir: the caller's doing
             return ExecResult("", f"sandbox: {reply['input_error']}\n", None,
                               time.monotonic() - started, ExecStatus.ERROR)

@@ -105,30 +105,49 @@ class LocalSandbox(SandboxBase):
 
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout: float | None = None, *,
-            session: bool | None = None, end_session: bool = False) -> ExecResult:
+            session: bool | None = None, end_session: bool = False,
+            fresh_workdir: bool = False) -> ExecResult:
         """Run ``code`` in a fresh process.
 
         ``session`` and ``end_session`` are accepted and ignored: there is no session, and a
-        call's process group ends with it.
+        call's process group ends with it. ``fresh_workdir`` (verify asks for it): the call
+        gets a new empty work dir of its own (and TMPDIR), deleted after it, so it sees
+        nothing earlier calls left there and leaves nothing for later ones; the sandbox's
+        own work dir, and calls running beside it, are untouched.
         """
         check_call_args("code", code, stdin, files)
         argv = language_argv(language, code) or [sys.executable, "-I", "-c", code]
-        return self.exec(argv, stdin=stdin, files=files, timeout=timeout)
+        if not fresh_workdir:
+            return self.exec(argv, stdin=stdin, files=files, timeout=timeout)
+        self._refuse_if_closed()
+        workdir = tempfile.mkdtemp(prefix="agentgym-local-call-")
+        try:
+            return self._exec(argv, stdin, files, timeout, workdir)
+        finally:
+            _remove_tree(workdir)
 
     def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
              files: Files | None = None, timeout: float | None = None) -> ExecResult:
         """Run ``argv`` in the work dir."""
-        check_call_args("argv", argv, stdin, files)
-        timeout = check_timeout(self.config.default_timeout if timeout is None else timeout)
+        return self._exec(argv, stdin, files, timeout, self.workdir)
+
+    def _refuse_if_closed(self) -> None:
         if self._closed:
             raise SandboxError("this LocalSandbox is closed (its work dir is deleted); make a "
                                "new LocalSandbox() for more calls")
+
+    def _exec(self, argv: Sequence[str], stdin: str | bytes | None, files: Files | None,
+              timeout: float | None, workdir: str) -> ExecResult:
+        """Run ``argv`` in ``workdir``."""
+        check_call_args("argv", argv, stdin, files)
+        timeout = check_timeout(self.config.default_timeout if timeout is None else timeout)
+        self._refuse_if_closed()
         started = time.monotonic()
         for path in files or {}:
             check_relative(path)
         for path, content in (files or {}).items():
             try:
-                self._write(path, to_bytes(content) or b"")
+                self._write(workdir, path, to_bytes(content) or b"")
             except (OSError, ValueError) as exc:  # too long a name, no space: DockerSandbox's
                 return _not_run(f"sandbox: cannot write {path!r}: {type(exc).__name__}: {exc}",
                                 started)
@@ -136,7 +155,7 @@ class LocalSandbox(SandboxBase):
         with running_call(group.kill):
             try:
                 proc = subprocess.Popen(
-                    [str(a) for a in argv], cwd=self.workdir, env=self._env(),
+                    [str(a) for a in argv], cwd=workdir, env=self._env_in(workdir),
                     start_new_session=True,
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     preexec_fn=self._limits(timeout),
@@ -187,8 +206,8 @@ class LocalSandbox(SandboxBase):
         if self._closed:
             raise SandboxError("this LocalSandbox is closed; make a new LocalSandbox()")
         self.interrupt()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        os.makedirs(self.workdir, exist_ok=True)
+        _remove_tree(self.workdir)
+        os.makedirs(self.workdir, mode=0o700, exist_ok=True)
 
     def close(self) -> None:
         """Kill the calls running now and delete the work dir; later calls raise `SandboxError`."""
@@ -196,9 +215,9 @@ class LocalSandbox(SandboxBase):
         self.interrupt()
         self._remove_workdir()
 
-    def _write(self, path: str, content: bytes) -> None:
+    def _write(self, workdir: str, path: str, content: bytes) -> None:
         """Write one file of a call (``path`` checked by `check_relative` already)."""
-        full = os.path.join(self.workdir, os.path.normpath(path))
+        full = os.path.join(workdir, os.path.normpath(path))
         os.makedirs(os.path.dirname(full), exist_ok=True)
         with open(full, "wb") as fh:
             fh.write(content)
@@ -206,6 +225,13 @@ class LocalSandbox(SandboxBase):
     def _env(self) -> dict[str, str]:
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8",
                 "TMPDIR": self.workdir, "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def _env_in(self, workdir: str) -> dict[str, str]:
+        """`_env` for a call in ``workdir`` (a ``fresh_workdir`` call's own)."""
+        env = self._env()
+        if workdir != self.workdir:
+            env.update(HOME=workdir, TMPDIR=workdir)
+        return env
 
     def _limits(self, timeout: float) -> Callable[[], None]:
         cfg, mib = self.config, 1024 * 1024
@@ -263,7 +289,24 @@ def _remove_dir(path: str, owner_pid: int) -> None:
     when it exits.
     """
     if os.getpid() == owner_pid:
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_tree(path)
+
+
+def _remove_tree(path: str) -> None:
+    """``rmtree`` that first makes every directory ours to list and empty (never raises).
+
+    Why: code that chmod'ed its work dir (or a folder in it) 000 left it behind with its files
+    after ``reset``, and every later call failed to start in it.
+    """
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    for top, dirs, _ in os.walk(path, onerror=lambda _exc: None):  # top-down: before entering
+        for name in dirs:
+            full = os.path.join(top, name)
+            if not os.path.islink(full):
+                with contextlib.suppress(OSError):
+                    os.chmod(full, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:

@@ -467,10 +467,12 @@ class Factory:
         """Kill every candidate process; a factory that does not answer is stopped.
 
         A new one starts at the next `ensure`: the candidate (same uid) can stop or kill its
-        factory, and that must cost it this test only.
+        factory, and that must cost it this test only. Returns False when it did not answer.
         """
         if self.sock is not None and self.request({"op": "end"}, wait=FACTORY_WAIT_S) is None:
             self.stop()
+            return False
+        return True
 
     def stop(self):
         if self.sock is not None:
@@ -552,18 +554,103 @@ def _factory_spawn(code, req, fds, children):
             _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed factory takes it along
             if os.getppid() != factory:
                 os._exit(0)
-            for sig in (*FACTORY_IGNORES, signal.SIGPIPE):  # as in a fork of the runner
-                signal.signal(sig, signal.SIG_DFL)
             if req["role"] == "program":
                 in_fd, out_w, res_w = fds
-                _child(_program(code), in_fd, out_w, res_w, exit_ok=True)
+                _watch_program(code, in_fd, out_w, res_w)
             else:
+                _default_signals()
                 req_r, resp_w = fds
                 _serve(code, str(req["module"]), req.get("workdir"), req_r, resp_w)
         finally:
             os._exit(0)
     children.append(pid)
     return {"pid": pid}
+
+
+def _default_signals():
+    for sig in (*FACTORY_IGNORES, signal.SIGPIPE):  # as in a fork of the runner
+        signal.signal(sig, signal.SIG_DFL)
+
+
+PROGRAM_KILLED_HARNESS = ("the program killed its test harness (the process that watches it, "
+                          "or the factory that started it) before its end was known")
+
+
+def _watch_program(code, in_fd, out_w, res_w):
+    """A ``stdio`` case's watcher: fork the program, wait for it, report how it ended.
+
+    Why a watcher, and not a line the program's own process writes when its code returns:
+    a correct program that flushed its answer and ended with ``os._exit(0)`` never wrote
+    that line and failed as "died"; and one that killed its parent (the factory) raced its
+    line against its own death signal, so the same code scored at random. The verdict is
+    now the program's exit status, as its parent sees it (0: ran to its end), and the output
+    the runner compares; the program holds fds 0-2 only (and a pipe that may carry its
+    exception's text, never a verdict). A program that kills its watcher never has a line
+    written for it, so it fails, every time. The watcher keeps the factory's ignored signals.
+    """
+    watcher = os.getpid()
+    msg_r, msg_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        result = {"passed": False, "error": f"cannot start a process for the code "
+                                            f"({_describe(exc)})"}
+        os.write(res_w, (_dumps(result) + "\n").encode())
+        os._exit(0)
+    if pid == 0:
+        try:
+            _prctl(1, signal.SIGKILL)  # a killed watcher takes the program along
+            if os.getppid() != watcher:
+                os._exit(1)
+            _default_signals()
+            _run_program(code, in_fd, out_w, msg_w)
+        finally:
+            os._exit(1)
+    for fd in (in_fd, out_w, msg_w):  # the program's stdout reaches EOF when the program ends
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    os.set_blocking(msg_r, False)
+    try:
+        why = os.read(msg_r, 1000).decode("utf-8", "replace")
+    except OSError:
+        why = ""
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        result = {"passed": True}
+    elif os.WIFSIGNALED(status):
+        result = {"passed": False, "error": why or f"the program was killed by signal "
+                                                   f"{os.WTERMSIG(status)}"}
+    else:
+        result = {"passed": False, "error": why or f"the program exited with status "
+                                                   f"{os.WEXITSTATUS(status)}"}
+    os.write(res_w, (_dumps(result) + "\n").encode())
+    os._exit(0)
+
+
+def _run_program(code, in_fd, out_w, msg_w):
+    """The program's process: the code as ``__main__`` on fds 0-2; exits with its status."""
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(in_fd, 0)
+    os.dup2(out_w, 1)
+    os.dup2(null, 2)
+    _close_fds_except({msg_w})
+    status, why = 0, ""
+    try:
+        _program(code)(None)
+    except SystemExit as exc:  # a program may end with exit(0)
+        if exc.code not in (None, 0):
+            status, why = 1, f"{_describe(exc)} before the test finished"
+    except BaseException as exc:
+        status, why = 1, _describe(exc)
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    if why:
+        try:
+            os.write(msg_w, why.encode("utf-8", "replace")[:1000])
+        except OSError:
+            pass
+    os._exit(status)
 
 
 def _end_children(children):
@@ -883,7 +970,12 @@ def _program_run(factory, data, timeout):
         for fd in (in_fd, out_w, res_w):
             os.close(fd)
     lines, out, problem = _wait(res_r, out_r, started + timeout, False)
-    factory.end()
+    answered = factory.end()
+    if problem is None and (not answered or not lines):
+        # The factory gone (it must answer, the program's end notwithstanding), or the
+        # watcher dead with no line: the program killed them. Whether its watcher still
+        # wrote a line first was a race; the verdict must not be.
+        lines = [json.dumps({"passed": False, "error": PROGRAM_KILLED_HARNESS}).encode()]
     os.close(res_r)
     os.close(out_r)
     return lines, out, time.monotonic() - started, problem

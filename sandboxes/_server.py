@@ -20,7 +20,8 @@ process must keep to be the next kernel: G has only fds 0-2 (C keeps the control
 S reads the kernel socket as untrusted (`_Replies`). After every call S kills every process of
 its uid except itself and the current kernel (scanning /proc until none is left), so detached
 ``setsid`` children do not survive. A request with ``end_session`` ends the kernel first, so
-nothing the code left running (a session thread) runs beside it: verification asks for that.
+nothing the code left running (a session thread) runs beside it; one with ``wipe`` also
+empties the work dir, /tmp and /dev/shm first (as ``reset``): verification asks for both.
 Timeouts and the output cap are enforced here, inside the container.
 """
 
@@ -155,11 +156,13 @@ def _holds_code(pid, uid):
 
 
 def _wipe():
-    """Empty every place the code can leave state in for the next lease.
+    """Empty every place the code can leave state in for the next lease; return what is left.
 
     Files (the WIPE dirs, whatever their modes) and the container's System V IPC objects:
     shared memory, message queues and semaphores outlive the processes that made them, so an
-    episode could pass data to a later one or leave the memory limit full for it.
+    episode could pass data to a later one or leave the memory limit full for it. Returns
+    '' when the work dir is usable again and the dirs are empty, else what is not (see
+    `_left_after_wipe`): a caller must not run judged code in a sandbox it could not clean.
     """
     try:
         os.chmod(WORKDIR, 0o700)  # the code owns it: a 000 work dir must not stop the wipe
@@ -180,6 +183,28 @@ def _wipe():
             except OSError:
                 pass
     _remove_sysv_ipc()
+    return _left_after_wipe()
+
+
+def _left_after_wipe():
+    """What `_wipe` could not restore, as one line ('' when nothing).
+
+    The work dir must be ours to enter and write (the code can chmod it, not chown it), and
+    the WIPE dirs empty of the code's files (a /tmp it filled made pytest's temp dir fail).
+    """
+    left = []
+    if not os.access(WORKDIR, os.R_OK | os.W_OK | os.X_OK):
+        left.append(f"{WORKDIR} cannot be entered")
+    uid = os.getuid()
+    for root in WIPE:
+        try:
+            with os.scandir(root) as entries:
+                names = [e.name for e in entries if e.stat(follow_symlinks=False).st_uid == uid]
+        except OSError:  # /dev/mqueue may be missing; an unreadable WORKDIR is named above
+            continue
+        if names:
+            left.append(f"{root} still holds {', '.join(sorted(names)[:3])}")
+    return "; ".join(left)
 
 
 def _remove_sysv_ipc():
@@ -278,7 +303,17 @@ def _become(in_fd, out_w, err_w, keep=()):
             fh.write("1000")
     except OSError:
         pass
-    os.chdir(WORKDIR)
+    try:
+        os.chdir(WORKDIR)
+    except OSError as exc:  # fd 2 is the call's stderr: say why, not a silent exit 125
+        os.write(2, _no_workdir(exc.strerror).encode())
+        os._exit(125)
+
+
+def _no_workdir(why):
+    """The stderr line of a call that cannot start in the work dir (the code chmod'ed it)."""
+    return (f"sandbox: cannot enter the work dir {WORKDIR} ({why}): code changed its "
+            "permissions; nothing ran. reset() restores it (verify does so itself)\n")
 
 
 def _exec_cell(code, g):
@@ -422,10 +457,19 @@ def _cell_in_kernel(fds, g):
     sys.stdin = io.TextIOWrapper(os.fdopen(0, "rb", closefd=False))
     result = _exec_cell(code, g)
     sys.stdin = stdin
-    null = os.open(os.devnull, os.O_RDWR)
+    null = os.open(os.devnull, os.O_RDWR)  # fd 1 itself when the cell closed fd 1
     for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
+        if fd != null:
+            os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
+    # What the cell printed but could not write (it closed fd 1 or 2) is still buffered;
+    # flushed at the next cell it went into that cell's output. Into /dev/null with it.
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
     return result
 
 
@@ -488,8 +532,25 @@ class Server:
 
     # -- one call ------------------------------------------------------------------------
     def call(self, req):
-        """Run one ``run``/``exec`` request; return the reply dict."""
+        """Run one ``run``/``exec`` request; return the reply dict.
+
+        ``wipe`` (verify asks for it): first end the session and every process of the code,
+        and empty the work dir, /tmp and /dev/shm (the work dir's mode restored), so the call
+        judges its own sample only, whatever earlier calls left; a ``wipe_error`` reply when
+        that fails, and nothing runs.
+        """
         started = time.monotonic()
+        if req.get("wipe"):
+            self._end_session()
+            left = _wipe()
+            if left:
+                return {"wipe_error": left}
+        elif not os.access(WORKDIR, os.X_OK) and not (
+                req["op"] == "run" and req.get("session") and self._kernel_alive()):
+            # a live session (its cwd kept) can still run, and undo the chmod itself
+            return {"stdout": "", "stderr": _no_workdir("permission denied"), "exit_code": 125,
+                    "duration": time.monotonic() - started, "status": "error",
+                    "truncated": False}
         for path, data in (req.get("files") or {}).items():
             try:
                 _write_file(path, data)
@@ -805,8 +866,8 @@ def main():
                 server._drop_kernel()
                 server.session_lost = False  # a new lease starts with a new session anyway
                 _kill_strays({os.getpid()})
-                _wipe()
-                reply = {"ok": True}
+                left = _wipe()
+                reply = {"ok": not left, "left": left}
             elif req["op"] == "tar":
                 reply = _tar_workdir()
             elif req["op"] == "untar":

@@ -12,16 +12,20 @@ only plain data comes back (see ``_runner.py`` and docs/sandboxes.md).
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from agentgym._errors import ConfigError
 
+from ._docker import DockerSandbox
+from ._lease import SandboxLease
+from ._local import LocalSandbox
 from ._pool import SandboxPool
-from ._protocol import MAX_TIMEOUT_S, Sandbox, check_timeout
+from ._protocol import MAX_TIMEOUT_S, Sandbox, cancellable_in_thread, check_timeout
 from ._result import ExecResult, ExecStatus
 
 VerifyMode = Literal["assert", "stdio", "pytest"]
@@ -210,14 +214,65 @@ def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *
     trailing whitespace ignored); ``pytest`` — ``tests`` is a test module that imports from
     ``solution`` (one that collects no tests fails the sample). Each test has
     ``per_test_timeout`` seconds, the whole sample ``total_timeout``. The whole batch is one
-    sandbox call. Malformed arguments raise `ConfigError` before anything runs.
+    sandbox call, on a clean sandbox: the session ended, the work dir, /tmp and /dev/shm
+    emptied first (see `_runner_call`), so a reused sandbox judges each sample on its own and
+    **its files are gone afterwards**. Malformed arguments raise `ConfigError` before anything
+    runs.
     """
     payload = _payload(code, tests, mode, per_test_timeout, total_timeout, reward)
     kwargs = _run_kwargs(sandbox, payload, total_timeout)
     if isinstance(sandbox, SandboxPool):
         with sandbox.lease() as sb:
-            return _score(sb.run(RUNNER_SOURCE, **kwargs), reward)
-    return _score(sandbox.run(RUNNER_SOURCE, **kwargs), reward)
+            return _score(_run_runner(sb, kwargs), reward)
+    return _score(_run_runner(sandbox, kwargs), reward)
+
+
+def _runner_call(sandbox: Any, kwargs: dict[str, Any]) -> Callable[[], ExecResult] | None:
+    """The runner's call with a fresh work dir, in one request; None for other backends.
+
+    Why: a sandbox reused for several samples (a bare one, or a lease verifying a group)
+    kept what the last sample's code did: a /work it chmod'ed 000, a full /tmp, files. The
+    next sample, correct or not, then failed as if its code had. The backend cleans in the
+    same request as the runner (no call can slip in between, even from another thread), a
+    lease's gate included.
+    """
+    target = sandbox.sandbox if isinstance(sandbox, SandboxLease) else sandbox
+    if not isinstance(target, (DockerSandbox, LocalSandbox)):
+        return None
+    call = functools.partial(target.run, RUNNER_SOURCE, fresh_workdir=True, **kwargs)
+    if isinstance(sandbox, SandboxLease):
+        return functools.partial(sandbox._call, call)  # the lease's gate: refused once ended
+    return call
+
+
+def _run_runner(sandbox: Any, kwargs: dict[str, Any]) -> ExecResult:
+    """Run the runner on a clean sandbox: see `_runner_call`; other backends reset first."""
+    call = _runner_call(sandbox, kwargs)
+    if call is not None:
+        return call()
+    try:
+        sandbox.reset()
+    except Exception as exc:
+        return _not_clean(exc)
+    return cast(ExecResult, sandbox.run(RUNNER_SOURCE, **kwargs))
+
+
+async def _arun_runner(sandbox: Any, kwargs: dict[str, Any]) -> ExecResult:
+    """Async twin of `_run_runner` (cancelled, it kills the runner's code)."""
+    call = _runner_call(sandbox, kwargs)
+    if call is not None:
+        return await cancellable_in_thread(call)
+    try:
+        await sandbox.areset()
+    except Exception as exc:
+        return _not_clean(exc)
+    return cast(ExecResult, await sandbox.arun(RUNNER_SOURCE, **kwargs))
+
+
+def _not_clean(exc: Exception) -> ExecResult:
+    return ExecResult.infra_failure(
+        f"sandbox: reset() before verification failed ({type(exc).__name__}: {exc}); "
+        "nothing ran. Use a new sandbox, or pass a SandboxPool", 0.0)
 
 
 async def averify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *,
@@ -228,5 +283,5 @@ async def averify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "ass
     kwargs = _run_kwargs(sandbox, payload, total_timeout)
     if isinstance(sandbox, SandboxPool):
         async with sandbox.alease() as sb:
-            return _score(await sb.arun(RUNNER_SOURCE, **kwargs), reward)
-    return _score(await sandbox.arun(RUNNER_SOURCE, **kwargs), reward)
+            return _score(await _arun_runner(sb, kwargs), reward)
+    return _score(await _arun_runner(sandbox, kwargs), reward)

@@ -52,14 +52,20 @@ BLOCKING_CELL = ("import os, time\nwith open('ready', 'w') as fh:\n    fh.write(
 """Code that says it started (see `wait_until_code_runs`), then runs for a minute."""
 
 
+#: Read the handshake FIFO ``ready`` once it exists (a verified candidate makes its own: verify
+#: empties the work dir first), at most 30 s.
+READ_HANDSHAKE = ["timeout", "30", "sh", "-c", "until [ -p ready ]; do sleep 0.01; done; cat ready"]
+
+
 def wait_until_code_runs(sb) -> int:
     """Block until `BLOCKING_CELL` runs in ``sb``; return the pid of its process.
 
     The cell opens the FIFO ``ready`` for writing, which returns only once this reader has
-    opened it, so the handshake needs no polling and no sleep.
+    opened it, so the handshake needs no sleep (only a wait for the FIFO to exist, where the
+    code makes it).
     """
     uid = sb.config.code_uid
-    r = sb._container.exec_run(["cat", "ready"], user=f"{uid}:{uid}", workdir=sb.config.workdir)
+    r = sb._container.exec_run(READ_HANDSHAKE, user=f"{uid}:{uid}", workdir=sb.config.workdir)
     assert r.exit_code == 0, r.output
     return int(r.output)
 

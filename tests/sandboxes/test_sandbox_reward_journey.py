@@ -44,12 +44,14 @@ from agentgym.sandboxes import (
     averify,
     verify,
 )
-from tests.sandboxes.conftest import MAKE_FIFO, own_containers, wait_until_code_runs
+from tests.sandboxes.conftest import READ_HANDSHAKE, own_containers, wait_until_code_runs
 
 pytestmark = pytest.mark.docker
 
 # A candidate that says it started (the FIFO handshake of conftest) and then runs a minute.
-BLOCKING_CANDIDATE = ("import os, time\nwith open('/work/ready', 'w') as fh:\n"
+# It makes the FIFO itself: verify empties the work dir before the candidate runs.
+BLOCKING_CANDIDATE = ("import os, time\nos.mkfifo('/work/ready')\n"
+                      "with open('/work/ready', 'w') as fh:\n"
                       "    fh.write(str(os.getpid()))\ntime.sleep(60)\ndef f():\n    return 1\n")
 LONG = {"per_test_timeout": 60.0, "total_timeout": 60.0}
 
@@ -71,7 +73,6 @@ def local_sb():
 
 # -- cancellation ---------------------------------------------------------------------------
 async def test_cancelling_averify_on_a_bare_docker_sandbox_kills_its_code(docker_sb):
-    docker_sb.run(MAKE_FIFO)
     task = asyncio.create_task(averify(BLOCKING_CANDIDATE, ["assert f() == 1"],
                                        sandbox=docker_sb, **LONG))
     await asyncio.to_thread(wait_until_code_runs, docker_sb)
@@ -117,7 +118,7 @@ CTRL_C_SCRIPT = textwrap.dedent("""
 
     async def main():
         async with DockerSandbox() as sb:
-            await sb.arun("import os\\nos.mkfifo('ready')")
+            await sb.arun("print(0)")  # the container runs
             print(sb.container_id, flush=True)
             await averify(CODE, ["assert f() == 1"], sandbox=sb, per_test_timeout=60,
                           total_timeout=60)
@@ -135,7 +136,7 @@ def test_ctrl_c_of_an_async_verify_script_returns_at_once_and_leaves_no_containe
         cid = proc.stdout.readline().strip()
         assert cid, proc.stderr.read() if proc.stderr else ""
         container = docker_client.containers.get(cid)
-        r = container.exec_run(["cat", "ready"], user="1000:1000", workdir="/work")
+        r = container.exec_run(READ_HANDSHAKE, user="1000:1000", workdir="/work")
         assert r.exit_code == 0, r.output  # the candidate runs now
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=20)  # before: the verify's whole minute
@@ -163,7 +164,6 @@ def test_closing_a_pool_kills_the_verification_running_in_it_as_infra_error(dock
 
     def episode() -> None:
         with pool.lease(timeout=30) as sb:
-            sb.run(MAKE_FIFO)
             got["sb"] = sb
             leased.set()
             try:
