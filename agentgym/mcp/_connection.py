@@ -27,15 +27,21 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextvars
 import functools
+import hashlib
 import os
 import shutil
+import sys
 import tempfile
 import threading
+import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from agentgym._errors import ConfigError, InfraError, ToolError
+from agentgym._run_to_end import run_to_end
 
 from ._spec import MCPServer
 
@@ -47,7 +53,13 @@ _T = TypeVar("_T")
 
 
 class MCPServerError(InfraError):
-    """An MCP server could not start, or failed whoever asked: ``infra_error``."""
+    """An MCP server could not start, or failed whoever asked: ``infra_error``.
+
+    ``exit_status``: a stdio server that exited on its own before the MCP handshake, its exit
+    status; else None.
+    """
+
+    exit_status: int | None = None
 
 
 class NoAnswer(MCPServerError):
@@ -87,6 +99,7 @@ if hasattr(os, "register_at_fork"):  # a forked child has no hub thread: start i
         _shared_locks.clear()
         _live.clear()
         _starting.clear()
+        _failed_starts.clear()
 
     os.register_at_fork(after_in_child=_forget_hub)
 
@@ -136,32 +149,150 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _start_failure(exc: BaseException) -> str:
+def _start_failure(exc: BaseException, spec: MCPServer) -> str:
     """Why a server did not start, after its name: unreachable, or failed.
 
-    An unreachable url is named as such, so nobody debugs a server that is not there.
+    An unreachable url is named as such, so nobody debugs a server that is not there; a url
+    that answers "Not Found" and does not end in ``/mcp`` is told where such servers serve.
     """
     import httpx2  # the SDK's HTTP client: installed with it
 
     reason = _describe(exc)
     if isinstance(_innermost(exc), httpx2.ConnectError):
         return f"could not be reached ({reason})"
+    if spec.url and "not found" in reason.lower() and not spec.url.rstrip("/").endswith("/mcp"):
+        parts = urllib.parse.urlsplit(spec.url)
+        return (
+            f"failed to start: {reason}; streamable HTTP servers usually serve at /mcp: "
+            f"try url={parts.scheme + '://' + parts.netloc + '/mcp'!r}"
+        )
     return f"failed to start: {reason}"
 
 
-def _copy_workspace(template: str) -> str:
-    """A fresh copy of ``template`` in a new temporary folder; returns the copy's path.
+#: Lines of a server's stderr a start failure quotes (their last ones), and characters at most.
+STDERR_TAIL_LINES, STDERR_TAIL_CHARS = 5, 1000
 
-    Copied on the hub loop, which waits for it (small folders: a repository, a database
-    file): a copy made in a thread would be left behind by a start cancelled meanwhile.
+
+def _stderr_tail(path: str | None, offset: int) -> str:
+    """The last lines the server wrote to ``path`` after ``offset``, on one line; "" if none."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(offset, os.path.getsize(path) - 64 * 1024))
+            text = log.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    tail = " | ".join(lines[-STDERR_TAIL_LINES:])
+    return tail if len(tail) <= STDERR_TAIL_CHARS else "..." + tail[-STDERR_TAIL_CHARS:]
+
+
+def _open_stderr(spec: MCPServer, path: str | None) -> tuple[TextIO, int]:
+    """The file a stdio server's stderr goes to, and where this start's output begins there."""
+    if spec.stderr == "inherit":
+        return sys.stderr, 0  # the SDK's default
+    if path is None:  # discard
+        return open(os.devnull, "w"), 0  # noqa: SIM115 (closed by the owner task)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    log = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by the owner task)
+    return log, log.tell()
+
+
+#: Where the owner task's stdio transport puts the server process it starts (see `_spawns`).
+_spawned: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "agentgym_mcp_spawned", default=None
+)
+
+
+@functools.cache
+def _spawns() -> None:
+    """Let the owner task see its server's process (for its exit status), once per process.
+
+    The SDK's stdio transport does not expose the process; its spawn function is wrapped so
+    that a task that set `_spawned` gets it. Without that function (another SDK version) the
+    exit status is not known, and nothing else changes.
     """
-    copy = tempfile.mkdtemp(prefix="agentgym-mcp-")
+    from mcp.client import stdio
+
+    spawn = getattr(stdio, "_create_platform_compatible_process", None)
+    if spawn is None:
+        return
+
+    async def spawn_and_tell(*args: Any, **kwargs: Any) -> Any:
+        process = await spawn(*args, **kwargs)
+        sink = _spawned.get()
+        if sink is not None:
+            sink.append(process)
+        return process
+
+    stdio._create_platform_compatible_process = spawn_and_tell
+
+
+#: Run before a stdio server on Linux: it then gets SIGKILL when this process dies, however it
+#: dies (the SDK starts servers in a session of their own, so nothing else reaches them after
+#: a SIGTERM or SIGKILL of ours). argv: our pid, the server's command and args.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: it survives the exec\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)  # the parent died already\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def _dies_with_us(command: str, args: list[str]) -> tuple[str, list[str]]:
+    """``command`` and ``args`` run so that the server dies with this process (Linux)."""
+    if not sys.platform.startswith("linux") or not sys.executable:
+        return command, args
+    return sys.executable, ["-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), command, *args]
+
+
+def _workspace_prefix(pid: int) -> str:
+    """How the workspace copies of process ``pid`` on this machine are named."""
+    host = hashlib.sha1(os.uname().nodename.encode()).hexdigest()[:6]
+    return f"agentgym-mcp-{host}-{pid}-"
+
+
+def _new_workspace() -> str:
+    """A new empty temporary folder for a copy of a workspace (its name holds our pid)."""
+    return tempfile.mkdtemp(prefix=_workspace_prefix(os.getpid()))
+
+
+@functools.cache
+def _sweep_workspaces() -> None:
+    """Remove the workspace copies left by dead processes of this machine; once per process.
+
+    Such a process was killed (SIGKILL, or SIGTERM without a handler) and ran no exit hook;
+    its servers died with it (`_dies_with_us`), its copies stayed. Runs in a worker thread.
+    """
+    mine = _workspace_prefix(0)[: -len("0-")]
+    folder = tempfile.gettempdir()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(mine) :].split("-", 1)[0]
+        if not name.startswith(mine) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)  # alive (or not ours to signal): its copy stays
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def _fill_workspace(template: str, copy: str) -> None:
+    """Copy ``template`` into ``copy`` (run in a worker thread: see `MCPConnection._open`)."""
     try:
         shutil.copytree(template, copy, dirs_exist_ok=True)  # links copied as files: none out
     except OSError as exc:
-        shutil.rmtree(copy, ignore_errors=True)
         raise MCPServerError(f"could not copy the MCP workspace {template!r}: {exc}") from exc
-    return copy
 
 
 class MCPConnection:
@@ -177,6 +308,12 @@ class MCPConnection:
         self._stop = asyncio.Event()
         self._owner: asyncio.Task[None] | None = None
         self._closing: asyncio.Future[None] | None = None  # the one close (see `close`)
+        #: Where the server's stderr goes (a file), or None (see `MCPServer.log_path`), and
+        #: where this start's output begins in it.
+        self.log_path = None if spec.stderr == "inherit" else spec.log_path
+        self.stderr_offset = 0
+        if self.log_path is not None and spec.stderr is None:
+            _logs.add(self.log_path)
 
     @classmethod
     async def open(cls, spec: MCPServer) -> MCPConnection:
@@ -200,16 +337,26 @@ class MCPConnection:
         _close_at_exit()
         ready = asyncio.get_running_loop().create_future()
         try:
-            if spec.workspace is not None:  # no await: a cancel cannot leave a copy behind
-                connection.workspace = _copy_workspace(spec.workspace)
+            if spec.workspace is not None:
+                # in a worker thread: copied on the hub loop, a big workspace froze every MCP
+                # session of the process, and their calls timed out (forfeits nobody caused).
+                # The copy's folder is the connection's before the await, and a cancelled
+                # start waits for the copy to end (`run_to_end`), so `close` removes all of it
+                await run_to_end(asyncio.to_thread(_sweep_workspaces))
+                connection.workspace = _new_workspace()
+                await run_to_end(
+                    asyncio.to_thread(_fill_workspace, spec.workspace, connection.workspace)
+                )
                 connection.spec = spec.in_workspace(connection.workspace)
             connection._owner = asyncio.create_task(connection._own(mcp, ready))
             async with asyncio.timeout(spec.start_timeout):
                 await ready
         except TimeoutError:
             await connection.close()
+            tail = _stderr_tail(connection.log_path, connection.stderr_offset)
             raise MCPServerError(
                 f"MCP server {spec.label!r} did not start within {spec.start_timeout:g} s"
+                + (f"; its stderr ended: {tail} (all of it: {connection.log_path})" if tail else "")
             ) from None
         except BaseException:
             await connection.close()
@@ -217,12 +364,28 @@ class MCPConnection:
         return connection
 
     async def _own(self, mcp: Any, ready: asyncio.Future[None]) -> None:
-        """The owner task: open the session, hold it until `close`, then end it."""
-        spec = self.spec
-        target = spec.url or mcp.StdioServerParameters(
-            command=spec.command, args=list(spec.args), env=dict(spec.env) or None, cwd=spec.cwd
-        )
+        """The owner task: open the session, hold it until `close`, then end it.
+
+        Anything that fails before the session is open (the server's parameters included)
+        fails the start at once, with the server's exit status and last stderr lines.
+        """
+        spec, errlog, offset = self.spec, None, 0
+        processes: list[Any] = []
         try:
+            if spec.url:
+                target: Any = spec.url
+            else:
+                from mcp.client.stdio import stdio_client
+
+                _spawns()
+                _spawned.set(processes)
+                errlog, offset = _open_stderr(spec, self.log_path)
+                self.stderr_offset = offset
+                command, args = _dies_with_us(spec.command or "", list(spec.args))
+                parameters = mcp.StdioServerParameters(
+                    command=command, args=args, env=dict(spec.env) or None, cwd=spec.cwd
+                )
+                target = stdio_client(parameters, errlog=errlog)
             async with mcp.Client(target) as client:
                 self._client = client
                 if not ready.done():  # else `open` gave up waiting and is closing this
@@ -230,12 +393,33 @@ class MCPConnection:
                 await self._stop.wait()
         except BaseException as exc:  # a session that ends on its own ends quietly
             if not ready.done():
-                failure = _start_failure(exc)
-                ready.set_exception(MCPServerError(f"MCP server {spec.label!r} {failure}"))
+                status = getattr(processes[0], "returncode", None) if processes else None
+                ready.set_exception(self._start_error(exc, status, offset))
             if not isinstance(exc, Exception):
                 raise
         finally:
             self._client, self.broken = None, True
+            if errlog is not None and errlog is not sys.stderr:
+                errlog.close()
+
+    def _start_error(self, exc: BaseException, status: int | None, offset: int) -> MCPServerError:
+        """The error of a start that failed with ``exc`` (the server's exit ``status``)."""
+        spec = self.spec
+        failure = _start_failure(exc, spec)
+        if status is not None and status >= 0:  # it ended on its own (killed by us: < 0)
+            failure += f"; it exited with status {status} before the MCP handshake"
+        else:
+            status = None
+        tail = _stderr_tail(self.log_path, offset)
+        if tail:
+            failure += f"; its stderr ended: {tail}"
+        if status:
+            failure += "; check command, args, env and cwd"
+        if tail:
+            failure += f" (all of it: {self.log_path})"
+        error = MCPServerError(f"MCP server {spec.label!r} {failure}")
+        error.exit_status = status
+        return error
 
     async def close(self) -> None:
         """End the session and stop the server; returns when both are gone.
@@ -266,30 +450,43 @@ class MCPConnection:
                 shutil.rmtree(copy, ignore_errors=True)
         _live.discard(self)
 
-    async def list_tools(self) -> list[mcp_types.Tool]:
+    async def list_tools(self, timeout: float | None = None) -> list[mcp_types.Tool]:
         """Every tool the server lists, all pages, within one ``call_timeout`` in all.
 
         Raises `ConfigError` for a listing no retry can fix (see `_list_all_pages`).
         """
         listing = functools.partial(_list_all_pages, label=self.spec.label)
-        return await self._request("the listing of its tools", listing)
+        return await self._request("the listing of its tools", listing, timeout)
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
-        """One ``tools/call``; an answer with ``isError`` is returned, not raised."""
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], timeout: float | None = None
+    ) -> mcp_types.CallToolResult:
+        """One ``tools/call`` within ``timeout`` seconds (None: the spec's ``call_timeout``).
+
+        An answer with ``isError`` is returned, not raised. A shared session serves envs with
+        different limits: each passes its own.
+        """
         send = functools.partial(_call_tool, name=name, arguments=arguments)
-        result: mcp_types.CallToolResult = await self._request(f"the call of {name!r}", send)
+        what = f"the call of {name!r}"
+        result: mcp_types.CallToolResult = await self._request(what, send, timeout)
         return result
 
-    async def _request(self, what: str, send: Callable[[mcp.Client], Awaitable[_T]]) -> _T:
-        """Send one request under ``call_timeout``; sort its failures into infra and tool."""
+    async def _request(
+        self,
+        what: str,
+        send: Callable[[mcp.Client], Awaitable[_T]],
+        timeout: float | None = None,
+    ) -> _T:
+        """Send one request under ``timeout`` (None: ``call_timeout``); sort its failures."""
         from mcp.shared.exceptions import MCPError
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         spec, client = self.spec, self._client
+        limit = spec.call_timeout if timeout is None else timeout
         if client is None or self.broken:
             stopped = f"the MCP server had stopped before {what}, so it did not run"
             raise NoAnswer(spec, "is not running (it died or hung)", stopped, sent=False)
-        scope = asyncio.timeout(spec.call_timeout)
+        scope = asyncio.timeout(limit)
         try:
             async with scope:
                 return await send(client)
@@ -303,19 +500,21 @@ class MCPConnection:
             failure = exc
         self.broken = True
         if scope.expired():
-            seconds = f"{spec.call_timeout:g} s"
+            seconds = f"{limit:g} s"
             raise NoAnswer(spec, f"did not answer {what} within {seconds}",
                            f"{what} did not finish within {seconds}") from None  # fmt: skip
         reason = _describe(failure)
         raise NoAnswer(spec, f"failed during {what}: {reason}",
                        f"{what} crashed the MCP server ({reason})") from failure  # fmt: skip
 
-    async def probe(self) -> None:
+    async def probe(self, timeout: float | None = None) -> None:
         """Whether the server answers: asks for its tools (one page, not the SDK's cache).
 
-        Raises `MCPServerError` when it gets no answer within ``call_timeout``.
+        Raises `MCPServerError` when it gets no answer within ``timeout`` (None:
+        ``call_timeout``).
         """
-        await self._request("a listing of its tools", functools.partial(_list_page, cursor=None))
+        listing = functools.partial(_list_page, cursor=None)
+        await self._request("a listing of its tools", listing, timeout)
 
 
 async def _list_page(client: mcp.Client, cursor: str | None) -> mcp_types.ListToolsResult:
@@ -377,6 +576,13 @@ async def _call_tool(
 _shared: dict[tuple[object, ...], MCPConnection] = {}
 _shared_locks: dict[tuple[object, ...], asyncio.Lock] = {}
 _listings: dict[tuple[object, ...], list[Any]] = {}
+#: The last failed start of each shared server: (when it failed, its error); see `connect`.
+_failed_starts: dict[tuple[object, ...], tuple[float, MCPServerError]] = {}
+#: Seconds after a shared server failed to start in which no episode starts it again.
+SHARED_RETRY_SECONDS = 10.0
+#: The default stderr logs of this process's servers (`MCPServer.log_path`): empty ones are
+#: removed at exit.
+_logs: set[str] = set()
 #: Every session opened and not yet closed (episode-scoped ones too): closed at exit.
 _live: set[MCPConnection] = set()
 #: How many stdio servers may be starting at once (see `MCPConnection.open`).
@@ -394,18 +600,37 @@ async def connect(spec: MCPServer) -> MCPConnection:
     """A session for one episode: a new one (scope ``episode``) or the shared one.
 
     The shared session of a spec is started by the first caller, and started again by the
-    first caller after it broke (its server died or hung).
+    first caller after it broke (its server died or hung). A start that failed is not tried
+    again by the callers that queued behind it, nor for `SHARED_RETRY_SECONDS` after it: they
+    raise its error at once. Each used to wait its turn and then its own ``start_timeout``,
+    so a group of 64 episodes took 64 start timeouts to end ``infra_error``.
     """
     if spec.scope == "episode":
         return await MCPConnection.open(spec)
-    key = spec.key()
+    key, asked = spec.key(), time.monotonic()
     async with _shared_locks.setdefault(key, asyncio.Lock()):
         connection = _shared.get(key)
         if connection is None or connection.broken:
+            failed = _failed_starts.get(key)
+            if failed is not None and (
+                failed[0] >= asked or time.monotonic() - failed[0] < SHARED_RETRY_SECONDS
+            ):
+                error = MCPServerError(
+                    f"{failed[1]} (a start of this shared server failed "
+                    f"{time.monotonic() - failed[0]:.0f} s ago; it is tried again "
+                    f"{SHARED_RETRY_SECONDS:g} s after that)"
+                )
+                error.exit_status = failed[1].exit_status
+                raise error
             if connection is not None:
                 await connection.close()
             _close_at_exit()
-            connection = _shared[key] = await MCPConnection.open(spec)
+            try:
+                connection = _shared[key] = await MCPConnection.open(spec)
+            except MCPServerError as exc:
+                _failed_starts[key] = (time.monotonic(), exc)
+                raise
+            _failed_starts.pop(key, None)
         return connection
 
 
@@ -420,7 +645,7 @@ async def reconnect(spec: MCPServer, broken: MCPConnection) -> MCPConnection:
     await broken.close()
     connection = await connect(spec)
     try:
-        await connection.probe()
+        await connection.probe(spec.call_timeout)
     except BaseException:
         if spec.scope == "episode":  # a shared one stays the process's (broken: replaced next)
             await connection.close()
@@ -480,9 +705,14 @@ async def list_server_tools(spec: MCPServer) -> list[mcp_types.Tool]:
     """
     key = spec.key()
     if key not in _listings:
-        connection = await connect(spec)
         try:
-            _listings[key] = await connection.list_tools()
+            connection = await connect(spec)
+        except MCPServerError as exc:
+            if exc.exit_status:  # it exited at once, the first time: no retry fixes that
+                raise ConfigError(str(exc)) from exc
+            raise
+        try:
+            _listings[key] = await connection.list_tools(spec.call_timeout)
         except ToolError as exc:  # it answered, with an error: it does not serve tools
             raise ConfigError(f"MCP server {spec.label!r} refused to list tools: {exc}") from exc
         finally:
@@ -525,6 +755,12 @@ def _close_everything() -> None:
 
     if _hub is not None:
         on_hub_sync(close_live())
+    for path in list(_logs):  # a server that wrote nothing left nothing to read
+        try:
+            if os.path.getsize(path) == 0:
+                os.remove(path)
+        except OSError:
+            pass
 
 
 @functools.cache

@@ -133,7 +133,8 @@ class MCPToolEnv(ToolEnv):
             connection = self._connections[index]
             assert connection is not None  # a teardown cannot run while a step awaits
             try:
-                result = await on_hub(connection.call_tool(name, arguments))
+                # this env's limit: a shared session may have been opened by another env's spec
+                result = await on_hub(connection.call_tool(name, arguments, spec.call_timeout))
                 break
             except NoAnswer as failure:
                 await self._replace(index, connection, failure)

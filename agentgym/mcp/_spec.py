@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
+import shlex
 import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -55,7 +58,13 @@ class MCPServer:
         call_timeout: seconds a tool call may take; past it the server is restarted and the
             call is the model's doing while the restarted server answers (an episode's own
             server: the episode is forfeited, reward 0; else a tool error), ``infra_error``
-            when it does not.
+            when it does not. Each env's calls run under its own spec's limit, a shared
+            server's too.
+        stderr: where a stdio server's stderr (its logs, its tracebacks) goes. None: appended
+            to a log file of this process and server, ``agentgym-logs/mcp-PID-NAME.log`` in the
+            temp folder (`log_path` names it; a start failure quotes its last lines and names
+            it); a path: appended to that file; ``"inherit"``: this process's stderr (the
+            terminal); ``"discard"``: nowhere.
 
     Example::
 
@@ -79,6 +88,7 @@ class MCPServer:
     prefix: str = ""
     start_timeout: float = 30.0
     call_timeout: float = 60.0
+    stderr: str | None = None
 
     def __post_init__(self) -> None:
         # a lone string would be split into characters: one argument or tool per letter
@@ -88,9 +98,22 @@ class MCPServer:
                     f"MCPServer {name} must be a list of strings, got the string "
                     f"{getattr(self, name)!r}; write {example}"
                 )
-        # frozen: normalise through object.__setattr__ so equal specs hash alike
-        object.__setattr__(self, "args", tuple(self.args))
-        object.__setattr__(self, "env", dict(self.env))
+        # frozen: normalise through object.__setattr__ so equal specs hash alike. A path is
+        # taken as its text; anything else that is not a string (an int) is refused here: it
+        # used to fail only in the SDK, silently, and the start waited out start_timeout
+        for name in ("command", "cwd", "workspace", "stderr"):
+            object.__setattr__(self, name, _text(getattr(self, name), name, none_ok=True))
+        object.__setattr__(
+            self, "args", tuple(_text(a, f"args[{i}]") for i, a in enumerate(self.args))
+        )
+        if not isinstance(self.env, Mapping):
+            raise ConfigError(f"MCPServer env must be a dict of strings, got {self.env!r}")
+        env = {}
+        for key, value in self.env.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"MCPServer env keys must be strings, got {key!r}")
+            env[key] = _text(value, f"env[{key!r}]")
+        object.__setattr__(self, "env", env)
         if self.tools is not None:
             object.__setattr__(self, "tools", tuple(self.tools))
         if self.transport is None:
@@ -115,10 +138,7 @@ class MCPServer:
                 )
             found = shutil.which(self.command)
             if found is None:
-                raise ConfigError(
-                    f"MCPServer command {self.command!r} is not an executable file or on PATH; "
-                    "give its full path"
-                )
+                raise ConfigError(_not_found(self.command))
             # a relative command is found from here; the server may start in another cwd
             object.__setattr__(self, "command", os.path.abspath(found))
         elif not (self.url or "").startswith(("http://", "https://")):
@@ -141,6 +161,19 @@ class MCPServer:
             value = getattr(self, name)
             if not value > 0:
                 raise ConfigError(f"MCPServer {name} must be > 0 seconds, got {value!r}")
+        if self.stderr is not None and self.transport != "stdio":
+            raise ConfigError(
+                "MCPServer stderr= is for a stdio server this process starts; an HTTP "
+                "server's stderr is not ours"
+            )
+        if self.stderr not in (None, "inherit", "discard"):
+            folder = os.path.dirname(os.path.abspath(self.stderr or ""))
+            if not os.path.isdir(folder):
+                raise ConfigError(
+                    f"MCPServer stderr={self.stderr!r}: its folder {folder!r} does not exist; "
+                    "give a file in an existing folder, 'inherit' or 'discard'"
+                )
+            object.__setattr__(self, "stderr", os.path.abspath(self.stderr or ""))
 
     def _check_workspace(self) -> None:
         if self.scope != "episode" or self.transport != "stdio":
@@ -172,12 +205,62 @@ class MCPServer:
     @property
     def label(self) -> str:
         """How errors name this server: its url, or its command line."""
-        return self.url or " ".join([self.command or "", *self.args])
+        return self.url or " ".join(map(str, [self.command or "", *self.args]))
+
+    @property
+    def log_path(self) -> str | None:
+        """The file this server's stderr is appended to; None: none (``inherit``/``discard``).
+
+        By default (``stderr=None``) a file of this process and server in the temp folder,
+        ``agentgym-logs/mcp-PID-NAME.log``, which every start of the server appends to.
+        """
+        if self.transport != "stdio" or self.stderr in ("inherit", "discard"):
+            return None
+        if self.stderr is not None:
+            return self.stderr
+        words = [os.path.basename(w) for w in [self.command or "", *self.args][:3]]
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join(words))[:60].strip("-.")
+        digest = hashlib.sha1(repr(self.key()).encode()).hexdigest()[:8]
+        folder = os.path.join(tempfile.gettempdir(), "agentgym-logs")
+        return os.path.join(folder, f"mcp-{os.getpid()}-{name}-{digest}.log")
 
     def __hash__(self) -> int:
         return hash(self.key())
 
     def key(self) -> tuple[object, ...]:
-        """What makes two specs the same server (the shared-process registry's key)."""
+        """What makes two specs the same server (the shared-process registry's key).
+
+        The timeouts, ``scope``, ``tools``, ``prefix`` and ``stderr`` are not in it: envs
+        whose specs differ only there share one server (``stderr``: the first start's), and
+        each env times its own calls with its own ``call_timeout``.
+        """
         return (self.transport, self.command, self.args, tuple(sorted(self.env.items())),
                 self.cwd, self.url, self.workspace)  # fmt: skip
+
+
+def _text(value: object, name: str, none_ok: bool = False) -> str | None:
+    """``value`` as a string: a path's text; a `ConfigError` naming ``name`` for anything else."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"MCPServer {name} must be a string, got {type(value).__name__} {value!r}; "
+            f"write str({value!r})"
+        )
+    return value
+
+
+def _not_found(command: str) -> str:
+    """Why ``command`` cannot be run; a whole command line is told to split itself."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unbalanced quote
+        words = command.split()
+    if len(words) > 1 and shutil.which(words[0]) is not None:
+        return (
+            f"MCPServer command {command!r} is a whole command line, not an executable: give "
+            f"command={words[0]!r}, args={words[1:]!r}"
+        )
+    return f"MCPServer command {command!r} is not an executable file or on PATH; give its full path"

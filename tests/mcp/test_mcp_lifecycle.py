@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agentgym import EpisodeSpec, ScriptedPolicy, arollout, rollout, run_episode
+from agentgym import ConfigError, EpisodeSpec, ScriptedPolicy, arollout, rollout, run_episode
 from agentgym.engine._serve import free_port
-from agentgym.mcp import MCPServer, MCPServerError, MCPToolEnv
+from agentgym.mcp import MCPServer, MCPToolEnv
 from tests.conftest import hermes_call as call
 from tests.mcp.conftest import EXAMPLE_SERVER, MISBEHAVING_SERVER, pid_alive
 
@@ -163,13 +163,15 @@ def test_an_error_result_is_the_models_mistake_and_the_episode_goes_on(misbehavi
     assert replies(t)[1].isdigit()
 
 
-async def test_a_server_that_cannot_start_is_infra_error() -> None:
+async def test_a_server_that_exits_at_its_first_start_is_the_configs_error() -> None:
+    """It exits before the handshake every time: no retry can help (exit 2, not 75)."""
     spec = MCPServer(command=sys.executable, args=["-c", "import sys; sys.exit(2)"])
-    with pytest.raises(MCPServerError, match="failed to start: MCPError: Connection closed"):
+    with pytest.raises(ConfigError, match="failed to start: MCPError: Connection closed; it "
+                       "exited with status 2"):  # fmt: skip
         MCPToolEnv([spec], tasks=TASK)
     make = lambda: MCPToolEnv([spec], tasks=TASK)  # noqa: E731
     t = await run_episode(make, ScriptedPolicy(["x"]), EpisodeSpec(0, 0, 0, seed=0))
-    assert t.status == "infra_error" and "failed to start" in t.error
+    assert t.status == "error" and "failed to start" in t.error
 
 
 # ---- cancellation -----------------------------------------------------------------------------
