@@ -6,6 +6,8 @@ Every figure is measured in the run that prints it; nothing is hard-coded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -83,13 +85,19 @@ def cold_latencies(client: Any, image: str, config: DockerSandboxConfig, n: int)
     figure holds a first call's costs (the client's connection, the image's files read in).
     The two sides are measured one after the other, not interleaved.
     """
-    opts = container_options(config, {"agentgym.bench": "cold"})
-    client.containers.run(image, ["python3", "-c", "print(1)"], remove=True, **opts)
+    mine = f"cold-{os.getpid()}"  # this run's containers only
+    opts = container_options(config, {"agentgym.bench": mine})
     times = []
-    for _ in range(n):
-        t = time.perf_counter()
+    try:
         client.containers.run(image, ["python3", "-c", "print(1)"], remove=True, **opts)
-        times.append(time.perf_counter() - t)
+        for _ in range(n):
+            t = time.perf_counter()
+            client.containers.run(image, ["python3", "-c", "print(1)"], remove=True, **opts)
+            times.append(time.perf_counter() - t)
+    finally:  # docker-py removes a container after it exits: a Ctrl-C before that left it
+        for left in client.containers.list(all=True, filters={"label": f"agentgym.bench={mine}"}):
+            with contextlib.suppress(Exception):  # 409: docker-py's own removal got there
+                left.remove(force=True)
     return times
 
 
