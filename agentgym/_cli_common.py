@@ -35,13 +35,13 @@ console = Console(stderr=True, markup=False)
 stdout = PipedConsole(markup=False)
 
 
-def folder_path(text: str) -> Path:
+def folder_path(text: str | Path) -> Path:
     """A folder option's value as a `Path` (typer ``parser=``), refusing an empty one.
 
     Why: ``Path("")`` is the current folder, so ``--out "$OUT"`` with ``OUT`` unset wrote a
-    run's files among whatever the shell's folder held.
+    run's files among whatever the shell's folder held. (The option's default comes as a Path.)
     """
-    if not text.strip():
+    if isinstance(text, str) and not text.strip():
         raise typer.BadParameter("is empty; give a folder for the run's files (e.g. runs/eval)")
     return Path(text)
 

@@ -178,10 +178,8 @@ class HumanEvalEnv(SandboxToolEnv):
         return [self.parser.render("", [trial]), f"```python\n{solution}```"]
 
     async def passes_tests(self, completion: str, task: dict[str, Any], sandbox: Sandbox) -> float:
-        """Hidden tests on the final answer, in the episode's sandbox.
-
-        averify empties it first: no process or file of the agent survives into verification.
-        """
+        """Hidden tests on the final answer, in the episode's sandbox after a reset."""
+        await sandbox.areset()  # no process or file of the agent survives into verification
         result = await averify(
             extract_code(completion),
             hidden_tests(task),

@@ -181,10 +181,8 @@ class PythonCodeEnv(SandboxToolEnv):
         return [self.parser.render("", [trial]), answer]
 
     async def passes_tests(self, completion: str, task: dict[str, Any], sandbox: Sandbox) -> float:
-        """The task's tests on the final answer, in the episode's sandbox.
-
-        averify empties it first: no process or file of the agent survives into verification.
-        """
+        """The task's tests on the final answer, in the episode's sandbox after a reset."""
+        await sandbox.areset()  # no process or file of the agent survives into verification
         result = await averify(
             extract_code(completion),
             task["tests"],

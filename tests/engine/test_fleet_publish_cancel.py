@@ -38,7 +38,7 @@ class HeldLoadServer(FaultServer):
     def __init__(self) -> None:
         super().__init__()
         self.hold = False
-        self.loaded = threading.Event()  # a held load is applied; its answer waits
+        self.loaded = threading.Event()  # a load is applied (a held one: its answer waits)
         self.release = threading.Event()
 
     def app(self) -> FastAPI:
@@ -47,9 +47,10 @@ class HeldLoadServer(FaultServer):
         @app.middleware("http")
         async def held(request: Request, call_next: Any) -> Response:
             response: Response = await call_next(request)
-            if self.hold and request.url.path == "/v1/load_lora_adapter":
+            if request.url.path == "/v1/load_lora_adapter":
                 self.loaded.set()
-                await asyncio.to_thread(self.release.wait)
+                if self.hold:
+                    await asyncio.to_thread(self.release.wait)
             return response
 
         return app
@@ -80,7 +81,8 @@ async def test_a_publish_cancelled_mid_load_leaves_the_fleet_and_servers_agreein
     fleet = VLLMFleet([s.url for s in servers], "tiny", timeout=30.0, cool_off=3600)
     policy = RemoteVLLMPolicy(tiny_model_dir, fleet, sampling={"max_tokens": 8})
     publishing = asyncio.create_task(policy.aload_adapter(adapter, 1))
-    assert await asyncio.to_thread(slow.loaded.wait, 30)
+    for server in servers:  # the loads run concurrently: the fast one may end second
+        assert await asyncio.to_thread(server.loaded.wait, 30)
     assert run_adapters(fast) == run_adapters(slow) == {"agentgym-v1"}
     publishing.cancel()
     slow.release.set()

@@ -65,7 +65,15 @@ def wait_until_code_runs(sb) -> int:
     code makes it).
     """
     uid = sb.config.code_uid
-    r = sb._container.exec_run(READ_HANDSHAKE, user=f"{uid}:{uid}", workdir=sb.config.workdir)
+    return read_handshake(sb._container, f"{uid}:{uid}", sb.config.workdir)
+
+
+def read_handshake(container, user: str, workdir: str) -> int:
+    """`READ_HANDSHAKE` in ``container`` as ``user``: the pid the code wrote into ``ready``."""
+    for _ in range(3):  # a verify's clean-up kills the code uid's processes, this reader too
+        r = container.exec_run(READ_HANDSHAKE, user=user, workdir=workdir)
+        if r.exit_code != 137:  # SIGKILL: it started before the clean-up; read again after it
+            break
     assert r.exit_code == 0, r.output
     return int(r.output)
 

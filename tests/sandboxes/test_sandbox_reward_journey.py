@@ -44,7 +44,7 @@ from agentgym.sandboxes import (
     averify,
     verify,
 )
-from tests.sandboxes.conftest import READ_HANDSHAKE, own_containers, wait_until_code_runs
+from tests.sandboxes.conftest import own_containers, read_handshake, wait_until_code_runs
 
 pytestmark = pytest.mark.docker
 
@@ -136,8 +136,7 @@ def test_ctrl_c_of_an_async_verify_script_returns_at_once_and_leaves_no_containe
         cid = proc.stdout.readline().strip()
         assert cid, proc.stderr.read() if proc.stderr else ""
         container = docker_client.containers.get(cid)
-        r = container.exec_run(READ_HANDSHAKE, user="1000:1000", workdir="/work")
-        assert r.exit_code == 0, r.output  # the candidate runs now
+        read_handshake(container, "1000:1000", "/work")  # the candidate runs now
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=20)  # before: the verify's whole minute
     finally:
