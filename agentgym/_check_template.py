@@ -117,11 +117,11 @@ def template_failure_cause(
 def _template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> CheckResult:
     """Every chat-template kwarg must be a variable the template reads (typos do nothing)."""
     shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-    if _template_variables(getattr(tokenizer, "chat_template", None)) is None:
-        return CheckResult("chat template kwargs", True, f"{shown} (template not inspected)")
-    problem = unread_template_kwargs(tokenizer, kwargs)
+    problem = unread_template_kwargs(tokenizer, kwargs)  # a quoted boolean fails uninspected too
     if problem:
         return CheckResult("chat template kwargs", False, problem)
+    if _template_variables(getattr(tokenizer, "chat_template", None)) is None:
+        return CheckResult("chat template kwargs", True, f"{shown} (template not inspected)")
     return CheckResult("chat template kwargs", True, f"{shown}: read by the template")
 
 
@@ -130,7 +130,8 @@ def unread_template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> str:
 
     Such a kwarg changes nothing, silently (``enable_thinkng``); a template that cannot be
     inspected gets the benefit of the doubt. A boolean quoted as a string
-    (``"enable_thinking": "false"``) is refused too (`_quoted_booleans`).
+    (``"enable_thinking": "false"``) is refused too (`_quoted_booleans`), inspected or not.
+    Each message ends with its own fix, so callers add none.
     """
     quoted = _quoted_booleans(kwargs)
     if quoted:
@@ -144,9 +145,10 @@ def unread_template_kwargs(tokenizer: Any, kwargs: dict[str, Any]) -> str:
         for k in unknown
         if (close := difflib.get_close_matches(k, read, n=1))
     ]
+    fix = "drop it or fix its name" if len(unknown) == 1 else "drop them or fix their names"
     return (
         f"the template never reads {', '.join(map(repr, unknown))}, so it changes nothing"
-        f"{'; ' + ' '.join(hints) if hints else ''} (it reads: {', '.join(sorted(read))})"
+        f"{'; ' + ' '.join(hints) if hints else ''} (it reads: {', '.join(sorted(read))}); {fix}"
     )
 
 
@@ -168,7 +170,8 @@ def _quoted_booleans(kwargs: dict[str, Any]) -> str:
     fixed = ", ".join(f'"{k}": {v.strip().lower()}' for k, v in quoted.items())
     return (
         f"{shown} is a string, which the template does not read as a boolean (a non-empty "
-        f"string is true); pass the JSON boolean: '{{{fixed}}}'"
+        f"string is true); pass the JSON boolean: '{{{fixed}}}' (in Python, "
+        f"{', '.join(f'{k}={v.strip().capitalize()}' for k, v in quoted.items())})"
     )
 
 

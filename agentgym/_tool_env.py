@@ -376,58 +376,44 @@ class ToolEnv(Env):
         )
 
     def _interpret(self, completion: Completion) -> ParsedTurn:
+        """The turn's content and calls; calls written while reasoning are not run.
+
+        As vLLM's reasoning parsers do: a call inside the reply's opening ``<think>`` block is
+        reasoning, not a call (see `_reasoning_end`). One parse of the whole reply, and one of
+        the text before each ``</think>`` tried as the reasoning's end (reused to tell whether
+        the reasoning held calls); a reply that opens with ``<think>`` and never closes it is
+        not parsed again.
+        """
         if completion.message is not None:
             return _parse_message(completion.message)
         text = completion.text
         turn = self.parser.parse(text)
-        end = self._reasoning_end(text, turn) if turn.tool_calls or turn.errors else 0
-        if end:  # calls written while reasoning are not run (as vLLM's reasoning parsers do)
-            thought = self.parser.parse(text[:end])
-            if thought.tool_calls or thought.errors:
-                rest = text[end:]
-                turn = self.parser.parse(rest)
-                if not (turn.tool_calls or turn.errors):
-                    return ParsedTurn(content=text.strip())
-                gap = rest[: len(rest) - len(rest.lstrip())]  # content: the text before the call
-                turn.content = (text[:end] + gap + turn.content).strip()
+        if not (turn.tool_calls or turn.errors):
+            return turn
+        thoughts: list[ParsedTurn] = []  # the text before the </think> ending the reasoning
+
+        def inside_call(close: int) -> bool:
+            # a call cut in half by this </think>: an error the whole text does not have
+            thought = self.parser.parse(text[:close])
+            if any(error not in turn.errors for error in thought.errors):
+                return True
+            thoughts.append(thought)
+            return False
+
+        end = _reasoning_end(text, inside_call)
+        if not end:
+            return turn
+        if not thoughts:  # opens with <think>, never closed outside a call: reasoning to its end
+            return ParsedTurn(content=text.strip())
+        if not (thoughts[0].tool_calls or thoughts[0].errors):
+            return turn  # no call in the reasoning: the whole reply's parse stands
+        rest = text[end:]
+        turn = self.parser.parse(rest)
+        if not (turn.tool_calls or turn.errors):
+            return ParsedTurn(content=text.strip())
+        gap = rest[: len(rest) - len(rest.lstrip())]  # content: the text before the call
+        turn.content = (text[:end] + gap + turn.content).strip()
         return turn
-
-    def _reasoning_end(self, text: str, turn: ParsedTurn) -> int:
-        """Where the reply's opening reasoning block ends; 0 if it has none (see the function).
-
-        Only a ``</think>`` outside every call counts (`_inside_call`). Why: the first
-        ``</think>`` anywhere counted, so a call whose argument held one (code, HTML, docs
-        about reasoning models) was cut in half, not run, and the turn became the final
-        answer, silently. A reply that opens with ``<think>`` and never closes it is reasoning
-        to its end (max_tokens hit while thinking): its calls are not run, as vLLM's
-        reasoning parsers return such a reply as reasoning only.
-        """
-        opens = text.lstrip().startswith(_THINK_OPEN)
-        opened = text.find(_THINK_OPEN)
-        close = text.find(_THINK_CLOSE)
-        for _ in range(_MAX_THINK_CLOSES):
-            if close < 0:
-                break
-            if 0 <= opened < close and not opens:
-                return 0  # text before the block: it does not open the reply
-            if not self._inside_call(text, close, turn):
-                return close + len(_THINK_CLOSE)
-            close = text.find(_THINK_CLOSE, close + 1)
-        return len(text) if opens else 0
-
-    def _inside_call(self, text: str, close: int, turn: ParsedTurn) -> bool:
-        """Whether the ``</think>`` at ``close`` is part of a call of ``turn`` (the whole text).
-
-        It is when, replaced by plain text, the calls read differently, or when the text
-        before it holds a call cut in half (an error the whole text does not have).
-        """
-        masked = self.parser.parse(
-            text[:close] + _THINK_MASK + text[close + len(_THINK_CLOSE) :]
-        )
-        if _call_list(masked) != _call_list(turn) or len(masked.errors) != len(turn.errors):
-            return True
-        before = self.parser.parse(text[:close])
-        return any(error not in turn.errors for error in before.errors)
 
     def _assistant_message(self, parsed: ParsedTurn) -> tuple[Message, list[ToolCall]]:
         calls = [
@@ -460,27 +446,25 @@ class ToolEnv(Env):
             "make fewer calls in one turn"
         )
         results += [(f"Error: {refused}", refused)] * (len(calls) - len(run))
+        shown = self._shown_parse_errors(len(calls), parse_errors)
+        messages: list[Message] = [
+            {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": content}
+            for c, (content, _) in zip(calls, results)
+        ]
+        messages += [
+            {
+                "role": "tool",
+                "tool_call_id": self.parser.make_call_id(self.state.turn, len(calls) + i),
+                "name": MALFORMED_CALL,
+                "content": f"Error: {problem}. Emit tool calls in the documented format.",
+            }
+            for i, problem in enumerate(shown)
+        ]
+        errors = [err for _, err in results if err] + shown
         limit, cut = self.max_tool_result_chars, 0
-        messages: list[Message] = []
-        for c, (content, _) in zip(calls, results):
-            if limit is not None and len(content) > limit:
-                content, cut = _cut(content, limit), cut + 1
-            messages.append({"role": "tool", "tool_call_id": c.id, "name": c.name,
-                             "content": content})  # fmt: skip
-        errors = [err for _, err in results if err]
-        for i, problem in enumerate(self._shown_parse_errors(len(calls), parse_errors)):
-            content = f"Error: {problem}. Emit tool calls in the documented format."
-            if limit is not None and len(content) > limit:
-                content, cut = _cut(content, limit), cut + 1
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": self.parser.make_call_id(self.state.turn, len(calls) + i),
-                    "name": MALFORMED_CALL,
-                    "content": content,
-                }
-            )
-            errors.append(problem)
+        for message in messages:  # cut here, the calls' results and the errors alike
+            if limit is not None and len(message["content"]) > limit:
+                message["content"], cut = _cut(message["content"], limit), cut + 1
         return messages, errors, cut
 
     def _shown_parse_errors(self, calls: int, parse_errors: list[str]) -> list[str]:
@@ -593,31 +577,39 @@ class _RewardContext(dict[str, Any]):
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
-#: What replaces a ``</think>`` to tell whether it is part of a call: plain text in every format.
-_THINK_MASK = "_think_end_"
-#: ``</think>``s tried as the end of the reasoning: each costs two parses of the reply.
+#: ``</think>``s tried as the end of the reasoning: each costs one parse of the reply.
 _MAX_THINK_CLOSES = 8
 
 
-def _call_list(turn: ParsedTurn) -> list[tuple[str, dict[str, Any]]]:
-    return [(c.name, c.arguments) for c in turn.tool_calls]
-
-
-def _reasoning_end(text: str) -> int:
+def _reasoning_end(text: str, inside_call: Callable[[int], bool] | None = None) -> int:
     """Where the reply's opening reasoning block ends (after its ``</think>``); 0 if it has none.
 
     The block opens the reply (``<think>`` first, or opened by the template in the prompt, as
     Qwen3's and DeepSeek-R1's are). Why: a tool call the model writes while thinking is not a
     call: vLLM's server, with a reasoning parser, drops it, and an env that ran it would train
     a habit that does nothing when the model is deployed.
+
+    ``inside_call(close)``, when given, says whether the ``</think>`` at ``close`` is part of
+    a call; such a one does not end the block, and the next is tried (at most
+    `_MAX_THINK_CLOSES`). Why: the first ``</think>`` anywhere counted, so a call whose
+    argument held one (code, HTML, docs about reasoning models) was cut in half, not run, and
+    the turn became the final answer, silently. Without it the first ``</think>`` counts.
+    A reply that opens with ``<think>`` and has no ``</think>`` that counts is reasoning to its
+    end (max_tokens hit while thinking): ``len(text)``, as vLLM's reasoning parsers return
+    such a reply as reasoning only.
     """
-    close = text.find(_THINK_CLOSE)
-    if close < 0:
-        return 0
+    opens = text.lstrip().startswith(_THINK_OPEN)
     opened = text.find(_THINK_OPEN)
-    if 0 <= opened < close and text[:opened].strip():
-        return 0  # text before the block: it does not open the reply
-    return close + len(_THINK_CLOSE)
+    close = text.find(_THINK_CLOSE)
+    for _ in range(_MAX_THINK_CLOSES):
+        if close < 0:
+            break
+        if 0 <= opened < close and not opens:
+            return 0  # text before the block: it does not open the reply
+        if inside_call is None or not inside_call(close):
+            return close + len(_THINK_CLOSE)
+        close = text.find(_THINK_CLOSE, close + 1)
+    return len(text) if opens else 0
 
 
 def without_reasoning(text: str) -> str:

@@ -503,7 +503,7 @@ def policy_renderer(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None)
         )
     problem = unread_template_kwargs(tokenizer, chat_template_kwargs or {})
     if problem:
-        raise ConfigError(f"chat_template_kwargs: {problem}; drop it or fix its name")
+        raise ConfigError(f"chat_template_kwargs: {problem}")  # the message names its fix
     return ChatRenderer(tokenizer, chat_template_kwargs)
 
 

@@ -23,8 +23,8 @@ from .._json import loads
 #: deep in the stack `parse` runs, and 100k of ``[`` would raise instead of being reported.
 MAX_DEPTH = 100
 #: The keys tool-call formats hold a call's arguments under (hermes and Mistral read
-#: ``"arguments"``, Llama 3 JSON both).
-ARGUMENT_KEYS = ("arguments", "parameters")
+#: ``"arguments"``, Llama 3 JSON both, its own ``"parameters"`` first).
+ARGUMENT_KEYS = ("parameters", "arguments")
 _DECODER = json.JSONDecoder()
 
 
@@ -164,6 +164,17 @@ def call_from_json(obj: Any, argument_keys: tuple[str, ...] = ("arguments",)) ->
     if not isinstance(arguments, dict):
         raise TypeError(f"{key!r} must be a JSON object")
     return ToolCall(name=name, arguments=arguments)
+
+
+def marker_without_call(turn: ParsedTurn, marker: str) -> ParsedTurn:
+    """``turn``, with an error when the ``marker`` opening its calls has no call after it.
+
+    Why: a turn cut right after the marker (``[TOOL_CALLS]`` and nothing more) read as a
+    final answer with no call, so the episode ended on it; as an error, the model is told.
+    """
+    if not (turn.tool_calls or turn.errors):
+        turn.errors.append(f"{marker} with no call after it")
+    return turn
 
 
 def refuse_call_start(parser: str, content: str, call_start: re.Pattern[str]) -> None:

@@ -35,6 +35,7 @@ from ._base import (
     ToolCallParser,
     call_from_json,
     json_raw_decode,
+    marker_without_call,
     refuse_call_start,
     register_parser,
     skip_space,
@@ -66,9 +67,7 @@ class DeepSeekV3Parser(ToolCallParser):
         pos, breaks = found.start(), ForwardFinder(text, "\n")
         while (begin := text.find(CALL_BEGIN, pos)) >= 0:
             pos = _read_call(text, begin + len(CALL_BEGIN), turn, breaks)
-        if not (turn.tool_calls or turn.errors):  # a turn cut right after the marker
-            turn.errors.append(f"{found.group()} with no call after it")
-        return turn
+        return marker_without_call(turn, found.group())
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
         refuse_call_start(self.name, content, _CALL_START)

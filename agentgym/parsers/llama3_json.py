@@ -13,11 +13,13 @@ import json
 import re
 
 from ._base import (
+    ARGUMENT_KEYS,
     ParsedTurn,
     ToolCall,
     ToolCallParser,
     call_from_json,
     json_raw_decode,
+    marker_without_call,
     register_parser,
 )
 
@@ -41,7 +43,7 @@ def _is_call(value: object) -> bool:
     return (
         isinstance(value, dict)
         and isinstance(value.get("name"), str)
-        and any(k in value for k in ("parameters", "arguments"))
+        and any(k in value for k in ARGUMENT_KEYS)
     )
 
 
@@ -146,13 +148,11 @@ class Llama3JsonParser(ToolCallParser):
                 break
             for obj in value if isinstance(value, list) and value else [value]:
                 try:
-                    turn.tool_calls.append(call_from_json(obj, ("parameters", "arguments")))
+                    turn.tool_calls.append(call_from_json(obj, ARGUMENT_KEYS))
                 except (ValueError, TypeError) as exc:
                     turn.errors.append(f"malformed tool call {rest[pos:end][:200]!r}: {exc}")
             pos = end
-        if not (turn.tool_calls or turn.errors):  # a turn cut right after the tag
-            turn.errors.append(f"{PYTHON_TAG} with no call after it")
-        return turn
+        return marker_without_call(turn, PYTHON_TAG)
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
         start = _find_start(content)

@@ -30,6 +30,7 @@ from ._base import (
     ToolCallParser,
     call_from_json,
     json_raw_decode,
+    marker_without_call,
     refuse_call_start,
     register_parser,
 )
@@ -114,9 +115,7 @@ class MistralParser(ToolCallParser):
                 _parse_json_style(segment, turn)
             else:
                 _parse_args_style(segment, turn)
-        if not (turn.tool_calls or turn.errors):  # a turn cut right after the marker
-            turn.errors.append(f"{TOOL_CALLS} with no call after it")
-        return turn
+        return marker_without_call(turn, TOOL_CALLS)
 
     def render(self, content: str, tool_calls: list[ToolCall]) -> str:
         refuse_call_start(self.name, content, _CALL_START)

@@ -22,6 +22,7 @@ from ._base import (
     ParsedTurn,
     ToolCall,
     ToolCallParser,
+    marker_without_call,
     refuse_call_start,
     register_parser,
 )
@@ -121,8 +122,7 @@ class PythonicParser(ToolCallParser):
         if source.endswith(PYTHON_END):
             source = source[: -len(PYTHON_END)].rstrip()
         if not source:  # a turn cut right after <|python_start|>
-            turn.errors.append(f"{PYTHON_START} with no call after it")
-            return turn
+            return marker_without_call(turn, PYTHON_START)
         try:
             tree = ast.parse(source, mode="eval").body
             if not isinstance(tree, ast.List):

@@ -373,3 +373,33 @@ def test_llama3_json_line_start_json_stays_linear(text: str) -> None:
     turn = get_parser("llama3_json").parse(text)
     assert time.perf_counter() - began < 0.5
     assert (turn.tool_calls, turn.errors) == ([], [])
+
+
+# ---- the parses a reply costs -------------------------------------------------------------------
+ECHO_CALL = '<tool_call>{"name": "echo", "arguments": {"text": "x"}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("reply", "parses"),
+    [
+        (ECHO_CALL, 1),
+        ("It is 5.", 1),
+        (f"<think>x</think>\n{ECHO_CALL}", 2),  # the whole reply, the text before </think>
+        (f"<think>I could {ECHO_CALL}</think>\nIt is 5.", 3),  # and the answer after it
+        (f"<think>Let me try {ECHO_CALL}", 1),  # never closed: not parsed again
+        (f"<think>Maybe {HERMES_ECHO}", 2),  # its only </think> is inside the call
+    ],
+)
+def test_a_reply_costs_one_parse_and_one_per_think_close_tried(reply: str, parses: int) -> None:
+    # before: 4 parses for a reasoning turn and 3 for an unclosed <think>, on every step
+    env = ToolEnv([echo], tasks=TASKS, parser="hermes")
+    env.reset(options={"task": 0})
+    parse, texts = env.parser.parse, []
+
+    def counted(text: str) -> ParsedTurn:
+        texts.append(text)
+        return parse(text)
+
+    env.parser.parse = counted  # type: ignore[method-assign]
+    env.step(reply)
+    assert len(texts) == parses, texts
