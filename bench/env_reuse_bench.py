@@ -87,7 +87,9 @@ def main() -> None:
     print(f"{args.episodes} episodes, {args.concurrency} at a time, reference policy; "
           f"median of {args.rounds} interleaved rounds")  # fmt: skip
     for label, env_id, kwargs in ENVS:
-        count = len(make(env_id, **kwargs).tasks)
+        env = make(env_id, **kwargs)
+        count = len(env.tasks)
+        env.close()  # ToolAPI's shop would stay up through every timed round
         run = (env_id, kwargs, [i % count for i in range(args.episodes)], args.concurrency)
         timed(fresh, *run)  # warm-up of both sides: imports, caches
         timed(reused, *run)

@@ -100,7 +100,7 @@ class Workload:
     max_turns: int = 4
     lora_r: int = 16
     learning_rate: float = 1e-4
-    steps: int = 4  # timed steps; one more runs first as warm-up
+    steps: int = 4  # timed steps; a warm-up step before them and a last one after, both dropped
     system_prompt: str | None = None  # None: the calculator env's own
     malformed_call_ends_episode: bool = False  # True: our episodes end on one, as TRL's do
     engine: str = "vllm"  # our rollout engine: "vllm" or "hf" (then TRL generates with HF too)
@@ -264,7 +264,7 @@ def bench_sync(model_dir: Path, trials: int, lora_r: int, restart: bool) -> dict
         ]
         for trial in range(trials + 1):  # the first trial warms up, and is dropped
             _nudge(model)  # then each path syncs these weights, side by side in one trial,
-            for path in paths[::-1] if trial % 2 else paths:  # in turn first and last
+            for path in paths[trial % 3 :] + paths[: trial % 3]:  # each first and last in turn
                 for key, value in path().items():
                     times.setdefault(key, []).append(value)
         merged_ids = _greedy(policy, prompt, 0)  # the engine's base weights: the last merge
@@ -332,17 +332,15 @@ def bench_step_time(
         ("trl", functools.partial(trl_seconds_per_step, model_dir, workload)),
         ("ours", functools.partial(our_seconds_per_step, model_dir, workload)),
     ]
-    labels: dict[str, str] = {}
+    variants: dict[str, tuple[str, Workload]] = {}  # name: (label, workload)
     if workload.engine == "vllm" and compare_compiled:
-        labels["compiled"] = "rollout_compile=True (vLLM compiled)"
+        variants["compiled"] = ("rollout_compile=True (vLLM compiled)",
+                                dataclasses.replace(workload, rollout_compile=True))  # fmt: skip
     if compare_overlap:
-        labels["overlap"] = "max_staleness=1 (the next step rolls out during the update)"
-    changed = {
-        "compiled": dataclasses.replace(workload, rollout_compile=True),
-        "overlap": dataclasses.replace(workload, max_staleness=1),
-    }
-    for name in labels:
-        sides.append((name, functools.partial(our_seconds_per_step, model_dir, changed[name])))
+        variants["overlap"] = ("max_staleness=1 (the next step rolls out during the update)",
+                               dataclasses.replace(workload, max_staleness=1))  # fmt: skip
+    for name, (_, changed) in variants.items():
+        sides.append((name, functools.partial(our_seconds_per_step, model_dir, changed)))
     pooled: dict[str, dict[str, Any]] = {name: {} for name, _ in sides}
     for repeat in range(repeats):
         for name, run in sides[::-1] if repeat % 2 else sides:
@@ -360,7 +358,7 @@ def bench_step_time(
           f"(tool calls per episode {ours['tool_calls']:.2f}, turns per episode "
           f"{ours['turns']:.2f}: {_MALFORMED[workload.malformed_call_ends_episode]})  ->  "
           f"{ours['seconds'] / trl['seconds']:.2f}x TRL's (goal <= 1.0x)")  # fmt: skip
-    for name, label in labels.items():
+    for name, (label, _) in variants.items():
         other = _medians(pooled[name])
         print(f"  agentgym, {label}: {_phases(other)}  ->  "
               f"{other['seconds'] / trl['seconds']:.2f}x TRL's, "
@@ -623,6 +621,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="run every side of (a) this "
                         "many times, the order reversed each time, and pool their steps")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     model_dir = args.model_dir or build_tiny_model(**SHAPES[args.shape])
     trained = ""
