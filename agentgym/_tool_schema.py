@@ -17,6 +17,9 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import jsonschema
 import pydantic
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
 
 from ._errors import ConfigError
 from ._fast_schema import compile_fast_check
@@ -120,6 +123,18 @@ def arrives_as_is(annotation: Any) -> bool:
     return origin in _AS_DECODED_ORIGINS and all(map(arrives_as_is, args))
 
 
+class UnresolvedRef(Exception):
+    """A ``$ref`` in a schema that does not resolve; `Tool` makes it a `ConfigError`.
+
+    It names no tool: the schema checks are cached by schema text, which tools may share.
+    """
+
+    def __init__(self, where: str, ref: str, why: str) -> None:
+        super().__init__(f"{where or '(top)'}: $ref {ref!r} does not resolve ({why})")
+        #: Where the ref is (``properties/x``; "" at the top), the ref, and why it fails.
+        self.where, self.ref, self.why = where, ref, why
+
+
 @functools.lru_cache(maxsize=1024)
 def checked_schema(text: str) -> tuple[Any, Callable[[Any], bool] | None]:
     """`checked_schema_of` the schema whose canonical JSON is ``text``, once per schema.
@@ -127,13 +142,69 @@ def checked_schema(text: str) -> tuple[Any, Callable[[Any], bool] | None]:
     Envs build their tools again for every instance, and checking a schema against the
     metaschema costs about 1 ms (ToolAPI-v0's 12 OpenAPI tools: 10 ms per env).
     """
-    return checked_schema_of(json.loads(text))
+    return checked_schema_of(json.loads(text), refs='"$ref"' in text)
 
 
-def checked_schema_of(schema: dict[str, Any]) -> tuple[Any, Callable[[Any], bool] | None]:
-    """A validator and a fast check for ``schema``; raises ``SchemaError`` when it is not one."""
+def checked_schema_of(
+    schema: dict[str, Any], refs: bool = True
+) -> tuple[Any, Callable[[Any], bool] | None]:
+    """A validator and a fast check for ``schema``.
+
+    Raises ``SchemaError`` when it is not a schema, `UnresolvedRef` for a ``$ref`` in it that
+    does not resolve (the metaschema check does not follow them: every call of the tool
+    crashed the episode instead). ``refs=False`` says it holds no ``$ref``: nothing to follow.
+    """
     jsonschema.Draft202012Validator.check_schema(schema)
+    if refs:
+        unresolved = _unresolved_ref(schema)
+        if unresolved is not None:
+            raise UnresolvedRef(*unresolved)
     return jsonschema.Draft202012Validator(schema), compile_fast_check(schema)
+
+
+#: Keywords whose value maps names to schemas (a property may be named "default").
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def _unresolved_ref(schema: Any) -> tuple[str, str, str] | None:
+    """The first ``$ref`` in ``schema`` that does not resolve: (where, the ref, why); or None.
+
+    Resolved as the validator will (draft 2020-12, relative to the nearest ``$id``), with no
+    remote documents: a remote ref cannot be fetched when the tool is called either.
+    """
+    spec = referencing.jsonschema.DRAFT202012
+    root = referencing.Resource.from_contents(schema, default_specification=spec)
+    registry: referencing.Registry[Any] = referencing.Registry().with_resource("", root)
+
+    def walk(node: Any, resolver: Any, path: list[str]) -> tuple[str, str, str] | None:
+        if isinstance(node, dict):
+            if path and isinstance(node.get("$id"), str):
+                sub = referencing.Resource.from_contents(node, default_specification=spec)
+                resolver = resolver.in_subresource(sub)
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                try:
+                    resolver.lookup(ref)
+                except referencing.exceptions.Unresolvable as exc:
+                    why = str(exc).split(" within ", 1)[0]  # not the whole schema again
+                    return "/".join(path), ref, f"{type(exc).__name__}: {why[:200]}"
+            children: Any = node.items()
+        elif isinstance(node, list):
+            children = ((str(i), v) for i, v in enumerate(node))
+        else:
+            return None
+        in_schema = isinstance(node, dict) and (not path or path[-1] not in _SCHEMA_MAPS)
+        for key, value in children:
+            if in_schema and key in ("const", "enum", "default", "examples"):
+                continue  # values, not schemas: a "$ref" key there is data
+            found = walk(value, resolver, [*path, str(key)])
+            if found is not None:
+                return found
+        return None
+
+    return walk(schema, registry.resolver(), [])
 
 
 def whole_floats_as_ints(value: Any, schema: Mapping[str, Any]) -> Any:

@@ -31,9 +31,7 @@ import docstring_parser
 import jsonschema
 import pydantic
 import pydantic_core
-import referencing
 import referencing.exceptions
-import referencing.jsonschema
 
 from ._errors import ConfigError, InfraError, ToolArgumentsError, ToolError
 from ._tool_calls import (
@@ -45,6 +43,7 @@ from ._tool_calls import (
     run_in_thread,
 )
 from ._tool_schema import (
+    UnresolvedRef,
     arrives_as_is,
     checked_schema,
     checked_schema_of,
@@ -89,24 +88,20 @@ class Tool:
                 text = json.dumps(self.parameters, sort_keys=True)
             except (TypeError, ValueError):  # not JSON (a default of another type): as is
                 self._validator, self._surely_valid = checked_schema_of(self.parameters)
-            else:
+            else:  # once per schema text, $refs included: envs rebuild their tools
                 self._validator, self._surely_valid = checked_schema(text)
-                if '"$ref"' not in text:
-                    return
-            unresolved = _unresolved_ref(self.parameters)
         except jsonschema.SchemaError as exc:  # jsonschema's own 11 lines named no tool
             where = "/".join(map(str, exc.path))
             raise ConfigError(
                 f"tool {self.name!r}: its parameters are not a JSON schema "
                 f"(parameters{'/' + where if where else ''}: {exc.message})"
             ) from exc
-        if unresolved is not None:  # the metaschema check does not follow them: every call
-            where, ref, why = unresolved  # of the tool crashed the episode instead
+        except UnresolvedRef as exc:  # every call of the tool would crash the episode
             raise ConfigError(
-                f"tool {self.name!r}: its parameters{'/' + where if where else ''} refer to "
-                f"$ref {ref!r}, which does not resolve ({why}); define it in the schema "
-                "(under $defs) or inline it"
-            )
+                f"tool {self.name!r}: its parameters{'/' + exc.where if exc.where else ''} "
+                f"refer to $ref {exc.ref!r}, which does not resolve ({exc.why}); define it in "
+                "the schema (under $defs) or inline it"
+            ) from exc
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -140,6 +135,8 @@ class Tool:
         try:
             problems = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
         except referencing.exceptions.Unresolvable as exc:  # not the model's mistake
+            # kept although the build refuses a `$ref` that does not resolve (`UnresolvedRef`):
+            # that check follows plain `$ref`s only, not a `$dynamicRef`
             raise ToolError(
                 f"{self.name!r} cannot check its arguments: its schema's $ref does not resolve "
                 f"({type(exc).__name__}: {exc})"
@@ -214,51 +211,6 @@ class Tool:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (no validation), as a plain function."""
         return self.fn(*args, **kwargs)
-
-
-#: Keywords whose value maps names to schemas (a property may be named "default").
-_SCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
-)
-
-
-def _unresolved_ref(schema: Any) -> tuple[str, str, str] | None:
-    """The first ``$ref`` in ``schema`` that does not resolve: (where, the ref, why); or None.
-
-    Resolved as the validator will (draft 2020-12, relative to the nearest ``$id``), with no
-    remote documents: a remote ref cannot be fetched when the tool is called either.
-    """
-    spec = referencing.jsonschema.DRAFT202012
-    root = referencing.Resource.from_contents(schema, default_specification=spec)
-    registry: referencing.Registry[Any] = referencing.Registry().with_resource("", root)
-
-    def walk(node: Any, resolver: Any, path: list[str]) -> tuple[str, str, str] | None:
-        if isinstance(node, dict):
-            if path and isinstance(node.get("$id"), str):
-                sub = referencing.Resource.from_contents(node, default_specification=spec)
-                resolver = resolver.in_subresource(sub)
-            ref = node.get("$ref")
-            if isinstance(ref, str):
-                try:
-                    resolver.lookup(ref)
-                except referencing.exceptions.Unresolvable as exc:
-                    why = str(exc).split(" within ", 1)[0]  # not the whole schema again
-                    return "/".join(path), ref, f"{type(exc).__name__}: {why[:200]}"
-            children: Any = node.items()
-        elif isinstance(node, list):
-            children = ((str(i), v) for i, v in enumerate(node))
-        else:
-            return None
-        in_schema = isinstance(node, dict) and (not path or path[-1] not in _SCHEMA_MAPS)
-        for key, value in children:
-            if in_schema and key in ("const", "enum", "default", "examples"):
-                continue  # values, not schemas: a "$ref" key there is data
-            found = walk(value, resolver, [*path, str(key)])
-            if found is not None:
-                return found
-        return None
-
-    return walk(schema, registry.resolver(), [])
 
 
 def check_timeout(timeout: Any, what: str, none_means: str = "no limit") -> None:

@@ -22,7 +22,7 @@ SERVER_CWD = "/"
 """The server's cwd: a directory of the read-only root, which the code cannot write to."""
 
 
-def server_argv(workdir: str, wipe: bool) -> list[str]:
+def server_argv(workdir: str) -> list[str]:
     """The command that starts the code server in `SERVER_CWD`: nothing the code wrote runs.
 
     Why: the server starts again (a reset, or a recovery after the code killed it) in a
@@ -35,7 +35,7 @@ def server_argv(workdir: str, wipe: bool) -> list[str]:
     user site-packages (``-s``); the calls it forks still ``chdir`` to the work dir
     (``_become``), so the code imports its own modules from there as before.
     """
-    return ["python3", "-s", "-c", SERVER_SOURCE, workdir] + (["--wipe"] if wipe else [])
+    return ["python3", "-s", "-c", SERVER_SOURCE, workdir]
 
 
 class ChannelDeadline(Exception):
@@ -64,10 +64,10 @@ class ServerChannel:
         self.server_pid: int | None = None
         self._next_id = 0
 
-    def open(self, wipe: bool, timeout: float = 30.0) -> None:
-        """Start the server (``wipe`` empties the work dir and /tmp first) and wait for it."""
+    def open(self, timeout: float = 30.0) -> None:
+        """Start the server and wait for it (it wipes nothing: a ``reset`` request does)."""
         exec_id = self._api.exec_create(
-            self._container_id, server_argv(self._workdir, wipe), stdin=True, stdout=True,
+            self._container_id, server_argv(self._workdir), stdin=True, stdout=True,
             stderr=True, tty=False, user=self._user, workdir=SERVER_CWD,
             environment=self._environment,
         )["Id"]

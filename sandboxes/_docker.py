@@ -133,7 +133,7 @@ class DockerSandbox(SandboxBase):
             if self._container is None:
                 self._create_container()
             if self._channel is None or not self._channel.is_open:
-                self._open_server(wipe=False)
+                self._open_server()
         return self
 
     def _create_container(self) -> None:
@@ -163,12 +163,13 @@ class DockerSandbox(SandboxBase):
             self._remove_container()
             raise SandboxError(f"cannot start a container from {self.image!r}: {exc}") from exc
 
-    def _open_server(self, wipe: bool) -> None:
+    def _open_server(self) -> None:
+        """Start a code server (it wipes nothing: `reset` asks the new one to, and checks)."""
         cfg = self.config
         channel = ServerChannel(self._client.api, self._container.id,
                                 f"{cfg.code_uid}:{cfg.code_uid}", cfg.workdir, base_env(cfg))
         try:
-            channel.open(wipe=wipe)
+            channel.open()
         except Exception as exc:
             channel.close()
             raise SandboxError(f"the code server did not start in {self._container.short_id}: "
@@ -203,8 +204,8 @@ class DockerSandbox(SandboxBase):
                 return
             try:
                 self._kill_code_processes()
-                self._open_server(wipe=True)
-                clean = self._soft_reset()  # the new server's wipe, checked: a reply says
+                self._open_server()
+                clean = self._soft_reset()  # the new server wipes, and says what is left
             except Exception:
                 clean = False
             if not clean:
@@ -448,7 +449,7 @@ class DockerSandbox(SandboxBase):
         if running:
             try:
                 self._kill_code_processes()
-                self._open_server(wipe=False)
+                self._open_server()
                 restarted = True
             except Exception as exc:
                 detail = f"{detail}; the server could not be restarted in it: {exc}"

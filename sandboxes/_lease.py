@@ -43,10 +43,16 @@ class SandboxLease(SandboxBase):
     # -- the Sandbox protocol ---------------------------------------------------------------
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
             files: Files | None = None, timeout: float | None = None, *,
-            session: bool | None = None, end_session: bool = False) -> ExecResult:
-        """The sandbox's ``run``, while the lease lasts."""
+            session: bool | None = None, end_session: bool = False,
+            fresh_workdir: bool = False) -> ExecResult:
+        """The sandbox's ``run``, while the lease lasts.
+
+        ``fresh_workdir=True`` is passed on to the sandbox (only when set: not every backend
+        has it; `DockerSandbox` and `LocalSandbox` do, see `Sandbox`).
+        """
+        options = {"fresh_workdir": True} if fresh_workdir else {}
         return self._call(self.sandbox.run, code, language, stdin, files, timeout,
-                          session=session, end_session=end_session)
+                          session=session, end_session=end_session, **options)
 
     def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
              files: Files | None = None, timeout: float | None = None) -> ExecResult:

@@ -155,7 +155,7 @@ class LocalSandbox(SandboxBase):
         with running_call(group.kill):
             try:
                 proc = subprocess.Popen(
-                    [str(a) for a in argv], cwd=workdir, env=self._env_in(workdir),
+                    [str(a) for a in argv], cwd=workdir, env=self._env(workdir),
                     start_new_session=True,
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     preexec_fn=self._limits(timeout),
@@ -222,16 +222,13 @@ class LocalSandbox(SandboxBase):
         with open(full, "wb") as fh:
             fh.write(content)
 
-    def _env(self) -> dict[str, str]:
-        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8",
-                "TMPDIR": self.workdir, "PYTHONDONTWRITEBYTECODE": "1"}
+    def _env(self, workdir: str) -> dict[str, str]:
+        """The environment of a call in ``workdir`` (its HOME and TMPDIR).
 
-    def _env_in(self, workdir: str) -> dict[str, str]:
-        """`_env` for a call in ``workdir`` (a ``fresh_workdir`` call's own)."""
-        env = self._env()
-        if workdir != self.workdir:
-            env.update(HOME=workdir, TMPDIR=workdir)
-        return env
+        ``workdir`` is the sandbox's work dir, or a ``fresh_workdir`` call's own.
+        """
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8",
+                "TMPDIR": workdir, "PYTHONDONTWRITEBYTECODE": "1"}
 
     def _limits(self, timeout: float) -> Callable[[], None]:
         cfg, mib = self.config, 1024 * 1024

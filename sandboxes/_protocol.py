@@ -32,7 +32,10 @@ class Sandbox(Protocol):
     default (None); a backend without sessions always runs fresh. ``end_session=True`` ends
     the session first (its threads and every process the code left), so nothing of the code
     runs beside the call: reward verification asks for it, since a thread left in the agent's
-    session could otherwise tamper with the test runner's files. Both return an
+    session could otherwise tamper with the test runner's files. Optional, where a backend
+    has it (`DockerSandbox`, `LocalSandbox`, a lease of either): ``fresh_workdir=True`` also
+    runs the call in an empty work dir and temp dirs, cleaned in the same request, so it sees
+    nothing earlier calls left; verification asks for it. Both return an
     `ExecResult` and never raise for anything the code did; only the backend's own failures
     show up, as ``status == "infra_error"``. ``reset`` returns the sandbox to a clean state
     (work dir emptied, every process of the code killed); ``interrupt`` kills the code of

@@ -627,30 +627,17 @@ def _watch_program(code, in_fd, out_w, res_w):
 
 
 def _run_program(code, in_fd, out_w, msg_w):
-    """The program's process: the code as ``__main__`` on fds 0-2; exits with its status."""
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(in_fd, 0)
-    os.dup2(out_w, 1)
-    os.dup2(null, 2)
-    _close_fds_except({msg_w})
-    status, why = 0, ""
-    try:
-        _program(code)(None)
-    except SystemExit as exc:  # a program may end with exit(0)
-        if exc.code not in (None, 0):
-            status, why = 1, f"{_describe(exc)} before the test finished"
-    except BaseException as exc:
-        status, why = 1, _describe(exc)
-    try:
-        sys.stdout.flush()
-    except Exception:
-        pass
+    """The program's process: the code as ``__main__`` on fds 0-2; exits with its status.
+
+    It keeps fds 0-2 and ``msg_w``, where the text of how it failed goes (never a verdict).
+    """
+    why = _run_own_fds(lambda: _program(code)(None), in_fd, out_w, {msg_w}, exit_ok=True)
     if why:
         try:
             os.write(msg_w, why.encode("utf-8", "replace")[:1000])
         except OSError:
             pass
-    os._exit(status)
+    os._exit(0 if why is None else 1)
 
 
 def _end_children(children):
@@ -678,7 +665,7 @@ def _kill_session(pid):
 
 
 def _program(code):
-    """The body of a ``stdio`` program's process (see `_child`)."""
+    """The body of a ``stdio`` program's process (see `_run_program`)."""
 
     def body(_res_w):
         sys.path[:] = ORIGINAL_PATH  # the program may import from its cwd, as before
@@ -893,33 +880,44 @@ def _solution_module(solution):
 # --- one test's process: deadline, new session, fds closed, output capped ---------------------
 
 
-def _child(body, in_fd, out_w, res_w, exit_ok, keep=()):
-    """A test's process. It keeps fds 0-2, ``res_w`` and ``keep`` (the factory's socket).
+def _child(body, res_w, keep=()):
+    """A test's process: fds 0-2 on /dev/null, ``res_w`` (its result) and ``keep`` open.
 
-    Why: a judge holds no fd of the harness (the runner's report, its stdin with every test);
-    a ``stdio`` program (a process of the factory) holds only its stdin, stdout and result
-    pipe.
+    ``keep`` is the factory's socket. Why: a judge holds no fd of the harness (the runner's
+    report, its stdin with every test).
+    """
+    why = _run_own_fds(lambda: body(res_w), None, None, {res_w, *keep}, exit_ok=False)
+    result = {"passed": True} if why is None else {"passed": False, "error": why}
+    os.write(res_w, (_dumps(result) + "\n").encode())
+    os._exit(0)
+
+
+def _run_own_fds(run, in_fd, out_w, keep, exit_ok):
+    """In a fresh child: run ``run()`` on its own fds; return None, or why it failed.
+
+    Fds 0 and 1 are ``in_fd`` and ``out_w`` (/dev/null when None), fd 2 is /dev/null, and of
+    the others only ``keep`` stays open. A ``SystemExit`` fails it, unless ``exit_ok`` (a
+    ``stdio`` program may end with exit(0)) and its code is 0 or None; a test must run to its
+    end. Standard output is flushed before it returns.
     """
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(in_fd if in_fd is not None else null, 0)
     os.dup2(out_w if out_w is not None else null, 1)
     os.dup2(null, 2)
-    _close_fds_except({res_w, *keep})
-    result = {"passed": True}
+    _close_fds_except(keep)
+    why = None
     try:
-        body(res_w)
+        run()
     except SystemExit as exc:
-        # A program may end with exit(0) (stdio mode); a test must run to its end.
         if not exit_ok or exc.code not in (None, 0):
-            result = {"passed": False, "error": f"{_describe(exc)} before the test finished"}
+            why = f"{_describe(exc)} before the test finished"
     except BaseException as exc:
-        result = {"passed": False, "error": _describe(exc)}
+        why = _describe(exc)
     try:
         sys.stdout.flush()
     except Exception:
         pass
-    os.write(res_w, (_dumps(result) + "\n").encode())
-    os._exit(0)
+    return why
 
 
 def _isolated(body, factory, timeout, stream=False):
@@ -935,7 +933,7 @@ def _isolated(body, factory, timeout, stream=False):
     if pid == 0:
         os.setsid()
         os.close(res_r)
-        _child(body, None, None, res_w, False, factory.fds())
+        _child(body, res_w, factory.fds())
     os.close(res_w)
     lines, _, problem = _wait(res_r, None, started + timeout, stream)
     _kill_session(pid)

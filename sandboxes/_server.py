@@ -520,6 +520,14 @@ class Server:
                 pass
         _kill_strays({os.getpid()})
 
+    def clean(self):
+        """End the session and every process of the code, then `_wipe`; return what is left.
+
+        '' when the sandbox is clean again. What ``reset`` and a ``wipe`` call do first.
+        """
+        self._end_session()
+        return _wipe()
+
     def _kernel_alive(self):
         """Whether the kernel can take a cell: running, its main thread included."""
         if self.kernel is None:
@@ -541,8 +549,7 @@ class Server:
         """
         started = time.monotonic()
         if req.get("wipe"):
-            self._end_session()
-            left = _wipe()
+            left = self.clean()  # the session ended too: no second end below
             if left:
                 return {"wipe_error": left}
         elif not os.access(WORKDIR, os.X_OK) and not (
@@ -561,7 +568,8 @@ class Server:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_fd = _stdin_fd(req.get("stdin"))
-        if req.get("end_session"):  # nothing the code left running may run beside this call
+        # nothing the code left running may run beside this call (a wipe ended it already)
+        if req.get("end_session") and not req.get("wipe"):
             self._end_session()
         session = bool(req["op"] == "run" and req.get("session"))
         if session:
@@ -851,8 +859,6 @@ def _safe_member(member):
 def main():
     _harden_self()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    if "--wipe" in sys.argv:
-        _wipe()
     server = Server()
     out = sys.stdout.buffer
     out.write(b'{"ready": true, "pid": %d}\n' % os.getpid())
@@ -863,10 +869,8 @@ def main():
             if req["op"] in ("run", "exec"):
                 reply = server.call(req)
             elif req["op"] == "reset":
-                server._drop_kernel()
+                left = server.clean()
                 server.session_lost = False  # a new lease starts with a new session anyway
-                _kill_strays({os.getpid()})
-                left = _wipe()
                 reply = {"ok": not left, "left": left}
             elif req["op"] == "tar":
                 reply = _tar_workdir()

@@ -12,9 +12,8 @@ only plain data comes back (see ``_runner.py`` and docs/sandboxes.md).
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -25,7 +24,7 @@ from ._docker import DockerSandbox
 from ._lease import SandboxLease
 from ._local import LocalSandbox
 from ._pool import SandboxPool
-from ._protocol import MAX_TIMEOUT_S, Sandbox, cancellable_in_thread, check_timeout
+from ._protocol import MAX_TIMEOUT_S, Sandbox, check_timeout
 from ._result import ExecResult, ExecStatus
 
 VerifyMode = Literal["assert", "stdio", "pytest"]
@@ -215,41 +214,35 @@ def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *
     ``solution`` (one that collects no tests fails the sample). Each test has
     ``per_test_timeout`` seconds, the whole sample ``total_timeout``. The whole batch is one
     sandbox call, on a clean sandbox: the session ended, the work dir, /tmp and /dev/shm
-    emptied first (see `_runner_call`), so a reused sandbox judges each sample on its own and
-    **its files are gone afterwards**. Malformed arguments raise `ConfigError` before anything
-    runs.
+    emptied first (in the call: see `_cleans_in_the_call`; a pool's sandbox: by its reset), so
+    a reused sandbox judges each sample on its own and **its files are gone afterwards**.
+    Malformed arguments raise `ConfigError` before anything runs.
     """
     payload = _payload(code, tests, mode, per_test_timeout, total_timeout, reward)
     kwargs = _run_kwargs(sandbox, payload, total_timeout)
     if isinstance(sandbox, SandboxPool):
-        with sandbox.lease() as sb:
-            return _score(_run_runner(sb, kwargs), reward)
+        with sandbox.lease() as sb:  # the pool reset it, and checked it is clean
+            return _score(sb.run(RUNNER_SOURCE, **kwargs), reward)
     return _score(_run_runner(sandbox, kwargs), reward)
 
 
-def _runner_call(sandbox: Any, kwargs: dict[str, Any]) -> Callable[[], ExecResult] | None:
-    """The runner's call with a fresh work dir, in one request; None for other backends.
+def _cleans_in_the_call(sandbox: Any) -> bool:
+    """Whether ``sandbox`` (or the sandbox of a lease) takes ``run(..., fresh_workdir=True)``.
 
     Why: a sandbox reused for several samples (a bare one, or a lease verifying a group)
     kept what the last sample's code did: a /work it chmod'ed 000, a full /tmp, files. The
-    next sample, correct or not, then failed as if its code had. The backend cleans in the
+    next sample, correct or not, then failed as if its code had. These backends clean in the
     same request as the runner (no call can slip in between, even from another thread), a
-    lease's gate included.
+    lease's gate included; other backends are reset first.
     """
     target = sandbox.sandbox if isinstance(sandbox, SandboxLease) else sandbox
-    if not isinstance(target, (DockerSandbox, LocalSandbox)):
-        return None
-    call = functools.partial(target.run, RUNNER_SOURCE, fresh_workdir=True, **kwargs)
-    if isinstance(sandbox, SandboxLease):
-        return functools.partial(sandbox._call, call)  # the lease's gate: refused once ended
-    return call
+    return isinstance(target, (DockerSandbox, LocalSandbox))
 
 
 def _run_runner(sandbox: Any, kwargs: dict[str, Any]) -> ExecResult:
-    """Run the runner on a clean sandbox: see `_runner_call`; other backends reset first."""
-    call = _runner_call(sandbox, kwargs)
-    if call is not None:
-        return call()
+    """Run the runner on a clean sandbox: see `_cleans_in_the_call`."""
+    if _cleans_in_the_call(sandbox):
+        return cast(ExecResult, sandbox.run(RUNNER_SOURCE, fresh_workdir=True, **kwargs))
     try:
         sandbox.reset()
     except Exception as exc:
@@ -259,9 +252,8 @@ def _run_runner(sandbox: Any, kwargs: dict[str, Any]) -> ExecResult:
 
 async def _arun_runner(sandbox: Any, kwargs: dict[str, Any]) -> ExecResult:
     """Async twin of `_run_runner` (cancelled, it kills the runner's code)."""
-    call = _runner_call(sandbox, kwargs)
-    if call is not None:
-        return await cancellable_in_thread(call)
+    if _cleans_in_the_call(sandbox):
+        return cast(ExecResult, await sandbox.arun(RUNNER_SOURCE, fresh_workdir=True, **kwargs))
     try:
         await sandbox.areset()
     except Exception as exc:
@@ -282,6 +274,6 @@ async def averify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "ass
     payload = _payload(code, tests, mode, per_test_timeout, total_timeout, reward)
     kwargs = _run_kwargs(sandbox, payload, total_timeout)
     if isinstance(sandbox, SandboxPool):
-        async with sandbox.alease() as sb:
-            return _score(await _arun_runner(sb, kwargs), reward)
+        async with sandbox.alease() as sb:  # the pool reset it, and checked it is clean
+            return _score(await sb.arun(RUNNER_SOURCE, **kwargs), reward)
     return _score(await _arun_runner(sandbox, kwargs), reward)

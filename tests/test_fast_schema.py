@@ -116,3 +116,28 @@ def test_random_arguments_validate_as_jsonschema_says() -> None:
             assert not validator.is_valid(args), args
         else:
             assert validator.is_valid(args), args
+
+
+def test_a_schemas_refs_are_followed_once_per_schema_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Envs rebuild their tools for every instance: the $ref check is cached with the rest of
+    the schema's checks, and a schema without a $ref is not walked at all."""
+    import uuid
+
+    from agentgym import _tool_schema
+    from agentgym._tools import Tool
+
+    walks: list[Any] = []
+    walk = _tool_schema._unresolved_ref
+    monkeypatch.setattr(_tool_schema, "_unresolved_ref", lambda s: walks.append(s) or walk(s))
+    name = f"n{uuid.uuid4().hex}"  # a schema text no earlier test cached
+    with_ref = {
+        "type": "object",
+        "$defs": {"N": {"type": "integer"}},
+        "properties": {name: {"$ref": "#/$defs/N"}},
+    }
+    without = {"type": "object", "properties": {name: {"type": "integer"}}}
+    for _ in range(3):
+        tool = Tool(fn=lambda **_: "", name="t", description="", parameters=with_ref)
+        Tool(fn=lambda **_: "", name="t", description="", parameters=without)
+    assert len(walks) == 1
+    assert tool.validate({name: 1}) == {name: 1}

@@ -405,19 +405,17 @@ class MCPConnection:
     def _start_error(self, exc: BaseException, status: int | None, offset: int) -> MCPServerError:
         """The error of a start that failed with ``exc`` (the server's exit ``status``)."""
         spec = self.spec
-        failure = _start_failure(exc, spec)
+        parts = [_start_failure(exc, spec)]
         if status is not None and status >= 0:  # it ended on its own (killed by us: < 0)
-            failure += f"; it exited with status {status} before the MCP handshake"
+            parts.append(f"it exited with status {status} before the MCP handshake")
         else:
             status = None
-        tail = _stderr_tail(self.log_path, offset)
-        if tail:
-            failure += f"; its stderr ended: {tail}"
+        if tail := _stderr_tail(self.log_path, offset):  # starts beside it append there too
+            parts.append(f"its stderr ended: {tail} (the log of this server's starts: "
+                         f"{self.log_path})")  # fmt: skip
         if status:
-            failure += "; check command, args, env and cwd"
-        if tail:
-            failure += f" (all of it: {self.log_path})"
-        error = MCPServerError(f"MCP server {spec.label!r} {failure}")
+            parts.append("check command, args, env and cwd")
+        error = MCPServerError(f"MCP server {spec.label!r} {'; '.join(parts)}")
         error.exit_status = status
         return error
 

@@ -205,7 +205,7 @@ class MCPServer:
     @property
     def label(self) -> str:
         """How errors name this server: its url, or its command line."""
-        return self.url or " ".join(map(str, [self.command or "", *self.args]))
+        return self.url or " ".join([self.command or "", *self.args])
 
     @property
     def log_path(self) -> str | None:

@@ -35,14 +35,14 @@ class _CancelledWhileSpawning(LocalSandbox):
     task: asyncio.Task[object]
     loop: asyncio.AbstractEventLoop
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, workdir: str) -> dict[str, str]:
         token = _protocol._current.token
         self.loop.call_soon_threadsafe(self.task.cancel)
         deadline = time.monotonic() + 10
         while not token.cancelled:  # the cancel has reached the call (and found no pid)
             assert time.monotonic() < deadline, "the cancel never reached the call"
             time.sleep(0.001)
-        return super()._env()
+        return super()._env(workdir)
 
 
 async def test_cancel_before_the_pid_is_known_kills_the_code():

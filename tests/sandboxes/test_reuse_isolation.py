@@ -81,7 +81,7 @@ def test_local_sandbox_verifies_each_sample_in_a_fresh_work_dir():
         assert box.run("print(4)").stdout == "4\n"  # its own work dir is untouched
 
 
-def test_local_reset_removes_a_work_dir_the_code_locked(tmp_path):
+def test_local_reset_removes_a_work_dir_the_code_locked():
     with LocalSandbox() as box:
         box.run("import os\nos.makedirs('d/e')\nopen('d/e/f', 'w')\nos.chmod('d', 0)\n"
                 "os.chmod('.', 0)")
