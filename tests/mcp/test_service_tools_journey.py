@@ -198,7 +198,8 @@ def test_an_env_never_closed_leaves_no_workspace_copy_at_exit(raw_server: Path, 
     workspace.mkdir()
     (workspace / "data.txt").write_text("x")
     script = textwrap.dedent(f"""
-        import sys
+        import faulthandler, sys
+        faulthandler.dump_traceback_later(50, exit=True)  # a hang says where, before the 60 s
         from agentgym.mcp import MCPServer, MCPToolEnv
         env = MCPToolEnv(
             [MCPServer(command=sys.executable, args=[{str(raw_server)!r}],
