@@ -552,7 +552,11 @@ def _play(
 
 
 def _reference_episode(trajectory: Trajectory | None, why_none: str) -> CheckResult:
-    """The env's own solution must play and earn a reward; with none, the row is skipped."""
+    """The env's own solution must play and earn a reward; with none, the row is skipped.
+
+    A reference whose tool calls failed warns: a tool that fails every call (it raises, or
+    returns an object that is not JSON data) passed, as the reference answered anyway.
+    """
     if trajectory is None:
         return CheckResult("reference episode", True, f"skipped: {why_none}", skipped=True)
     earned = (trajectory.final_reward or 0) > 0
@@ -568,7 +572,15 @@ def _reference_episode(trajectory: Trajectory | None, why_none: str) -> CheckRes
             f": the env's own reference solution earns nothing (scores {trajectory.scores}); "
             "the reference or the reward functions are wrong"
         )
-    return CheckResult("reference episode", ok, detail, trace=trajectory.error or "")
+    failed_calls = [error for turn in trajectory.turns for error in turn.tool_errors]
+    if failed_calls:
+        detail += (
+            f"; {len(failed_calls)} of its tool calls failed, the first: {failed_calls[0]} "
+            "(fix the tool, or the call the reference makes)"
+        )
+    return CheckResult(
+        "reference episode", ok, detail, trace=trajectory.error or "", warning=bool(failed_calls)
+    )
 
 
 def _wrong_answers(

@@ -67,11 +67,8 @@ def register(
         ConfigError: a malformed id or entry point, a ``kwargs`` that is not a dict, or an
             option given both in ``kwargs`` and as a keyword (nothing is registered).
     """
-    if not re.fullmatch(r"([\w.-]+/)?[\w.:-]+-v(0|[1-9]\d*)", id):
-        raise ConfigError(  # Gymnasium reads -v01 as version 1: made by neither spelling
-            f"env id {id!r} must look like 'namespace/Name-v0' (a version without leading "
-            "zeros: -v1, not -v01)"
-        )
+    if not _ID.fullmatch(id):
+        raise ConfigError(_id_refusal(id))
     _check_entry_point(id, entry_point)
     defaults = _merged_defaults(id, kwargs, defaults)
     previous = gymnasium.registry.get(id)
@@ -87,6 +84,28 @@ def register(
             id=id, entry_point=entry_point, kwargs=defaults, disable_env_checker=True
         )
     _OUR_IDS.add(id)
+
+
+#: ``[namespace/]Name-vN``: Gymnasium reads -v01 as version 1, so neither spelling made it.
+_ID = re.compile(r"([\w.-]+/)?[\w.:-]+-v(0|[1-9]\d*)")
+
+
+def _id_refusal(id: str) -> str:
+    """Why ``id`` is no env id, and the id meant where one is plain (a version added or fixed).
+
+    Why: ``register("myorg/Search")`` was refused with the pattern alone; the usual mistake
+    is a missing version, and the line now gives the id to write.
+    """
+    base, _, version = id.rpartition("-v")
+    if base and version.isdigit():
+        meant = f"{base}-v{int(version)}"
+    else:  # a version of another spelling (-V0, -v1.2) is the user's to mend
+        meant = "" if "-v" in id.lower() else f"{id}-v0"
+    hint = f"; write {meant!r}" if _ID.fullmatch(meant) else ""
+    return (
+        f"env id {id!r} must look like 'namespace/Name-v0' (a version without leading zeros: "
+        f"-v1, not -v01){hint}"
+    )
 
 
 #: ``"package.module:Attr"``: what `_load_entry_point` can import (one attribute, no dots).
@@ -196,7 +215,7 @@ def resolve_id(name: str) -> str:
         return name
     module, colon, env_name = name.partition(":")
     if colon and module and env_name:  # Gymnasium's "module:Env-v0": the import registers it
-        imported = _import_env_module(module)
+        imported = _import_env_module(module, env_name)
         try:
             return resolve_id(env_name)
         except UnknownEnvError:
@@ -231,7 +250,7 @@ def _known(name: str) -> str:
     return f"{hint} Registered: {', '.join(sorted(_OUR_IDS)) or 'none'}."
 
 
-def _import_env_module(module: str) -> ModuleType:
+def _import_env_module(module: str, env_name: str) -> ModuleType:
     """Import ``module``, which registers envs, searching the working directory first.
 
     Why: ``agentgym check`` runs as a console script, whose import path does not hold the
@@ -247,6 +266,11 @@ def _import_env_module(module: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name != module and not module.startswith(f"{exc.name}."):
             raise  # the module imports something missing: its own error says what
+        if module.endswith(".py"):  # a file name: it said to run from the folder it ran in
+            raise ConfigError(
+                f"cannot import {module!r}: name the module, not its file, before the colon: "
+                f"'{module.removesuffix('.py').replace(os.sep, '.')}:{env_name}'"
+            ) from None
         raise ConfigError(
             f"cannot import {module!r} to register its envs ({exc}); run from the folder that "
             "holds it or add that folder to PYTHONPATH"
@@ -489,6 +513,24 @@ _STEPS_HINT = (
 )
 
 
+#: Why: an episode's time limit is the run's (it cuts the episode from outside, whatever the env
+#: is doing), so no env takes one; ``episode_deadline_s=`` was refused with a close match,
+#: ``max_episode_tokens``, that does another job.
+_DEADLINE = re.compile(r"deadline|episode_time|episode_sec")
+_DEADLINE_HINT = (
+    "; an episode's time limit is the run's, not the env's: agentgym eval --episode-timeout S, "
+    "or agentgym.rollout(..., episode_timeout=S)"
+)
+
+
+#: Why: `rollout` takes the env's options as one dict, ``env_kwargs=``, while `make` and `check`
+#: take them as keywords; the dict given to those was refused as an option named env_kwargs.
+_NESTED_HINT = (
+    "; give the env's options themselves as keywords, agentgym.make(id, num_tasks=5) or "
+    "agentgym.check(id, num_tasks=5), not in a dict"
+)
+
+
 def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
     if missing := _required_options(factory) - set(kwargs):
         raise ConfigError(  # was the constructor's TypeError, "at agentgym/_env.py"
@@ -500,8 +542,11 @@ def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, An
         raise ConfigError(_set_itself(env_id, repeated))
     if accepted is not None and (unknown := sorted(set(kwargs) - accepted)):
         raise ConfigError(
-            f"{env_id} does not take option(s) {unknown}; it takes: {', '.join(sorted(accepted))}"
+            f"{env_id} does not take option(s) {unknown}{_meant(unknown, accepted)}; it takes: "
+            f"{', '.join(sorted(accepted))}"
             + (_STEPS_HINT if "max_episode_steps" in unknown and "max_turns" in accepted else "")
+            + (_DEADLINE_HINT if any(_DEADLINE.search(name) for name in unknown) else "")
+            + (_NESTED_HINT if {"env_kwargs", "kwargs"} & set(unknown) else "")
         )
     for name, value in kwargs.items():
         adapter = _plain_option_types(factory).get(name)
@@ -515,6 +560,23 @@ def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, An
                 f"{env_id}: option {name}={value!r} is not valid: {reason[0].lower()}{reason[1:]}"
                 + _as_text_hint(adapter, name, value)
             ) from None
+
+
+def _meant(unknown: list[str], accepted: set[str]) -> str:
+    """`` (did you mean max_turns?)``: the accepted names closest to misspelt options.
+
+    Why: the list of what an env takes runs to a dozen names; a one-letter typo
+    (``max_turn``) is quicker fixed when the line names the one meant. Names with a hint of
+    their own (max_episode_steps, a deadline) get no close match: the closest,
+    ``max_episode_tokens``, does another job.
+    """
+    close = [
+        match
+        for name in unknown
+        if name != "max_episode_steps" and not _DEADLINE.search(name)
+        for match in difflib.get_close_matches(name, accepted, n=1)
+    ]
+    return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
 def _as_text_hint(adapter: TypeAdapter[Any], name: str, value: Any) -> str:
