@@ -35,15 +35,29 @@ console = Console(stderr=True, markup=False)
 stdout = PipedConsole(markup=False)
 
 
+#: Kernel file systems: root may "write" there (`os.access` says so), yet no folder can be made.
+_KERNEL_FOLDERS = (Path("/proc"), Path("/sys"))
+
+
 def folder_path(text: str | Path) -> Path:
     """A folder option's value as a `Path` (typer ``parser=``), refusing an empty one.
 
     Why: ``Path("")`` is the current folder, so ``--out "$OUT"`` with ``OUT`` unset wrote a
     run's files among whatever the shell's folder held. (The option's default comes as a Path.)
+    A folder under /proc or /sys passed the writable check as root, and the run failed at
+    its first write (``sft``: with a traceback, after the model loaded).
     """
     if isinstance(text, str) and not text.strip():
         raise typer.BadParameter("is empty; give a folder for the run's files (e.g. runs/eval)")
-    return Path(text)
+    path = Path(text)
+    kernel = next((k for k in _KERNEL_FOLDERS if path.expanduser().resolve().is_relative_to(k)),
+                  None)  # fmt: skip
+    if kernel is not None:
+        raise typer.BadParameter(
+            f"{path} is under {kernel}, the kernel's own file system, where no folder can be "
+            "made; give a folder on a disk"
+        )
+    return path
 
 
 def parse_template_kwargs(text: str | None) -> dict[str, Any]:

@@ -42,6 +42,7 @@ import typer
 from agentgym._cli_common import (
     ChatTemplateKwargsOption,
     EnvArgOption,
+    folder_path,
     key_value,
     parse_env_args,
     parse_template_kwargs,
@@ -101,7 +102,9 @@ def sft(
     model: Annotated[
         str, typer.Argument(help="A model folder with a chat template, or tiny / tiny:PRESET.")
     ],
-    out: Annotated[Path, typer.Argument(help="A new folder for the fine-tuned model.")],
+    out: Annotated[
+        Path, typer.Argument(help="A new folder for the fine-tuned model.", parser=folder_path)
+    ],
     env: Annotated[str | None, typer.Option(help="Source: play this env's scripted turns.")] = None,
     trajectories: Annotated[
         list[Path] | None,

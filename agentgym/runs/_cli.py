@@ -37,7 +37,7 @@ from ._episode_index import (
 from ._folder import live_step, read_json
 from ._jobs import check_job, parse_config, queue_checked_job
 from ._queue import JobQueue
-from ._store import RunStatus, RunStore, agentgym_home, new_run_id, now_iso, took_folder
+from ._store import RunStatus, RunStore, agentgym_home, new_run_id, took_folder
 
 app = typer.Typer(help="List, show and compare indexed runs.", no_args_is_help=True)
 console = PipedConsole(markup=False)  # names, configs and log lines are the user's text
@@ -95,6 +95,11 @@ def show_run(
     if run["error_tail"]:
         console.print(Text("last log lines:", style="red"))
         console.print(visible(run["error_tail"]), highlight=False)
+    if _folder_gone(run):  # its figures read as the run's, its episodes are not there
+        console.print(Text(visible(
+            f"its folder {run['run_dir']} is gone (moved or deleted?): the row keeps that path; "
+            "move the folder back there, or give its new path to `agentgym runs episodes` / "
+            "`doctor`, which read a folder as it is"), style="yellow"))  # fmt: skip
 
 
 @app.command("compare")
@@ -297,9 +302,11 @@ def sweep(
     jobs = _sweep_configs(source, grid or [], kind)
     for job in jobs:  # all of them before any row: a bad one leaves none behind
         try:
-            check_job(job.kind, job.config)
+            warnings = check_job(job.kind, job.config)
         except ConfigError as exc:
             raise ConfigError(f"{job.name}: {exc}") from None
+        for warning in warnings:
+            console.print(f"warning: {job.name}: {warning}", highlight=False)
     store = RunStore(db)
     root = runs_dir or agentgym_home() / "runs"
     sweep_id = new_run_id()
@@ -373,10 +380,7 @@ def _cancel_queued(store: RunStore, sweep_id: str | None, sig: signal.Signals) -
     why = (f"agentgym sweep was stopped ({sig.name}) before this job ran to its end; run "
            "the sweep again for it")  # fmt: skip
     for run in store.list_runs(limit=None, status=RunStatus.queued, sweep_id=sweep_id):
-        store.update_run(
-            run["id"], only_if={"status": "queued"}, status=RunStatus.cancelled,
-            ended_at=now_iso(), error_tail=why,
-        )  # fmt: skip
+        store.request_cancel(run["id"], why=why)
 
 
 class _SweepRun(NamedTuple):
@@ -508,8 +512,20 @@ def _run_in(store: RunStore, folder: Path, key: str) -> dict[str, Any]:
             f"{key!r} is both the folder {shown}, which no indexed run wrote, and the start of "
             f"run id {by_id['id']}; for that run give more of its id"
         )
-    raise ConfigError(f"no indexed run wrote the folder {shown} (a row names the folder its run "
-                      "wrote: a moved one is not found); see `agentgym runs ls`")  # fmt: skip
+    gone = [run for run in store.list_runs(limit=None) if _folder_gone(run)][:3]  # newest
+    moved = "; ".join(f"run {run['id']} had {visible(run['run_dir'])}" for run in gone)
+    raise ConfigError(
+        f"no indexed run names the folder {shown} (the index looks for the path its run wrote, "
+        "so a moved folder is not found)"
+        + (f"; runs whose folder is gone: {moved}; give one's id to `agentgym runs show`, or "
+           "move the folder back" if gone else "; see `agentgym runs ls`")
+    )  # fmt: skip
+
+
+def _folder_gone(run: dict[str, Any]) -> bool:
+    """Whether a run that started had a folder that is no longer there (moved or deleted)."""
+    return bool(run["run_dir"]) and run["started_at"] is not None and \
+        not Path(run["run_dir"]).is_dir()  # fmt: skip
 
 
 def _by_own_id(store: RunStore, key: str) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ import difflib
 import functools
 import importlib.util
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -38,12 +39,14 @@ from agentgym._yaml import load_yaml
 
 from ._store import RunStore, new_run_id
 
+log = logging.getLogger("agentgym.runs")
+
 JobKind = Literal["train", "eval", "sft"]
 #: Option keys a job config may not set, each with why and what to do instead: listed among
 #: "unknown" keys, they read as options the command lacks (``api_key`` is one of ``eval``'s).
 _RESERVED: dict[str, str] = {
-    "api_key": "is not stored in the run database (secrets stay out of it); set "
-    "OPENAI_API_KEY in the environment of agentgym serve (or sweep): its jobs inherit it",
+    "api_key": "is refused: a secret is never stored in the run database; drop it and set "
+    "OPENAI_API_KEY where agentgym serve (or sweep) runs: its jobs inherit it",
     "out": "is the job's run folder, set by the queue; drop it",
     "resume": "is set by the queue (a retried job resumes); drop it",
     "env_arg": "is written as env_kwargs: {name: value}",
@@ -94,17 +97,26 @@ def _check_size(value: Any, limit: int) -> None:
             stack += item
 
 
-def check_job(kind: str, config: Mapping[str, Any]) -> None:
-    """Refuse a config its command would refuse, before it is queued.
+def check_job(kind: str, config: Mapping[str, Any]) -> list[str]:
+    """Refuse a config its command would refuse, before it is queued; returns its warnings.
+
+    A warning (``num_tasks`` past the env's tasks) is the command's own, said to whoever
+    submits: printed by the check, it went to the server's stderr, which the submitter
+    never sees.
 
     Raises:
         ConfigError: unknown kind, unknown key or env, a value of the wrong type.
     """
     if kind not in get_args(JobKind):
         raise ConfigError(f"kind must be one of {', '.join(get_args(JobKind))}; got {kind!r}")
-    {"eval": _check_eval, "sft": _check_sft, "train": _check_train}[kind](config)
+    warnings: list[str] = []
+    if kind == "eval":
+        warnings = _check_eval(config)
+    else:
+        {"sft": _check_sft, "train": _check_train}[kind](config)
     _check_files(kind, config)
     _check_device(kind, config)
+    return warnings
 
 
 #: Per job kind: the config keys naming a model (a folder, a hub id or ``tiny``) ...
@@ -167,14 +179,22 @@ def submit_job(
     name: str | None = None,
     max_attempts: int = 3,
     sweep_id: str | None = None,
+    warnings: list[str] | None = None,
 ) -> str:
     """Check a job and queue it; returns its run id. Its folder is ``runs_root/<id>``.
+
+    ``warnings``: gets `check_job`'s warnings, for the submitter; None logs them.
 
     Raises:
         ConfigError: see `check_job`; nothing is queued then.
     """
     data = parse_config(config)
-    check_job(kind, data)
+    said = check_job(kind, data)
+    if warnings is None:
+        for warning in said:
+            log.warning("%s", warning)
+    else:
+        warnings += said
     return queue_checked_job(
         store, kind, data, runs_root=runs_root, source=source, name=name,
         max_attempts=max_attempts, sweep_id=sweep_id,
@@ -305,12 +325,14 @@ def _flag(param: Any) -> str | None:
     return next((o for o in param.opts if o.startswith("--")), None)
 
 
-def _check_eval(config: Mapping[str, Any]) -> None:
+def _check_eval(config: Mapping[str, Any]) -> list[str]:
     """The config as ``agentgym eval`` parses it, then the command's checks needing no model.
 
     `check_eval_options` and `checked_tasks` are the very functions the command runs, so the
     two cannot disagree; nothing here loads a model or reaches a server. The env is built
-    once, to check its options' values and count its tasks.
+    once, to check its options' values and count its tasks: its id and option names alone
+    passed ``env_kwargs: {num_tasks: 0}``, which the worker refused. Returns the warnings
+    (`check_job`).
     """
     from agentgym._eval_cli import check_eval_options, checked_tasks
     from agentgym._eval_engine import local_env_kwargs
@@ -328,28 +350,33 @@ def _check_eval(config: Mapping[str, Any]) -> None:
     _check_adapter(ctx)
     env = args[0]
     count = _check_env(env, config.get("env_kwargs"), count_tasks=True)
-    if count is not None:  # named as the command names it (a module:id is not imported here)
-        env_id = env if ":" in env else resolve_id(env)
-        task_range, num_tasks = params["task_range"], params["num_tasks"]
-        checked_tasks(count, task_range, num_tasks, params["group_size"], env_id)
+    if count is None:
+        return []
+    env_id = env if ":" in env else resolve_id(env)  # as the command names it (not imported)
+    task_range, num_tasks = params["task_range"], params["num_tasks"]
+    past = num_tasks is not None and task_range is None and num_tasks > count
+    checked_tasks(count, task_range, count if past else num_tasks, params["group_size"], env_id)
+    return [f"num_tasks {num_tasks}, but the env has {count} tasks; the job plays all {count}"]\
+        if past else []  # fmt: skip
 
 
 def _check_adapter(ctx: Any) -> None:
     """An eval job's ``adapter`` must be one the command takes, as it checks it: no model load.
 
-    Why: ``adapter: /etc`` was queued and refused by the worker. With ``model_path`` a
-    ``tiny`` name the base is built by the worker (seconds, and a write): left to it then.
+    Why: ``adapter: /etc`` was queued and refused by the worker. A ``tiny`` ``model_path`` is
+    resolved as the command resolves it (`local_model`: built once, then cached, and the
+    worker uses that build): skipped, a folder that is no adapter was queued beside it.
     """
-    from agentgym._eval_engine import trained_adapter_and_base
+    from agentgym._eval_engine import local_model, trained_adapter_and_base
     from agentgym._eval_options import PolicyKind, Servers
-    from agentgym.engine.tiny import tiny_preset
+    from agentgym._extras import needs_extra
 
     params = ctx.params
-    model_path = params["model_path"]
-    if params["adapter"] is None or (model_path is not None and
-                                     tiny_preset(str(model_path)) is not None):  # fmt: skip
-        return
+    if params["adapter"] is None or not Path(params["adapter"]).expanduser().exists():
+        return  # a missing one: `_check_files` says so, naming the folder it looked from
     servers = Servers(params["server"], params["router_url"], params["model"])
+    with needs_extra("agentgym eval --adapter", "train"):  # a tiny build needs transformers
+        model_path = local_model(params["model_path"], params["seed"])
     trained_adapter_and_base(params["adapter"], model_path, PolicyKind(params["policy"]), servers)
 
 

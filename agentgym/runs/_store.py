@@ -240,16 +240,20 @@ class RunStore:
             started_at=None,
         )  # fmt: skip
 
-    def request_cancel(self, run_id: str) -> dict[str, Any] | None:
+    def request_cancel(self, run_id: str, *, why: str | None = None) -> dict[str, Any] | None:
         """Ask for a run to stop: a queued job is cancelled now, a running one by its queue.
 
         An ``interrupted`` job (its process is gone) is cancelled now too, so that no queue
-        resumes it. Returns the row after the change, or None if there is no such run.
+        resumes it. ``why`` becomes the ``error_tail`` of a job cancelled now. Each change is
+        guarded by the state it starts from: a job claimed meanwhile is cancelled as a running
+        one, and a second cancel changes nothing. The one way jobs are cancelled (the API, a
+        stopped sweep). Returns the row after the change, or None if there is no such run.
         """
+        said = {"error_tail": why} if why is not None else {}
         for waiting in ("queued", "interrupted"):
             self.update_run(
                 run_id, only_if={"status": waiting}, status=RunStatus.cancelled,
-                cancel_requested=True, ended_at=now_iso(),
+                cancel_requested=True, ended_at=now_iso(), **said,
             )  # fmt: skip
         self.update_run(run_id, only_if={"status": "running"}, cancel_requested=True)
         return self.get_run(run_id)
@@ -261,6 +265,10 @@ class RunStore:
         a queue recovering its jobs (``jobs=True``) settles those: marked by a viewer
         (``runs ls``) while the queue was down, a job was no longer ``running`` when the
         restarted queue looked, so its orphaned worker was never stopped nor the job resumed.
+        But a sweep's job has no queue to recover it (each sweep runs its own jobs only), so
+        anyone settles it once its queue and its worker (``pid``) are both gone: after a
+        ``kill -9`` of its sweep it read ``running`` forever; its jobs still ``queued`` are
+        cancelled then (`request_cancel`), saying why.
         Rows of other hosts are left alone. Returns the rows changed (as they were before).
 
         The row takes the step its run folder recorded when it is further than the row's:
@@ -269,17 +277,26 @@ class RunStore:
         """
         host = socket.gethostname()
         changed = []
+        dead_sweeps: dict[str, int | None] = {}  # sweep id: its queue's pid
         for row in self.list_runs(limit=None, status=RunStatus.running):
-            if row["host"] != host or (row["job"] is not None and not jobs):
+            orphan = row["sweep_id"] is not None and not jobs
+            if row["host"] != host or (row["job"] is not None and not jobs and not orphan):
                 continue
             pid = _owner_pid(row["owner"]) if row["owner"] else row["pid"]
-            if process_alive(pid):
+            if process_alive(pid) or (orphan and process_alive(row["pid"])):
                 continue
             if self.update_run(
                 row["id"], only_if={"status": "running", "owner": row["owner"]},
                 status=RunStatus.interrupted, **self._how_it_ended(row),
             ):  # fmt: skip
                 changed.append(row)
+                if orphan:
+                    dead_sweeps[row["sweep_id"]] = pid
+        for sweep_id, sweep_pid in dead_sweeps.items():
+            why = (f"its agentgym sweep (pid {sweep_pid}) died before this job ran; run the "
+                   "sweep again for it")  # fmt: skip
+            for run in self.list_runs(limit=None, status=RunStatus.queued, sweep_id=sweep_id):
+                self.request_cancel(run["id"], why=why)
         return changed
 
     def _how_it_ended(self, row: Mapping[str, Any]) -> dict[str, Any]:

@@ -94,6 +94,16 @@ class Job(BaseModel):
     sweep_id: str | None
 
 
+class SubmittedJob(Job):
+    """A job just queued, with what its submitter should know."""
+
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="The command's warnings, e.g. num_tasks past the env's tasks (the job "
+        "plays them all).",
+    )
+
+
 def create_app(
     store: RunStore,
     *,
@@ -107,7 +117,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        queue.recover()
+        await in_thread(queue.recover)  # store calls and orphan stops: off the event loop
         runner = asyncio.create_task(queue.run())
         try:
             yield
@@ -122,19 +132,20 @@ def create_app(
         app.middleware("http")(_bearer_check(token))
     app.add_middleware(_Guard, loopback_only=token is None)  # outermost: runs first
 
-    @app.post("/jobs", status_code=201, response_model=Job)
+    @app.post("/jobs", status_code=201, response_model=SubmittedJob)
     def submit(request: JobRequest) -> dict[str, Any]:
         """Queue a train, eval or sft job; 400 with the reason if its config would be refused."""
+        warnings: list[str] = []
         try:
             run_id = submit_job(
                 store, request.kind, request.config, runs_root=runs_root, source="serve",
-                name=request.name, max_attempts=request.max_attempts,
+                name=request.name, max_attempts=request.max_attempts, warnings=warnings,
             )  # fmt: skip
         except ConfigError as exc:
             raise HTTPException(400, str(exc)) from None
         queued = _get(store, run_id)
         queue.wake()
-        return queued
+        return {**queued, "warnings": warnings}
 
     @app.get("/jobs", response_model=list[Job])
     def list_jobs(

@@ -139,7 +139,8 @@ def test_an_sft_jobs_env_options_are_refused_as_the_env_refuses_them(
 
 @pytest.mark.parametrize(
     ("key", "says"),
-    [("api_key", "eval config key 'api_key' is not stored in the run database"),
+    [("api_key", "eval config key 'api_key' is refused: a secret is never stored in the run "
+                "database; drop it"),
      ("out", "eval config key 'out' is the job's run folder, set by the queue; drop it"),
      ("resume", "eval config key 'resume' is set by the queue"),
      ("env_arg", "eval config key 'env_arg' is written as env_kwargs")],

@@ -1,0 +1,25 @@
+"""An output folder under /proc (s56): refused in one line before any work, not (sft) with
+a traceback after the model loaded, nor (eval) as a folder that "cannot be made"."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SAYS = "/proc/foo is under /proc, the kernel's own file system, where no folder can be made"
+
+
+@pytest.mark.parametrize("args", [["eval", "calculator", "-n", "1", "--out", "/proc/foo"],
+                                  ["sft", "--env", "calculator", "--steps", "1", "tiny",
+                                   "/proc/foo"]])  # fmt: skip
+def test_an_output_under_proc_is_refused_in_one_line(args: list[str]) -> None:
+    env = {**os.environ, "AGENTGYM_RUNS_DB": "off", "COLUMNS": "250"}
+    script = Path(sys.executable).parent / "agentgym"
+    done = subprocess.run([str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 2
+    assert SAYS in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
