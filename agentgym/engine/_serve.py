@@ -12,9 +12,10 @@ that stopping it also stops its engine-core process.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import logging
 import os
-import shutil
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from .. import _owned_tmp
 from .._errors import ConfigError, ModelError
 from . import _cpu_lora, _logprob_ranks, _orphan_guard, _rpc_dir
 from ._model_dir import require_model_folder
@@ -83,20 +85,28 @@ def _wait_until_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeou
 
 @contextlib.contextmanager
 def _logs_kept_only_on_error(logs: list[Path]) -> Iterator[None]:
-    """Delete the servers' log folders after a clean exit; keep them, and say where, on error.
+    """Delete the servers' log folders after the block; keep them, and say where, on an error.
 
     Why: each start writes a folder in the temp dir, so a test suite or a job server starting
-    servers all day would fill it, while after a failure the log is what the user needs.
-    ``logs`` may grow inside the block (servers started one by one).
+    servers all day would fill it, while after a failure the log is what the user needs. A
+    stop (Ctrl-C, or SIGTERM, which the CLI turns into one) is no failure of the servers:
+    their logs go too. A kept folder is renamed out of the next start's sweep
+    (`agentgym._owned_tmp`), which removes the folders of processes killed before they could
+    decide. ``logs`` may grow inside the block (servers started one by one).
     """
+    failed = False
     try:
         yield
-    except BaseException:
-        if logs:
-            logger.warning("server logs kept: %s", ", ".join(map(str, logs)))
+    except Exception:
+        failed = bool(logs)
+        if failed:
+            kept = [_owned_tmp.keep(log.parent) / log.name for log in logs]
+            logger.warning("server logs kept: %s", ", ".join(map(str, kept)))
         raise
-    for log in logs:
-        shutil.rmtree(log.parent, ignore_errors=True)
+    finally:
+        if not failed:
+            for log in logs:
+                _owned_tmp.remove(log.parent)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -111,16 +121,40 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30)
 
 
+#: How the log folders of vLLM servers and routers are named (`agentgym._owned_tmp`).
+VLLM_PREFIX, ROUTER_PREFIX = "agentgym-vllm-", "agentgym-router-"
+
+
 def _spawn(
     command: list[str], env: dict[str, str], prefix: str
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start ``command`` in its own process group, logging to a fresh file."""
-    log_path = Path(tempfile.mkdtemp(prefix=prefix)) / "server.log"
+    """Start ``command`` in its own process group, logging to a fresh file.
+
+    The file's folder is this process's (`agentgym._owned_tmp`): the next start removes it
+    if this process is killed before `_logs_kept_only_on_error` could. It is the server's
+    temp dir too: vLLM's engine core makes its torch.distributed file store there
+    (``vllm_dist_*``, `vllm.utils.network_utils.get_file_store_init_method`), which stays
+    when the engine ends on a signal, as `_stop` ends it: one file left in /tmp per server.
+    """
+    folder = _owned_tmp.make_dir(prefix)
+    log_path = folder / "server.log"
+    env = {"TORCHINDUCTOR_CACHE_DIR": _inductor_cache_dir(), **env, "TMPDIR": str(folder)}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     return proc, log_path
+
+
+def _inductor_cache_dir() -> str:
+    """Where torch's compile cache would be in this process's temp dir (its default).
+
+    Why: the server's temp dir is a folder deleted with its log; torch puts its compile cache
+    under the temp dir unless told, so each start would compile afresh. Mirrors
+    `torch._inductor.runtime.cache_dir_utils.default_cache_dir` without importing torch.
+    """
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
 
 
 @dataclass(frozen=True)
@@ -171,7 +205,7 @@ def _start_vllm(model_dir: Path, options: ServerOptions, port: int | None) -> Lo
     _logprob_ranks.enable_for_cpu_engines(env)  # no compile on the first request
     _rpc_dir.use_private_dir(env)  # the sockets vLLM leaves behind go when this process does
     _orphan_guard.guard_engines_of_this_process(env)  # the server ends if this process is killed
-    proc, log_path = _spawn(command, env, "agentgym-vllm-")
+    proc, log_path = _spawn(command, env, VLLM_PREFIX)
     return LocalServer(f"http://127.0.0.1:{port}/v1", name, log_path, proc)
 
 
@@ -271,7 +305,7 @@ def serve_router(
         sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1",
         "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
     ]  # fmt: skip
-    proc, log_path = _spawn(command, dict(os.environ), "agentgym-router-")
+    proc, log_path = _spawn(command, dict(os.environ), ROUTER_PREFIX)
     with _logs_kept_only_on_error([log_path]):
         try:
             url = f"http://127.0.0.1:{port}"

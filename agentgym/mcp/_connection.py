@@ -29,18 +29,19 @@ import atexit
 import concurrent.futures
 import contextvars
 import functools
-import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
+from agentgym import _owned_tmp
 from agentgym._errors import ConfigError, InfraError, ToolError
+from agentgym._pid import process_alive
 from agentgym._run_to_end import run_to_end
 
 from ._spec import MCPServer
@@ -248,43 +249,9 @@ def _dies_with_us(command: str, args: list[str]) -> tuple[str, list[str]]:
     return sys.executable, ["-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), command, *args]
 
 
-def _workspace_prefix(pid: int) -> str:
-    """How the workspace copies of process ``pid`` on this machine are named."""
-    host = hashlib.sha1(os.uname().nodename.encode()).hexdigest()[:6]
-    return f"agentgym-mcp-{host}-{pid}-"
-
-
-def _new_workspace() -> str:
-    """A new empty temporary folder for a copy of a workspace (its name holds our pid)."""
-    return tempfile.mkdtemp(prefix=_workspace_prefix(os.getpid()))
-
-
-@functools.cache
-def _sweep_workspaces() -> None:
-    """Remove the workspace copies left by dead processes of this machine; once per process.
-
-    Such a process was killed (SIGKILL, or SIGTERM without a handler) and ran no exit hook;
-    its servers died with it (`_dies_with_us`), its copies stayed. Runs in a worker thread.
-    """
-    mine = _workspace_prefix(0)[: -len("0-")]
-    folder = tempfile.gettempdir()
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(mine) :].split("-", 1)[0]
-        if not name.startswith(mine) or not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        path = os.path.join(folder, name)
-        try:
-            if os.stat(path).st_uid != os.getuid():
-                continue
-            os.kill(int(pid), 0)  # alive (or not ours to signal): its copy stays
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            continue
+#: How the workspace copies are named (`agentgym._owned_tmp` adds the owner's pid): the next
+#: process that copies a workspace removes those of a process killed with them still there.
+WORKSPACE_PREFIX = "agentgym-mcp-"
 
 
 def _fill_workspace(template: str, copy: str) -> None:
@@ -314,6 +281,7 @@ class MCPConnection:
         self.stderr_offset = 0
         if self.log_path is not None and spec.stderr is None:
             _logs.add(self.log_path)
+            _sweep_empty_logs(os.path.dirname(self.log_path))
 
     @classmethod
     async def open(cls, spec: MCPServer) -> MCPConnection:
@@ -342,8 +310,8 @@ class MCPConnection:
                 # session of the process, and their calls timed out (forfeits nobody caused).
                 # The copy's folder is the connection's before the await, and a cancelled
                 # start waits for the copy to end (`run_to_end`), so `close` removes all of it
-                await run_to_end(asyncio.to_thread(_sweep_workspaces))
-                connection.workspace = _new_workspace()
+                await run_to_end(asyncio.to_thread(_owned_tmp.sweep_once, WORKSPACE_PREFIX))
+                connection.workspace = str(_owned_tmp.make_dir(WORKSPACE_PREFIX))
                 await run_to_end(
                     asyncio.to_thread(_fill_workspace, spec.workspace, connection.workspace)
                 )
@@ -443,9 +411,9 @@ class MCPConnection:
         if self.workspace is not None:  # the server is gone: nothing writes there any more
             copy, self.workspace = self.workspace, None
             try:
-                await asyncio.to_thread(shutil.rmtree, copy, ignore_errors=True)
+                await asyncio.to_thread(_owned_tmp.remove, Path(copy))
             except RuntimeError:  # the interpreter is exiting: no new threads, remove it here
-                shutil.rmtree(copy, ignore_errors=True)
+                _owned_tmp.remove(Path(copy))
         _live.discard(self)
 
     async def list_tools(self, timeout: float | None = None) -> list[mcp_types.Tool]:
@@ -753,12 +721,36 @@ def _close_everything() -> None:
 
     if _hub is not None:
         on_hub_sync(close_live())
-    for path in list(_logs):  # a server that wrote nothing left nothing to read
-        try:
-            if os.path.getsize(path) == 0:
-                os.remove(path)
-        except OSError:
-            pass
+    for path in list(_logs):
+        _remove_if_empty(path)
+
+
+def _remove_if_empty(log: str) -> None:
+    """Delete ``log`` if it is empty: a server that wrote nothing left nothing to read."""
+    try:
+        if os.path.getsize(log) == 0:
+            os.remove(log)
+    except OSError:
+        pass
+
+
+@functools.cache
+def _sweep_empty_logs(folder: str) -> None:
+    """Delete the empty default logs in ``folder`` of dead processes; once per process.
+
+    Such a process was killed (SIGKILL, or SIGTERM without a handler) before its exit hook
+    deleted them (`_close_everything`). A log that holds something stays: it may tell why a
+    server failed. The pid in a log's name (`MCPServer.log_path`) says whose it is; a pid
+    that another process has taken since only keeps the log until a later sweep.
+    """
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid = name.split("-")[1] if name.startswith("mcp-") else ""
+        if pid.isdigit() and not process_alive(int(pid)):
+            _remove_if_empty(os.path.join(folder, name))
 
 
 @functools.cache

@@ -212,7 +212,9 @@ class MCPServer:
         """The file this server's stderr is appended to; None: none (``inherit``/``discard``).
 
         By default (``stderr=None``) a file of this process and server in the temp folder,
-        ``agentgym-logs/mcp-PID-NAME.log``, which every start of the server appends to.
+        ``agentgym-logs/mcp-PID-NAME.log``, which every start of the server appends to. An
+        empty one is deleted at exit, or, if this process is killed, by the next process's
+        first server; one that holds something stays (it may tell why a server failed).
         """
         if self.transport != "stdio" or self.stderr in ("inherit", "discard"):
             return None

@@ -359,8 +359,7 @@ async def test_servers_die_with_a_killed_parent_and_its_copies_are_swept(
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert list(temp.glob("agentgym-mcp-*"))  # the dead process's copy is left ...
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    _connection._sweep_workspaces.cache_clear()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # a new temp dir: swept at first use
     connection = await checkout(
         MCPServer(command=sys.executable, args=[str(noisy)], workspace=str(workspace))
     )
@@ -370,4 +369,3 @@ async def test_servers_die_with_a_killed_parent_and_its_copies_are_swept(
         ]
     finally:
         await on_hub(connection.close())
-        _connection._sweep_workspaces.cache_clear()

@@ -1,0 +1,134 @@
+"""Temporary folders owned by a process, removed by the next start of their kind once it is dead.
+
+Why: a process removes its temporary folders at exit (an ``atexit`` hook, a ``finally``), but
+one killed with SIGKILL, or with a SIGTERM it has no handler for, runs neither, and a user
+who starts ``agentgym train`` or ``eval`` again and again, and sometimes kills it, found the
+temp dir filling up with vLLM server logs, vLLM socket folders and MCP workspace copies.
+
+How: `make_dir` names a folder ``PREFIX<pid>-XXXXXXXX`` (the pid is for people) and holds an
+exclusive ``flock`` on it for the life of the process: the kernel drops the lock however the
+process ends. Before its first folder of a kind, a process removes every folder of that kind
+whose lock is free (`sweep`): its owner is dead, whatever process has its pid now. A folder is
+made under a hidden name and renamed once locked, so no sweep sees it unlocked. A process
+forked from the owner (without exec) shares the lock: the folder stays while it lives too.
+Where the temp dir takes no locks (some network file systems), no folder is ever swept.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+#: The lock (an open descriptor of the folder) of each folder of this process, by path.
+_locks: dict[Path, int] = {}
+#: The (temp dir, prefix) pairs this process swept already: one sweep each is enough.
+_swept: set[tuple[str, str]] = set()
+_guard = threading.Lock()  # MCP makes its folders in worker threads
+
+#: What a `keep` adds after the prefix: a kept folder is the user's, never swept.
+KEPT = "kept-"
+
+
+def make_dir(prefix: str) -> Path:
+    """A new folder ``PREFIX<pid>-XXXXXXXX`` in the temp dir, locked while this process lives.
+
+    The first call for ``prefix`` (per temp dir) first removes the folders of dead owners
+    (`sweep_once`).
+    """
+    temp = sweep_once(prefix)
+    hidden = tempfile.mkdtemp(prefix=f".{prefix}{os.getpid()}-", dir=temp)
+    fd = _lock(hidden)  # None only where locks fail: then no sweep can take it either
+    path = Path(temp, os.path.basename(hidden)[1:])
+    os.rename(hidden, path)
+    if fd is not None:
+        with _guard:
+            _locks[path] = fd
+    return path
+
+
+def remove(path: Path) -> None:
+    """Delete ``path`` (a folder of `make_dir`) and drop its lock."""
+    shutil.rmtree(path, ignore_errors=True)
+    _unlock(path)
+
+
+def keep(path: Path) -> Path:
+    """Rename ``path`` (a folder of `make_dir`) out of every sweep; its new path.
+
+    For a folder whose content the user is told to read (the log of a failed start): the next
+    start must not remove it before they do. ``PREFIX<pid>-X`` becomes ``PREFIXkept-<pid>-X``.
+    """
+    head, pid, rest = path.name.rsplit("-", 2)
+    kept = path.with_name(f"{head}-{KEPT}{pid}-{rest}")
+    try:
+        os.rename(path, kept)
+    except OSError:
+        return path
+    _unlock(path)
+    return kept
+
+
+def sweep_once(prefix: str) -> str:
+    """`sweep` the temp dir for ``prefix`` unless this process did already; the temp dir.
+
+    Call it first where `make_dir` must be quick (on an event loop): a sweep may delete a lot.
+    """
+    temp = tempfile.gettempdir()
+    with _guard:
+        first = (temp, prefix) not in _swept
+        _swept.add((temp, prefix))
+    if first:
+        sweep(prefix, temp)
+    return temp
+
+
+def sweep(prefix: str, temp: str | None = None) -> int:
+    """Remove the folders of ``prefix`` in ``temp`` (the temp dir) whose owner is dead.
+
+    Returns how many it removed. A folder another user owns, or one it cannot open, stays.
+    """
+    temp = temp or tempfile.gettempdir()
+    pattern = re.compile(re.escape(prefix) + r"\d+-[a-z0-9_]{8}")  # mkdtemp's 8 characters
+    try:
+        names = [name for name in os.listdir(temp) if pattern.fullmatch(name)]
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        path = os.path.join(temp, name)
+        fd = _lock(path)
+        if fd is None:  # its owner (or a process forked from it) lives, or not ours to open
+            continue
+        try:
+            if os.fstat(fd).st_uid == os.getuid():  # root leaves other users' folders alone
+                shutil.rmtree(path, ignore_errors=True)
+                removed += not os.path.lexists(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _lock(path: str) -> int | None:
+    """An open descriptor of folder ``path`` holding its lock; None if held or not openable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlock(path: Path) -> None:
+    with _guard:
+        fd = _locks.pop(path, None)
+    if fd is not None:
+        os.close(fd)

@@ -1,0 +1,113 @@
+"""The temp folders of the engine launchers: none stays after a clean exit or a stop, and the
+ones of a process killed with SIGKILL go with the next start of their kind.
+
+Before: every `serve_vllm` left a ``vllm_dist_*`` file in /tmp (its engine, stopped with
+SIGTERM, kept its torch.distributed file store), a stop (Ctrl-C, or SIGTERM through the CLI)
+kept the server logs as an error would, and a killed process left its server log and socket
+folders for good: 77 ``agentgym-vllm-*``, 16 ``agentgym-router-*`` and 21 ``agentgym-rpc-*``
+on the machine this was found on. No vLLM here: a stand-in command takes the server's place.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agentgym import _owned_tmp
+from agentgym.engine import _rpc_dir, _serve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: A stand-in server: writes its temp dir and torch's compile cache to its log and exits.
+SERVER = [sys.executable, "-c", "import os, tempfile; print(tempfile.gettempdir()); "
+          "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])"]  # fmt: skip
+
+#: A process that starts a server and makes its socket folder, says where, and waits.
+KILLED_OWNER = f"""
+import getpass
+import os
+from agentgym.engine import _rpc_dir, _serve
+process, log = _serve._spawn({SERVER!r}, dict(os.environ), "agentgym-vllm-")
+process.wait()
+_rpc_dir.use_private_dir()
+print(log.parent, os.environ[_rpc_dir.ENV_VAR], flush=True)
+input()
+"""
+
+
+@pytest.fixture
+def temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temp dir of the test's own, for this process and the ones it starts."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv(_rpc_dir.ENV_VAR, raising=False)
+    return tmp_path
+
+
+def spawn() -> Path:
+    """Start the stand-in server; its log, once it has exited."""
+    process, log = _serve._spawn(SERVER, dict(os.environ), "agentgym-vllm-")
+    process.wait(timeout=60)
+    return log
+
+
+def test_the_folders_of_a_killed_process_go_with_the_next_start_of_their_kind(
+    temp: Path,
+) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", KILLED_OWNER], cwd=ROOT, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert owner.stdout is not None
+        log_folder, rpc_folder = map(Path, owner.stdout.readline().split())
+    finally:
+        owner.kill()
+        owner.wait(timeout=30)
+    assert log_folder.is_dir() and rpc_folder.is_dir()  # no exit hook ran
+    log = spawn()
+    env: dict[str, str] = {}
+    _rpc_dir.use_private_dir(env)
+    assert (log_folder.exists(), rpc_folder.exists()) == (False, False)
+    assert sorted(temp.iterdir()) == sorted([log.parent, Path(env[_rpc_dir.ENV_VAR])])
+    for folder in temp.iterdir():
+        _owned_tmp.remove(folder)
+
+
+def test_a_server_keeps_its_temp_files_in_its_log_folder(temp: Path) -> None:
+    """vLLM's engine makes its ``vllm_dist_*`` file store in its temp dir, and leaves it;
+    torch's compile cache stays where it was, or each start would compile afresh."""
+    log = spawn()
+    compile_cache = temp / f"torchinductor_{getpass.getuser()}"
+    assert log.read_text().split() == [str(log.parent), str(compile_cache)]
+    with _serve._logs_kept_only_on_error([log]):
+        pass
+    assert list(temp.iterdir()) == []
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_stop_is_no_failure_the_logs_go(temp: Path, stop: type[BaseException]) -> None:
+    """Ctrl-C, the CLI's SIGTERM (a Ctrl-C to the code) and `sys.exit` kept the logs."""
+    log = spawn()
+    with pytest.raises(stop), _serve._logs_kept_only_on_error([log]):
+        raise stop()
+    assert list(temp.iterdir()) == []
+
+
+def test_a_log_kept_after_a_failure_is_out_of_the_next_sweep(
+    temp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The user was told to read it: the next start must not remove it first."""
+    log = spawn()
+    with pytest.raises(RuntimeError), _serve._logs_kept_only_on_error([log]):
+        raise RuntimeError("the block failed")
+    [kept] = temp.iterdir()
+    assert f"server logs kept: {kept / 'server.log'}" in caplog.text
+    assert _owned_tmp.sweep("agentgym-vllm-", str(temp)) == 0
+    assert (kept / "server.log").exists()

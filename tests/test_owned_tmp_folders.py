@@ -1,0 +1,112 @@
+"""`agentgym._owned_tmp`: a folder lives while its owner does, and goes with the next start after.
+
+Each test starts a real owner process and kills it with SIGKILL, as a user or a job queue
+does: no exit hook runs, only the kernel drops the owner's lock.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agentgym import _owned_tmp
+
+PREFIX = "agentgym-test-"
+ROOT = Path(__file__).resolve().parents[1]
+
+#: An owner: makes a folder, says where, forks a child that inherits the lock (as vLLM's
+#: engine core does), says its pid, then waits for stdin to close.
+OWNER = f"""
+import os, sys
+from agentgym import _owned_tmp
+print(_owned_tmp.make_dir({PREFIX!r}), flush=True)
+child = os.fork()
+if child == 0:
+    sys.stdin.read()
+    os._exit(0)
+print(child, flush=True)
+sys.stdin.read()
+"""
+
+
+def start_owner(temp: Path) -> tuple[subprocess.Popen[str], Path, int]:
+    """A live owner process, its folder in ``temp``, and the pid of its forked child."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", OWNER], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "TMPDIR": str(temp)},
+    )  # fmt: skip
+    assert process.stdout is not None
+    folder, child = Path(process.stdout.readline().strip()), int(process.stdout.readline())
+    return process, folder, child
+
+
+def reap(pid: int) -> None:
+    """SIGKILL ``pid`` (not our child) and wait until it is gone: its locks are dropped."""
+    os.kill(pid, signal.SIGKILL)
+    pidfd = os.pidfd_open(pid)  # readable once the process has ended
+    try:
+        select.select([pidfd], [], [], 30)
+    finally:
+        os.close(pidfd)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="os.pidfd_open: Linux")
+def test_a_folder_stays_while_its_owner_or_a_fork_of_it_lives_and_goes_after(
+    tmp_path: Path,
+) -> None:
+    process, folder, child = start_owner(tmp_path)
+    try:
+        assert folder.parent == tmp_path and folder.name.startswith(f"{PREFIX}{process.pid}-")
+        (folder / "server.log").write_text("in use")
+        assert _owned_tmp.sweep(PREFIX, str(tmp_path)) == 0  # the owner lives
+        process.kill()
+        process.wait(timeout=30)
+        assert _owned_tmp.sweep(PREFIX, str(tmp_path)) == 0  # its fork still uses it
+        assert (folder / "server.log").read_text() == "in use"
+    finally:
+        process.kill()
+        reap(child)
+    assert _owned_tmp.sweep(PREFIX, str(tmp_path)) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_first_folder_of_a_kind_sweeps_the_dead_owners_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reused pid does not keep a folder: only the dead owner's lock counted."""
+    reused = tmp_path / f"{PREFIX}{os.getpid()}-abcd1234"  # our pid, but nobody's lock
+    other_kind = tmp_path / "agentgym-other-1-abcd1234"
+    not_ours = tmp_path / f"{PREFIX}abcd1234"  # no owner in its name: another program's
+    for folder in (reused, other_kind, not_ours):
+        folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = _owned_tmp.make_dir(PREFIX)
+    try:
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [mine.name, other_kind.name, not_ours.name]
+        )
+        reused.mkdir()  # a sweep is once per process and kind: later folders are not swept
+        second = _owned_tmp.make_dir(PREFIX)
+        assert reused.exists() and second.exists()
+        _owned_tmp.remove(second)
+        assert not second.exists()
+    finally:
+        _owned_tmp.remove(mine)
+
+
+def test_a_kept_folder_is_out_of_every_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = _owned_tmp.make_dir(PREFIX)
+    kept = _owned_tmp.keep(folder)
+    assert kept.name == f"{PREFIX}{_owned_tmp.KEPT}{folder.name[len(PREFIX) :]}"
+    assert _owned_tmp.sweep(PREFIX, str(tmp_path)) == 0  # unlocked, and still there
+    assert [p.name for p in tmp_path.iterdir()] == [kept.name]
