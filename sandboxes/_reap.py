@@ -22,6 +22,8 @@ import time
 import uuid
 from typing import Any
 
+from agentgym._pid import process_alive
+
 MANAGED = "agentgym.managed"
 OWNER = "agentgym.owner"
 OWNER_START = "agentgym.owner_start"
@@ -107,22 +109,10 @@ def owner_alive(labels: dict[str, str]) -> bool:
     except ValueError:
         return False
     if not os.path.exists("/proc/self/stat"):
-        return _pid_exists(pid)
+        return process_alive(pid)
     started = process_start_time(pid)
     recorded = labels.get(OWNER_START) or started  # "": the start time was unknown
     return started is not None and started == recorded
-
-
-def _pid_exists(pid: int) -> bool:
-    if pid <= 0:  # os.kill would signal a process group, not one process
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def managed_containers(client: Any) -> list[Any]:

@@ -59,6 +59,7 @@ from typing import Any
 from agentgym import Trajectory
 from agentgym._durable import atomic_write_text, check_folder_can_be_made, fsync_dir
 from agentgym._errors import ConfigError, Error
+from agentgym._pid import process_alive
 from agentgym._trajectory import to_json_line
 from agentgym.engine._model_dir import _safetensors_whole, model_folder_problem
 from agentgym.runs._folder import RUN_FILES, SFT_SUMMARY, refuse_another_kind_of_run
@@ -1030,13 +1031,7 @@ def _owner_alive(status: Mapping[str, Any]) -> bool:
     pid = status.get("pid")
     if not isinstance(pid, int) or status.get("host") != socket.gethostname():
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    return process_alive(pid)
 
 
 def _refuse_fewer_steps(path: Path, max_steps: Any, status: Mapping[str, Any]) -> None:

@@ -37,10 +37,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agentgym._pid import process_alive
+
 from .._run_to_end import through_cancels
 from ._folder import OUTPUT_LOG, has_checkpoint, log_tail, read_figures, read_step
 from ._jobs import job_command
-from ._store import RunStatus, RunStore, now_iso, process_alive
+from ._store import RunStatus, RunStore, now_iso
 from ._track import is_infra_failure
 
 log = logging.getLogger("agentgym.runs")

@@ -38,6 +38,7 @@ from urllib.parse import quote
 import sqlalchemy as sa
 
 from agentgym._errors import ConfigError
+from agentgym._pid import process_alive
 
 from ._folder import read_step
 from ._schema import migrate, runs
@@ -100,19 +101,6 @@ def now_iso() -> str:
 def new_run_id() -> str:
     """A fresh run id: 12 hex digits."""
     return uuid.uuid4().hex[:12]
-
-
-def process_alive(pid: int | None) -> bool:
-    """Whether ``pid`` is a live process on this host."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunStore:

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from agentgym._errors import ConfigError, InfraError
+from agentgym._pid import process_alive
 from agentgym._stop import exit_code_after_stop
 
 from ._folder import read_figures, read_step
-from ._store import DISABLED, RunStatus, RunStore, now_iso, process_alive
+from ._store import DISABLED, RunStatus, RunStore, now_iso
 
 log = logging.getLogger("agentgym.runs")
 
