@@ -31,11 +31,12 @@ import logging
 import math
 import re
 import shlex
+import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -183,7 +184,8 @@ def sft(
     """
     _quiet_backends()
     out = out.expanduser()  # `OUT=~/x` reaches us unexpanded from configs and `a=~/x` forms
-    _check_out(out, resume)
+    if _check_out(out, resume) == "finished":
+        return
     progress = _Progress(steps)
     config = _sft_config(
         steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=method,
@@ -279,22 +281,29 @@ def _sft_config(
     )  # fmt: skip
 
 
-def _check_out(out: Path, resume: bool) -> None:
+def _check_out(out: Path, resume: bool) -> Literal["finished"] | None:
     """OUT must be new (or an empty folder): a model folder mixed with old files misleads.
 
     A queue's ``output.log`` does not count: a queued job's OUT is its run folder, and the
     queue opens the log there before the command starts. With ``resume``, what a killed run
-    left counts neither; a finished model (``sft.json``) is refused all the same.
+    left counts neither; a finished model (``sft.json``) is "finished": nothing to resume, as
+    ``agentgym train --resume`` of a finished run says. Its checkpoint, if a kill came between
+    the model's save and the checkpoint's removal, is spent: removed. (A queue resumed such a
+    job, as it had a checkpoint, and the refusal that followed made a finished job ``failed``.)
     """
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT {out} already exists and is not a folder; pick a new folder")
     held = {p.name for p in out.iterdir()} - {OUTPUT_LOG} if out.is_dir() else set()
     if resume and SFT_SUMMARY in held:
-        raise ConfigError(f"OUT {out} holds a finished model ({SFT_SUMMARY}); nothing to resume")
+        shutil.rmtree(sft_checkpoint(out).parent, ignore_errors=True)
+        console.print(f"OUT {out} holds a finished model ({SFT_SUMMARY}): nothing to resume",
+                      soft_wrap=True)  # fmt: skip
+        return "finished"
     if held and not resume:
         raise ConfigError(f"OUT {out} already exists and is not empty; pick a new folder (or "
                           "--resume to continue a killed run into it)")  # fmt: skip
     check_folder_can_be_made(out, "OUT")
+    return None
 
 
 def _check_one_source(
