@@ -458,7 +458,7 @@ class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
         except RuntimeError:
             running = None
         if running is None:  # outside the except: what the call raises is not chained to it
-            return _thread_loop().run_until_complete(coro)
+            return _run_here(_thread_loop(), coro)
         if running in _adapter_loops or (loop := _thread_loop()).is_running():
             coro.close()
             raise ConfigError(
@@ -484,24 +484,57 @@ def message_text(message: Message) -> str:
     return "\n".join(line for line in lines if line)
 
 
+def _run_here(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> _T:
+    """``loop.run_until_complete(coro)``; interrupted (Ctrl-C), the call is cancelled and ended.
+
+    Why: Ctrl-C raised out of the loop with the call still pending on it, and the env's next
+    sync call ran that loop again and so resumed it: an interrupted ``step`` wrote its tool
+    result into the next episode, and an interrupted ``reset`` took the sandbox the next
+    episode waited for. The cancelled call's cleanup runs before the interrupt is re-raised;
+    a second Ctrl-C stops that wait.
+    """
+    task = loop.create_task(coro)
+    try:
+        return loop.run_until_complete(task)
+    except BaseException:
+        if not task.done():
+            task.cancel()
+            loop.run_until_complete(asyncio.wait([task]))
+        if not task.cancelled():
+            task.exception()  # retrieved (a KeyboardInterrupt in it skips that): raised here
+        raise
+
+
 def _run_beside(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> _T:
     """Run ``coro`` on ``loop`` in a helper thread and wait for it; its error is re-raised.
 
-    The helper runs in a copy of the caller's context, so context variables set by the caller
-    are seen by the env, as on the plain sync path.
+    The call runs in a copy of the caller's context, so context variables set by the caller
+    are seen by the env, as on the plain sync path. Interrupted (Ctrl-C in a notebook), the
+    call is cancelled and awaited before the interrupt is re-raised. Why: it ran on beside the
+    caller, and every later sync call of the env, ``close`` included, was refused while it did
+    (forever, for a tool or a lease wait without a timeout), so its sandbox never went back.
     """
     outcome: dict[str, Any] = {}
+    task = loop.create_task(coro)  # in a copy of this context; the loop is not running yet
+    ended = threading.Event()  # not `join`: an interrupted join forgets the thread (bpo-45274)
 
     def work() -> None:
         try:
-            outcome["value"] = loop.run_until_complete(coro)
+            outcome["value"] = loop.run_until_complete(task)
         except BaseException as exc:  # re-raised in the caller, KeyboardInterrupt included
             outcome["error"] = exc
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved, as on the plain path
+        finally:
+            ended.set()
 
-    context = contextvars.copy_context()
-    helper = threading.Thread(target=context.run, args=(work,), name="agentgym-sync-env")
-    helper.start()
-    helper.join()
+    try:  # the start too: the call may reach its await, and the Ctrl-C land, before it returns
+        threading.Thread(target=work, name="agentgym-sync-env").start()
+        ended.wait()
+    except BaseException:
+        loop.call_soon_threadsafe(task.cancel)
+        ended.wait()
+        raise
     if "error" in outcome:
         raise outcome["error"]
     value: _T = outcome["value"]

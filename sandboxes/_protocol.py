@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from agentgym._errors import ConfigError, SandboxError
+from agentgym._run_to_end import through_cancels
 
 from ._result import ExecResult
 
@@ -206,13 +207,15 @@ async def in_thread_to_the_end(
     go on touching the container after the caller let go of it (a restore restarts a container
     the pool has just removed: a leak). So a cancel runs ``on_cancel`` (e.g. killing the
     call's code, so it ends soon), waits for ``fn`` to end, then runs ``after_cancel`` (e.g.
-    closing what a cancelled start made), then re-raises.
+    closing what a cancelled start made), then re-raises. However often it is cancelled
+    meanwhile: a second cancel (``asyncio.run`` ending the tasks left, a shutdown) ended that
+    wait, and ``after_cancel`` never ran: a pool cancelled twice in its start stayed up.
     """
     running = asyncio.ensure_future(asyncio.to_thread(fn))
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
-        await asyncio.shield(_settle(running, after_cancel, on_cancel))
+        await through_cancels(asyncio.ensure_future(_settle(running, after_cancel, on_cancel)))
         raise
 
 

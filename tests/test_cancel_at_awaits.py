@@ -1,0 +1,109 @@
+"""Cancelling an env's call where it awaits: what it held is let go, and nothing of it runs on.
+
+Each test parks the call at one await with a gate (a sync tool that waits on an event), cancels
+it there (Ctrl-C, as a user does), and checks that the call is over and the env goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from agentgym import ToolEnv, tool
+from agentgym._env import _thread_loop
+
+CALL = '<tool_call>{"name": "wait", "arguments": {}}</tool_call>'
+
+
+@contextlib.contextmanager
+def ctrl_c_when(ready: threading.Event, wake: asyncio.AbstractEventLoop | None = None,
+                ) -> Iterator[None]:
+    """Send the main thread Ctrl-C once ``ready`` is set, then wake ``wake`` (blocked in it).
+
+    Why the wake-up: a signal that lands just before the loop blocks in ``select`` is only
+    handled once ``select`` returns, and without a wake-up that is the call's own end.
+    """
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def send() -> None:
+        if ready.wait(30):
+            signal.pthread_kill(main, signal.SIGINT)
+            if wake is not None:
+                wake.call_soon_threadsafe(lambda: None)
+
+    before = signal.signal(signal.SIGINT, interrupt)
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        yield
+    finally:
+        sender.join()
+        signal.signal(signal.SIGINT, before)
+
+
+class GatedEnv(ToolEnv):
+    """A `ToolEnv` whose one tool waits for `release`; counts its teardowns."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.teardowns = 0
+
+        @tool(timeout=None)
+        def wait() -> str:
+            """Wait until released."""
+            self.entered.set()
+            self.release.wait(30)
+            return "the interrupted call's result"
+
+        super().__init__([wait], tasks=[{"prompt": "first"}, {"prompt": "second"}])
+
+    async def teardown_episode(self) -> None:
+        self.teardowns += 1
+
+
+def test_ctrl_c_in_a_sync_step_does_not_resume_in_the_next_episode() -> None:
+    """Old: the interrupted step stayed pending on the env's loop; the next sync call ran
+    that loop and so resumed it, writing its tool call and result into the next episode."""
+    env = GatedEnv()
+    env.reset(options={"task": 0})
+    with ctrl_c_when(env.entered, _thread_loop()), pytest.raises(KeyboardInterrupt):
+        env.step(CALL)
+    assert not asyncio.all_tasks(_thread_loop())  # the step is over, not parked
+    env.release.set()
+
+    env.reset(options={"task": 1})
+    _, _, terminated, _, _ = env.step("my answer")
+    assert terminated
+    contents = [m["content"] for m in env.messages if m["role"] != "system"]
+    assert contents == ["second", "my answer"]
+    env.close()
+
+
+def test_ctrl_c_in_a_sync_step_inside_a_running_loop_lets_the_env_close() -> None:
+    """A notebook cell (a running loop, no asyncio SIGINT handler): old, the interrupted step
+    ran on beside the cell and every later sync call was refused, ``close`` included, until
+    it ended (never, for a call without a timeout): its resources were never released."""
+    env = GatedEnv()
+
+    async def cell() -> None:
+        env.reset(options={"task": 0})
+        with ctrl_c_when(env.entered), pytest.raises(KeyboardInterrupt):
+            env.step(CALL)  # the cell waits for a helper thread that runs the step
+        env.close()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(cell())
+    finally:
+        env.release.set()
+        loop.close()
+    assert env.teardowns == 1
