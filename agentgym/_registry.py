@@ -334,7 +334,7 @@ def make(id: str | EnvSpec, **kwargs: Any) -> Env:
     spec = gymnasium.spec(resolve_id(id))
     factory = _load_entry_point(spec.entry_point)
     merged = {**(spec.kwargs or {}), **kwargs}
-    _check_kwargs(spec.id, factory, merged)
+    check_env_kwargs(spec.id, factory, merged)
     try:
         env = factory(**merged)
     except TypeError as exc:  # an option the env sets for its base class, unseen in its source
@@ -382,7 +382,8 @@ def check_env_options(id: str, kwargs: dict[str, Any]) -> None:
     hours later, by a worker.
     """
     spec = gymnasium.spec(resolve_id(id))
-    _check_kwargs(spec.id, _load_entry_point(spec.entry_point), {**(spec.kwargs or {}), **kwargs})
+    options = {**(spec.kwargs or {}), **kwargs}
+    check_env_kwargs(spec.id, _load_entry_point(spec.entry_point), options)
 
 
 def _spec_as_made(spec: EnvSpec, options: dict[str, Any]) -> EnvSpec:
@@ -531,7 +532,12 @@ _NESTED_HINT = (
 )
 
 
-def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
+def check_env_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
+    """Refuse options ``factory`` does not take, lacks, or sets itself, in one line each.
+
+    Raises:
+        ConfigError: naming the env, the options at fault and those it takes.
+    """
     if missing := _required_options(factory) - set(kwargs):
         raise ConfigError(  # was the constructor's TypeError, "at agentgym/_env.py"
             f"{env_id} needs option(s) {sorted(missing)}: give them (--env-arg NAME=VALUE, "

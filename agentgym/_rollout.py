@@ -43,7 +43,7 @@ from ._registry import make
 from ._tasks import MAX_TASKS
 from ._tool_calls import CANCEL_GRACE_SECONDS, cancel_and_wait
 from ._trajectory import MAX_ABS_REWARD, Trajectory, Turn
-from ._types import Completion
+from ._types import Completion, Message
 
 EnvFactory = Callable[[], Env]
 _T = TypeVar("_T")
@@ -195,7 +195,8 @@ async def _play(
 
     Each turn is recorded as soon as it is played, so an episode cut short keeps its turns.
     """
-    messages, info = await env.areset(seed=spec.seed, options={"task": spec.task})
+    reset = await env.areset(seed=spec.seed, options={"task": spec.task})
+    messages, info = _reset_result(env, reset)
     trajectory.task = info.get("task")
     trajectory.messages = messages  # grows with what every step appends
     tools = getattr(env, "tool_schemas", [])
@@ -207,6 +208,21 @@ async def _play(
         if end is not None:
             await end()
     _record_outcome(trajectory, info, truncated)
+
+
+def _reset_result(env: Env, result: Any) -> tuple[list[Message], dict[str, Any]]:
+    """``areset``'s ``(messages, info)``, refused by name when a user's env returns another shape.
+
+    Why: an ``areset`` returning only its messages unpacked into the wrong names, and the
+    episode's error was "'NoneType' object is not subscriptable" from deep inside the loop.
+    """
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], list)
+            and isinstance(result[1], dict)):  # fmt: skip
+        raise ConfigError(
+            f"{type(env).__name__}.areset must return (messages, info), a list and a dict, as "
+            f"Gymnasium's reset returns (observation, info); it returned {type(result).__name__}"
+        )
+    return result
 
 
 async def _turns(

@@ -161,7 +161,8 @@ class ToolEnv(Env):
             if tool_timeout is not None:
                 t = replace(t, timeout=tool_timeout)
             if t.name in self.tools:
-                raise ConfigError(f"two tools are named {t.name!r}; tool names must be unique")
+                raise ConfigError(f"two tools are named {t.name!r}; tool names must be unique: "
+                                  "rename one, @agentgym.tool(name=...)")  # fmt: skip
             self.tools[t.name] = t
         self.tasks = tasks
         self.rubric = rubric or Rubric()

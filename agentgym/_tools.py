@@ -258,7 +258,8 @@ def _check_signature(label: str, fn: Callable[..., Any], hints: Mapping[str, Any
         )
     for position, (pname, param) in enumerate(inspect.signature(fn).parameters.items()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ConfigError(f"tool {label!r}: *args/**kwargs cannot be described to a model")
+            raise ConfigError(f"tool {label!r}: *args/**kwargs cannot be described to a model; "
+                              "give each argument a typed parameter of its own")  # fmt: skip
         if param.kind is param.POSITIONAL_ONLY:  # every call raised TypeError, blamed on the model
             raise ConfigError(
                 f"tool {label!r}: parameter {pname!r} is positional-only (before '/'), and a "
@@ -273,7 +274,8 @@ def _check_signature(label: str, fn: Callable[..., Any], hints: Mapping[str, Any
                 f"the object exists: tool(obj.{getattr(fn, '__name__', label)})"
             )
         raise ConfigError(
-            f"tool {label!r}: parameter {pname!r} needs a type hint to build its schema"
+            f"tool {label!r}: parameter {pname!r} needs a type hint to build its schema "
+            f"(e.g. {pname}: str)"
         )
 
 

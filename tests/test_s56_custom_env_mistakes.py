@@ -78,3 +78,45 @@ def test_a_module_named_by_its_file_says_to_drop_the_py(
         "cannot import 's56_capitals.py': name the module, not its file, before the colon: "
         "'s56_capitals:example/Capitals-v0'"
     )
+
+
+def test_gymnasium_make_with_a_misspelt_option_names_the_one_meant() -> None:
+    """`gymnasium.make` calls the class itself, past agentgym's registry: a misspelt option
+    raised Python's TypeError from deep inside, naming neither the options nor the one meant."""
+    with pytest.raises(ConfigError, match=r"CalculatorEnv does not take option\(s\) \['max_turn'\] "
+                       r"\(did you mean max_turns\?\); it takes: .*num_tasks"):  # fmt: skip
+        gymnasium.make("agentgym/Calculator-v0", max_turn=3)
+    with pytest.raises(ConfigError, match=r"does not take option\(s\) \['foo'\]"):
+        gymnasium.make("agentgym/Calculator-v0", render_mode="ansi", foo=1)
+
+
+class OnlyMessages(agentgym.ToolEnv):
+    """A user's env whose areset returns the messages alone, not (messages, info)."""
+
+    async def areset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        messages, _ = await super().areset(seed=seed, options=options)
+        return messages
+
+
+def test_an_areset_of_the_wrong_shape_is_an_error_episode_naming_the_contract() -> None:
+    """It unpacked into the wrong names: "'NoneType' object is not subscriptable"."""
+    env = OnlyMessages([agentgym.tool(lookup)], tasks=[{"prompt": "Lima?", "answer": "Peru"}])
+    [played] = agentgym.rollout(lambda: env, agentgym.ScriptedPolicy(["Peru"]), tasks=[0])
+    assert played.status == "error"
+    assert played.error.splitlines()[-1].endswith(
+        "OnlyMessages.areset must return (messages, info), a list and a dict, as Gymnasium's "
+        "reset returns (observation, info); it returned list"
+    )
+
+
+@pytest.mark.parametrize(("define", "fix"), [
+    (lambda: agentgym.ToolEnv([agentgym.tool(lookup), agentgym.tool(lookup)]),
+     "rename one, @agentgym.tool(name=...)"),
+    (lambda: agentgym.tool(lambda *cities: "Peru", name="many"),
+     "give each argument a typed parameter of its own"),
+    (lambda: agentgym.tool(lambda city: "Peru", name="untyped"), "(e.g. city: str)"),
+])  # fmt: skip
+def test_a_tool_mistake_names_its_fix(define: Any, fix: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        define()
+    assert str(refused.value).endswith(fix) and "\n" not in str(refused.value)
