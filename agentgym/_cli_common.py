@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from ._durable import kernel_file_system
 from ._errors import ConfigError
 
 
@@ -35,10 +36,6 @@ console = Console(stderr=True, markup=False)
 stdout = PipedConsole(markup=False)
 
 
-#: Kernel file systems: root may "write" there (`os.access` says so), yet no folder can be made.
-_KERNEL_FOLDERS = (Path("/proc"), Path("/sys"))
-
-
 def folder_path(text: str | Path) -> Path:
     """A folder option's value as a `Path` (typer ``parser=``), refusing an empty one.
 
@@ -50,13 +47,8 @@ def folder_path(text: str | Path) -> Path:
     if isinstance(text, str) and not text.strip():
         raise typer.BadParameter("is empty; give a folder for the run's files (e.g. runs/eval)")
     path = Path(text)
-    kernel = next((k for k in _KERNEL_FOLDERS if path.expanduser().resolve().is_relative_to(k)),
-                  None)  # fmt: skip
-    if kernel is not None:
-        raise typer.BadParameter(
-            f"{path} is under {kernel}, the kernel's own file system, where no folder can be "
-            "made; give a folder on a disk"
-        )
+    if (kernel := kernel_file_system(path)) is not None:
+        raise typer.BadParameter(f"{path} {kernel}")
     return path
 
 

@@ -38,12 +38,29 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: Kernel file systems: root may "write" there (`os.access` says so), yet no folder can be made.
+_KERNEL_FOLDERS = (Path("/proc"), Path("/sys"))
+
+
+def kernel_file_system(path: Path) -> str | None:
+    """Why ``path`` can hold no run folder if it lies under /proc or /sys; else None."""
+    resolved = path.expanduser().resolve()
+    kernel = next((k for k in _KERNEL_FOLDERS if resolved.is_relative_to(k)), None)
+    if kernel is None:
+        return None
+    return f"is under {kernel}, the kernel's own file system, where no folder can be made; give "\
+        "a folder on a disk"  # fmt: skip
+
+
 def check_folder_can_be_made(path: Path, option: str) -> None:
     """Refuse a run folder that is, or lies under, a file, or that cannot be written, up front.
 
     Otherwise the run fails at its first write, after the model loaded, with a traceback.
-    ``option`` names what the user set (``--out``, ``output_dir``).
+    ``option`` names what the user set (``--out``, ``output_dir``). As root, ``os.access``
+    passes /proc and /sys: ``output_dir: /proc/x`` passed train's ``--dry-run``.
     """
+    if (kernel := kernel_file_system(path)) is not None:
+        raise ConfigError(f"{option} {path} {kernel}")
     try:
         existing = next(p for p in (path, *path.parents) if p.exists())
     except OSError as exc:  # a name over the file system's limit (ENAMETOOLONG), a loop ...

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 SAYS = "/proc/foo is under /proc, the kernel's own file system, where no folder can be made"
 
 
 @pytest.mark.parametrize("args", [["eval", "calculator", "-n", "1", "--out", "/proc/foo"],
                                   ["sft", "--env", "calculator", "--steps", "1", "tiny",
-                                   "/proc/foo"]])  # fmt: skip
+                                   "/proc/foo"],
+                                  ["train", str(ROOT / "examples" / "quickstart.yaml"),
+                                   "--dry-run", "--set", "output_dir=/proc/foo"]])  # fmt: skip
 def test_an_output_under_proc_is_refused_in_one_line(args: list[str]) -> None:
     env = {**os.environ, "AGENTGYM_RUNS_DB": "off", "COLUMNS": "250"}
     script = Path(sys.executable).parent / "agentgym"
