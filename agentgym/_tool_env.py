@@ -70,6 +70,9 @@ class EpisodeState:
     #: Why the episode was forfeited (a tool raised `Forfeit`): it ends, reward 0.
     forfeit: str | None = None
     done: bool = False
+    #: A step was cut short while its tools ran (cancelled, or their run failed): its turn
+    #: counted but its messages were never added, so the episode cannot go on.
+    cut_short: bool = False
     turns: list[Turn] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -287,13 +290,20 @@ class ToolEnv(Env):
     ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         if self.state.done:
             raise ConfigError("the episode is over (or never started); call reset() first")
+        if self.state.cut_short:
+            raise ConfigError("the episode's last step was cut short (cancelled or failed while "
+                              "its tools ran); call reset() first")  # fmt: skip
         completion = _as_completion(action)  # a bad action raises before the turn counts
         parsed = self._interpret(completion)
         state = self.state
         state.turn += 1
         state.completion_tokens += len(completion.completion_ids or ())
         assistant, calls = self._assistant_message(parsed)
-        tool_messages, errors, cut = await self._run_tools(calls, parsed.errors)
+        try:
+            tool_messages, errors, cut = await self._run_tools(calls, parsed.errors)
+        except BaseException:  # why: a next step went on as if the cut turn had never been
+            state.cut_short = True
+            raise
         new_messages = [assistant, *tool_messages]
         self.messages.extend(new_messages)
         state.tool_call_count += len(calls)

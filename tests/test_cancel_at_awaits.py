@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentgym import ToolEnv, tool
+from agentgym import ConfigError, ToolEnv, tool
 from agentgym._env import _thread_loop
 
 CALL = '<tool_call>{"name": "wait", "arguments": {}}</tool_call>'
@@ -107,3 +107,27 @@ def test_ctrl_c_in_a_sync_step_inside_a_running_loop_lets_the_env_close() -> Non
         env.release.set()
         loop.close()
     assert env.teardowns == 1
+
+
+def test_a_step_cancelled_while_its_tools_run_ends_what_the_episode_can_do() -> None:
+    """Old: its turn counted but its messages were never added, and a next step went on as if
+    the cut turn had never been played (the model's call and its result lost)."""
+    env = GatedEnv()
+
+    async def play() -> None:
+        await env.areset(options={"task": 0})
+        step = asyncio.ensure_future(env.astep(CALL))
+        assert await asyncio.to_thread(env.entered.wait, 30)  # the step waits in its tool
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+        with pytest.raises(ConfigError, match=r"last step was cut short .*call reset\(\) first"):
+            await env.astep("my answer")
+        env.release.set()
+        await env.areset(options={"task": 1})
+        *_, terminated, _, _ = await env.astep("my answer")
+        assert terminated
+        await env.aclose()
+
+    asyncio.run(play())
+    assert env.teardowns == 2  # the cut episode's too, at the reset
