@@ -20,6 +20,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +101,11 @@ def rank_main(out: Path) -> None:
 
 
 def torchrun(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*TORCHRUN, *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
-    )
+    # its logs in a folder removed after it: by default torchrun makes a torchelastic_* folder
+    # in the temp dir for each launch and leaves it there
+    with tempfile.TemporaryDirectory(prefix="torchrun-logs-") as logs:
+        return subprocess.run([*TORCHRUN, "--log-dir", logs, *args], cwd=REPO, env=ENV,
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
 def train(cfg_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
