@@ -12,15 +12,12 @@ that stopping it also stops its engine-core process.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -131,30 +128,14 @@ def _spawn(
     """Start ``command`` in its own process group, logging to a fresh file.
 
     The file's folder is this process's (`agentgym._owned_tmp`): the next start removes it
-    if this process is killed before `_logs_kept_only_on_error` could. It is the server's
-    temp dir too: vLLM's engine core makes its torch.distributed file store there
-    (``vllm_dist_*``, `vllm.utils.network_utils.get_file_store_init_method`), which stays
-    when the engine ends on a signal, as `_stop` ends it: one file left in /tmp per server.
+    if this process is killed before `_logs_kept_only_on_error` could.
     """
-    folder = _owned_tmp.make_dir(prefix)
-    log_path = folder / "server.log"
-    env = {"TORCHINDUCTOR_CACHE_DIR": _inductor_cache_dir(), **env, "TMPDIR": str(folder)}
+    log_path = _owned_tmp.make_dir(prefix) / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     return proc, log_path
-
-
-def _inductor_cache_dir() -> str:
-    """Where torch's compile cache would be in this process's temp dir (its default).
-
-    Why: the server's temp dir is a folder deleted with its log; torch puts its compile cache
-    under the temp dir unless told, so each start would compile afresh. Mirrors
-    `torch._inductor.runtime.cache_dir_utils.default_cache_dir` without importing torch.
-    """
-    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
-    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
 
 
 @dataclass(frozen=True)

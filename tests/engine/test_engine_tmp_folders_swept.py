@@ -24,13 +24,16 @@ from agentgym.engine import _rpc_dir, _serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: A stand-in server: writes its temp dir and torch's compile cache to its log and exits.
-SERVER = [sys.executable, "-c", "import os, tempfile; print(tempfile.gettempdir()); "
-          "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])"]  # fmt: skip
+#: A stand-in server: says so in its log and exits.
+SERVER = [sys.executable, "-c", "print('served')"]
+
+#: A vLLM process below ours, as vLLM starts it: its plugin hook, then its temp dir and
+#: torch's compile cache.
+ENGINE = ("import os, tempfile; from agentgym.engine import _rpc_dir; _rpc_dir.register(); "
+          "print(tempfile.gettempdir(), os.environ['TORCHINDUCTOR_CACHE_DIR'])")  # fmt: skip
 
 #: A process that starts a server and makes its socket folder, says where, and waits.
 KILLED_OWNER = f"""
-import getpass
 import os
 from agentgym.engine import _rpc_dir, _serve
 process, log = _serve._spawn({SERVER!r}, dict(os.environ), "agentgym-vllm-")
@@ -80,15 +83,26 @@ def test_the_folders_of_a_killed_process_go_with_the_next_start_of_their_kind(
         _owned_tmp.remove(folder)
 
 
-def test_a_server_keeps_its_temp_files_in_its_log_folder(temp: Path) -> None:
-    """vLLM's engine makes its ``vllm_dist_*`` file store in its temp dir, and leaves it;
-    torch's compile cache stays where it was, or each start would compile afresh."""
-    log = spawn()
+def test_the_engine_processes_keep_their_temp_files_in_the_socket_folder(
+    temp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's engine core makes its ``vllm_dist_*`` file store in its temp dir and left it
+    there when killed; torch's compile cache stays where it was, or each start would compile
+    afresh. The process that made the folder keeps its temp dir (vLLM loads plugins there too).
+    """
+    env = dict(os.environ)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # set by torch once it compiled in this process
+    env.pop(_rpc_dir.TEMP_VAR, None)
+    _rpc_dir.use_private_dir(env)
+    folder = env[_rpc_dir.ENV_VAR]
+    engine = subprocess.run([sys.executable, "-c", ENGINE], env=env, capture_output=True,
+                            text=True, check=True, timeout=60)  # fmt: skip
     compile_cache = temp / f"torchinductor_{getpass.getuser()}"
-    assert log.read_text().split() == [str(log.parent), str(compile_cache)]
-    with _serve._logs_kept_only_on_error([log]):
-        pass
-    assert list(temp.iterdir()) == []
+    assert engine.stdout.split() == [folder, str(compile_cache)]
+    monkeypatch.setenv(_rpc_dir.TEMP_VAR, env[_rpc_dir.TEMP_VAR])
+    _rpc_dir.register()
+    assert tempfile.gettempdir() == str(temp)
+    _owned_tmp.remove(Path(folder))
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])

@@ -94,6 +94,8 @@ def test_each_server_binds_its_sockets_in_a_folder_deleted_at_exit(
         folder = Path(dict(e.split("=", 1) for e in environ if "=" in e)[_rpc_dir.ENV_VAR])
         assert folder.name.startswith("agentgym-rpc-")
         assert any(path.is_socket() for path in folder.iterdir())
+        # the engine's torch.distributed file store too, which a killed engine left in /tmp
+        assert any(path.name.startswith("vllm_dist_") for path in folder.iterdir())
 
 
 def test_episodes_stay_on_one_server_and_load_spreads(
