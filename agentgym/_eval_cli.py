@@ -44,6 +44,7 @@ from ._eval_engine import (
 from ._eval_folder import (
     TASKS_KEY,
     FolderLock,
+    episode_line,
     finished_summary,
     previous_episodes,
     remove_stale_writes,
@@ -62,7 +63,7 @@ from ._registry import made_for_a_command, resolve_id
 from ._rollout import check_episode_count, rollout
 from ._summary import summarize
 from ._tasks import tasks_digest, tasks_of_env
-from ._trajectory import Trajectory, to_json_line
+from ._trajectory import Trajectory
 from .runs._folder import refuse_another_kind_of_run
 
 
@@ -437,17 +438,19 @@ def _run_eval(
     results = out / "trajectories.jsonl"
     written = len(done)  # episodes in `results`, for the line a Ctrl-C prints
     try:
-        with _progress() as progress, results.open("a") as sink:
+        with _progress() as progress, results.open("a", encoding="utf-8") as sink:
             bar = progress.add_task(f"eval {env_id}", total=total, completed=len(done))
 
             def record(trajectory: Trajectory) -> None:
                 nonlocal written
-                sink.write(to_json_line(trajectory))
+                sink.write(episode_line(trajectory))
                 sink.flush()  # a killed run keeps every finished episode
                 written += 1
                 progress.advance(bar)
 
-            skip = {(t.task_index, t.group_index) for t in done}
+            # by position in the plan, as `rollout` keys it: under --tasks 5:8 the task index
+            # (5) is not the position (0), and a resume played its episodes again
+            skip = {t.key for t in done}
             played = rollout(env_id, agent, on_episode=record, skip=skip, **plan)
     except KeyboardInterrupt:  # Ctrl-C or `kill` (`exit_on_sigterm`): still exits 130 / 143,
         # and the run store files it interrupted
@@ -534,9 +537,14 @@ def _refuse_failed_episodes(
 
 
 def _last_line(text: str | None) -> str:
-    """A traceback's last line: the exception and its message."""
+    """A traceback's last line: the exception and its message, its hidden characters escaped.
+
+    Why escaped: the message quotes others' text (a proxy's 502 page, a model's reply a
+    reward choked on); printed raw in the error line, its escape sequences cleared the
+    screen or wrote the reader's clipboard (OSC 52).
+    """
     lines = (text or "").strip().splitlines()
-    return lines[-1] if lines else "no error recorded"
+    return visible(lines[-1]) if lines else "no error recorded"
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:

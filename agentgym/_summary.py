@@ -41,7 +41,8 @@ def summarize(
     one of k episodes of a task reaches reward 1.0; ``pass@1`` with one episode per task, and
     more k with ``group_size`` > 1, and then ``reward/frac_zero_variance_groups`` (the tasks
     whose episodes all scored alike: no GRPO signal). ``tokens/completions_total`` counts every
-    token the policy sampled (what an eval cost, failed episodes included);
+    token the policy sampled (what an eval cost, failed episodes included; None, as
+    ``tokens/per_episode``, where the backend reported no token ids);
     ``tokens/per_episode`` and ``turns/mean`` are means over the policy's episodes too, as the
     trainer's per-episode figures are: an ``infra_error`` or ``late`` episode cut at turn 0 says
     nothing about how long the policy's episodes run, and averaged in it made a run whose server
@@ -55,7 +56,10 @@ def summarize(
     turns = [len(t.turns) for t in scored]
     tool_errors = sum(len(turn.tool_errors) for t in trajectories for turn in t.turns)
     results_cut = sum(turn.tool_results_cut for t in trajectories for turn in t.turns)
-    tokens = sum(_sampled(t) for t in trajectories)
+    # None where the backend reported no token ids (an OpenAI server other than vLLM): 0
+    # read as an eval that sampled nothing
+    counted = any(turn.completion_ids is not None for t in trajectories for turn in t.turns)
+    tokens = sum(_sampled(t) for t in trajectories) if counted else None
     by_task = list(_by_task(scored).values())
     summary: dict[str, Any] = {
         "episodes": len(trajectories),
@@ -70,7 +74,7 @@ def summarize(
         "tools/results_cut": results_cut,
         "episodes/forfeit": sum("forfeit" in t.info for t in trajectories),
         "tokens/completions_total": tokens,
-        "tokens/per_episode": fmean(map(_sampled, scored)) if scored else None,
+        "tokens/per_episode": fmean(map(_sampled, scored)) if scored and counted else None,
     }
     for name in score_names:
         values = [v for t in scored if (v := t.scores.get(name)) is not None]
