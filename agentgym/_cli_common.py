@@ -97,8 +97,13 @@ def parse_env_args(pairs: list[str]) -> dict[str, Any]:
 
 
 def print_error(message: str) -> None:
-    """One ``error: ...`` line on stderr."""
-    console.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
+    """One ``error: ...`` line on stderr, its hidden characters escaped (`visible`).
+
+    Why escaped: messages quote others' text (a server's error page, a file's line, a model's
+    reply), whose escape sequences could clear the screen or write the reader's clipboard.
+    """
+    console.print(Text.assemble(("error:", "red"), " ", visible(message)), highlight=False,
+                  soft_wrap=True)  # fmt: skip
 
 
 #: ``--chat-template-kwargs``, as each command that renders a chat template takes it.

@@ -44,7 +44,6 @@ from ._eval_engine import (
 from ._eval_folder import (
     TASKS_KEY,
     FolderLock,
-    episode_line,
     finished_summary,
     previous_episodes,
     remove_stale_writes,
@@ -63,7 +62,7 @@ from ._registry import made_for_a_command, resolve_id
 from ._rollout import check_episode_count, rollout
 from ._summary import summarize
 from ._tasks import tasks_digest, tasks_of_env
-from ._trajectory import Trajectory
+from ._trajectory import Trajectory, to_json_line
 from .runs._folder import refuse_another_kind_of_run
 
 
@@ -443,7 +442,7 @@ def _run_eval(
 
             def record(trajectory: Trajectory) -> None:
                 nonlocal written
-                sink.write(episode_line(trajectory))
+                sink.write(to_json_line(trajectory))
                 sink.flush()  # a killed run keeps every finished episode
                 written += 1
                 progress.advance(bar)

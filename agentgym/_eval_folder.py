@@ -17,23 +17,12 @@ from typing import Any
 
 from ._durable import atomic_write_text
 from ._errors import ConfigError
-from ._trajectory import Trajectory, TrajectoryLineError, recover_jsonl, to_json_line
+from ._trajectory import Trajectory, TrajectoryLineError, recover_jsonl, write_jsonl
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write ``path`` whole or not at all (`atomic_write_text`): a kill leaves no half file."""
     atomic_write_text(path, json.dumps(data, indent=2))
-
-
-def episode_line(trajectory: Trajectory) -> str:
-    r"""`to_json_line` with a lone surrogate written as its JSON escape (``\ud800``).
-
-    Why: a server may answer a lone surrogate (a JSON ``"\ud800"``, half of an emoji cut
-    at the token limit), which UTF-8 cannot encode: writing that episode raised, and the
-    eval died in a traceback mid-run, every ``--resume`` again. The escape reads back as the
-    same text, so the file stays valid UTF-8 and lossless.
-    """
-    return to_json_line(trajectory).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def remove_stale_writes(out: Path) -> None:
@@ -149,7 +138,7 @@ def previous_episodes(out: Path, run_config: dict[str, Any], resume: bool) -> li
     episodes = _recovered_episodes(results)
     kept = [t for t in episodes if t.status not in ("infra_error", "late")]
     if len(kept) < len(episodes):  # the machinery or the clock cut them: play them again
-        atomic_write_text(results, "".join(map(episode_line, kept)))
+        write_jsonl(kept, results)
     return kept
 
 

@@ -187,8 +187,19 @@ def _field_names(kind: type) -> frozenset[str]:
 
 
 def to_json_line(trajectory: Trajectory) -> str:
-    """One JSONL line (with its newline) for ``trajectory``."""
-    return json.dumps(trajectory.to_dict(), ensure_ascii=False, default=_line_data) + "\n"
+    r"""One JSONL line (with its newline) for ``trajectory``, always valid UTF-8.
+
+    A lone surrogate is written as its JSON escape (``\ud800``), which reads back as the same
+    text. Why: a server may answer one (a JSON ``"\ud800"``, half of an emoji cut at the token
+    limit), which UTF-8 cannot encode: writing that episode raised, and an eval died mid-run,
+    and again at every ``--resume``.
+    """
+    line = json.dumps(trajectory.to_dict(), ensure_ascii=False, default=_line_data) + "\n"
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return line.encode("utf-8", "backslashreplace").decode("utf-8")
+    return line
 
 
 def _line_data(value: Any) -> Any:

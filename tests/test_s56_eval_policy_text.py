@@ -108,3 +108,22 @@ def test_a_servers_escape_sequences_are_shown_escaped_in_the_error_line(tmp_path
     assert proc.returncode == 75, proc.stderr[-2000:]
     assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
     assert "\\x1b]52;c;cHduZWQ=\\x07" in proc.stderr
+
+
+def test_a_library_user_writes_and_reads_back_a_lone_surrogate(tmp_path: Path) -> None:
+    """`write_jsonl` raised UnicodeEncodeError on it too, for users of the library."""
+    from agentgym import write_jsonl
+
+    episode = Trajectory(env_id="x", turns=[Turn(text=SURROGATE_REPLY)])
+    write_jsonl([episode], tmp_path / "t.jsonl")
+    (tmp_path / "t.jsonl").read_text(encoding="utf-8")  # valid UTF-8
+    [back] = read_jsonl(tmp_path / "t.jsonl")
+    assert back.turns[0].text == SURROGATE_REPLY
+
+
+def test_every_commands_error_line_shows_escape_sequences_as_text(capsys) -> None:
+    from agentgym._cli_common import print_error
+
+    print_error(f"the server said {ESCAPES}")
+    said = capsys.readouterr().err
+    assert "\x1b" not in said and "\\x1b]52;c;" in said
