@@ -6,13 +6,17 @@ Add new shared fixtures here under their own heading; keep test-specific helpers
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import json
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -126,6 +130,50 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> Non
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """The root URL (no ``/v1``) of a loopback server of ``handler``, until the block ends."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+@contextlib.contextmanager
+def ctrl_c_when(ready: threading.Event, wake: asyncio.AbstractEventLoop | None = None,
+                ) -> Iterator[None]:
+    """Send the main thread Ctrl-C once ``ready`` is set, then wake ``wake`` (blocked in it).
+
+    Why the wake-up: a signal that lands just before the loop blocks in ``select`` is only
+    handled once ``select`` returns, and without a wake-up that is the call's own end.
+    """
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def send() -> None:
+        if ready.wait(30):
+            signal.pthread_kill(main, signal.SIGINT)
+            if wake is not None:
+                wake.call_soon_threadsafe(lambda: None)
+
+    before = signal.signal(signal.SIGINT, interrupt)
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        yield
+    finally:
+        sender.join()
+        signal.signal(signal.SIGINT, before)
 
 
 # --- tiny local model ------------------------------------------------------------------------

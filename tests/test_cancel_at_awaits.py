@@ -7,47 +7,17 @@ it there (Ctrl-C, as a user does), and checks that the call is over and the env 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import threading
-from collections.abc import Iterator
 
 import pytest
 
 from agentgym import ConfigError, ToolEnv, tool
 from agentgym._env import _thread_loop
+from tests.conftest import ctrl_c_when
 
 CALL = '<tool_call>{"name": "wait", "arguments": {}}</tool_call>'
 
 
-@contextlib.contextmanager
-def ctrl_c_when(ready: threading.Event, wake: asyncio.AbstractEventLoop | None = None,
-                ) -> Iterator[None]:
-    """Send the main thread Ctrl-C once ``ready`` is set, then wake ``wake`` (blocked in it).
-
-    Why the wake-up: a signal that lands just before the loop blocks in ``select`` is only
-    handled once ``select`` returns, and without a wake-up that is the call's own end.
-    """
-    def interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def send() -> None:
-        if ready.wait(30):
-            signal.pthread_kill(main, signal.SIGINT)
-            if wake is not None:
-                wake.call_soon_threadsafe(lambda: None)
-
-    before = signal.signal(signal.SIGINT, interrupt)
-    sender = threading.Thread(target=send)
-    sender.start()
-    try:
-        yield
-    finally:
-        sender.join()
-        signal.signal(signal.SIGINT, before)
 
 
 class GatedEnv(ToolEnv):

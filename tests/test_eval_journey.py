@@ -10,21 +10,20 @@ the OpenAI-compatible server is a small stdlib one in this process.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from agentgym import read_jsonl, summarize
 from agentgym._trajectory import STATUSES, Trajectory, Turn
-from tests.conftest import send_json
+from tests.conftest import send_json, serving
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 SERVED = "served-model"
@@ -84,18 +83,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: the test reads the CLI's output, not the server's."""
 
 
-@contextlib.contextmanager
-def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """The root URL (no ``/v1``) of a loopback server of ``handler``, until the block ends."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
+
 
 
 @pytest.fixture

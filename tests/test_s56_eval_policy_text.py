@@ -8,19 +8,17 @@ reader's clipboard (OSC 52). The server is a small stdlib one in this process.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from agentgym import read_jsonl
 from agentgym._eval_folder import previous_episodes
 from agentgym._trajectory import Trajectory, Turn
+from tests.conftest import serving
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 SURROGATE_REPLY = "The answer is \ud800 5."
@@ -58,24 +56,14 @@ class _Broken(_Handler):
     broken = True
 
 
-@contextlib.contextmanager
-def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
+
 
 
 def run(out: Path, url: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "AGENTGYM_RUNS_DB": "off"}
     env.pop("OPENAI_API_KEY", None)
     return subprocess.run(
-        [str(AGENTGYM), "eval", "calculator", "--policy", "openai", "--base-url", url,
+        [str(AGENTGYM), "eval", "calculator", "--policy", "openai", "--base-url", f"{url}/v1",
          "--model", "m", "-n", "2", "--out", str(out)],
         cwd=out.parent, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -9,8 +9,6 @@ one-sandbox pool gets a sandbox and runs code in it, a cancelled pool start leav
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +20,7 @@ from agentgym._env import _thread_loop
 from agentgym.sandboxes import SandboxPool, SandboxToolEnv, close_shared_pools
 from agentgym.sandboxes._env import _SLOTS
 from agentgym.sandboxes._pool import POOL_LABEL
+from tests.conftest import ctrl_c_when
 from tests.sandboxes.conftest import own_containers
 
 pytestmark = pytest.mark.docker
@@ -47,34 +46,6 @@ def lease_waiters() -> int:
     return 0 if pool is None else len(pool._waiters)
 
 
-@contextlib.contextmanager
-def ctrl_c_when(ready: threading.Event, wake: asyncio.AbstractEventLoop | None = None,
-                ) -> Iterator[None]:
-    """Send the main thread Ctrl-C once ``ready`` is set, then wake ``wake`` (blocked in it).
-
-    Why the wake-up: a signal that lands just before the loop blocks in ``select`` is only
-    handled once ``select`` returns, and without a wake-up that is the call's own end.
-    """
-    def interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def send() -> None:
-        if ready.wait(30):
-            signal.pthread_kill(main, signal.SIGINT)
-            if wake is not None:
-                wake.call_soon_threadsafe(lambda: None)
-
-    before = signal.signal(signal.SIGINT, interrupt)
-    sender = threading.Thread(target=send)
-    sender.start()
-    try:
-        yield
-    finally:
-        sender.join()
-        signal.signal(signal.SIGINT, before)
 
 
 def test_ctrl_c_in_a_sync_reset_waiting_for_a_lease_leaves_no_waiter_behind(docker_ready):
