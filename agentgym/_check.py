@@ -572,14 +572,15 @@ def _reference_episode(trajectory: Trajectory | None, why_none: str) -> CheckRes
             f": the env's own reference solution earns nothing (scores {trajectory.scores}); "
             "the reference or the reward functions are wrong"
         )
-    failed_calls = [error for turn in trajectory.turns for error in turn.tool_errors]
-    if failed_calls:
+    errors = [error for turn in trajectory.turns for error in turn.tool_errors]
+    if errors:
+        first = (errors[0].strip().splitlines() or [""])[0]
         detail += (
-            f"; {len(failed_calls)} of its tool calls failed, the first: {failed_calls[0]} "
-            "(fix the tool, or the call the reference makes)"
+            f"; {len(errors)} tool error(s) in its turns, the first: {first} (fix the tool, "
+            "or the call the reference makes)"
         )
     return CheckResult(
-        "reference episode", ok, detail, trace=trajectory.error or "", warning=bool(failed_calls)
+        "reference episode", ok, detail, trace=trajectory.error or "", warning=ok and bool(errors)
     )
 
 

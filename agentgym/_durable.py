@@ -44,7 +44,7 @@ _KERNEL_FOLDERS = (Path("/proc"), Path("/sys"))
 
 def kernel_file_system(path: Path) -> str | None:
     """Why ``path`` can hold no run folder if it lies under /proc or /sys; else None."""
-    resolved = path.expanduser().resolve()
+    resolved = Path(os.path.realpath(path.expanduser()))  # resolve() raises on a symlink loop
     kernel = next((k for k in _KERNEL_FOLDERS if resolved.is_relative_to(k)), None)
     if kernel is None:
         return None

@@ -258,7 +258,7 @@ class _TakesRenderMode(type):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if "render_mode" not in kwargs or _takes_render_mode_itself(cls):
-            return cls._construct(args, kwargs)
+            return _construct(cls, args, kwargs)
         mode = kwargs.pop("render_mode")
         modes = getattr(cls, "metadata", {}).get("render_modes", ())
         if mode is not None and mode not in modes:
@@ -266,25 +266,27 @@ class _TakesRenderMode(type):
                 f"{cls.__name__} has no render_mode {mode!r}; it has {list(modes)} "
                 "('ansi': the conversation so far as text; 'human': printed as it grows), or None"
             )
-        env = cls._construct(args, kwargs)
+        env = _construct(cls, args, kwargs)
         env.render_mode = mode
         return env
 
-    def _construct(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The env; options it does not take are refused as `agentgym.make` refuses them.
 
-        Why: `gymnasium.make(id, foo=1)` calls the class itself, past the registry's checks,
-        and a misspelt option raised Python's TypeError from deep inside, naming neither the
-        options the env takes nor the one meant.
-        """
-        try:
-            return super().__call__(*args, **kwargs)
-        except TypeError:
-            if not args:  # options by name, as Gymnasium passes them: say which are wrong
-                from ._registry import check_env_kwargs
+def _construct(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The env; options it does not take are refused as `agentgym.make` refuses them.
 
-                check_env_kwargs(cls.__name__, cls, kwargs)
-            raise
+    Why: `gymnasium.make(id, foo=1)` calls the class itself, past the registry's checks, and
+    a misspelt option raised Python's TypeError from deep inside, naming neither the options
+    the env takes nor the one meant. (A function, not a method of the metaclass: a user's env
+    with a method of that name would have been called instead.)
+    """
+    try:
+        return type.__call__(cls, *args, **kwargs)
+    except TypeError:
+        if not args:  # options by name, as Gymnasium passes them: say which are wrong
+            from ._registry import check_env_kwargs
+
+            check_env_kwargs(cls.__name__, cls, kwargs)
+        raise
 
 
 def _takes_render_mode_itself(cls: type) -> bool:
@@ -544,12 +546,14 @@ def _run_beside(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) 
         finally:
             ended.set()
 
+    helper = threading.Thread(target=work, name="agentgym-sync-env")
     try:  # the start too: the call may reach its await, and the Ctrl-C land, before it returns
-        threading.Thread(target=work, name="agentgym-sync-env").start()
+        helper.start()
         ended.wait()
     except BaseException:
         loop.call_soon_threadsafe(task.cancel)
-        ended.wait()
+        if helper.ident is not None:  # it started (a thread that could not start ends nothing)
+            ended.wait()
         raise
     if "error" in outcome:
         raise outcome["error"]

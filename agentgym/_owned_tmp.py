@@ -11,7 +11,8 @@ process ends. Before its first folder of a kind, a process removes every folder 
 whose lock is free (`sweep`): its owner is dead, whatever process has its pid now. A folder is
 made under a hidden name and renamed once locked, so no sweep sees it unlocked. A process
 forked from the owner (without exec) shares the lock: the folder stays while it lives too.
-Where the temp dir takes no locks (some network file systems), no folder is ever swept.
+A folder that could not be locked (a temp dir on a file system without locks) keeps its hidden
+name, which no sweep takes.
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ def make_dir(prefix: str) -> Path:
     """
     temp = sweep_once(prefix)
     hidden = tempfile.mkdtemp(prefix=f".{prefix}{os.getpid()}-", dir=temp)
-    fd = _lock(hidden)  # None only where locks fail: then no sweep can take it either
+    fd = _lock(hidden)
+    if fd is None:  # no lock (a file system without them, no descriptor left): never swept
+        return Path(hidden)
     path = Path(temp, os.path.basename(hidden)[1:])
     os.rename(hidden, path)
-    if fd is not None:
-        with _guard:
-            _locks[path] = fd
+    with _guard:
+        _locks[path] = fd
     return path
 
 

@@ -32,6 +32,7 @@ import warnings
 from collections import abc
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
+from pathlib import PurePath
 from types import ModuleType, UnionType
 from typing import Any, Literal, Union
 
@@ -97,7 +98,7 @@ def _id_refusal(id: str) -> str:
     is a missing version, and the line now gives the id to write.
     """
     base, _, version = id.rpartition("-v")
-    if base and version.isdigit():
+    if base and version.isdecimal() and version.isascii():
         meant = f"{base}-v{int(version)}"
     else:  # a version of another spelling (-V0, -v1.2) is the user's to mend
         meant = "" if "-v" in id.lower() else f"{id}-v0"
@@ -259,6 +260,10 @@ def _import_env_module(module: str, env_name: str) -> ModuleType:
     script started there find the same ``test.py``; afterwards it stays, but last, so a later
     import of an installed package (transformers ...) is never shadowed by a file there.
     """
+    if module.endswith(".py"):  # a file name (``./myenv.py``, as a shell completes it)
+        meant = ".".join(PurePath(module).with_suffix("").parts)
+        raise ConfigError(f"cannot import {module!r}: name the module, not its file, before the "
+                          f"colon: '{meant}:{env_name}'")  # fmt: skip
     cwd = os.getcwd()
     sys.path.insert(0, cwd)
     try:
@@ -266,11 +271,6 @@ def _import_env_module(module: str, env_name: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name != module and not module.startswith(f"{exc.name}."):
             raise  # the module imports something missing: its own error says what
-        if module.endswith(".py"):  # a file name: it said to run from the folder it ran in
-            raise ConfigError(
-                f"cannot import {module!r}: name the module, not its file, before the colon: "
-                f"'{module.removesuffix('.py').replace(os.sep, '.')}:{env_name}'"
-            ) from None
         raise ConfigError(
             f"cannot import {module!r} to register its envs ({exc}); run from the folder that "
             "holds it or add that folder to PYTHONPATH"

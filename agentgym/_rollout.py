@@ -210,6 +210,13 @@ async def _play(
     _record_outcome(trajectory, info, truncated)
 
 
+def _shape(value: Any) -> str:
+    """``tuple[list, str]``: a value's type, and its items' for a tuple."""
+    if isinstance(value, tuple):
+        return f"tuple[{', '.join(type(item).__name__ for item in value)}]"
+    return type(value).__name__
+
+
 def _reset_result(env: Env, result: Any) -> tuple[list[Message], dict[str, Any]]:
     """``areset``'s ``(messages, info)``, refused by name when a user's env returns another shape.
 
@@ -220,7 +227,7 @@ def _reset_result(env: Env, result: Any) -> tuple[list[Message], dict[str, Any]]
             and isinstance(result[1], dict)):  # fmt: skip
         raise ConfigError(
             f"{type(env).__name__}.areset must return (messages, info), a list and a dict, as "
-            f"Gymnasium's reset returns (observation, info); it returned {type(result).__name__}"
+            f"Gymnasium's reset returns (observation, info); it returned {_shape(result)}"
         )
     return result
 

@@ -290,9 +290,7 @@ class ToolEnv(Env):
     ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         if self.state.done:
             raise ConfigError("the episode is over (or never started); call reset() first")
-        if self.state.cut_short:
-            raise ConfigError("the episode's last step was cut short (cancelled or failed while "
-                              "its tools ran); call reset() first")  # fmt: skip
+        self._refuse_if_cut_short()
         completion = _as_completion(action)  # a bad action raises before the turn counts
         parsed = self._interpret(completion)
         state = self.state
@@ -332,7 +330,14 @@ class ToolEnv(Env):
     async def atruncate(self) -> dict[str, Any]:
         if self.state.done:
             raise ConfigError("the episode is over (or never started); call reset() first")
+        self._refuse_if_cut_short()
         return await self._finish()
+
+    def _refuse_if_cut_short(self) -> None:
+        """Why: a step cut short counted its turn without its messages; play cannot go on."""
+        if self.state.cut_short:
+            raise ConfigError("the episode's last step was cut short (cancelled or failed while "
+                              "its tools ran); call reset() first")  # fmt: skip
 
     async def aclose(self) -> None:
         if not self.state.done:

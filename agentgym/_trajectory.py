@@ -195,6 +195,8 @@ def to_json_line(trajectory: Trajectory) -> str:
     and again at every ``--resume``.
     """
     line = json.dumps(trajectory.to_dict(), ensure_ascii=False, default=_line_data) + "\n"
+    if line.isascii():  # the usual line: nothing to check
+        return line
     try:
         line.encode("utf-8")
     except UnicodeEncodeError:

@@ -154,14 +154,17 @@ def ctrl_c_when(ready: threading.Event, wake: asyncio.AbstractEventLoop | None =
     Why the wake-up: a signal that lands just before the loop blocks in ``select`` is only
     handled once ``select`` returns, and without a wake-up that is the call's own end.
     """
+    done = threading.Event()  # a Ctrl-C after the block would stop the whole pytest run
+
     def interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
+        if not done.is_set():
+            raise KeyboardInterrupt
 
     main = threading.main_thread().ident
     assert main is not None
 
     def send() -> None:
-        if ready.wait(30):
+        if ready.wait(30) and not done.is_set():
             signal.pthread_kill(main, signal.SIGINT)
             if wake is not None:
                 wake.call_soon_threadsafe(lambda: None)
@@ -172,6 +175,8 @@ def ctrl_c_when(ready: threading.Event, wake: asyncio.AbstractEventLoop | None =
     try:
         yield
     finally:
+        done.set()
+        ready.set()  # the sender ends now if the block ended before it was ready
         sender.join()
         signal.signal(signal.SIGINT, before)
 

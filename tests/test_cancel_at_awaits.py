@@ -101,3 +101,41 @@ def test_a_step_cancelled_while_its_tools_run_ends_what_the_episode_can_do() -> 
 
     asyncio.run(play())
     assert env.teardowns == 2  # the cut episode's too, at the reset
+
+
+def test_a_step_cut_short_cannot_be_truncated_either() -> None:
+    """`atruncate` scored such an episode without the cut turn's messages."""
+    env = GatedEnv()
+
+    async def play() -> None:
+        await env.areset(options={"task": 0})
+        step = asyncio.ensure_future(env.astep(CALL))
+        assert await asyncio.to_thread(env.entered.wait, 30)
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+        with pytest.raises(ConfigError, match="last step was cut short"):
+            await env.atruncate()
+        env.release.set()
+        await env.aclose()
+
+    asyncio.run(play())
+
+
+def test_a_sync_call_whose_helper_thread_cannot_start_raises_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside a running loop: it waited forever for a thread that never ran."""
+    env = GatedEnv()
+
+    def cannot_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    async def cell() -> None:
+        monkeypatch.setattr(threading.Thread, "start", cannot_start)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            env.reset(options={"task": 0})
+        monkeypatch.undo()
+        env.close()
+
+    asyncio.run(cell())

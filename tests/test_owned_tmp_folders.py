@@ -49,10 +49,10 @@ def start_owner(temp: Path) -> tuple[subprocess.Popen[str], Path, int]:
 
 def reap(pid: int) -> None:
     """SIGKILL ``pid`` (not our child) and wait until it is gone: its locks are dropped."""
-    os.kill(pid, signal.SIGKILL)
-    pidfd = os.pidfd_open(pid)  # readable once the process has ended
+    pidfd = os.pidfd_open(pid)  # first: by pid, init may reap it, and the pid be reused
     try:
-        select.select([pidfd], [], [], 30)
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        select.select([pidfd], [], [], 30)  # readable once the process has ended
     finally:
         os.close(pidfd)
 
@@ -110,3 +110,17 @@ def test_a_kept_folder_is_out_of_every_sweep(
     assert kept.name == f"{PREFIX}{_owned_tmp.KEPT}{folder.name[len(PREFIX) :]}"
     assert _owned_tmp.sweep(PREFIX, str(tmp_path)) == 0  # unlocked, and still there
     assert [p.name for p in tmp_path.iterdir()] == [kept.name]
+
+
+def test_a_folder_that_cannot_be_locked_keeps_its_hidden_name_out_of_every_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Published unlocked (no descriptor left, a file system without locks), another
+    process's sweep could take it, and delete it, while its owner used it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(_owned_tmp, "_lock", lambda path: None)
+    folder = _owned_tmp.make_dir("agentgym-s56-")
+    assert folder.name.startswith(".agentgym-s56-") and folder.is_dir()
+    monkeypatch.undo()
+    assert _owned_tmp.sweep("agentgym-s56-", str(tmp_path)) == 0 and folder.is_dir()
+    _owned_tmp.remove(folder)

@@ -60,7 +60,7 @@ def test_a_reference_whose_tool_calls_fail_warns_naming_the_first_failure(env_id
     result = next(r for r in agentgym.check(env_id) if r.name == "reference episode")
     assert result.verdict == "warn" and result.passed
     assert result.detail.startswith(
-        "status ok, reward 1.0; 1 of its tool calls failed, the first: 'lookup' returned data "
+        "status ok, reward 1.0; 1 tool error(s) in its turns, the first: 'lookup' returned data "
         "holding a Opaque"
     )
     assert result.detail.endswith("(fix the tool, or the call the reference makes)")
@@ -70,14 +70,27 @@ def test_a_module_named_by_its_file_says_to_drop_the_py(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """It said "run from the folder that holds it", to a user who ran from that folder."""
-    (tmp_path / "s56_capitals.py").write_text("")
+    (tmp_path / "s56_capitals.py").write_text("raise SystemExit('imported')")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError) as excinfo:
-        agentgym.make("s56_capitals.py:example/Capitals-v0")
-    assert str(excinfo.value) == (
-        "cannot import 's56_capitals.py': name the module, not its file, before the colon: "
-        "'s56_capitals:example/Capitals-v0'"
-    )
+    for given in ("s56_capitals.py", "./s56_capitals.py"):  # as typed, as a shell completes it
+        with pytest.raises(ConfigError) as excinfo:
+            agentgym.make(f"{given}:example/Capitals-v0")
+        assert str(excinfo.value) == (
+            f"cannot import {given!r}: name the module, not its file, before the colon: "
+            "'s56_capitals:example/Capitals-v0'"
+        )  # and not imported meanwhile (it would exit)
+
+
+class Builder(agentgym.ToolEnv):
+    """A user's env with a helper of its own named like the one the metaclass used."""
+
+    def _construct(self, x: object) -> object:
+        return x
+
+
+def test_a_users_method_named_construct_does_not_replace_building_the_env() -> None:
+    env = Builder([agentgym.tool(lookup)], tasks=[{"prompt": "Lima?"}])
+    assert isinstance(env, Builder)
 
 
 def test_gymnasium_make_with_a_misspelt_option_names_the_one_meant() -> None:

@@ -29,7 +29,8 @@ def run(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_killed_task_range_run_resumes_to_each_episode_once(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert run(out).returncode == 0
+    first = run(out)
+    assert first.returncode == 0, first.stderr[-2000:]
     results = out / "trajectories.jsonl"
     whole = results.read_text().splitlines(keepends=True)
     results.write_text("".join(whole[:2]))  # killed after two episodes, before the summary

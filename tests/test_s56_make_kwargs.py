@@ -69,7 +69,8 @@ def test_an_env_id_without_a_plain_version_is_refused_with_the_id_to_write(
         agentgym.register(env_id, "tests.nowhere:Env")
 
 
-@pytest.mark.parametrize("env_id", ["my env", "myorg/Search-V0", "myorg/Search-v1.2"])
+@pytest.mark.parametrize("env_id", ["my env", "myorg/Search-V0", "myorg/Search-v1.2",
+                                    "myorg/Search-v\u00b2"])  # a digit int() refuses
 def test_an_id_with_no_plain_mend_gets_the_pattern_alone(env_id: str) -> None:
     with pytest.raises(ConfigError, match=r"must look like 'namespace/Name-v0'") as excinfo:
         agentgym.register(env_id, "tests.nowhere:Env")

@@ -8,21 +8,23 @@ variable at a new folder (unless the environment already chooses one) that an ``
 of this process deletes, sockets and all; the folder of a process killed before its hook ran
 is deleted by the next process that makes one (`agentgym._owned_tmp`).
 
+One folder per process, shared by its engines and servers (vLLM names each socket afresh).
+
 vLLM's engine core also makes its torch.distributed file store (``vllm_dist_<uuid>``) in the
 temp dir and leaves it when its owner is killed: 181 such files in a day of tests here.
 `register` (a ``vllm.general_plugins`` entry point) makes that folder the temp dir of the vLLM
 processes below a process that made one, so the file goes with the folder; torch's compile
-cache stays where it was (`inductor_cache_dir`), or each start would compile afresh.
+cache stays where it was, or each start would compile afresh.
 """
 
 from __future__ import annotations
 
 import atexit
-import getpass
 import os
-import re
 import tempfile
+import threading
 from collections.abc import MutableMapping
+from pathlib import Path
 
 from .. import _owned_tmp
 
@@ -33,6 +35,8 @@ PREFIX = "agentgym-rpc-"
 #: ``PID:FOLDER``: the folder `use_private_dir` made in process PID, the temp dir of the vLLM
 #: processes below it (`register`).
 TEMP_VAR = "AGENTGYM_ENGINE_TEMP"
+_folder: Path | None = None
+_making = threading.Lock()  # servers of a fleet start from threads
 
 
 def use_private_dir(env: MutableMapping[str, str] = os.environ) -> None:
@@ -42,10 +46,19 @@ def use_private_dir(env: MutableMapping[str, str] = os.environ) -> None:
     """
     if ENV_VAR in env:
         return
-    folder = _owned_tmp.make_dir(PREFIX)
-    atexit.register(_owned_tmp.remove, folder)
+    folder = _private_dir()
     env[ENV_VAR] = str(folder)
     env[TEMP_VAR] = f"{os.getpid()}:{folder}"
+
+
+def _private_dir() -> Path:
+    """The folder of this process, made at first use (and again if something deleted it)."""
+    global _folder
+    with _making:
+        if _folder is None or not _folder.is_dir():
+            _folder = _owned_tmp.make_dir(PREFIX)
+            atexit.register(_owned_tmp.remove, _folder)
+        return _folder
 
 
 def register() -> None:
@@ -56,14 +69,7 @@ def register() -> None:
     owner, _, folder = os.environ.get(TEMP_VAR, "").partition(":")
     if not owner.isdigit() or int(owner) == os.getpid() or not os.path.isdir(folder):
         return
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # vLLM has torch
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # before the move
     tempfile.tempdir = folder
-
-
-def inductor_cache_dir() -> str:
-    """Where torch's compile cache is by default: under the temp dir this process started with.
-
-    Mirrors `torch._inductor.runtime.cache_dir_utils.default_cache_dir` without importing torch.
-    """
-    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
-    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")

@@ -281,7 +281,6 @@ class MCPConnection:
         self.stderr_offset = 0
         if self.log_path is not None and spec.stderr is None:
             _logs.add(self.log_path)
-            _sweep_empty_logs(os.path.dirname(self.log_path))
 
     @classmethod
     async def open(cls, spec: MCPServer) -> MCPConnection:
@@ -305,6 +304,8 @@ class MCPConnection:
         _close_at_exit()
         ready = asyncio.get_running_loop().create_future()
         try:
+            if connection.log_path is not None and spec.stderr is None:  # off the hub loop
+                await asyncio.to_thread(_sweep_empty_logs, os.path.dirname(connection.log_path))
             if spec.workspace is not None:
                 # in a worker thread: copied on the hub loop, a big workspace froze every MCP
                 # session of the process, and their calls timed out (forfeits nobody caused).

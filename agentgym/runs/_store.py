@@ -267,7 +267,7 @@ class RunStore:
         changed = []
         dead_sweeps: dict[str, int | None] = {}  # sweep id: its queue's pid
         for row in self.list_runs(limit=None, status=RunStatus.running):
-            orphan = row["sweep_id"] is not None and not jobs
+            orphan = row["sweep_id"] is not None  # no queue recovers a sweep's jobs
             if row["host"] != host or (row["job"] is not None and not jobs and not orphan):
                 continue
             pid = _owner_pid(row["owner"]) if row["owner"] else row["pid"]

@@ -122,6 +122,16 @@ def test_a_log_kept_after_a_failure_is_out_of_the_next_sweep(
     with pytest.raises(RuntimeError), _serve._logs_kept_only_on_error([log]):
         raise RuntimeError("the block failed")
     [kept] = temp.iterdir()
+    assert kept.name.startswith("agentgym-vllm-kept-")  # renamed out of every later sweep
     assert f"server logs kept: {kept / 'server.log'}" in caplog.text
     assert _owned_tmp.sweep("agentgym-vllm-", str(temp)) == 0
     assert (kept / "server.log").exists()
+
+
+def test_a_process_gives_every_engine_and_server_one_socket_folder(temp: Path) -> None:
+    """A folder (and its open lock) per server start piled up in a process starting many."""
+    first, second = {}, {}
+    _rpc_dir.use_private_dir(first)
+    _rpc_dir.use_private_dir(second)
+    assert first[_rpc_dir.ENV_VAR] == second[_rpc_dir.ENV_VAR]
+    assert Path(first[_rpc_dir.ENV_VAR]).is_dir()

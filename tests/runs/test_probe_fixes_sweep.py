@@ -23,9 +23,9 @@ from tests.conftest import require
 from tests.runs.cli import AGENTGYM, agentgym
 
 require("sqlalchemy")
+from agentgym._pid import process_alive  # noqa: E402
 from agentgym.runs import RunStore  # noqa: E402
 from agentgym.runs._cli import _sweep_configs  # noqa: E402
-from agentgym.runs._store import process_alive  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -53,6 +53,7 @@ def test_the_api_returns_the_warning_and_recovers_in_a_worker_thread(
     from agentgym.serve._app import create_app
 
     on_loop: list[bool] = []
+    real_recover = JobQueue.recover
 
     def recover(self: JobQueue) -> list[str]:
         try:
@@ -61,7 +62,7 @@ def test_the_api_returns_the_warning_and_recovers_in_a_worker_thread(
             on_loop.append(False)
         else:
             on_loop.append(True)
-        return []
+        return real_recover(self)
 
     monkeypatch.setattr(JobQueue, "recover", recover)
     app = create_app(RunStore(db), runs_root=tmp_path / "runs")

@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import require
 
 require("sqlalchemy")
@@ -30,12 +32,13 @@ def _sweep_job(store: RunStore, status: RunStatus, **values: object) -> str:
                             host=socket.gethostname(), **values)  # fmt: skip
 
 
-def test_a_killed_sweeps_rows_are_settled_by_the_next_listing(db: str) -> None:
+@pytest.mark.parametrize("jobs", [False, True])  # `runs ls`; `agentgym serve` recovering
+def test_a_killed_sweeps_rows_are_settled_by_the_next_listing(db: str, jobs: bool) -> None:
     store = RunStore(db)
     owner = f"{socket.gethostname()}:{_dead_pid()}"
     ran = _sweep_job(store, RunStatus.running, owner=owner, pid=_dead_pid())
     waited = _sweep_job(store, RunStatus.queued)
-    store.reconcile()  # what `agentgym runs ls` does
+    store.reconcile(jobs=jobs)
     assert store.get_run(ran)["status"] == "interrupted"
     left = store.get_run(waited)
     assert left["status"] == "cancelled" and left["cancel_requested"]
@@ -49,6 +52,7 @@ def test_a_killed_sweeps_job_whose_worker_still_runs_stays_running(db: str) -> N
         ran = _sweep_job(store, RunStatus.running, owner=f"{socket.gethostname()}:{_dead_pid()}",
                          pid=worker.pid)  # fmt: skip
         store.reconcile()
+        store.reconcile(jobs=True)  # a serve queue recovering its own jobs too
         assert store.get_run(ran)["status"] == "running"  # it still writes its folder
     finally:
         worker.kill()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,7 +58,8 @@ def test_ctrl_c_in_a_sync_reset_waiting_for_a_lease_leaves_no_waiter_behind(dock
     parked = threading.Event()
 
     def watch() -> None:
-        while not lease_waiters():
+        deadline = time.monotonic() + 30  # a reset that never waits: `ctrl_c_when` gives up
+        while not lease_waiters() and time.monotonic() < deadline:
             threading.Event().wait(0.01)
         parked.set()
 
