@@ -220,7 +220,9 @@ def evaluate(
             raise ConfigError("the env has no task list (a `tasks` attribute) to play; give it one")
         if run is not None and task_range is None and num_tasks is None and len(tasks):
             task_range = _held_out_range(run, env_id, len(tasks))
-        chosen = checked_tasks(len(tasks), task_range, num_tasks, group_size, env_id)
+        chosen, warnings = checked_tasks(len(tasks), task_range, num_tasks, group_size, env_id)
+        for warning in warnings:
+            console.print(f"warning: {warning}", soft_wrap=True)
         refuse_unready(probe, env_id)  # its sandboxes, before a model loads
         reference = _reference_turns(probe, tasks) if policy is PolicyKind.reference else None
     finally:
@@ -312,19 +314,37 @@ def check_eval_options(ctx: Any) -> dict[str, Any]:
 
 
 def checked_tasks(
-    available: int, task_range: str | None, num_tasks: int | None, group_size: int, env_id: str
-) -> list[int]:
-    """The task indices an eval plays out of ``available``, refused as the command refuses them.
+    available: int,
+    task_range: str | None,
+    num_tasks: int | None,
+    group_size: int,
+    env_id: str,
+    num_tasks_name: str = "-n",
+) -> tuple[list[int], list[str]]:
+    """The task indices an eval plays, refused as the command refuses them, and its warnings.
+
+    ``num_tasks_name`` names the option as its user wrote it (``-n``, a job's ``num_tasks``).
 
     Why shared: a queued eval job is checked by it at submission with its env's task count,
-    so a range past the env's tasks, or no tasks at all, is refused then, not by the worker.
+    so a range past the env's tasks, or no tasks at all, is refused then, not by the worker,
+    and its warnings go to whoever submitted it.
     """
     if not available:  # it warned "playing all 0", then failed in rollout
         raise ConfigError("the env has no tasks to play (its options made none); give it "
                           "some, e.g. --env-arg num_tasks=N")  # fmt: skip
-    chosen = _chosen_tasks(task_range, num_tasks, available, env_id)
+    if task_range is not None:
+        if num_tasks is not None:
+            raise ConfigError("give --tasks START:END or -n N, not both")
+        chosen = tasks_of_env(task_range, env_id, available)
+    else:
+        chosen = list(range(available if num_tasks is None else min(num_tasks, available)))
     check_episode_count(len(chosen), group_size)  # before a model loads
-    return chosen
+    # -n beyond the env's tasks: -n 1000 on a 100-task env played 100 and said nothing, so
+    # the summary's episode count read as a run cut short (a --tasks range past them is refused)
+    past = num_tasks is not None and task_range is None and num_tasks > available
+    warnings = [f"{num_tasks_name} {num_tasks}, but the env has {available} tasks; playing all "
+                f"{available}"] if past else []  # fmt: skip
+    return chosen, warnings
 
 
 def _where_served(
@@ -370,27 +390,6 @@ def _held_out_range(run: TrainedRun, env_id: str, available: int) -> str | None:
             soft_wrap=True,
         )
     return None
-
-
-def _chosen_tasks(
-    task_range: str | None, num_tasks: int | None, available: int, env_id: str
-) -> list[int]:
-    """The task indices to play: ``--tasks START:END``, else the first ``-n`` (all by default).
-
-    ``-n`` beyond the env's tasks is a warning: ``-n 1000`` on a 100-task env played 100 and
-    said nothing, so the summary's episode count read as a run cut short. A ``--tasks`` range
-    past them is refused: it names tasks that do not exist.
-    """
-    if task_range is not None:
-        if num_tasks is not None:
-            raise ConfigError("give --tasks START:END or -n N, not both")
-        return tasks_of_env(task_range, env_id, available)
-    if num_tasks is not None and num_tasks > available:
-        console.print(
-            f"warning: -n {num_tasks}, but the env has {available} tasks; playing all {available}",
-            soft_wrap=True,
-        )
-    return list(range(available if num_tasks is None else min(num_tasks, available)))
 
 
 def _reference_turns(probe: Any, tasks: Sequence[Any]) -> Callable[[Any], Sequence[str]]:

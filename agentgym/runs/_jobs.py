@@ -354,10 +354,9 @@ def _check_eval(config: Mapping[str, Any]) -> list[str]:
         return []
     env_id = env if ":" in env else resolve_id(env)  # as the command names it (not imported)
     task_range, num_tasks = params["task_range"], params["num_tasks"]
-    past = num_tasks is not None and task_range is None and num_tasks > count
-    checked_tasks(count, task_range, count if past else num_tasks, params["group_size"], env_id)
-    return [f"num_tasks {num_tasks}, but the env has {count} tasks; the job plays all {count}"]\
-        if past else []  # fmt: skip
+    _, warnings = checked_tasks(count, task_range, num_tasks, params["group_size"], env_id,
+                                num_tasks_name="num_tasks")  # fmt: skip
+    return warnings
 
 
 def _check_adapter(ctx: Any) -> None:

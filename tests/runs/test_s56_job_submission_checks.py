@@ -38,7 +38,7 @@ def test_num_tasks_past_the_envs_tasks_is_a_warning_for_the_submitter(
     warnings: list[str] = []
     submit_job(store, "eval", {"env": "calculator", "num_tasks": 10**6},
                runs_root=tmp_path / "runs", source="serve", warnings=warnings)  # fmt: skip
-    assert warnings == ["num_tasks 1000000, but the env has 100 tasks; the job plays all 100"]
+    assert warnings == ["num_tasks 1000000, but the env has 100 tasks; playing all 100"]
     said = capsys.readouterr()
     assert "1000000" not in said.out + said.err  # not on the server's own output
 
@@ -72,6 +72,6 @@ def test_the_api_returns_the_warning_and_recovers_in_a_worker_thread(
         )
     assert answer.status_code == 201, answer.text
     assert answer.json()["warnings"] == [
-        "num_tasks 500, but the env has 100 tasks; the job plays all 100"
+        "num_tasks 500, but the env has 100 tasks; playing all 100"
     ]
     assert on_loop == [False]  # its store calls would block every request meanwhile
