@@ -512,7 +512,7 @@ def _run_in(store: RunStore, folder: Path, key: str) -> dict[str, Any]:
             f"{key!r} is both the folder {shown}, which no indexed run wrote, and the start of "
             f"run id {by_id['id']}; for that run give more of its id"
         )
-    gone = [run for run in store.list_runs(limit=None) if _folder_gone(run)][:3]  # newest
+    gone = list(itertools.islice(filter(_folder_gone, store.list_runs(limit=None)), 3))  # newest
     moved = "; ".join(f"run {run['id']} had {visible(run['run_dir'])}" for run in gone)
     raise ConfigError(
         f"no indexed run names the folder {shown} (the index looks for the path its run wrote, "
