@@ -959,11 +959,15 @@ def _program_run(factory, data, timeout):
         factory.spawn("program", [in_fd, out_w, res_w], wait=timeout)
     except CandidateError as exc:
         factory.end()  # a request it answers late must not leave a program running
+        # Output already there: the program ran, and killed its factory before the factory's
+        # answer reached us (a race, whose message must not read as a start that failed)
+        ran = bool(select.select([res_r, out_r], [], [], 0)[0])
         os.close(res_r)
         os.close(out_r)
         if time.monotonic() >= started + timeout:
             return [], b"", time.monotonic() - started, "timed out"
-        return [json.dumps({"passed": False, "error": str(exc)}).encode()], b"", 0.0, None
+        error = PROGRAM_KILLED_HARNESS if ran else str(exc)
+        return [json.dumps({"passed": False, "error": error}).encode()], b"", 0.0, None
     finally:
         for fd in (in_fd, out_w, res_w):
             os.close(fd)
