@@ -228,3 +228,20 @@ def test_threaded_true_leaves_async_functions_on_the_loop() -> None:
     rubric = Rubric([_sync_judge, _async_judge], threaded=True, timeout=1)
     result = asyncio.run(rubric.score({"completion": "x"}))
     assert result.scores == {"_sync_judge": 1.0, "_async_judge": 1.0} and not result.errors
+
+
+def test_a_call_the_scheduler_set_aside_is_not_named() -> None:
+    """On a loaded machine a reward of microseconds was descheduled for 0.44 s and named as
+    holding the loop, with advice (a thread) that would not help. Preemption cannot be made
+    to happen on cue, so the decision is fed the counters here; the real counters are read
+    around every call (the sleeping judge above is still named: its sleep is a wait)."""
+    from agentgym._rubric import _held_by_itself, _own_time
+
+    cpu, waits = _own_time()
+    assert waits is not None  # Linux counts a thread's voluntary waits
+    assert not _held_by_itself((cpu, waits), (cpu + 0.001, waits))  # set aside, no wait
+    assert _held_by_itself((cpu, waits), (cpu + 0.001, waits + 1))  # it waited (I/O, sleep)
+    assert _held_by_itself((cpu, waits), (cpu + 0.05, waits))  # it computed
+    assert _held_by_itself((cpu, None), (cpu, None))  # not counted: the wall time decides
+    time.sleep(0.001)
+    assert _own_time()[1] > waits  # a sleep counts as a wait of the thread's own
