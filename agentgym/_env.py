@@ -39,6 +39,7 @@ from gymnasium import spaces
 from gymnasium.utils import seeding
 
 from ._errors import ConfigError
+from ._tool_calls import cancel_and_wait
 from ._types import Completion, Message
 
 #: What `step` accepts: raw text, a parsed assistant message, or a policy `Completion`.
@@ -515,11 +516,7 @@ def _run_here(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) ->
     try:
         return loop.run_until_complete(task)
     except BaseException:
-        if not task.done():
-            task.cancel()
-            loop.run_until_complete(asyncio.wait([task]))
-        if not task.cancelled():
-            task.exception()  # retrieved (a KeyboardInterrupt in it skips that): raised here
+        loop.run_until_complete(cancel_and_wait([task]))  # its error is the one raised here
         raise
 
 

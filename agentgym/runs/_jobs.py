@@ -109,11 +109,7 @@ def check_job(kind: str, config: Mapping[str, Any]) -> list[str]:
     """
     if kind not in get_args(JobKind):
         raise ConfigError(f"kind must be one of {', '.join(get_args(JobKind))}; got {kind!r}")
-    warnings: list[str] = []
-    if kind == "eval":
-        warnings = _check_eval(config)
-    else:
-        {"sft": _check_sft, "train": _check_train}[kind](config)
+    warnings = {"eval": _check_eval, "sft": _check_sft, "train": _check_train}[kind](config)
     _check_files(kind, config)
     _check_device(kind, config)
     return warnings
@@ -179,22 +175,18 @@ def submit_job(
     name: str | None = None,
     max_attempts: int = 3,
     sweep_id: str | None = None,
-    warnings: list[str] | None = None,
 ) -> str:
     """Check a job and queue it; returns its run id. Its folder is ``runs_root/<id>``.
 
-    ``warnings``: gets `check_job`'s warnings, for the submitter; None logs them.
+    `check_job`'s warnings are logged; a caller that answers a submitter (the job API) runs
+    `check_job` and `queue_checked_job` itself, to return them.
 
     Raises:
         ConfigError: see `check_job`; nothing is queued then.
     """
     data = parse_config(config)
-    said = check_job(kind, data)
-    if warnings is None:
-        for warning in said:
-            log.warning("%s", warning)
-    else:
-        warnings += said
+    for warning in check_job(kind, data):
+        log.warning("%s", warning)
     return queue_checked_job(
         store, kind, data, runs_root=runs_root, source=source, name=name,
         max_attempts=max_attempts, sweep_id=sweep_id,
@@ -457,7 +449,7 @@ def _check_env(
 ENV_CHECK_SECONDS = 120
 
 
-def _check_sft(config: Mapping[str, Any]) -> None:
+def _check_sft(config: Mapping[str, Any]) -> list[str]:
     """The config as ``agentgym sft`` parses it, then the command's own checks of its options.
 
     The model is left to the worker (a model load); the env is built once, as the command
@@ -474,6 +466,7 @@ def _check_sft(config: Mapping[str, Any]) -> None:
         count = _check_env(env, config.get("env_kwargs"), count_tasks=True)
         if tasks is not None and count is not None:
             tasks_of_env(tasks, env, count)  # the command's own refusal
+    return []  # the command warns of nothing it can check here
 
 
 def _check_keys(name: str, config: Mapping[str, Any], reserved: frozenset[str]) -> None:
@@ -517,11 +510,12 @@ def _command(name: str) -> Any:
     return getattr(typer.main.get_command(cli.app), "commands")[name]  # noqa: B009
 
 
-def _check_train(config: Mapping[str, Any]) -> None:
+def _check_train(config: Mapping[str, Any]) -> list[str]:
+    """The config as `GRPOConfig` reads it, and its task ranges inside the env's tasks."""
     try:
         from agentgym.trainers._config import GRPOConfig
     except ImportError:  # the train extra is missing: the worker will say so
-        return
+        return []
     cfg = GRPOConfig.from_dict(config)
     # ranges past the env's last task, split as the trainer's pre-flight splits them; built
     # only for ranges given (an MCP env starts its servers to be built)
@@ -529,3 +523,4 @@ def _check_train(config: Mapping[str, Any]) -> None:
     count = _check_env(cfg.env, cfg.run_env_kwargs, count_tasks=ranges)
     if ranges:
         cfg.task_split(count)
+    return []

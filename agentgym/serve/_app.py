@@ -32,8 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentgym._errors import ConfigError
-from agentgym.runs import TERMINAL, JobKind, JobQueue, RunStatus, RunStore, submit_job
+from agentgym.runs import TERMINAL, JobKind, JobQueue, RunStatus, RunStore, check_job, parse_config
 from agentgym.runs._folder import log_path
+from agentgym.runs._jobs import queue_checked_job
 from agentgym.runs._queue import in_thread
 
 from ._cli import _is_loopback
@@ -135,11 +136,12 @@ def create_app(
     @app.post("/jobs", status_code=201, response_model=SubmittedJob)
     def submit(request: JobRequest) -> dict[str, Any]:
         """Queue a train, eval or sft job; 400 with the reason if its config would be refused."""
-        warnings: list[str] = []
         try:
-            run_id = submit_job(
-                store, request.kind, request.config, runs_root=runs_root, source="serve",
-                name=request.name, max_attempts=request.max_attempts, warnings=warnings,
+            config = parse_config(request.config)
+            warnings = check_job(request.kind, config)  # returned to the submitter, not logged
+            run_id = queue_checked_job(
+                store, request.kind, config, runs_root=runs_root, source="serve",
+                name=request.name, max_attempts=request.max_attempts,
             )  # fmt: skip
         except ConfigError as exc:
             raise HTTPException(400, str(exc)) from None

@@ -16,7 +16,7 @@ from agentgym import ConfigError
 from tests.conftest import require
 
 require("sqlalchemy")
-from agentgym.runs import JobQueue, RunStore, submit_job  # noqa: E402
+from agentgym.runs import JobQueue, RunStore, check_job, submit_job  # noqa: E402
 
 
 def test_a_folder_that_is_no_adapter_beside_a_tiny_model_is_refused_at_submission(
@@ -32,15 +32,15 @@ def test_a_folder_that_is_no_adapter_beside_a_tiny_model_is_refused_at_submissio
 
 
 def test_num_tasks_past_the_envs_tasks_is_a_warning_for_the_submitter(
-    tmp_path: Path, db: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, db: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = RunStore(db)
-    warnings: list[str] = []
-    submit_job(store, "eval", {"env": "calculator", "num_tasks": 10**6},
-               runs_root=tmp_path / "runs", source="serve", warnings=warnings)  # fmt: skip
-    assert warnings == ["num_tasks 1000000, but the env has 100 tasks; playing all 100"]
-    said = capsys.readouterr()
-    assert "1000000" not in said.out + said.err  # not on the server's own output
+    config = {"env": "calculator", "num_tasks": 10**6}
+    said = "num_tasks 1000000, but the env has 100 tasks; playing all 100"
+    assert check_job("eval", config) == [said]  # what the job API returns to its submitter
+    printed = capsys.readouterr()
+    assert "1000000" not in printed.out + printed.err  # not on the server's own output
+    submit_job(RunStore(db), "eval", config, runs_root=tmp_path / "runs", source="cli")
+    assert said in caplog.messages  # a caller with no submitter to answer logs it
 
 
 def test_the_api_returns_the_warning_and_recovers_in_a_worker_thread(
