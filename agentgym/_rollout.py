@@ -40,6 +40,7 @@ from ._env import Env
 from ._errors import ConfigError, ConversationError, InfraError
 from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
+from ._run_to_end import run_to_end
 from ._tasks import MAX_TASKS
 from ._tool_calls import CANCEL_GRACE_SECONDS, cancel_and_wait
 from ._trajectory import MAX_ABS_REWARD, Trajectory, Turn
@@ -416,21 +417,31 @@ class EnvPool(_OneEnvPerEpisode):
             await super().give_back(env, trajectory, reusable)
 
     async def aclose(self) -> None:
-        """Close the idle envs, freeing the pool for another loop; failed closes are logged."""
+        """Close the idle envs, freeing the pool for another loop; failed closes are logged.
+
+        A caller cancelled meanwhile (a Ctrl-C, a trainer's shutdown) waits for every close to
+        end first: cut short, the env being closed and those after it stayed open, with their
+        sandboxes and servers, and the pool no longer held them to close later.
+        """
         self._loop = None
-        while self.idle:
-            env = self.idle.pop()
-            try:
-                await env.aclose()
-            except Exception:
-                log.warning("closing a %s after the rollout failed", type(env).__name__,
-                            exc_info=True)  # fmt: skip
+        envs, self.idle = self.idle, []
+        await run_to_end(_close_each(envs))
 
     async def __aenter__(self) -> EnvPool:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def _close_each(envs: list[Env]) -> None:
+    """Close every env, one after another; a close that fails is logged, not raised."""
+    for env in envs:
+        try:
+            await env.aclose()
+        except Exception:
+            log.warning("closing a %s after the rollout failed", type(env).__name__,
+                        exc_info=True)  # fmt: skip
 
 
 async def arollout(
