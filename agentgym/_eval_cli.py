@@ -273,9 +273,13 @@ def evaluate(
         # template kwarg or parser the model refuses) are the command's, as the ones above
         stack.enter_context(track_run("eval", out.name, run_config, out))
         which = {"tasks": chosen} if task_range else {"num_tasks": num_tasks}
+        # the rollout seeds episode g at plan position i with seed + i * G + g: shifted by the
+        # range's start, task k plays seed + k * G + g under --tasks as under -n, so a rerun of
+        # a range plays the very episodes the whole run did (chosen is a START:END range)
         plan = {
             **which, "group_size": group_size, "max_concurrency": concurrency,
-            "seed": seed, "max_tokens_per_turn": max_tokens, "env_kwargs": env_kwargs_built,
+            "seed": seed + chosen[0] * group_size, "max_tokens_per_turn": max_tokens,
+            "env_kwargs": env_kwargs_built,
             "episode_timeout": episode_timeout,
         }  # fmt: skip
         summary, played = _run_eval(

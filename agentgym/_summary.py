@@ -8,7 +8,7 @@ from collections.abc import Hashable, Iterable
 from statistics import fmean, pstdev, stdev
 from typing import Any
 
-from ._trajectory import STATUSES, Trajectory
+from ._trajectory import STATUSES, Trajectory, Turn
 
 #: The statuses of episodes scored as the policy's (as the trainer keeps them in its groups).
 POLICY_STATUSES = ("ok", "truncated", "error")
@@ -41,8 +41,10 @@ def summarize(
     one of k episodes of a task reaches reward 1.0; ``pass@1`` with one episode per task, and
     more k with ``group_size`` > 1, and then ``reward/frac_zero_variance_groups`` (the tasks
     whose episodes all scored alike: no GRPO signal). ``tokens/completions_total`` counts every
-    token the policy sampled (what an eval cost, failed episodes included; None, as
-    ``tokens/per_episode``, where the backend reported no token ids);
+    token the policy sampled (what an eval cost, failed episodes included): a turn's token ids
+    where the backend returned them, else the count the server reported in its ``usage``
+    (``Turn.completion_tokens``: an OpenAI server other than vLLM); None, as
+    ``tokens/per_episode``, where the backend reported neither;
     ``tokens/per_episode`` and ``turns/mean`` are means over the policy's episodes too, as the
     trainer's per-episode figures are: an ``infra_error`` or ``late`` episode cut at turn 0 says
     nothing about how long the policy's episodes run, and averaged in it made a run whose server
@@ -56,9 +58,8 @@ def summarize(
     turns = [len(t.turns) for t in scored]
     tool_errors = sum(len(turn.tool_errors) for t in trajectories for turn in t.turns)
     results_cut = sum(turn.tool_results_cut for t in trajectories for turn in t.turns)
-    # None where the backend reported no token ids (an OpenAI server other than vLLM): 0
-    # read as an eval that sampled nothing
-    counted = any(turn.completion_ids is not None for t in trajectories for turn in t.turns)
+    # None where the backend reported no token count: 0 read as an eval that sampled nothing
+    counted = any(_turn_tokens(turn) is not None for t in trajectories for turn in t.turns)
     tokens = sum(_sampled(t) for t in trajectories) if counted else None
     by_task = list(_by_task(scored).values())
     summary: dict[str, Any] = {
@@ -87,8 +88,13 @@ def summarize(
 
 
 def _sampled(trajectory: Trajectory) -> int:
-    """Tokens the policy sampled in one episode (0 where the backend returned no ids)."""
-    return sum(len(turn.completion_ids or ()) for turn in trajectory.turns)
+    """Tokens the policy sampled in one episode (0 where the backend reported no count)."""
+    return sum(_turn_tokens(turn) or 0 for turn in trajectory.turns)
+
+
+def _turn_tokens(turn: Turn) -> int | None:
+    """A turn's sampled tokens: its ids when it has them (exact), else the server's count."""
+    return len(turn.completion_ids) if turn.completion_ids is not None else turn.completion_tokens
 
 
 def _status_counts(trajectories: list[Trajectory]) -> dict[str, int]:

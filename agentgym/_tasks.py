@@ -400,27 +400,48 @@ def parse_tasks(spec: str | list[int], name: str = "tasks") -> list[int]:
         ConfigError: malformed, empty, negative or duplicated indices.
     """
     if isinstance(spec, str):
-        start, sep, stop = spec.partition(":")
-        try:
-            bounds = range(int(start), int(stop)) if sep else range(0)
-        except ValueError:
-            bounds = range(0)
-        if bounds.stop > MAX_TASKS:  # listed, 0:3000000000 took all memory
-            raise ConfigError(
-                f"{name}={spec!r} reaches past task {MAX_TASKS:,}, the most agentgym plays; "
-                "pick a range inside the env's tasks"
-            )
-        indices = list(bounds)
-        if not sep or not indices:
-            raise ConfigError(
-                f"{name}={spec!r} is not a non-empty 'start:stop' range of task indices; "
-                "write e.g. '100:600'" + ("" if name.startswith("--") else " or a list of indices")
-            )
-    else:
-        indices = [int(i) for i in spec]
+        return _range_indices(spec, name)
+    indices = [int(i) for i in spec]
     if not indices or min(indices) < 0 or len(set(indices)) != len(indices):
         raise ConfigError(
             f"{name}={spec!r} must hold at least one task index, all >= 0 and distinct; "
             "fix the list or use a 'start:stop' range"
         )
     return indices
+
+
+def _range_indices(spec: str, name: str) -> list[int]:
+    """The indices of a ``"start:stop"`` range, refused in words that fit what was written.
+
+    Why: ``--tasks -3:2`` was told to "fix the list" of a user who wrote a range, not a list.
+    A negative bound is no count from the end (``range`` would make it one), and a reversed or
+    equal pair is an empty range; each is named, with a range that would play.
+    """
+    start_text, sep, stop_text = spec.partition(":")
+    try:
+        start, stop = int(start_text), int(stop_text)
+    except ValueError:  # "7" too: its stop is ""
+        missing = sep and not (start_text.strip() and stop_text.strip())
+        problem = "leaves out a bound: give both of" if missing else "is not"
+        raise ConfigError(
+            f"{name}={spec!r} {problem} a non-empty 'start:stop' range of task indices; "
+            "write e.g. '100:600'" + ("" if name.startswith("--") else " or a list of indices")
+        ) from None
+    if min(start, stop) < 0:
+        first = max(start, 0)
+        raise ConfigError(
+            f"{name}={spec!r} has a negative bound, but task indices start at 0 (none counts "
+            f"from the end); write e.g. '{first}:{max(stop, first + 1)}'"
+        )
+    if stop <= start:
+        fix = f"'{start}:{start + 1}' for task {start}" if stop == start else f"'{stop}:{start}'"
+        raise ConfigError(
+            f"{name}={spec!r} is an empty range: 'start:stop' is half-open, stop past start; "
+            f"write e.g. {fix}"
+        )
+    if stop > MAX_TASKS:  # listed, 0:3000000000 took all memory
+        raise ConfigError(
+            f"{name}={spec!r} reaches past task {MAX_TASKS:,}, the most agentgym plays; "
+            "pick a range inside the env's tasks"
+        )
+    return list(range(start, stop))

@@ -51,6 +51,8 @@ class Turn:
     ``adapter_version`` is the LoRA adapter version that sampled the turn (0: base weights;
     None: the backend does not serve adapters). ``tool_results_cut`` counts the turn's tool
     results the env cut to its ``max_tool_result_chars``: the model read only their start.
+    ``completion_tokens`` is the server's own count of the turn's sampled tokens where it
+    returned no ids (`Completion`), for the eval's token figures; None in files written before.
     """
 
     prompt_ids: list[int] | None = None
@@ -65,6 +67,7 @@ class Turn:
     policy_seconds: float = 0.0
     env_seconds: float = 0.0
     adapter_version: int | None = None
+    completion_tokens: int | None = None
 
     @classmethod
     def from_completion(cls, completion: Completion, **fields: Any) -> Turn:
@@ -78,6 +81,7 @@ class Turn:
             text=completion.text,
             finish_reason=completion.finish_reason,
             adapter_version=completion.adapter_version,
+            completion_tokens=completion.completion_tokens,
             **fields,
         )
 

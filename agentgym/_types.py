@@ -21,8 +21,11 @@ class Completion:
 
     ``text`` is the raw text (tool calls unparsed) and is what the env parses; ``message`` is
     set only when the backend already parsed tool calls into an OpenAI message. Token fields
-    are None when the backend does not report them. ``adapter_version`` is the LoRA adapter
-    version that sampled the turn (0 = base weights) when the backend serves adapters.
+    are None when the backend does not report them. ``completion_tokens`` is how many tokens
+    the server says it sampled (an OpenAI ``usage.completion_tokens``), kept where it returned
+    no ids: a count to report what an eval cost, never ids to train on. ``adapter_version`` is
+    the LoRA adapter version that sampled the turn (0 = base weights) when the backend serves
+    adapters.
     """
 
     text: str
@@ -32,6 +35,7 @@ class Completion:
     logprobs: list[float] | None = None
     finish_reason: str | None = None
     adapter_version: int | None = None
+    completion_tokens: int | None = None
 
     def __post_init__(self) -> None:
         """Refuse logprobs that do not pair with the sampled ids, one for one.
