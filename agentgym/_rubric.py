@@ -33,6 +33,7 @@ import logging
 import math
 import numbers
 import resource
+import sys
 import time
 import traceback
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -237,10 +238,32 @@ class Rubric:
         every = zip(self.names, self.funcs, self._params, self._threaded)
         return {
             name: asyncio.ensure_future(
-                run_in_thread(fn, {p: context.get(p) for p in params}, name, self.timeout)
+                _run_threaded(fn, {p: context.get(p) for p in params}, name, self.timeout)
             )
             for name, fn, params, threaded in every if threaded
         }
+
+
+async def _run_threaded(
+    fn: Callable[..., Any], kwargs: dict[str, Any], name: str, timeout: float | None
+) -> Any:
+    """`run_in_thread`; once nobody waits for it (cancelled, timed out) its sandbox call dies.
+
+    Why: the thread cannot be stopped, and one running ``verify(sandbox=pool)`` for a
+    cancelled episode held its lease until the sandbox call ended on its own (35 s by
+    default) while other episodes waited for a sandbox. The call's code is killed through
+    the sandboxes' `CallToken` (as a cancelled ``arun`` is), the lease then returns, and that
+    ``verify`` raises instead of scoring. Without the sandboxes loaded, nothing to link.
+    """
+    protocol = sys.modules.get("agentgym.sandboxes._protocol")
+    if protocol is None:
+        return await run_in_thread(fn, kwargs, name, timeout)
+    token = protocol.CallToken()
+    try:
+        return await run_in_thread(protocol.linked_to(token, fn), kwargs, name, timeout)
+    except BaseException:  # cancelled or timed out (or raised: then a no-op)
+        token.cancel()
+        raise
 
 
 def _checked_timeout(timeout: float | None, any_waits: bool) -> float | None:

@@ -68,7 +68,7 @@ class DockerSandboxConfig:
     """Non-root uid (and gid) the code runs as. Must differ from `keeper_uid` so the code
     cannot signal the keeper, and so that ``kill -9 -1`` as this uid ends every code process."""
     keeper_uid: int = 1001
-    """Non-root uid of the container's keeper process (``docker-init`` + ``sleep infinity``)."""
+    """Non-root uid of the container's keeper process (``docker-init`` + ``cat``)."""
     nofile: int = 256
     """``RLIMIT_NOFILE``: open files per process."""
     fsize_mb: int = 64

@@ -2,7 +2,7 @@
 
 Layout of a container::
 
-    PID 1  docker-init (keeper uid)  ->  sleep infinity (keeper uid)
+    PID 1  docker-init (keeper uid)  ->  cat, reading the host's lifeline (keeper uid)
     code server (code uid; started by docker exec, speaks JSON lines over the exec stream)
        -> the code of each call (code uid), forked by the server
 
@@ -10,12 +10,17 @@ The keeper and the code have different uids, so the code cannot signal the keepe
 never trusts the server to stop: each call has a host-side deadline (timeout + grace) after
 which the host runs ``kill -9 -1`` as the code uid through ``docker exec`` and restarts the
 server; if even that fails the container is replaced and the call is an ``infra_error``.
+
+The keeper's stdin is the lifeline: the sandbox's process holds the one attached end, so the
+container stops, and the daemon removes it, as soon as that process ends, however it ends.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -48,7 +53,14 @@ from ._protocol import (
 from ._result import ExecResult, ExecStatus
 
 log = logging.getLogger("agentgym.sandboxes")
-KEEPER_CMD = ["sleep", "infinity"]
+#: The keeper reads its stdin until EOF, which comes when the lifeline (`_attach_lifeline`)
+#: closes: a process killed with -9, or by a SIGTERM it has no handler for (no atexit hook
+#: runs), left its containers running until the next pool start or ``sandbox prune``.
+KEEPER_CMD = ["cat"]
+#: ``containers.create`` options of the lifeline: open stdin, closed once its one attached
+#: client goes (docker-py sets StdinOnce for a non-detached create), and the container
+#: removed by the daemon once it stops.
+LIFELINE_OPTIONS = {"stdin_open": True, "detach": False, "auto_remove": True}
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,7 @@ class DockerSandbox(SandboxBase):
         self._labels = dict(labels or {})
         self._client = client
         self._container: Any = None
+        self._lifeline: Any = None  # the attached stdin of the keeper (docker-py's socket)
         self._channel: ServerChannel | None = None
         self._lock = threading.RLock()
         self._closed = False  # close() ran: calls are refused until an explicit start()
@@ -147,7 +160,8 @@ class DockerSandbox(SandboxBase):
         docker = import_docker()
         try:  # create + start, not run: run would try to pull a missing image
             container = self._client.containers.create(
-                self.image, KEEPER_CMD, **container_options(cfg, self._labels))
+                self.image, KEEPER_CMD, **container_options(cfg, self._labels),
+                **LIFELINE_OPTIONS)
         except docker.errors.ImageNotFound as exc:
             raise SandboxError(f"image {self.image!r} not found on host {self.host.name!r}: "
                                f"{missing_image_fix(self.image)}") from exc
@@ -156,12 +170,24 @@ class DockerSandbox(SandboxBase):
         self._container = container
         _reap.track(self)
         try:
+            self._attach_lifeline()
             container.start()
         except Exception as exc:
             # removed, not closed: closing refused every later call of a sandbox the user
             # never closed, after one passing daemon failure
             self._remove_container()
             raise SandboxError(f"cannot start a container from {self.image!r}: {exc}") from exc
+
+    def _attach_lifeline(self) -> None:
+        """Attach to the keeper's stdin before it starts, and keep the connection open.
+
+        Why not a signal handler: the user's process may have its own, and SIGKILL has none.
+        The kernel closes the connection whenever this process ends (a process forked from
+        it holds a copy, so the container lives while either does; an exec'd one does not,
+        as sockets are not inherited across exec).
+        """
+        self._lifeline = self._client.api.attach_socket(
+            self._container.id, params={"stdin": 1, "stream": 1})
 
     def _open_server(self) -> None:
         """Start a code server (it wipes nothing: `reset` asks the new one to, and checks)."""
@@ -261,6 +287,9 @@ class DockerSandbox(SandboxBase):
                 if not isinstance(exc, import_docker().errors.NotFound):
                     self.left_behind = container.id
                 log.debug("removing %s: %s", container.short_id, exc)
+        lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:  # after the removal: its end stops a container left behind
+            _close_stream(lifeline)
 
     def _remove_left_behind(self) -> None:
         """Remove the container `left_behind` names, once its daemon answers (never raises)."""
@@ -539,6 +568,20 @@ def _too_large(contents: Mapping[str, bytes], cfg: DockerSandboxConfig) -> str |
     return None
 
 
+def _close_stream(raw: Any) -> None:
+    """Close a docker-py attached stream: its socket, wrapper and HTTP response (never raises).
+
+    ``shutdown`` ends the connection even where a forked child holds a copy of it.
+    """
+    sock = getattr(raw, "_sock", raw)
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    for closable in (sock, raw, getattr(raw, "_response", None)):
+        if closable is not None:
+            with contextlib.suppress(Exception):
+                closable.close()
+
+
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode()
 
@@ -583,7 +626,6 @@ def container_options(cfg: DockerSandboxConfig, labels: Mapping[str, str]) -> di
         environment=base_env(cfg),
         labels=_reap.ownership_labels(dict(labels), cfg.max_lifetime_s),
         log_config=docker.types.LogConfig(type="none"),
-        stdin_open=False,
     )
     if cfg.runtime:
         opts["runtime"] = cfg.runtime

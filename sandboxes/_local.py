@@ -17,8 +17,10 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, cast
 
+from agentgym import _owned_tmp
 from agentgym._errors import ConfigError, SandboxError
 
 from ._protocol import (
@@ -36,6 +38,12 @@ from ._result import ExecResult, ExecStatus
 WARNING = ("LocalSandbox is NOT a security boundary: the code runs as your user, on your "
            "filesystem and network, limited only by rlimits. Use DockerSandbox for untrusted code.")
 _warned = threading.Event()
+#: The `_owned_tmp` prefix of a sandbox's own folder, which holds its work dir and the fresh
+#: work dirs of its ``fresh_workdir`` calls: a process killed with -9 (or by a SIGTERM it had
+#: no handler for) runs no finalizer, so these were left in the temp dir for good; now the
+#: next process's first LocalSandbox removes them. The work dir is a child of the locked
+#: folder because ``reset`` deletes and recreates it, which would drop a lock held on it.
+OWNED_PREFIX = "agentgym-local-"
 
 
 @dataclass(frozen=True)
@@ -94,12 +102,14 @@ class LocalSandbox(SandboxBase):
             _warned.set()
             warnings.warn(WARNING, UserWarning, stacklevel=2)
         self.config = config or LocalSandboxConfig()
-        self.workdir = tempfile.mkdtemp(prefix="agentgym-local-")
+        self._home = _owned_tmp.make_dir(OWNED_PREFIX)
+        self.workdir = str(self._home / "work")
+        os.mkdir(self.workdir, 0o700)
         # A sandbox never closed (dropped, or passed inline as verify(..., sandbox=
         # LocalSandbox())) left its work dir, with what the code wrote, in /tmp for good.
         # The finalizer runs at garbage collection or at interpreter exit, holds no reference
         # to the sandbox, and is what close() calls too.
-        self._remove_workdir = weakref.finalize(self, _remove_dir, self.workdir, os.getpid())
+        self._remove_workdir = weakref.finalize(self, _remove_dir, self._home, os.getpid())
         self._closed = False
         self._running: set[int] = set()  # process groups of the calls running now
 
@@ -120,7 +130,7 @@ class LocalSandbox(SandboxBase):
         if not fresh_workdir:
             return self.exec(argv, stdin=stdin, files=files, timeout=timeout)
         self._refuse_if_closed()
-        workdir = tempfile.mkdtemp(prefix="agentgym-local-call-")
+        workdir = tempfile.mkdtemp(prefix="call-", dir=self._home)
         try:
             return self._exec(argv, stdin, files, timeout, workdir)
         finally:
@@ -279,14 +289,15 @@ def _not_run(why: str, started: float, exit_code: int | None = None) -> ExecResu
     return ExecResult("", why + "\n", exit_code, time.monotonic() - started, ExecStatus.ERROR)
 
 
-def _remove_dir(path: str, owner_pid: int) -> None:
-    """Delete a sandbox's work dir, but only in the process that made it.
+def _remove_dir(path: Path, owner_pid: int) -> None:
+    """Delete a sandbox's own folder (`OWNED_PREFIX`), but only in the process that made it.
 
     Why the pid: a forked child inherits the finalizer and would delete the parent's dir
     when it exits.
     """
     if os.getpid() == owner_pid:
-        _remove_tree(path)
+        _remove_tree(str(path))
+        _owned_tmp.remove(path)
 
 
 def _remove_tree(path: str) -> None:

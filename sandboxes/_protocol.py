@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import numbers
 import posixpath
 import threading
@@ -185,15 +186,34 @@ async def cancellable_in_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any
     (even when cancelled again) and re-raises, so no code of a cancelled call runs on.
     """
     token = CallToken()
+    linked = linked_to(token, fn)
+    return await in_thread_to_the_end(lambda: linked(*args, **kwargs), on_cancel=token.cancel)
 
-    def work() -> _T:
+
+def linked_to(token: CallToken, fn: Callable[..., _T]) -> Callable[..., _T]:
+    """``fn``, whose sandbox calls on the thread that runs it register with ``token``.
+
+    Why a wrapper: the thread is the link (`running_call` reads it), and the code that starts
+    a thread (`cancellable_in_thread`, a threaded reward function's runner) is not the code
+    that makes the sandbox call.
+    """
+
+    @functools.wraps(fn)
+    def linked(*args: Any, **kwargs: Any) -> _T:
+        outer = getattr(_current, "token", None)
         _current.token = token
         try:
             return fn(*args, **kwargs)
         finally:
-            _current.token = None
+            _current.token = outer
 
-    return await in_thread_to_the_end(work, on_cancel=token.cancel)
+    return linked
+
+
+def call_cancelled() -> bool:
+    """Whether this thread's calls were cancelled (`CallToken`): what came back is no outcome."""
+    token: CallToken | None = getattr(_current, "token", None)
+    return token is not None and token.cancelled
 
 
 async def in_thread_to_the_end(

@@ -6,10 +6,12 @@ owner), ``agentgym.host=<hostname>``, ``agentgym.session=<id>`` and, unless the 
 says otherwise, ``agentgym.expires=<unix time>``. Reaping removes the containers whose owner
 on this host is gone, and those past their expiry whoever owns them: at pool start (on every
 host of the pool), at interpreter exit (atexit, for this process's own containers) and from
-``agentgym sandbox prune``. A process killed with ``-9`` runs no atexit hook; its containers
-are reaped by the next start or prune. Only the owner's machine can tell whether the owner
-lives, so the expiry is what frees the containers of a wedged (or vanished) process on
-another machine that shares a daemon.
+``agentgym sandbox prune``. A process killed with ``-9`` runs no atexit hook, but its
+containers stop with it anyway (their lifeline, see ``_docker.py``) and the daemon removes
+them; reaping is for what that misses (a container whose stop or removal failed, one made
+before the lifeline). Only the owner's machine can tell whether the owner lives, so the
+expiry is what frees the containers of a wedged (or vanished) process on another machine
+that shares a daemon.
 """
 
 from __future__ import annotations

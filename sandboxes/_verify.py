@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from agentgym._errors import ConfigError
+from agentgym._errors import ConfigError, SandboxError
 
+from . import _protocol
 from ._docker import DockerSandbox
 from ._lease import SandboxLease
 from ._local import LocalSandbox
@@ -222,8 +223,22 @@ def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *
     kwargs = _run_kwargs(sandbox, payload, total_timeout)
     if isinstance(sandbox, SandboxPool):
         with sandbox.lease() as sb:  # the pool reset it, and checked it is clean
-            return _score(sb.run(RUNNER_SOURCE, **kwargs), reward)
-    return _score(_run_runner(sandbox, kwargs), reward)
+            result = sb.run(RUNNER_SOURCE, **kwargs)
+    else:
+        result = _run_runner(sandbox, kwargs)
+    _refuse_if_cancelled()
+    return _score(result, reward)
+
+
+def _refuse_if_cancelled() -> None:
+    """Raise when this thread's call was cancelled (`CallToken`) while the runner ran.
+
+    Why: the cancel killed the runner, so what came back is no outcome of the sample, and
+    scoring it let the kill read as the code's failure. Its caller stopped waiting anyway.
+    """
+    if _protocol.call_cancelled():
+        raise SandboxError("the verification was cancelled (its episode is over or timed "
+                           "out); it has no outcome")
 
 
 def _cleans_in_the_call(sandbox: Any) -> bool:

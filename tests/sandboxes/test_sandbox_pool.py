@@ -189,9 +189,13 @@ def test_a_failing_reset_replaces_the_sandbox(docker_ready, monkeypatch):
 
 
 def test_reaps_containers_of_a_process_killed_with_sigkill(docker_client):
-    code = ("from agentgym.sandboxes import DockerSandbox\n"
-            "sb = DockerSandbox().start()\n"
-            "print(sb.container_id, flush=True)\n"
+    """A container whose lifeline did not end it (one made without it, as before the lifeline,
+    or whose stop failed) is reaped once its owner is dead."""
+    code = ("from agentgym.sandboxes import DEFAULT_IMAGE, _reap\n"
+            "from agentgym.sandboxes._client import docker_client\n"
+            "c = docker_client().containers.run(DEFAULT_IMAGE, ['sleep', 'infinity'],\n"
+            "    detach=True, network_mode='none', labels=_reap.ownership_labels())\n"
+            "print(c.id, flush=True)\n"
             "import time; time.sleep(600)\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

@@ -163,8 +163,9 @@ def test_no_sandbox_container_outlives_a_finished_run(trained: tuple[Path, int, 
     assert containers_of(trained[1]) == []
 
 
-def test_a_run_killed_mid_step_leaks_containers_its_resume_reaps(folder: Path) -> None:
-    """kill -9 runs no exit hook, so its containers stay; the resumed run's pool removes them."""
+def test_a_run_killed_mid_step_leaves_no_containers_and_resumes(folder: Path) -> None:
+    """kill -9 runs no exit hook, yet its containers go: each one's keeper reads a lifeline
+    only the run held open (they stayed until the resumed run's pool reaped them)."""
     config = write_config(folder, "killed", max_steps=4, save_steps=1)
     metrics = folder / "killed" / "metrics.jsonl"
     child = train(config)
@@ -172,10 +173,13 @@ def test_a_run_killed_mid_step_leaks_containers_its_resume_reaps(folder: Path) -
     while '"step": 2,' not in (metrics.read_text() if metrics.exists() else ""):
         assert child.poll() is None and time.monotonic() < deadline, finish(child)
         time.sleep(0.2)  # polling a condition, with a deadline; not a wait for time to pass
+    assert containers_of(child.pid), "the run's pool holds containers while it runs"
     child.send_signal(signal.SIGKILL)  # in step 3: step 2's line is written, 3's is not
     child.wait(timeout=30)
-    leaked = containers_of(child.pid)
-    assert leaked, "the killed run's pool held containers; kill -9 cannot remove them"
+    deadline = time.monotonic() + 30
+    while leaked := containers_of(child.pid):
+        assert time.monotonic() < deadline, f"the killed run's containers stayed: {leaked}"
+        time.sleep(0.2)  # polling the daemon's list, with a deadline
     resumed = train(config, "--resume")
     code, out, err = finish(resumed)
     assert code == 0, err[-2000:]
