@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentgym._durable import atomic_write_text, temp_path
 from agentgym._errors import ConfigError
 from agentgym._trajectory import read_whole_lines
 from agentgym.runs._folder import SFT_SUMMARY, read_json, sft_figures
@@ -96,7 +97,7 @@ def plot_curves(
         evals.text(0.5, 0.5, "no evals yet", ha="center", va="center", transform=evals.transAxes)
 
     out = Path(out_png)
-    tmp = out.with_name(f".{out.name}.tmp")
+    tmp = temp_path(out)  # a kill while it is written leaves it: a resume removes it
     try:
         figure.savefig(tmp, format="png")
         tmp.replace(out)
@@ -276,6 +277,7 @@ def write_summary(run_dir: str | os.PathLike[str], figures: Mapping[str, float])
     summary = summarize(rows, figures, read_warm_start(run_dir))
     text = format_summary(run_dir, summary)
     summary["text"] = text
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    # whole or not at all: a kill cutting summary.json short made `--resume` refuse the run
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(run_dir / "summary.txt", text + "\n")
     return text

@@ -57,12 +57,22 @@ from pathlib import Path
 from typing import Any
 
 from agentgym import Trajectory
-from agentgym._durable import atomic_write_text, check_folder_can_be_made, fsync_dir
+from agentgym._durable import (
+    atomic_write_text,
+    check_folder_can_be_made,
+    fsync_dir,
+    remove_temp_files,
+)
 from agentgym._errors import ConfigError, Error
 from agentgym._pid import process_alive
 from agentgym._trajectory import to_json_line
 from agentgym.engine._model_dir import _safetensors_whole, model_folder_problem
-from agentgym.runs._folder import RUN_FILES, SFT_SUMMARY, refuse_another_kind_of_run
+from agentgym.runs._folder import (
+    RUN_FILES,
+    SFT_SUMMARY,
+    refuse_another_kind_of_run,
+    sft_checkpoint,
+)
 
 from ._training_state import (
     refuse_damaged_checkpoint,
@@ -280,9 +290,10 @@ class RunDir:
         """
         check_folder_can_be_made(Path(path), "output_dir")  # a file there: not "cannot read"
         status = _read_status(Path(path))
+        if status.get("state") != "finished" or (status.get("step") or 0) < max_steps:
+            return None  # its summary.json, if any, is rewritten: a killed one's is not read
         summary = _read_object(Path(path) / "summary.json", "delete it: the resume writes it again")
-        done = status.get("state") == "finished" and (status.get("step") or 0) >= max_steps
-        if not done or "figures" not in summary:
+        if "figures" not in summary:
             return None
         _refuse_changed_config(Path(path), _normalise(config), defaults)  # as a resume would
         _refuse_fewer_steps(Path(path), max_steps, status)  # its figures are of a later step
@@ -290,7 +301,19 @@ class RunDir:
 
     # ---- opening an existing run ---------------------------------------------------------
     def _go_back_to_checkpoint(self) -> None:
-        """Repair torn files, clear the old engine's adapters, roll back past the checkpoint."""
+        """Clear a killed run's leftovers, repair torn files, roll back past the checkpoint.
+
+        Leftovers: temp files a kill left mid-write (never renamed), the old engine's
+        adapters, and a warm start's checkpoint (``sft.partial/``) a kill left beside its
+        saved model: spent, and as large as the model with its optimiser state.
+        """
+        left = [*remove_temp_files(self.path), *remove_temp_files(self.path / WARM_START)]
+        spent = sft_checkpoint(self.path / WARM_START).parent
+        if (self.path / WARM_START / SFT_SUMMARY).is_file() and spent.is_dir():
+            shutil.rmtree(spent)  # a kill came between the model's save and its removal
+            left.append(spent)
+        for path in left:
+            log.warning("removed %s, left by a killed run", path)
         for path in (self.metrics_path, self.eval_path, self.rollouts_path):
             cut = _cut_torn_tail(path)
             if cut:
