@@ -305,7 +305,8 @@ class GRPOConfig:
     epsilon_high: float | None = _knob(
         None,
         "Upper clip bound: ratios above 1 + epsilon_high are clipped. None: equal to epsilon. "
-        "DAPO recommends 0.28. Must be >= epsilon.",
+        "DAPO recommends 0.28. Must be >= epsilon. 'cispo' caps its weight at it (>= 1); "
+        "'sapo' and 'vespo' have no clip: leave it None.",
     )
     loss_type: LossType = _knob(
         "dapo",
@@ -351,7 +352,7 @@ class GRPOConfig:
         "(scale_rewards); 'normalize_then_sum' (GDPO) normalises each function's score in its "
         "group, sums them with the rubric's weights, then normalises the sums over the step, "
         "so a reward on a wide scale does not drown one on a narrow scale (scale_rewards does "
-        "not apply). Needs an env with a Rubric.",
+        "not apply: leave it at 'group'). Needs an env with a Rubric.",
     )
     num_iterations: int = _knob(
         1, "Optimiser updates per batch of rollouts (mu in the GRPO paper); >1 reuses samples."
@@ -394,8 +395,9 @@ class GRPOConfig:
     )
     vllm_importance_sampling_clip_max: float | None = _knob(
         3.0,
-        "Upper bound of the importance-sampling ratio (> 0). None: none (a '*_mask' mode then "
-        "masks below clip_min only). TRL 1.16's name; its deprecated alias "
+        "Upper bound of the importance-sampling ratio (> 0). None: none, in a 'token_*' mode "
+        "only ('token_mask' then masks below clip_min only; a 'sequence_*' ratio multiplies "
+        "its tokens' and would overflow). TRL 1.16's name; its deprecated alias "
         "`vllm_importance_sampling_cap` is accepted by `from_dict`.",
     )
     vllm_importance_sampling_clip_min: float | None = _knob(
@@ -405,7 +407,8 @@ class GRPOConfig:
         None,
         "Two-sided clipping (INTELLECT-2, TRL's name): the unclipped policy ratio is capped at "
         "delta too, so a negative advantage cannot push a ratio that grew far above 1 further. "
-        "None: off. Must exceed 1 + epsilon_high (the report uses 4).",
+        "None: off. Must exceed 1 + epsilon_high (the report uses 4). Only for the losses "
+        "with the PPO clip: 'grpo', 'dr_grpo', 'dapo', 'luspo'.",
     )
     use_bias_correction_kl: bool = _knob(
         True, "Multiply the k3 KL by the policy ratio (TRL's default); false: the plain k3 KL."

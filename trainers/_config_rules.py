@@ -206,12 +206,39 @@ def check_loss(config: GRPOConfig) -> None:
             "importance-sampling correction accounts for that; set "
             "vllm_importance_sampling_correction: true, or max_staleness: 0"
         )
-    if (config.loss_type == "vespo" and config.vllm_importance_sampling_correction
-            and not config.vllm_importance_sampling_mode.startswith("token")):  # fmt: skip
+    per_sequence = (config.vllm_importance_sampling_correction
+                    and config.vllm_importance_sampling_mode.startswith("sequence"))  # fmt: skip
+    if config.loss_type == "vespo" and per_sequence:
         raise ConfigError(
             f"loss_type='vespo' folds per-token importance ratios into its weight; "
             f"vllm_importance_sampling_mode={config.vllm_importance_sampling_mode!r} is "
             "per-sequence: use 'token_truncate' or 'token_mask'"
+        )
+    if per_sequence and config.vllm_importance_sampling_clip_max is None:
+        # a sample's ratio multiplies all its tokens' ratios: a log-ratio sum past ~88 is an
+        # inf weight, which neither mode bounds without a cap, and the loss turned NaN
+        raise ConfigError(
+            f"vllm_importance_sampling_mode={config.vllm_importance_sampling_mode!r} with "
+            "vllm_importance_sampling_clip_max=None leaves a sample's ratio (the product of its "
+            "tokens') unbounded, and a long one overflows to inf (a NaN loss); set "
+            "vllm_importance_sampling_clip_max (TRL uses 3.0) or use a 'token_*' mode"
+        )
+    unclipped = {"cispo": ["delta"], "sapo": ["epsilon_high", "delta"],
+                 "vespo": ["epsilon_high", "delta"]}.get(config.loss_type, [])  # fmt: skip
+    for name in unclipped:  # these losses weigh the ratio without the PPO clip
+        if getattr(config, name) is not None:
+            raise ConfigError(
+                f"{name}={getattr(config, name)!r} bounds the PPO clip, which "
+                f"loss_type={config.loss_type!r} does not use (it would be ignored); set "
+                f"{name}: null, or use loss_type 'grpo', 'dr_grpo', 'dapo' or 'luspo'"
+            )
+    if config.multi_objective_aggregation == "normalize_then_sum" and \
+            config.scale_rewards != "group":
+        raise ConfigError(
+            f"scale_rewards={config.scale_rewards!r} does not apply under "
+            "multi_objective_aggregation='normalize_then_sum' (GDPO scales each reward in its "
+            "group, then the sums over the step); remove scale_rewards, or use "
+            "'sum_then_normalize'"
         )
     for message in _level_mismatches(config):  # runs, but not as the method was published
         warnings.warn(message, UserWarning, stacklevel=5)

@@ -288,7 +288,9 @@ def vespo_weights(
     floor = math.log(1e-8)
     log_w = (token_log_ratio.clamp(-20.0, 20.0) * mask).sum(-1, keepdim=True)
     if is_weights is not None:
-        log_w = log_w + torch.log(is_weights).clamp(floor, 20.0).sum(-1, keepdim=True)
+        # over the trained tokens only: a bound other than 1 (clip_max < 1, clip_min > 1)
+        # also moves the prompt's ratios of 1, which zeroed the weight of long prompts
+        log_w = log_w + (torch.log(is_weights).clamp(floor, 20.0) * mask).sum(-1, keepdim=True)
     log_w = log_w.clamp(floor, 20.0)
     positive = advantages >= 0
     k = torch.where(positive, spec.vespo_k_pos, spec.vespo_k_neg)
