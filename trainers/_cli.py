@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.logging import RichHandler
+from rich.text import Text
 
-from agentgym._cli_common import PipedConsole, key_value
+from agentgym._cli_common import PipedConsole, key_value, visible
 from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._yaml import load_cli_value
@@ -78,10 +80,19 @@ def train(
     if not config.is_file():
         what = "is a folder, not a YAML file" if config.is_dir() else "does not exist"
         raise ConfigError(f"config file {config} {what}")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", UserWarning)
+        cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
+    for warning in said:  # the config rules' cautions: the user's config, not our source line
+        if issubclass(warning.category, UserWarning):
+            console.print(Text.assemble(("warning:", "yellow"), " ", visible(str(warning.message))),
+                          highlight=False, soft_wrap=True)  # fmt: skip
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename,
+                                 warning.lineno)  # fmt: skip
     if dry_run:
-        _print_plan(GRPOConfig.from_yaml(config, overrides=_overrides(set_ or [])), resume)
+        _print_plan(cfg, resume)
         return
-    cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
     from agentgym.runs import track_run
 
     main = World.from_env().is_main

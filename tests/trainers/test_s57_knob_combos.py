@@ -5,6 +5,7 @@ Each is refused when the config is built, in one line naming the fix, or fixed w
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +92,22 @@ def test_vespo_weighs_only_the_trained_tokens_engine_ratios() -> None:
     w = torch.tensor(0.25)  # the two trained tokens' truncated ratios, multiplied
     phi = torch.exp(spec.vespo_lambda_pos + spec.vespo_k_pos * w.log() - spec.vespo_lambda_pos * w)
     assert out.loss.item() == pytest.approx((phi * 1.0).item(), rel=1e-5)  # -phi * A * logp
+
+
+def test_the_train_command_says_a_config_rules_warning_in_one_line(tmp_path: Path) -> None:
+    """Python printed it with our source line (trainers/_config.py:620) and the code there,
+    not the user's config; the command says ``warning: ...`` as it says ``error: ...``."""
+    import subprocess
+    import sys
+
+    agentgym = Path(sys.executable).with_name("agentgym")
+    done = subprocess.run(
+        [agentgym, "train", Path(__file__).parents[2] / "examples" / "quickstart.yaml", "--dry-run",
+         "--set", "loss_type=luspo", "--set", "importance_sampling_level=token",
+         "--set", f"output_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-2000:]
+    assert "warning: loss_type='luspo' with importance_sampling_level='token'" in said
+    assert "UserWarning" not in said and "_config.py" not in said
