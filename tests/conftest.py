@@ -72,28 +72,31 @@ ENGINE_GROUP = "vllm-engines"
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> Iterator[None]:
-    """Send each module to one worker whole, and every module that starts a vLLM engine (marker
-    ``engine`` on any of its tests) to the same worker, ahead of the rest.
+    """Send every test that starts a vLLM engine (marker ``engine``) to one worker, ahead of the
+    rest, and each module's other tests to a worker whole.
 
-    Whole modules: their module-scoped fixtures (an engine, a database, a browser) start once.
     One worker for engines: vLLM-CPU pins each engine's worker process to core 0, so two engines
     at once would share a core; the other worker runs the rest of the suite beside them, which
-    mostly waits on Docker, subprocesses and loopback servers. Ahead: the engine modules take
-    longer than everything else together, so they must not queue behind it (`make test` passes
-    ``--no-loadscope-reorder`` so that xdist keeps this order). Without xdist the groups are
-    inert and only the order changes. A wrapper, because xdist's own hook turns the groups into
-    node ids and must see them. A module that starts an engine without the marker still passes,
-    but its engine may then run beside another one, slower.
+    mostly waits on Docker, subprocesses and loopback servers. Ahead: the engine tests are by
+    far the largest group (45% of the suite's test time), so they must not queue behind the
+    rest (`make test` passes ``--no-loadscope-reorder`` so that xdist keeps this order). The
+    marker goes on the tests, not their modules: a module's tests without it (refusals before
+    the engine starts, transformers checks, torchrun updates) would otherwise sit on that one
+    worker, which cannot hand them off.
+    Whole modules otherwise: their module-scoped fixtures (a database, a browser) start once; a
+    module fixture that starts an engine must serve ``engine`` tests only. Without xdist the
+    groups are inert and only the order changes. A wrapper, because xdist's own hook turns the
+    groups into node ids and must see them. A test that starts an engine without the marker
+    still passes, but its engine may then run beside another one, slower.
     """
 
-    def module(item: pytest.Item) -> str:
-        return item.nodeid.split("::")[0]
+    def engine(item: pytest.Item) -> bool:
+        return item.get_closest_marker("engine") is not None
 
-    engine_modules = {module(item) for item in items if item.get_closest_marker("engine")}
     for item in items:
-        in_engines = module(item) in engine_modules
-        item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP if in_engines else module(item)))
-    items.sort(key=lambda item: module(item) not in engine_modules)  # stable: modules stay whole
+        group = ENGINE_GROUP if engine(item) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not engine(item))  # stable: each module's tests stay in order
     yield
     if config.getoption("loadgroup", False) and items and "@" not in items[0].nodeid:
         # pytest 9.2 builds node ids in a way xdist 3.8's loadgroup cannot suffix: no groups at all
