@@ -128,6 +128,12 @@ def load_tokenizer(tokenizer: Any) -> Any:
     if not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
     tokenizer = os.fspath(tokenizer)
+    written_as_path = tokenizer.startswith(("/", "./", "../", "~"))
+    if written_as_path and not os.path.exists(os.path.expanduser(tokenizer)):
+        raise ConfigError(  # not transformers' "Repo id must be in the form 'repo_name'", and
+            # before its import: a typo is refused in half a second, not three and a half
+            f"no folder at {tokenizer}; pass a model folder with its tokenizer files"
+        )
     try:
         from transformers import AutoTokenizer
 
@@ -140,11 +146,6 @@ def load_tokenizer(tokenizer: Any) -> Any:
     from .engine._render import TOKENIZER_FILES, require_vocabulary
 
     tokenizer = str(tiny_model_folder(tokenizer) or tokenizer)  # as train and eval name it
-    written_as_path = tokenizer.startswith(("/", "./", "../", "~"))
-    if written_as_path and not os.path.exists(os.path.expanduser(tokenizer)):
-        raise ConfigError(  # not transformers' "Repo id must be in the form 'repo_name'"
-            f"no folder at {tokenizer}; pass a model folder with its tokenizer files"
-        )
     try:
         loaded = AutoTokenizer.from_pretrained(tokenizer)
     except Exception as exc:  # OSError, ValueError ... all mean "not a tokenizer folder"

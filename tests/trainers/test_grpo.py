@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from agentgym import Trajectory, Turn
 from agentgym.trainers import GRPOConfig
 from agentgym.trainers._run_dir import read_jsonl_records
 from tests.conftest import TINY_RUN, require
-from tests.trainers.killing import kill_at_checkpoint
+from tests.trainers.killing import kill_when
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
@@ -39,6 +40,11 @@ def digest(path: Path) -> str:
 def metrics(run: Path) -> list[dict]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def train_lines(run: Path) -> list[dict]:
+    """The training steps' lines of ``metrics.jsonl`` (not the eval lines)."""
+    return [m for m in read_jsonl_records(run / "metrics.jsonl") if "data/tasks" in m]
 
 
 def text_length(completion: str) -> float:
@@ -200,13 +206,17 @@ def test_check_versions_refuses_turns_of_another_adapter() -> None:
 
 
 def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_path) -> None:
+    """Killed once step 3's line and its eval's episodes are written, its checkpoint never
+    (checkpoints every 2 steps): the resume goes back to step 2's checkpoint, moves step 3's
+    line and episodes aside and plays it again, so each is there once, in the data order of a
+    run never killed, and nothing a cut-short write began is left behind."""
     require("vllm")
     cfg_path = tmp_path / "run.yaml"
     cfg_path.write_text(
         yaml.safe_dump(
-            {**TINY_RUN, "output_dir": str(tmp_path / "run"), "max_steps": 4, "save_steps": 1,
-             "eval_steps": None, "lr_scheduler_type": "linear", "save_total_limit": None,
-             "log_completions": True,
+            {**TINY_RUN, "output_dir": str(tmp_path / "run"), "max_steps": 4, "save_steps": 2,
+             "eval_steps": 3, "eval_num_tasks": 2, "lr_scheduler_type": "linear",
+             "save_total_limit": None, "log_completions": True,
              # adaptive entropy control, its target above any entropy: +0.01 every step
              "use_adaptive_entropy": True, "entropy_target": 100.0, "entropy_coef_delta": 0.01}
         )
@@ -214,12 +224,20 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     agentgym = [str(Path(sys.executable).with_name("agentgym")), "train", str(cfg_path)]
     run = tmp_path / "run"
     proc = subprocess.Popen(agentgym, start_new_session=True)
-    latest = kill_at_checkpoint(proc, run, step=2, timeout=600)
+    kill_when(proc, lambda: 3 in [m["step"] for m in train_lines(run)], "step 3's line",
+              timeout=600)  # fmt: skip
+    latest = max((run / "checkpoints").glob("step-*"))
+    assert latest.name == "step-000002"  # step 3's line is written, its checkpoint never is
     killed_at = json.loads((latest / "trainer_state.json").read_text())
     checkpointed = digest(latest / "adapter" / "adapter_model.safetensors")
     subprocess.run([*agentgym, "--resume"], check=True, timeout=900)
-    steps = [m for m in metrics(run) if "data/tasks" in m]
-    assert [m["step"] for m in steps] == [1, 2, 3, 4]  # replayed steps were rolled back
+    steps = train_lines(run)
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]  # each once: the replayed one moved aside
+    rolled_back = read_jsonl_records(run / "metrics.rolled_back.jsonl")
+    assert [m["step"] for m in rolled_back if "data/tasks" in m] == [3]
+    evals = Counter((r["info"]["step"], r["info"]["eval"])
+                    for r in read_jsonl_records(run / "eval_trajectories.jsonl"))  # fmt: skip
+    assert evals == {(0, "eval"): 4, (3, "eval"): 2, (4, "final"): 4}  # none doubled
     from agentgym.trainers import GRPOTrainer
 
     trainer = GRPOTrainer(GRPOConfig.from_yaml(cfg_path))
@@ -239,12 +257,16 @@ def test_kill_9_then_resume_continues_at_the_right_step_with_the_same_data(tmp_p
     state = json.loads((run / "checkpoints" / "step-000004" / "trainer_state.json").read_text())
     assert state["step"] == 4
     assert state["adapter_version"] == resumed_version + (4 - killed_at["step"])
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "finished" and status["previous"]["state"] == "killed"
     # log_completions: each step's episodes once (a replayed step's rolled back), its tasks
     rollouts = read_jsonl_records(run / "rollouts.jsonl")
     assert [r["info"]["step"] for r in rollouts] == [s for s in (1, 2, 3, 4) for _ in range(4)]
     for r in rollouts:
         assert r["task_index"] in steps[r["info"]["step"] - 1]["data/tasks"] and r["messages"]
-    # save_total_limit null kept every step's checkpoint, across the kill (2 by default)
+    # save_total_limit null kept every checkpoint written, across the kill (2 by default)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
-        f"step-00000{s}" for s in (1, 2, 3, 4)
+        "step-000002", "step-000004"
     ]
+    left = [p.name for p in run.rglob("*") if ".tmp" in p.name or p.name.startswith(".old-")]
+    assert left == []

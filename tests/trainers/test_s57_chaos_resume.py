@@ -9,28 +9,21 @@ warm start's spent checkpoint (``sft.partial/``, the model and its optimiser sta
 beside ``sft/`` for good when the kill came between the two; a kill in the middle of a write
 left its temp file for good; and ``summary.json`` was not written whole, so a kill in the
 middle of it left a file every ``--resume`` refused ("cannot be read as JSON"). The engine
-case checks the promise end to end at the moment a kill costs most: a step's line and eval
-episodes written, its checkpoint not.
+case, the moment a kill costs most (a step's line and eval episodes written, its checkpoint
+not), is `test_grpo.py`'s kill test.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import signal
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
-
-import pytest
-import yaml
 
 from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
 from agentgym.trainers._run_dir import RunDir, read_jsonl_records
-from tests.conftest import TINY_RUN, require
-from tests.trainers.killing import kill_when
 
 #: What `RunDir` needs of a config to open and reopen a run folder.
 CONFIG = {"max_steps": 3, "seed": 0}
@@ -95,67 +88,3 @@ def test_a_spent_warm_start_checkpoint_a_kill_left_is_removed_on_resume(
     RunDir(run, CONFIG, resume=True)
     assert not spent.parent.exists()
     assert (run / "sft" / SFT_SUMMARY).is_file()  # the warm start itself is kept, and reused
-
-
-def digest(adapter: Path) -> str:
-    return hashlib.sha256((adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
-
-
-def counts(run: Path) -> tuple[list[int], Counter[tuple[int, str]]]:
-    """The steps of ``metrics.jsonl``'s training lines; the eval episodes by (step, eval)."""
-    steps = [r["step"] for r in read_jsonl_records(run / "metrics.jsonl") if "data/tasks" in r]
-    evals = Counter((r["info"]["step"], r["info"]["eval"])
-                    for r in read_jsonl_records(run / "eval_trajectories.jsonl"))  # fmt: skip
-    return steps, evals
-
-
-@pytest.mark.vllm
-@pytest.mark.engine
-@pytest.mark.slow
-def test_kill_9_between_a_steps_line_and_its_checkpoint_loses_and_doubles_nothing(
-    tmp_path: Path,
-) -> None:
-    """Killed once step 3's line and its eval's episodes are written; its checkpoint never is.
-
-    The resume goes back to step 2's checkpoint: step 3's line and episodes are moved aside
-    and played again, so each is there once, on the data order of a run never killed.
-    """
-    require("vllm")
-    run = tmp_path / "run"
-    cfg_path = tmp_path / "run.yaml"
-    cfg_path.write_text(yaml.safe_dump({
-        **TINY_RUN, "output_dir": str(run), "max_steps": 4, "save_steps": 2, "eval_steps": 3,
-        "eval_num_tasks": 2, "save_total_limit": None, "log_completions": True,
-    }))  # fmt: skip
-    agentgym = [str(Path(sys.executable).with_name("agentgym")), "train", str(cfg_path)]
-    proc = subprocess.Popen(agentgym, start_new_session=True)
-    kill_when(proc, lambda: 3 in counts(run)[0], "step 3's line", timeout=300)
-    assert not (run / "checkpoints" / "step-000003").exists()  # only save_steps' and the last
-    subprocess.run([*agentgym, "--resume"], check=True, timeout=300)
-
-    steps, evals = counts(run)
-    assert steps == [1, 2, 3, 4]  # each once: the replayed one was moved aside
-    assert evals == {(0, "eval"): 4, (3, "eval"): 2, (4, "final"): 4}  # none doubled
-    rolled_back = read_jsonl_records(run / "metrics.rolled_back.jsonl")
-    assert [r["step"] for r in rolled_back if "data/tasks" in r] == [3]
-    rollouts = Counter(r["info"]["step"] for r in read_jsonl_records(run / "rollouts.jsonl"))
-    assert rollouts == {s: 4 for s in (1, 2, 3, 4)}
-    from agentgym.trainers import GRPOConfig, GRPOTrainer
-
-    trainer = GRPOTrainer(GRPOConfig.from_yaml(cfg_path))
-    lines = [r for r in read_jsonl_records(run / "metrics.jsonl") if "data/tasks" in r]
-    assert [r["data/tasks"] for r in lines] == [trainer._tasks_for(s) for s in (1, 2, 3, 4)]
-    status = json.loads((run / "status.json").read_text())
-    assert status["state"] == "finished" and status["previous"]["state"] == "killed"
-    assert json.loads((run / "summary.json").read_text())["figures"]["grpo/success"] >= 0
-    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert kept == ["step-000002", "step-000004"]
-    # the resumed engine first served step 2's adapter, as the next version, then one a step
-    states = [json.loads((run / "checkpoints" / f"step-00000{s}" / "trainer_state.json")
-                         .read_text())["adapter_version"] for s in (2, 4)]  # fmt: skip
-    assert states[1] == states[0] + 3
-    served, saved = (run / "adapters" / f"v{states[0] + 1}", run / "checkpoints" / "step-000002"
-                     / "adapter")  # fmt: skip
-    assert digest(served) == digest(saved)
-    left = [p.name for p in run.rglob("*") if ".tmp" in p.name or p.name.startswith(".old-")]
-    assert left == []
