@@ -11,17 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from agentgym._errors import ConfigError
+from tests.trainers.test_config_checks import _refused
 from trainers._config import GRPOConfig
 from trainers._loss import LossSpec, grpo_loss
-
-
-def _refused(fragment: str, **knobs: Any) -> None:
-    with pytest.raises(ConfigError) as info:
-        GRPOConfig(**knobs)
-    message = str(info.value)
-    assert fragment in message, message
-    assert "\n" not in message
 
 
 @pytest.mark.parametrize("mode", ["sequence_truncate", "sequence_mask"])
