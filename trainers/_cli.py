@@ -80,16 +80,14 @@ def train(
     if not config.is_file():
         what = "is a folder, not a YAML file" if config.is_dir() else "does not exist"
         raise ConfigError(f"config file {config} {what}")
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always", UserWarning)
-        cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
-    for warning in said:  # the config rules' cautions: the user's config, not our source line
-        if issubclass(warning.category, UserWarning):
-            console.print(Text.assemble(("warning:", "yellow"), " ", visible(str(warning.message))),
-                          highlight=False, soft_wrap=True)  # fmt: skip
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename,
-                                 warning.lineno)  # fmt: skip
+    with warnings.catch_warnings(record=True) as said:  # the config's cautions (its rules, a
+        try:  # renamed key): one line each, of the user's config, not our source line
+            cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
+        finally:  # a refused config's earlier cautions too
+            for warning in said:
+                console.print(Text.assemble(("warning:", "yellow"), " ",
+                                            visible(str(warning.message))),
+                              highlight=False, soft_wrap=True)  # fmt: skip
     if dry_run:
         _print_plan(cfg, resume)
         return

@@ -395,13 +395,14 @@ class GRPOConfig:
     )
     vllm_importance_sampling_clip_max: float | None = _knob(
         3.0,
-        "Upper bound of the importance-sampling ratio (> 0). None: none, in a 'token_*' mode "
-        "only ('token_mask' then masks below clip_min only; a 'sequence_*' ratio multiplies "
-        "its tokens' and would overflow). TRL 1.16's name; its deprecated alias "
-        "`vllm_importance_sampling_cap` is accepted by `from_dict`.",
+        "Upper bound of the importance-sampling ratio (>= 1: an on-policy ratio of 1 is "
+        "inside). None: none, in a 'token_*' mode only ('token_mask' then masks below "
+        "clip_min only; a 'sequence_*' ratio multiplies its tokens' and would overflow). "
+        "TRL 1.16's name; its deprecated alias `vllm_importance_sampling_cap` is accepted by "
+        "`from_dict`.",
     )
     vllm_importance_sampling_clip_min: float | None = _knob(
-        None, "Lower bound of the importance-sampling ratio (>= 0, below clip_max). None: none."
+        None, "Lower bound of the importance-sampling ratio (in [0, 1]). None: none."
     )
     delta: float | None = _knob(
         None,

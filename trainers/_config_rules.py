@@ -157,15 +157,15 @@ def check_ranges(config: GRPOConfig) -> None:
         ("num_iterations", config.num_iterations >= 1, "set it to 1 or more"),
         ("max_grad_norm", config.max_grad_norm is None or config.max_grad_norm > 0,
          "use a positive norm, or null for no clipping"),
+        # a ratio of 1 (on-policy) inside the bounds: one outside moved or masked every token
         ("vllm_importance_sampling_clip_max",
          config.vllm_importance_sampling_clip_max is None
-         or config.vllm_importance_sampling_clip_max > 0,
-         "use a positive cap (TRL uses 3.0), or null for none"),
+         or config.vllm_importance_sampling_clip_max >= 1,
+         "use a cap of 1 or more (TRL uses 3.0), or null for none"),
         ("vllm_importance_sampling_clip_min",
          config.vllm_importance_sampling_clip_min is None
-         or 0 <= config.vllm_importance_sampling_clip_min
-         < (config.vllm_importance_sampling_clip_max or math.inf),
-         "use a bound >= 0 and below vllm_importance_sampling_clip_max, or null"),
+         or 0 <= config.vllm_importance_sampling_clip_min <= 1,
+         "use a bound in [0, 1], or null"),
         ("lora_alpha", config.lora_alpha > 0, "use a positive value, e.g. 2 * lora_r"),
         ("lora_dropout", 0 <= config.lora_dropout < 1, "use a value in [0, 1)"),
         ("sft_steps", config.sft_steps >= 0, "use 0 to skip the warm start"),
@@ -223,24 +223,9 @@ def check_loss(config: GRPOConfig) -> None:
             "tokens') unbounded, and a long one overflows to inf (a NaN loss); set "
             "vllm_importance_sampling_clip_max (TRL uses 3.0) or use a 'token_*' mode"
         )
-    unclipped = {"cispo": ["delta"], "sapo": ["epsilon_high", "delta"],
-                 "vespo": ["epsilon_high", "delta"]}.get(config.loss_type, [])  # fmt: skip
-    for name in unclipped:  # these losses weigh the ratio without the PPO clip
-        if getattr(config, name) is not None:
-            raise ConfigError(
-                f"{name}={getattr(config, name)!r} bounds the PPO clip, which "
-                f"loss_type={config.loss_type!r} does not use (it would be ignored); set "
-                f"{name}: null, or use loss_type 'grpo', 'dr_grpo', 'dapo' or 'luspo'"
-            )
-    if config.multi_objective_aggregation == "normalize_then_sum" and \
-            config.scale_rewards != "group":
-        raise ConfigError(
-            f"scale_rewards={config.scale_rewards!r} does not apply under "
-            "multi_objective_aggregation='normalize_then_sum' (GDPO scales each reward in its "
-            "group, then the sums over the step); remove scale_rewards, or use "
-            "'sum_then_normalize'"
-        )
-    for message in _level_mismatches(config):  # runs, but not as the method was published
+    # runs, but not as the method was published, or with a knob that does nothing: warned,
+    # not refused (TRL ignores those knobs silently, and a run saved with one must resume)
+    for message in [*_level_mismatches(config), *_ignored_knobs(config)]:
         warnings.warn(message, UserWarning, stacklevel=5)
 
 
@@ -258,6 +243,27 @@ def _level_mismatches(config: GRPOConfig) -> list[str]:
             "losses; GSPO as published uses loss_type='grpo'"
         )
     return mismatches
+
+
+def _ignored_knobs(config: GRPOConfig) -> list[str]:
+    """Knobs set where the loss or aggregation never reads them (a recipe carried over)."""
+    unclipped = {"cispo": ["delta"], "sapo": ["epsilon_high", "delta"],
+                 "vespo": ["epsilon_high", "delta"]}.get(config.loss_type, [])  # fmt: skip
+    ignored = [  # these losses weigh the ratio without the PPO clip
+        f"{name}={getattr(config, name)!r} bounds the PPO clip, which "
+        f"loss_type={config.loss_type!r} does not use: it is ignored; set {name}: null, or "
+        "use loss_type 'grpo', 'dr_grpo', 'dapo' or 'luspo'"
+        for name in unclipped if getattr(config, name) is not None
+    ]
+    if config.multi_objective_aggregation == "normalize_then_sum" and \
+            config.scale_rewards != "group":  # fmt: skip
+        ignored.append(
+            f"scale_rewards={config.scale_rewards!r} does not apply under "
+            "multi_objective_aggregation='normalize_then_sum' (GDPO scales each reward in its "
+            "group, then the sums over the step): it is ignored; remove it, or use "
+            "'sum_then_normalize'"
+        )
+    return ignored
 
 
 #: Trainer knobs that set the env option of the same name (`GRPOConfig.run_env_kwargs`).

@@ -40,12 +40,14 @@ def test_an_uncapped_ratio_still_runs_where_it_is_bounded() -> None:
 
 
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
-def test_delta_is_refused_where_there_is_no_clip_to_cap(loss_type: str) -> None:
-    # delta was accepted and silently ignored: these losses weigh the ratio without the PPO clip
+def test_delta_is_named_where_there_is_no_clip_to_cap(loss_type: str) -> None:
+    # delta was accepted and silently ignored: these losses weigh the ratio without the PPO
+    # clip. Warned, not refused: TRL ignores it too, and a run saved with it must resume
     knobs: dict[str, Any] = {"loss_type": loss_type, "delta": 8.0}
     if loss_type == "cispo":
         knobs["epsilon_high"] = 5.0
-    _refused(f"loss_type={loss_type!r} does not use", **knobs)
+    with pytest.warns(UserWarning, match=f"loss_type={loss_type!r} does not use: it is ignored"):
+        GRPOConfig(**knobs)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "luspo"])
@@ -62,15 +64,26 @@ def test_delta_caps_the_clipped_losses(loss_type: str) -> None:
 
 
 @pytest.mark.parametrize("loss_type", ["sapo", "vespo"])
-def test_epsilon_high_is_refused_where_there_is_no_clip(loss_type: str) -> None:
+def test_epsilon_high_is_named_where_there_is_no_clip(loss_type: str) -> None:
     # DAPO's epsilon_high: 0.28 carried into a sapo/vespo recipe was accepted and ignored
-    _refused("epsilon_high=0.28 bounds the PPO clip", loss_type=loss_type, epsilon_high=0.28)
+    with pytest.warns(UserWarning, match="epsilon_high=0.28 bounds the PPO clip"):
+        GRPOConfig(loss_type=loss_type, epsilon_high=0.28)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("scale", ["batch", "none"])
-def test_scale_rewards_is_refused_where_gdpo_ignores_it(scale: str) -> None:
-    _refused(f"scale_rewards={scale!r} does not apply", scale_rewards=scale,
-             multi_objective_aggregation="normalize_then_sum")  # fmt: skip
+def test_scale_rewards_is_named_where_gdpo_ignores_it(scale: str) -> None:
+    with pytest.warns(UserWarning, match=f"scale_rewards={scale!r} does not apply"):
+        GRPOConfig(scale_rewards=scale,  # type: ignore[arg-type]
+                   multi_objective_aggregation="normalize_then_sum")
+
+
+@pytest.mark.parametrize(("knob", "value"), [("vllm_importance_sampling_clip_max", 0.5),
+                                             ("vllm_importance_sampling_clip_min", 1.5)])
+def test_importance_bounds_that_leave_out_an_on_policy_ratio_are_refused(
+    knob: str, value: float
+) -> None:
+    # a cap below 1 (or a floor above it) moved or masked every token, on-policy ones too
+    _refused(knob, **{knob: value})
 
 
 def test_vespo_weighs_only_the_trained_tokens_engine_ratios() -> None:
@@ -96,10 +109,12 @@ def test_the_train_command_says_a_config_rules_warning_in_one_line(tmp_path: Pat
     done = subprocess.run(
         [agentgym, "train", Path(__file__).parents[2] / "examples" / "quickstart.yaml", "--dry-run",
          "--set", "loss_type=luspo", "--set", "importance_sampling_level=token",
+         "--set", "vllm_importance_sampling_cap=3.0",  # a renamed key: a FutureWarning
          "--set", f"output_dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     said = done.stdout + done.stderr
     assert done.returncode == 0, said[-2000:]
     assert "warning: loss_type='luspo' with importance_sampling_level='token'" in said
-    assert "UserWarning" not in said and "_config.py" not in said
+    assert "warning: config key 'vllm_importance_sampling_cap'" in said
+    assert "Warning:" not in said and "_config.py" not in said  # not Python's own format
