@@ -71,7 +71,7 @@ from agentgym.runs._folder import (
     RUN_FILES,
     SFT_SUMMARY,
     refuse_another_kind_of_run,
-    sft_checkpoint,
+    remove_spent_sft_checkpoint,
 )
 
 from ._training_state import (
@@ -308,9 +308,7 @@ class RunDir:
         saved model: spent, and as large as the model with its optimiser state.
         """
         left = [*remove_temp_files(self.path), *remove_temp_files(self.path / WARM_START)]
-        spent = sft_checkpoint(self.path / WARM_START).parent
-        if (self.path / WARM_START / SFT_SUMMARY).is_file() and spent.is_dir():
-            shutil.rmtree(spent)  # a kill came between the model's save and its removal
+        if spent := remove_spent_sft_checkpoint(self.path / WARM_START):
             left.append(spent)
         for path in left:
             log.warning("removed %s, left by a killed run", path)

@@ -31,7 +31,6 @@ import logging
 import math
 import re
 import shlex
-import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -53,7 +52,12 @@ from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._registry import resolve_id
 from agentgym._tasks import parse_tasks, tasks_of_env
-from agentgym.runs._folder import OUTPUT_LOG, SFT_SUMMARY, sft_checkpoint
+from agentgym.runs._folder import (
+    OUTPUT_LOG,
+    SFT_SUMMARY,
+    remove_spent_sft_checkpoint,
+    sft_checkpoint,
+)
 
 from ._cli import _quiet_backends, console
 from ._config_rules import SFT_VALIDATION_TASKS, split_off_validation
@@ -295,7 +299,7 @@ def _check_out(out: Path, resume: bool) -> Literal["finished"] | None:
         raise ConfigError(f"OUT {out} already exists and is not a folder; pick a new folder")
     held = {p.name for p in out.iterdir()} - {OUTPUT_LOG} if out.is_dir() else set()
     if resume and SFT_SUMMARY in held:
-        shutil.rmtree(sft_checkpoint(out).parent, ignore_errors=True)
+        remove_spent_sft_checkpoint(out)
         console.print(f"OUT {out} holds a finished model ({SFT_SUMMARY}): nothing to resume",
                       soft_wrap=True)  # fmt: skip
         return "finished"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -187,6 +188,19 @@ def sft_checkpoint(run_dir: Path) -> Path:
     removed once the model is saved, and OUT is a plain model folder.
     """
     return run_dir.with_name(run_dir.name + ".partial") / "state.pt"
+
+
+def remove_spent_sft_checkpoint(run_dir: Path) -> Path | None:
+    """Remove the checkpoint of a finished SFT model (`sft_checkpoint`); the folder removed.
+
+    Why: a kill between the model's save and the checkpoint's removal leaves it beside the
+    model for good, as large as the model with its optimiser state, and nothing resumes it.
+    """
+    spent = sft_checkpoint(run_dir).parent
+    if not (run_dir / SFT_SUMMARY).is_file() or not spent.is_dir():
+        return None
+    shutil.rmtree(spent, ignore_errors=True)
+    return spent
 
 
 def read_json(path: Path) -> Any:
