@@ -17,6 +17,7 @@ name, which no sweep takes.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -55,7 +56,7 @@ def make_dir(prefix: str) -> Path:
 
 def remove(path: Path) -> None:
     """Delete ``path`` (a folder of `make_dir`) and drop its lock."""
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree(str(path))
     _unlock(path)
 
 
@@ -108,11 +109,28 @@ def sweep(prefix: str, temp: str | None = None) -> int:
             continue
         try:
             if os.fstat(fd).st_uid == os.getuid():  # root leaves other users' folders alone
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
                 removed += not os.path.lexists(path)
         finally:
             os.close(fd)
     return removed
+
+
+def remove_tree(path: str) -> None:
+    """``rmtree`` that first makes every directory ours to list and empty (never raises).
+
+    Why: code that chmod'ed a folder 000 left it behind with its files, and every later
+    process retried its sweep in vain.
+    """
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    for top, dirs, _ in os.walk(path, onerror=lambda _exc: None):  # top-down: before entering
+        for name in dirs:
+            full = os.path.join(top, name)
+            if not os.path.islink(full):
+                with contextlib.suppress(OSError):
+                    os.chmod(full, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _lock(path: str) -> int | None:

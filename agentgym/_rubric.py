@@ -37,11 +37,12 @@ import resource
 import sys
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import ConfigError, InfraError
+from ._errors import ConfigError, InfraError, ToolTimeoutError
 from ._tool_calls import (
     call_failure,
     cancel_and_wait,
@@ -61,8 +62,12 @@ log = logging.getLogger(__name__)
 #: 50 ms under 64 episodes at once held the loop 3.2 s a step, 50 ms at a time; a reward
 #: that compares strings takes microseconds.
 BLOCKING_REWARD_SECONDS = 0.02
+#: How many recent calls of a function on the loop `_holds_the_loop` judges.
+LOOP_WINDOW = 8
 #: `resource.getrusage`'s per-thread counts (Linux); None elsewhere: there the wall time alone.
 _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)
+#: The kills of abandoned threaded calls under way: held, so none is collected mid-run.
+_kills: set[asyncio.Future[None]] = set()
 
 
 @dataclass
@@ -130,9 +135,8 @@ class Rubric:
         self._any_threaded = any(self._threaded)
         self._async = [_is_async(fn) for fn in self.funcs]
         self.timeout = _checked_timeout(timeout, self._any_threaded or any(self._async))
-        #: Per function run on the loop: its calls, and those that held the loop themselves.
-        self._loop_calls = [0] * len(self.funcs)
-        self._loop_holds = [0] * len(self.funcs)
+        #: Per function run on the loop: whether each of its recent calls held the loop itself.
+        self._loop_window: list[deque[bool]] = [deque(maxlen=LOOP_WINDOW) for _ in self.funcs]
 
     def _checked_threaded(self, threaded: bool | Collection[str]) -> list[bool]:
         """Per function, whether it runs on a thread; names that are not sync functions refused."""
@@ -208,14 +212,14 @@ class Rubric:
                     else:
                         began, own = time.monotonic(), _own_time()
                         value = fn(**{p: context.get(p) for p in params})
-                        self._loop_calls[i] += 1
+                        took = time.monotonic() - began
+                        held = not inspect.isawaitable(value) and took >= BLOCKING_REWARD_SECONDS \
+                            and _held_by_itself(own, _own_time())  # fmt: skip
+                        self._loop_window[i].append(held)
+                        if held and _holds_the_loop(self._loop_window[i]):
+                            _warn_blocking(name, fn, took)
                         if inspect.isawaitable(value):
                             value = await value
-                        elif (took := time.monotonic() - began) >= BLOCKING_REWARD_SECONDS \
-                                and _held_by_itself(own, _own_time()):  # fmt: skip
-                            self._loop_holds[i] += 1
-                            if _holds_the_loop(self._loop_calls[i], self._loop_holds[i]):
-                                _warn_blocking(name, fn, took)
                     value = _finite(value)
                 except InfraError:
                     raise  # the sandbox/backend failed: the episode is infra_error, not scored
@@ -261,6 +265,9 @@ async def _run_threaded(
     default) while other episodes waited for a sandbox. The call's code is killed through
     the sandboxes' `CallToken` (as a cancelled ``arun`` is), the lease then returns, and that
     ``verify`` raises instead of scoring. Without the sandboxes loaded, nothing to link.
+    The kill runs on a worker thread, not awaited: a `DockerSandbox`'s is a call to the
+    daemon (up to the client timeout, 60 s, against a remote host that stopped answering),
+    which on the loop froze every episode.
     """
     protocol = sys.modules.get("agentgym.sandboxes._protocol")
     if protocol is None:
@@ -268,8 +275,10 @@ async def _run_threaded(
     token = protocol.CallToken()
     try:
         return await run_in_thread(protocol.linked_to(token, fn), kwargs, name, timeout)
-    except BaseException:  # cancelled or timed out (or raised: then a no-op)
-        token.cancel()
+    except (asyncio.CancelledError, ToolTimeoutError):  # nobody waits for the call any more
+        kill = asyncio.get_running_loop().run_in_executor(None, token.cancel)
+        _kills.add(kill)
+        kill.add_done_callback(_kills.discard)
         raise
 
 
@@ -331,15 +340,18 @@ def _held_by_itself(before: tuple[float, int | None], after: tuple[float, int | 
     return cpu_after - cpu_before >= BLOCKING_REWARD_SECONDS
 
 
-def _holds_the_loop(calls: int, holds: int) -> bool:
-    """Whether a function held the loop in enough of its calls to be named: two, and half.
+def _holds_the_loop(window: Collection[bool]) -> bool:
+    """Whether a function held the loop in enough of its recent calls to be named: two, half.
 
+    ``window``: whether each of its last `LOOP_WINDOW` calls held it. Why recent calls: over
+    the process's life, a judge that began to block after 10,000 fast calls was never named.
     Why not one: a first call that imports or compiles something, or a call whose thread
     waited for the GIL while another thread ran (a voluntary wait, as a sleep is), held it
     once; the quickstart's own ``correct_answer`` was named so on a loaded machine. A judge
     that blocks holds it in every call.
     """
-    return holds >= 2 and 2 * holds >= calls
+    holds = sum(window)
+    return holds >= 2 and 2 * holds >= len(window)
 
 
 def _warn_blocking(name: str, fn: Callable[..., Any], seconds: float) -> None:

@@ -7,6 +7,7 @@ the stdout frames; stderr frames are kept (the last few KiB) to explain a crashe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -95,19 +96,9 @@ class ServerChannel:
 
     def close(self) -> None:
         """Close the exec's stream; the server exits on end of input."""
-        sock, raw, self._sock, self._raw = self._sock, self._raw, None, None
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-        for closable in (raw, getattr(raw, "_response", None)):
-            if closable is not None and closable is not sock:
-                try:
-                    closable.close()
-                except Exception:
-                    pass
+        raw, self._sock, self._raw = self._raw, None, None
+        if raw is not None:
+            close_stream(raw)
 
     @property
     def is_open(self) -> bool:
@@ -149,3 +140,19 @@ class ServerChannel:
             self._frames += data
         out, self._frames = self._frames[:n], self._frames[n:]
         return out
+
+
+def close_stream(raw: Any, *, shutdown: bool = True) -> None:
+    """Close a docker-py attached stream: its socket, wrapper and HTTP response (never raises).
+
+    ``shutdown`` ends the connection even where a forked process holds a copy of it; a forked
+    process closing its copy of its parent's stream must not (it would end the parent's too).
+    """
+    sock = getattr(raw, "_sock", raw)
+    if shutdown:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    for closable in (sock, raw, getattr(raw, "_response", None)):
+        if closable is not None:
+            with contextlib.suppress(Exception):
+                closable.close()

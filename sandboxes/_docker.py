@@ -18,9 +18,7 @@ container stops, and the daemon removes it, as soon as that process ends, howeve
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
-import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -30,7 +28,7 @@ from typing import Any
 from agentgym._errors import SandboxError
 
 from . import _reap
-from ._channel import ChannelClosed, ChannelDeadline, ServerChannel
+from ._channel import ChannelClosed, ChannelDeadline, ServerChannel, close_stream
 from ._client import import_docker
 from ._config import (
     DEFAULT_IMAGE,
@@ -284,12 +282,12 @@ class DockerSandbox(SandboxBase):
             try:
                 container.remove(force=True)
             except Exception as exc:  # already gone: fine; anything else: removed later
-                if not isinstance(exc, import_docker().errors.NotFound):
+                if not _gone(exc):
                     self.left_behind = container.id
                 log.debug("removing %s: %s", container.short_id, exc)
         lifeline, self._lifeline = self._lifeline, None
         if lifeline is not None:  # after the removal: its end stops a container left behind
-            _close_stream(lifeline)
+            close_stream(lifeline)
 
     def _remove_left_behind(self) -> None:
         """Remove the container `left_behind` names, once its daemon answers (never raises)."""
@@ -298,7 +296,7 @@ class DockerSandbox(SandboxBase):
         try:
             self._client.api.remove_container(self.left_behind, force=True)
         except Exception as exc:
-            if not isinstance(exc, import_docker().errors.NotFound):
+            if not _gone(exc):
                 log.debug("removing %s again: %s", self.left_behind[:12], exc)
                 return
         self.left_behind = None
@@ -473,6 +471,8 @@ class DockerSandbox(SandboxBase):
         restarted = False
         try:
             running = self._container_running()
+        except import_docker().errors.NotFound:  # auto_remove: a stopped container is removed
+            running, detail = False, f"{detail}; the container is gone (stopped and removed)"
         except Exception as exc:
             running, detail = False, f"{detail}; its state unreadable: {exc}"
         if running:
@@ -568,18 +568,17 @@ def _too_large(contents: Mapping[str, bytes], cfg: DockerSandboxConfig) -> str |
     return None
 
 
-def _close_stream(raw: Any) -> None:
-    """Close a docker-py attached stream: its socket, wrapper and HTTP response (never raises).
+def _gone(exc: BaseException) -> bool:
+    """Whether a container removal failed only because the container is gone, or going.
 
-    ``shutdown`` ends the connection even where a forked child holds a copy of it.
+    Why the 409: with ``auto_remove`` the daemon removes a stopped container itself, and a
+    ``remove`` meanwhile is refused as "removal already in progress"; as a failure it marked
+    the container `left_behind`.
     """
-    sock = getattr(raw, "_sock", raw)
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    for closable in (sock, raw, getattr(raw, "_response", None)):
-        if closable is not None:
-            with contextlib.suppress(Exception):
-                closable.close()
+    errors = import_docker().errors
+    return isinstance(exc, errors.NotFound) or (
+        isinstance(exc, errors.APIError) and exc.status_code == 409
+    )
 
 
 def _b64(data: bytes | None) -> str | None:

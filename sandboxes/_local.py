@@ -6,7 +6,6 @@ import contextlib
 import os
 import resource
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -134,7 +133,7 @@ class LocalSandbox(SandboxBase):
         try:
             return self._exec(argv, stdin, files, timeout, workdir)
         finally:
-            _remove_tree(workdir)
+            _owned_tmp.remove_tree(workdir)
 
     def exec(self, argv: Sequence[str], stdin: str | bytes | None = None,
              files: Files | None = None, timeout: float | None = None) -> ExecResult:
@@ -216,7 +215,7 @@ class LocalSandbox(SandboxBase):
         if self._closed:
             raise SandboxError("this LocalSandbox is closed; make a new LocalSandbox()")
         self.interrupt()
-        _remove_tree(self.workdir)
+        _owned_tmp.remove_tree(self.workdir)
         os.makedirs(self.workdir, mode=0o700, exist_ok=True)
 
     def close(self) -> None:
@@ -296,25 +295,7 @@ def _remove_dir(path: Path, owner_pid: int) -> None:
     when it exits.
     """
     if os.getpid() == owner_pid:
-        _remove_tree(str(path))
         _owned_tmp.remove(path)
-
-
-def _remove_tree(path: str) -> None:
-    """``rmtree`` that first makes every directory ours to list and empty (never raises).
-
-    Why: code that chmod'ed its work dir (or a folder in it) 000 left it behind with its files
-    after ``reset``, and every later call failed to start in it.
-    """
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
-    for top, dirs, _ in os.walk(path, onerror=lambda _exc: None):  # top-down: before entering
-        for name in dirs:
-            full = os.path.join(top, name)
-            if not os.path.islink(full):
-                with contextlib.suppress(OSError):
-                    os.chmod(full, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:

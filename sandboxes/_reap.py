@@ -26,6 +26,8 @@ from typing import Any
 
 from agentgym._pid import process_alive
 
+from ._channel import close_stream
+
 MANAGED = "agentgym.managed"
 OWNER = "agentgym.owner"
 OWNER_START = "agentgym.owner_start"
@@ -48,9 +50,15 @@ def _forget_parent_sandboxes() -> None:
     """In a forked child: the copied sandboxes are the parent's, not this exit hook's to close.
 
     Why: a child that exited normally (``os.fork`` then ``sys.exit``) removed its parent's
-    containers from under it.
+    containers from under it. Their lifelines' copies are closed (not shut down, which would
+    end the parent's connection too): a child that held them kept the parent's containers up
+    after the parent died.
     """
     global _lock
+    for sandbox in list(_live):
+        lifeline, sandbox._lifeline = getattr(sandbox, "_lifeline", None), None
+        if lifeline is not None:
+            close_stream(lifeline, shutdown=False)
     _live.clear()
     _lock = threading.Lock()  # a thread of the parent may have held it at the fork
 

@@ -222,6 +222,7 @@ def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *
     payload = _payload(code, tests, mode, per_test_timeout, total_timeout, reward)
     kwargs = _run_kwargs(sandbox, payload, total_timeout)
     if isinstance(sandbox, SandboxPool):
+        _refuse_if_cancelled()  # before it waits for a lease, and takes one from a live episode
         with sandbox.lease() as sb:  # the pool reset it, and checked it is clean
             result = sb.run(RUNNER_SOURCE, **kwargs)
     else:
@@ -231,10 +232,12 @@ def verify(code: str, tests: Sequence[Any] | str, mode: VerifyMode = "assert", *
 
 
 def _refuse_if_cancelled() -> None:
-    """Raise when this thread's call was cancelled (`CallToken`) while the runner ran.
+    """Raise when this thread's call was cancelled (`CallToken`): before a lease, or after.
 
-    Why: the cancel killed the runner, so what came back is no outcome of the sample, and
-    scoring it let the kill read as the code's failure. Its caller stopped waiting anyway.
+    Why before: a cancelled verify waited up to the lease timeout, then took a sandbox ahead
+    of live episodes. Why after: the cancel killed the runner, so what came back is no outcome
+    of the sample, and scoring it let the kill read as the code's failure. Its caller stopped
+    waiting anyway.
     """
     if _protocol.call_cancelled():
         raise SandboxError("the verification was cancelled (its episode is over or timed "

@@ -124,3 +124,39 @@ def test_a_folder_that_cannot_be_locked_keeps_its_hidden_name_out_of_every_sweep
     monkeypatch.undo()
     assert _owned_tmp.sweep("agentgym-s56-", str(tmp_path)) == 0 and folder.is_dir()
     _owned_tmp.remove(folder)
+
+
+def sweep_of_a_000_folder(temp: str) -> int:
+    """Sweep ``temp`` after a dead owner's code chmod'ed a folder in its folder 000; 0 if gone."""
+    dead = Path(temp, f"{PREFIX}1-abcd1234")  # nobody holds its lock: its owner is dead
+    locked_out = dead / "work" / "private"
+    locked_out.mkdir(parents=True)
+    (locked_out / "secret.txt").write_text("x")
+    locked_out.chmod(0o000)
+    removed = _owned_tmp.sweep(PREFIX, temp)
+    return 0 if removed == 1 and not os.listdir(temp) else 1
+
+
+def test_a_dead_owners_folder_holding_a_folder_chmodded_000_is_swept() -> None:
+    """Code in a LocalSandbox may chmod a folder 000: a plain rmtree left it, every time.
+
+    Root may enter any folder, so as root the sweep runs in a fork that is user nobody.
+    """
+    temp = tempfile.mkdtemp()
+    try:
+        if os.getuid() != 0:
+            assert sweep_of_a_000_folder(temp) == 0
+            return
+        os.chown(temp, 65534, 65534)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                code = sweep_of_a_000_folder(temp)
+            finally:
+                os._exit(code)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    finally:
+        _owned_tmp.remove_tree(temp)

@@ -254,7 +254,29 @@ def test_a_function_is_named_when_it_held_the_loop_in_two_calls_and_half_of_them
     as a sleep is) named the quickstart's own reward on a loaded machine."""
     from agentgym._rubric import _holds_the_loop
 
-    assert not _holds_the_loop(calls=1, holds=1)  # the first call imported something
-    assert _holds_the_loop(calls=2, holds=2)  # a judge that blocks: every call
-    assert _holds_the_loop(calls=4, holds=2)
-    assert not _holds_the_loop(calls=50, holds=3)  # now and then, under load
+    assert not _holds_the_loop([True])  # the first call imported something
+    assert _holds_the_loop([True, True])  # a judge that blocks: every call
+    assert _holds_the_loop([False, True, False, True])
+    assert not _holds_the_loop([True, False, False, False, False, True, False, False])  # load
+
+
+async def test_a_judge_that_begins_to_hold_the_loop_after_many_fast_calls_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Judged over the process's life, 4 calls that held the loop after 60 fast ones were
+    under half of them, and the judge was never named however long it went on blocking."""
+    calls = 0
+
+    def late_blocker(completion: str) -> float:
+        nonlocal calls
+        calls += 1
+        if calls > 60:
+            time.sleep(0.03)  # the blocking call under test (over 20 ms)
+        return 1.0
+
+    rubric = Rubric([late_blocker])
+    with caplog.at_level(logging.WARNING, logger="agentgym._rubric"):
+        for _ in range(64):
+            await rubric.score({"completion": ""})
+    warned = [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
+    assert len(warned) == 1 and "'late_blocker'" in warned[0], warned

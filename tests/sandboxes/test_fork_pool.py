@@ -9,11 +9,13 @@ group, bounded by a timeout, so a regression fails instead of hanging the suite.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 from agentgym.sandboxes import _reap
 from agentgym.sandboxes._client import docker_client
@@ -116,3 +118,40 @@ def test_a_forked_child_exiting_normally_leaves_its_parents_containers(docker_re
     result, left = run_scenario(CHILD_EXITS_NORMALLY)
     assert result["after_child"] == "42"
     assert not left
+
+
+PARENT_DIES_CHILD_LIVES = """
+import os, sys
+from agentgym.sandboxes import DockerSandbox
+sb = DockerSandbox()
+sb.run("print(1)")
+if os.fork() == 0:
+    sys.stdin.read()  # lives until the test closes its stdin
+    os._exit(0)
+print(sb.container_id, flush=True)
+os._exit(0)  # as kill -9: no exit hook closes the sandbox, only the lifeline's end stops it
+"""
+
+
+def test_a_forked_child_does_not_keep_its_dead_parents_containers_up(docker_ready) -> None:
+    """The child held a copy of each lifeline: the parent's containers ran while it lived."""
+    proc = subprocess.Popen([sys.executable, "-c", PARENT_DIES_CHILD_LIVES],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    container_id = proc.stdout.readline().strip()
+    client = docker_client()
+    try:
+        assert container_id, "the scenario made no container"
+        proc.wait(timeout=TIMEOUT_S)  # the parent is gone; its child (same group) lives on
+        deadline = time.monotonic() + 30
+        while any(c.id == container_id for c in _reap.managed_containers(client)):
+            assert time.monotonic() < deadline, "the parent's container outlived it"
+            time.sleep(0.2)  # polling the daemon: nothing to wait on
+    finally:
+        proc.stdin.close()  # the child reads EOF and exits
+        with contextlib.suppress(ProcessLookupError):  # the child exited already
+            os.killpg(proc.pid, signal.SIGKILL)
+        for container in _reap.managed_containers(client):
+            if container.id == container_id:
+                container.remove(force=True)

@@ -144,8 +144,35 @@ def test_container_removed_externally_is_infra_error(docker_ready):
         sb._client.containers.get(sb.container_id).remove(force=True)
         r = sb.run("print(1)")
         assert r.status is ExecStatus.INFRA_ERROR and "container lost" in r.infra_error
+        assert "the container is gone (stopped and removed)" in r.infra_error, r.infra_error
+        assert "404" not in r.infra_error  # docker-py's own text tells the user nothing more
         assert sb.needs_recycle
         assert sb.run("print(1)").stdout == "1\n", "the sandbox replaced its container"
+
+
+def test_a_container_the_daemon_is_removing_already_is_not_left_behind(
+    docker_ready, monkeypatch
+):
+    """With auto_remove the daemon removes a stopped container itself; a ``remove`` meanwhile
+    is refused with a 409 ("removal already in progress"), which marked it left behind."""
+    import docker.errors
+    import docker.models.containers as containers
+    import requests
+
+    remove = containers.Container.remove
+
+    def removal_in_progress(container, **kwargs):
+        remove(container, **kwargs)  # the daemon's own removal, which this call raced
+        conflict = requests.Response()
+        conflict.status_code = 409
+        raise docker.errors.APIError("removal of container is already in progress",
+                                     response=conflict)
+
+    sb = DockerSandbox()
+    sb.run("print(1)")
+    monkeypatch.setattr(containers.Container, "remove", removal_in_progress)
+    sb.close()
+    assert sb.left_behind is None
 
 
 def test_server_frozen_hits_host_deadline(docker_ready):

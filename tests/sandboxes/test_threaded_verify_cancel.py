@@ -10,6 +10,7 @@ waiting for it, and a cancelled ``verify`` has no outcome (never a pass, nor a f
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,9 @@ pytestmark = pytest.mark.docker
 BOUND_S = 8.0
 #: The candidate's program: it sleeps, as ``sleep 57.5`` (so the test can see it run).
 SLEEPER = "import os\nos.execvp('sleep', ['sleep', '57.5'])\n"
+#: How long the kill is made to take: a daemon that answers slowly (a remote host's can take
+#: up to the client timeout), which on the event loop froze every episode that long.
+SLOW_KILL_S = 1.0
 
 
 async def _until(what: str, check: Callable[[], bool], timeout: float) -> None:
@@ -46,8 +50,29 @@ def _sleeping(client: Any, pool: SandboxPool) -> bool:
                for row in container.top().get("Processes") or [])
 
 
-async def test_a_cancelled_episodes_threaded_verify_returns_its_lease_at_once() -> None:
+async def _tick(ticks: list[float]) -> None:
+    """Record in ``ticks`` when the loop ran this task, every 10 ms, until cancelled."""
+    while True:
+        ticks.append(time.monotonic())
+        await asyncio.sleep(0.01)
+
+
+async def test_a_cancelled_episodes_threaded_verify_returns_its_lease_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kill runs off the event loop: other episodes go on while it takes its time."""
     require_docker()
+    protocol = sys.modules["agentgym.sandboxes._protocol"]
+    begin = protocol.CallToken.begin
+
+    def slow_begin(token: Any, kill: Callable[[], object]) -> None:
+        def slow_kill() -> None:
+            time.sleep(SLOW_KILL_S)  # a daemon slow to answer the kill's exec
+            kill()
+
+        begin(token, slow_kill)
+
+    monkeypatch.setattr(protocol.CallToken, "begin", slow_begin)
     client = docker_client(timeout=30)
     outcomes: list[Any] = []
     finished = threading.Event()
@@ -67,12 +92,18 @@ async def test_a_cancelled_episodes_threaded_verify_returns_its_lease_at_once() 
         episode = asyncio.ensure_future(Rubric([judge], threaded=True).score({"completion": ""}))
         await _until("the candidate's program runs", lambda: _sleeping(client, pool), 60)
         assert pool.idle == 0
+        ticks: list[float] = []
+        ticker = asyncio.ensure_future(_tick(ticks))
+        await _until("the ticker runs", lambda: len(ticks) > 1, 10)
         cancelled = time.monotonic()
         episode.cancel()
         with pytest.raises(asyncio.CancelledError):
             await episode
         await _until("the lease is back in the pool", lambda: pool.idle == 1, BOUND_S)
         assert time.monotonic() - cancelled < BOUND_S
+        ticker.cancel()
+        gaps = [b - a for a, b in zip(ticks, ticks[1:]) if b >= cancelled]
+        assert gaps and max(gaps) < SLOW_KILL_S / 2, max(gaps)  # the loop was never held
         assert await asyncio.to_thread(finished.wait, 30)
         assert not isinstance(outcomes[0], VerifyResult), outcomes  # no outcome, let alone a pass
         assert "cancel" in str(outcomes[0])
@@ -80,3 +111,36 @@ async def test_a_cancelled_episodes_threaded_verify_returns_its_lease_at_once() 
         result = await asyncio.to_thread(verify, "def f():\n    return 1\n", ["assert f() == 1"],
                                          sandbox=pool)
         assert result.status == "passed", result
+
+
+async def test_a_verify_cancelled_before_its_lease_takes_no_sandbox() -> None:
+    """It waited up to the lease timeout, then took a sandbox ahead of live episodes."""
+    require_docker()
+    from agentgym import _rubric
+
+    started, go, finished = threading.Event(), threading.Event(), threading.Event()
+    outcomes: list[Any] = []
+    with SandboxPool(size=1) as pool:
+
+        def judge(completion: str) -> float:
+            started.set()
+            go.wait(30)  # the episode is cancelled while the judge does something else
+            try:
+                outcomes.append(verify("x = 1\n", ["assert x == 1"], sandbox=pool))
+            except BaseException as exc:
+                outcomes.append(exc)
+            finally:
+                finished.set()
+            return 1.0
+
+        with pool.lease():  # a live episode holds the only sandbox
+            episode = asyncio.ensure_future(
+                Rubric([judge], threaded=True).score({"completion": ""}))
+            assert await asyncio.to_thread(started.wait, 30)
+            episode.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await episode
+            await asyncio.gather(*_rubric._kills)  # the call is marked cancelled
+            go.set()
+            assert await asyncio.to_thread(finished.wait, BOUND_S), "verify waited for a lease"
+        assert "cancel" in str(outcomes[0]) and not isinstance(outcomes[0], VerifyResult)
