@@ -228,6 +228,11 @@ def evaluate(
     finally:
         probe.close()
     total, digest = len(chosen), tasks_digest(tasks, chosen)  # what is played, and its digest
+    # the rollout seeds episode g at plan position i with seed_base + i * G + g: shifted by the
+    # range's start, task k plays seed + k * G + g under --tasks as under -n, so a rerun of a
+    # range plays the very episodes the whole run did. Recorded where it shifted: a range run
+    # written before the shift (seed_base = seed) then refuses a resume instead of mixing seeds
+    seed_base = seed + chosen[0] * group_size
     served: OpenAIPolicy | None = None  # built here: its sampling is checked before indexing
     if policy is PolicyKind.openai and model is not None:
         served = OpenAIPolicy(
@@ -242,6 +247,7 @@ def evaluate(
         "seed": seed, "max_tokens": max_tokens, "chat_template_kwargs": template_kwargs,
         "rollout_mode": rollout_mode.value, "max_model_len": max_model_len,
         TASKS_KEY: digest, **({"adapter": str(adapter)} if adapter else {}),
+        **({"seed_base": seed_base} if chosen[0] else {}),
         **_where_served(policy, base_url, server, router_url),
     }  # fmt: skip
     from .runs import track_run  # indexes the run; a database failure is only a warning
@@ -273,12 +279,9 @@ def evaluate(
         # template kwarg or parser the model refuses) are the command's, as the ones above
         stack.enter_context(track_run("eval", out.name, run_config, out))
         which = {"tasks": chosen} if task_range else {"num_tasks": num_tasks}
-        # the rollout seeds episode g at plan position i with seed + i * G + g: shifted by the
-        # range's start, task k plays seed + k * G + g under --tasks as under -n, so a rerun of
-        # a range plays the very episodes the whole run did (chosen is a START:END range)
         plan = {
             **which, "group_size": group_size, "max_concurrency": concurrency,
-            "seed": seed + chosen[0] * group_size, "max_tokens_per_turn": max_tokens,
+            "seed": seed_base, "max_tokens_per_turn": max_tokens,
             "env_kwargs": env_kwargs_built,
             "episode_timeout": episode_timeout,
         }  # fmt: skip
@@ -338,7 +341,7 @@ def checked_tasks(
                           "some, e.g. --env-arg num_tasks=N")  # fmt: skip
     if task_range is not None:
         if num_tasks is not None:
-            raise ConfigError("give --tasks START:END or -n N, not both")
+            raise ConfigError(f"give --tasks START:END or {num_tasks_name} N, not both")
         chosen = tasks_of_env(task_range, env_id, available)
     else:
         chosen = list(range(available if num_tasks is None else min(num_tasks, available)))

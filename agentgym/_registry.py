@@ -261,9 +261,14 @@ def _import_env_module(module: str, env_name: str) -> ModuleType:
     import of an installed package (transformers ...) is never shadowed by a file there.
     """
     if module.endswith(".py"):  # a file name (``./myenv.py``, as a shell completes it)
-        meant = ".".join(PurePath(module).with_suffix("").parts)
+        path = PurePath(module).with_suffix("")
+        if path.is_absolute() or ".." in path.parts:  # no module name reaches it from here
+            fix = (f"run from {path.parent} (or add it to PYTHONPATH) and write "
+                   f"'{path.name}:{env_name}'")  # fmt: skip
+        else:
+            fix = f"'{'.'.join(path.parts)}:{env_name}'"
         raise ConfigError(f"cannot import {module!r}: name the module, not its file, before the "
-                          f"colon: '{meant}:{env_name}'")  # fmt: skip
+                          f"colon: {fix}")  # fmt: skip
     cwd = os.getcwd()
     sys.path.insert(0, cwd)
     try:

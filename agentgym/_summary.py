@@ -8,7 +8,7 @@ from collections.abc import Hashable, Iterable
 from statistics import fmean, pstdev, stdev
 from typing import Any
 
-from ._trajectory import STATUSES, Trajectory, Turn
+from ._trajectory import STATUSES, Trajectory
 
 #: The statuses of episodes scored as the policy's (as the trainer keeps them in its groups).
 POLICY_STATUSES = ("ok", "truncated", "error")
@@ -59,7 +59,7 @@ def summarize(
     tool_errors = sum(len(turn.tool_errors) for t in trajectories for turn in t.turns)
     results_cut = sum(turn.tool_results_cut for t in trajectories for turn in t.turns)
     # None where the backend reported no token count: 0 read as an eval that sampled nothing
-    counted = any(_turn_tokens(turn) is not None for t in trajectories for turn in t.turns)
+    counted = any(turn.sampled_tokens is not None for t in trajectories for turn in t.turns)
     tokens = sum(_sampled(t) for t in trajectories) if counted else None
     by_task = list(_by_task(scored).values())
     summary: dict[str, Any] = {
@@ -89,12 +89,7 @@ def summarize(
 
 def _sampled(trajectory: Trajectory) -> int:
     """Tokens the policy sampled in one episode (0 where the backend reported no count)."""
-    return sum(_turn_tokens(turn) or 0 for turn in trajectory.turns)
-
-
-def _turn_tokens(turn: Turn) -> int | None:
-    """A turn's sampled tokens: its ids when it has them (exact), else the server's count."""
-    return len(turn.completion_ids) if turn.completion_ids is not None else turn.completion_tokens
+    return sum(turn.sampled_tokens or 0 for turn in trajectory.turns)
 
 
 def _status_counts(trajectories: list[Trajectory]) -> dict[str, int]:

@@ -418,15 +418,20 @@ def _range_indices(spec: str, name: str) -> list[int]:
     equal pair is an empty range; each is named, with a range that would play.
     """
     start_text, sep, stop_text = spec.partition(":")
-    try:
-        start, stop = int(start_text), int(stop_text)
-    except ValueError:  # "7" too: its stop is ""
+    start, stop = _bound(start_text), _bound(stop_text)
+    if max(start or 0, stop or 0) > MAX_TASKS:  # before a fix is offered: it would reach past
+        raise ConfigError(  # listed, 0:3000000000 took all memory
+            f"{name}={spec!r} reaches past task {MAX_TASKS:,}, the most agentgym plays; "
+            "pick a range inside the env's tasks"
+        )
+    if start is None or stop is None:  # "7" too: its stop is ""
         missing = sep and not (start_text.strip() and stop_text.strip())
         problem = "leaves out a bound: give both of" if missing else "is not"
         raise ConfigError(
             f"{name}={spec!r} {problem} a non-empty 'start:stop' range of task indices; "
-            "write e.g. '100:600'" + ("" if name.startswith("--") else " or a list of indices")
-        ) from None
+            f"write e.g. {_whole_range(start, stop)}"
+            + ("" if name.startswith("--") else " or a list of indices")
+        )
     if min(start, stop) < 0:
         first = max(start, 0)
         raise ConfigError(
@@ -439,9 +444,24 @@ def _range_indices(spec: str, name: str) -> list[int]:
             f"{name}={spec!r} is an empty range: 'start:stop' is half-open, stop past start; "
             f"write e.g. {fix}"
         )
-    if stop > MAX_TASKS:  # listed, 0:3000000000 took all memory
-        raise ConfigError(
-            f"{name}={spec!r} reaches past task {MAX_TASKS:,}, the most agentgym plays; "
-            "pick a range inside the env's tasks"
-        )
     return list(range(start, stop))
+
+
+def _bound(text: str) -> int | None:
+    """One bound of a range; None where it is left out or no integer."""
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _whole_range(start: int | None, stop: int | None) -> str:
+    """A range that plays what a spec with a bound left out most likely meant.
+
+    ``'7'`` (or ``'7:'``) is task 7 alone, ``':5'`` the tasks before 5: the start is 0.
+    """
+    if start is not None and start >= 0:
+        return f"'{start}:{start + 1}' for task {start}"
+    if start is None and stop is not None and stop > 0:
+        return f"'0:{stop}'"
+    return "'100:600'"

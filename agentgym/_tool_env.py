@@ -295,7 +295,7 @@ class ToolEnv(Env):
         parsed = self._interpret(completion)
         state = self.state
         state.turn += 1
-        state.completion_tokens += len(completion.completion_ids or ())
+        state.completion_tokens += completion.sampled_tokens or 0
         assistant, calls = self._assistant_message(parsed)
         try:
             tool_messages, errors, cut = await self._run_tools(calls, parsed.errors)

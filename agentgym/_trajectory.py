@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from ._errors import ConfigError
 from ._json import is_array
-from ._types import Completion
+from ._types import Completion, sampled_tokens
 
 #: ``ok``: ended on its own (final answer or a stop condition); ``truncated``: hit max turns or
 #: the token budget; ``error``: the env, a tool loop or a reward function raised (traceback in
@@ -84,6 +84,11 @@ class Turn:
             completion_tokens=completion.completion_tokens,
             **fields,
         )
+
+    @property
+    def sampled_tokens(self) -> int | None:
+        """How many tokens the turn sampled (`agentgym._types.sampled_tokens`)."""
+        return sampled_tokens(self.completion_ids, self.completion_tokens)
 
 
 @dataclass

@@ -49,3 +49,17 @@ class Completion:
                 f"Completion has {len(ids)} completion_ids and {len(logprobs)} logprobs: give "
                 "one logprob per sampled id (the sampling distribution's), or logprobs=None"
             )
+
+    @property
+    def sampled_tokens(self) -> int | None:
+        """How many tokens the turn sampled (`sampled_tokens`)."""
+        return sampled_tokens(self.completion_ids, self.completion_tokens)
+
+
+def sampled_tokens(ids: list[int] | None, count: int | None) -> int | None:
+    """Sampled tokens: the ids when there are some (exact), else the server's count, else None.
+
+    Why one function: the episode's token budget, ``summary.json`` and the dashboard each
+    counted ids alone or differently, so a server that returns only a count spent no budget.
+    """
+    return len(ids) if ids is not None else count

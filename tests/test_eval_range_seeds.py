@@ -38,14 +38,18 @@ class _EchoSeed(BaseHTTPRequestHandler):
         """Quiet: the test reads the command's files."""
 
 
-def evaluate(url: str, out: Path, *args: str) -> list[Trajectory]:
+def run_eval(url: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "AGENTGYM_RUNS_DB": "off"}
     env.pop("OPENAI_API_KEY", None)
-    proc = subprocess.run(
+    return subprocess.run(
         [str(AGENTGYM), "eval", "calculator", "--policy", "openai", "--base-url", f"{url}/v1",
          "--model", "m", "-g", "2", "--seed", "7", "--out", str(out), *args],
         cwd=out.parent, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def evaluate(url: str, out: Path, *args: str) -> list[Trajectory]:
+    proc = run_eval(url, out, *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return list(read_jsonl(out / "trajectories.jsonl"))
 
@@ -77,3 +81,21 @@ def test_a_task_range_and_its_resume_play_the_whole_runs_episodes(tmp_path: Path
     wanted = {key: v for key, v in whole.items() if key[0] in (2, 3)}
     assert part == wanted
     assert resumed == wanted
+
+
+def test_a_range_run_written_before_the_shift_is_not_resumed_with_shifted_seeds(
+    tmp_path: Path,
+) -> None:
+    """Its ``run.json`` has no ``seed_base`` (its seeds began at ``--seed``): resumed, its
+    missing episodes would play seeds shifted by START * G beside the old ones, unsaid."""
+    with serving(_EchoSeed) as url:
+        evaluate(url, tmp_path / "part", "--tasks", "2:4")
+        run = tmp_path / "part" / "run.json"
+        saved = json.loads(run.read_text())
+        assert saved["seed_base"] == 7 + 2 * 2
+        del saved["seed_base"]
+        run.write_text(json.dumps(saved))
+        (tmp_path / "part" / "summary.json").unlink()
+        proc = run_eval(url, tmp_path / "part", "--tasks", "2:4", "--resume")
+    assert proc.returncode != 0
+    assert "settings differ" in proc.stderr and "seed_base null there, 11 now" in proc.stderr

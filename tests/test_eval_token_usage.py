@@ -2,8 +2,10 @@
 
 Why: most OpenAI-compatible servers (anything but vLLM asked for ``return_token_ids``) send
 no ids but do send ``usage.completion_tokens``; the summary's ``tokens/completions_total`` and
-``tokens/per_episode`` were null for them. The count is kept on the turn, never as ids (a
-trainer must not train on made-up ids), and ids, where the server sends them, win.
+``tokens/per_episode`` were null for them (checked: the code before this count wrote null), the
+dashboard showed 0 tokens a turn, and ``max_episode_tokens`` never spent. The count is kept on
+the turn, never as ids (a trainer must not train on made-up ids), and ids, where the server
+sends them, win.
 The server is a small stdlib one on loopback, played by the real command.
 """
 
@@ -19,9 +21,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from agentgym import read_jsonl
+from agentgym import Completion, read_jsonl
 from agentgym._trajectory import Trajectory
+from agentgym.serve._dashboard import detail
 from tests.conftest import send_json, serving
+from tests.test_tool_env import call, make_env
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 
@@ -113,3 +117,17 @@ def test_a_file_written_before_the_count_still_reads_and_round_trips(tmp_path: P
     for turn in record["turns"]:
         del turn["completion_tokens"]
     assert Trajectory.from_dict(record).turns[0].completion_tokens is None
+
+
+def test_a_server_count_spends_the_episode_token_budget_and_shows_on_the_dashboard() -> None:
+    """The budget counted ids alone: against a server sending only ``usage`` it never spent,
+    and the dashboard showed 0 tokens for turns ``summary.json`` counted."""
+    env = make_env(max_episode_tokens=10)
+    env.reset(options={"task": 0})
+    turn = Completion(text=call("add", a=2, b=3), completion_tokens=6)
+    *_, truncated, _ = env.step(turn)
+    assert not truncated and env.state.completion_tokens == 6
+    *_, terminated, truncated, _ = env.step(turn)
+    assert truncated and not terminated
+    shown = detail(env.as_trajectory(), 0, {})["turns"]
+    assert [t["completion_tokens"] for t in shown] == [6, 6]

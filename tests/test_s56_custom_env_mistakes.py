@@ -81,6 +81,20 @@ def test_a_module_named_by_its_file_says_to_drop_the_py(
         )  # and not imported meanwhile (it would exit)
 
 
+@pytest.mark.parametrize(
+    ("given", "folder"),
+    [("/home/u/proj/myenv.py", "/home/u/proj"), ("../other/myenv.py", "../other")],
+)
+def test_a_file_outside_the_working_folder_says_where_to_run_from(given: str, folder: str) -> None:
+    """Dotted, its path read as '/.home.u.proj.myenv' or '...other.myenv': no module name."""
+    with pytest.raises(ConfigError) as excinfo:
+        agentgym.make(f"{given}:Env")
+    assert str(excinfo.value) == (
+        f"cannot import {given!r}: name the module, not its file, before the colon: run from "
+        f"{folder} (or add it to PYTHONPATH) and write 'myenv:Env'"
+    )
+
+
 class Builder(agentgym.ToolEnv):
     """A user's env with a helper of its own named like the one the metaclass used."""
 

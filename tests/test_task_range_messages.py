@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentgym import ConfigError
+from agentgym._eval_cli import checked_tasks
 from agentgym._tasks import parse_tasks
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
@@ -31,8 +32,13 @@ AGENTGYM = Path(sys.executable).parent / "agentgym"
         ("3:3", "--tasks='3:3' is an empty range: 'start:stop' is half-open, stop past start; "
                 "write e.g. '3:4' for task 3"),
         ("5:", "--tasks='5:' leaves out a bound: give both of a non-empty 'start:stop' range "
-               "of task indices; write e.g. '100:600'"),
-        (":5", "--tasks=':5' leaves out a bound"),
+               "of task indices; write e.g. '5:6' for task 5"),
+        (":5", "--tasks=':5' leaves out a bound: give both of a non-empty 'start:stop' range "
+               "of task indices; write e.g. '0:5'"),
+        ("7", "--tasks='7' is not a non-empty 'start:stop' range of task indices; write e.g. "
+              "'7:8' for task 7"),
+        ("-1:3000000000", "--tasks='-1:3000000000' reaches past task 10,000,000, the most "
+                          "agentgym plays; pick a range inside the env's tasks"),
         ("abc", "--tasks='abc' is not a non-empty 'start:stop' range of task indices; write "
                 "e.g. '100:600'"),
         ("1,1", "--tasks='1,1' is not a non-empty 'start:stop' range"),
@@ -62,3 +68,11 @@ def test_a_list_keeps_the_list_words_and_a_range_of_the_api_offers_one() -> None
         parse_tasks("-3:2", "train_tasks")
     assert "fix the list" not in str(caught.value)
     assert parse_tasks("2:5") == [2, 3, 4]
+
+
+@pytest.mark.parametrize("name", ["-n", "num_tasks"])
+def test_a_range_and_a_count_together_name_the_count_as_its_user_wrote_it(name: str) -> None:
+    """A queued job was told to drop ``-n``, an option it never had."""
+    with pytest.raises(ConfigError) as caught:
+        checked_tasks(10, "2:4", 3, 1, "agentgym/Calculator-v0", num_tasks_name=name)
+    assert str(caught.value) == f"give --tasks START:END or {name} N, not both"

@@ -43,8 +43,12 @@ def use_private_dir(env: MutableMapping[str, str] = os.environ) -> None:
     """Give the engines started with ``env`` (default: this process's) a folder deleted at exit.
 
     The name is short on purpose: a socket's path must fit in 107 bytes, UUID included.
+    A `TEMP_VAR` inherited from a parent process is dropped: `register` would otherwise make
+    the parent's folder, deleted when the parent exits, the temp dir of our engines.
     """
     if ENV_VAR in env:
+        if not env.get(TEMP_VAR, "").startswith(f"{os.getpid()}:"):
+            env.pop(TEMP_VAR, None)
         return
     folder = _private_dir()
     env[ENV_VAR] = str(folder)

@@ -274,7 +274,7 @@ def detail(trajectory: Trajectory, index: int, run: dict[str, Any]) -> dict[str,
             "reward": t.reward,
             "tool_errors": t.tool_errors,
             "tool_results_cut": t.tool_results_cut,
-            "completion_tokens": len(t.completion_ids or []),
+            "completion_tokens": t.sampled_tokens,
             "adapter_version": t.adapter_version,
         }
         for t in trajectory.turns

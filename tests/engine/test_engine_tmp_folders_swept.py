@@ -46,7 +46,13 @@ input()
 
 @pytest.fixture
 def temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A temp dir of the test's own, for this process and the ones it starts."""
+    """A temp dir of the test's own, for this process and the ones it starts.
+
+    The socket folder this process made for an earlier engine is forgotten too: otherwise
+    `use_private_dir` hands out that real folder, and a test that removes it pulls the live
+    one from under that engine.
+    """
+    monkeypatch.setattr(_rpc_dir, "_folder", None)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.delenv(_rpc_dir.ENV_VAR, raising=False)
@@ -135,3 +141,15 @@ def test_a_process_gives_every_engine_and_server_one_socket_folder(temp: Path) -
     _rpc_dir.use_private_dir(second)
     assert first[_rpc_dir.ENV_VAR] == second[_rpc_dir.ENV_VAR]
     assert Path(first[_rpc_dir.ENV_VAR]).is_dir()
+
+
+def test_a_child_process_drops_the_engine_temp_dir_it_inherited() -> None:
+    """A child of a process that started an engine inherits both variables; keeping the
+    parent's `TEMP_VAR` made the parent's folder (deleted at its exit) the child's engines'
+    temp dir. The process's own entry stays."""
+    parent = {_rpc_dir.ENV_VAR: "/tmp/rpc-1", _rpc_dir.TEMP_VAR: "1:/tmp/rpc-1"}
+    _rpc_dir.use_private_dir(parent)
+    assert parent == {_rpc_dir.ENV_VAR: "/tmp/rpc-1"}
+    own = {_rpc_dir.ENV_VAR: "/f", _rpc_dir.TEMP_VAR: f"{os.getpid()}:/f"}
+    _rpc_dir.use_private_dir(own)
+    assert own == {_rpc_dir.ENV_VAR: "/f", _rpc_dir.TEMP_VAR: f"{os.getpid()}:/f"}
