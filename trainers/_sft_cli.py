@@ -55,6 +55,7 @@ from agentgym._tasks import parse_tasks, tasks_of_env
 from agentgym.runs._folder import (
     OUTPUT_LOG,
     SFT_SUMMARY,
+    read_json,
     remove_spent_sft_checkpoint,
     sft_checkpoint,
 )
@@ -188,14 +189,14 @@ def sft(
     """
     _quiet_backends()
     out = out.expanduser()  # `OUT=~/x` reaches us unexpanded from configs and `a=~/x` forms
-    if _check_out(out, resume) == "finished":
-        return
     progress = _Progress(steps)
     config = _sft_config(
         steps=steps, lr=lr, batch_size=batch_size, seed=seed, method=method,
         lora_rank=lora_rank, max_length=max_length, save_every=save_every, device=device,
         target_accuracy=target_accuracy, log=progress,
     )  # fmt: skip
+    if _check_out(out, resume, config) == "finished":
+        return
     env_kwargs = parse_env_args(env_arg)
     template_kwargs = (
         parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs is not None else None
@@ -285,7 +286,29 @@ def _sft_config(
     )  # fmt: skip
 
 
-def _check_out(out: Path, resume: bool) -> Literal["finished"] | None:
+#: The knobs that make another model (not where it trains or how often it saves).
+_MODEL_KNOBS = ("steps", "lr", "batch_size", "seed", "method", "lora_rank", "max_length",
+                "target_accuracy")  # fmt: skip
+
+
+def _refuse_other_settings(out: Path, config: SFTConfig) -> None:
+    """Refuse ``--resume`` of a finished model with other knobs: it would train nothing.
+
+    Why: ``--resume --steps 2000`` of a 500-step model said "nothing to resume" and exited 0
+    with the 500-step model; ``agentgym train --resume`` refuses a changed config the same way.
+    """
+    saved = (read_json(out / SFT_SUMMARY) or {}).get("config") or {}
+    now = asdict(config)
+    differ = [f"SFTConfig.{k} (saved {saved[k]!r}, now {now[k]!r})"
+              for k in _MODEL_KNOBS if k in saved and saved[k] != now[k]]  # fmt: skip
+    if differ:
+        raise ConfigError(
+            f"OUT {out} holds a finished model of other settings: {'; '.join(differ)}; pick a "
+            "new OUT to train with these (--resume continues a killed run of the same ones)"
+        )
+
+
+def _check_out(out: Path, resume: bool, config: SFTConfig) -> Literal["finished"] | None:
     """OUT must be new (or an empty folder): a model folder mixed with old files misleads.
 
     A queue's ``output.log`` does not count: a queued job's OUT is its run folder, and the
@@ -299,6 +322,7 @@ def _check_out(out: Path, resume: bool) -> Literal["finished"] | None:
         raise ConfigError(f"OUT {out} already exists and is not a folder; pick a new folder")
     held = {p.name for p in out.iterdir()} - {OUTPUT_LOG} if out.is_dir() else set()
     if resume and SFT_SUMMARY in held:
+        _refuse_other_settings(out, config)
         remove_spent_sft_checkpoint(out)
         console.print(f"OUT {out} holds a finished model ({SFT_SUMMARY}): nothing to resume",
                       soft_wrap=True)  # fmt: skip

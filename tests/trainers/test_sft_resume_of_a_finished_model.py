@@ -7,6 +7,7 @@ finished model") turned a finished job into a ``failed`` one. The spent checkpoi
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,3 +37,22 @@ def test_resuming_a_finished_model_removes_its_spent_checkpoint_and_succeeds(
     assert "holds a finished model (sft.json): nothing to resume" in proc.stdout + proc.stderr
     assert not checkpoint.parent.exists()
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", SFT_SUMMARY]
+
+
+def test_resuming_a_finished_model_with_other_settings_is_refused(tmp_path: Path) -> None:
+    """``--resume --steps 2000`` of a finished 500-step model said "nothing to resume" and
+    exited 0 with the old model; the settings it was trained with must be the ones given."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / SFT_SUMMARY).write_text(json.dumps({"config": {"steps": 500, "lr": 1e-4}}))
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "AGENTGYM_RUNS_DB": "off"}
+    proc = subprocess.run(
+        [str(AGENTGYM), "sft", "tiny", str(out), "--env", "calculator", "--resume",
+         "--steps", "2000", "--lr", "1e-4"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said
+    assert "holds a finished model of other settings: --steps (saved 500, now 2000)" in said
+    assert "--lr" not in said.split("settings:")[1]  # the same lr is not named
+    assert sorted(p.name for p in out.iterdir()) == [SFT_SUMMARY]  # nothing written
