@@ -341,7 +341,8 @@ def checked_tasks(
                           "some, e.g. --env-arg num_tasks=N")  # fmt: skip
     if task_range is not None:
         if num_tasks is not None:
-            raise ConfigError(f"give --tasks START:END or {num_tasks_name} N, not both")
+            tasks_name = "--tasks" if num_tasks_name.startswith("-") else "tasks"  # a job's key
+            raise ConfigError(f"give {tasks_name} START:END or {num_tasks_name} N, not both")
         chosen = tasks_of_env(task_range, env_id, available)
     else:
         chosen = list(range(available if num_tasks is None else min(num_tasks, available)))

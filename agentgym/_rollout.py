@@ -419,13 +419,20 @@ class EnvPool(_OneEnvPerEpisode):
     async def aclose(self) -> None:
         """Close the idle envs, freeing the pool for another loop; failed closes are logged.
 
-        A caller cancelled meanwhile (a Ctrl-C, a trainer's shutdown) waits for every close to
-        end first: cut short, the env being closed and those after it stayed open, with their
-        sandboxes and servers, and the pool no longer held them to close later.
+        A caller cancelled meanwhile (a Ctrl-C, a trainer's shutdown) first waits for the envs
+        after the one whose close it cut to close: they stayed open, with their sandboxes and
+        servers, and the pool no longer held them. Only then, in a task of their own: one made
+        for every close let a KeyboardInterrupt an episode raised on this loop escape the
+        trainer's close and break its loop's shutdown.
         """
         self._loop = None
         envs, self.idle = self.idle, []
-        await run_to_end(_close_each(envs))
+        for done, env in enumerate(envs, start=1):
+            try:
+                await _close(env)
+            except asyncio.CancelledError:
+                await run_to_end(_close_each(envs[done:]))
+                raise
 
     async def __aenter__(self) -> EnvPool:
         return self
@@ -435,13 +442,18 @@ class EnvPool(_OneEnvPerEpisode):
 
 
 async def _close_each(envs: list[Env]) -> None:
-    """Close every env, one after another; a close that fails is logged, not raised."""
+    """Close every env, one after another (`_close`)."""
     for env in envs:
-        try:
-            await env.aclose()
-        except Exception:
-            log.warning("closing a %s after the rollout failed", type(env).__name__,
-                        exc_info=True)  # fmt: skip
+        await _close(env)
+
+
+async def _close(env: Env) -> None:
+    """Close an env of a pool; a close that fails is logged, not raised."""
+    try:
+        await env.aclose()
+    except Exception:
+        log.warning("closing a %s after the rollout failed", type(env).__name__,
+                    exc_info=True)  # fmt: skip
 
 
 async def arollout(

@@ -70,9 +70,11 @@ def test_a_list_keeps_the_list_words_and_a_range_of_the_api_offers_one() -> None
     assert parse_tasks("2:5") == [2, 3, 4]
 
 
-@pytest.mark.parametrize("name", ["-n", "num_tasks"])
-def test_a_range_and_a_count_together_name_the_count_as_its_user_wrote_it(name: str) -> None:
+@pytest.mark.parametrize(("name", "tasks"), [("-n", "--tasks"), ("num_tasks", "tasks")])
+def test_a_range_and_a_count_together_name_both_as_their_user_wrote_them(
+    name: str, tasks: str
+) -> None:
     """A queued job was told to drop ``-n``, an option it never had."""
     with pytest.raises(ConfigError) as caught:
         checked_tasks(10, "2:4", 3, 1, "agentgym/Calculator-v0", num_tasks_name=name)
-    assert str(caught.value) == f"give --tasks START:END or {name} N, not both"
+    assert str(caught.value) == f"give {tasks} START:END or {name} N, not both"
