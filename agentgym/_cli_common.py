@@ -106,6 +106,12 @@ def print_error(message: str) -> None:
                   soft_wrap=True)  # fmt: skip
 
 
+def print_warning(message: str) -> None:
+    """One ``warning: ...`` line, escaped as `print_error`'s is."""
+    console.print(Text.assemble(("warning:", "yellow"), " ", visible(message)), highlight=False,
+                  soft_wrap=True)  # fmt: skip
+
+
 #: ``--chat-template-kwargs``, as each command that renders a chat template takes it.
 ChatTemplateKwargsOption = Annotated[
     str | None,

@@ -9,31 +9,28 @@ or the new one after a ``kill -9`` or a power loss, never a half or an empty one
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from pathlib import Path
 
 from ._errors import ConfigError
 
-#: The names `temp_path` gives: ``.<name>.<8 hex>.tmp``.
-_TEMP_FILE = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")
-
 
 def temp_path(path: Path) -> Path:
-    """A fresh temp file beside ``path`` to write it through; `remove_temp_files` knows its name."""
+    """A fresh temp file beside ``path`` to write it through (``.<name>.<8 hex>.tmp``)."""
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
 
 
 def remove_temp_files(folder: Path) -> list[Path]:
-    """Remove the `temp_path` files in ``folder`` (if it exists); returns them.
+    """Remove the ``*.tmp`` files in ``folder`` (if it exists); returns them.
 
-    Why: a ``kill -9`` between a temp file's creation and its rename leaves it for good (the
-    ``finally`` that removes it never runs). Only a folder's one writer may call it, when it
-    opens the folder: another live writer's temp file would go too.
+    They are `temp_path`'s and ``write_jsonl``'s (``x.jsonl.tmp``). Why: a ``kill -9``
+    between a temp file's creation and its rename leaves it for good (the ``finally`` that
+    removes it never runs). Only a folder's one writer may call it, when it opens the folder
+    (an eval's ``--out``, a training run's folder): another live writer's temp file would go.
     """
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if _TEMP_FILE.fullmatch(p.name) and p.is_file()]
+    found = [p for p in folder.glob("*.tmp") if p.is_file()]  # pathlib's * takes dotfiles too
     for p in found:
         p.unlink(missing_ok=True)
     return found

@@ -29,7 +29,7 @@ from ._cli_common import (
     stdout,
     visible,
 )
-from ._durable import check_folder_can_be_made
+from ._durable import check_folder_can_be_made, remove_temp_files
 from ._errors import ConfigError, Error, InfraError
 from ._eval_engine import (
     PlaySettings,
@@ -46,7 +46,6 @@ from ._eval_folder import (
     FolderLock,
     finished_summary,
     previous_episodes,
-    remove_stale_writes,
     write_json,
 )
 from ._eval_options import (
@@ -438,7 +437,7 @@ def _run_eval(
             f"another agentgym eval started writing {out} meanwhile; rerun with --resume "
             "once it ended, or choose another --out"
         )
-    remove_stale_writes(out)
+    remove_temp_files(out)  # of writes a killed run never finished (we hold the lock)
     write_json(out / "run.json", run_config)
     started = time.perf_counter()
     results = out / "trajectories.jsonl"

@@ -25,12 +25,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=2))
 
 
-def remove_stale_writes(out: Path) -> None:
-    """Delete the temp files of writes a killed run never finished (call holding the lock)."""
-    for stale in [*out.glob("*.tmp"), *out.glob(".*.tmp")]:
-        stale.unlink(missing_ok=True)
-
-
 class FolderLock:
     """An exclusive lock on an eval's ``--out`` folder, held while the run writes to it.
 

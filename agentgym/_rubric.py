@@ -20,8 +20,8 @@ A sync function runs on the event loop, where every other episode waits for it: 
 comparison of strings (microseconds; a thread costs about 80 us), wrong for a judge called
 through a blocking HTTP client or a subprocess. Those go on worker threads (``threaded``),
 under an optional ``timeout``, and one that holds the loop for `BLOCKING_REWARD_SECONDS` or
-more (in two of its calls at least, and in half of them) is named in a warning, once, with
-that fix. The same ``timeout`` bounds each async
+more (in two of its last `LOOP_WINDOW` calls at least, and in half of them) is named in a
+warning, once, with that fix. The same ``timeout`` bounds each async
 function: a judge that never answers would otherwise hold its episode, and the rollout or
 evaluation waiting on it, forever.
 """

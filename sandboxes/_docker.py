@@ -180,9 +180,9 @@ class DockerSandbox(SandboxBase):
         """Attach to the keeper's stdin before it starts, and keep the connection open.
 
         Why not a signal handler: the user's process may have its own, and SIGKILL has none.
-        The kernel closes the connection whenever this process ends (a process forked from
-        it holds a copy, so the container lives while either does; an exec'd one does not,
-        as sockets are not inherited across exec).
+        The kernel closes the connection whenever this process ends (a forked child closes
+        its copy at the fork, `_reap`; an exec'd one never has it: sockets are not inherited
+        across exec).
         """
         self._lifeline = self._client.api.attach_socket(
             self._container.id, params={"stdin": 1, "stream": 1})

@@ -16,9 +16,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.logging import RichHandler
-from rich.text import Text
 
-from agentgym._cli_common import PipedConsole, key_value, visible
+from agentgym._cli_common import PipedConsole, key_value, print_warning
 from agentgym._errors import ConfigError
 from agentgym._extras import needs_extra
 from agentgym._yaml import load_cli_value
@@ -85,9 +84,7 @@ def train(
             cfg = GRPOConfig.from_yaml(config, overrides=_overrides(set_ or []))
         finally:  # a refused config's earlier cautions too
             for warning in said:
-                console.print(Text.assemble(("warning:", "yellow"), " ",
-                                            visible(str(warning.message))),
-                              highlight=False, soft_wrap=True)  # fmt: skip
+                print_warning(str(warning.message))
     if dry_run:
         _print_plan(cfg, resume)
         return
