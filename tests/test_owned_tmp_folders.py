@@ -119,10 +119,10 @@ def test_a_folder_that_cannot_be_locked_keeps_its_hidden_name_out_of_every_sweep
     process's sweep could take it, and delete it, while its owner used it."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(_owned_tmp, "_lock", lambda path: None)
-    folder = _owned_tmp.make_dir("agentgym-s56-")
-    assert folder.name.startswith(".agentgym-s56-") and folder.is_dir()
+    folder = _owned_tmp.make_dir("agentgym-probe-")
+    assert folder.name.startswith(".agentgym-probe-") and folder.is_dir()
     monkeypatch.undo()
-    assert _owned_tmp.sweep("agentgym-s56-", str(tmp_path)) == 0 and folder.is_dir()
+    assert _owned_tmp.sweep("agentgym-probe-", str(tmp_path)) == 0 and folder.is_dir()
     _owned_tmp.remove(folder)
 
 

@@ -1,4 +1,4 @@
-"""An output folder under /proc (s56): refused in one line before any work, not (sft) with
+"""An output folder under /proc: refused in one line before any work, not (sft) with
 a traceback after the model loaded, nor (eval) as a folder that "cannot be made"."""
 
 from __future__ import annotations

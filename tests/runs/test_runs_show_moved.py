@@ -1,4 +1,4 @@
-"""``agentgym runs show`` of a run whose folder was moved (s56): says where the row points
+"""``agentgym runs show`` of a run whose folder was moved: says where the row points
 and how to reach the run, by its id or by its new folder."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A sweep killed with ``kill -9`` (s56): its rows must not read ``running`` forever, and its
+"""A sweep killed with ``kill -9``: its rows must not read ``running`` forever, and its
 jobs are cancelled through one path (`RunStore.request_cancel`), whoever cancels them.
 
 The queue is ``host:pid`` in ``owner``, its worker ``pid``; a dead pid stands for each here.

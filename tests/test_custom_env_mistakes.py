@@ -70,14 +70,14 @@ def test_a_module_named_by_its_file_says_to_drop_the_py(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """It said "run from the folder that holds it", to a user who ran from that folder."""
-    (tmp_path / "s56_capitals.py").write_text("raise SystemExit('imported')")
+    (tmp_path / "my_capitals.py").write_text("raise SystemExit('imported')")
     monkeypatch.chdir(tmp_path)
-    for given in ("s56_capitals.py", "./s56_capitals.py"):  # as typed, as a shell completes it
+    for given in ("my_capitals.py", "./my_capitals.py"):  # as typed, as a shell completes it
         with pytest.raises(ConfigError) as excinfo:
             agentgym.make(f"{given}:example/Capitals-v0")
         assert str(excinfo.value) == (
             f"cannot import {given!r}: name the module, not its file, before the colon: "
-            "'s56_capitals:example/Capitals-v0'"
+            "'my_capitals:example/Capitals-v0'"
         )  # and not imported meanwhile (it would exit)
 
 

@@ -1,4 +1,4 @@
-"""Job submission (s56): an eval job's tiny-model adapter is checked, its warnings reach the
+"""Job submission: an eval job's tiny-model adapter is checked, its warnings reach the
 submitter, and the server's queue recovers off its event loop.
 
 A folder that is no adapter beside ``model_path: tiny`` was queued and refused by the worker;
