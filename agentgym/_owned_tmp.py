@@ -5,23 +5,32 @@ one killed with SIGKILL, or with a SIGTERM it has no handler for, runs neither, 
 who starts ``agentgym train`` or ``eval`` again and again, and sometimes kills it, found the
 temp dir filling up with vLLM server logs, vLLM socket folders and MCP workspace copies.
 
-How: `make_dir` names a folder ``PREFIX<pid>-XXXXXXXX`` (the pid is for people) and holds an
-exclusive ``flock`` on it for the life of the process: the kernel drops the lock however the
-process ends. Before its first folder of a kind, a process removes every folder of that kind
-whose lock is free (`sweep`): its owner is dead, whatever process has its pid now. A folder is
-made under a hidden name and renamed once locked, so no sweep sees it unlocked. A process
-forked from the owner (without exec) shares the lock: the folder stays while it lives too.
+How: `make_dir` names a folder ``PREFIX<pid>-<host>-XXXXXXXX`` (the pid is for people; the host
+is a short hash of this machine's name) and holds an exclusive ``flock`` on it for the life of
+the process: the kernel drops the lock however the process ends. Before its first folder of a
+kind, a process removes every folder of that kind whose lock is free (`sweep`): its owner is
+dead, whatever process has its pid now. A folder is made under a hidden name and renamed once
+locked, so no sweep sees it unlocked. A process forked from the owner (without exec) shares the
+lock: the folder stays while it lives too.
 A folder that could not be locked (a temp dir on a file system without locks) keeps its hidden
 name, which no sweep takes.
+
+A sweep takes only this host's folders: with the temp dir on a file system several hosts share
+(NFS), a lock may not be seen from another host, so another host's live folder would look dead,
+and a dead host's lock may linger; another host's folders are left for that host's next sweep.
+Folders named before the host tag (``PREFIX<pid>-XXXXXXXX``) are swept as before, by any host:
+they name no host, and left alone they would stay for good.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 from pathlib import Path
@@ -34,16 +43,18 @@ _guard = threading.Lock()  # MCP makes its folders in worker threads
 
 #: What a `keep` adds after the prefix: a kept folder is the user's, never swept.
 KEPT = "kept-"
+#: This host in the names of its folders: the sweeps of other hosts sharing the temp dir skip them.
+HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
 def make_dir(prefix: str) -> Path:
-    """A new folder ``PREFIX<pid>-XXXXXXXX`` in the temp dir, locked while this process lives.
+    """A new folder ``PREFIX<pid>-<host>-XXXXXXXX`` in the temp dir, locked while we live.
 
     The first call for ``prefix`` (per temp dir) first removes the folders of dead owners
     (`sweep_once`).
     """
     temp = sweep_once(prefix)
-    hidden = tempfile.mkdtemp(prefix=f".{prefix}{os.getpid()}-", dir=temp)
+    hidden = tempfile.mkdtemp(prefix=f".{prefix}{os.getpid()}-{HOST}-", dir=temp)
     fd = _lock(hidden)
     if fd is None:  # no lock (a file system without them, no descriptor left): never swept
         return Path(hidden)
@@ -64,10 +75,11 @@ def keep(path: Path) -> Path:
     """Rename ``path`` (a folder of `make_dir`) out of every sweep; its new path.
 
     For a folder whose content the user is told to read (the log of a failed start): the next
-    start must not remove it before they do. ``PREFIX<pid>-X`` becomes ``PREFIXkept-<pid>-X``.
+    start must not remove it before they do. ``PREFIX<pid>-<host>-X`` becomes
+    ``PREFIXkept-<pid>-<host>-X``.
     """
-    head, pid, rest = path.name.rsplit("-", 2)
-    kept = path.with_name(f"{head}-{KEPT}{pid}-{rest}")
+    head, pid, host, rest = path.name.rsplit("-", 3)
+    kept = path.with_name(f"{head}-{KEPT}{pid}-{host}-{rest}")
     try:
         os.rename(path, kept)
     except OSError:
@@ -76,16 +88,22 @@ def keep(path: Path) -> Path:
     return kept
 
 
-def sweep_once(prefix: str) -> str:
+def sweep_once(prefix: str, *, in_thread: bool = False) -> str:
     """`sweep` the temp dir for ``prefix`` unless this process did already; the temp dir.
 
-    Call it first where `make_dir` must be quick (on an event loop): a sweep may delete a lot.
+    Call it first where `make_dir` must be quick (on an event loop): a sweep may delete a lot
+    (3,000 folders of killed runs held a loop 1 to 3.5 s). ``in_thread`` sweeps in a daemon
+    thread named ``agentgym-sweep-<prefix>`` and returns at once, for a caller that cannot
+    await (a constructor); a sweep cut short at exit is finished by the next process's.
     """
     temp = tempfile.gettempdir()
     with _guard:
         first = (temp, prefix) not in _swept
         _swept.add((temp, prefix))
-    if first:
+    if first and in_thread:
+        threading.Thread(target=sweep, args=(prefix, temp), name=f"agentgym-sweep-{prefix}",
+                         daemon=True).start()  # fmt: skip
+    elif first:
         sweep(prefix, temp)
     return temp
 
@@ -93,10 +111,12 @@ def sweep_once(prefix: str) -> str:
 def sweep(prefix: str, temp: str | None = None) -> int:
     """Remove the folders of ``prefix`` in ``temp`` (the temp dir) whose owner is dead.
 
-    Returns how many it removed. A folder another user owns, or one it cannot open, stays.
+    Returns how many it removed. A folder another user owns, one it cannot open, and one of
+    another host stay.
     """
     temp = temp or tempfile.gettempdir()
-    pattern = re.compile(re.escape(prefix) + r"\d+-[a-z0-9_]{8}")  # mkdtemp's 8 characters
+    # this host's, or named before the host tag; then mkdtemp's 8 characters
+    pattern = re.compile(re.escape(prefix) + rf"\d+-(?:{HOST}-)?[a-z0-9_]{{8}}")
     try:
         names = [name for name in os.listdir(temp) if pattern.fullmatch(name)]
     except OSError:

@@ -51,6 +51,9 @@ _T = TypeVar("_T")
 
 #: Episodes in flight when the policy does not say how large the engine's batch is.
 DEFAULT_CONCURRENCY = 256
+#: Seconds `EnvPool.aclose` gives each env's close before it logs the env as left open and
+#: goes on to the next (``EnvPool(..., close_timeout=...)``).
+CLOSE_TIMEOUT_S = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -383,11 +386,19 @@ class EnvPool(_OneEnvPerEpisode):
     Args:
         env: a registered env id (resolved by `agentgym.make`) or a zero-argument factory.
         env_kwargs: keyword arguments for `make` when ``env`` is an id.
+        close_timeout: seconds `aclose` waits for each env's close (`CLOSE_TIMEOUT_S`).
     """
 
-    def __init__(self, env: str | EnvFactory, env_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, env: str | EnvFactory, env_kwargs: dict[str, Any] | None = None, *,
+                 close_timeout: float = CLOSE_TIMEOUT_S) -> None:
+        if isinstance(close_timeout, bool) or not isinstance(close_timeout, numbers.Real) or not (
+                0 < close_timeout < float("inf")):  # nan fails this too
+            raise ConfigError(f"close_timeout must be a finite number of seconds > 0, "
+                              f"got {close_timeout!r}")
+        self.env_id: str
         self.env_id, make_env = _env_factory(env, env_kwargs or {})
         super().__init__(make_env)
+        self.close_timeout: float = float(close_timeout)
         self.idle: list[Env] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -421,17 +432,22 @@ class EnvPool(_OneEnvPerEpisode):
 
         A caller cancelled meanwhile (a Ctrl-C, a trainer's shutdown) first waits for the envs
         after the one whose close it cut to close: they stayed open, with their sandboxes and
-        servers, and the pool no longer held them. Only then, in a task of their own: one made
-        for every close let a KeyboardInterrupt an episode raised on this loop escape the
-        trainer's close and break its loop's shutdown.
+        servers, and the pool no longer held them.
+
+        Each close has ``close_timeout`` seconds: one still running then (a server that will not
+        stop, a sandbox daemon that stopped answering) is cancelled, logged as left open, and
+        the next env is closed; it hung the trainer's or eval's shutdown for good. A close runs
+        in a task of its own for that, which hands a KeyboardInterrupt an episode raised on
+        this loop back to `aclose` to raise: raised in the task, it escaped the loop's run and
+        broke the trainer's shutdown.
         """
         self._loop = None
         envs, self.idle = self.idle, []
         for done, env in enumerate(envs, start=1):
             try:
-                await _close(env)
+                await _close(env, self.close_timeout)
             except asyncio.CancelledError:
-                await run_to_end(_close_each(envs[done:]))
+                await run_to_end(_close_each(envs[done:], self.close_timeout))
                 raise
 
     async def __aenter__(self) -> EnvPool:
@@ -441,19 +457,46 @@ class EnvPool(_OneEnvPerEpisode):
         await self.aclose()
 
 
-async def _close_each(envs: list[Env]) -> None:
+async def _close_each(envs: list[Env], seconds: float) -> None:
     """Close every env, one after another (`_close`)."""
     for env in envs:
-        await _close(env)
+        await _close(env, seconds)
 
 
-async def _close(env: Env) -> None:
-    """Close an env of a pool; a close that fails is logged, not raised."""
+async def _close(env: Env, seconds: float) -> None:
+    """Close an env of a pool within ``seconds``; a close that fails or outlasts them is logged.
+
+    The close runs in a task of its own, so the wait ends at the deadline even when the close
+    does not end when cancelled (one waiting for a thread, as a sandbox's does). A caller
+    cancelled meanwhile cancels the close and waits for it as long again.
+    """
+    closing = asyncio.ensure_future(_close_logged(env))
+    try:
+        await asyncio.wait([closing], timeout=seconds)
+    except asyncio.CancelledError:
+        closing.cancel()
+        await asyncio.wait([closing], timeout=seconds)
+        raise
+    if not closing.done():
+        closing.cancel()
+        log.warning("a %s did not close within %g s (close_timeout); left open, with what it "
+                    "holds, to close the next env", type(env).__name__, seconds)  # fmt: skip
+    elif (interrupt := closing.result()) is not None:
+        raise interrupt
+
+
+async def _close_logged(env: Env) -> BaseException | None:
+    """Close ``env``; log a failure; return a KeyboardInterrupt or SystemExit for `_close` to raise.
+
+    Why returned: raised in a task, either escapes the loop's run and breaks its shutdown.
+    """
     try:
         await env.aclose()
     except Exception:
-        log.warning("closing a %s after the rollout failed", type(env).__name__,
-                    exc_info=True)  # fmt: skip
+        log.warning("closing a %s failed", type(env).__name__, exc_info=True)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        return exc
+    return None
 
 
 async def arollout(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import numbers
 import posixpath
 import threading
@@ -17,6 +18,7 @@ from agentgym._run_to_end import through_cancels
 from ._result import ExecResult
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 Files = Mapping[str, "str | bytes"]
 LANGUAGES = ("python", "bash", "sh")
@@ -230,6 +232,7 @@ async def in_thread_to_the_end(
     closing what a cancelled start made), then re-raises. However often it is cancelled
     meanwhile: a second cancel (``asyncio.run`` ending the tasks left, a shutdown) ended that
     wait, and ``after_cancel`` never ran: a pool cancelled twice in its start stayed up.
+    A failing ``on_cancel`` or ``after_cancel`` is logged when it fails; the cancel is raised.
     """
     running = asyncio.ensure_future(asyncio.to_thread(fn))
     try:
@@ -245,12 +248,26 @@ async def _settle(
     first: Callable[[], object] | None,
 ) -> None:
     if first is not None:
-        await asyncio.to_thread(first)
+        await _logged_in_thread(first, "on_cancel")
     await asyncio.wait([running])
     if not running.cancelled():
         running.exception()  # retrieved: a call that failed cleaned up after itself
     if after is not None:
-        await asyncio.to_thread(after)
+        await _logged_in_thread(after, "after_cancel")
+
+
+async def _logged_in_thread(fn: Callable[[], object], role: str) -> None:
+    """Run ``fn`` in a thread; a failure is logged now, naming ``fn``, and not raised.
+
+    Why: raised, it took the place of the caller's cancel (the caller saw that error, not a
+    cancellation), and when the caller was cancelled again meanwhile it was dropped unseen.
+    """
+    try:
+        await asyncio.to_thread(fn)
+    except Exception:
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        log.error("cleaning up a cancelled sandbox call: %s %s failed", role, name,
+                  exc_info=True)  # fmt: skip
 
 
 def to_bytes(data: str | bytes | None) -> bytes | None:

@@ -6,6 +6,7 @@ does: no exit hook runs, only the kernel drops the owner's lock.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import select
 import signal
@@ -36,10 +37,14 @@ sys.stdin.read()
 """
 
 
-def start_owner(temp: Path) -> tuple[subprocess.Popen[str], Path, int]:
+#: An owner on another host sharing the temp dir (NFS): the same code, another host name.
+OTHER_HOST_OWNER = "import socket\nsocket.gethostname = lambda: 'host-b'\n" + OWNER
+
+
+def start_owner(temp: Path, code: str = OWNER) -> tuple[subprocess.Popen[str], Path, int]:
     """A live owner process, its folder in ``temp``, and the pid of its forked child."""
     process = subprocess.Popen(
-        [sys.executable, "-c", OWNER], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         text=True, env={**os.environ, "TMPDIR": str(temp)},
     )  # fmt: skip
     assert process.stdout is not None
@@ -63,7 +68,8 @@ def test_a_folder_stays_while_its_owner_or_a_fork_of_it_lives_and_goes_after(
 ) -> None:
     process, folder, child = start_owner(tmp_path)
     try:
-        assert folder.parent == tmp_path and folder.name.startswith(f"{PREFIX}{process.pid}-")
+        assert folder.parent == tmp_path
+        assert folder.name.startswith(f"{PREFIX}{process.pid}-{_owned_tmp.HOST}-")
         (folder / "server.log").write_text("in use")
         assert _owned_tmp.sweep(PREFIX, str(tmp_path)) == 0  # the owner lives
         process.kill()
@@ -77,14 +83,31 @@ def test_a_folder_stays_while_its_owner_or_a_fork_of_it_lives_and_goes_after(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="os.pidfd_open: Linux")
+def test_a_sweep_leaves_the_folders_of_another_host_sharing_the_temp_dir(tmp_path: Path) -> None:
+    """On NFS a lock taken on one host may not be seen on another: host B's live folder looked
+    dead to host A's sweep, which deleted it. Here host B's owner is dead and its lock free, as
+    A would see a live one; only B's own next sweep may take it."""
+    process, folder, child = start_owner(tmp_path, OTHER_HOST_OWNER)
+    process.kill()
+    process.wait(timeout=30)
+    reap(child)
+    host_b = hashlib.sha256(b"host-b").hexdigest()[:8]
+    assert folder.name.startswith(f"{PREFIX}{process.pid}-{host_b}-")
+    assert _owned_tmp.sweep(PREFIX, str(tmp_path)) == 0
+    assert folder.is_dir()
+
+
 def test_the_first_folder_of_a_kind_sweeps_the_dead_owners_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A reused pid does not keep a folder: only the dead owner's lock counted."""
-    reused = tmp_path / f"{PREFIX}{os.getpid()}-abcd1234"  # our pid, but nobody's lock
+    """A reused pid does not keep a folder: only the dead owner's lock counted. A folder named
+    before the host tag is swept too: it names no host, and nothing else would remove it."""
+    reused = tmp_path / f"{PREFIX}{os.getpid()}-{_owned_tmp.HOST}-abcd1234"  # nobody's lock
+    untagged = tmp_path / f"{PREFIX}{os.getpid()}-abcd1234"  # named before the host tag
     other_kind = tmp_path / "agentgym-other-1-abcd1234"
     not_ours = tmp_path / f"{PREFIX}abcd1234"  # no owner in its name: another program's
-    for folder in (reused, other_kind, not_ours):
+    for folder in (reused, untagged, other_kind, not_ours):
         folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     mine = _owned_tmp.make_dir(PREFIX)

@@ -9,17 +9,24 @@ removes those whose owner is dead, never a live process's.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 
+from agentgym import _owned_tmp
 from agentgym.sandboxes import LocalSandbox
+from agentgym.sandboxes._local import OWNED_PREFIX
+
+SWEEPER = f"agentgym-sweep-{OWNED_PREFIX}"  # `_owned_tmp.sweep_once`'s thread
 
 # argv: the FIFO a fresh_workdir call reports its work dir through, or "" for no such call.
 CHILD = r"""
@@ -91,3 +98,43 @@ def test_a_killed_processs_folders_are_swept_by_the_next_sandbox_a_live_ones_are
                 proc.communicate(timeout=30)  # EOF on stdin: it exits normally
     assert live.returncode == 0
     assert list(temp.iterdir()) == []  # the live one removed its own at exit
+
+
+def test_the_first_sandbox_on_an_event_loop_sweeps_in_a_thread_not_holding_up_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Old: made on the loop (a `SandboxEnv` episode's setup, ``async with LocalSandbox()``),
+    the first sandbox removed 3,000 leftover folders there, holding every task 1 to 3.5 s."""
+    leftovers = 3000
+    for i in range(leftovers):  # folders of killed runs: nobody holds their locks
+        work = tmp_path / f"{OWNED_PREFIX}{100000 + i}-{_owned_tmp.HOST}-{i:08d}" / "work"
+        work.mkdir(parents=True)
+        (work / "out.txt").write_text("written by the killed run's code")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this process's first sweep there
+
+    async def main() -> tuple[int, float]:
+        stalls: list[float] = []
+
+        async def ticker() -> None:  # the other tasks of the program: how long they waited
+            last = time.perf_counter()
+            while True:
+                await asyncio.sleep(0.001)
+                stalls.append(time.perf_counter() - last)
+                last = time.perf_counter()
+
+        ticking = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0.01)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sandbox = LocalSandbox()
+        left_then = len(os.listdir(tmp_path)) - 1  # without the new sandbox's own folder
+        for sweeper in [t for t in threading.enumerate() if t.name == SWEEPER]:
+            await asyncio.to_thread(sweeper.join, 60)
+        ticking.cancel()
+        assert os.listdir(tmp_path) == [_top(tmp_path, sandbox.workdir).name]  # all swept
+        assert (await sandbox.arun("print(3)")).stdout == "3\n"
+        sandbox.close()
+        return left_then, max(stalls)
+
+    left_then, longest_stall = asyncio.run(main())
+    assert left_then > leftovers // 2, left_then  # old: 0, swept before the constructor returned
+    assert longest_stall < 0.5, longest_stall
