@@ -213,12 +213,12 @@ class Rubric:
                         began, own = time.monotonic(), _own_time()
                         value = fn(**{p: context.get(p) for p in params})
                         took = time.monotonic() - began
-                        held = not inspect.isawaitable(value) and took >= BLOCKING_REWARD_SECONDS \
+                        held = took >= BLOCKING_REWARD_SECONDS and not inspect.isawaitable(value) \
                             and _held_by_itself(own, _own_time())  # fmt: skip
                         self._loop_window[i].append(held)
                         if held and _holds_the_loop(self._loop_window[i]):
                             _warn_blocking(name, fn, took)
-                        if inspect.isawaitable(value):
+                        if type(value) is not float and inspect.isawaitable(value):
                             value = await value
                     value = _finite(value)
                 except InfraError:
@@ -321,9 +321,16 @@ def _said_once_key(name: str, fn: Callable[..., Any]) -> str:
 
 
 def _own_time() -> tuple[float, int | None]:
-    """The calling thread's CPU seconds and voluntary waits so far (None where not counted)."""
-    waits = resource.getrusage(_RUSAGE_THREAD).ru_nvcsw if _RUSAGE_THREAD is not None else None
-    return time.thread_time(), waits
+    """The calling thread's CPU seconds and voluntary waits so far (None where not counted).
+
+    One system call where the thread's usage is counted: its user and system time add up to
+    its CPU time (`time.thread_time`, a second call, read it too), and every sync reward call
+    on the loop pays for this.
+    """
+    if _RUSAGE_THREAD is None:
+        return time.thread_time(), None
+    usage = resource.getrusage(_RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw
 
 
 def _held_by_itself(before: tuple[float, int | None], after: tuple[float, int | None]) -> bool:
@@ -380,7 +387,7 @@ def _finite(value: Any) -> float:
     refused, not read: a function returning text it took from the reply
     (``completion.strip()``) let the model write its own reward ("1e300").
     """
-    if isinstance(value, str | bytes | bytearray):
+    if isinstance(value, (str, bytes, bytearray)):
         kind = type(value).__name__
         raise TypeError(f"returned {kind} {value[:40]!r}: a reward must be a number")
     reward = float(value)

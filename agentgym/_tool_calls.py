@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import time
+import types
 import typing
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator, Iterable
@@ -33,6 +34,8 @@ CANCEL_GRACE_SECONDS = 1.0
 BLOCKING_STEP_SECONDS = 0.1
 
 log = logging.getLogger(__name__)
+#: What calling an ``async def`` function returns.
+_COROUTINE = types.CoroutineType
 
 
 async def run_coroutine(
@@ -58,13 +61,14 @@ async def run_coroutine(
     start = clock()
     context = contextvars.copy_context()
     coro = fn(**kwargs)
-    if not inspect.isawaitable(coro):  # a wrapper of an async function that ran it itself
-        return coro
-    if not inspect.iscoroutine(coro):  # a Task or Future a wrapper returned: timed all the same
-        try:
-            return await asyncio.wait_for(coro, timeout)
-        except TimeoutError:
-            raise _timed_out(name, timeout, 0.0) from None
+    if type(coro) is not _COROUTINE:  # an `async def`'s coroutine, the usual call, goes on
+        if not inspect.isawaitable(coro):  # a wrapper of an async function that ran it itself
+            return coro
+        if not inspect.iscoroutine(coro):  # a Task or Future a wrapper returned: timed too
+            try:
+                return await asyncio.wait_for(coro, timeout)
+            except TimeoutError:
+                raise _timed_out(name, timeout, 0.0) from None
     try:
         signal = context.run(coro.send, None)
     except StopIteration as finished:  # the usual call: its one extra cost is a clock read

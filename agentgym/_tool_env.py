@@ -297,8 +297,12 @@ class ToolEnv(Env):
         state.turn += 1
         state.completion_tokens += completion.sampled_tokens or 0
         assistant, calls = self._assistant_message(parsed)
+        tool_messages: list[Message] = []
+        errors: list[str] = []
+        cut = 0
         try:
-            tool_messages, errors, cut = await self._run_tools(calls, parsed.errors)
+            if calls or parsed.errors:  # a final answer has no tools to run
+                tool_messages, errors, cut = await self._run_tools(calls, parsed.errors)
         except BaseException:  # why: a next step went on as if the cut turn had never been
             state.cut_short = True
             raise
@@ -374,7 +378,7 @@ class ToolEnv(Env):
             )
         task = self.tasks[int(choice)]
         _check_task(task, int(choice))
-        return json_copy(dict(task)), int(choice)
+        return json_copy(task if type(task) is dict else dict(task)), int(choice)
 
     def _checked_prompt(self, messages: Any) -> list[Message]:
         """`build_prompt`'s result, refused here when it is not a list of messages.
@@ -405,6 +409,8 @@ class ToolEnv(Env):
         text = completion.text
         turn = self.parser.parse(text)
         if not (turn.tool_calls or turn.errors):
+            return turn
+        if _THINK_CLOSE not in text and _THINK_OPEN not in text:  # no reasoning (the usual)
             return turn
         thoughts: list[ParsedTurn] = []  # the text before the </think> ending the reasoning
 
@@ -457,26 +463,29 @@ class ToolEnv(Env):
                 await cancel_and_wait(running)
         else:
             results = []
-        refused = (
-            f"not run: this turn made {len(calls)} tool calls and at most {cap} run per turn; "
-            "make fewer calls in one turn"
-        )
-        results += [(f"Error: {refused}", refused)] * (len(calls) - len(run))
-        shown = self._shown_parse_errors(len(calls), parse_errors)
+        if len(run) < len(calls):
+            refused = (
+                f"not run: this turn made {len(calls)} tool calls and at most {cap} run per "
+                "turn; make fewer calls in one turn"
+            )
+            results += [(f"Error: {refused}", refused)] * (len(calls) - len(run))
         messages: list[Message] = [
             {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": content}
             for c, (content, _) in zip(calls, results)
         ]
-        messages += [
-            {
-                "role": "tool",
-                "tool_call_id": self.parser.make_call_id(self.state.turn, len(calls) + i),
-                "name": MALFORMED_CALL,
-                "content": f"Error: {problem}. Emit tool calls in the documented format.",
-            }
-            for i, problem in enumerate(shown)
-        ]
-        errors = [err for _, err in results if err] + shown
+        errors = [err for _, err in results if err]
+        if parse_errors:
+            shown = self._shown_parse_errors(len(calls), parse_errors)
+            messages += [
+                {
+                    "role": "tool",
+                    "tool_call_id": self.parser.make_call_id(self.state.turn, len(calls) + i),
+                    "name": MALFORMED_CALL,
+                    "content": f"Error: {problem}. Emit tool calls in the documented format.",
+                }
+                for i, problem in enumerate(shown)
+            ]
+            errors += shown
         limit, cut = self.max_tool_result_chars, 0
         for message in messages:  # cut here, the calls' results and the errors alike
             if limit is not None and len(message["content"]) > limit:
@@ -582,7 +591,7 @@ class _RewardContext(dict[str, Any]):
     def get(self, key: str, default: Any = None) -> Any:
         if key == "trajectory" and key not in self:
             self[key] = self.build_trajectory()
-        return super().get(key, default)
+        return dict.get(self, key, default)  # not super(): every reward argument comes here
 
     def __missing__(self, key: str) -> Any:
         if key != "trajectory":

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ConfigError
-from .._json import loads
+from .._json import dumps, loads
 
 #: The deepest nesting of JSON lists and objects (or pythonic literals) a call may hold. Deeper
 #: is a parse error: decoding it would otherwise succeed or hit RecursionError depending on how
@@ -105,9 +105,7 @@ class ToolCall:
             "id": self.id,
             "type": "function",
             # the model's characters kept (Zürich, not Z\u00fcrich), as vLLM's parsers keep them
-            "function": {
-                "name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)
-            },
+            "function": {"name": self.name, "arguments": dumps(self.arguments)},
         }
 
 
