@@ -351,17 +351,22 @@ class _OneEnvPerEpisode:
 
     def __init__(self, make_env: EnvFactory) -> None:
         self.make_env = make_env
+        self.close_timeout: float = CLOSE_TIMEOUT_S
 
     def take(self) -> Env:
         """The env for the next episode: a new one, built now."""
         return self.make_env()
 
     async def give_back(self, env: Env, trajectory: Trajectory, reusable: bool) -> None:
-        """Close ``env``; a close that fails is recorded on the episode it served."""
-        try:
-            await env.aclose()
-        except Exception:
-            trajectory.info["close_error"] = traceback.format_exc()
+        """Close ``env`` within ``close_timeout``; what went wrong goes on the episode it served.
+
+        A close that fails or outlasts the deadline is ``info["close_error"]`` (`_close`):
+        without the deadline, a close that hung (a server that would not stop) hung its
+        episode, and with it the whole rollout, eval or trainer step.
+        """
+        problem = await _close(env, self.close_timeout, "to end its episode")
+        if problem is not None:
+            trajectory.info["close_error"] = problem
 
 
 class EnvPool(_OneEnvPerEpisode):
@@ -398,7 +403,7 @@ class EnvPool(_OneEnvPerEpisode):
         self.env_id: str
         self.env_id, make_env = _env_factory(env, env_kwargs or {})
         super().__init__(make_env)
-        self.close_timeout: float = float(close_timeout)
+        self.close_timeout = float(close_timeout)
         self.idle: list[Env] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -420,7 +425,7 @@ class EnvPool(_OneEnvPerEpisode):
     async def give_back(self, env: Env, trajectory: Trajectory, reusable: bool) -> None:
         """Keep ``env`` for a later episode when ``reusable`` (its episode ended cleanly).
 
-        Any other env is closed; a close that fails is recorded on the episode it served.
+        Any other env is closed as `_OneEnvPerEpisode.give_back` closes it.
         """
         if reusable:
             self.idle.append(env)
@@ -445,7 +450,7 @@ class EnvPool(_OneEnvPerEpisode):
         envs, self.idle = self.idle, []
         for done, env in enumerate(envs, start=1):
             try:
-                await _close(env, self.close_timeout)
+                await _close(env, self.close_timeout, _NEXT)
             except asyncio.CancelledError:
                 await run_to_end(_close_each(envs[done:], self.close_timeout))
                 raise
@@ -457,18 +462,24 @@ class EnvPool(_OneEnvPerEpisode):
         await self.aclose()
 
 
+#: What `EnvPool.aclose` goes on to when it leaves an env open (`_close`'s warning says so).
+_NEXT = "to close the next env"
+
+
 async def _close_each(envs: list[Env], seconds: float) -> None:
     """Close every env, one after another (`_close`)."""
     for env in envs:
-        await _close(env, seconds)
+        await _close(env, seconds, _NEXT)
 
 
-async def _close(env: Env, seconds: float) -> None:
-    """Close an env of a pool within ``seconds``; a close that fails or outlasts them is logged.
+async def _close(env: Env, seconds: float, then: str) -> str | None:
+    """Close ``env`` within ``seconds``; what went wrong, logged, or None when it closed.
 
-    The close runs in a task of its own, so the wait ends at the deadline even when the close
-    does not end when cancelled (one waiting for a thread, as a sandbox's does). A caller
-    cancelled meanwhile cancels the close and waits for it as long again.
+    What went wrong is the close's traceback, or that it was still running at the deadline
+    and was left open ``then`` (what the caller goes on to). The close runs in a task of its
+    own, so the wait ends at the deadline even when the close does not end when cancelled
+    (one waiting for a thread, as a sandbox's does). A caller cancelled meanwhile cancels the
+    close and waits for it as long again.
     """
     closing = asyncio.ensure_future(_close_logged(env))
     try:
@@ -479,14 +490,20 @@ async def _close(env: Env, seconds: float) -> None:
         raise
     if not closing.done():
         closing.cancel()
-        log.warning("a %s did not close within %g s (close_timeout); left open, with what it "
-                    "holds, to close the next env", type(env).__name__, seconds)  # fmt: skip
-    elif (interrupt := closing.result()) is not None:
-        raise interrupt
+        left_open = (f"a {type(env).__name__} did not close within {seconds:g} s (close_timeout); "
+                     f"left open, with what it holds, {then}")  # fmt: skip
+        log.warning("%s", left_open)
+        return left_open
+    outcome = closing.result()
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
-async def _close_logged(env: Env) -> BaseException | None:
-    """Close ``env``; log a failure; return a KeyboardInterrupt or SystemExit for `_close` to raise.
+async def _close_logged(env: Env) -> str | BaseException | None:
+    """Close ``env``: None, a failure's traceback (logged), or a KeyboardInterrupt to raise.
+
+    A SystemExit is returned as a KeyboardInterrupt is, for `_close` to raise.
 
     Why returned: raised in a task, either escapes the loop's run and breaks its shutdown.
     """
@@ -494,6 +511,7 @@ async def _close_logged(env: Env) -> BaseException | None:
         await env.aclose()
     except Exception:
         log.warning("closing a %s failed", type(env).__name__, exc_info=True)
+        return traceback.format_exc()
     except (KeyboardInterrupt, SystemExit) as exc:
         return exc
     return None

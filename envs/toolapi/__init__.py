@@ -185,7 +185,10 @@ class ToolAPIEnv(ToolEnv):
         finally:
             if not self._released:
                 self._released = True
-                service.release(self.server)
+                # in a thread: the last env's release stops the shop and waits for its thread
+                # (up to 10 s), and on the event loop every other episode stood still meanwhile.
+                # Run to its end even when cancelled: the shop is stopped before the cancel goes on
+                await run_to_end(asyncio.to_thread(service.release, self.server))
 
     def reference_turns(self, task: dict[str, Any]) -> list[str]:
         calls = [self.parser.render("", [ToolCall(name, args)]) for name, args in task["calls"]]
