@@ -243,6 +243,7 @@ class VLLMPolicy(TokenPolicy):
         #: Loaded adapter versions, oldest first; version 0 is the base model.
         self.adapters: list[AdapterVersion] = []
         self.adapter_version = 0
+        #: Requests sampling now, per adapter version; a version none uses has no entry.
         self._in_flight: dict[int, int] = {}
         self._closed = False
 
@@ -390,7 +391,19 @@ class VLLMPolicy(TokenPolicy):
         try:
             return await thread.run(self._sample(prompt_ids, limit, version, seed, sampling))
         finally:
-            self._in_flight[version] -= 1
+            self._done_with(version)
+
+    def _done_with(self, version: int) -> None:
+        """Count a request of ``version`` as ended; a version none still uses leaves the count.
+
+        Why removed, not left at 0: a trainer samples with a new version each step, and the
+        zeros of every version it ever loaded piled up for the life of the run.
+        """
+        left = self._in_flight[version] - 1
+        if left:
+            self._in_flight[version] = left
+        else:
+            del self._in_flight[version]
 
     async def _sample(
         self,
