@@ -88,6 +88,13 @@ class ServerChannel:
             self._sock.sendall(json.dumps(payload).encode() + b"\n")
         except OSError as exc:
             raise ChannelClosed(f"cannot write to the code server: {exc}") from exc
+        return self.next_reply(timeout)
+
+    def next_reply(self, timeout: float) -> dict[str, Any]:
+        """The server's next line about the last request; raises ChannelDeadline / ChannelClosed.
+
+        Why apart from `request`: a call with ``wipe`` gets two, the clean-up's end first.
+        """
         deadline = time.monotonic() + timeout
         while True:
             reply = self._read_line(deadline)

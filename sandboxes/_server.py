@@ -552,6 +552,10 @@ class Server:
             left = self.clean()  # the session ended too: no second end below
             if left:
                 return {"wipe_error": left}
+            # The clean-up was an earlier call's mess (300,000 folders take 10 s): the host
+            # times it apart, and this call's clock starts now (see DockerSandbox._request).
+            _write_reply({"wiped": True, "id": req.get("id")})
+            started = time.monotonic()
         elif not os.access(WORKDIR, os.X_OK) and not (
                 req["op"] == "run" and req.get("session") and self._kernel_alive()):
             # a live session (its cwd kept) can still run, and undo the chmod itself
@@ -856,13 +860,18 @@ def _safe_member(member):
                 (member.issym() or member.islnk()) and os.path.isabs(member.linkname))
 
 
+def _write_reply(reply):
+    """One JSON line to the host (our stdout is the exec's stream: no one else writes it)."""
+    out = sys.stdout.buffer
+    out.write(json.dumps(reply).encode() + b"\n")
+    out.flush()
+
+
 def main():
     _harden_self()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     server = Server()
-    out = sys.stdout.buffer
-    out.write(b'{"ready": true, "pid": %d}\n' % os.getpid())
-    out.flush()
+    _write_reply({"ready": True, "pid": os.getpid()})
     for line in sys.stdin.buffer:
         req = json.loads(line)
         try:
@@ -884,8 +893,7 @@ def main():
         except Exception as exc:
             reply = {"server_error": f"{type(exc).__name__}: {exc}"}
         reply["id"] = req.get("id")
-        out.write(json.dumps(reply).encode() + b"\n")
-        out.flush()
+        _write_reply(reply)
 
 
 if __name__ == "__main__":
