@@ -151,8 +151,9 @@ class VLLMToolParser(ToolCallParser):
                 calls = [(c.function.name, c.function.arguments, c.id or "") for c in found]
         except Exception as exc:  # noqa: BLE001 - a third-party parser may raise anything
             return ParsedTurn(content=text, errors=[f"vLLM parser {self.vllm_name!r}: {exc!r}"])
-        turn = ParsedTurn(content=content or "")
-        for name, raw, call_id in calls:
+        turn = ParsedTurn(content=(content or "").strip())  # as ours: templates add the spacing
+        written = self._written_ids(text, calls)
+        for (name, raw, vllm_id), call_id in zip(calls, written, strict=True):
             try:
                 arguments = json_loads(raw or "{}")  # ValueError when nested too deep, too
                 if not isinstance(arguments, dict):
@@ -162,8 +163,22 @@ class VLLMToolParser(ToolCallParser):
                     f"vLLM returned call {name!r} with bad arguments {str(raw)[:200]!r}: {exc}"
                 )
                 continue
-            turn.tool_calls.append(ToolCall(name=name, arguments=arguments, id=call_id))
+            turn.tool_calls.append(ToolCall(name=name, arguments=arguments, id=call_id or vllm_id))
         return turn
+
+    def _written_ids(self, text: str, calls: list[tuple[str, str, str]]) -> list[str]:
+        """The id the model wrote for each call, as our parser of the same name reads it, or "".
+
+        vLLM makes up a fresh id for every call (Mistral's 9 characters too), so the env's
+        history, and the template's render of it, would show ids the model never wrote.
+        """
+        if self.vllm_name not in _PARSERS:
+            return [""] * len(calls)
+        ours = _PARSERS[self.vllm_name](**self._render_kwargs).parse(text).tool_calls
+        return [
+            ours[k].id if k < len(ours) and ours[k].name == name else ""
+            for k, (name, _, _) in enumerate(calls)
+        ]
 
     def _parse_harmony(self, text: str) -> tuple[str | None, list[tuple[str, str, str]]]:
         """Content and calls of gpt-oss harmony text, through vLLM's `HarmonyParser`."""
