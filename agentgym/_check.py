@@ -26,7 +26,14 @@ from gymnasium.utils.env_checker import check_env
 
 from ._check_result import CheckResult
 from ._check_tasks import missing_task_fields
-from ._check_template import reasoning_prefix, template_checks, unshown_tools_problem
+from ._check_template import (
+    Call,
+    env_option,
+    read_calls,
+    reasoning_prefix,
+    template_checks,
+    unshown_tools_problem,
+)
 from ._check_tool_params import tool_parameters
 from ._env import Env
 from ._errors import ConfigError, SandboxError
@@ -36,7 +43,7 @@ from ._rollout import EpisodeSpec, run_episode
 from ._tool_schema import example_arguments
 from ._trajectory import Trajectory
 from ._types import Message
-from .parsers import ToolCall, ToolCallParser, get_parser
+from .parsers import ToolCall, ToolCallParser, available_parsers, get_parser
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 #: Seconds a row that plays episodes may take by default (a code env's reference starts a
@@ -407,13 +414,37 @@ def _parser_round_trip(env: Env) -> CheckResult:
     env.close()
     name = f"parser round trip ({parser.name})"
     try:
-        parsed = parser.parse(parser.render("Let me check.", calls))
+        text = parser.render("Let me check.", calls)
     except NotImplementedError as exc:  # a parse-only parser (vllm:openai): nothing to compare
         return CheckResult(name, True, f"cannot render, so not checked: {exc}")
+    parsed = parser.parse(text)
     got = [(c.name, c.arguments) for c in parsed.tool_calls]
     want = [(c.name, c.arguments) for c in calls]
-    ok = got == want and not parsed.errors
-    return CheckResult(name, ok, "ok" if ok else f"rendered {want}, parsed {got} {parsed.errors}")
+    if got == want and not parsed.errors:
+        return CheckResult(name, True, "ok")
+    read = f"read {got}" if got else "read no call"
+    errors = f" ({'; '.join(parsed.errors)})" if parsed.errors else ""
+    why = _unread_after_text(parser, calls, want, text) if not got else ""
+    return CheckResult(name, False, f"rendered {text[:120]!r}, {read}{errors}{why}")
+
+
+def _unread_after_text(
+    parser: ToolCallParser, calls: list[ToolCall], want: list[Call], text: str
+) -> str:
+    """Why no call was read, when the parser reads the calls alone but not after text.
+
+    vLLM's pythonic parser reads a call list only when it is the whole turn: a model that
+    writes a word first calls no tool. The fix is a shipped parser that reads ``text``.
+    """
+    if read_calls(parser, parser.render("", calls)) != want:
+        return ""
+    readers = (n for n in available_parsers() if n != parser.name)
+    fix = next((n for n in readers if read_calls(get_parser(n), text) == want), None)
+    return (
+        f": {parser.name!r} reads calls only when they are the whole turn, so a model that "
+        "writes text before its calls calls no tool"
+        + (f"; use {env_option('parser', fix)}, which reads them after text too" if fix else "")
+    )
 
 
 # ---- the played episodes ----------------------------------------------------------------

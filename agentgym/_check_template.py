@@ -322,6 +322,9 @@ def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:
     squeezed = "".join(produced.split())
     if "".join(rendered.split()).startswith(squeezed):
         return "only whitespace differs; make the parser's render match the template's spacing"
+    lost = _lost_by_parser(produced, rendered, ours, parser) if ours.tool_calls else ""
+    if lost:
+        return _lost_blame(lost, produced, ours, parser)
     writer = _parser_writing_as(rendered, ours, parser) if ours.tool_calls else None
     if writer:
         return (
@@ -333,6 +336,51 @@ def _blame(produced: str, rendered: str, parser: ToolCallParser) -> str:
         "the template writes the same calls differently (JSON spacing, key order, ids or "
         "markup); make the parser's render match the template"
     )
+
+
+def _lost_by_parser(produced: str, rendered: str, ours: ParsedTurn, parser: ToolCallParser) -> str:
+    """What ``parser`` lost reading ``produced``, when the template writes the turn it read.
+
+    "" when the template writes something else, or when nothing was lost.
+    """
+    try:
+        own = parser.render(ours.content, ours.tool_calls)
+    except (ValueError, NotImplementedError, ConfigError):  # it cannot write what it read
+        return ""
+    if not rendered.startswith(own):
+        return ""
+    matcher = difflib.SequenceMatcher(None, produced, rendered, autojunk=False)
+    return "".join(
+        produced[i1:i2] for op, i1, i2, _, _ in matcher.get_opcodes() if op in ("delete", "replace")
+    ).strip()
+
+
+def _lost_blame(lost: str, produced: str, ours: ParsedTurn, parser: ToolCallParser) -> str:
+    """Blame the parser for what it lost, naming a shipped parser that keeps it.
+
+    vLLM's llama3_json parser drops the text before a call, so the turn the env keeps has
+    none and the template writes the call alone; blaming the parser's format named a parser
+    (``llama3_json``) that writes the same calls, as if the format were the difference.
+    """
+    calls = [(c.name, c.arguments) for c in ours.tool_calls]
+    keepers = (n for n in available_parsers() if n != parser.name)
+    keeper = next((n for n in keepers if _keeps(get_parser(n), produced, calls, lost)), None)
+    fix = (
+        f"use {env_option('parser', keeper)}, which keeps it"
+        if keeper
+        else "no shipped parser reads these calls and keeps it"
+    )
+    return (
+        f"the {parser.name!r} parser drops {lost[:40]!r} when it reads the turn, and the "
+        f"template writes the turn as the parser read it: {fix}"
+    )
+
+
+def _keeps(reader: ToolCallParser, produced: str, calls: list[Call], lost: str) -> bool:
+    """Whether ``reader`` reads ``calls`` in ``produced`` and keeps the ``lost`` text."""
+    turn = reader.parse(produced)
+    same = [(c.name, c.arguments) for c in turn.tool_calls] == calls and not turn.errors
+    return same and lost in turn.content
 
 
 def _parser_writing_as(rendered: str, turn: ParsedTurn, parser: ToolCallParser) -> str | None:

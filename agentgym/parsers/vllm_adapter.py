@@ -23,7 +23,11 @@ malformed call as plain content and no calls, where ours report it in ``ParsedTu
 from __future__ import annotations
 
 import difflib
+import logging
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .._errors import ConfigError
@@ -42,6 +46,47 @@ DEFAULT_MARKERS = (
 )
 #: vLLM's parser for gpt-oss: a stub whose work `HarmonyParser` does.
 HARMONY = "openai"
+
+
+class _QuietThreads(logging.Filter):
+    """Drops a logger's records from the threads in ``threads``, and no other thread's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return threading.get_ident() not in self.threads  # a logger filters in the caller
+
+
+_QUIET_LOCK = threading.Lock()
+_QUIET: dict[str, _QuietThreads] = {}
+
+
+@contextmanager
+def _quiet_in_this_thread(logger_name: str) -> Iterator[None]:
+    """Silence the logger ``logger_name`` for the calling thread only, until the block ends.
+
+    Why: vLLM's parsers log a full traceback (llama3_json's ``logger.exception`` on a stray
+    ``{``) for text they then return as plain content, which `VLLMToolParser.parse` already
+    reports; in `agentgym check` it landed between the rows. Other threads (a vLLM server in
+    the same process) and other loggers keep logging; the last block to end removes the filter.
+    """
+    logger = logging.getLogger(logger_name)
+    with _QUIET_LOCK:
+        quiet = _QUIET.get(logger_name)
+        if quiet is None:
+            quiet = _QUIET[logger_name] = _QuietThreads()
+            logger.addFilter(quiet)
+        quiet.threads.add(threading.get_ident())
+    try:
+        yield
+    finally:
+        with _QUIET_LOCK:
+            quiet.threads.discard(threading.get_ident())
+            if not quiet.threads:
+                logger.removeFilter(quiet)
+                del _QUIET[logger_name]
 
 
 def _import_vllm() -> Any:
@@ -139,16 +184,13 @@ class VLLMToolParser(ToolCallParser):
         )
 
     def parse(self, text: str) -> ParsedTurn:
-        """Run vLLM's non-streaming ``extract_tool_calls``; never raises (errors are recorded)."""
+        """Run vLLM's non-streaming ``extract_tool_calls``; never raises (errors are recorded).
+
+        The vLLM parser's own log stays quiet meanwhile (`_quiet_in_this_thread`).
+        """
         try:
-            if self.vllm_name == HARMONY:
-                content, calls = self._parse_harmony(text)
-            else:
-                parser = self._cls(self.tokenizer, self._request.tools)  # fresh: parsers keep state
-                info = parser.extract_tool_calls(text, self._request)
-                found = info.tool_calls if info.tools_called else []
-                content = info.content
-                calls = [(c.function.name, c.function.arguments, c.id or "") for c in found]
+            with _quiet_in_this_thread(self._cls.__module__):
+                content, calls = self._extract(text)
         except Exception as exc:  # noqa: BLE001 - a third-party parser may raise anything
             return ParsedTurn(content=text, errors=[f"vLLM parser {self.vllm_name!r}: {exc!r}"])
         turn = ParsedTurn(content=(content or "").strip())  # as ours: templates add the spacing
@@ -165,6 +207,15 @@ class VLLMToolParser(ToolCallParser):
                 continue
             turn.tool_calls.append(ToolCall(name=name, arguments=arguments, id=call_id or vllm_id))
         return turn
+
+    def _extract(self, text: str) -> tuple[str | None, list[tuple[str, str, str]]]:
+        """The content and (name, arguments JSON, id) calls vLLM reads in ``text``; may raise."""
+        if self.vllm_name == HARMONY:
+            return self._parse_harmony(text)
+        parser = self._cls(self.tokenizer, self._request.tools)  # fresh: parsers keep state
+        info = parser.extract_tool_calls(text, self._request)
+        found = info.tool_calls if info.tools_called else []
+        return info.content, [(c.function.name, c.function.arguments, c.id or "") for c in found]
 
     def _written_ids(self, text: str, calls: list[tuple[str, str, str]]) -> list[str]:
         """The id the model wrote for each call, as our parser of the same name reads it, or "".
