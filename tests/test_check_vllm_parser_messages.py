@@ -20,25 +20,15 @@ import agentgym
 from agentgym.engine.tiny import make_tokenizer
 from agentgym.parsers import get_parser
 from tests.conftest import require
+from tests.test_check_families import LLAMA31_LIKE
 
 pytestmark = pytest.mark.vllm
-
-WRITES_THE_CALL_ALONE = (
-    "{%- for m in messages %}"
-    "{%- if m.role == 'assistant' and m.tool_calls is defined %}"
-    "{%- set c = m.tool_calls[0].function %}"
-    '{{- \'<|im_start|>assistant\\n{"name": "\' + c.name + \'", "parameters": \''
-    " + c.arguments | tojson + '}<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 
 def rows(**kwargs: Any) -> dict[str, agentgym.CheckResult]:
     require("vllm")
     tok = make_tokenizer(("<|python_tag|>",))
-    tok.chat_template = WRITES_THE_CALL_ALONE
+    tok.chat_template = LLAMA31_LIKE
     results = agentgym.check("calculator", tokenizer=tok, **kwargs)
     assert not [r for r in results if r.name == "check crashed"], results
     return {r.name: r for r in results}

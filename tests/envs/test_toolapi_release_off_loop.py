@@ -10,8 +10,10 @@ the stop slow enough to see the loop stand still with a ticker task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
+from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
@@ -30,15 +32,28 @@ def toolapi() -> ModuleType:
     return module
 
 
-def _half_sent_request(base_url: str) -> socket.socket:
-    """A connection whose request announced a body it never sends: the shop waits for it."""
-    host, port = base_url.removeprefix("http://").split(":")
+@contextlib.asynccontextmanager
+async def _shop_with_a_request_arriving() -> AsyncIterator[tuple[Any, Any]]:
+    """A fresh ToolAPI env whose shop is in the middle of reading a request, and that shop.
+
+    The request announces a body it never sends: the shop's graceful stop waits for it. Its
+    handler task exists once the shop has read the head, which is what makes the stop slow.
+    """
+    env = agentgym.make("agentgym/ToolAPI-v0")
+    server = env.server
+    assert server.users == 1, "another env shares the shop: this env's close would not stop it"
+    host, port = server.base_url.removeprefix("http://").split(":")
     client = socket.create_connection((host, int(port)))
-    client.sendall(
-        b"POST /orders/O1000/cancel HTTP/1.1\r\nHost: shop\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
-    )
-    return client
+    try:
+        client.sendall(
+            b"POST /orders/O1000/cancel HTTP/1.1\r\nHost: shop\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        while not server._server.server_state.tasks:  # the head is read, the body awaited
+            await asyncio.sleep(0.01)
+        yield env, server
+    finally:
+        client.close()
 
 
 async def _longest_gap(until: asyncio.Future[Any]) -> float:
@@ -54,19 +69,12 @@ async def _longest_gap(until: asyncio.Future[Any]) -> float:
 async def test_stopping_the_shop_leaves_the_loop_free_and_ends_its_thread(
     toolapi: ModuleType,
 ) -> None:
-    env = agentgym.make("agentgym/ToolAPI-v0")
-    server = env.server
-    assert server.users == 1, "another env shares the shop: this env's close would not stop it"
-    client = _half_sent_request(server.base_url)
-    try:
-        await asyncio.sleep(0.2)  # the shop has read the request's head and waits for its body
+    async with _shop_with_a_request_arriving() as (env, server):
         started = time.monotonic()
         closing = asyncio.ensure_future(env.aclose())
         gap = await _longest_gap(closing)
         await closing
         took = time.monotonic() - started
-    finally:
-        client.close()
     assert took > 1.0, took  # the stop was slow: it waited for the half-sent request
     assert gap < 0.5, f"the event loop stood still {gap:.2f} s while the shop stopped"
     assert not server.alive and not server._thread.is_alive()  # stopped, its thread ended
@@ -76,12 +84,7 @@ async def test_a_close_cancelled_while_the_shop_stops_waits_for_the_stop(
     toolapi: ModuleType,
 ) -> None:
     """Cancelled midway (a deadline, Ctrl-C), the close still ends with the shop stopped."""
-    env = agentgym.make("agentgym/ToolAPI-v0")
-    server = env.server
-    assert server.users == 1, "another env shares the shop: this env's close would not stop it"
-    client = _half_sent_request(server.base_url)
-    try:
-        await asyncio.sleep(0.2)
+    async with _shop_with_a_request_arriving() as (env, server):
         closing = asyncio.ensure_future(env.aclose())
         while not server._server.should_exit:  # the stop is under way, in its thread
             await asyncio.sleep(0.01)
@@ -90,5 +93,3 @@ async def test_a_close_cancelled_while_the_shop_stops_waits_for_the_stop(
         with pytest.raises(asyncio.CancelledError):
             await closing
         assert not server._thread.is_alive()  # the cancel went on only once the shop stopped
-    finally:
-        client.close()
