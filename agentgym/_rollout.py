@@ -41,6 +41,7 @@ from ._errors import ConfigError, ConversationError, InfraError
 from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
 from ._run_to_end import run_to_end
+from ._stop import running_loop
 from ._tasks import MAX_TASKS
 from ._tool_calls import CANCEL_GRACE_SECONDS, cancel_and_wait
 from ._trajectory import MAX_ABS_REWARD, Trajectory, Turn
@@ -722,23 +723,9 @@ def rollout(env: str | EnvFactory | EnvPool, policy: Policy, **kwargs: Any) -> l
     It runs its own event loop (`_run_on_own_loop`), whose close a task that ignores
     cancellation cannot hold up.
     """
-    if _loop_running():
+    if running_loop() is not None:
         raise ConfigError("rollout() called inside a running event loop; use `await arollout(...)`")
     return _run_on_own_loop(_rollout_and_close(env, policy, **kwargs))
-
-
-def _loop_running() -> bool:
-    """Whether this thread runs an event loop.
-
-    Why a function: the rollout must not run inside the ``except`` that catches the check's
-    RuntimeError, or every episode traceback it records would begin with that error
-    ("During handling of the above exception ...").
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _run_on_own_loop(main: Coroutine[Any, Any, _T]) -> _T:

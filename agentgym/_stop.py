@@ -37,7 +37,7 @@ def exit_on_sigterm() -> None:
         on_ctrl_c = signal.getsignal(signal.SIGINT)
         if not callable(on_ctrl_c):  # SIGINT ignored (started with `&` by a script): still stop
             raise KeyboardInterrupt
-        loop = _running_loop()
+        loop = running_loop()
         on_ctrl_c(signal.SIGINT, frame)  # asyncio's: cancels the main task; a second one raises
         if loop is not None:
             _insist_unless_taken(loop)
@@ -45,8 +45,13 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    """The event loop running on this (the main) thread, if any."""
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running on this thread, if any.
+
+    Why a function: code that checks must not go on inside the ``except`` that catches
+    `asyncio.get_running_loop`'s RuntimeError, or every traceback raised after it would begin
+    with that error ("During handling of the above exception ...").
+    """
     try:
         return asyncio.get_running_loop()
     except RuntimeError:

@@ -185,10 +185,11 @@ class ToolAPIEnv(ToolEnv):
         finally:
             if not self._released:
                 self._released = True
-                # in a thread: the last env's release stops the shop and waits for its thread
-                # (up to 10 s), and on the event loop every other episode stood still meanwhile.
-                # Run to its end even when cancelled: the shop is stopped before the cancel goes on
-                await run_to_end(asyncio.to_thread(service.release, self.server))
+                if service.give_back(self.server):  # the last env stops the shop, in a thread:
+                    # the stop waits for its thread (about 2 s with a request arriving), and on
+                    # the event loop every other episode stood still meanwhile. Run to its end
+                    # even when cancelled: the shop is stopped before the cancel goes on
+                    await run_to_end(asyncio.to_thread(self.server.stop))
 
     def reference_turns(self, task: dict[str, Any]) -> list[str]:
         calls = [self.parser.render("", [ToolCall(name, args)]) for name, args in task["calls"]]

@@ -596,11 +596,21 @@ def acquire() -> ShopServer:
 
 def release(server: ShopServer) -> None:
     """One env is done with ``server``; the last one stops it."""
+    if give_back(server):
+        server.stop()
+
+
+def give_back(server: ShopServer) -> bool:
+    """One env is done with ``server``: True for the last one, which must stop it.
+
+    Why apart from `release`: stopping waits for the shop's thread, so an env on an event loop
+    stops it in a thread, and only the last env need go there.
+    """
     global _shared
     with _shared_lock:
         server.users -= 1
         if server.users > 0:
-            return
+            return False
         if _shared is server:
             _shared = None
-    server.stop()
+    return True

@@ -10,9 +10,12 @@ the attacks covered before.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from agentgym.sandboxes import verify
+from agentgym.sandboxes import DockerSandbox, _docker, verify
+from tests.sandboxes.conftest import require_docker
 
 pytestmark = pytest.mark.docker
 
@@ -35,6 +38,23 @@ def test_folders_a_sample_leaves_do_not_time_out_the_next_sample(sb):
     # on the next sample's clock: its runner timed out, and a correct sample scored 0.
     first = verify(LEAVE_FOLDERS + GOOD, TESTS, sandbox=sb)
     assert first.status != "infra_error", first.infra_error
+    began = time.monotonic()
     second = verify(GOOD, TESTS, sandbox=sb, per_test_timeout=2, total_timeout=2)
+    took = time.monotonic() - began
     assert (second.status, second.reward) == ("passed", 1.0), (second.tests,
                                                                second.exec_result)
+    # and the clean-up was not on its clock, however fast this machine deletes folders
+    assert took - second.exec_result.duration > 1, (took, second.exec_result.duration)
+
+
+def test_a_clean_up_past_its_limit_resets_the_sandbox_and_still_judges_the_sample(monkeypatch):
+    # Past CLEAN_TIMEOUT_S the sandbox is reset hard (else replaced) and the call sent again:
+    # the sample's code had not run, so it is judged as usual, never blamed for the leftovers.
+    require_docker()
+    monkeypatch.setattr(_docker, "CLEAN_TIMEOUT_S", 0.3)
+    leave = "import os\nos.mkdir('/tmp/d')\nfor n in range(60_000): os.mkdir(f'/tmp/d/{n}')\n"
+    with DockerSandbox() as box:
+        assert box.run(leave, timeout=60).status == "ok"
+        result = verify(GOOD, TESTS, sandbox=box, per_test_timeout=2, total_timeout=2)
+        assert (result.status, result.reward) == ("passed", 1.0), result.exec_result
+        assert box.needs_recycle  # the path taken: the clean-up was cut and the sandbox reset
