@@ -29,6 +29,7 @@ from ._check_tasks import missing_task_fields
 from ._check_template import (
     Call,
     env_option,
+    other_reader,
     read_calls,
     reasoning_prefix,
     template_checks,
@@ -43,7 +44,7 @@ from ._rollout import EpisodeSpec, run_episode
 from ._tool_schema import example_arguments
 from ._trajectory import Trajectory
 from ._types import Message
-from .parsers import ToolCall, ToolCallParser, available_parsers, get_parser
+from .parsers import ToolCall, ToolCallParser, get_parser
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 #: Seconds a row that plays episodes may take by default (a code env's reference starts a
@@ -438,8 +439,7 @@ def _unread_after_text(
     """
     if read_calls(parser, parser.render("", calls)) != want:
         return ""
-    readers = (n for n in available_parsers() if n != parser.name)
-    fix = next((n for n in readers if read_calls(get_parser(n), text) == want), None)
+    fix = other_reader(text, want, parser)
     return (
         f": {parser.name!r} reads calls only when they are the whole turn, so a model that "
         "writes text before its calls calls no tool"

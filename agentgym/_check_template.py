@@ -423,12 +423,17 @@ DROPS_CALLS = (
 )
 
 
+def other_reader(text: str, expected: list[Call], parser: ToolCallParser) -> str | None:
+    """The name of a shipped parser other than ``parser`` that reads ``expected`` in ``text``."""
+    readers = (n for n in available_parsers() if n != parser.name)
+    return next((n for n in readers if read_calls(get_parser(n), text) == expected), None)
+
+
 def format_fix(text: str, expected: list[Call], parser: ToolCallParser) -> str:
     """The fix to name: the shipped parser that reads the template's calls, or the template."""
     if not any(name in text for name, _ in expected):
         return DROPS_CALLS
-    readers = (n for n in available_parsers() if n != parser.name)
-    other = next((n for n in readers if read_calls(get_parser(n), text) == expected), None)
+    other = other_reader(text, expected, parser)
     if other:
         return f"it reads as the {other!r} format: use {env_option('parser', other)}"
     return f"give the model a chat template that writes the {parser.name!r} format"

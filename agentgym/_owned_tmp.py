@@ -6,7 +6,7 @@ who starts ``agentgym train`` or ``eval`` again and again, and sometimes kills i
 temp dir filling up with vLLM server logs, vLLM socket folders and MCP workspace copies.
 
 How: `make_dir` names a folder ``PREFIX<pid>-<host>-XXXXXXXX`` (the pid is for people; the host
-is a short hash of this machine's name) and holds an exclusive ``flock`` on it for the life of
+is a short hash of this machine's boot id) and holds an exclusive ``flock`` on it for the life of
 the process: the kernel drops the lock however the process ends. Before its first folder of a
 kind, a process removes every folder of that kind whose lock is free (`sweep`): its owner is
 dead, whatever process has its pid now. A folder is made under a hidden name and renamed once
@@ -15,9 +15,12 @@ lock: the folder stays while it lives too.
 A folder that could not be locked (a temp dir on a file system without locks) keeps its hidden
 name, which no sweep takes.
 
-A sweep takes only this host's folders: with the temp dir on a file system several hosts share
-(NFS), a lock may not be seen from another host, so another host's live folder would look dead,
-and a dead host's lock may linger; another host's folders are left for that host's next sweep.
+A sweep takes only this machine's folders (the tag is a hash of the running kernel's boot id,
+which every container on the machine shares): with the temp dir on a file system several
+machines share (NFS), a lock may not be seen from another machine, so another machine's live
+folder would look dead, and a dead machine's lock may linger; another machine's folders are
+left for its own next sweep. Folders of this machine's earlier boots (a temp dir that outlives
+a reboot) carry another tag and are not swept.
 Folders named before the host tag (``PREFIX<pid>-XXXXXXXX``) are swept as before, by any host:
 they name no host, and left alone they would stay for good.
 """
@@ -43,8 +46,25 @@ _guard = threading.Lock()  # MCP makes its folders in worker threads
 
 #: What a `keep` adds after the prefix: a kept folder is the user's, never swept.
 KEPT = "kept-"
-#: This host in the names of its folders: the sweeps of other hosts sharing the temp dir skip them.
-HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _kernel_tag() -> str:
+    """8 hex characters naming this machine's running kernel (its boot id), else its host name.
+
+    Why the kernel, not the host name: a ``flock`` holds for every process of one kernel, the
+    containers on it included (each has a host name of its own, so containers sharing a temp
+    dir never swept each other's dead folders), and may not be seen from another machine's.
+    """
+    try:
+        ident = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:  # not Linux
+        ident = socket.gethostname()
+    return hashlib.sha256(ident.encode()).hexdigest()[:8]
+
+
+#: This machine in the names of its folders: sweeps on other machines sharing the temp dir skip
+#: them (`_kernel_tag`).
+HOST = _kernel_tag()
 
 
 def make_dir(prefix: str) -> Path:

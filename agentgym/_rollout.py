@@ -442,7 +442,9 @@ class EnvPool(_OneEnvPerEpisode):
 
         Each close has ``close_timeout`` seconds: one still running then (a server that will not
         stop, a sandbox daemon that stopped answering) is cancelled, logged as left open, and
-        the next env is closed; it hung the trainer's or eval's shutdown for good. A close runs
+        the next env is closed; it hung the trainer's or eval's shutdown for good. (A close
+        stuck in a worker thread still holds up the end of `rollout` and of the process, which
+        wait for the loop's threads: nothing can stop a thread.) A close runs
         in a task of its own for that, which hands a KeyboardInterrupt an episode raised on
         this loop back to `aclose` to raise: raised in the task, it escaped the loop's run and
         broke the trainer's shutdown.
@@ -451,7 +453,7 @@ class EnvPool(_OneEnvPerEpisode):
         envs, self.idle = self.idle, []
         for done, env in enumerate(envs, start=1):
             try:
-                await _close(env, self.close_timeout, _NEXT)
+                await _close(env, self.close_timeout, _NEXT, log_failure=True)
             except asyncio.CancelledError:
                 await run_to_end(_close_each(envs[done:], self.close_timeout))
                 raise
@@ -470,19 +472,21 @@ _NEXT = "to close the next env"
 async def _close_each(envs: list[Env], seconds: float) -> None:
     """Close every env, one after another (`_close`)."""
     for env in envs:
-        await _close(env, seconds, _NEXT)
+        await _close(env, seconds, _NEXT, log_failure=True)
 
 
-async def _close(env: Env, seconds: float, then: str) -> str | None:
-    """Close ``env`` within ``seconds``; what went wrong, logged, or None when it closed.
+async def _close(env: Env, seconds: float, then: str, *, log_failure: bool = False) -> str | None:
+    """Close ``env`` within ``seconds``; what went wrong, or None when it closed.
 
-    What went wrong is the close's traceback, or that it was still running at the deadline
-    and was left open ``then`` (what the caller goes on to). The close runs in a task of its
+    What went wrong is the close's traceback (logged with ``log_failure``: an episode's is
+    recorded on it instead, not logged once per episode), or that it was still running at the
+    deadline and was left open ``then`` (what the caller goes on to; always logged: each such
+    close costs its caller ``seconds``). The close runs in a task of its
     own, so the wait ends at the deadline even when the close does not end when cancelled
     (one waiting for a thread, as a sandbox's does). A caller cancelled meanwhile cancels the
     close and waits for it as long again.
     """
-    closing = asyncio.ensure_future(_close_logged(env))
+    closing = asyncio.ensure_future(_closed(env))
     try:
         await asyncio.wait([closing], timeout=seconds)
     except asyncio.CancelledError:
@@ -498,11 +502,13 @@ async def _close(env: Env, seconds: float, then: str) -> str | None:
     outcome = closing.result()
     if isinstance(outcome, BaseException):
         raise outcome
+    if outcome is not None and log_failure:
+        log.warning("closing a %s failed:\n%s", type(env).__name__, outcome)
     return outcome
 
 
-async def _close_logged(env: Env) -> str | BaseException | None:
-    """Close ``env``: None, a failure's traceback (logged), or a KeyboardInterrupt to raise.
+async def _closed(env: Env) -> str | BaseException | None:
+    """Close ``env``: None, a failure's traceback, or a KeyboardInterrupt to raise.
 
     A SystemExit is returned as a KeyboardInterrupt is, for `_close` to raise.
 
@@ -511,7 +517,6 @@ async def _close_logged(env: Env) -> str | BaseException | None:
     try:
         await env.aclose()
     except Exception:
-        log.warning("closing a %s failed", type(env).__name__, exc_info=True)
         return traceback.format_exc()
     except (KeyboardInterrupt, SystemExit) as exc:
         return exc

@@ -66,33 +66,33 @@ class _Collect(logging.Handler):
         self.records.append(record)
 
 
-def test_vllm_parser_traceback_stays_out_while_other_threads_still_log() -> None:
+def test_vllm_parser_traceback_stays_out_while_other_threads_still_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """vLLM's llama3_json parser logs a traceback (`logger.exception`) for a stray ``{``.
 
     While the adapter parses, that logger is quiet for the parsing thread only: a record
-    another thread logs meanwhile (started from inside the parse) still arrives, and after the
-    parse the logger is as it was.
+    another thread logs meanwhile (started from inside the parse) still arrives, and so does
+    one after the parse; the parse adds no filter.
     """
     require("vllm")
     parser = get_parser("vllm:llama3_json")
     logger = logging.getLogger("vllm.tool_parsers.llama_tool_parser")
     collect, filters_before = _Collect(), list(logger.filters)
-    parsing = threading.get_ident()
+    extract = parser._extract
 
-    def meanwhile(record: logging.LogRecord) -> bool:
-        if threading.get_ident() == parsing and record.exc_info:  # vLLM's traceback
-            other = threading.Thread(target=logger.error, args=("from another thread",))
-            other.start()
-            other.join()
-        return True
+    def extract_while_another_thread_logs(text: str) -> Any:
+        other = threading.Thread(target=logger.error, args=("from another thread",))
+        other.start()
+        other.join()
+        return extract(text)  # vLLM logs its traceback in here
 
+    monkeypatch.setattr(parser, "_extract", extract_while_another_thread_logs)
     logger.addHandler(collect)
-    logger.addFilter(meanwhile)
     try:
         turn = parser.parse("The set {1, 2} has two items.")
         logger.error("after the parse")
     finally:
-        logger.removeFilter(meanwhile)
         logger.removeHandler(collect)
     assert turn.tool_calls == [] and turn.content == "The set {1, 2} has two items."
     assert [r.getMessage() for r in collect.records] == [

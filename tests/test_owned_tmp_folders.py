@@ -6,7 +6,6 @@ does: no exit hook runs, only the kernel drops the owner's lock.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import select
 import signal
@@ -37,8 +36,8 @@ sys.stdin.read()
 """
 
 
-#: An owner on another host sharing the temp dir (NFS): the same code, another host name.
-OTHER_HOST_OWNER = "import socket\nsocket.gethostname = lambda: 'host-b'\n" + OWNER
+#: An owner on another machine sharing the temp dir (NFS): the same code, another machine tag.
+OTHER_HOST_OWNER = f"from agentgym import _owned_tmp\n_owned_tmp.HOST = {'b' * 8!r}\n" + OWNER
 
 
 def start_owner(temp: Path, code: str = OWNER) -> tuple[subprocess.Popen[str], Path, int]:
@@ -92,10 +91,22 @@ def test_a_sweep_leaves_the_folders_of_another_host_sharing_the_temp_dir(tmp_pat
     process.kill()
     process.wait(timeout=30)
     reap(child)
-    host_b = hashlib.sha256(b"host-b").hexdigest()[:8]
-    assert folder.name.startswith(f"{PREFIX}{process.pid}-{host_b}-")
+    assert folder.name.startswith(f"{PREFIX}{process.pid}-bbbbbbbb-")
     assert _owned_tmp.sweep(PREFIX, str(tmp_path)) == 0
     assert folder.is_dir()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/sys/kernel/random/boot_id"), reason="Linux")
+def test_a_sweep_takes_a_dead_folder_of_another_host_name_on_this_kernel(tmp_path: Path) -> None:
+    """Containers on one machine share its kernel, and so its locks, each with a host name of
+    its own: tagged by host name, a container never swept another's dead folders."""
+    another_name = "import socket\nsocket.gethostname = lambda: 'container-2'\n" + OWNER
+    process, folder, child = start_owner(tmp_path, another_name)
+    process.kill()
+    process.wait(timeout=30)
+    reap(child)
+    assert _owned_tmp.sweep(PREFIX, str(tmp_path)) == 1
+    assert not folder.exists()
 
 
 def test_the_first_folder_of_a_kind_sweeps_the_dead_owners_folders(

@@ -46,7 +46,9 @@ def test_a_hung_close_is_left_open_at_the_deadline_and_the_next_env_is_closed(
 ) -> None:
     unblock, closed = threading.Event(), []
     # the old pool waited for the hung close: it ends 20 s on, failing the time check below
-    threading.Timer(20, unblock.set).start()
+    timer = threading.Timer(20, unblock.set)
+    timer.daemon = True  # else it kept pytest alive 20 s after the tests had passed
+    timer.start()
 
     async def main() -> float:
         pool = EnvPool(lambda: PlainEnv(closed), close_timeout=0.5)

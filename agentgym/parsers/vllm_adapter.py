@@ -26,8 +26,6 @@ import difflib
 import logging
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from .._errors import ConfigError
@@ -48,45 +46,27 @@ DEFAULT_MARKERS = (
 HARMONY = "openai"
 
 
-class _QuietThreads(logging.Filter):
-    """Drops a logger's records from the threads in ``threads``, and no other thread's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.threads: set[int] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return threading.get_ident() not in self.threads  # a logger filters in the caller
-
-
-_QUIET_LOCK = threading.Lock()
-_QUIET: dict[str, _QuietThreads] = {}
-
-
-@contextmanager
-def _quiet_in_this_thread(logger_name: str) -> Iterator[None]:
-    """Silence the logger ``logger_name`` for the calling thread only, until the block ends.
+class _QuietWhileParsing(logging.Filter):
+    """Drops a vLLM parser's log records made while this thread runs `VLLMToolParser.parse`.
 
     Why: vLLM's parsers log a full traceback (llama3_json's ``logger.exception`` on a stray
     ``{``) for text they then return as plain content, which `VLLMToolParser.parse` already
     reports; in `agentgym check` it landed between the rows. Other threads (a vLLM server in
-    the same process) and other loggers keep logging; the last block to end removes the filter.
+    the same process) keep logging. One filter per logger, installed once: a flag of the
+    parsing thread switches it, so a parse adds nothing to the logger's filters.
     """
+
+    parsing = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.parsing, "on", False)  # a logger filters in the caller's thread
+
+
+def _quiet_while_parsing(logger_name: str) -> None:
+    """Give the logger ``logger_name`` its `_QuietWhileParsing` filter, once."""
     logger = logging.getLogger(logger_name)
-    with _QUIET_LOCK:
-        quiet = _QUIET.get(logger_name)
-        if quiet is None:
-            quiet = _QUIET[logger_name] = _QuietThreads()
-            logger.addFilter(quiet)
-        quiet.threads.add(threading.get_ident())
-    try:
-        yield
-    finally:
-        with _QUIET_LOCK:
-            quiet.threads.discard(threading.get_ident())
-            if not quiet.threads:
-                logger.removeFilter(quiet)
-                del _QUIET[logger_name]
+    if not any(isinstance(f, _QuietWhileParsing) for f in logger.filters):
+        logger.addFilter(_QuietWhileParsing())
 
 
 def _import_vllm() -> Any:
@@ -146,6 +126,7 @@ class VLLMToolParser(ToolCallParser):
             raise ConfigError(
                 f"vLLM has no tool parser {name!r}.{hint} Known: {', '.join(known)}"
             ) from None
+        _quiet_while_parsing(self._cls.__module__)
         self.name = f"vllm:{name}"
         self.vllm_name = name
         self.tokenizer = _load_tokenizer(tokenizer, extra_tokens)
@@ -186,11 +167,14 @@ class VLLMToolParser(ToolCallParser):
     def parse(self, text: str) -> ParsedTurn:
         """Run vLLM's non-streaming ``extract_tool_calls``; never raises (errors are recorded).
 
-        The vLLM parser's own log stays quiet meanwhile (`_quiet_in_this_thread`).
+        The vLLM parser's own log stays quiet meanwhile (`_QuietWhileParsing`).
         """
         try:
-            with _quiet_in_this_thread(self._cls.__module__):
+            _QuietWhileParsing.parsing.on = True
+            try:
                 content, calls = self._extract(text)
+            finally:
+                _QuietWhileParsing.parsing.on = False
         except Exception as exc:  # noqa: BLE001 - a third-party parser may raise anything
             return ParsedTurn(content=text, errors=[f"vLLM parser {self.vllm_name!r}: {exc!r}"])
         turn = ParsedTurn(content=(content or "").strip())  # as ours: templates add the spacing
@@ -223,7 +207,7 @@ class VLLMToolParser(ToolCallParser):
         vLLM makes up a fresh id for every call (Mistral's 9 characters too), so the env's
         history, and the template's render of it, would show ids the model never wrote.
         """
-        if self.vllm_name not in _PARSERS:
+        if not calls or self.vllm_name not in _PARSERS:
             return [""] * len(calls)
         ours = _PARSERS[self.vllm_name](**self._render_kwargs).parse(text).tool_calls
         return [
