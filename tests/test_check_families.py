@@ -92,6 +92,14 @@ _HERMES_CALLS = (
     " + c.function.arguments | tojson + '}\\n</tool_call>' }}"
     "{%- endfor %}"
 )
+#: A Qwen assistant turn's end, then tool results as a user turn in ``<tool_response>``.
+_QWEN_TOOL_RESULTS = (
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content }}"
+    "{{- '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+)
 QWEN3_LIKE = (
     "{%- for m in messages %}" + _CHATML_TURNS + "{%- elif m.role == 'assistant' %}"
     "{%- set content = m.content.split('</think>')[-1].lstrip('\\n') %}"
@@ -101,12 +109,8 @@ QWEN3_LIKE = (
     "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content }}"
     "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}"
     + _HERMES_CALLS
-    + "{{- '<|im_end|>\\n' }}"
-    "{%- elif m.role == 'tool' %}"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content }}"
-    "{{- '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    + _QWEN_TOOL_RESULTS
+    + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}"
     "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )

@@ -19,7 +19,13 @@ import pytest
 
 from agentgym.parsers import get_parser
 from tests.conftest import require
-from tests.test_check_families import _CHATML_TURNS, _HERMES_CALLS, MISTRAL_V03_LIKE, rows
+from tests.test_check_families import (
+    _CHATML_TURNS,
+    _HERMES_CALLS,
+    _QWEN_TOOL_RESULTS,
+    MISTRAL_V03_LIKE,
+    rows,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -28,12 +34,8 @@ QWEN25_LIKE = (
     "{%- for m in messages %}" + _CHATML_TURNS + "{%- elif m.role == 'assistant' %}"
     "{%- set content = m.content %}{{- '<|im_start|>assistant\\n' + content }}"
     + _HERMES_CALLS
-    + "{{- '<|im_end|>\\n' }}"
-    "{%- elif m.role == 'tool' %}"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content }}"
-    "{{- '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    + _QWEN_TOOL_RESULTS
+    + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 
