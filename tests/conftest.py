@@ -23,6 +23,8 @@ from typing import NoReturn
 
 import pytest
 
+from tests import timeline
+
 # --- optional dependencies -------------------------------------------------------------------
 
 
@@ -60,6 +62,13 @@ def require(module_name: str) -> ModuleType:
         return importlib.import_module(module_name)
     except ImportError as exc:
         skip_or_fail(f"optional dependency {module_name!r} is not importable: {exc}")
+
+
+# --- which test ran when (to name the test that left something behind: tests/timeline.py) ---
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    timeline.started(nodeid)
 
 
 # --- how two pytest-xdist workers split the suite (`pytest -n 2 --dist loadgroup`) ------------

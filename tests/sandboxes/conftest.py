@@ -7,6 +7,7 @@ multi-host tests add a second daemon over mutual TLS (`tls_daemon`, see ``tls_da
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 
@@ -14,6 +15,7 @@ import pytest
 
 from agentgym.sandboxes import DEFAULT_IMAGE, DockerHost, SandboxPool, _reap
 from tests.conftest import skip_or_fail
+from tests.timeline import running_test_at
 from tests.sandboxes.tls_daemon import TlsDaemon, Unavailable
 
 
@@ -84,6 +86,23 @@ def alive(sb, pid: int) -> bool:
     return sb._container.exec_run(["sh", "-c", check]).exit_code == 0
 
 
+def made_by(containers: list) -> dict[str, str]:
+    """Each container's short id and the test this process ran when the container was made."""
+    return {c.short_id: running_test_at(_created(c)) for c in containers}
+
+
+def _created(container) -> float:
+    """The container's creation time as a Unix time, to the nanosecond Docker's inspect gives.
+
+    (A listed container's ``Created`` is whole seconds: too coarse to tell two tests apart.)
+    """
+    container.reload()
+    stamp = container.attrs["Created"]  # e.g. 2026-12-07T05:31:02.123456789Z
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    utc = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.timezone.utc)
+    return utc.timestamp() + float(f"0.{fraction or 0}")
+
+
 def own_containers(client=None) -> list:
     """Agentgym containers owned by this test process (on ``client``'s daemon; default local)."""
     return [c for c in _reap.managed_containers(client or _client())
@@ -126,7 +145,7 @@ def no_leftover_containers():
     if _docker_problem() is not None:
         return
     left = own_containers()
-    assert not left, f"leaked containers: {[c.short_id for c in left]}"
+    assert not left, f"leaked containers: {made_by(left)}"
 
 
 @pytest.fixture(scope="session")
@@ -147,7 +166,7 @@ def tls_daemon():
         yield daemon
         daemon.start()  # a test may have stopped it: the check below needs it
         left = own_containers(daemon.host().connect())
-        assert not left, f"leaked containers on the TLS daemon: {[c.short_id for c in left]}"
+        assert not left, f"leaked containers on the TLS daemon: {made_by(left)}"
     finally:
         daemon.remove()
 
