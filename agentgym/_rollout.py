@@ -38,12 +38,13 @@ from typing import Any, TypeVar
 from ._deadline import episode_deadline
 from ._env import Env
 from ._errors import ConfigError, ConversationError, InfraError
+from ._own_loop import own_loop, run_caught
 from ._policies import Policy, PolicyEpisode, start_episode
 from ._registry import make
 from ._run_to_end import run_to_end
 from ._stop import running_loop
 from ._tasks import MAX_TASKS
-from ._tool_calls import CANCEL_GRACE_SECONDS, cancel_and_wait
+from ._tool_calls import cancel_and_wait
 from ._trajectory import MAX_ABS_REWARD, Trajectory, Turn
 from ._types import Completion, Message
 
@@ -734,63 +735,19 @@ def rollout(env: str | EnvFactory | EnvPool, policy: Policy, **kwargs: Any) -> l
 
 
 def _run_on_own_loop(main: Coroutine[Any, Any, _T]) -> _T:
-    """`asyncio.run`, except that tasks which ignore cancellation cannot hang its close.
+    """`asyncio.run`, except that its end is bounded and a Ctrl-C leaves no stray traceback.
 
-    `asyncio.run` cancels the tasks left at the end and waits for all of them, without a
-    limit: a task that swallows `asyncio.CancelledError`, started by a tool or an env and
-    left behind by its episode, would hang `rollout` and ``agentgym eval`` after the rollout
-    itself returned. (Tool calls leave none: `Tool.acall` closes a tool that ignores its
-    cancellation.) `asyncio.Runner` still runs ``main`` (a first Ctrl-C cancels it, so envs
-    are closed), and `_end_leftovers` closes the loop instead of ``Runner.close``.
+    `asyncio.run`'s close waits, without a limit, for the tasks left (one that swallows
+    `asyncio.CancelledError`, started by a tool or an env and left behind by its episode) and
+    for the threads of its default executor (an env's close left open after ``close_timeout``,
+    still in ``asyncio.to_thread``): either hung `rollout` and ``agentgym eval`` after the
+    rollout itself returned. `own_loop` gives each a grace, then leaves it, named in a warning.
+    (Tool calls leave neither: `Tool.acall` closes a tool that ignores its cancellation, and
+    sync tools run on daemon threads of their own.) A first Ctrl-C still cancels ``main``, so
+    envs are closed.
     """
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        return asyncio.Runner(loop_factory=lambda: loop).run(main)
-    finally:
-        try:
-            _end_leftovers(loop)
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-
-def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel the tasks left on ``loop``, and wait `CANCEL_GRACE_SECONDS` for them to end.
-
-    Those still running then are left with the closed loop, named in one warning: they
-    ignore cancellation, and waiting longer would only hang the caller.
-    """
-    left = asyncio.all_tasks(loop)
-    for task in left:
-        task.cancel()
-    if not left:
-        return
-    _, stuck = loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_GRACE_SECONDS))
-    for task in left - stuck:  # what asyncio.run reports for the tasks it cancels
-        if not task.cancelled() and task.exception() is not None:
-            loop.call_exception_handler({
-                "message": "unhandled exception in a task cancelled as rollout() returned",
-                "exception": task.exception(), "task": task,
-            })  # fmt: skip
-    if stuck:
-        names = sorted({_task_label(task) for task in stuck})
-        log.warning(
-            "rollout(): %d task(s) still ran %g s after being cancelled as the rollout "
-            "returned, and were left behind when its event loop closed: %s. Code run on the "
-            "event loop must let asyncio.CancelledError propagate",
-            len(stuck), CANCEL_GRACE_SECONDS, ", ".join(names),
-        )  # fmt: skip
-        for task in stuck:  # warned above; no "Task was destroyed but it is pending!"
-            task._log_destroy_pending = False  # type: ignore[attr-defined]
-
-
-def _task_label(task: asyncio.Task[Any]) -> str:
-    """What the warning calls a task: its name, and the coroutine it runs (the code to fix)."""
-    coro = task.get_coro()
-    return f"{task.get_name()} ({getattr(coro, '__qualname__', type(coro).__name__)})"
+    with own_loop("rollout()") as loop:
+        return run_caught(loop, main)
 
 
 async def _rollout_and_close(

@@ -42,6 +42,7 @@ from typing import Any
 
 from agentgym import EnvPool, Trajectory, arollout
 from agentgym._errors import ConfigError, Error, InfraError
+from agentgym._own_loop import own_loop, run_caught
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 from agentgym.engine._fleet import run_namespace
@@ -215,21 +216,24 @@ class GRPOTrainer:
         The engine runs on a loop of its own; this one plays episodes. Envs are built once
         per concurrent episode for the whole run instead of once per episode, and closed
         when the run ends, with the sandbox containers they shared: a notebook's kernel kept
-        a sandbox env's containers running after `train` returned, until it exited.
+        a sandbox env's containers running after `train` returned, until it exited. The loop
+        is `own_loop`'s and runs through `run_caught`: a Ctrl-C in env code neither cuts the
+        close of the envs short nor leaves "Task exception was never retrieved", and an env's
+        close stuck in a thread cannot hang the end of the run.
         """
-        with asyncio.Runner() as loop:
+        with own_loop("train()") as loop:
             self._loop = loop
             try:
                 yield
             finally:
-                loop.run(self._envs.aclose())
+                run_caught(loop, self._envs.aclose())
                 close_shared_pools()
                 self._loop = None
 
     def _run(self, coro: Any) -> Any:
-        """Run a coroutine from the (sync) training loop on the run's event loop."""
+        """Run a coroutine from the (sync) training loop on the run's event loop (`run_caught`)."""
         assert self._loop is not None, "only inside train()"
-        return self._loop.run(coro)
+        return run_caught(self._loop, coro)
 
     def _train(self, run: RunDir | None, trackers: Trackers | None) -> dict[str, float]:
         """The loop; ``run`` and ``trackers`` are None on ranks other than 0."""
