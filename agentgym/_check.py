@@ -122,12 +122,20 @@ def check(
         checks.append(plays.row("chat template", lambda: template_checks(tok, kwargs,
                                                                         *exercise())))
     results: list[CheckResult] = []
-    for run in checks:
-        try:
-            outcome = run()
-            results.extend(outcome if isinstance(outcome, list) else [outcome])
-        except Exception as exc:  # a crashing check is a failed check, not a crashed command
-            results.append(CheckResult("check crashed", False, f"{type(exc).__name__}: {exc}"))
+    try:
+        for run in checks:
+            try:
+                outcome = run()
+                results.extend(outcome if isinstance(outcome, list) else [outcome])
+            except Exception as exc:  # a crashing check is a failed check, not a crashed command
+                results.append(CheckResult("check crashed", False,
+                                           f"{type(exc).__name__}: {exc}"))
+    finally:
+        if sandboxes is not None:  # its episodes started the shared pool: 4 warm containers
+            # ran on after `check` returned, in a notebook until the kernel exited (as train())
+            from .sandboxes import close_shared_pools
+
+            close_shared_pools()
     return results
 
 

@@ -21,6 +21,7 @@ import base64
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -157,14 +158,20 @@ class DockerSandbox(SandboxBase):
         if loosened:
             log.warning("sandbox hardening loosened explicitly: %s", ", ".join(loosened))
         docker = import_docker()
+        name = f"agentgym-{uuid.uuid4().hex}"  # to remove it even if the create's reply is lost
         try:  # create + start, not run: run would try to pull a missing image
             container = self._client.containers.create(
-                self.image, KEEPER_CMD, **container_options(cfg, self._labels),
+                self.image, KEEPER_CMD, name=name, **container_options(cfg, self._labels),
                 **LIFELINE_OPTIONS)
         except docker.errors.ImageNotFound as exc:
             raise SandboxError(f"image {self.image!r} not found on host {self.host.name!r}: "
                                f"{missing_image_fix(self.image)}") from exc
         except Exception as exc:
+            # The daemon may have made it while the client gave up waiting (a timeout under
+            # load): nobody knew its id, and, never started, it outlived the process. Removed
+            # by name now; one the daemon does not answer for stays `left_behind`.
+            self.left_behind = name
+            self._remove_left_behind()
             raise SandboxError(f"cannot create a container from {self.image!r}: {exc}") from exc
         self._container = container
         _reap.track(self)

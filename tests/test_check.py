@@ -133,8 +133,14 @@ def test_a_sandbox_env_says_first_that_its_image_is_missing_and_plays_nothing_wi
 
 
 def test_a_sandbox_env_with_its_image_passes_the_row_and_plays():
+    """And it leaves no container running: the shared pool its episodes started (4 warm
+    containers) outlived `check` until the process exited (a test worker's leak check)."""
     require("docker")
+    from tests.sandboxes.conftest import own_containers
+
+    before = {c.id for c in own_containers()}  # e.g. the sandbox tests' shared `pool`
     rows = {r.name: r for r in agentgym.check("pythoncode")}
+    assert [c.short_id for c in own_containers() if c.id not in before] == []
     assert (
         rows["sandboxes"].verdict == "pass" and "agentgym-sandbox:py3" in rows["sandboxes"].detail
     )
