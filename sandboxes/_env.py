@@ -197,6 +197,7 @@ class _PoolSlot:
     failures: int = 0  # consecutive failed starts
     retry_at: float = 0.0  # time.monotonic() before which no new start is tried
     error: str = ""
+    closed: bool = False  # by `close_shared_pools`: no pool starts here again (see `_start`)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def apool(self) -> SandboxPool:
@@ -210,7 +211,17 @@ class _PoolSlot:
         return await asyncio.to_thread(self._start, self.attempts)
 
     def _start(self, seen: int) -> SandboxPool:
+        """Start the pool (or return the one another episode started meanwhile).
+
+        Refuses on a slot that `close_shared_pools` closed: the registry forgot it, so a pool
+        started through it (by an episode that began before the close) would be closed by no
+        later `close_shared_pools`, nor at exit, and its containers would run on unseen.
+        """
         with self.lock:
+            if self.closed:
+                raise SandboxError(f"the sandbox pool for {self.image!r} was closed by "
+                                   f"close_shared_pools() while this episode was starting; "
+                                   f"close the shared pools only once every episode has ended")
             if self.pool is not None and not self.pool.closed:
                 return self.pool
             if self.attempts != seen:  # the attempt this episode waited for failed
@@ -297,13 +308,14 @@ def close_shared_pools() -> None:
     """Remove the shared pools' containers now and forget the pools.
 
     Runs at interpreter exit too; call it earlier when done with an env (tests, long-lived
-    processes). The next episode starts a new pool.
+    processes). The next episode starts a new pool; an episode that was still starting one
+    gets `SandboxError` (``infra_error``) instead of a pool nothing would close.
     """
     with _SLOTS_LOCK:
         slots = list(_SLOTS.values())
         _SLOTS.clear()
     for slot in slots:
         with slot.lock:
-            pool, slot.pool = slot.pool, None
+            pool, slot.pool, slot.closed = slot.pool, None, True
         if pool is not None:
             pool.close()
