@@ -11,7 +11,6 @@ episode with one more tool call made after some text (templates differ most ther
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import re
@@ -38,6 +37,7 @@ from ._check_template import (
 from ._check_tool_params import tool_parameters
 from ._env import Env
 from ._errors import ConfigError, SandboxError
+from ._own_loop import own_loop, run_caught
 from ._policies import ScriptedPolicy
 from ._registry import made_for_a_command, make
 from ._rollout import EpisodeSpec, run_episode
@@ -82,6 +82,10 @@ def check(
         One `CheckResult` per row. A row with nothing to check (the reference episode of an
         env without a reference solution) is skipped: ``skipped`` and ``passed`` are both
         true, so it fails nothing, and its ``verdict`` is ``"skip"``.
+
+    A sandbox env's rows start the process's shared sandbox pools; they are closed on return
+    (`close_shared_pools`, as `train` does), so ``check`` leaves no container running: call it
+    before your rollouts, not beside them.
 
     Raises:
         ConfigError: the env id, an env option or the tokenizer path is wrong (nothing runs).
@@ -583,11 +587,10 @@ def _play(
             return None, tools, parser, "the env has no reference solution for task 0"
     except NotImplementedError as exc:  # a parse-only parser cannot write the reference
         return None, tools, parser, f"cannot render its reference turns: {exc}"
-    trajectory = asyncio.run(
-        run_episode(
+    with own_loop("check()") as loop:
+        trajectory = run_caught(loop, run_episode(
             lambda: make(env_id, **env_kwargs), ScriptedPolicy(turns), EpisodeSpec(0, 0, 0, 0)
-        )
-    )
+        ))  # fmt: skip
     return trajectory, tools, parser, ""
 
 

@@ -13,10 +13,11 @@ and `run_caught` end it instead:
 - Their close waits for every task left, without a limit: one that ignores cancellation (a
   tool's or an env's, left behind by its episode) hung the caller after its work was done.
   `own_loop` waits `CANCEL_GRACE_SECONDS`, then leaves them, named in a warning.
-- Their close waits, without a limit, for every thread of the loop's default executor: an
-  env's close left open after ``close_timeout`` still waited in ``asyncio.to_thread`` (a Docker
-  call to a daemon that stopped answering), and `rollout` and `train` never returned.
-  `own_loop` waits as long for those threads, then leaves them, named in a warning.
+- Their close waits for every thread of the loop's default executor, without a limit on
+  Python 3.11 (300 s from 3.12): an env's close left open after ``close_timeout`` still
+  waited in ``asyncio.to_thread`` (a Docker call to a daemon that stopped answering), and
+  `rollout` and `train` did not return. `own_loop` waits as long for those threads, then
+  leaves them, named in a warning; the interpreter still waits for them before it exits.
 """
 
 from __future__ import annotations

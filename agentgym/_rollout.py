@@ -444,8 +444,9 @@ class EnvPool(_OneEnvPerEpisode):
         Each close has ``close_timeout`` seconds: one still running then (a server that will not
         stop, a sandbox daemon that stopped answering) is cancelled, logged as left open, and
         the next env is closed; it hung the trainer's or eval's shutdown for good. (A close
-        stuck in a worker thread still holds up the end of `rollout` and of the process, which
-        wait for the loop's threads: nothing can stop a thread.) A close runs
+        stuck in a worker thread is left running: `rollout` and `train` return after a grace
+        (`own_loop`), but the interpreter still waits for it before it exits: nothing can stop
+        a thread.) A close runs
         in a task of its own for that, which hands a KeyboardInterrupt an episode raised on
         this loop back to `aclose` to raise: raised in the task, it escaped the loop's run and
         broke the trainer's shutdown.
@@ -735,16 +736,9 @@ def rollout(env: str | EnvFactory | EnvPool, policy: Policy, **kwargs: Any) -> l
 
 
 def _run_on_own_loop(main: Coroutine[Any, Any, _T]) -> _T:
-    """`asyncio.run`, except that its end is bounded and a Ctrl-C leaves no stray traceback.
+    """`asyncio.run`, but bounded past stuck tasks and threads, and quiet after a Ctrl-C.
 
-    `asyncio.run`'s close waits, without a limit, for the tasks left (one that swallows
-    `asyncio.CancelledError`, started by a tool or an env and left behind by its episode) and
-    for the threads of its default executor (an env's close left open after ``close_timeout``,
-    still in ``asyncio.to_thread``): either hung `rollout` and ``agentgym eval`` after the
-    rollout itself returned. `own_loop` gives each a grace, then leaves it, named in a warning.
-    (Tool calls leave neither: `Tool.acall` closes a tool that ignores its cancellation, and
-    sync tools run on daemon threads of their own.) A first Ctrl-C still cancels ``main``, so
-    envs are closed.
+    `own_loop` and `run_caught` say why `asyncio.run` is not enough.
     """
     with own_loop("rollout()") as loop:
         return run_caught(loop, main)

@@ -118,7 +118,7 @@ class DockerSandbox(SandboxBase):
         self.needs_recycle = False
         """True after a host-side intervention or a backend failure (pools replace it)."""
         self.left_behind: str | None = None
-        """Id of a container `close` could not remove (its daemon did not answer): whoever
+        """Id (or name) of a container `close` could not remove (its daemon did not answer): whoever
         reaches the daemon later should remove it (pools do when the host is back)."""
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -166,10 +166,12 @@ class DockerSandbox(SandboxBase):
         except docker.errors.ImageNotFound as exc:
             raise SandboxError(f"image {self.image!r} not found on host {self.host.name!r}: "
                                f"{missing_image_fix(self.image)}") from exc
+        except docker.errors.APIError as exc:  # the daemon answered: it made nothing
+            raise SandboxError(f"cannot create a container from {self.image!r}: {exc}") from exc
         except Exception as exc:
-            # The daemon may have made it while the client gave up waiting (a timeout under
-            # load): nobody knew its id, and, never started, it outlived the process. Removed
-            # by name now; one the daemon does not answer for stays `left_behind`.
+            # No answer (a timeout under load): the daemon may have made it all the same, and
+            # nobody knew its id; never started, it outlived the process. Removed by name now;
+            # one the daemon does not answer for stays `left_behind`.
             self.left_behind = name
             self._remove_left_behind()
             raise SandboxError(f"cannot create a container from {self.image!r}: {exc}") from exc

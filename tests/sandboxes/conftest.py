@@ -15,8 +15,8 @@ import pytest
 
 from agentgym.sandboxes import DEFAULT_IMAGE, DockerHost, SandboxPool, _reap
 from tests.conftest import skip_or_fail
-from tests.timeline import running_test_at
 from tests.sandboxes.tls_daemon import TlsDaemon, Unavailable
+from tests.timeline import running_test_at
 
 
 @functools.cache
@@ -88,7 +88,17 @@ def alive(sb, pid: int) -> bool:
 
 def made_by(containers: list) -> dict[str, str]:
     """Each container's short id and the test this process ran when the container was made."""
-    return {c.short_id: running_test_at(_created(c)) for c in containers}
+    return {c.short_id: _maker(c) for c in containers}
+
+
+def _maker(container) -> str:
+    """The test running when ``container`` was made (it may be removed while we look)."""
+    from docker.errors import NotFound
+
+    try:
+        return running_test_at(_created(container))
+    except NotFound:
+        return "unknown: removed during the check"
 
 
 def _created(container) -> float:
@@ -99,7 +109,7 @@ def _created(container) -> float:
     container.reload()
     stamp = container.attrs["Created"]  # e.g. 2026-12-07T05:31:02.123456789Z
     whole, _, fraction = stamp.rstrip("Z").partition(".")
-    utc = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.timezone.utc)
+    utc = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC)
     return utc.timestamp() + float(f"0.{fraction or 0}")
 
 
