@@ -11,6 +11,7 @@ episode with one more tool call made after some text (templates differ most ther
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -83,9 +84,11 @@ def check(
         env without a reference solution) is skipped: ``skipped`` and ``passed`` are both
         true, so it fails nothing, and its ``verdict`` is ``"skip"``.
 
-    A sandbox env's rows start the process's shared sandbox pools; they are closed on return
-    (`close_shared_pools`, as `train` does), so ``check`` leaves no container running: call it
-    before your rollouts, not beside them.
+    A sandbox env's rows start the process's shared sandbox pool of its config; the pools
+    started while ``check`` runs are closed on return (`closing_new_shared_pools`), so it
+    leaves no container running, and the pools the process had before (a notebook's warm
+    pool, a rollout running beside it) stay warm and untouched. A pool first started while it
+    runs is closed even where a rollout beside it started it: start such a rollout after.
 
     Raises:
         ConfigError: the env id, an env option or the tokenizer path is wrong (nothing runs).
@@ -126,7 +129,7 @@ def check(
         checks.append(plays.row("chat template", lambda: template_checks(tok, kwargs,
                                                                         *exercise())))
     results: list[CheckResult] = []
-    try:
+    with _closing_its_pools(sandboxes is not None):
         for run in checks:
             try:
                 outcome = run()
@@ -134,13 +137,21 @@ def check(
             except Exception as exc:  # a crashing check is a failed check, not a crashed command
                 results.append(CheckResult("check crashed", False,
                                            f"{type(exc).__name__}: {exc}"))
-    finally:
-        if sandboxes is not None:  # its episodes started the shared pool: 4 warm containers
-            # ran on after `check` returned, in a notebook until the kernel exited (as train())
-            from .sandboxes import close_shared_pools
-
-            close_shared_pools()
     return results
+
+
+def _closing_its_pools(sandbox_env: bool) -> contextlib.AbstractContextManager[None]:
+    """Closes on exit the shared pools a sandbox env's rows started, and only those.
+
+    Why: its episodes' pool (4 warm containers) ran on after `check` returned, in a notebook
+    until the kernel exited; closing every pool instead tore down the caller's warm pools and
+    failed the episodes of a rollout running beside it.
+    """
+    if not sandbox_env:
+        return contextlib.nullcontext()
+    from .sandboxes._env import closing_new_shared_pools
+
+    return closing_new_shared_pools()
 
 
 def load_tokenizer(tokenizer: Any) -> Any:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import functools
 import json
 import multiprocessing.util
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -311,10 +312,41 @@ def close_shared_pools() -> None:
     processes). The next episode starts a new pool; an episode that was still starting one
     gets `SandboxError` (``infra_error``) instead of a pool nothing would close.
     """
+    _close_slots(lambda key, slot: True)
+
+
+@contextlib.contextmanager
+def closing_new_shared_pools() -> Iterator[None]:
+    """Close, on leaving the block, the shared pools of the slots made inside it.
+
+    Why: a caller that plays episodes for a moment (`agentgym.check`) must not leave their
+    warm containers running until the process exits, nor close the pools the process had
+    before it (a notebook's warm pool, a rollout running beside it in another thread, whose
+    episodes then end ``infra_error``): `close_shared_pools` closes them all.
+
+    A slot is the block's when its ``_SLOTS`` key was not there on entry, or holds another
+    slot (the registry was cleared meanwhile and the slot made anew). A slot there on entry
+    whose pool was not started yet (its start failed and waits to retry, or another thread's
+    episode is starting it now) is left open even if the block's episodes start its pool: the
+    slot was made by an episode of the caller's, whose episodes lease from that same pool, so
+    closing it would fail them; its containers are closed as a pool started before the block
+    would be (`close_shared_pools`, or at exit).
+    """
     with _SLOTS_LOCK:
-        slots = list(_SLOTS.values())
-        _SLOTS.clear()
-    for slot in slots:
+        before = dict(_SLOTS)
+    try:
+        yield
+    finally:
+        _close_slots(lambda key, slot: before.get(key) is not slot)
+
+
+def _close_slots(chosen: Callable[[tuple[str, str, int, str], _PoolSlot], bool]) -> None:
+    """Forget the slots ``chosen(key, slot)`` picks, mark them closed and close their pools."""
+    with _SLOTS_LOCK:
+        picked = {key: slot for key, slot in _SLOTS.items() if chosen(key, slot)}
+        for key in picked:
+            del _SLOTS[key]
+    for slot in picked.values():
         with slot.lock:
             pool, slot.pool, slot.closed = slot.pool, None, True
         if pool is not None:

@@ -145,3 +145,37 @@ def test_a_sandbox_env_with_its_image_passes_the_row_and_plays():
         rows["sandboxes"].verdict == "pass" and "agentgym-sandbox:py3" in rows["sandboxes"].detail
     )
     assert rows["reference episode"].verdict == "pass"
+
+
+def test_check_leaves_the_shared_pools_the_process_already_had_warm():
+    """It closes only the pools its rows started: a notebook's warm pool from an earlier
+    rollout (one sandbox, not pythoncode's four) was torn down with them, and an episode
+    of a rollout beside `check` ended ``infra_error``."""
+    require("docker")
+    from agentgym.sandboxes import SandboxToolEnv, _reap, close_shared_pools
+    from tests.sandboxes.conftest import own_containers
+
+    envs: list[SandboxToolEnv] = []
+
+    def play() -> agentgym.Trajectory:
+        def make() -> SandboxToolEnv:
+            envs.append(SandboxToolEnv([], tasks=[{"prompt": "x"}], pool_size=1))
+            return envs[-1]
+
+        [trajectory] = agentgym.rollout(make, agentgym.ScriptedPolicy(["done"]), tasks=[0])
+        return trajectory
+
+    try:
+        assert play().status == "ok"
+        pool = envs[-1].pool
+        assert pool is not None
+        before = {c.id for c in own_containers()}
+        warm = {c.id for c in own_containers() if c.labels.get(_reap.POOL) == pool.pool_id}
+        rows = {r.name: r for r in agentgym.check("pythoncode")}
+        assert rows["reference episode"].verdict == "pass", rows["reference episode"]
+        assert warm and {c.id for c in own_containers()} == before  # its own pool went
+        again = play()
+        assert again.status == "ok", again.error
+        assert envs[-1].pool is pool and not pool.closed
+    finally:
+        close_shared_pools()
