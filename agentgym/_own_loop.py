@@ -17,7 +17,9 @@ and `run_caught` end it instead:
   Python 3.11 (300 s from 3.12): an env's close left open after ``close_timeout`` still
   waited in ``asyncio.to_thread`` (a Docker call to a daemon that stopped answering), and
   `rollout` and `train` did not return. `own_loop` waits as long for those threads, then
-  leaves them, named in a warning; the interpreter still waits for them before it exits.
+  leaves them, named in a warning. They are daemon threads (`_DaemonThreads`), abandoned
+  when the interpreter exits: a `ThreadPoolExecutor`'s are joined at exit, and
+  ``agentgym eval`` and ``agentgym train`` returned but never ended.
 """
 
 from __future__ import annotations
@@ -26,15 +28,18 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
+import queue
 import threading
-from collections.abc import Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from ._tool_calls import CANCEL_GRACE_SECONDS
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,23 @@ def run_caught(runner: asyncio.Runner, main: Coroutine[Any, Any, _T]) -> _T:
     return outcome
 
 
+async def settle(close_timeout: float) -> None:
+    """Wait for the loop's other tasks to end, none cancelled, as long as an episode's end takes.
+
+    That is `CANCEL_GRACE_SECONDS` for its tool calls to end, then ``close_timeout`` for its
+    env's close.
+
+    Why: a KeyboardInterrupt or SystemExit raised in one of a run's tasks stops the loop while
+    the others still run, the run's main task among them; run on, it sees the exit and
+    cancels its episodes, which close their envs, each within its ``close_timeout``. Closed
+    at once instead, the loop gave those closes `CANCEL_GRACE_SECONDS` (`_end_leftovers`):
+    a slower one was cut, its env left open.
+    """
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        await asyncio.wait(others, timeout=CANCEL_GRACE_SECONDS + close_timeout)
+
+
 @contextlib.contextmanager
 def own_loop(who: str) -> Iterator[asyncio.Runner]:
     """A new event loop for ``who`` (what warnings call its caller), closed within a bound.
@@ -82,7 +104,7 @@ def own_loop(who: str) -> Iterator[asyncio.Runner]:
     """
     loop = asyncio.new_event_loop()
     prefix = f"agentgym-loop-{next(_loop_numbers)}"
-    executor = ThreadPoolExecutor(thread_name_prefix=prefix)  # its threads, to name them
+    executor = _DaemonThreads(prefix)
     loop.set_default_executor(executor)
     asyncio.set_event_loop(loop)
     try:
@@ -133,11 +155,12 @@ def _task_label(task: asyncio.Task[Any]) -> str:
     return f"{task.get_name()} ({getattr(coro, '__qualname__', type(coro).__name__)})"
 
 
-def _end_threads(executor: ThreadPoolExecutor, prefix: str, who: str) -> None:
+def _end_threads(executor: _DaemonThreads, prefix: str, who: str) -> None:
     """Shut ``executor`` down, waiting `CANCEL_GRACE_SECONDS` for its threads to end.
 
     Those still running then are left running, named in one warning: a thread cannot be
-    stopped, and what it waits for (a daemon that stopped answering) may never come. The
+    stopped, and what it waits for (a daemon that stopped answering) may never come; being
+    daemon threads, they do not hold the interpreter's exit either. The
     wait runs in a helper thread so that it can end at the grace; `Thread.join` with a
     timeout would do too, but a Ctrl-C during it makes the thread look ended (bpo-45274).
     """
@@ -150,10 +173,88 @@ def _end_threads(executor: ThreadPoolExecutor, prefix: str, who: str) -> None:
     threading.Thread(target=shut_down, name=f"{prefix}-shutdown", daemon=True).start()
     if shut.wait(CANCEL_GRACE_SECONDS):
         return
-    names = sorted(t.name for t in threading.enumerate() if t.name.startswith(f"{prefix}_"))
+    names = sorted(t.name for t in executor.threads if t.is_alive())
     log.warning(
         "%s: %d thread(s) of its event loop (asyncio.to_thread, run_in_executor) still ran "
         "%g s after it returned: %s. A thread cannot be stopped: they are left running, and "
-        "the interpreter waits for them to end before it exits",
+        "abandoned when the interpreter exits",
         who, len(names), CANCEL_GRACE_SECONDS, ", ".join(names),
     )  # fmt: skip
+
+
+#: What a `ThreadPoolExecutor` made without ``max_workers`` allows, and so asyncio's default.
+_MAX_THREADS = min(32, (os.cpu_count() or 1) + 4)
+
+
+class _DaemonThreads(ThreadPoolExecutor):
+    """A loop's default executor whose threads are daemon threads, not joined at exit.
+
+    Why: at exit the interpreter joins every `ThreadPoolExecutor`'s threads, so one stuck
+    for good (an env's close waiting on a Docker daemon that stopped answering) kept the
+    process alive after `rollout` or `train` had returned and warned of it (`_end_threads`).
+    Otherwise it runs work as asyncio's default executor does: up to `_MAX_THREADS` threads,
+    made as work arrives and no thread is idle; more work queues. A subclass only because
+    ``loop.set_default_executor`` takes nothing else: none of the base's state is used.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(max_workers=_MAX_THREADS, thread_name_prefix=prefix)
+        self.prefix = prefix
+        self.threads: list[threading.Thread] = []
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # one count per thread waiting for work
+        self._closed = False
+        self._guard = threading.Lock()
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        """Queue ``fn(*args, **kwargs)``; a thread is made for it if none is idle and few run."""
+        future: Future[_T] = Future()
+        with self._guard:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._jobs.put(_Job(future, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and len(self.threads) < _MAX_THREADS:
+                thread = threading.Thread(target=_serve, args=(self._jobs, self._idle),
+                                          name=f"{self.prefix}_{len(self.threads)}", daemon=True)
+                thread.start()
+                self.threads.append(thread)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Take no more work; the threads end once the queued work is done (``wait``: wait)."""
+        with self._guard:
+            self._closed = True
+            while cancel_futures:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job.future.cancel()
+            self._jobs.put(None)  # each thread passes it on as it ends
+        if wait:
+            for thread in self.threads:
+                thread.join()
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A call queued on `_DaemonThreads`, and the future that gets its outcome."""
+
+    future: Future[Any]
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None], idle: threading.Semaphore) -> None:
+    """A `_DaemonThreads` thread: run queued jobs until the executor is shut down (a None)."""
+    while (job := jobs.get()) is not None:
+        if job.future.set_running_or_notify_cancel():
+            try:
+                job.future.set_result(job.fn(*job.args, **job.kwargs))
+            except BaseException as exc:  # the caller's to handle, as any executor hands it
+                job.future.set_exception(exc)
+        del job  # its arguments and result are not kept alive while the thread waits
+        idle.release()
+    jobs.put(None)

@@ -444,9 +444,9 @@ class EnvPool(_OneEnvPerEpisode):
         Each close has ``close_timeout`` seconds: one still running then (a server that will not
         stop, a sandbox daemon that stopped answering) is cancelled, logged as left open, and
         the next env is closed; it hung the trainer's or eval's shutdown for good. (A close
-        stuck in a worker thread is left running: `rollout` and `train` return after a grace
-        (`own_loop`), but the interpreter still waits for it before it exits: nothing can stop
-        a thread.) A close runs
+        stuck in a worker thread is left running, as nothing can stop a thread: `rollout` and
+        `train` return after a grace, and the interpreter abandons it at exit: `own_loop`.)
+        A close runs
         in a task of its own for that, which hands a KeyboardInterrupt an episode raised on
         this loop back to `aclose` to raise: raised in the task, it escaped the loop's run and
         broke the trainer's shutdown.

@@ -5,7 +5,8 @@
   with a second traceback, at garbage collection: the main task kept its copy, unread.
 - An env whose close waited in ``asyncio.to_thread`` for a call that never returned (a Docker
   daemon that stopped answering) was left open after ``close_timeout``, but `rollout()` still
-  never returned: its loop's close waited for that thread without a limit.
+  never returned: its loop's close waited for that thread without a limit. Once it returned,
+  the process still never exited: the interpreter joined that thread at exit.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,3 +88,26 @@ def test_a_close_stuck_in_a_thread_does_not_hang_the_end_of_rollout(
     said = [r.getMessage() for r in caplog.records]
     left = [m for m in said if "thread(s) of its event loop" in m]
     assert len(left) == 1 and "cannot be stopped" in left[0], said
+
+
+#: A script that plays one episode whose env's close never returns from its thread.
+_STUCK_CLOSE_SCRIPT = """
+from agentgym import EnvPool, ScriptedPolicy, rollout
+from tests.test_run_loop_exits import StuckClose
+
+played = rollout(EnvPool(StuckClose, close_timeout=0.2), ScriptedPolicy(["<answer>1</answer>"]),
+                 num_tasks=1)
+print(played[0].status)
+"""
+
+
+def test_a_process_exits_past_a_close_stuck_in_a_thread_for_good() -> None:
+    """The old process never exited: at exit the interpreter joined the executor's threads."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _STUCK_CLOSE_SCRIPT], capture_output=True,
+                              text=True, timeout=20, cwd=Path(__file__).parent.parent)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:  # run() kills the child before raising
+        pytest.fail(f"the process had not exited 20 s after it started; stderr:\n{exc.stderr!r}")
+    assert (done.returncode, done.stdout.split()) == (0, ["error"]), done.stderr
+    assert "thread(s) of its event loop" in done.stderr, done.stderr
+    assert "abandoned when the interpreter exits" in done.stderr, done.stderr

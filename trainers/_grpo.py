@@ -42,7 +42,7 @@ from typing import Any
 
 from agentgym import EnvPool, Trajectory, arollout
 from agentgym._errors import ConfigError, Error, InfraError
-from agentgym._own_loop import own_loop, run_caught
+from agentgym._own_loop import own_loop, run_caught, settle
 from agentgym.engine import HFPolicy, RemoteVLLMPolicy, VLLMPolicy
 from agentgym.engine._episode import ModeChoice
 from agentgym.engine._fleet import run_namespace
@@ -219,12 +219,16 @@ class GRPOTrainer:
         a sandbox env's containers running after `train` returned, until it exited. The loop
         is `own_loop`'s and runs through `run_caught`: a Ctrl-C in env code neither cuts the
         close of the envs short nor leaves "Task exception was never retrieved", and an env's
-        close stuck in a thread cannot hang the end of the run.
+        close stuck in a thread cannot hang the end of the run. After such a Ctrl-C, the step's
+        other episodes close their envs (`settle`) before the pool's idle envs are closed.
         """
         with own_loop("train()") as loop:
             self._loop = loop
             try:
                 yield
+            except (KeyboardInterrupt, SystemExit):
+                run_caught(loop, settle(self._envs.close_timeout))
+                raise
             finally:
                 run_caught(loop, self._envs.aclose())
                 close_shared_pools()

@@ -11,6 +11,7 @@ the runner's close waited for that thread without a limit.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import threading
@@ -21,11 +22,11 @@ from typing import Any
 import pytest
 
 import agentgym
-from agentgym import EnvPool, ScriptedPolicy, arollout
+from agentgym import EnvPool, Rubric, ScriptedPolicy, ToolEnv, arollout, tool
 from agentgym._tool_calls import CANCEL_GRACE_SECONDS
 from agentgym.trainers import GRPOConfig, GRPOTrainer
 from envs.calculator import CalculatorEnv
-from tests.conftest import TINY_RUN
+from tests.conftest import TINY_RUN, hermes_call
 from tests.test_run_loop_exits import StuckClose
 
 
@@ -51,14 +52,54 @@ class CtrlCInSetup(CalculatorEnv):
         await super().aclose()
 
 
+class ParkedOrCtrlC(ToolEnv):
+    """Task 0's episode meets a Ctrl-C in its setup once another's has parked in a tool call.
+
+    It notes each env made (``made``) and each whose close ran to its end (``closed``); a
+    close takes longer than `CANCEL_GRACE_SECONDS`, well within its ``close_timeout``, as a
+    sandbox's may on a busy Docker daemon.
+    """
+
+    made: set[int] = set()
+    closed: set[int] = set()
+    parked: asyncio.Event  # set by the parked tool call; made on the loop that plays
+
+    def __init__(self, num_tasks: int, max_turns: int) -> None:
+        tasks = [{"prompt": "interrupt"}] + [{"prompt": "park"}] * (num_tasks - 1)
+        super().__init__([park], tasks=tasks, rubric=Rubric([lambda completion: 0.0]),
+                         max_turns=max_turns)  # fmt: skip
+        ParkedOrCtrlC.made.add(id(self))
+
+    async def setup_episode(self, task: dict[str, Any]) -> None:
+        if task["prompt"] == "interrupt":
+            await ParkedOrCtrlC.parked.wait()
+            raise KeyboardInterrupt
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await asyncio.sleep(CANCEL_GRACE_SECONDS + 0.5)
+        ParkedOrCtrlC.closed.add(id(self))
+
+
+@tool
+async def park() -> str:
+    """Wait for an event that never comes (a tool call still running at the Ctrl-C)."""
+    ParkedOrCtrlC.parked.set()
+    await asyncio.Event().wait()
+    return "never"
+
+
+def _trainer(tmp_path: Path, env_id: str) -> GRPOTrainer:
+    knobs = {
+        **TINY_RUN, "env": env_id, "rollout_engine": "hf", "output_dir": str(tmp_path / "run"),
+    }  # fmt: skip
+    return GRPOTrainer(GRPOConfig.from_dict(knobs))
+
+
 @pytest.fixture
 def trainer(tmp_path: Path) -> GRPOTrainer:
     agentgym.register("tests/CtrlCInSetup-v0", CtrlCInSetup)
-    knobs = {
-        **TINY_RUN, "env": "tests/CtrlCInSetup-v0", "rollout_engine": "hf",
-        "output_dir": str(tmp_path / "run"),
-    }  # fmt: skip
-    return GRPOTrainer(GRPOConfig.from_dict(knobs))
+    return _trainer(tmp_path, "tests/CtrlCInSetup-v0")
 
 
 def test_a_ctrl_c_in_env_code_leaves_no_unretrieved_task_and_closes_the_runs_envs(
@@ -76,6 +117,24 @@ def test_a_ctrl_c_in_env_code_leaves_no_unretrieved_task_and_closes_the_runs_env
     said = [r.getMessage() for r in caplog.records]
     assert not [m for m in said if "never retrieved" in m], said
     assert CtrlCInSetup.played and CtrlCInSetup.played <= CtrlCInSetup.closed
+
+
+def test_a_ctrl_c_in_one_episode_closes_the_env_of_another_still_playing(tmp_path: Path) -> None:
+    """The old run closed its pool, and then its loop, while the other episode still closed its env.
+
+    That close had only the loop's end, `CANCEL_GRACE_SECONDS`, not its ``close_timeout``:
+    it was cut, and the env left open.
+    """
+    agentgym.register("tests/ParkedOrCtrlC-v0", ParkedOrCtrlC)
+    trainer = _trainer(tmp_path, "tests/ParkedOrCtrlC-v0")
+    ParkedOrCtrlC.made.clear()
+    ParkedOrCtrlC.closed.clear()
+    ParkedOrCtrlC.parked = asyncio.Event()
+    policy = ScriptedPolicy([hermes_call("park"), "done"])
+    with pytest.raises(KeyboardInterrupt), trainer._rollout_loop():
+        trainer._run(arollout(trainer._envs, policy, tasks=[0, 1], max_concurrency=2))
+    assert len(ParkedOrCtrlC.made) == 2  # the interrupted episode's env, and the parked one's
+    assert ParkedOrCtrlC.made == ParkedOrCtrlC.closed
 
 
 def test_a_close_stuck_in_a_thread_does_not_hang_the_end_of_the_run(
