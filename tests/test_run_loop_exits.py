@@ -12,12 +12,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,23 +68,32 @@ def test_a_system_exit_in_env_code_reaches_the_caller_with_no_unretrieved_task(
     assert not [m for m in said if "never retrieved" in m], said
 
 
-def test_a_close_stuck_in_a_thread_does_not_hang_the_end_of_rollout(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+@contextlib.contextmanager
+def closes_stuck_until_the_end() -> Iterator[None]:
+    """`StuckClose`'s closes stay stuck until the block ends, so no thread outlives the test.
+
+    A 20 s timer frees them too: a safety net, not the sync (the old code returned only once
+    the thread ended, so a failing test ends at 20 s instead of never).
+    """
     StuckClose.unblock.clear()
-    # a safety net, not the sync: the old rollout() returned only once the thread ended
     release = threading.Timer(20, StuckClose.unblock.set)
     release.daemon = True
     release.start()
-    pool = EnvPool(StuckClose, close_timeout=0.2)  # the failed episode's close is left at 0.2 s
-    started = time.monotonic()
     try:
-        with caplog.at_level(logging.WARNING, logger="agentgym"):
-            played = rollout(pool, ScriptedPolicy(["<answer>1</answer>"]), num_tasks=1)
-        elapsed = time.monotonic() - started
+        yield
     finally:
         StuckClose.unblock.set()
         release.cancel()
+
+
+def test_a_close_stuck_in_a_thread_does_not_hang_the_end_of_rollout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = EnvPool(StuckClose, close_timeout=0.2)  # the failed episode's close is left at 0.2 s
+    started = time.monotonic()
+    with closes_stuck_until_the_end(), caplog.at_level(logging.WARNING, logger="agentgym"):
+        played = rollout(pool, ScriptedPolicy(["<answer>1</answer>"]), num_tasks=1)
+        elapsed = time.monotonic() - started
     assert [t.status for t in played] == ["error"]
     assert elapsed < 0.2 + CANCEL_GRACE_SECONDS + 5, elapsed
     said = [r.getMessage() for r in caplog.records]

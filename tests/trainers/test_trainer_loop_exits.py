@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from agentgym._tool_calls import CANCEL_GRACE_SECONDS
 from agentgym.trainers import GRPOConfig, GRPOTrainer
 from envs.calculator import CalculatorEnv
 from tests.conftest import TINY_RUN, hermes_call
-from tests.test_run_loop_exits import StuckClose
+from tests.test_run_loop_exits import StuckClose, closes_stuck_until_the_end
 
 
 class CtrlCInSetup(CalculatorEnv):
@@ -140,22 +139,13 @@ def test_a_ctrl_c_in_one_episode_closes_the_env_of_another_still_playing(tmp_pat
 def test_a_close_stuck_in_a_thread_does_not_hang_the_end_of_the_run(
     trainer: GRPOTrainer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    StuckClose.unblock.clear()
-    # a safety net, not the sync: the old run ended only once the thread did
-    release = threading.Timer(20, StuckClose.unblock.set)
-    release.daemon = True
-    release.start()
     pool = EnvPool(StuckClose, close_timeout=0.2)  # the failed episode's close is left at 0.2 s
     policy = ScriptedPolicy(["<answer>1</answer>"])
-    try:
-        with caplog.at_level(logging.WARNING, logger="agentgym"):
-            with trainer._rollout_loop():
-                played = trainer._run(arollout(pool, policy, num_tasks=1))
-                started = time.monotonic()
-            elapsed = time.monotonic() - started
-    finally:
-        StuckClose.unblock.set()
-        release.cancel()
+    with closes_stuck_until_the_end(), caplog.at_level(logging.WARNING, logger="agentgym"):
+        with trainer._rollout_loop():
+            played = trainer._run(arollout(pool, policy, num_tasks=1))
+            started = time.monotonic()
+        elapsed = time.monotonic() - started
     assert [t.status for t in played] == ["error"]
     assert elapsed < CANCEL_GRACE_SECONDS + 5, elapsed
     said = [r.getMessage() for r in caplog.records]
