@@ -24,6 +24,7 @@ import pytest
 
 import agentgym
 from agentgym import ModelError
+from agentgym._rollout import DEFAULT_CONCURRENCY
 from agentgym.engine import (
     AdapterPublishError,
     HFPolicy,
@@ -124,9 +125,12 @@ def test_seeded_episodes_starting_together_keep_the_servers_alive(
     servers: list[LocalServer], tiny_model_dir: Path
 ) -> None:
     # more prompts waiting than one step's token budget: vLLM-CPU split one, and a seeded
-    # request split across steps killed the server's engine (every episode an infra_error)
+    # request split across steps killed the server's engine (every episode an infra_error).
+    # As many episodes as rollout's default concurrency (256) all start at once; more would
+    # only queue behind them (measured: 256 kill a server started with chunked prefill on)
     policy = make_policy(tiny_model_dir, VLLMFleet([servers[0].root], "tiny"))
-    trajectories = agentgym.rollout("calculator", policy, num_tasks=100, group_size=8)
+    tasks = DEFAULT_CONCURRENCY // 8
+    trajectories = agentgym.rollout("calculator", policy, num_tasks=tasks, group_size=8)
     statuses = {t.status for t in trajectories}
     assert "infra_error" not in statuses, next(t.error for t in trajectories if t.error)
     assert servers[0].process.poll() is None  # still serving

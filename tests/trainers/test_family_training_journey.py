@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import Result
+from typer.testing import CliRunner
 
 import agentgym
 from agentgym._env import json_copy
@@ -70,6 +72,17 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def check_in_process(model: Path, parser: str) -> Result:
+    """``agentgym check calculator --model MODEL`` with the family's parser, in this process."""
+    from agentgym.cli import app
+
+    return CliRunner().invoke(
+        app, ["check", "calculator", "--model", str(model), "--env-arg", f"parser={parser}",
+              "--env-arg", "tool_prompt=system"],
+        env={"COLUMNS": "400", "NO_COLOR": "1"},
+    )  # fmt: skip
+
+
 def env_kwargs(parser: str) -> dict[str, Any]:
     return {"num_tasks": 40, "parser": parser, "tool_prompt": "system"}
 
@@ -93,19 +106,20 @@ def runs(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> d
         configs[name].write_text(yaml.safe_dump({**RUN, "model": str(models[name]),
                                                  "env_kwargs": env_kwargs(parser),
                                                  "output_dir": str(folder / "run")}))  # fmt: skip
-    # Every `check` and dry run side by side: they start no engine, and each is seconds of
-    # imports on one core, so six in a row cost a minute. All end before any run starts.
-    with ThreadPoolExecutor(max_workers=2 * len(FAMILIES)) as pool:
-        checks = {name: pool.submit(cli, "check", "calculator", "--model", str(models[name]),
-                                    "--env-arg", f"parser={parser}", "--env-arg",
-                                    "tool_prompt=system")
-                  for name, (_, parser, _) in FAMILIES.items()}  # fmt: skip
+    # The dry runs side by side: they start no engine, and each is seconds of imports on one
+    # core. `check` runs in this process, where those imports are done: it is the command's
+    # own code and output (its process is `test_cli`'s), and it leaves no logging or
+    # environment behind, as `train` (even a dry run) would. All end before any run starts.
+    with ThreadPoolExecutor(max_workers=len(FAMILIES)) as pool:
         drys = {name: pool.submit(cli, "train", str(configs[name]), "--dry-run")
                 for name in FAMILIES}  # fmt: skip
+        checks = {name: check_in_process(models[name], parser)
+                  for name, (_, parser, _) in FAMILIES.items()}  # fmt: skip
     found: dict[str, Any] = {}
     for name in FAMILIES:
-        check, dry, run = checks[name].result(), drys[name].result(), configs[name].parent / "run"
-        assert check.returncode == 0, check.stdout  # dropped text before a call only warns
+        check, dry, run = checks[name], drys[name].result(), configs[name].parent / "run"
+        # dropped text before a call only warns
+        assert check.exit_code == 0, check.output + repr(check.exception)
         assert dry.returncode == 0, dry.stdout + dry.stderr
         assert not run.exists()  # a dry run writes nothing
         found[name] = {"check": check.stdout, "dry": dry.stdout, "run": run}

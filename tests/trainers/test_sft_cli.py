@@ -90,7 +90,7 @@ def test_sft_with_a_target_measures_held_out_traces_and_says_when_it_fell_short(
     out = tmp_path / "sft"
     done = agentgym_cli("sft", tiny_model_dir, out, "--env", "calculator", "--env-arg",
                         "num_tasks=140", "--tasks", "0:140", "--steps", "20", "--batch-size",
-                        "4", "--target-accuracy", "1.0")  # fmt: skip
+                        "1", "--target-accuracy", "1.0")  # fmt: skip
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "sft.json").read_text())
     assert summary["num_examples"] == 12  # 140 tasks, the last 128 held out
@@ -138,7 +138,7 @@ def test_sft_on_trajectories_with_a_target_validates_on_the_last_tasks_episodes(
     write_jsonl(played, recorded)
     out = tmp_path / "sft"
     done = agentgym_cli("sft", tiny_model_dir, out, "--trajectories", recorded, "--steps", "20",
-                        "--batch-size", "4", "--target-accuracy", "1.0")  # fmt: skip
+                        "--batch-size", "1", "--target-accuracy", "1.0")  # fmt: skip
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "sft.json").read_text())
     assert (summary["source"]["kept"], summary["source"]["validation"]) == (140, 128)
@@ -285,8 +285,9 @@ def test_a_killed_sft_run_again_resumes_from_its_checkpoint_to_the_same_weights(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """A kill mid-SFT lost every step: the warm start is most of the quickstart's minutes."""
-    args = ["--env", "calculator", "--tasks", "0:12", "--steps", "60", "--batch-size", "4",
-            "--save-every", "2", *ENV_ARG]  # fmt: skip
+    steps = 20  # the kill lands at the first checkpoint (step 2): 18 steps left to land in
+    args = ["--env", "calculator", "--tasks", "0:12", "--steps", str(steps), "--batch-size",
+            "4", "--save-every", "2", *ENV_ARG]  # fmt: skip
     killed, straight = tmp_path / "killed", tmp_path / "straight"
     partial = tmp_path / "killed.partial" / "state.pt"
     env = {**os.environ, "NO_COLOR": "1"}
@@ -304,12 +305,12 @@ def test_a_killed_sft_run_again_resumes_from_its_checkpoint_to_the_same_weights(
     said = re.search(r"sft resumed from .*state\.pt at step (\d+)", resumed.stdout)
     assert said, resumed.stdout
     step = int(said[1])
-    assert 2 <= step < 60 and not partial.parent.exists()  # removed once the model is saved
+    assert 2 <= step < steps and not partial.parent.exists()  # removed once the model is saved
     assert agentgym_cli("sft", tiny_model_dir, straight, *args).returncode == 0
     a, b = weights(killed), weights(straight)
     assert all(a[name].equal(b[name]) for name in b)  # bit-identical: same data order
     history = json.loads((killed / "sft.json").read_text())["history"]
-    assert [r["step"] for r in history] == list(range(1, 61))
+    assert [r["step"] for r in history] == list(range(1, steps + 1))
     assert [r["loss"] for r in history] == [
         r["loss"] for r in json.loads((straight / "sft.json").read_text())["history"]
     ]
