@@ -31,9 +31,9 @@ import logging
 import numbers
 import time
 import traceback
-from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from ._deadline import episode_deadline
 from ._env import Env
@@ -49,7 +49,6 @@ from ._trajectory import MAX_ABS_REWARD, Trajectory, Turn
 from ._types import Completion, Message
 
 EnvFactory = Callable[[], Env]
-_T = TypeVar("_T")
 
 #: Episodes in flight when the policy does not say how large the engine's batch is.
 DEFAULT_CONCURRENCY = 256
@@ -727,21 +726,14 @@ def _default_concurrency(policy: Policy) -> int:
 def rollout(env: str | EnvFactory | EnvPool, policy: Policy, **kwargs: Any) -> list[Trajectory]:
     """Sync adapter over `arollout` (same arguments); inside async code, await `arollout`.
 
-    It runs its own event loop (`_run_on_own_loop`), whose close a task that ignores
-    cancellation cannot hold up.
+    It runs its own event loop (`own_loop`, not `asyncio.run`): its end is bounded past tasks
+    that ignore cancellation and closes stuck in a thread, and a Ctrl-C in env code leaves no
+    stray traceback (`run_caught`).
     """
     if running_loop() is not None:
         raise ConfigError("rollout() called inside a running event loop; use `await arollout(...)`")
-    return _run_on_own_loop(_rollout_and_close(env, policy, **kwargs))
-
-
-def _run_on_own_loop(main: Coroutine[Any, Any, _T]) -> _T:
-    """`asyncio.run`, but bounded past stuck tasks and threads, and quiet after a Ctrl-C.
-
-    `own_loop` and `run_caught` say why `asyncio.run` is not enough.
-    """
     with own_loop("rollout()") as loop:
-        return run_caught(loop, main)
+        return run_caught(loop, _rollout_and_close(env, policy, **kwargs))
 
 
 async def _rollout_and_close(
