@@ -39,7 +39,9 @@ def test_folders_a_sample_leaves_do_not_time_out_the_next_sample(sb):
     first = verify(LEAVE_FOLDERS + GOOD, TESTS, sandbox=sb)
     assert first.status != "infra_error", first.infra_error
     began = time.monotonic()
-    second = verify(GOOD, TESTS, sandbox=sb, per_test_timeout=2, total_timeout=2)
+    # 5 s (was 2): the sample alone takes 0.05 s idle, far more on a saturated machine; the
+    # timing below tells a clean-up on the sample's clock whatever the limits
+    second = verify(GOOD, TESTS, sandbox=sb, per_test_timeout=5, total_timeout=5)
     took = time.monotonic() - began
     assert (second.status, second.reward) == ("passed", 1.0), (second.tests,
                                                                second.exec_result)
@@ -55,6 +57,6 @@ def test_a_clean_up_past_its_limit_resets_the_sandbox_and_still_judges_the_sampl
     leave = "import os\nos.mkdir('/tmp/d')\nfor n in range(60_000): os.mkdir(f'/tmp/d/{n}')\n"
     with DockerSandbox() as box:
         assert box.run(leave, timeout=60).status == "ok"
-        result = verify(GOOD, TESTS, sandbox=box, per_test_timeout=2, total_timeout=2)
+        result = verify(GOOD, TESTS, sandbox=box, per_test_timeout=5, total_timeout=5)
         assert (result.status, result.reward) == ("passed", 1.0), result.exec_result
         assert box.needs_recycle  # the path taken: the clean-up was cut and the sandbox reset

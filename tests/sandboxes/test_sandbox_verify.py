@@ -29,7 +29,9 @@ def test_tests_are_isolated_and_time_out_on_their_own(sb):
     # a timeout ends the sample (test_verify_timeout_ends_sample.py): the hang goes last here
     code = "import time\ndef f(n):\n    if n < 0:\n        time.sleep(60)\n    return n\n"
     tests = ["assert f(1) == 1", "import os; os._exit(0)", "assert f(2) == 2", "f(-1)"]
-    res = verify(code, tests, sandbox=sb, per_test_timeout=0.5)
+    # 5 s (was 0.5): a passing test forks a judge and a solution process, 0.02 s idle but
+    # far more on a saturated CI machine (the hang still ends the sample)
+    res = verify(code, tests, sandbox=sb, per_test_timeout=5)
     assert [t.status for t in res.tests] == ["passed", "failed", "passed", "timeout"]
     assert res.reward == 0.5 and res.infra_error is None
 
@@ -75,7 +77,8 @@ def test_pytest_mode_uses_real_pytest(sb):
         "def test_add(a, b, c):\n    assert add(a, b) == c\n\n"
         "def test_slow():\n    import time; time.sleep(30)\n"
     )
-    res = verify(ADD, tests, "pytest", sandbox=sb, per_test_timeout=1, total_timeout=20)
+    # 5 s per test: the first call starts the solution process, on a loaded machine too
+    res = verify(ADD, tests, "pytest", sandbox=sb, per_test_timeout=5, total_timeout=20)
     assert res.runner == "pytest"
     assert [(t.name, t.status) for t in res.tests] == [
         ("test_add[1-2-3]", "passed"),
