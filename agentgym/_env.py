@@ -477,11 +477,8 @@ class Env(gymnasium.Env[list[Message], Action], metaclass=_TakesRenderMode):
         clients) keeps working. Async code should still await `areset`/`astep`: a sync call
         holds up every other task of the running loop until it returns.
         """
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is None:  # outside the except: what the call raises is not chained to it
+        running = asyncio._get_running_loop()  # None where none runs: no exception to raise
+        if running is None:
             return _run_here(_thread_loop(), coro)
         if running in _adapter_loops or (loop := _thread_loop()).is_running():
             coro.close()

@@ -60,6 +60,8 @@ def compile_fast_check(schema: Any) -> Check | None:
     item_rule, other_rule = items, extra_rule
     required = frozenset(schema.get("required", ()))
     object_rules = bool(property_rules or required or other_rule is not _accept)
+    if strings is None and not any_of_rules and not object_rules and item_rule is _accept:
+        return _type_check(allowed)
 
     def check(value: Any) -> bool:
         kind = type(value)
@@ -82,6 +84,19 @@ def compile_fast_check(schema: Any) -> Check | None:
         return True
 
     return check
+
+
+def _type_check(allowed: frozenset[type]) -> Check:
+    """The check of a schema of a type alone (most parameters'): the value's type decides.
+
+    What `compile_fast_check`'s general check answers for such a schema, with none of its
+    other tests run on every argument of every call.
+    """
+
+    def check_type(value: Any) -> bool:
+        return type(value) in allowed
+
+    return check_type
 
 
 def _accept(value: Any) -> bool:

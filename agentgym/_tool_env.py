@@ -319,7 +319,10 @@ class ToolEnv(Env):
         terminated = (
             final_answer
             or state.forfeit is not None
-            or any(stop(state, self.messages) for stop in self.stop_conditions)
+            or (
+                bool(self.stop_conditions)  # no generator for the usual env, which has none
+                and any(stop(state, self.messages) for stop in self.stop_conditions)
+            )
         )
         truncated = not terminated and self._out_of_budget()
         info: dict[str, Any] = {
@@ -350,7 +353,8 @@ class ToolEnv(Env):
 
     # ---- the pieces --------------------------------------------------------------------
     def _pick_task(self, options: Any) -> tuple[dict[str, Any], int | None]:
-        if not isinstance(options, Mapping):  # options=3 raised a bare TypeError from len()
+        # options=3 raised a bare TypeError from len(); a plain dict needs no ABC check
+        if type(options) is not dict and not isinstance(options, Mapping):
             raise ConfigError(
                 f"reset options must be a dict whose only key is 'task', e.g. "
                 f"options={{'task': 0}}, got {shown(options)}"
@@ -376,9 +380,12 @@ class ToolEnv(Env):
                 "options['task'] must be a task dict or an index in "
                 f"[0, {len(self.tasks)}), got {choice!r}"
             )
-        task = self.tasks[int(choice)]
-        _check_task(task, int(choice))
-        return json_copy(task if type(task) is dict else dict(task)), int(choice)
+        index = int(choice)
+        task = self.tasks[index]
+        if type(task) is dict:  # the usual task: a Mapping, nothing to check
+            return json_copy(task), index
+        _check_task(task, index)
+        return json_copy(dict(task)), index
 
     def _checked_prompt(self, messages: Any) -> list[Message]:
         """`build_prompt`'s result, refused here when it is not a list of messages.
@@ -386,10 +393,12 @@ class ToolEnv(Env):
         Unchecked, a wrong one (a str) fails later and far away, in the policy or at the first
         step, with an error that names neither the hook nor the env.
         """
-        if isinstance(messages, list) and all(
-            isinstance(m, dict) and "role" in m for m in messages
-        ):
-            return messages
+        if isinstance(messages, list):
+            for m in messages:
+                if not (isinstance(m, dict) and "role" in m):
+                    break
+            else:
+                return messages
         raise ConfigError(
             f"{type(self).__name__}.build_prompt must return a list of messages like "
             f"[{{'role': 'user', 'content': ...}}], got {shown(messages)}"
@@ -438,13 +447,14 @@ class ToolEnv(Env):
         return turn
 
     def _assistant_message(self, parsed: ParsedTurn) -> tuple[Message, list[ToolCall]]:
+        if not parsed.tool_calls:  # a final answer
+            return {"role": "assistant", "content": parsed.content}, []
         calls = [
             ToolCall(c.name, c.arguments, c.id or self.parser.make_call_id(self.state.turn, i))
             for i, c in enumerate(parsed.tool_calls)
         ]
-        message: Message = {"role": "assistant", "content": parsed.content}
-        if calls:
-            message["tool_calls"] = [c.to_openai() for c in calls]
+        message: Message = {"role": "assistant", "content": parsed.content,
+                            "tool_calls": [c.to_openai() for c in calls]}  # fmt: skip
         return message, calls
 
     async def _run_tools(
@@ -541,7 +551,11 @@ class ToolEnv(Env):
         result = None
         try:
             if self.state.forfeit is None:  # forfeited: what the rubric reads is not the model's
-                last = next((m for m in reversed(self.messages) if m["role"] == "assistant"), {})
+                for last in reversed(self.messages):
+                    if last["role"] == "assistant":
+                        break
+                else:
+                    last = {}
                 context = _RewardContext(self.tool_context())
                 context["completion"] = without_reasoning(last.get("content") or "")
                 context["answer"] = (self.state.task or {}).get("answer")
@@ -561,7 +575,9 @@ class ToolEnv(Env):
                 "scores": result.scores,
                 "reward_errors": result.errors,
             }
-        return info | ({"teardown_error": teardown_error} if teardown_error else {})
+        if teardown_error:
+            info["teardown_error"] = teardown_error
+        return info
 
     async def _teardown_after_scoring(self) -> str | None:
         """`teardown_episode` once the episode is scored: its failure is recorded, not raised.

@@ -255,6 +255,10 @@ def not_unicode(value: Any) -> str | None:
     return None if found is None else "arguments" + found
 
 
+#: JSON values that hold no text: `_surrogate_at` passes them without a further test.
+_NO_TEXT: frozenset[type] = frozenset({int, float, bool, type(None)})
+
+
 def _surrogate_at(value: Any) -> str | None:
     """The path below ``value`` to a string holding a lone surrogate ("" for ``value``)."""
     if isinstance(value, str):
@@ -263,8 +267,11 @@ def _surrogate_at(value: Any) -> str | None:
         enumerate(value) if isinstance(value, list) else ()
     )  # fmt: skip
     for key, item in items:
-        if not _is_text(key):
+        if not (type(key) is str and key.isascii()) and not _is_text(key):
             return " (a name)"
+        kind = type(item)
+        if kind in _NO_TEXT or (kind is str and item.isascii()):  # the usual argument
+            continue
         if isinstance(item, (str, dict, list)) and not (isinstance(item, str) and item.isascii()):
             found = _surrogate_at(item)
             if found is not None:
