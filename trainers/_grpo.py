@@ -545,9 +545,9 @@ class GRPOTrainer:
         thread cannot be cancelled: a rollout that fails or is cancelled waits for it, so the
         weights are never left half-updated.
         """
-        update = asyncio.ensure_future(
-            asyncio.to_thread(_timed, self._update, model, optimizer, samples, spec)
-        )
+        update = asyncio.ensure_future(asyncio.to_thread(
+            _timed, self._update_beside_rollouts, model, optimizer, samples, spec
+        ))  # fmt: skip
         try:
             ahead = await self._collect(policy, next_step, version)
         finally:
@@ -602,6 +602,29 @@ class GRPOTrainer:
             deadline=cfg.episode_deadline_s,
         )  # fmt: skip
         return swap_groups(trajectories, dict(zip(flat, range(len(tasks)))), replays), tasks
+
+    def _update_beside_rollouts(
+        self, model: Any, optimizer: Any, samples: list[Any], spec: LossSpec
+    ) -> dict:
+        """`_update` with one core left to an in-process engine rolling out on the same CPU.
+
+        Why: the update's torch threads and the engine's worker shared every core and slowed
+        each other. On 2 cores (`bench/trainer_bench.py`, interleaved runs) rollouts took
+        0.41-0.52 s a step against 0.33 s alone and the update 0.18-0.29 s against 0.10 s;
+        one thread fewer for the update made the overlapped step 0.37-0.38 s against
+        0.48-0.54 s. Fewer threads sum in another order: the weights differ from an
+        all-threads run at rounding level (5.7e-9 after one step); a resumed run matches its
+        own kind. Servers (``rollout_servers``) and GPUs leave the CPU to the update.
+        """
+        import torch
+
+        threads = torch.get_num_threads()
+        shared = self._device() == "cpu" and not self.config.rollout_servers
+        torch.set_num_threads(max(1, threads - 1) if shared else threads)
+        try:
+            return self._update(model, optimizer, samples, spec)
+        finally:
+            torch.set_num_threads(threads)
 
     def _update(self, model: Any, optimizer: Any, samples: list[Any], spec: LossSpec) -> dict:
         """``num_iterations`` optimiser steps on the step's samples; returns loss metrics.

@@ -134,6 +134,8 @@ def test_steps_train_the_adapter_only_and_each_step_serves_the_new_version(
 
 def test_max_staleness_1_rolls_out_the_next_step_during_the_update(tmp_path, monkeypatch) -> None:
     require("vllm")
+    import torch
+
     from agentgym.trainers import GRPOTrainer
 
     # a rendezvous: step k's update waits for step k+1's rollouts to start, and they wait for
@@ -142,9 +144,11 @@ def test_max_staleness_1_rolls_out_the_next_step_during_the_update(tmp_path, mon
     collecting = {k: threading.Event() for k in (1, 2, 3, 4)}
     update, collect = GRPOTrainer._update, GRPOTrainer._collect
     updates = iter((1, 2, 3))
+    threads, torch_threads = {}, torch.get_num_threads()
 
     def rendezvous_update(self, *args):
         step = next(updates)
+        threads[step] = torch.get_num_threads()
         updating[step].set()
         if step < 3:  # the last step has nothing to roll out next
             assert collecting[step + 1].wait(60), f"step {step + 1} did not roll out meanwhile"
@@ -169,6 +173,10 @@ def test_max_staleness_1_rolls_out_the_next_step_during_the_update(tmp_path, mon
     # the step before trained, so each trained one version past the one that sampled it
     assert [m["rollout/staleness"] for m in steps] == [0.0, 1.0, 1.0]
     assert not collecting[4].is_set()  # nothing rolled out past the last step
+    # an update beside rollouts leaves a core to the engine on this CPU; the last runs alone
+    assert threads == {1: max(1, torch_threads - 1), 2: max(1, torch_threads - 1),
+                       3: torch_threads}  # fmt: skip
+    assert torch.get_num_threads() == torch_threads
     # step 1 waited for its whole rollout; steps 2 and 3 found theirs done during the update
     assert steps[0]["time/rollout_wait"] >= steps[0]["time/rollout"]
     assert all(m["time/rollout_wait"] < m["time/rollout"] for m in steps[1:])

@@ -17,7 +17,7 @@ from agentgym.trainers import GRPOTrainer
 
 
 class Update:
-    """A stand-in for `GRPOTrainer._update` that holds until the test releases it."""
+    """A stand-in for `GRPOTrainer._update_beside_rollouts`, held until the test releases it."""
 
     def __init__(self, error: Exception | None = None) -> None:
         self.started, self.release = threading.Event(), threading.Event()
@@ -35,7 +35,7 @@ class Update:
 
 def overlapping(update: Update, collect) -> GRPOTrainer:
     trainer = object.__new__(GRPOTrainer)  # only the two stages the overlap calls
-    trainer._update = update  # type: ignore[method-assign]
+    trainer._update_beside_rollouts = update  # type: ignore[method-assign]
     trainer._collect = collect  # type: ignore[method-assign]
     return trainer
 
