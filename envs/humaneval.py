@@ -25,6 +25,7 @@ _CODE_BLOCK = re.compile(
     r"```[ \t]*(?:((?i:python3?|py3?))\b[^\n`]*)?[ \t\r]*\n(.*?)```", re.DOTALL
 )
 VERIFY_SLACK_S = 10.0  # what the whole verification may take beyond per_test_timeout
+CELL_TIMEOUT_S = 10.0  # one run_python call: a hung cell costs the episode one turn, not 60 s
 
 
 @functools.cache
@@ -89,7 +90,7 @@ async def run_python(code: str, sandbox: Sandbox) -> str:
         code: Python source; print what you want to see.
         sandbox: injected by the env (the episode's leased sandbox); not shown to the model.
     """
-    result = await sandbox.arun(code, timeout=10.0)
+    result = await sandbox.arun(code, timeout=CELL_TIMEOUT_S)
     if result.infra_error:
         raise SandboxError(f"sandbox failed while running the model's code: {result.infra_error}")
     return describe(result)

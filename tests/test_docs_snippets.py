@@ -16,8 +16,8 @@ value, not code to paste) carries a marker on the line above it that says how it
 - ``<!-- docs-test: compile -->``: another library's code shown beside ours (TRL's run, for
   comparison): compiled only, as its names are that library's and it needs a GPU;
 - ``<!-- docs-test: mcp -->``: run as ``run`` is, while the example notes server serves
-  streamable HTTP at ``MCP_HTTP_URL`` (``python examples/mcp_server.py --http 8765``, as the
-  MCP page says).
+  streamable HTTP (``python examples/mcp_server.py --http 8765``, as the MCP page says; here on
+  a free port, put in place of the page's ``MCP_HTTP_URL``).
 
 Each runs in a fresh interpreter with a temporary working folder, as a pasted script would,
 with this virtual environment's scripts on ``PATH`` (``mcp-server-time`` ...), as when it is
@@ -26,20 +26,18 @@ activated.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import require
+from tests.mcp.conftest import example_notes_server
 from tests.sandboxes.conftest import require_docker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +47,7 @@ _BLOCK = re.compile(
 )
 _PRINTS = re.compile(r"^\s*print\(.*\)\s+# ([^:\n]+)", re.MULTILINE)
 KINDS = {"run", "import", "docker", "mcp", "compile"}
-MCP_HTTP_PORT = 8765
-MCP_HTTP_URL = f"http://127.0.0.1:{MCP_HTTP_PORT}/mcp"
+MCP_HTTP_URL = "http://127.0.0.1:8765/mcp"  # the MCP page's; the test serves another port
 
 
 @dataclass(frozen=True)
@@ -112,30 +109,6 @@ def test_expected_lines_are_read_from_print_comments():
     assert Snippet("README.md", 1, "run", code).expected_lines == ["1", "0.5 failed None"]
 
 
-@contextmanager
-def example_notes_server_over_http() -> Iterator[None]:
-    """``examples/mcp_server.py --http MCP_HTTP_PORT``, polled until it accepts connections."""
-    require("mcp")
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "mcp_server.py"), "--http", str(MCP_HTTP_PORT)]
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", MCP_HTTP_PORT), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, f"the example server exited {proc.returncode}"
-                assert time.monotonic() < deadline, f"nothing listened at {MCP_HTTP_URL} in time"
-            with pytest.raises(subprocess.TimeoutExpired):  # still running: poll again
-                proc.wait(timeout=0.05)
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 def run_snippet(snippet: Snippet, folder: Path) -> subprocess.CompletedProcess[str]:
     """Run (or, for ``import``, import) the snippet in ``folder``, venv scripts on PATH."""
     (folder / "snippet.py").write_text(snippet.code)
@@ -159,8 +132,11 @@ def test_docs_snippet_runs(snippet: Snippet, tmp_path: Path):
     if snippet.kind == "docker":
         require_docker()
     if snippet.kind == "mcp":
-        with example_notes_server_over_http():
-            done = run_snippet(snippet, tmp_path)
+        require("mcp")
+        assert MCP_HTTP_URL in snippet.code, f"{snippet.where} no longer names {MCP_HTTP_URL}"
+        with example_notes_server() as url:  # on a free port: the page's may be taken
+            done = run_snippet(dataclasses.replace(snippet, code=snippet.code.replace(
+                MCP_HTTP_URL, url)), tmp_path)  # fmt: skip
     else:
         done = run_snippet(snippet, tmp_path)
     assert done.returncode == 0, f"{snippet.where} exited {done.returncode}:\n{done.stderr}"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,6 +65,39 @@ def _mcp_sdk() -> Iterator[None]:
 
     yield
     close_shared_servers()
+
+
+@contextmanager
+def example_notes_server() -> Iterator[str]:
+    """``examples/mcp_server.py --http PORT`` on a free port, polled until it listens; its URL.
+
+    Killed if it ignores the terminate; a server that died (its port taken) fails at once
+    rather than letting another process's listener answer for it.
+    """
+    from agentgym.engine._serve import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(EXAMPLE_SERVER), "--http", str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # poll until it accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, f"the example server exited {proc.returncode}"
+                assert time.monotonic() < deadline, "the HTTP server did not listen in time"
+            with pytest.raises(subprocess.TimeoutExpired):  # still running: poll again
+                proc.wait(timeout=0.05)
+        assert proc.poll() is None, "the example server exited: another process holds its port"
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def venv_server(name: str) -> str:

@@ -4,8 +4,6 @@ hangs, error results, and cancellation without leaks."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -14,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from agentgym import ConfigError, EpisodeSpec, ScriptedPolicy, arollout, rollout, run_episode
-from agentgym.engine._serve import free_port
 from agentgym.mcp import MCPServer, MCPToolEnv
 from tests.conftest import hermes_call as call
-from tests.mcp.conftest import EXAMPLE_SERVER, MISBEHAVING_SERVER, pid_alive
+from tests.mcp.conftest import EXAMPLE_SERVER, MISBEHAVING_SERVER, example_notes_server, pid_alive
 
 TASK = [{"prompt": "use the tools"}]
 
@@ -68,22 +65,8 @@ def test_example_server_over_stdio_writes_and_reads_a_note() -> None:
 
 @pytest.fixture
 def http_notes_url() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(EXAMPLE_SERVER), "--http", str(port)])
-    try:
-        deadline = time.monotonic() + 30
-        while True:  # poll until it accepts connections
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the HTTP server did not listen in time"
-            with pytest.raises(subprocess.TimeoutExpired):  # still running: poll again
-                proc.wait(timeout=0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with example_notes_server() as url:
+        yield url
 
 
 def test_example_server_over_streamable_http(http_notes_url: str) -> None:
