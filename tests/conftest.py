@@ -13,13 +13,14 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -50,6 +51,18 @@ def model_with_template(source: Path, template: str, folder: Path) -> Path:
     config_path.write_text(json.dumps(config))
     (folder / "chat_template.jinja").unlink(missing_ok=True)  # transformers would read this one
     return folder
+
+
+def end_process(proc: subprocess.Popen[Any], timeout: float = 10) -> None:
+    """Terminate ``proc`` and reap it; killed if it ignores the terminate for ``timeout`` s."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def require(module_name: str) -> ModuleType:

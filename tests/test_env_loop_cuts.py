@@ -12,19 +12,9 @@ import pytest
 
 from agentgym import ConfigError, ToolArgumentsError, ToolCall, ToolEnv, get_parser, tool
 from agentgym._fast_schema import compile_fast_check
+from tests.test_tool_env import add
 
 CALL = get_parser("hermes").render("", [ToolCall("add", {"a": 2, "b": 3})])
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: first.
-        b: second.
-    """
-    return a + b
 
 
 @tool

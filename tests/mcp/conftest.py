@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
+from tests.conftest import end_process, require
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_SERVER = ROOT / "examples" / "mcp_server.py"
@@ -92,12 +92,7 @@ def example_notes_server() -> Iterator[str]:
         assert proc.poll() is None, "the example server exited: another process holds its port"
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(proc)
 
 
 def venv_server(name: str) -> str:

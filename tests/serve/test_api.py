@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import require
+from tests.conftest import end_process, require
 from tests.runs.postgres import BACKENDS, backend_url
 
 require("fastapi")
@@ -67,13 +67,7 @@ def api_server(db_url: str, root: Path, *args: str, name: str = "server") -> Ite
         url = text.split("listening on ", 1)[1].split()[0]
         yield Server(url, proc, log, db_url, runs_dir)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        end_process(proc, timeout=30)
 
 
 def wait_for(
