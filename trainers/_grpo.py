@@ -147,6 +147,7 @@ class GRPOTrainer:
         self._envs = EnvPool(config.env, config.run_env_kwargs)
         #: Adaptive entropy control's state (`use_adaptive_entropy`), saved in checkpoints.
         self._entropy = EntropyControl.from_config(config)
+        self._torch_threads = 1  # the training thread's torch thread count (`_train` reads it)
 
     # ---- the run ------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -244,6 +245,7 @@ class GRPOTrainer:
         import torch
 
         cfg, world = self.config, self.world
+        self._torch_threads = torch.get_num_threads()  # this thread's: the update's full count
         start = "sft/success" if cfg.sft_steps else "base/success"  # the step-0 eval's name
         figures: dict[str, float] = run.headline_figures(start) if run and run.resumed else {}
         if run and trackers and cfg.sft_steps and not run.resumed:
@@ -608,23 +610,26 @@ class GRPOTrainer:
     ) -> dict:
         """`_update` with one core left to an in-process engine rolling out on the same CPU.
 
-        Why: the update's torch threads and the engine's worker shared every core and slowed
-        each other. On 2 cores (`bench/trainer_bench.py`, interleaved runs) rollouts took
-        0.41-0.52 s a step against 0.33 s alone and the update 0.18-0.29 s against 0.10 s;
-        one thread fewer for the update made the overlapped step 0.37-0.38 s against
-        0.48-0.54 s. Fewer threads sum in another order: the weights differ from an
+        Why: the update's torch threads and the engine's worker share the cores and slow each
+        other. On 2 cores (`bench/trainer_bench.py`, a helper's interleaved runs with the
+        update patched from outside) rollouts took 0.41-0.52 s a step beside an all-threads
+        update against 0.36-0.37 s beside this one, and the overlapped step 0.48-0.54 s
+        against 0.37-0.38 s. Fewer threads sum in another order: the weights differ from an
         all-threads run at rounding level (5.7e-9 after one step); a resumed run matches its
-        own kind. Servers (``rollout_servers``) and GPUs leave the CPU to the update.
+        own kind. Servers (``rollout_servers``) and GPUs leave the CPU to the update. The
+        count is set on this worker thread (OpenMP keeps one per thread) and restored to the
+        training thread's full count (`_train`), not this thread's, which may be the reduced
+        one of an earlier step.
         """
+        if self._device() != "cpu" or self.config.rollout_servers:
+            return self._update(model, optimizer, samples, spec)
         import torch
 
-        threads = torch.get_num_threads()
-        shared = self._device() == "cpu" and not self.config.rollout_servers
-        torch.set_num_threads(max(1, threads - 1) if shared else threads)
+        torch.set_num_threads(max(1, self._torch_threads - 1))
         try:
             return self._update(model, optimizer, samples, spec)
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(self._torch_threads)
 
     def _update(self, model: Any, optimizer: Any, samples: list[Any], spec: LossSpec) -> dict:
         """``num_iterations`` optimiser steps on the step's samples; returns loss metrics.

@@ -144,7 +144,8 @@ def test_max_staleness_1_rolls_out_the_next_step_during_the_update(tmp_path, mon
     collecting = {k: threading.Event() for k in (1, 2, 3, 4)}
     update, collect = GRPOTrainer._update, GRPOTrainer._collect
     updates = iter((1, 2, 3))
-    threads, torch_threads = {}, torch.get_num_threads()
+    threads, torch_threads, set_threads = {}, torch.get_num_threads(), torch.set_num_threads
+    counts_set: list[int] = []
 
     def rendezvous_update(self, *args):
         step = next(updates)
@@ -166,17 +167,20 @@ def test_max_staleness_1_rolls_out_the_next_step_during_the_update(tmp_path, mon
         tmp_path, env="test/Chatter-v0", max_steps=3, eval_steps=None, save_steps=None,
         train_tasks=None, eval_tasks=None, max_staleness=1,
     )  # fmt: skip
-    GRPOTrainer(cfg).train()
+    trainer = GRPOTrainer(cfg)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (counts_set.append(n), set_threads(n)))
+    trainer.train()
     steps = [m for m in metrics(Path(cfg.output_dir)) if "sync/adapter_version" in m]
     assert [m["sync/adapter_version"] for m in steps] == [2.0, 3.0, 4.0]
     # step 1 rolled out on v1 and trained it; steps 2 and 3 rolled out on v1 and v2 while
     # the step before trained, so each trained one version past the one that sampled it
     assert [m["rollout/staleness"] for m in steps] == [0.0, 1.0, 1.0]
     assert not collecting[4].is_set()  # nothing rolled out past the last step
-    # an update beside rollouts leaves a core to the engine on this CPU; the last runs alone
-    assert threads == {1: max(1, torch_threads - 1), 2: max(1, torch_threads - 1),
-                       3: torch_threads}  # fmt: skip
-    assert torch.get_num_threads() == torch_threads
+    # an update beside rollouts leaves a core to the engine on this CPU, then the training
+    # thread's full count is restored (never the reduced one read back); the last runs alone
+    fewer = max(1, torch_threads - 1)
+    assert threads == {1: fewer, 2: fewer, 3: torch_threads}
+    assert counts_set == [fewer, torch_threads, fewer, torch_threads]
     # step 1 waited for its whole rollout; steps 2 and 3 found theirs done during the update
     assert steps[0]["time/rollout_wait"] >= steps[0]["time/rollout"]
     assert all(m["time/rollout_wait"] < m["time/rollout"] for m in steps[1:])
