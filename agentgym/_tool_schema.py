@@ -272,10 +272,9 @@ def _surrogate_at(value: Any) -> str | None:
         kind = type(item)
         if kind in _NO_TEXT or (kind is str and item.isascii()):  # the usual argument
             continue
-        if isinstance(item, (str, dict, list)) and not (isinstance(item, str) and item.isascii()):
-            found = _surrogate_at(item)
-            if found is not None:
-                return f"/{key}{found}"
+        found = _surrogate_at(item)  # a str, dict or list; None for anything else
+        if found is not None:
+            return f"/{key}{found}"
     return None
 
 

@@ -62,7 +62,8 @@ def _pct(value: float | None) -> str:
 
 
 def _row(run: dict[str, Any]) -> str:
-    wall = f"{int(run['seconds'] // 60)} min {round(run['seconds'] % 60)} s"
+    minutes, seconds = divmod(round(run["seconds"]), 60)  # 239.6 s is 4 min 0 s, not 3 min 60 s
+    wall = f"{minutes} min {seconds} s"
     if "error" in run:
         return f"| {run['seed']} | {run['error']} | | | | {wall} |"
     calls = ("-" if run["calls_first"] is None

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from agentgym.engine._serve import free_port
-from tests.conftest import require, skip_or_fail
+from tests.conftest import end_process, require, skip_or_fail
 
 _names = itertools.count()
 
@@ -89,9 +89,5 @@ def _server_port() -> int:
 
 
 def _stop(server: subprocess.Popen[bytes], root: Path) -> None:
-    server.terminate()
-    try:
-        server.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        server.kill()
+    end_process(server, timeout=20)
     shutil.rmtree(root, ignore_errors=True)
