@@ -103,8 +103,7 @@ def own_loop(who: str) -> Iterator[asyncio.Runner]:
     then is left behind, named in one warning each (`_end_leftovers`, `_end_threads`).
     """
     loop = asyncio.new_event_loop()
-    prefix = f"agentgym-loop-{next(_loop_numbers)}"
-    executor = _DaemonThreads(prefix)
+    executor = _DaemonThreads(f"agentgym-loop-{next(_loop_numbers)}")
     loop.set_default_executor(executor)
     asyncio.set_event_loop(loop)
     try:
@@ -113,7 +112,7 @@ def own_loop(who: str) -> Iterator[asyncio.Runner]:
         try:
             _end_leftovers(loop, who)
             loop.run_until_complete(loop.shutdown_asyncgens())
-            _end_threads(executor, prefix, who)
+            _end_threads(executor, who)
         finally:
             asyncio.set_event_loop(None)
             loop.close()
@@ -155,7 +154,7 @@ def _task_label(task: asyncio.Task[Any]) -> str:
     return f"{task.get_name()} ({getattr(coro, '__qualname__', type(coro).__name__)})"
 
 
-def _end_threads(executor: _DaemonThreads, prefix: str, who: str) -> None:
+def _end_threads(executor: _DaemonThreads, who: str) -> None:
     """Shut ``executor`` down, waiting `CANCEL_GRACE_SECONDS` for its threads to end.
 
     Those still running then are left running, named in one warning: a thread cannot be
@@ -170,7 +169,7 @@ def _end_threads(executor: _DaemonThreads, prefix: str, who: str) -> None:
         executor.shutdown(wait=True)
         shut.set()
 
-    threading.Thread(target=shut_down, name=f"{prefix}-shutdown", daemon=True).start()
+    threading.Thread(target=shut_down, name=f"{executor.prefix}-shutdown", daemon=True).start()
     if shut.wait(CANCEL_GRACE_SECONDS):
         return
     names = sorted(t.name for t in executor.threads if t.is_alive())
