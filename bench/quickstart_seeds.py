@@ -47,9 +47,9 @@ def train_one(config: Path, seed: int, out: Path, overrides: list[str]) -> dict[
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError) as exc:
         return {"seed": seed, "seconds": seconds, "error": f"no summary.json ({exc})"}
-    figures, calls = summary["figures"], summary.get("tool_calls_per_episode", {})
+    figures, calls = summary.get("figures", {}), summary.get("tool_calls_per_episode", {})
     return {
-        "seed": seed, "seconds": seconds, "steps": summary["steps"],
+        "seed": seed, "seconds": seconds, "steps": summary.get("steps"),
         "base": figures.get("base/success"), "sft": figures.get("sft/success"),
         "grpo": figures.get("grpo/success"),
         "calls_first": calls.get("first"), "calls_last": calls.get("last"),
