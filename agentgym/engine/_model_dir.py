@@ -325,6 +325,27 @@ def check_adapter_base(
                     )
 
 
+def check_same_weights(served: str | os.PathLike[str], new: str | os.PathLike[str]) -> None:
+    """Refuse a model folder whose weights a running engine cannot take in place of ``served``.
+
+    An in-place reload copies tensors into the engine's parameters and keeps its config, so
+    every weight must exist with the same shape; a folder that cannot be read this way (not
+    safetensors) is refused too, since nothing would show a misfit before the engine's copy.
+    """
+    before = _model_shapes(str(Path(served)), _stamp(Path(served)))
+    after = _model_shapes(str(Path(new)), _stamp(Path(new)))
+    if not after:
+        raise ConfigError(f"{os.fspath(new)} has no safetensors weights to reload from")
+    misfits = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if misfits:
+        key = misfits[0]
+        raise ConfigError(
+            f"the weights in {os.fspath(new)} do not fit the served model {os.fspath(served)} "
+            f"({key}: {after.get(key, 'missing')} vs {before.get(key, 'missing')}, "
+            f"{len(misfits)} tensor(s) differ); reload only a fine-tune of the served model"
+        )
+
+
 def _check_rank_said(
     adapter: str | os.PathLike[str], lora: dict[str, list[int]], said: int | None
 ) -> None:

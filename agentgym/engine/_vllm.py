@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from .._errors import ConfigError, ModelError
 from .._types import Completion
-from . import _cpu_lora, _engine_spin, _logprob_ranks, _orphan_guard, _rpc_dir
+from . import _cpu_lora, _engine_spin, _logprob_ranks, _orphan_guard, _rpc_dir, _worker_weights
 from ._episode import (
     AdapterVersion,
     ModeChoice,
@@ -48,6 +48,7 @@ from ._episode import (
 )
 from ._model_dir import (
     check_adapter_base,
+    check_same_weights,
     config_head_size,
     config_vocab_size,
     context_length,
@@ -229,6 +230,7 @@ class VLLMPolicy(TokenPolicy):
             # per-step metrics cost ~20% of this process's CPU per token (measured by
             # bench/rollout_bench.py); turns record their own timings
             "disable_log_stats": True,
+            "worker_extension_cls": _worker_weights.EXTENSION,  # `reload_weights`
             **(engine_kwargs or {}),
         }
         self._kv_cache_gib = _kv_cache_gib(kv_cache_gib, self._engine_args)
@@ -520,6 +522,54 @@ class VLLMPolicy(TokenPolicy):
     def _decode(self, ids: list[int]) -> str:
         """A turn's text from its ids, special tokens kept (tool-call tags often are)."""
         return str(self.renderer.tokenizer.decode(ids, skip_special_tokens=False))
+
+    # ---- base weights -------------------------------------------------------------------
+    def reload_weights(self, model: str | os.PathLike[str]) -> float:
+        """Serve the weights of ``model``, a fine-tune of the served model, from now on.
+
+        Returns the seconds it took. The engine keeps running, with its config, tokenizer and
+        chat template; the weights are copied in place (vLLM's ``reload_weights``, and what
+        `_worker_weights` adds to it), and the prefix cache is emptied: its prefixes were
+        computed with the old weights under the same cache salt. Why: a trainer's SFT warm
+        start changes the weights between its base-model eval and its rollouts, and a second
+        engine for them cost a start (20-30 s of vLLM imports on the CPU build).
+        Allowed before the first `load_adapter` only (an adapter is trained on the weights it
+        is served with) and with no turn in flight; a folder whose weights differ in name or
+        shape is refused (`ConfigError`) before anything is copied.
+        """
+        if self.adapters:
+            raise ConfigError(
+                "reload_weights would change the weights under the loaded adapters "
+                f"(versions {[a.version for a in self.adapters]}); reload before the first "
+                "load_adapter, or make a new VLLMPolicy on the new model"
+            )
+        if self._in_flight:
+            raise ConfigError("reload_weights while turns are sampling: wait for them to end")
+        if self._engine_args["worker_extension_cls"] != _worker_weights.EXTENSION:
+            raise ConfigError(
+                "reload_weights needs agentgym's worker extension; leave "
+                "engine_kwargs['worker_extension_cls'] unset"
+            )
+        source = model_source(model)
+        check_same_weights(self.model, source)
+        thread, _ = self._started()
+        started = time.perf_counter()
+        thread.submit(self._reload(source)).result()
+        seconds = time.perf_counter() - started
+        self.model = self._engine_args["model"] = source
+        log.info("weights of %s reloaded in %.3f s", source, seconds)
+        return seconds
+
+    async def _reload(self, source: str) -> None:
+        try:
+            await self._engine.collective_rpc("agentgym_reload_weights", args=(source,))
+            emptied = await self._engine.reset_prefix_cache()
+        except Exception as exc:
+            if await self._engine_died():
+                raise _engine_died_error(exc) from exc
+            raise ModelError(f"vLLM could not reload the weights of {source}: {exc}") from exc
+        if not emptied:  # a prefix cached with the old weights would be served with the new
+            raise ModelError(f"vLLM kept its prefix cache after reloading {source}")
 
     # ---- LoRA versions ------------------------------------------------------------------
     def _lora_request(self, version: int) -> Any:

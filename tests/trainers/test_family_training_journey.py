@@ -142,7 +142,11 @@ def test_check_dry_run_and_run_agree_on_the_mode(runs: dict[str, Any], name: str
     assert f"rollouts     {mode} mode" in run["dry"], run["dry"]
     if name not in TRAINED:
         return
-    assert f"rollout mode {mode}" in (run["run"] / "train.log").read_text()
+    log = (run["run"] / "train.log").read_text()
+    assert f"rollout mode {mode}" in log
+    # one engine: the base eval's took the warm start's weights in place (that it then serves
+    # them exactly: tests/engine/test_reload_weights.py)
+    assert "the engine took the warm start's weights in place" in log
     played = read_jsonl_records(run["run"] / "eval_trajectories.jsonl")
     assert {t["info"]["eval"] for t in played} == {"base", "eval", "final"}  # eval: after SFT
     assert {t["mode"] for t in played} == {mode}  # base, warm-started and final evals alike
