@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import io
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
+from unittest import mock
 
 import pytest
 
@@ -63,6 +67,47 @@ def end_process(proc: subprocess.Popen[Any], timeout: float = 10) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def agentgym_here(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+    """``agentgym ARGS`` in this process (`agentgym.cli.main`): its exit code, stdout, stderr.
+
+    For tests about what a command does and says, not about its process: a new process
+    spends seconds importing torch, transformers and vLLM before it does anything (7 s on an
+    idle two-core machine, 13 s under the suite's load), where this one has them already. The
+    console script's own process (a kill, its sockets at exit, a refusal's only stderr line
+    with every warning it prints) stays a real one. Run as a user's terminal would see it
+    (400 columns, no colour, no run store). What the command sets for its process is undone
+    after, so later tests in this worker see none of it: the environment (`quiet_backends`
+    sets vLLM's logging variables, which every later subprocess and engine would inherit), the
+    ``agentgym`` logger's console handler, the SIGTERM handler (`exit_on_sigterm`), sys.argv.
+    """
+    from agentgym.cli import main
+
+    argv = ["agentgym", *map(os.fspath, args)]
+    logger = logging.getLogger("agentgym")
+    handlers, level = list(logger.handlers), logger.level
+    on_sigterm = signal.getsignal(signal.SIGTERM)
+    out, err = io.StringIO(), io.StringIO()
+    env = {"COLUMNS": "400", "NO_COLOR": "1", "AGENTGYM_RUNS_DB": "off"}  # no line wraps
+    try:
+        with (
+            mock.patch.dict(os.environ, env),  # restored whole: keys the command added go too
+            mock.patch.object(sys, "argv", argv),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            main()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        raise AssertionError("agentgym.cli.main returned without sys.exit")
+    finally:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        signal.signal(signal.SIGTERM, on_sigterm)
+    assert isinstance(code, int), code  # main() always ends in sys.exit(an int)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def require(module_name: str) -> ModuleType:

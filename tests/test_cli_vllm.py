@@ -1,4 +1,6 @@
-"""``agentgym eval --policy vllm|hf``: in-process engines, through the installed console script.
+"""``agentgym eval --policy vllm|hf``: in-process engines, through the installed console script
+where its process is part of what is checked (the sockets it leaves at exit, its engine's log,
+its refusals' only line), in this process (`agentgym_here`) otherwise.
 
 The engine starts once per run (20-90 s on two cores, more on a busy machine); the tiny local
 model samples noise, so the episodes are short, but every turn must carry what a trainer reads.
@@ -18,7 +20,7 @@ import pytest
 
 from agentgym import read_jsonl
 from agentgym.engine import _rpc_dir
-from tests.conftest import VLLMServer, require
+from tests.conftest import VLLMServer, agentgym_here, require
 from tests.test_check import HISTORY_REWRITING_TEMPLATE
 from tests.trainers.test_export import write_run
 
@@ -103,11 +105,13 @@ def test_eval_vllm_records_token_ids_mode_and_adapter_version(
 def test_eval_hf_samples_token_exact_turns_without_vllm(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """``--policy hf``: the same records from transformers, for machines without vLLM."""
+    """``--policy hf``: the same records from transformers, for machines without vLLM.
+
+    In this process (`agentgym_here`): the records are tested, not the command's process."""
     out = tmp_path / "run"
-    proc = run(
+    proc = agentgym_here(
         "eval", "calculator", "--policy", "hf", "--model-path", str(tiny_model_dir),
-        "-n", "2", "-g", "2", "--max-tokens", "12", "--seed", "3", "--out", str(out), timeout=300,
+        "-n", "2", "-g", "2", "--max-tokens", "12", "--seed", "3", "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rollout mode concat" in proc.stderr
@@ -121,12 +125,17 @@ def test_eval_hf_samples_token_exact_turns_without_vllm(
     assert json.loads((out / "run.json").read_text())["policy"] == "hf"
 
 
-def eval_with_adapter(policy: str, adapter: Path, out: Path) -> str:
-    """``agentgym eval --adapter`` on two tasks without ``--model-path``; returns its stderr."""
-    proc = run(
-        "eval", "calculator", "--policy", policy, "--adapter", str(adapter), "-n", "2",
-        "--max-tokens", "12", "--seed", "3", "--out", str(out), timeout=600,
-    )  # fmt: skip
+def eval_with_adapter(
+    policy: str, adapter: Path, out: Path, *, here: bool = False
+) -> str:
+    """``agentgym eval --adapter`` on two tasks without ``--model-path``; returns its stderr.
+
+    Through the console script, or in this process (`agentgym_here`) with ``here``: vLLM's
+    log (the dtype it chose) is whole only in the console script's output; its engine
+    processes and its import-time log handlers write past this process's capture."""
+    args = ("eval", "calculator", "--policy", policy, "--adapter", str(adapter), "-n", "2",
+            "--max-tokens", "12", "--seed", "3", "--out", str(out))  # fmt: skip
+    proc = agentgym_here(*args) if here else run(*args, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # float32 on the CPU, as a run's rollouts (vLLM chose bfloat16, with a warning per weight)
     assert "with dtype torch.bfloat16" not in proc.stdout + proc.stderr
@@ -176,11 +185,13 @@ def test_eval_samples_with_a_runs_trained_adapter_on_vllm(
 def test_eval_samples_with_an_exported_adapter_on_transformers(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    """In this process: transformers samples in the command's own process, and its records are
+    what is checked (the vLLM twin above runs the console script)."""
     from agentgym.trainers import export_run
 
     run_dir = write_run(tmp_path, tiny_model_dir, {2: 0})
     adapter = export_run(run_dir, tmp_path / "exported")
-    eval_with_adapter("hf", adapter, tmp_path / "eval")
+    eval_with_adapter("hf", adapter, tmp_path / "eval", here=True)
     assert_sampled_with(adapter, tiny_model_dir, tmp_path / "eval")
 
 
@@ -241,12 +252,15 @@ def test_eval_vllm_refuses_a_broken_adapter_before_the_engine_starts(
 def test_eval_vllm_on_a_server_keeps_token_ids_in_and_out(
     vllm_server: VLLMServer, tmp_path: Path
 ) -> None:
-    """``--server``: the prompts go to a running vLLM server as ids; the same record comes back."""
+    """``--server``: the prompts go to a running vLLM server as ids; the same record comes back.
+
+    In this process: the server is the engine here, the command's own process is not tested.
+    """
     out = tmp_path / "run"
-    proc = run(
-        "eval", "calculator", "--policy", "vllm", "--model-path", str(vllm_server.model_dir),
-        "--server", vllm_server.base_url, "--model", vllm_server.model,
-        "-n", "2", "-g", "2", "--max-tokens", "12", "--out", str(out), timeout=300,
+    served = ("--model-path", str(vllm_server.model_dir), "--server", vllm_server.base_url)
+    proc = agentgym_here(
+        "eval", "calculator", "--policy", "vllm", *served, "--model", vllm_server.model,
+        "-n", "2", "-g", "2", "--max-tokens", "12", "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     trajectories = list(read_jsonl(out / "trajectories.jsonl"))
@@ -256,8 +270,8 @@ def test_eval_vllm_on_a_server_keeps_token_ids_in_and_out(
         for turn in trajectory.turns:
             assert turn.prompt_ids and turn.completion_ids and len(turn.completion_ids) <= 12
             assert len(turn.logprobs or []) == len(turn.completion_ids)
-    wrong = run(
-        "eval", "calculator", "--policy", "vllm", "--model-path", str(vllm_server.model_dir),
-        "--server", vllm_server.base_url, "--model", "not-served", "--out", str(tmp_path / "x"),
+    wrong = agentgym_here(
+        "eval", "calculator", "--policy", "vllm", *served, "--model", "not-served",
+        "--out", str(tmp_path / "x"),
     )  # fmt: skip
     assert wrong.returncode == 2 and "not 'not-served'" in wrong.stderr, wrong.stderr

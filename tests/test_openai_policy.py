@@ -12,14 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import agentgym
-from tests.conftest import CALCULATE_TOOL, require
+from tests.conftest import CALCULATE_TOOL, agentgym_here, require
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
@@ -137,12 +134,9 @@ def test_a_server_started_without_the_adapter_api_is_told_apart(vllm_server) -> 
 
 def test_cli_eval_against_the_server_records_token_ids(vllm_server, tmp_path) -> None:
     out = tmp_path / "run"
-    agentgym_cli = Path(sys.executable).parent / "agentgym"
-    proc = subprocess.run(
-        [str(agentgym_cli), "eval", "calculator", "--policy", "openai",
-         "--base-url", vllm_server.base_url, "--model", vllm_server.model,
-         "-n", "2", "--max-tokens", "32", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+    proc = agentgym_here(
+        "eval", "calculator", "--policy", "openai", "--base-url", vllm_server.base_url,
+        "--model", vllm_server.model, "-n", "2", "--max-tokens", "32", "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     trajectories = list(agentgym.read_jsonl(out / "trajectories.jsonl"))
@@ -155,13 +149,13 @@ def test_cli_eval_against_the_server_records_token_ids(vllm_server, tmp_path) ->
 
 
 def test_cli_eval_serves_a_local_model_itself(tiny_model_dir, tmp_path) -> None:
+    """In this process (`agentgym_here`): the engine it starts is what is tested, not the command's
+    own process (tests/test_cli_vllm.py runs the console script)."""
     require("vllm")
     out = tmp_path / "run"
-    agentgym_cli = Path(sys.executable).parent / "agentgym"
-    proc = subprocess.run(
-        [str(agentgym_cli), "eval", "calculator", "--policy", "vllm",
-         "--model-path", str(tiny_model_dir), "-n", "2", "--max-tokens", "16", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+    proc = agentgym_here(
+        "eval", "calculator", "--policy", "vllm", "--model-path", str(tiny_model_dir),
+        "-n", "2", "--max-tokens", "16", "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     trajectories = list(agentgym.read_jsonl(out / "trajectories.jsonl"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import run
+from tests.conftest import agentgym_here
 from tests.trainers.test_export import write_run
 
 
@@ -51,8 +51,9 @@ def test_eval_of_a_runs_adapter_plays_with_the_runs_settings_unless_told_otherwi
         "max_turns: 2\nmax_completion_length: 7\nmax_model_len: 1024\n"
     )
     out = tmp_path / "eval"
-    proc = run("eval", "calculator", "--policy", "hf", "--adapter", str(run_dir), "-n", "1",
-               "--env-arg", "num_tasks=5", "--max-model-len", "900", "--out", str(out))  # fmt: skip
+    proc = agentgym_here("eval", "calculator", "--policy", "hf", "--adapter", str(run_dir),
+                         "-n", "1", "--env-arg", "num_tasks=5", "--max-model-len", "900",
+                         "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"playing as run {run_dir.resolve()} did" in " ".join(proc.stderr.split())
     played = json.loads((out / "run.json").read_text())
@@ -82,8 +83,8 @@ def test_an_exported_adapter_plays_as_its_run_did_on_its_held_out_tasks(
     )
     exported = export_run(run_dir, tmp_path / "exported")
     out = tmp_path / "eval"
-    proc = run("eval", "calculator", "--policy", "hf", "--adapter", str(exported),
-               "--out", str(out))  # fmt: skip
+    proc = agentgym_here("eval", "calculator", "--policy", "hf", "--adapter", str(exported),
+                         "--out", str(out))  # fmt: skip
     said = " ".join(proc.stderr.split())
     assert proc.returncode == 0, proc.stderr
     assert f"playing as run {run_dir.resolve()} did" in said
@@ -95,8 +96,10 @@ def test_an_exported_adapter_plays_as_its_run_did_on_its_held_out_tasks(
     assert [e["task_index"] for e in episodes] == [2, 3]
 
     shutil.rmtree(run_dir)  # the run is gone: said, not silently defaulted
-    proc = run("eval", "calculator", "--policy", "hf", "--adapter", str(exported), "-n", "1",
-               "--out", str(tmp_path / "eval2"))  # fmt: skip
+    # said before any episode: one turn of 4 tokens, not the env's default budget, to play
+    proc = agentgym_here("eval", "calculator", "--policy", "hf", "--adapter", str(exported),
+                         "-n", "1", "--max-tokens", "4", "--env-arg", "max_turns=1",
+                         "--out", str(tmp_path / "eval2"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"was exported from run {run_dir.resolve()}, which is gone: the settings it played " \
         "with (env options, tokens per turn) are not used" in " ".join(proc.stderr.split())

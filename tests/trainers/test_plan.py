@@ -16,6 +16,7 @@ from agentgym.trainers import GRPOConfig
 from agentgym.trainers._plan import dry_run
 from agentgym.trainers._preflight import preflight
 from agentgym.trainers._run_dir import RunDir
+from tests.conftest import agentgym_here
 
 
 def config(tmp_path: Path, **knobs: Any) -> GRPOConfig:
@@ -129,11 +130,20 @@ def _run_config(tmp_path: Path, extra: str = "") -> Path:
     return path
 
 
-def _dry_run(config: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    """``agentgym train CONFIG --dry-run``, each override passed as ``--set KEY=VALUE``."""
-    sets = [arg for pair in overrides for arg in ("--set", pair)]
-    return subprocess.run([str(AGENTGYM), "train", str(config), "--dry-run", *sets],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+def _dry_run(
+    config: Path, *overrides: str, here: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``agentgym train CONFIG --dry-run``, each override passed as ``--set KEY=VALUE``.
+
+    A refusal (one line, its exit code) is the console script's, run for real; a plan that
+    passes is the command's work, run ``here`` (`agentgym_here`) without a new process's
+    seconds of imports.
+    """
+    args = ["train", str(config), "--dry-run", *(a for pair in overrides for a in ("--set", pair))]
+    if here:
+        return agentgym_here(*args)
+    return subprocess.run([str(AGENTGYM), *args], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
 
 
 def _error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -142,7 +152,7 @@ def _error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
 
 def test_the_cli_prints_the_plan_or_one_line_naming_the_fix(tmp_path: Path) -> None:
     path = _run_config(tmp_path)
-    ok = _dry_run(path)
+    ok = _dry_run(path, here=True)
     assert ok.returncode == 0, ok.stderr
     assert "each step    4 tasks x 8 generations = 32 episodes" in ok.stdout
     assert ok.stdout.rstrip().endswith("dry run: every check passed; nothing was trained and "
@@ -187,7 +197,8 @@ def test_a_refusal_of_trains_names_the_option_as_train_takes_it(tmp_path: Path) 
     assert refused.returncode == 2, refused.stderr
     fix = "--set env_kwargs.parser=hermes"
     assert f"(agentgym train: {fix})" in refused.stderr
-    assert _dry_run(path, fix.removeprefix("--set ")).returncode == 0  # the fix it names passes
+    passed = _dry_run(path, fix.removeprefix("--set "), here=True)
+    assert passed.returncode == 0  # the fix it names passes
 
 
 def test_a_rollout_server_nobody_answers_is_infrastructure_not_a_bug(tmp_path: Path) -> None:

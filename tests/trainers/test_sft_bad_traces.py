@@ -13,12 +13,14 @@ import dataclasses
 import json
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import agentgym
 from agentgym import ScriptedPolicy, write_jsonl
+from tests.conftest import agentgym_here
 from tests.trainers.test_sft_cli import FAST, agentgym_cli, one_error_line
 
 HERE = "tests.trainers.test_sft_bad_traces"
@@ -124,7 +126,7 @@ def test_traces_without_an_assistant_turn_are_dropped_and_counted(
     path = tmp_path / "mixed.jsonl"
     write_jsonl([_without_assistant(e) if i % 2 else e for i, e in enumerate(episodes)], path)
     out = tmp_path / "o"
-    done = agentgym_cli("sft", tiny_model_dir, out, "--trajectories", path, *FAST)
+    done = agentgym_here("sft", tiny_model_dir, out, "--trajectories", path, *FAST)
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "sft.json").read_text())
     assert summary["num_examples"] == 4
@@ -132,17 +134,20 @@ def test_traces_without_an_assistant_turn_are_dropped_and_counted(
     assert "traces dropped: 4 without an assistant turn" in done.stdout, done.stdout
 
 
-def sft_on_env(model: Path, out: Path, env_id: str) -> subprocess.CompletedProcess[str]:
-    """``agentgym sft`` of two steps on this module's env ``env_id``."""
-    return agentgym_cli("sft", model, out, "--env", f"{HERE}:{env_id}", "--steps", "2",
-                        "--batch-size", "2")  # fmt: skip
+def sft_on_env(
+    agentgym: Callable[..., subprocess.CompletedProcess[str]], model: Path, out: Path, env: str
+) -> subprocess.CompletedProcess[str]:
+    """``agentgym sft`` of two steps on ``env``, run by ``agentgym``: `agentgym_cli` (a new
+    process imports this module for it: ``{HERE}:ID``), or `agentgym_here` where the process
+    is not what is tested (the id this module registered at its import here)."""
+    return agentgym("sft", model, out, "--env", env, "--steps", "2", "--batch-size", "2")
 
 
 def test_a_reference_turns_that_raises_is_one_line_naming_it(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "o"
-    proc = sft_on_env(tiny_model_dir, out, "tests/SftRaises-v0")
+    proc = sft_on_env(agentgym_cli, tiny_model_dir, out, f"{HERE}:tests/SftRaises-v0")
     line = one_error_line(proc)
     assert "reference_turns raised RuntimeError: oracle broke" in line, line
     assert not out.exists()
@@ -152,7 +157,7 @@ def test_episodes_whose_reference_turns_raised_are_counted_as_dropped(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "o"
-    done = sft_on_env(tiny_model_dir, out, "tests/SftHalf-v0")
+    done = sft_on_env(agentgym_here, tiny_model_dir, out, "tests/SftHalf-v0")
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "sft.json").read_text())
     assert summary["num_examples"] == 5

@@ -1,4 +1,9 @@
-"""``agentgym sft``: the console script run for real on the tiny model and the calculator env."""
+"""``agentgym sft`` on the tiny model and the calculator env.
+
+The console script runs for real where its process is what is tested (exit codes, one-line
+refusals, a kill); the runs that check what SFT trains and says run in this process
+(`agentgym_here`).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import pytest
 
 import agentgym
 from agentgym import ScriptedPolicy, write_jsonl
-from tests.conftest import require
+from tests.conftest import agentgym_here, require
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 ENV_ARG = ["--env-arg", "num_tasks=24"]
@@ -88,9 +93,9 @@ def test_sft_with_a_target_measures_held_out_traces_and_says_when_it_fell_short(
 ):
     """The train stage's warm start rule on the command: the last 128 of --tasks validate."""
     out = tmp_path / "sft"
-    done = agentgym_cli("sft", tiny_model_dir, out, "--env", "calculator", "--env-arg",
-                        "num_tasks=140", "--tasks", "0:140", "--steps", "20", "--batch-size",
-                        "1", "--target-accuracy", "1.0")  # fmt: skip
+    done = agentgym_here("sft", tiny_model_dir, out, "--env", "calculator", "--env-arg",
+                         "num_tasks=140", "--tasks", "0:140", "--steps", "20", "--batch-size",
+                         "1", "--target-accuracy", "1.0")  # fmt: skip
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "sft.json").read_text())
     assert summary["num_examples"] == 12  # 140 tasks, the last 128 held out
@@ -108,7 +113,7 @@ def test_sft_on_trajectories_keeps_the_rewarded_episodes(
     tiny_model_dir: Path, trajectories: Path, tmp_path: Path
 ):
     out = tmp_path / "sft"
-    done = agentgym_cli("sft", tiny_model_dir, out, "--trajectories", trajectories, *FAST)
+    done = agentgym_here("sft", tiny_model_dir, out, "--trajectories", trajectories, *FAST)
     assert done.returncode == 0, done.stderr
     source = json.loads((out / "sft.json").read_text())["source"]
     assert source["kind"] == "trajectories"
@@ -119,8 +124,8 @@ def test_sft_on_trajectories_keeps_the_rewarded_episodes(
     assert "traces used: 6" in done.stdout
 
     everything = tmp_path / "all"
-    done = agentgym_cli("sft", tiny_model_dir, everything, "--trajectories", trajectories,
-                        "--min-reward", "0", *FAST)  # fmt: skip
+    done = agentgym_here("sft", tiny_model_dir, everything, "--trajectories", trajectories,
+                         "--min-reward", "0", *FAST)  # fmt: skip
     assert done.returncode == 0, done.stderr
     source = json.loads((everything / "sft.json").read_text())["source"]
     assert (source["kept"], source["dropped"]["reward"]) == (10, 0)
@@ -137,8 +142,8 @@ def test_sft_on_trajectories_with_a_target_validates_on_the_last_tasks_episodes(
     recorded = tmp_path / "trajectories.jsonl"
     write_jsonl(played, recorded)
     out = tmp_path / "sft"
-    done = agentgym_cli("sft", tiny_model_dir, out, "--trajectories", recorded, "--steps", "20",
-                        "--batch-size", "1", "--target-accuracy", "1.0")  # fmt: skip
+    done = agentgym_here("sft", tiny_model_dir, out, "--trajectories", recorded, "--steps", "20",
+                         "--batch-size", "1", "--target-accuracy", "1.0")  # fmt: skip
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "sft.json").read_text())
     assert (summary["source"]["kept"], summary["source"]["validation"]) == (140, 128)
@@ -336,14 +341,14 @@ def test_an_evals_episodes_train_and_evaluate_under_the_settings_they_were_playe
     the model under another system prompt than the one every trace carries."""
     recorded = record(tmp_path / "record", "Be brief.")
     out = tmp_path / "sft"
-    done = agentgym_cli("sft", tiny_model_dir, out, "--trajectories", recorded,
-                        "--steps", "2", "--batch-size", "4")  # fmt: skip
+    done = agentgym_here("sft", tiny_model_dir, out, "--trajectories", recorded,
+                         "--steps", "2", "--batch-size", "4")  # fmt: skip
     assert done.returncode == 0, done.stderr
     source = json.loads((out / "sft.json").read_text())["source"]
     assert source["env_kwargs"] == {"num_tasks": 24, "system_prompt": "Be brief."}
     assert "--env-arg num_tasks=24 --env-arg 'system_prompt=Be brief.'" in done.stdout
-    given = agentgym_cli("sft", tiny_model_dir, tmp_path / "given", "--trajectories", recorded,
-                         "--steps", "1", "--env-arg", "num_tasks=30")  # fmt: skip
+    given = agentgym_here("sft", tiny_model_dir, tmp_path / "given", "--trajectories", recorded,
+                          "--steps", "1", "--env-arg", "num_tasks=30")  # fmt: skip
     assert given.returncode == 0, given.stderr  # a given option wins over the recorded one
     assert "--env-arg num_tasks=30 --env-arg 'system_prompt=Be brief.'" in given.stdout
     other = record(tmp_path / "other", "Be thorough.")
@@ -361,8 +366,8 @@ def test_the_same_episodes_in_another_order_train_the_same_model(
     shuffled = tmp_path / "shuffled.jsonl"
     shuffled.write_text("\n".join(reversed(lines)) + "\n")
     for source, out in ((trajectories, "a"), (shuffled, "b")):
-        done = agentgym_cli("sft", tiny_model_dir, tmp_path / out, "--trajectories", source,
-                            "--steps", "2", "--batch-size", "2", *ENV_ARG)  # fmt: skip
+        done = agentgym_here("sft", tiny_model_dir, tmp_path / out, "--trajectories", source,
+                             "--steps", "2", "--batch-size", "2", *ENV_ARG)  # fmt: skip
         assert done.returncode == 0, done.stderr
     a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
     assert all(a[name].equal(b[name]) for name in a)

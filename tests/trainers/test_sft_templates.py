@@ -13,16 +13,16 @@ though both say what the model writes after the engine's prompt.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import model_with_template, require
+from tests.conftest import agentgym_here, model_with_template, require
 from tests.test_check_families import MISTRAL_V03_LIKE, QWEN3_LIKE, THINKING_SWITCH, tokenizer
+from tests.trainers.test_sft_cli import agentgym_cli
 
 require("transformers")
 from agentgym.engine._render import ChatRenderer  # noqa: E402
@@ -122,17 +122,18 @@ def test_mistral_v03_trains_per_turn_on_the_engines_prompts_in_its_own_call_form
 
 
 def sft_on_family(
-    tiny_model_dir: Path, tmp_path: Path, template: str, tasks: str, *options: str
+    agentgym: Callable[..., subprocess.CompletedProcess[str]],
+    tiny_model_dir: Path, tmp_path: Path, template: str, tasks: str, *options: str,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """`agentgym sft` of the tiny model with ``template`` on calculator ``tasks``; (run, OUT)."""
+    """`agentgym sft` of the tiny model with ``template`` on calculator ``tasks``; (run, OUT).
+
+    Run by ``agentgym``: `agentgym_cli` for a refusal (the console script's one line, exit 2),
+    `agentgym_here` for a run (what it trains, without a new process's seconds of imports).
+    """
     model = model_with_template(tiny_model_dir, template, tmp_path / "family-shaped")
     out = tmp_path / "warm"
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "agentgym"), "sft", str(model), str(out),
-         "--env", "calculator", "--tasks", tasks, "--batch-size", "4", *options],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "AGENTGYM_RUNS_DB": "off"},
-    )  # fmt: skip
+    done = agentgym("sft", model, out, "--env", "calculator", "--tasks", tasks,
+                    "--batch-size", "4", *options)  # fmt: skip
     return done, out
 
 
@@ -140,7 +141,7 @@ def test_agentgym_sft_warm_starts_a_qwen3_shaped_model_per_turn(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     done, out = sft_on_family(
-        tiny_model_dir, tmp_path, QWEN3_LIKE, "0:6", "--steps", "2",
+        agentgym_here, tiny_model_dir, tmp_path, QWEN3_LIKE, "0:6", "--steps", "2",
         "--chat-template-kwargs", '{"enable_thinking": false}',
         "--env-arg", "tool_prompt=system",  # this template leaves tools out: the env shows them
     )  # fmt: skip
@@ -154,7 +155,7 @@ def test_agentgym_sft_warm_starts_a_mistral_shaped_model(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     done, out = sft_on_family(
-        tiny_model_dir, tmp_path, MISTRAL_V03_LIKE, "0:4", "--steps", "2",
+        agentgym_here, tiny_model_dir, tmp_path, MISTRAL_V03_LIKE, "0:4", "--steps", "2",
         "--env-arg", "parser=mistral", "--env-arg", "tool_prompt=system",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr  # was: "renders assistant message 2 differently"
@@ -168,8 +169,8 @@ def test_agentgym_sft_on_a_mistral_template_under_the_default_parser_names_the_p
 ) -> None:
     """The hermes parser's ids (``call_1_0``) fail Mistral's template: the error said "check
     the template", where the fix is the env's parser."""
-    done, out = sft_on_family(tiny_model_dir, tmp_path, MISTRAL_V03_LIKE, "0:4", "--steps", "1",
-                              "--env-arg", "tool_prompt=system")  # fmt: skip
+    done, out = sft_on_family(agentgym_cli, tiny_model_dir, tmp_path, MISTRAL_V03_LIKE, "0:4",
+                              "--steps", "1", "--env-arg", "tool_prompt=system")  # fmt: skip
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     fix = "use --env-arg parser=mistral (agentgym train: --set env_kwargs.parser=mistral)"
