@@ -251,10 +251,16 @@ def test_eval_of_the_trained_mistral_run_plays_as_the_run_did(
 ) -> None:
     out = tmp_path / "eval"
     done = cli("eval", "calculator", "--policy", "vllm", "--adapter", str(runs["mistral"]["run"]),
-               "-n", "3", "--out", str(out))  # fmt: skip
+               "-n", "3", "--temperature", "0", "--out", str(out))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # the run's env options, not the defaults
     assert "'parser': 'mistral'" in done.stdout + done.stderr
     played = read_jsonl_records(out / "trajectories.jsonl")
     assert len(played) == 3 and {t["mode"] for t in played} == {"per_turn"}
     assert {t["status"] for t in played} <= {"ok", "truncated"}
+    # greedy, as the run's evals: a fresh engine on the warm start's folder and the last adapter
+    # writes, token for token, what the run's own engine wrote in its final eval, where that
+    # engine had started on the base model and taken the warm start's weights in place
+    ran = {t["task_index"]: t["turns"][0]["completion_ids"] for t in final_evals(
+        runs["mistral"]["run"])}  # fmt: skip
+    assert {t["task_index"]: t["turns"][0]["completion_ids"] for t in played} == ran
