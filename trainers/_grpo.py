@@ -374,7 +374,11 @@ class GRPOTrainer:
         if not in_place:
             if base_eval:
                 assert run is not None and trackers is not None
-                figures["base/success"] = self._evaluate_model(self.model_dir, run, trackers)
+                greedy = {"max_tokens": cfg.max_completion_length, "temperature": 0.0}
+                with self._in_process_engine(
+                    self.model_dir, greedy, lora=False, rollout_mode="auto"
+                ) as base:  # fmt: skip
+                    figures["base/success"] = self._base_eval(base, run, trackers)
             start_model: Path = world.broadcast(self._warm_start(run) if run else None)
             served = self._policy(start_model, namespace)
             stack.enter_context(served)
@@ -385,8 +389,7 @@ class GRPOTrainer:
         stack.enter_context(policy)
         if base_eval:
             assert trackers is not None
-            self._decide_mode(policy)  # the run's reference episode decides, as for the run
-            figures["base/success"] = self._headline_eval(policy, run, trackers, 0, "base")
+            figures["base/success"] = self._base_eval(policy, run, trackers)
         start_model = self._warm_start(run)
         seconds = policy.reload_weights(start_model)
         log.info("the engine took the warm start's weights in place in %.2f s", seconds)
@@ -871,12 +874,10 @@ class GRPOTrainer:
             )
         return figures[f"{label}/success"]
 
-    def _evaluate_model(self, model_dir: Path, run: RunDir, trackers: Trackers) -> float:
-        """Eval of a model folder without an adapter (the base model, before SFT)."""
-        greedy = {"max_tokens": self.config.max_completion_length, "temperature": 0.0}
-        with self._in_process_engine(model_dir, greedy, lora=False, rollout_mode="auto") as policy:
-            self._decide_mode(policy)  # the run's reference episode decides, as for the run
-            return self._headline_eval(policy, run, trackers, 0, "base")
+    def _base_eval(self, policy: RolloutPolicy, run: RunDir, trackers: Trackers) -> float:
+        """The base model's eval (before the SFT warm start, no adapter loaded); its success."""
+        self._decide_mode(policy)  # the run's reference episode decides, as for the run
+        return self._headline_eval(policy, run, trackers, 0, "base")
 
 
 def _eval_deadline(cfg: GRPOConfig, episodes: int) -> float | None:

@@ -556,7 +556,7 @@ class VLLMPolicy(TokenPolicy):
         started = time.perf_counter()
         thread.submit(self._reload(source)).result()
         seconds = time.perf_counter() - started
-        self.model = self._engine_args["model"] = source
+        self.model = source
         log.info("weights of %s reloaded in %.3f s", source, seconds)
         return seconds
 
