@@ -76,8 +76,11 @@ def agentgym_here(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[
     spends seconds importing torch, transformers and vLLM before it does anything (7 s on an
     idle two-core machine, 13 s under the suite's load), where this one has them already. The
     console script's own process (a kill, its sockets at exit, a refusal's only stderr line
-    with every warning it prints) stays a real one. Run as a user's terminal would see it
-    (400 columns, no colour, no run store). What the command sets for its process is undone
+    with every warning it prints) stays a real one, and so does a command whose output is a
+    table: agentgym's consoles read COLUMNS once, when the first test in the worker imports
+    them, so a table here may wrap at 80 columns (`agentgym check` asserts failed that way
+    in CI). Run as a user's terminal would see it otherwise (400 columns, no colour, no run
+    store). What the command sets for its process is undone
     after, so later tests in this worker see none of it: the environment (`quiet_backends`
     sets vLLM's logging variables, which every later subprocess and engine would inherit), the
     ``agentgym`` logger's console handler, the SIGTERM handler (`exit_on_sigterm`), sys.argv.

@@ -36,7 +36,7 @@ import pytest
 import agentgym
 from agentgym.engine.tiny import make_tokenizer
 from agentgym.parsers import get_parser
-from tests.conftest import agentgym_here, require
+from tests.conftest import require
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 
@@ -301,9 +301,6 @@ def test_gpt_oss_parser_rows_say_cannot_render_instead_of_crashing() -> None:
 
 
 # ---- through the installed console script ----------------------------------------------------
-# Its one-line refusals (exit 2, `agentgym.cli.main`'s) run it for real; the reports, which are
-# the command's work and not its process's, run in this process (`agentgym_here`): each new
-# process loads transformers for seconds before it reads a template.
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
     return subprocess.run(
@@ -339,15 +336,15 @@ def test_cli_check_model_reports_the_mode_warns_on_dropped_text_and_fails_a_form
     """Dropped text before a call is how Hermes-3, Llama 3.1 and Mistral write history: it
     warns (it exited 1, so every such model 'failed' its check); calls in a format the
     parser does not read still fail."""
-    proc = agentgym_here("check", "calculator", "--model", str(family_dirs["hermes3"]))
+    proc = cli("check", "calculator", "--model", str(family_dirs["hermes3"]))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (
         "rollout mode" in proc.stdout and "per_turn: the prompt of assistant turn 2" in proc.stdout
     )
     assert "│ warn   │ assistant turn 2 was produced as" in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stderr
-    other = agentgym_here("check", "calculator", "--model", str(family_dirs["hermes3"]),
-                          "--env-arg", "parser=llama3_json")  # fmt: skip
+    other = cli("check", "calculator", "--model", str(family_dirs["hermes3"]),
+                "--env-arg", "parser=llama3_json")  # fmt: skip
     assert other.returncode == 1, other.stdout + other.stderr
     assert "parser does not read" in other.stdout and "Traceback" not in other.stderr
 
@@ -355,15 +352,15 @@ def test_cli_check_model_reports_the_mode_warns_on_dropped_text_and_fails_a_form
 def test_cli_check_passes_chat_template_kwargs(family_dirs: dict[str, Path]) -> None:
     folder = str(family_dirs["switch"])
     listed = ("--env-arg", "tool_prompt=system")  # the template leaves tools out
-    plain = agentgym_here("check", "calculator", "--model", folder, *listed)
+    plain = cli("check", "calculator", "--model", folder, *listed)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     assert "│ concat:" in plain.stdout
-    off = agentgym_here("check", "calculator", "--model", folder, *listed,
-                        "--chat-template-kwargs", '{"enable_thinking": false}')  # fmt: skip
+    off = cli("check", "calculator", "--model", folder, *listed, "--chat-template-kwargs",
+              '{"enable_thinking": false}')  # fmt: skip
     assert off.returncode == 0, off.stdout + off.stderr
     assert "│ per_turn:" in off.stdout and "read by the template" in off.stdout
-    typo = agentgym_here("check", "calculator", "--tokenizer", folder,
-                         "--chat-template-kwargs", '{"enable_thinkng": false}')  # fmt: skip
+    typo = cli("check", "calculator", "--tokenizer", folder, "--chat-template-kwargs",
+               '{"enable_thinkng": false}')  # fmt: skip
     assert typo.returncode == 1 and "did you mean 'enable_thinking'" in typo.stdout
 
 
@@ -400,9 +397,8 @@ def test_cli_check_user_errors_are_one_line_exit_2(
 
 def test_cli_check_prints_template_text_as_written(family_dirs: dict[str, Path]) -> None:
     # Mistral's markers look like the console's markup ('[/INST]' closes a tag never opened)
-    proc = agentgym_here("check", "calculator", "--model", str(family_dirs["mistral"]),
-                         "--env-arg", "parser=mistral",
-                         "--env-arg", "tool_prompt=system")  # fmt: skip
+    proc = cli("check", "calculator", "--model", str(family_dirs["mistral"]),
+               "--env-arg", "parser=mistral", "--env-arg", "tool_prompt=system")  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr  # its round trip warns, no more
     assert "Traceback" not in proc.stderr and "[/INST]" in proc.stdout, proc.stderr
     assert "[TOOL_CALLS]" in proc.stdout and "drops the text before a tool call" in proc.stdout
