@@ -56,6 +56,7 @@ from ._distributed import World
 from ._entropy_control import EntropyControl
 from ._health import HealthWatch
 from ._loss import LossSpec, grpo_loss, token_entropy, token_logprobs
+from ._memory import engine_beside_warm_start
 from ._metrics import combine_metrics, episode_metrics, eval_metrics
 from ._plan import reference_example
 from ._prefix import MIN_SHARED_PREFIX, logits_to_keep, policy_logits
@@ -359,16 +360,15 @@ class GRPOTrainer:
 
         Before an SFT warm start, the base model's eval (``figures["base/success"]``) plays on
         the run's own engine where that engine can take the warm start's weights in place
-        (`VLLMPolicy.reload_weights`): an in-process vLLM engine on the CPU, one process, the
-        warm start still to train. That saves an engine start (20-30 s of the quickstart's
-        few minutes on two cores). Elsewhere the base model gets an engine of its own, closed
-        before the warm start trains: on a GPU the SFT then has all of its memory.
+        (`engine_beside_warm_start`, the warm start still to train). That saves an engine
+        start (20-30 s of the quickstart's few minutes on two cores). Elsewhere the base model
+        gets an engine of its own, closed before the warm start trains: on a GPU the SFT then
+        has all of its memory.
         """
         cfg, world = self.config, self.world
         base_eval = bool(run and trackers and cfg.sft_steps and not run.resumed)
         in_place = (
-            run is not None and cfg.sft_steps > 0 and cfg.rollout_engine == "vllm"
-            and not cfg.rollout_servers and self._device() == "cpu" and world.world_size == 1
+            run is not None and engine_beside_warm_start(cfg, self._device(), world.world_size)
             and not (run.path / WARM_START / SFT_SUMMARY).is_file()
         )  # fmt: skip
         if not in_place:

@@ -1,11 +1,12 @@
 """Will the run fit: memory estimates read off a model's ``config.json``, before it loads.
 
-On the CPU the trainer and the engine share this machine's memory. On a GPU the in-process
-vLLM engine takes ``vllm_gpu_memory_utilization`` of the device for its 16-bit weights and
-KV cache, and the trainer has the rest for its own copy of the weights (4-bit with QLoRA),
-the adapter, its optimiser state and the activations. Activations depend on the episodes,
-so only the weights are held against each share: they are certain, and a share that cannot
-hold them fails minutes later with an out-of-memory error far from its cause.
+On the CPU the trainer and the engine share this machine's memory, and the peak may be the
+SFT warm start's (every weight's gradient and AdamW state) rather than GRPO's. On a GPU the
+in-process vLLM engine takes ``vllm_gpu_memory_utilization`` of the device for its 16-bit
+weights and KV cache, and the trainer has the rest for its own copy of the weights (4-bit
+with QLoRA), the adapter, its optimiser state and the activations. Activations depend on the
+episodes, so only the weights are held against each share: they are certain, and a share
+that cannot hold them fails minutes later with an out-of-memory error far from its cause.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from agentgym._errors import ConfigError
 if TYPE_CHECKING:
     from ._config import GRPOConfig
 
-#: Bytes per parameter while training with LoRA in float32 on the CPU: weights (4) plus
-#: activations and the engine's own copy of the weights (4); the adapter is negligible.
-BYTES_PER_PARAM_CPU = 8
+#: Bytes per parameter of one float32 copy of the weights on the CPU: the trainer's, the
+#: engine's. GRPO holds both (the adapter and its optimiser state are negligible).
+BYTES_PER_PARAM_FP32 = 4
+#: Bytes per parameter of a full-weight SFT warm start (``sft_method: full``) on the CPU:
+#: the weights, their gradients and AdamW's two moments, 4 each.
+BYTES_PER_PARAM_SFT_FULL = 16
 #: Bytes per parameter of weights on a GPU: 16-bit, or 4-bit as bitsandbytes stores them
 #: (half a byte, plus a constant per block of 64 and the 16-bit layers it leaves alone).
 BYTES_PER_PARAM_16BIT = 2.0
@@ -49,11 +53,41 @@ def parameter_count(model_dir: Path) -> int:
     return int(layers * (attention + 3 * hidden * mlp) + embeddings)
 
 
-def cpu_memory_estimate(model_dir: Path) -> tuple[int, int, int]:
-    """(parameters, bytes to train with LoRA on the CPU, this machine's bytes of memory)."""
-    params = parameter_count(model_dir)
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return params, params * BYTES_PER_PARAM_CPU, have
+def engine_beside_warm_start(config: GRPOConfig, device: str, world_size: int) -> bool:
+    """Whether the run's vLLM engine stays up while its SFT warm start trains.
+
+    It then plays the base model's eval and takes the warm start's weights in place
+    (`VLLMPolicy.reload_weights`), saving an engine start: an in-process engine on the CPU,
+    one process. The price is the engine's copy of the weights beside the warm start's
+    optimiser state, which `CpuEstimate` counts. On a GPU the warm start gets all of it.
+    """
+    return (config.sft_steps > 0 and config.rollout_engine == "vllm"
+            and not config.rollout_servers and device == "cpu" and world_size == 1)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CpuEstimate:
+    """A CPU run's peak memory: the weights' bytes in its largest phase, against this machine's."""
+
+    params: int
+    need: int
+    have: int
+    peak: str  # the phase that needs ``need``, in words
+
+    @classmethod
+    def of(cls, model_dir: Path, config: GRPOConfig, world_size: int = 1) -> CpuEstimate:
+        """The estimate for ``config`` training ``model_dir`` on this machine's CPU."""
+        params = parameter_count(model_dir)
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        grpo = 2 * BYTES_PER_PARAM_FP32
+        sft = BYTES_PER_PARAM_SFT_FULL if config.sft_steps and config.sft_method == "full" else 0
+        if sft <= grpo:
+            return cls(params, params * grpo, have, "GRPO: the trainer's and the engine's weights")
+        peak = "the SFT warm start: weights, gradients and AdamW state"
+        if engine_beside_warm_start(config, "cpu", world_size):
+            sft += BYTES_PER_PARAM_FP32
+            peak += ", beside the engine's copy"
+        return cls(params, params * sft, have, peak)
 
 
 @dataclass(frozen=True)

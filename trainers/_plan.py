@@ -22,7 +22,7 @@ from agentgym.runs._folder import SFT_SUMMARY, sft_checkpoint
 
 from ._config import GRPOConfig
 from ._distributed import World
-from ._memory import cpu_memory_estimate, parameter_count
+from ._memory import CpuEstimate, parameter_count
 from ._preflight import Checked, gpu_split, preflight, resolved_device
 from ._run_dir import WARM_START, RunDir, checkpoints_by_step
 from ._tracking import resolve_report_to
@@ -70,9 +70,9 @@ def _model(config: GRPOConfig, checked: Checked) -> str:
     if config.load_in_4bit:
         text += ", 4-bit base (QLoRA)"
     if device == "cpu":
-        params, need, have = cpu_memory_estimate(checked.model_dir)
-        text += (f"; ~{params / 1e6:,.1f} M parameters, ~{_size(need)} of this machine's "
-                 f"{_size(have)} to train on the CPU")  # fmt: skip
+        cpu = CpuEstimate.of(checked.model_dir, config, World.from_env().world_size)
+        text += (f"; ~{cpu.params / 1e6:,.1f} M parameters, ~{_size(cpu.need)} of this "
+                 f"machine's {_size(cpu.have)} to train on the CPU (peak in {cpu.peak})")
     else:
         params = parameter_count(checked.model_dir)
         text += f"; ~{params / 1e6:,.1f} M parameters, {gpu_split(config, params).describe()}"

@@ -33,7 +33,8 @@ from agentgym.runs._folder import SFT_SUMMARY
 
 from ._config import GRPOConfig
 from ._config_rules import UNSERVABLE_TARGETS, check_device
-from ._memory import GIB, GpuSplit, cpu_memory_estimate, parameter_count
+from ._distributed import World
+from ._memory import GIB, CpuEstimate, GpuSplit, parameter_count
 from ._run_dir import WARM_START
 from ._sft import (
     SFTConfig,
@@ -493,12 +494,13 @@ def _check_template(
 def _check_memory(model_dir: Path, config: GRPOConfig) -> None:
     """Refuse a model that cannot fit this machine's memory, or a GPU share its weights."""
     if resolved_device(config) == "cpu":
-        params, need, have = cpu_memory_estimate(model_dir)
-        if need > have:
+        cpu = CpuEstimate.of(model_dir, config, World.from_env().world_size)
+        if cpu.need > cpu.have:
+            lora = ", sft_method: lora" if "SFT" in cpu.peak else ""
             raise ConfigError(
-                f"{model_dir.name} has ~{params / 1e9:.1f} B parameters: ~{need / GIB:.0f} GiB "
-                f"to train on the CPU, this machine has {have / GIB:.0f} GiB; use device: cuda "
-                "or a smaller model"
+                f"{model_dir.name} has ~{cpu.params / 1e9:.1f} B parameters: ~"
+                f"{cpu.need / GIB:.0f} GiB to train on the CPU (peak in {cpu.peak}), this "
+                f"machine has {cpu.have / GIB:.0f} GiB; use device: cuda{lora} or a smaller model"
             )
         return
     params = parameter_count(model_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from agentgym._errors import ConfigError
 from envs.calculator import CalculatorEnv
 from tests.conftest import model_with_template, require
 from trainers._config import GRPOConfig
+from trainers._memory import CpuEstimate, parameter_count
 from trainers._preflight import _check_memory, preflight
 
 SMALL_TASKS = {"env_kwargs": {"num_tasks": 40}, "train_tasks": "10:40", "eval_tasks": "0:10"}
@@ -192,6 +194,28 @@ def test_a_model_too_big_for_this_machine_is_refused_on_the_cpu(tmp_path: Path) 
     (tmp_path / "config.json").write_text(json.dumps(spec))
     with pytest.raises(ConfigError, match=r"GiB to train on the CPU.*use device: cuda"):
         _check_memory(tmp_path, GRPOConfig(device="cpu"))
+
+
+def test_a_full_warm_start_that_cannot_fit_beside_the_engine_is_refused_naming_lora(
+    tmp_path: Path,
+) -> None:
+    """GRPO holds two float32 copies of the weights (8 bytes a parameter); a full-weight warm
+    start holds weights, gradients and AdamW's moments (16) beside the engine's copy (4). A
+    model sized between the two used to pass the check and run out of memory in the SFT."""
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    hidden = 1024  # a layer is 16 * hidden**2 parameters (attention 4, gated MLP 12)
+    layers = round(have / 12 / (16 * hidden * hidden))  # ~12 bytes a parameter fill it
+    (tmp_path / "config.json").write_text(
+        json.dumps({"hidden_size": hidden, "num_hidden_layers": layers, "vocab_size": 0})
+    )
+    _check_memory(tmp_path, GRPOConfig(device="cpu"))  # GRPO alone fits
+    full = GRPOConfig(device="cpu", sft_steps=4)
+    with pytest.raises(ConfigError, match=r"peak in the SFT warm start: weights, gradients and "
+                       r"AdamW state, beside the engine's copy\), this machine has .* GiB; use "
+                       r"device: cuda, sft_method: lora or a smaller model"):  # fmt: skip
+        _check_memory(tmp_path, full)
+    _check_memory(tmp_path, GRPOConfig(device="cpu", sft_steps=4, sft_method="lora"))
+    assert CpuEstimate.of(tmp_path, full, world_size=2).need == 16 * parameter_count(tmp_path)
 
 
 class CountedCalculator(CalculatorEnv):
