@@ -143,11 +143,21 @@ class DockerSandbox(SandboxBase):
         """Create the container and start its code server (idempotent; reopens a closed one)."""
         with self._lock:
             self._closed = False
-            if self._container is None:
-                self._create_container()
-            if self._channel is None or not self._channel.is_open:
-                self._open_server()
+            self._ensure_started()
         return self
+
+    def _ensure_started(self) -> None:
+        """`start` for the sandbox's own calls, resets and replacements: it never reopens.
+
+        ``close`` marks the sandbox closed before it waits for the lock, so a call or reset
+        holding the lock may see the mark only now; reopening here undid that close, and the
+        next call started a container nobody removed before exit.
+        """
+        self._refuse_if_closed("the container's start")
+        if self._container is None:
+            self._create_container()
+        if self._channel is None or not self._channel.is_open:
+            self._open_server()
 
     def _create_container(self) -> None:
         cfg = self.config
@@ -232,7 +242,7 @@ class DockerSandbox(SandboxBase):
         with self._lock:
             self._refuse_if_closed("reset")
             if self._container is None:
-                self.start()
+                self._ensure_started()
                 return
             if not hard and self._soft_reset():
                 return
@@ -348,7 +358,7 @@ class DockerSandbox(SandboxBase):
     def _replace_container(self) -> None:
         self.needs_recycle = True
         self._remove_container()
-        self.start()
+        self._ensure_started()
 
     # -- calls ------------------------------------------------------------------------------
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
@@ -404,7 +414,7 @@ class DockerSandbox(SandboxBase):
         self._refuse_if_closed("the call")
         self._busy = True
         try:
-            self.start()
+            self._ensure_started()
             if self._killed:  # cancelled or closed while its container started
                 return ExecResult.infra_failure(
                     "sandbox: the call was cancelled (or its sandbox closed) while the "
@@ -574,7 +584,7 @@ class DockerSandbox(SandboxBase):
     def _state_request(self, what: str, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One tar/untar request; a dead or silent server is restarted, then `SandboxError`."""
         self._refuse_if_closed(what)
-        self.start()
+        self._ensure_started()
         try:
             reply = self._open_channel().request(req, timeout)
         except (ChannelDeadline, ChannelClosed) as exc:

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from agentgym import SandboxError
 from agentgym.sandboxes import DockerSandbox, SandboxPool
 from agentgym.sandboxes._pool import POOL_LABEL
 from tests.sandboxes.conftest import own_containers
@@ -158,6 +159,43 @@ async def test_close_while_the_first_call_starts_its_container_ends_that_call(do
     assert made[0] is not None and made[0] not in [c.id for c in own_containers()]
 
 
+async def test_close_while_a_reset_replaces_a_lost_container_keeps_the_sandbox_closed(
+    docker_ready, docker_client
+):
+    """The replacement started its container through ``start()``, which reopens a closed
+    sandbox: a ``close`` that came while the lost container was replaced was undone, and the
+    next call started a container nobody removed before exit."""
+    sandbox = DockerSandbox()
+    sandbox.run("print('warm')")
+    docker_client.api.kill(sandbox.container_id)  # lost: the reset must replace it
+    gate = Gate()
+    real_remove, made = sandbox._remove_container, []
+    real_create = sandbox._create_container
+
+    def remove() -> None:  # the replacement's removal parks; close()'s goes through
+        real_remove()
+        if not gate.go.is_set():
+            gate.wrap(lambda: None)()
+
+    def create() -> None:
+        real_create()
+        made.append(sandbox.container_id)
+
+    sandbox._remove_container, sandbox._create_container = remove, create
+    resetting = asyncio.create_task(asyncio.to_thread(sandbox.reset))
+    await gate.reached.wait()  # the lost container removed, its replacement not started
+    closing = asyncio.create_task(asyncio.to_thread(sandbox.close))
+    while not sandbox._closed:  # close() marked it; it waits for the reset's lock
+        await asyncio.sleep(0)
+    gate.go.set()
+    with pytest.raises(SandboxError, match="is closed"):
+        await asyncio.wait_for(resetting, 60)
+    await asyncio.wait_for(closing, 60)
+    with pytest.raises(SandboxError, match="is closed"):
+        await sandbox.arun("print('after close')")
+    assert made == [] and sandbox.container_id is None  # no replacement was started
+
+
 def test_ctrl_c_in_a_blocking_call_kills_its_code(docker_ready):
     """The interrupted code ran on in the container, and the next call waited for it (its
     timeout then blamed on that call's code)."""
@@ -251,8 +289,6 @@ def test_ctrl_c_in_a_pool_start_removes_what_it_made(docker_ready):
 def test_close_during_a_pool_start_is_one_sandbox_error(docker_ready):
     """It was ``RuntimeError: cannot schedule new futures after shutdown``, or a started pool
     that was already closed."""
-    from agentgym import SandboxError
-
     pool = SandboxPool(size=1)
     real_fill = pool._fill
 
