@@ -17,6 +17,7 @@ import pytest
 
 from agentgym import OpenAIPolicy
 from agentgym._openapi import openapi_tools
+from tests.conftest import serve_in_thread
 
 
 class HangingServer(ThreadingHTTPServer):
@@ -52,8 +53,7 @@ class HangingServer(ThreadingHTTPServer):
 @pytest.fixture
 async def server() -> Iterator[HangingServer]:
     s = HangingServer(asyncio.get_running_loop())
-    thread = threading.Thread(target=s.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(s)
     yield s
     s.shutdown()
     s.server_close()

@@ -1,4 +1,10 @@
-"""The ``agentgym`` console script, run for real in a subprocess."""
+"""The ``agentgym`` console script.
+
+Run for real in a subprocess where its process is what is tested: the exit code reaching the
+shell, a refusal's only stderr line (with every warning the process prints), a table at the
+terminal's width. A command tested for the files it writes runs in the test's process
+(`agentgym_here`), without a new process's seconds of imports.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentgym import ConfigError, read_jsonl
+from tests.conftest import agentgym_here
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 
@@ -128,7 +135,7 @@ def test_check_shows_a_skip_as_skip_and_a_failure_s_traceback_below_the_table(
 @pytest.mark.slow
 def test_eval_writes_trajectories_and_summary(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run("eval", "calculator", "-n", "5", "-g", "2", "--out", str(out))
+    proc = agentgym_here("eval", "calculator", "-n", "5", "-g", "2", "--out", out)
     assert proc.returncode == 0, proc.stderr
     trajectories = list(read_jsonl(out / "trajectories.jsonl"))
     assert len(trajectories) == 10
@@ -195,8 +202,9 @@ def test_user_errors_exit_2_with_one_line_and_write_nothing(
     assert not out.exists()
 
 
-def test_usage_error_exit_2(tmp_path: Path) -> None:
-    proc = run("eval", "calculator", "--group-size", "many", cwd=tmp_path)
+def test_usage_error_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # nothing is written where the user stands
+    proc = agentgym_here("eval", "calculator", "--group-size", "many")
     assert proc.returncode == 2
     assert "--group-size" in proc.stderr and "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
@@ -204,7 +212,7 @@ def test_usage_error_exit_2(tmp_path: Path) -> None:
 
 def test_eval_refuses_to_mix_into_an_existing_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    assert run("eval", "calculator", "-n", "2", "--out", str(out)).returncode == 0
+    assert agentgym_here("eval", "calculator", "-n", "2", "--out", out).returncode == 0
     before = (out / "trajectories.jsonl").read_bytes()
     proc = run("eval", "calculator", "-n", "2", "--out", str(out))
     assert proc.returncode == 2 and "--resume" in one_error_line(proc)
@@ -256,12 +264,12 @@ def test_the_context_window_fits_the_model_by_default_and_a_longer_one_is_refuse
 
 def test_resume_plays_again_the_episodes_the_backend_failed(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    assert run("eval", "calculator", "-n", "3", "--out", str(out)).returncode == 0
+    assert agentgym_here("eval", "calculator", "-n", "3", "--out", out).returncode == 0
     results = out / "trajectories.jsonl"
     lines = results.read_text().splitlines(keepends=True)
     failed = json.loads(lines[1]) | {"status": "infra_error", "turns": []}
     results.write_text(lines[0] + json.dumps(failed) + "\n" + lines[2])
-    proc = run("eval", "calculator", "-n", "3", "--out", str(out), "--resume")
+    proc = agentgym_here("eval", "calculator", "-n", "3", "--out", out, "--resume")
     assert proc.returncode == 0, proc.stderr
     resumed = list(read_jsonl(results))
     assert [t.status for t in resumed] == ["ok"] * 3  # the failed one replayed, not kept
@@ -270,13 +278,13 @@ def test_resume_plays_again_the_episodes_the_backend_failed(tmp_path: Path) -> N
 
 def test_resume_plays_only_missing_episodes_after_a_torn_write(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    assert run("eval", "calculator", "-n", "4", "-g", "2", "--out", str(out)).returncode == 0
+    assert agentgym_here("eval", "calculator", "-n", "4", "-g", "2", "--out", out).returncode == 0
     results = out / "trajectories.jsonl"
     full = list(read_jsonl(results))
     lines = results.read_bytes().splitlines(keepends=True)
     # as if killed mid-write: 3 whole episodes, then half of the 4th line
     results.write_bytes(b"".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
-    proc = run("eval", "calculator", "-n", "4", "-g", "2", "--out", str(out), "--resume")
+    proc = agentgym_here("eval", "calculator", "-n", "4", "-g", "2", "--out", out, "--resume")
     assert proc.returncode == 0, proc.stderr
     resumed = list(read_jsonl(results))
     assert len(resumed) == 8
@@ -306,7 +314,8 @@ def test_env_args_read_json_and_python_constants_else_a_string(pair: str, value:
 
 def test_eval_takes_an_env_arg_of_none(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run("eval", "calculator", "-n", "1", "--env-arg", "tool_timeout=None", "--out", str(out))
+    proc = agentgym_here("eval", "calculator", "-n", "1", "--env-arg", "tool_timeout=None",
+                         "--out", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "run.json").read_text())["env_kwargs"] == {"tool_timeout": None}
     assert [t.status for t in read_jsonl(out / "trajectories.jsonl")] == ["ok"]
@@ -345,7 +354,7 @@ def test_eval_builds_the_tiny_model_a_run_names_as_train_does(tmp_path: Path) ->
     from agentgym.engine.tiny import build_preset
 
     args = ["--policy", "hf", "--model-path", "tiny:test", "--seed", "3", "-n", "1"]
-    proc = run("eval", "calculator", *args, "--max-tokens", "4", "--out", str(tmp_path / "a"))
+    proc = agentgym_here("eval", "calculator", *args, "--max-tokens", "4", "--out", tmp_path / "a")
     assert proc.returncode == 0, proc.stderr
     played = json.loads((tmp_path / "a" / "run.json").read_text())["model"]
     assert played == str(build_preset("test", seed=3))  # the seed's model, as train builds it

@@ -4,8 +4,10 @@ Each was found playing README's use 3 from a scratch folder: a negative ``--seed
 whole run into ``error``; ``-n`` beyond the env's tasks played fewer without a word; a
 ``--base-url`` without ``/v1``, an unserved ``--model`` or a refused key filed every episode
 ``infra_error`` and exited 75 (a retry that cannot succeed); only the first N tasks could be
-played (``--tasks START:END`` now). The CLI runs in a subprocess;
-the OpenAI-compatible server is a small stdlib one in this process.
+played (``--tasks START:END`` now). The CLI runs in a subprocess where a refusal's only stderr
+line (with every warning its process prints) is tested, and in this process (`agentgym_here`)
+where what the run wrote and said on its console is; the OpenAI-compatible server is a small
+stdlib one in this process.
 """
 
 from __future__ import annotations
@@ -23,11 +25,16 @@ import pytest
 
 from agentgym import read_jsonl, summarize
 from agentgym._trajectory import STATUSES, Trajectory, Turn
-from tests.conftest import send_json, serving
+from tests.conftest import agentgym_here, send_json, serving
 
 AGENTGYM = Path(sys.executable).parent / "agentgym"
 SERVED = "served-model"
 KEY = "right-key"
+
+
+def eval_in(workdir: Path, *args: str) -> list[str]:
+    """``agentgym eval calculator ARGS`` writing into ``workdir/out``, as a user types it."""
+    return ["eval", "calculator", *args, "--out", str(workdir / "out")]
 
 
 def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -37,7 +44,7 @@ def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     }  # fmt: skip
     env.pop("OPENAI_API_KEY", None)
     return subprocess.run(
-        [str(AGENTGYM), "eval", "calculator", *args, "--out", str(workdir / "out")],
+        [str(AGENTGYM), *eval_in(workdir, *args)],
         cwd=workdir, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -106,7 +113,7 @@ def test_a_negative_seed_is_refused_before_any_work(tmp_path: Path) -> None:
 
 
 def test_more_tasks_than_the_env_has_are_played_with_a_warning(tmp_path: Path) -> None:
-    proc = run(tmp_path, "-n", "1000")
+    proc = agentgym_here(*eval_in(tmp_path, "-n", "1000"))
     assert proc.returncode == 0, proc.stderr
     assert "warning: -n 1000, but the env has 100 tasks; playing all 100" in proc.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -122,10 +129,10 @@ def test_as_many_tasks_as_the_env_has_warns_nothing(tmp_path: Path) -> None:
 def test_a_task_range_plays_exactly_those_tasks_and_resumes_only_them(tmp_path: Path) -> None:
     """Only the first N tasks could be played: not a run's held-out split, nor train tasks to
     record episodes on for `agentgym sft` (the first N are the quickstart's held-out ones)."""
-    assert run(tmp_path, "--tasks", "40:45").returncode == 0
+    assert agentgym_here(*eval_in(tmp_path, "--tasks", "40:45")).returncode == 0
     results = tmp_path / "out" / "trajectories.jsonl"
     assert sorted(t.task_index for t in read_jsonl(results)) == [40, 41, 42, 43, 44]  # as done
-    again = run(tmp_path, "--tasks", "40:45", "--resume")
+    again = agentgym_here(*eval_in(tmp_path, "--tasks", "40:45", "--resume"))
     assert again.returncode == 0 and len(list(read_jsonl(results))) == 5, again.stderr
     other = run(tmp_path, "--tasks", "40:46", "--resume")  # another range: another run
     assert other.returncode == 2 and "tasks" in one_error_line(other)
@@ -174,7 +181,8 @@ def test_a_refused_api_key_is_one_line_naming_the_option(tmp_path: Path, server:
 
 
 def test_the_right_url_name_and_key_play_the_run(tmp_path: Path, server: str) -> None:
-    proc = run(tmp_path, *openai(f"{server}/v1", "--model", SERVED, "--api-key", KEY))
+    proc = agentgym_here(*eval_in(tmp_path, *openai(f"{server}/v1", "--model", SERVED,
+                                                     "--api-key", KEY)))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     played = list(read_jsonl(tmp_path / "out" / "trajectories.jsonl"))
     assert [t.status for t in played] == ["ok", "ok"]
@@ -294,13 +302,13 @@ def test_an_episode_past_episode_timeout_is_late_and_resume_plays_it_again(
     plays it again."""
     args = [*openai(holding_server, "--model", SERVED, "--api-key", KEY), "-n", "3"]
     args += ["--episode-timeout", "2"]
-    proc = run(tmp_path, *args)
+    proc = agentgym_here(*eval_in(tmp_path, *args))
     assert proc.returncode == 0, proc.stderr
     assert "1 of 3 episodes played were cut at --episode-timeout 2 s" in proc.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["status"]["late"] == 1 and summary["status"]["ok"] == 2
     _HoldingHandler.released.set()
-    again = run(tmp_path, *args, "--resume")
+    again = agentgym_here(*eval_in(tmp_path, *args, "--resume"))
     assert again.returncode == 0, again.stderr
     played = list(read_jsonl(tmp_path / "out" / "trajectories.jsonl"))
     assert sorted((t.task_index, t.status) for t in played) == [(0, "ok"), (1, "ok"), (2, "ok")]
@@ -310,7 +318,7 @@ def test_an_eval_whose_every_episode_passed_episode_timeout_exits_1(
     tmp_path: Path, holding_server: str
 ) -> None:
     args = [*openai(holding_server, "--model", SERVED, "--api-key", KEY), "-n", "1"]
-    proc = run(tmp_path, *args, "--episode-timeout", "1")
+    proc = agentgym_here(*eval_in(tmp_path, *args, "--episode-timeout", "1"))
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]  # after the progress bar
     assert last.startswith("error: 1 of 1 episodes played were cut at --episode-timeout 1 s")
@@ -323,7 +331,8 @@ def test_the_server_an_eval_sampled_on_is_recorded_without_its_credentials(
     compare`` called them the same), and a resume could mix both servers' episodes."""
     from agentgym._eval_cli import _without_credentials
 
-    proc = run(tmp_path, *openai(f"{server}/v1", "--model", SERVED, "--api-key", KEY))
+    proc = agentgym_here(*eval_in(tmp_path, *openai(f"{server}/v1", "--model", SERVED,
+                                                     "--api-key", KEY)))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     saved = json.loads((tmp_path / "out" / "run.json").read_text())
     assert saved["base_url"] == f"{server}/v1"
@@ -339,11 +348,11 @@ def test_a_run_saved_before_its_server_was_recorded_still_resumes(
 ) -> None:
     """``run.json`` gained ``base_url``: a folder written without it refused every resume."""
     args = openai(f"{server}/v1", "--model", SERVED, "--api-key", KEY)
-    assert run(tmp_path, *args).returncode == 0
+    assert agentgym_here(*eval_in(tmp_path, *args)).returncode == 0
     saved = tmp_path / "out" / "run.json"
     older = json.loads(saved.read_text())
     del older["base_url"]
     saved.write_text(json.dumps(older))
     (tmp_path / "out" / "summary.json").unlink()  # killed before its summary: plays none again
-    again = run(tmp_path, *args, "--resume")
+    again = agentgym_here(*eval_in(tmp_path, *args, "--resume"))
     assert again.returncode == 0, again.stderr

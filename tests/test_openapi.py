@@ -13,7 +13,7 @@ import pytest
 
 from agentgym import ConfigError, InfraError, Tool, ToolArgumentsError, ToolEnv, ToolError
 from agentgym._openapi import openapi_tools, operations
-from tests.conftest import send_json
+from tests.conftest import send_json, serve_in_thread
 
 PET = {
     "type": "object",
@@ -274,8 +274,7 @@ def server(seen: list[tuple[str, str]], hang_arrived: threading.Event) -> Iterat
     handler = type("Handler", (_Handler,), attributes)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
+    thread = serve_in_thread(httpd)
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     release.set()
     httpd.shutdown()

@@ -6,7 +6,6 @@ import contextlib
 import gc
 import json
 import socket
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 
 import agentgym
-from tests.conftest import send_json
+from tests.conftest import send_json, serve_in_thread
 
 REPLY = {
     "choices": [
@@ -66,7 +65,7 @@ def running_servers(make_server: Callable[..., Any]) -> Iterator[Callable[..., A
 
     def start(*args: Any) -> Any:
         server = make_server(*args)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        serve_in_thread(server)
         servers.append(server)
         return server
 

@@ -13,7 +13,6 @@ import json
 import re
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,7 +35,7 @@ from agentgym.engine import (
     serve_router,
     serve_vllm_fleet,
 )
-from tests.conftest import TINY_RUN, require, send_json
+from tests.conftest import TINY_RUN, require, send_json, serve_in_thread
 from tests.engine.episodes import NudgeEnv, letters_only, make_adapter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
@@ -223,7 +222,7 @@ async def test_a_refused_publish_is_rolled_back_everywhere(
     servers: list[LocalServer], adapters: list[Path]
 ) -> None:
     refusing = RefusingServer()
-    threading.Thread(target=refusing.serve_forever, daemon=True).start()
+    serve_in_thread(refusing)
     try:
         fleet = VLLMFleet([servers[0].root, refusing.url], "tiny")
         with pytest.raises(AdapterPublishError, match="v7 was not published.*max-lora-rank"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from agentgym import ConfigError, ModelError
 from agentgym.engine import RemoteVLLMPolicy, StickyLeastLoaded, VLLMFleet, stage_adapter
-from tests.conftest import send_json
+from tests.conftest import send_json, serve_in_thread
 
 A, B, C = "http://a", "http://b", "http://c"
 
@@ -115,7 +114,7 @@ class CompletionServer(ThreadingHTTPServer):
 
 async def test_turns_carry_the_fleets_bearer_token(tiny_model_dir: Path) -> None:
     server = CompletionServer()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     try:
         fleet = VLLMFleet([server.url], "tiny", api_key="s3cret")
         policy = RemoteVLLMPolicy(tiny_model_dir, fleet, sampling={"max_tokens": 4})
@@ -159,7 +158,7 @@ async def test_loads_retried_for_lagging_storage_are_a_logged_metric(tmp_path: P
     """`docs/deployment.md` tells operators to watch these retries: the trainer logs
     `VLLMFleet.metrics()`, which left them out."""
     server = LaggingStorageServer(misses=2)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     try:
         fleet = VLLMFleet([server.url], "tiny", load_timeout=30)
         assert fleet.metrics()["router/not_found_retries"] == 0.0

@@ -18,7 +18,7 @@ from agentgym.envs.search import exact_match, final_answer, normalize, token_f1
 from agentgym.envs.search.backends import BM25Backend, Doc, bm25_from
 from agentgym.envs.search.tasks import make_tasks, qa_index
 from tests.conftest import hermes_call as call
-from tests.conftest import require, send_json
+from tests.conftest import require, send_json, serve_in_thread
 
 CORPUS = [
     {"pid": "p1", "heading": "Lima", "body": "Lima is the capital of Peru, on the Pacific coast."},
@@ -229,8 +229,7 @@ class SearchService(BaseHTTPRequestHandler):
 def service() -> Iterator[tuple[str, ThreadingHTTPServer]]:
     SearchService.backend = BM25Backend([Doc(r["pid"], r["heading"], r["body"]) for r in CORPUS])
     server = ThreadingHTTPServer(("127.0.0.1", 0), SearchService)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    thread = serve_in_thread(server)
     SearchService.broken.clear()
     yield f"http://127.0.0.1:{server.server_address[1]}", server
     server.shutdown()

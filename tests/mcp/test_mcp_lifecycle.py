@@ -180,11 +180,12 @@ async def test_cancelling_an_episode_mid_call_stops_its_server(misbehaving) -> N
 
 
 async def test_arollout_of_many_episode_servers_leaves_none_running(misbehaving) -> None:
+    """Two episodes at once are enough: each has a server of its own, and none is left."""
     trajectories = await arollout(
         lambda: MCPToolEnv([misbehaving()], tasks=TASK),
-        ScriptedPolicy([call("pid"), "ok"]), group_size=3,
+        ScriptedPolicy([call("pid"), "ok"]), group_size=2,
     )  # fmt: skip
-    assert [t.status for t in trajectories] == ["ok"] * 3
+    assert [t.status for t in trajectories] == ["ok"] * 2
     pids = [int(replies(t)[0]) for t in trajectories]
-    assert len(set(pids)) == 3  # one server per episode
+    assert len(set(pids)) == 2  # one server per episode
     await until(lambda: not any(map(pid_alive, pids)))

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require
+from tests.conftest import require, serve_in_thread
 from tests.runs.cli import AGENTGYM, agentgym
 
 require("sqlalchemy")
@@ -102,8 +102,7 @@ def silent_server() -> Iterator[tuple[str, threading.Event]]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/v1", asked
     finally:
