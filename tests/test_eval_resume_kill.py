@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,10 +62,15 @@ register("test/SlowCalc-v0", SlowCalc)
 """
 
 
+def with_slow_env(folder: Path) -> Path:
+    """``folder`` with the env's module in it: the runs start there, so they import it."""
+    (folder / "slowcalc.py").write_text(SLOW_ENV)
+    return folder
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    (tmp_path / "slowcalc.py").write_text(SLOW_ENV)
-    return tmp_path
+    return with_slow_env(tmp_path)
 
 
 def _env(delay: float, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -142,8 +148,11 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if not k.startswith("time/")}
 
 
-@pytest.fixture
-def uninterrupted(workdir: Path) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The figures of PLAN played whole, once for the module: every test that resumes a run
+    compares its summary with these (a dict no test changes)."""
+    workdir = with_slow_env(tmp_path_factory.mktemp("uninterrupted"))
     out = workdir / "whole"
     proc = run(workdir, out)
     assert proc.returncode == 0, proc.stderr
@@ -161,6 +170,21 @@ def assert_complete(out: Path, uninterrupted: dict[str, Any]) -> None:
     assert sorted(p.name for p in out.iterdir()) == [
         "run.json", "summary.json", "trajectories.jsonl",
     ]  # no temp file left behind  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def killed_at_5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run folder as SIGKILL leaves it after 5 or more episodes, made once for the module:
+    each test gets its own byte-for-byte copy (`killed_copy`), so none sees another's edits."""
+    workdir = with_slow_env(tmp_path_factory.mktemp("killed"))
+    killed_after(workdir, workdir / "run", 5)
+    return workdir / "run"
+
+
+@pytest.fixture
+def killed_copy(workdir: Path, killed_at_5: Path) -> Path:
+    """``workdir/run``: this test's copy of the folder `killed_at_5` left."""
+    return Path(shutil.copytree(killed_at_5, workdir / "run"))
 
 
 def resume(workdir: Path, out: Path) -> subprocess.CompletedProcess[str]:
@@ -198,10 +222,9 @@ def test_killed_mid_stream_resumes_without_losing_or_doubling_an_episode(
 
 
 def test_killed_twice_mid_stream_still_adds_up(
-    workdir: Path, uninterrupted: dict[str, Any]
+    workdir: Path, killed_copy: Path, uninterrupted: dict[str, Any]
 ) -> None:
-    out = workdir / "run"
-    killed_after(workdir, out, 5)
+    out = killed_copy  # killed once, after 5 episodes
     killed_after(workdir, out, 10, "--resume")
     resume(workdir, out)
     assert_complete(out, uninterrupted)
@@ -247,10 +270,9 @@ def test_resuming_a_finished_run_changes_nothing_and_reprints_its_summary(
     ],
 )
 def test_resuming_with_other_settings_is_refused_in_one_line_naming_the_fix(
-    workdir: Path, change: list[str], setting: str
+    workdir: Path, killed_copy: Path, change: list[str], setting: str
 ) -> None:
-    out = workdir / "run"
-    killed_after(workdir, out, 5)
+    out = killed_copy
     files = {p.name: p.read_bytes() for p in out.iterdir()}
     refused = run(workdir, out, "--resume", plan=change)
     assert refused.returncode == 2, refused.stderr
@@ -265,12 +287,11 @@ def test_resuming_with_other_settings_is_refused_in_one_line_naming_the_fix(
 
 @pytest.mark.parametrize("record", ["other tasks", "no digest"])
 def test_resuming_onto_other_tasks_under_the_same_settings_is_refused(
-    workdir: Path, record: str
+    workdir: Path, killed_copy: Path, record: str
 ) -> None:
     """The env's options are the same, its tasks are not (a new version of the env or of its
     data): resumed, the run would file episodes of new tasks under the old indices."""
-    out = workdir / "run"
-    killed_after(workdir, out, 5)
+    out = killed_copy
     if record == "no digest":  # a run.json written before digests were recorded
         saved = json.loads((out / "run.json").read_text())
         del saved["tasks_sha256"]
@@ -348,10 +369,11 @@ def test_ctrl_c_stops_cleanly_and_resumes(
     assert_complete(out, uninterrupted)
 
 
-def test_a_corrupt_line_mid_file_is_one_line_naming_it_not_a_traceback(workdir: Path) -> None:
+def test_a_corrupt_line_mid_file_is_one_line_naming_it_not_a_traceback(
+    workdir: Path, killed_copy: Path
+) -> None:
     # a disk that lost a block, or a hand edit: not a torn last line, so not cut off silently
-    out = workdir / "run"
-    killed_after(workdir, out, 6)
+    out = killed_copy  # 5 or more lines: line 3 has whole lines after it
     results = out / "trajectories.jsonl"
     records = results.read_bytes().splitlines(keepends=True)
     results.write_bytes(b"".join([*records[:2], b"\x00\x00garbage\n", *records[3:]]))

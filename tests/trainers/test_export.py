@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentgym import ConfigError
-from tests.conftest import require
+from tests.conftest import agentgym_here, require
 from tests.test_cli import one_error_line, run
 
 PROMPT = [5, 17, 99, 3, 42, 8]
@@ -161,7 +161,7 @@ def test_best_exports_the_checkpoint_whose_eval_did_best_on_the_tasks_all_played
     assert info["eval_tasks"] == 4 and info["eval_success"] == {"2": 0.5, "4": 0.75, "6": 0.5}
     adapter = run_dir / "checkpoints" / "step-000004" / "adapter" / "adapter_model.safetensors"
     assert (best / "adapter_model.safetensors").read_bytes() == adapter.read_bytes()
-    proc = run("export", str(run_dir), str(tmp_path / "cli"), "--best")
+    proc = agentgym_here("export", run_dir, tmp_path / "cli", "--best")
     assert proc.returncode == 0, proc.stderr
     assert "on 4 held-out tasks: 2: 50.0%, 4: 75.0%, 6: 50.0%" in proc.stdout
     assert "at step 4 written to" in proc.stdout
@@ -227,7 +227,9 @@ def test_the_merged_model_serves_in_vllm_what_the_adapter_does_on_its_base(
 
     run_dir = write_run(tmp_path, tiny_model_dir, {3: 7})
     before = digest(tiny_model_dir)
-    proc = run("export", str(run_dir), str(tmp_path / "merged"), "--merge")
+    # in this process: a new one spent seconds importing torch, transformers and peft again,
+    # in the engine group that one worker runs alone
+    proc = agentgym_here("export", run_dir, tmp_path / "merged", "--merge")
     assert proc.returncode == 0, proc.stderr
     merged = tmp_path / "merged"
     assert f"serve it: vllm serve {merged}" in proc.stdout
