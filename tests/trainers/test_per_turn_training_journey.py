@@ -1,5 +1,6 @@
 """A user trains a Qwen3-shaped model: its chat template rewrites history, so every rollout,
-warm-start and eval turn is its own sample (``per_turn``), through the real CLI.
+warm-start and eval turn is its own sample (``per_turn``), through the CLI (the run a `kill -9`
+stops is the console script's process; the resume and the eval run in this one).
 
 Found by playing that journey (`agentgym train` on the calculator env, SFT warm start then
 GRPO, vLLM-CPU and transformers rollouts, ``enable_thinking: false`` and without it):
@@ -31,7 +32,7 @@ from agentgym._trajectory import PrefixMismatchError
 from agentgym.trainers import GRPOConfig
 from agentgym.trainers._plan import dry_run
 from agentgym.trainers._run_dir import read_jsonl_records
-from tests.conftest import TINY_RUN, model_with_template, require
+from tests.conftest import TINY_RUN, agentgym_here, model_with_template, require
 from tests.test_check_families import QWEN3_LIKE
 from tests.trainers.killing import kill_at_checkpoint
 
@@ -59,15 +60,17 @@ def qwen3_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "AGENTGYM_RUNS_DB": "off"})  # fmt: skip
+    """``agentgym ARGS`` in this process, asserted to succeed: a new process would spend seconds
+    of imports first, and only the killed run's process is what a test here is about."""
+    done = agentgym_here(*args)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 
 @pytest.fixture(scope="module")
 def trained_run(qwen3_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """`agentgym train` killed with SIGKILL once step 1 is checkpointed, then ``--resume``d."""
+    """`agentgym train` killed with SIGKILL once step 1 is checkpointed (a real process, for the
+    kill), then ``--resume``d (in this process)."""
     folder = tmp_path_factory.mktemp("per_turn_run")
     run = folder / "run"
     config_path = folder / "run.yaml"
