@@ -73,6 +73,7 @@ class CpuEstimate:
     need: int
     have: int
     peak: str  # the phase that needs ``need``, in words
+    in_warm_start: bool = False  # the peak is a full-weight warm start's (sft_method: lora fits)
 
     @classmethod
     def of(cls, model_dir: Path, config: GRPOConfig, world_size: int = 1) -> CpuEstimate:
@@ -87,7 +88,7 @@ class CpuEstimate:
         if engine_beside_warm_start(config, "cpu", world_size):
             sft += BYTES_PER_PARAM_FP32
             peak += ", beside the engine's copy"
-        return cls(params, params * sft, have, peak)
+        return cls(params, params * sft, have, peak, in_warm_start=True)
 
 
 @dataclass(frozen=True)

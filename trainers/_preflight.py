@@ -496,7 +496,7 @@ def _check_memory(model_dir: Path, config: GRPOConfig) -> None:
     if resolved_device(config) == "cpu":
         cpu = CpuEstimate.of(model_dir, config, World.from_env().world_size)
         if cpu.need > cpu.have:
-            lora = ", sft_method: lora" if "SFT" in cpu.peak else ""
+            lora = ", sft_method: lora" if cpu.in_warm_start else ""
             raise ConfigError(
                 f"{model_dir.name} has ~{cpu.params / 1e9:.1f} B parameters: ~"
                 f"{cpu.need / GIB:.0f} GiB to train on the CPU (peak in {cpu.peak}), this "
