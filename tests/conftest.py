@@ -81,8 +81,8 @@ def agentgym_here(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[
     table: agentgym's consoles read COLUMNS once, when the first test in the worker imports
     them, so a table here may wrap at 80 columns (`agentgym check` asserts failed that way
     in CI). Run as a user's terminal would see it otherwise (400 columns, no colour, no run
-    store). What the command sets for its process is undone
-    after, so later tests in this worker see none of it: the environment (`quiet_backends`
+    store). What the command sets for its process is undone after, so later tests in this
+    worker see none of it: the environment (`quiet_backends`
     sets vLLM's logging variables, which every later subprocess and engine would inherit), the
     ``agentgym`` logger's console handler, the SIGTERM handler (`exit_on_sigterm`), sys.argv.
     """
@@ -112,6 +112,13 @@ def agentgym_here(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[
         signal.signal(signal.SIGTERM, on_sigterm)
     assert isinstance(code, int), code  # main() always ends in sys.exit(an int)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def agentgym_ok(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+    """`agentgym_here`, asserted to succeed (the failure shows the tails of its output)."""
+    done = agentgym_here(*args)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
 
 
 def require(module_name: str) -> ModuleType:

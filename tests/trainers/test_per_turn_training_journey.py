@@ -32,7 +32,7 @@ from agentgym._trajectory import PrefixMismatchError
 from agentgym.trainers import GRPOConfig
 from agentgym.trainers._plan import dry_run
 from agentgym.trainers._run_dir import read_jsonl_records
-from tests.conftest import TINY_RUN, agentgym_here, model_with_template, require
+from tests.conftest import TINY_RUN, agentgym_ok, model_with_template, require
 from tests.test_check_families import QWEN3_LIKE
 from tests.trainers.killing import kill_at_checkpoint
 
@@ -59,13 +59,6 @@ def qwen3_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     )
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``agentgym ARGS`` in this process, asserted to succeed: a new process would spend seconds
-    of imports first, and only the killed run's process is what a test here is about."""
-    done = agentgym_here(*args)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
-
 
 @pytest.fixture(scope="module")
 def trained_run(qwen3_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -81,7 +74,7 @@ def trained_run(qwen3_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
                              env={**os.environ, "AGENTGYM_RUNS_DB": "off"})  # fmt: skip
     latest = kill_at_checkpoint(first, run, step=1, timeout=400)
     killed_at = json.loads((latest / "trainer_state.json").read_text())["step"]
-    resumed = cli("train", str(config_path), "--resume")
+    resumed = agentgym_ok("train", str(config_path), "--resume")
     return {"run": run, "config": config_path, "killed_at": killed_at,
             "output": resumed.stdout + resumed.stderr}  # fmt: skip
 
@@ -128,8 +121,8 @@ def test_eval_of_the_trained_adapter_plays_per_turn(
     trained_run: dict[str, Any], tmp_path: Path
 ) -> None:
     out = tmp_path / "eval"
-    done = cli("eval", "calculator", "--policy", "vllm", "--adapter", str(trained_run["run"]),
-               "-n", "3", "--out", str(out))  # fmt: skip
+    done = agentgym_ok("eval", "calculator", "--policy", "vllm", "--adapter",
+                       str(trained_run["run"]), "-n", "3", "--out", str(out))  # fmt: skip
     assert "rollout mode per_turn" in done.stdout + done.stderr
     played = read_jsonl_records(out / "trajectories.jsonl")
     assert len(played) == 3 and {t["mode"] for t in played} == {"per_turn"}
