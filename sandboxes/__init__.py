@@ -23,7 +23,7 @@ Importing this package does not import ``docker``; the first Docker call does.
 
 from ._config import DEFAULT_IMAGE, DockerSandboxConfig
 from ._docker import DockerSandbox, Snapshot
-from ._env import SandboxToolEnv, close_shared_pools
+from ._env import SandboxToolEnv, close_shared_pools, closing_new_shared_pools
 from ._hosts import DockerHost
 from ._image import build_image
 from ._lease import SandboxLease
@@ -55,6 +55,7 @@ __all__ = [
     "averify",
     "build_image",
     "close_shared_pools",
+    "closing_new_shared_pools",
     "reap_leaked",
     "verify",
 ]

@@ -7,9 +7,9 @@ Slots only, no pool started: which slots the block closes needs no Docker.
 
 from __future__ import annotations
 
-from agentgym.sandboxes import close_shared_pools
+from agentgym.sandboxes import close_shared_pools, closing_new_shared_pools
 from agentgym.sandboxes._config import docker_config
-from agentgym.sandboxes._env import _SLOTS, _slot, closing_new_shared_pools
+from agentgym.sandboxes._env import _SLOTS, _slot
 
 IMAGE = "agentgym-sandbox:closing-new-pools-test"
 
