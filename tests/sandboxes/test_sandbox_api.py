@@ -17,7 +17,8 @@ def test_public_names_are_pinned():
         "DEFAULT_IMAGE", "DockerHost", "DockerSandbox", "DockerSandboxConfig", "ExecResult",
         "ExecStatus", "HostStats", "LocalSandbox", "LocalSandboxConfig", "PoolStats", "Sandbox",
         "SandboxLease", "SandboxPool", "SandboxToolEnv", "Snapshot", "TestResult",
-        "VerifyResult", "averify", "build_image", "close_shared_pools", "reap_leaked", "verify",
+        "VerifyResult", "averify", "build_image", "close_shared_pools",
+        "closing_new_shared_pools", "reap_leaked", "verify",
     ])
     for name in sandboxes.__all__:
         assert getattr(sandboxes, name) is not None
