@@ -290,24 +290,28 @@ class DockerSandbox(SandboxBase):
             self._channel.close()
             self._channel = None
 
-    def _remove_container(self) -> None:
+    def _remove_container(self) -> bool:
         """Close the channel and force-remove the container, if any (never raises).
 
-        A container an earlier removal left behind is tried again first.
+        A container an earlier removal left behind is tried again first. True when the
+        container was gone already, or its removal in progress (see `_replace_container`).
         """
         self._drop_channel()
         self._remove_left_behind()
         container, self._container = self._container, None
+        gone = False
         if container is not None:
             try:
                 container.remove(force=True)
             except Exception as exc:  # already gone: fine; anything else: removed later
-                if not _gone(exc):
+                gone = _gone(exc)
+                if not gone:
                     self.left_behind = container.id
                 log.debug("removing %s: %s", container.short_id, exc)
         lifeline, self._lifeline = self._lifeline, None
         if lifeline is not None:  # after the removal: its end stops a container left behind
             close_stream(lifeline)
+        return gone
 
     def _remove_left_behind(self) -> None:
         """Remove the container `left_behind` names, once its daemon answers (never raises)."""
@@ -355,10 +359,18 @@ class DockerSandbox(SandboxBase):
         uid = self.config.code_uid
         self._container.exec_run(["sh", "-c", "kill -9 -1"], user=f"{uid}:{uid}")
 
-    def _replace_container(self) -> None:
+    def _replace_container(self) -> bool:
+        """Remove the container and start a new one; True when the old one was gone already.
+
+        Gone already means removed (or being removed) by someone else when this removal came:
+        from outside (``docker rm -f``, a reaper), or by the daemon once the container stopped
+        (``auto_remove``). The code can do neither: it cannot stop its container (the keeper
+        is another uid), so a recovery may count this as the container lost.
+        """
         self.needs_recycle = True
-        self._remove_container()
+        gone = self._remove_container()
         self._ensure_started()
+        return gone
 
     # -- calls ------------------------------------------------------------------------------
     def run(self, code: str, language: str = "python", stdin: str | bytes | None = None,
@@ -506,6 +518,12 @@ class DockerSandbox(SandboxBase):
         when the server dies, so no ``docker exec`` can start); as ``infra_error`` the episode
         would be dropped, not scored. Only a container that is gone, or that cannot be
         replaced (the daemon failed), is infrastructure.
+
+        "Runs" is not one read of its state: the daemon reports a container that ``docker rm
+        -f`` killed as "running" until it has handled the exit (the first read after such a
+        removal mostly does; under load a read after the failed restart did too, and the call
+        was scored as the code's ``error``). The replacement's own removal settles it: a
+        container found gone or already being removed was not the code's doing.
         """
         self.needs_recycle = True
         if self._closed:  # close() killed this call: not the code's doing, and nothing to restart
@@ -526,16 +544,18 @@ class DockerSandbox(SandboxBase):
                 restarted = True
             except Exception as exc:
                 detail = f"{detail}; the server could not be restarted in it: {exc}"
-                # read again: a container being removed from outside still read "running"
-                running = self._still_running()
+                running = self._still_running()  # read again: stopped or removed since
         if not restarted:
             try:
-                self._replace_container()
+                gone = self._replace_container()
             except Exception as exc:
                 return ExecResult.infra_failure(
                     f"sandbox: container lost ({detail}; replacement failed: {exc})",
                     time.monotonic() - started,
                 )
+            if gone and running:
+                running, detail = False, (f"{detail}; it read \"running\" but was being removed "
+                                          "(from outside, or once it stopped)")
         elapsed = time.monotonic() - started
         if not running:
             return ExecResult.infra_failure(f"sandbox: container lost ({detail})", elapsed)

@@ -234,6 +234,27 @@ def test_a_container_removed_from_outside_mid_call_is_infrastructure(docker_read
         assert sandbox.run("print(1)").stdout == "1\n"  # a new container serves the next call
 
 
+def test_a_removed_container_that_still_reads_running_is_infrastructure(
+    docker_ready, docker_client
+):
+    """The daemon reports a container ``docker rm -f`` killed as "running" until it has
+    handled the exit: the recovery read "running" before and after its failed restart (seen
+    once in ~37 loaded runs of the test above), replaced the container and scored the call as
+    the code's ``error``. Here every read is the one taken before the removal, as a late
+    daemon gives it; the removal, the failed restart and the replacement are Docker's own."""
+    with DockerSandbox() as sandbox:
+        sandbox.run("print('warm')")
+        before = sandbox._container_running()
+        assert before, "the container runs before its removal"
+        sandbox._container_running = lambda: before  # the daemon's answer, late
+        docker_client.api.remove_container(sandbox.container_id, force=True)
+        result = sandbox.run("print('never')")
+        del sandbox._container_running
+        assert result.status.value == "infra_error", result
+        assert 'read "running" but was being removed' in result.infra_error, result
+        assert sandbox.run("print(1)").stdout == "1\n"  # a new container serves the next call
+
+
 def test_a_file_larger_than_the_sandbox_takes_is_refused_before_it_is_sent(docker_ready):
     """100 MiB of ``files`` took the code server's memory: the call came back as the code's
     failure ("killed by the code?") and the Python session was lost, with no code run."""
