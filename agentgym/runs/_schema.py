@@ -19,6 +19,8 @@ import sqlalchemy as sa
 
 from agentgym._errors import ConfigError
 
+from ._store import NAME_LENGTH
+
 metadata = sa.MetaData()
 
 schema_version = sa.Table(
@@ -33,7 +35,7 @@ runs = sa.Table(
     metadata,
     sa.Column("id", sa.String(32), primary_key=True),
     sa.Column("kind", sa.String(16), nullable=False),  # train | eval | sft
-    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("name", sa.String(NAME_LENGTH), nullable=False),
     sa.Column("status", sa.String(16), nullable=False, index=True),
     sa.Column("source", sa.String(16), nullable=False),  # cli | serve | sweep
     sa.Column("config", sa.JSON, nullable=False),  # the resolved config

@@ -19,6 +19,10 @@ dashboard or a queue's poll.
 A database that cannot be opened (unknown scheme, missing driver, host down or unresolvable,
 folder that cannot be made) is a `ConfigError` of one line naming it, password hidden, and the
 fix (``--db`` / ``$AGENTGYM_RUNS_DB``), not a traceback.
+
+SQLAlchemy (and `agentgym.runs._schema`, built on it) is imported by the functions that use the
+database, not with this module: every ``agentgym`` command imports it (``RunStatus``, the
+command modules), and one that never opens a store (``check``, ``--help``) would pay ~0.3 s.
 """
 
 from __future__ import annotations
@@ -32,16 +36,16 @@ import uuid
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-
-import sqlalchemy as sa
 
 from agentgym._errors import ConfigError
 from agentgym._pid import process_alive
 
 from ._folder import read_step
-from ._schema import migrate, runs
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 #: ``AGENTGYM_RUNS_DB`` value that turns indexing of CLI runs off.
 DISABLED = "off"
@@ -60,8 +64,8 @@ class RunStatus(StrEnum):
     interrupted = "interrupted"  # its process died without finishing (kill, Ctrl-C, host crash)
 
 
-#: The longest run name the index keeps (the ``runs.name`` column's length).
-NAME_LENGTH: int = runs.c.name.type.length  # type: ignore[attr-defined]
+#: The longest run name the index keeps (`agentgym.runs._schema` makes ``runs.name`` this long).
+NAME_LENGTH = 200
 
 #: States a run does not leave by itself (an interrupted job may still be re-queued).
 TERMINAL = frozenset(
@@ -119,6 +123,10 @@ class RunStore:
     """
 
     def __init__(self, url: str | None = None) -> None:
+        import sqlalchemy as sa
+
+        from ._schema import migrate
+
         resolved = resolve_db_url(url)
         try:  # parses the URL and imports the driver; connects later
             self.engine = _make_engine(resolved)
@@ -158,6 +166,8 @@ class RunStore:
         **values: Any,
     ) -> str:
         """Insert a run; returns its id (``run_id``, or a new one). ``values``: other columns."""
+        from ._schema import runs
+
         run_id = run_id or new_run_id()
         stamp = now_iso()
         # cut to the column's length: PostgreSQL refuses a longer name (the run went
@@ -181,6 +191,8 @@ class RunStore:
 
         Returns whether a row changed: a guarded update that lost a race returns False.
         """
+        from ._schema import runs
+
         query = runs.update().where(runs.c.id == run_id)
         for column, expected in (only_if or {}).items():
             query = query.where(runs.c[column] == expected)
@@ -197,6 +209,10 @@ class RunStore:
         The job becomes ``running`` with ``attempt`` + 1; the guarded update makes two queue
         processes racing for one job end with exactly one owner.
         """
+        import sqlalchemy as sa
+
+        from ._schema import runs
+
         while True:
             query = sa.select(runs.c.id, runs.c.attempt).where(
                 runs.c.status == "queued",
@@ -222,6 +238,8 @@ class RunStore:
         checkpoint, and a job that never ran stayed ``interrupted``. It is ``queued`` again,
         with the attempt it did not use. Returns whether it was handed back.
         """
+        from ._schema import runs
+
         return self.update_run(
             run_id, only_if={"owner": owner, "status": "running", "pid": None},
             status=RunStatus.queued, owner=None, attempt=runs.c.attempt - 1, host=None,
@@ -321,6 +339,8 @@ class RunStore:
         Why: a CLI process that was refused, or had nothing to do, in a folder another row
         indexes, leaves no row of its own (`agentgym.runs._track`). Returns whether it went.
         """
+        from ._schema import runs
+
         query = runs.delete().where(runs.c.id == run_id)
         for column, expected in (only_if or {}).items():
             query = query.where(runs.c[column] == expected)
@@ -330,6 +350,10 @@ class RunStore:
     # ---- reading (the dashboard reads runs only through these two) ------------------------
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """One run as a dict of its columns (``config`` and ``figures`` dicts), or None."""
+        import sqlalchemy as sa
+
+        from ._schema import runs
+
         with self._reader.connect() as conn:
             row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).first()
         return _as_dict(row) if row is not None else None
@@ -346,6 +370,10 @@ class RunStore:
 
         ``run_dir``: only rows naming that folder, spelled as the row stores it (resolved).
         """
+        import sqlalchemy as sa
+
+        from ._schema import runs
+
         query = sa.select(runs).order_by(runs.c.created_at.desc())
         if run_dir is not None:
             query = query.where(runs.c.run_dir == run_dir)
@@ -360,6 +388,10 @@ class RunStore:
 
     def find_run(self, prefix: str) -> dict[str, Any] | None:
         """The run whose id is ``prefix`` or starts with it, when exactly one does."""
+        import sqlalchemy as sa
+
+        from ._schema import runs
+
         exact = self.get_run(prefix)
         if exact is not None:
             return exact
@@ -410,6 +442,8 @@ def _owner_pid(owner: str) -> int | None:
 
 def _cannot_open(url: str, reason: BaseException | str) -> ConfigError:
     """The one-line error for a database that cannot be opened, its password hidden."""
+    import sqlalchemy as sa
+
     password: str | None
     try:
         parsed = sa.engine.make_url(url)
@@ -435,6 +469,8 @@ def _folder_not_file(url: str, folder: Path) -> ConfigError:
 
 
 def _make_engine(url: str) -> sa.Engine:
+    import sqlalchemy as sa
+
     if not url.startswith("sqlite"):
         return sa.create_engine(url, pool_pre_ping=True)
     engine = sa.create_engine(url, connect_args={"timeout": 30})
