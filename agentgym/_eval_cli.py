@@ -101,6 +101,18 @@ def evaluate(
     api_key: Annotated[
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="openai: bearer token.")
     ] = None,
+    max_retries: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="openai: retries of a request that failed in transit or got 429/5xx; then "
+            "the episode ends infra_error.",
+        ),
+    ] = 3,
+    retry_backoff: Annotated[
+        float,
+        typer.Option(min=0, help="openai: seconds before the first retry; doubles with each one."),
+    ] = 0.5,
     temperature: Annotated[
         float, typer.Option(help="openai, vllm, hf: sampling temperature.")
     ] = 1.0,
@@ -235,9 +247,12 @@ def evaluate(
     served: OpenAIPolicy | None = None  # built here: its sampling is checked before indexing
     if policy is PolicyKind.openai and model is not None:
         served = OpenAIPolicy(
-            base_url, model, api_key=api_key, sampling={"temperature": temperature, "seed": seed}
-        )
+            base_url, model, api_key=api_key, sampling={"temperature": temperature, "seed": seed},
+            max_retries=max_retries, retry_backoff=retry_backoff,
+        )  # fmt: skip
         check_served_model(base_url, model, api_key)  # a 404 / 401 here is the command's
+    # what the episodes measure, compared on --resume; not how they are played (--concurrency,
+    # --episode-timeout, --max-retries): a resume of infra_error episodes may raise those
     run_config = {
         "env": env_id, "env_kwargs": env_kwargs, "policy": policy.value,
         "model": str(model_path) if policy.local else model,

@@ -53,6 +53,7 @@ _POLICY_OPTIONS: dict[str, tuple[PolicyKind, ...]] = {
     "model_path": _LOCAL, "chat_template_kwargs": _LOCAL, "rollout_mode": _LOCAL,
     "max_model_len": _LOCAL, "server": (PolicyKind.vllm,), "router_url": (PolicyKind.vllm,),
     "base_url": (PolicyKind.openai,), "api_key": (PolicyKind.openai,),
+    "max_retries": (PolicyKind.openai,), "retry_backoff": (PolicyKind.openai,),
     "model": (PolicyKind.openai, PolicyKind.vllm),  # vllm: the name served by --server
     "temperature": _SAMPLED, "max_tokens": _SAMPLED,
 }  # fmt: skip
