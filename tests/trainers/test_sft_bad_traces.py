@@ -137,10 +137,11 @@ def test_traces_without_an_assistant_turn_are_dropped_and_counted(
 def sft_on_env(
     agentgym: Callable[..., subprocess.CompletedProcess[str]], model: Path, out: Path, env: str
 ) -> subprocess.CompletedProcess[str]:
-    """``agentgym sft`` of two steps on ``env``, run by ``agentgym``: `agentgym_cli` (a new
-    process imports this module for it: ``{HERE}:ID``), or `agentgym_here` where the process
-    is not what is tested (the id this module registered at its import here)."""
-    return agentgym("sft", model, out, "--env", env, "--steps", "2", "--batch-size", "2")
+    """``agentgym sft`` on ``env``, run by ``agentgym``: `agentgym_cli` (a new process imports
+    this module for it: ``{HERE}:ID``), or `agentgym_here` where the process is not what is
+    tested (the id this module registered at its import here). One step of one trace: what
+    is checked is which episodes it kept and dropped, and what it said, not what it learnt."""
+    return agentgym("sft", model, out, "--env", env, "--steps", "1", "--batch-size", "1")
 
 
 def test_a_reference_turns_that_raises_is_one_line_naming_it(
