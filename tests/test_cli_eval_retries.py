@@ -77,34 +77,26 @@ def test_no_retries_make_the_first_503_an_infra_error(tmp_path: Path, flaky: typ
     assert len(flaky.posts) == 1  # no retry was made
 
 
-def test_retries_carry_an_episode_past_a_server_failing_twice(
-    tmp_path: Path, flaky: type[_Flaky]
+@pytest.mark.parametrize(("failures", "code", "status"), [(2, 0, "ok"), (3, 75, "infra_error")],
+                         ids=["two-503s-then-ok", "three-503s-outlast-it"])  # fmt: skip
+def test_two_retries_carry_an_episode_past_two_failures_not_three(
+    tmp_path: Path, flaky: type[_Flaky], failures: int, code: int, status: str
 ) -> None:
-    """``--max-retries 2``: two 503s, then the answer on the third attempt; the run is ok."""
-    flaky.failures = 2
+    """``--max-retries 2``: three attempts in all, so the answer after two 503s is played (ok),
+    and three 503s end it infra_error: the option is applied, not the default 3 (which would
+    outlast three)."""
+    flaky.failures = failures
     with serving(flaky) as url:
         proc = agentgym_here(*eval_openai(url, tmp_path / "out", "--max-retries", "2",
                                           "--retry-backoff", "0"))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == code, proc.stderr[-2000:]
     (episode,) = read_jsonl(tmp_path / "out" / "trajectories.jsonl")
-    assert episode.status == "ok" and episode.final_reward == 1.0  # task 0 asks 66 + 24
-    assert len(flaky.posts) == 3
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["episodes"] == 1
-
-
-def test_fewer_retries_than_failures_end_the_episode_infra_error(
-    tmp_path: Path, flaky: type[_Flaky]
-) -> None:
-    """``--max-retries 2`` is applied, not the default 3 (which would outlast three 503s)."""
-    flaky.failures = 3
-    with serving(flaky) as url:
-        proc = agentgym_here(*eval_openai(url, tmp_path / "out", "--max-retries", "2",
-                                          "--retry-backoff", "0"))  # fmt: skip
-    assert proc.returncode == 75, proc.stderr[-2000:]
-    (episode,) = read_jsonl(tmp_path / "out" / "trajectories.jsonl")
-    assert episode.status == "infra_error" and "after 3 attempts" in (episode.error or "")
-    assert len(flaky.posts) == 3
+    assert episode.status == status and len(flaky.posts) == 3
+    if status == "ok":
+        assert episode.final_reward == 1.0  # task 0 asks 66 + 24
+        assert json.loads((tmp_path / "out" / "summary.json").read_text())["episodes"] == 1
+    else:
+        assert "after 3 attempts" in (episode.error or "")
 
 
 def test_the_retry_backoff_is_waited_before_the_retry(tmp_path: Path, flaky: type[_Flaky]) -> None:
