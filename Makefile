@@ -18,7 +18,9 @@ $(VENV)/.core: pyproject.toml
 # uv installs the versions a fresh pip resolution would (checked package for package, with the
 # triton pin in pyproject.toml) two to three times faster, as it downloads in parallel
 # (docs/figures.md). It reads none of pip's config, so this machine's local wheels and version
-# caps are passed on; pip stays the fallback where uv cannot install.
+# caps are passed on; pip stays the fallback where uv cannot install. --compile-bytecode as pip
+# does: where PYTHONDONTWRITEBYTECODE is set (these machines), nothing else writes the .pyc files,
+# and every process compiled torch and vLLM from source (the CI's tests took 1.5x as long).
 pip_setting = $(or $(2),$(shell $(PY) -m pip config list 2>/dev/null \
 	| sed -n "s/^global\.$(1)='\(.*\)'$$/\1/p"))
 UV_ARGS = $(addprefix --find-links ,$(call pip_setting,find-links,$(PIP_FIND_LINKS))) \
@@ -27,7 +29,7 @@ FULL_EXTRAS := .[sandbox,data,vllm,train,tools,scale,test]
 
 $(VENV)/.full: pyproject.toml $(VENV)/.core
 	$(PY) -m pip install -q 'uv>=0.9,<1' && $(VENV)/bin/uv pip install -q --python $(PY) \
-		$(UV_ARGS) -e '$(FULL_EXTRAS)' || $(PY) -m pip install -q -e '$(FULL_EXTRAS)'
+		--compile-bytecode $(UV_ARGS) -e '$(FULL_EXTRAS)' || $(PY) -m pip install -q -e '$(FULL_EXTRAS)'
 	$(PY) -m pip uninstall -y -q $(BROKEN_WITH_CPU_TORCH) || true
 	touch $@
 
