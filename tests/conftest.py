@@ -82,9 +82,9 @@ def agentgym_here(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[
     them, so a table here may wrap at 80 columns (`agentgym check` asserts failed that way
     in CI). Run as a user's terminal would see it otherwise (400 columns, no colour, no run
     store). What the command sets for its process is undone after, so later tests in this
-    worker see none of it: the environment (`quiet_backends`
-    sets vLLM's logging variables, which every later subprocess and engine would inherit), the
-    ``agentgym`` logger's console handler, the SIGTERM handler (`exit_on_sigterm`), sys.argv.
+    worker see none of it: the environment (`quiet_backends` sets vLLM's logging variables,
+    which every later subprocess and engine would inherit), the ``agentgym`` logger's console
+    handler, the SIGTERM handler (`exit_on_sigterm`), sys.argv.
     """
     from agentgym.cli import main
 

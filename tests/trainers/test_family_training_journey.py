@@ -60,7 +60,6 @@ TRAINED = ["mistral", "deepseek"]
 OPENINGS = {"mistral": "[TOOL_", "deepseek": "<｜t"}
 
 
-
 def check_in_process(model: Path, parser: str) -> Result:
     """``agentgym check calculator --model MODEL`` with the family's parser, in this process."""
     from agentgym.cli import app
