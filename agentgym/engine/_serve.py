@@ -27,7 +27,7 @@ import httpx
 
 from .. import _owned_tmp
 from .._errors import ConfigError, ModelError
-from . import _cpu_lora, _logprob_ranks, _orphan_guard, _rpc_dir
+from . import _cpu_lora, _fork_worker, _logprob_ranks, _orphan_guard, _rpc_dir
 from ._model_dir import require_model_folder
 
 logger = logging.getLogger(__name__)
@@ -184,6 +184,7 @@ def _start_vllm(model_dir: Path, options: ServerOptions, port: int | None) -> Lo
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # the load/unload endpoints
         env.setdefault(_cpu_lora.ENV_VAR, "1")  # one adapter per batch: two matmuls per layer
     _logprob_ranks.enable_for_cpu_engines(env)  # no compile on the first request
+    _fork_worker.check_setting(env)  # the worker forks: no second import of vLLM
     _rpc_dir.use_private_dir(env)  # the sockets vLLM leaves behind go when this process does
     _orphan_guard.guard_engines_of_this_process(env)  # the server ends if this process is killed
     proc, log_path = _spawn(command, env, VLLM_PREFIX)

