@@ -19,7 +19,9 @@ starts `VLLMPolicy` on the tiny model without LoRA (what ``agentgym eval --polic
 
 Printed per side (median trial): ``start()`` seconds, the first turn's seconds (4 sequences,
 what an episode waits for after a start), the batch's seconds (``--sequences`` x ``--tokens``,
-``ignore_eos``, after that first turn), ``close()`` seconds. Then, also alternating,
+``ignore_eos``, after that first turn), ``close()`` seconds, and the memory of the engine's
+processes after the batch (the sum of their PSS: pages a fork still shares with its parent
+count half to each). Then, also alternating,
 how long a Python process that imported torch, transformers, peft and vLLM takes from its last
 line to its end, with `skip_final_collection` (every ``agentgym`` command) and without.
 
@@ -56,8 +58,32 @@ SPAWNED = "spawned worker"
 SIDES = (OURS, VLLM_RANKS, VLLM_DEFAULTS, SPAWNED)
 
 
+def engine_pss_mb() -> float:
+    """The proportional set size of this process's children (the engine's processes), in MB."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total_kb, todo = 0, list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:  # it ended since the listing (a previous engine's last process)
+            continue
+        if "Pss:" in rollup:  # (a zombie has no memory left to list)
+            total_kb += int(rollup.split("Pss:", 1)[1].split()[0])
+    return total_kb / 1024
+
+
 def engine_trial(model_dir: Path, side: str, sequences: int, tokens: int) -> list[float]:
-    """Seconds to start, to sample a first turn and then one batch, and to close one engine."""
+    """Seconds to start, to sample a first turn and then one batch, and to close one engine,
+    and the engine's memory (MB) after the batch."""
     ours = side != VLLM_DEFAULTS  # agentgym's settings, maybe with vLLM's ranks or spawn
     guard = _orphan_guard.guard_engines_of_this_process
     os.environ[_logprob_ranks.ENV_VAR] = "0" if side == VLLM_RANKS else "1"
@@ -88,9 +114,10 @@ def engine_trial(model_dir: Path, side: str, sequences: int, tokens: int) -> lis
     started = time.perf_counter()
     asyncio.run(batch(sequences))
     sample = time.perf_counter() - started
+    memory = engine_pss_mb()
     started = time.perf_counter()
     policy.close()
-    return [start, first, sample, time.perf_counter() - started]
+    return [start, first, sample, time.perf_counter() - started, memory]
 
 
 def exit_seconds(skip: bool) -> float:
@@ -113,10 +140,11 @@ def main() -> None:
     for trial in range(args.trials):
         for side in SIDES:
             trials[side].append(engine_trial(model_dir, side, args.sequences, args.tokens))
-            start, first, sample, close = trials[side][-1]
+            start, first, sample, close, memory = trials[side][-1]
             print(f"trial {trial + 1} {side}: start {start:.1f} s, first turn {first:.2f} s, "
-                  f"batch {sample:.2f} s, close {close:.1f} s", flush=True)  # fmt: skip
-    medians = {side: [statistics.median(t[i] for t in rows) for i in range(4)]
+                  f"batch {sample:.2f} s, close {close:.1f} s, engine PSS {memory:.0f} MB",
+                  flush=True)  # fmt: skip
+    medians = {side: [statistics.median(t[i] for t in rows) for i in range(5)]
                for side, rows in trials.items()}  # fmt: skip
     exits: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(args.trials):
@@ -136,6 +164,8 @@ def main() -> None:
           f"{theirs[2]:.2f} s ({ours[2] / theirs[2]:.2f}x); with a spawned worker "
           f"{spawned[2]:.2f} s ({ours[2] / spawned[2]:.2f}x)")  # fmt: skip
     print(f"  close():  ours {ours[3]:.1f} s vs {theirs[3]:.1f} s")
+    print(f"  engine's processes after the batch (PSS): ours {ours[4]:.0f} MB vs {theirs[4]:.0f} "
+          f"MB; with a spawned worker {spawned[4]:.0f} MB")  # fmt: skip
     skipped, collected = statistics.median(exits[True]), statistics.median(exits[False])
     print(f"a process holding torch, transformers, peft and vLLM exits in {skipped:.2f} s "
           f"skipping the last collection vs {collected:.2f} s")  # fmt: skip

@@ -5,9 +5,9 @@ Why: vLLM-CPU makes its worker with ``spawn`` (``vllm/platforms/cpu.py`` sets
 and vLLM again, about 10 s of CPU on the 2-core machines this was measured on, at every engine
 start, while the engine core that makes it has them loaded already. On GPUs vLLM itself forks
 its workers from the engine core (its default), so the engine core's state is one vLLM forks
-from. `bench/engine_lifecycle_bench.py`: ``start()`` 15.9 s against 24.6 s with a spawned
-worker (medians of 3 alternating trials, an idle 2-core machine, 2026-12-07), the same batch
-speed; the forked worker samples the same token ids.
+from. `bench/engine_lifecycle_bench.py`: ``start()`` 15.4-15.9 s against 24.6-24.9 s with a
+spawned worker (two runs, medians of 3 alternating trials, an idle 2-core machine, 2026-12-07),
+the same batch speed, 224 MB less memory (pages shared with the engine core).
 
 What the spawned worker got that a forked one must be given: vLLM puts the worker's CPU
 placement in its environment (``GOMP_CPU_AFFINITY`` for the torch OpenMP it preloads, or
