@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -60,25 +61,13 @@ SIDES = (OURS, VLLM_RANKS, VLLM_DEFAULTS, SPAWNED)
 
 def engine_pss_mb() -> float:
     """The proportional set size of this process's children (the engine's processes), in MB."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    total_kb, todo = 0, list(children.get(os.getpid(), []))
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        try:
-            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:  # it ended since the listing (a previous engine's last process)
-            continue
-        if "Pss:" in rollup:  # (a zombie has no memory left to list)
-            total_kb += int(rollup.split("Pss:", 1)[1].split()[0])
-    return total_kb / 1024
+    import psutil  # vLLM's dependency
+
+    total = 0
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # a previous engine's last process
+            total += child.memory_full_info().pss
+    return total / 2**20
 
 
 def engine_trial(model_dir: Path, side: str, sequences: int, tokens: int) -> list[float]:

@@ -18,9 +18,7 @@ from agentgym.engine import _fork_worker, _orphan_guard
 GOMP = "/venv/torch.libs/libgomp-a34b3233.so.1"  # where vLLM-CPU finds torch's OpenMP
 
 
-def test_only_an_engine_process_below_an_agentgym_owner_forks_with_its_libraries_unchanged() -> (
-    None
-):
+def test_only_an_engine_process_below_an_owner_forks_and_with_its_libraries_unchanged() -> None:
     owned = {_orphan_guard.ENV_VAR: "100", "LD_PRELOAD": GOMP}
     assert _fork_worker.fork_wanted(owned, 200, started_with={"LD_PRELOAD": GOMP})
     assert not _fork_worker.fork_wanted(owned, 100, started_with={"LD_PRELOAD": GOMP})  # owner
