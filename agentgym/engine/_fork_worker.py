@@ -19,16 +19,23 @@ loads its plugins in a spawned worker after it set the worker's signal handlers 
 to load them again (each agentgym plugin does its work once per process; `_orphan_guard`
 forgets its watch in a forked child, whose parent is new and whose threads are gone).
 
+Why a fork is safe there: the engine core makes its worker first thing (`EngineCore.__init__`
+creates the executor right after loading plugins), having unpickled the config and run no
+parallel torch op, so the worker inherits no OpenMP thread pool. That matters: a child forked
+after its parent ran one parallel op (a 2000 x 2000 matmul, GNU OpenMP as vLLM preloads it)
+hung at its own first one, here. It is also why the process that creates the engine (a
+trainer, say) is never forked from.
+
 How: vLLM loads ``vllm.general_plugins`` entry points in each of its processes, the engine core
 before it makes its worker. `register` (agentgym's entry point), in a vLLM process below one
 that started it (`_orphan_guard.ENV_VAR`) on the CPU build, makes vLLM's executor use
-`_PlacedForkContext`. Left to vLLM: the process that creates the engine (vLLM runs the engine
-core inside it when ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: it may hold anything, so no fork), a
-process whose ``LD_PRELOAD`` changed since it started (the fork would lack what a spawned
-worker preloads), and ``AGENTGYM_VLLM_WORKER_START=spawn``. vLLM's ``numa_bind`` option,
-which starts a spawned worker through ``numactl``, needs ``AGENTGYM_VLLM_WORKER_START=spawn``
-too. Written against vLLM 0.32; where the executor no longer asks ``get_mp_context``,
-`register` logs a warning.
+`_PlacedForkContext`. Left to vLLM: the process that creates the engine, and any engine core
+with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vLLM then runs it inside that process, which may
+hold anything: no fork), a process whose ``LD_PRELOAD`` changed since it started (the fork
+would lack what a spawned worker preloads), and ``AGENTGYM_VLLM_WORKER_START=spawn``. vLLM's
+``numa_bind`` option, which starts a spawned worker through ``numactl``, needs
+``AGENTGYM_VLLM_WORKER_START=spawn`` too. Written against vLLM 0.32; where the executor no
+longer asks ``get_mp_context``, `register` logs a warning.
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ def fork_wanted(environ: Mapping[str, str], pid: int, started_with: Mapping[str,
         owner.isdigit()
         and int(owner) != pid  # the owner itself: whatever it holds, no fork
         and environ.get(ENV_VAR, "fork") != "spawn"
+        and environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"  # else the engine core is the
+        # caller's process (a server's API process, say), which may have used OpenMP
         and environ.get("LD_PRELOAD", "") == started_with.get("LD_PRELOAD", "")
     )
 

@@ -28,6 +28,9 @@ def test_only_an_engine_process_below_an_owner_forks_and_with_its_libraries_unch
     assert not _fork_worker.fork_wanted(owned, 200, started_with={})
     spawn = {**owned, _fork_worker.ENV_VAR: "spawn"}
     assert not _fork_worker.fork_wanted(spawn, 200, started_with={"LD_PRELOAD": GOMP})
+    # vLLM runs the engine core in the process that creates the engine: never forked from
+    in_process = {**owned, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert not _fork_worker.fork_wanted(in_process, 200, started_with={"LD_PRELOAD": GOMP})
 
 
 @pytest.mark.parametrize(
