@@ -35,16 +35,18 @@ hold anything: no fork), a process whose ``LD_PRELOAD`` changed since it started
 would lack what a spawned worker preloads), and ``AGENTGYM_VLLM_WORKER_START=spawn``. vLLM's
 ``numa_bind`` option, which starts a spawned worker through ``numactl``, needs
 ``AGENTGYM_VLLM_WORKER_START=spawn`` too. Written against vLLM 0.32; where the executor no
-longer asks ``get_mp_context``, `register` logs a warning.
+longer asks ``get_mp_context`` (or is gone), `register` logs a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing.context
 import os
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from .._errors import ConfigError
 from . import _orphan_guard
@@ -53,7 +55,6 @@ log = logging.getLogger(__name__)
 
 #: Environment variable: ``spawn`` leaves the worker's start to vLLM (default: fork it).
 ENV_VAR = "AGENTGYM_VLLM_WORKER_START"
-_EXECUTOR = "vllm.v1.executor.multiproc_executor"
 
 
 def fork_wanted(environ: Mapping[str, str], pid: int, started_with: Mapping[str, str]) -> bool:
@@ -103,9 +104,9 @@ def register() -> None:
 
     if not current_platform.is_cpu():
         return  # vLLM's own choice (fork unless CUDA is initialised)
-    import importlib
-
-    executor = importlib.import_module(_EXECUTOR)
+    executor: Any = None
+    with contextlib.suppress(ImportError):  # raised here, it would stop the engine core
+        import vllm.v1.executor.multiproc_executor as executor
     if not callable(getattr(executor, "get_mp_context", None)):
         log.warning("vLLM's executor changed; its worker is spawned (a slower engine start)")
         return
