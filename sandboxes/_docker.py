@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from agentgym._errors import SandboxError
@@ -522,8 +524,10 @@ class DockerSandbox(SandboxBase):
         "Runs" is not one read of its state: the daemon reports a container that ``docker rm
         -f`` killed as "running" until it has handled the exit (the first read after such a
         removal mostly does; under load a read after the failed restart did too, and the call
-        was scored as the code's ``error``). The replacement's own removal settles it: a
-        container found gone or already being removed was not the code's doing.
+        was scored as the code's ``error``). Two answers settle it: the daemon's log of a
+        "kill" of the container (``docker kill``, ``stop``, ``rm -f``: `_killed_by_docker`),
+        and the replacement's own removal: a container found gone or already being removed
+        was not the code's doing.
         """
         self.needs_recycle = True
         if self._closed:  # close() killed this call: not the code's doing, and nothing to restart
@@ -545,6 +549,9 @@ class DockerSandbox(SandboxBase):
             except Exception as exc:
                 detail = f"{detail}; the server could not be restarted in it: {exc}"
                 running = self._still_running()  # read again: stopped or removed since
+                if running and self._killed_by_docker():  # before our own removal's kill
+                    running, detail = False, (f"{detail}; it read \"running\" but Docker had "
+                                              "killed it (docker kill, stop or rm -f)")
         if not restarted:
             try:
                 gone = self._replace_container()
@@ -573,6 +580,29 @@ class DockerSandbox(SandboxBase):
             return False
         self._container.reload()
         return self._container.status == "running"
+
+    def _killed_by_docker(self) -> bool:
+        """Whether the daemon logged a "kill" of this container since it started (never raises).
+
+        Why: after ``docker kill`` the daemon reports the container "running" until it has
+        handled the exit, and with our removal ahead of its auto-removal nothing else tells
+        the kill from code that broke its own server's restart. The code cannot cause this
+        event: it has no Docker API, and the signals it sends inside are not the daemon's.
+        Our own forced removal logs one too, so this is read before it. Both ends of the
+        window are the daemon's clock: a remote host's is not ours.
+        """
+        container, client = self._container, self._client
+        if container is None or client is None:
+            return False
+        try:
+            started = _daemon_epoch(container.attrs["State"]["StartedAt"])
+            now = _daemon_epoch(client.api.info()["SystemTime"])
+            events = client.api.events(since=int(started), until=f"{now:.6f}", decode=True,
+                                       filters={"container": container.id, "event": "kill"})
+            return any(True for _ in events)
+        except Exception as exc:  # unreadable: the state reads decide, as before
+            log.debug("reading the events of %s: %s", container.short_id, exc)
+            return False
 
     def _still_running(self) -> bool:
         """`_container_running`, False when its state cannot be read (it is being removed)."""
@@ -643,6 +673,11 @@ def _gone(exc: BaseException) -> bool:
     return isinstance(exc, errors.NotFound) or (
         isinstance(exc, errors.APIError) and exc.status_code == 409
     )
+
+
+def _daemon_epoch(stamp: str) -> float:
+    """Seconds since the epoch of a Docker timestamp (RFC 3339 with nanoseconds)."""
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", stamp)).timestamp()
 
 
 def _b64(data: bytes | None) -> str | None:

@@ -247,11 +247,36 @@ def test_a_removed_container_that_still_reads_running_is_infrastructure(
         before = sandbox._container_running()
         assert before, "the container runs before its removal"
         sandbox._container_running = lambda: before  # the daemon's answer, late
+        sandbox._killed_by_docker = lambda: False  # its event log unread: the removal decides
         docker_client.api.remove_container(sandbox.container_id, force=True)
         result = sandbox.run("print('never')")
-        del sandbox._container_running
+        del sandbox._container_running, sandbox._killed_by_docker
         assert result.status.value == "infra_error", result
         assert 'read "running" but was being removed' in result.infra_error, result
+        assert sandbox.run("print(1)").stdout == "1\n"  # a new container serves the next call
+
+
+def test_a_docker_kill_read_late_is_infrastructure_though_our_removal_came_first(
+    docker_ready, docker_client
+):
+    """A plain ``docker kill`` from outside, read "running" by both reads, and removed by the
+    replacement before the daemon's own auto-removal: nothing said "not the code", and the
+    call was the code's ``error``. The daemon's log of the kill says it now. The kill and the
+    removal are Docker's; only the two reads (as a late daemon gives them) and the removal's
+    "it was still there" answer (our removal first: a race real Docker will not hold still
+    for) are pinned."""
+    with DockerSandbox() as sandbox:
+        sandbox.run("print('warm')")
+        before = sandbox._container_running()
+        assert before, "the container runs before the kill"
+        remove = sandbox._remove_container
+        sandbox._container_running = lambda: before  # the daemon's answer, late
+        sandbox._remove_container = lambda: remove() and False  # removed by us, not before
+        docker_client.api.kill(sandbox.container_id)
+        result = sandbox.run("print('never')")
+        del sandbox._container_running, sandbox._remove_container
+        assert result.status.value == "infra_error", result
+        assert "Docker had killed it" in result.infra_error, result
         assert sandbox.run("print(1)").stdout == "1\n"  # a new container serves the next call
 
 
