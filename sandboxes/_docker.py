@@ -597,9 +597,10 @@ class DockerSandbox(SandboxBase):
         try:
             started = _daemon_epoch(container.attrs["State"]["StartedAt"])
             now = _daemon_epoch(client.api.info()["SystemTime"])
-            events = client.api.events(since=int(started), until=f"{now:.6f}", decode=True,
-                                       filters={"container": container.id, "event": "kill"})
-            return any(True for _ in events)
+            kills = list(client.api.events(  # the stream ends at `until`: read it to its end
+                since=int(started), until=f"{now:.6f}", decode=True,
+                filters={"container": container.id, "event": "kill"}))  # fmt: skip
+            return bool(kills)
         except Exception as exc:  # unreadable: the state reads decide, as before
             log.debug("reading the events of %s: %s", container.short_id, exc)
             return False
