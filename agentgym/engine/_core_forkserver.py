@@ -96,7 +96,9 @@ def _forkserver_usable(environ: Mapping[str, str]) -> bool:
     """
     global _started
     server: Any = multiprocessing.forkserver._forkserver  # CPython's one forkserver per process
-    before = getattr(server, "_forkserver_pid", None)
+    if not hasattr(server, "_forkserver_pid") or not hasattr(server, "_forkserver_alive_fd"):
+        return False  # a Python whose forkserver keeps its state elsewhere: spawned, as vLLM does
+    before = server._forkserver_pid
     if before is not None and (_started is None or _started[0] != before):
         return False  # someone else's: the environment it loaded with is unknown
     multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
